@@ -1,0 +1,179 @@
+"""`appliance` command line: JSON on stdout by default, human text with --text.
+
+Exit codes: 0 fine, 1 pre-flight found an error (or a command failed), 2 bad spec or usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from appliance.recipes import Recipe, RecipeError, load_recipe
+from appliance.spec import DeploymentSpec, FieldError, SpecError, read_spec_file, spec_from_dict
+
+EXIT_OK, EXIT_FINDINGS, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def _emit(data: Any) -> None:
+    print(json.dumps(data, indent=2))
+
+
+def _bad_input(errors: list[FieldError], text: bool) -> int:
+    if text:
+        for e in errors:
+            print(f"error  {e.field or '<spec>'}: {e.message}\n       fix: {e.fix}")
+    else:
+        _emit({"errors": [e.to_dict() for e in errors]})
+    return EXIT_BAD_INPUT
+
+
+def resolve_spec(path: str) -> tuple[DeploymentSpec, Recipe | None, list[FieldError]]:
+    """Read a spec file, lay the recipe's engine defaults under it, and validate.
+
+    A recipe that cannot be loaded is not a spec error here: pre-flight reports it.
+    """
+    data = read_spec_file(path)
+    recipe: Recipe | None = None
+    recipe_errors: list[FieldError] = []
+    if isinstance(data.get("recipe"), str):
+        try:
+            recipe = load_recipe(data["recipe"])
+        except RecipeError as exc:
+            recipe_errors = exc.errors
+    defaults = recipe.engine_defaults if recipe else None
+    return spec_from_dict(data, engine_defaults=defaults), recipe, recipe_errors
+
+
+def cmd_launch_args(args: argparse.Namespace) -> int:
+    from appliance.spec import launch_args
+
+    spec, _, recipe_errors = resolve_spec(args.spec)
+    if recipe_errors:
+        return _bad_input([FieldError("recipe", e.message, e.fix) for e in recipe_errors],
+                          args.text)
+    plan = launch_args(spec)
+    if args.text:
+        env = " ".join(f"{k}={v}" for k, v in sorted(plan.env.items()))
+        print((env + " " if env else "") + " ".join(plan.argv))
+    else:
+        _emit(plan.to_dict())
+    return EXIT_OK
+
+
+def cmd_preflight(args: argparse.Namespace) -> int:
+    from appliance.preflight import Finding, has_errors, run_preflight
+
+    spec, recipe, recipe_errors = resolve_spec(args.spec)
+    findings = [Finding("recipe", "error", "recipe", e.message, e.fix) for e in recipe_errors]
+    if not recipe_errors:
+        findings += run_preflight(spec, recipe=recipe, gpu_memory_gb=args.gpu_memory_gb)
+    if args.text:
+        for f in findings:
+            print(f"{f.severity:<7} {f.rule} [{f.field}]: {f.message}\n        fix: {f.fix}")
+        errors = sum(f.severity == "error" for f in findings)
+        warnings = sum(f.severity == "warning" for f in findings)
+        print(f"{errors} error(s), {warnings} warning(s)")
+    else:
+        _emit({"findings": [f.to_dict() for f in findings]})
+    return EXIT_FINDINGS if has_errors(findings) else EXIT_OK
+
+
+def _open_lines(name: str) -> Iterator[str]:
+    """Lines of a file or stdin, undecodable bytes replaced (engine logs hold tqdm bars)."""
+    if name == "-":
+        yield from sys.stdin
+        return
+    with open(name, encoding="utf-8", errors="replace", newline="\n") as handle:
+        yield from handle
+
+
+def _print_event(event: dict[str, Any], text: bool, out: TextIO) -> None:
+    if text:
+        rest = " ".join(f"{k}={v}" for k, v in event.items() if k not in ("line", "kind"))
+        out.write(f"{event['line']:>6} {event['kind']:<17} {rest}\n")
+    else:
+        out.write(json.dumps(event) + "\n")
+
+
+def cmd_parse_log(args: argparse.Namespace) -> int:
+    from appliance.logparse import parse_lines
+
+    for event in parse_lines(_open_lines(args.file), include_all=args.all):
+        _print_event(event.to_dict(), args.text, sys.stdout)
+    return EXIT_OK
+
+
+def cmd_diagnose(args: argparse.Namespace) -> int:
+    from appliance.diagnosis import diagnose
+
+    result = diagnose(_open_lines(args.file))
+    if args.text:
+        if result is None:
+            print("no failure cause found")
+        else:
+            print(f"cause:   {result.cause}\nsummary: {result.summary}\nfix:     {result.fix}")
+    else:
+        _emit({"diagnosis": result.to_dict() if result else None})
+    return EXIT_OK
+
+
+def cmd_gpu_check(args: argparse.Namespace) -> int:
+    from appliance import gpucheck  # type: ignore[attr-defined,unused-ignore]
+
+    return int(gpucheck.main(list(args.rest)))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="appliance", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def add(name: str, help_text: str) -> argparse.ArgumentParser:
+        cmd = sub.add_parser(name, help=help_text)
+        cmd.add_argument("--text", action="store_true", help="human-readable text, not JSON")
+        return cmd
+
+    cmd = add("launch-args", "print the engine container's argv and env")
+    cmd.add_argument("spec", help="deployment spec YAML file")
+    cmd.set_defaults(func=cmd_launch_args)
+    cmd = add("preflight", "check a spec; exit 1 on any error finding")
+    cmd.add_argument("spec", help="deployment spec YAML file")
+    cmd.add_argument("--gpu-memory-gb", type=float, help="memory of one GPU, for gpu-memory")
+    cmd.set_defaults(func=cmd_preflight)
+    cmd = add("parse-log", "print one JSON object per engine log event")
+    cmd.add_argument("file", help="log file, or - for stdin")
+    cmd.add_argument("--all", action="store_true", help="also print lines that match nothing")
+    cmd.set_defaults(func=cmd_parse_log)
+    cmd = add("diagnose", "print the most likely failure cause of an engine log")
+    cmd.add_argument("file", help="log file, or - for stdin")
+    cmd.set_defaults(func=cmd_diagnose)
+    cmd = sub.add_parser("gpu-check", help="GPU self-check (inside the engine container)",
+                         add_help=False)
+    cmd.add_argument("rest", nargs=argparse.REMAINDER)
+    cmd.set_defaults(func=cmd_gpu_check)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except SpecError as exc:
+        return _bad_input(exc.errors, getattr(args, "text", False))
+    except FileNotFoundError as exc:
+        return _bad_input([FieldError("", f"no such file: {exc.filename}", "check the path")],
+                          getattr(args, "text", False))
+    except BrokenPipeError:
+        # `appliance parse-log big.log | head` closes the pipe early; that is not a failure.
+        sys.stderr.close()
+        return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+__all__ = ["main", "build_parser", "resolve_spec", "Path"]
