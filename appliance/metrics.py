@@ -1,0 +1,178 @@
+"""Typed snapshot of SGLang's Prometheus /metrics text.
+
+Metric names and labels are those of sglang 0.5.23
+srt/observability/metrics_collector.py: scheduler gauges carry model_name,
+engine_type, tp_rank, pp_rank, moe_ep_rank (and dp_rank with DP attention);
+tokenizer counters and histograms carry model_name and is_streaming.
+
+Aggregation: every TP rank of one DP group reports the same scheduler state,
+so one sample per DP group is kept (tp_rank 0 when present); counts and
+throughputs are summed over DP groups, ratios averaged, and the CUDA-graph
+flag is true only when every group runs graphs. Histograms are merged bucket
+by bucket and their quantiles estimated as Prometheus' histogram_quantile does.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
+
+PREFIX = "sglang:"
+SUMMED_GAUGES = {
+    "num_running_reqs": "num_running_reqs",
+    "num_queue_reqs": "num_queue_reqs",
+    "gen_throughput": "gen_throughput",
+}
+AVERAGED_GAUGES = {
+    "token_usage": "token_usage",
+    "cache_hit_rate": "cache_hit_rate",
+    "spec_accept_length": "spec_accept_length",
+    "spec_accept_rate": "spec_accept_rate",
+}
+COUNTERS = {
+    "prompt_tokens_total": "prompt_tokens_total",
+    "generation_tokens_total": "generation_tokens_total",
+}
+HISTOGRAMS = {
+    "time_to_first_token_seconds": "ttft",
+    "inter_token_latency_seconds": "itl",
+    "e2e_request_latency_seconds": "e2e",
+}
+QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
+
+
+@dataclass
+class HistogramSummary:
+    count: float = 0.0
+    sum: float = 0.0
+    mean: float | None = None
+    p50: float | None = None
+    p90: float | None = None
+    p99: float | None = None
+
+
+@dataclass
+class MetricsSnapshot:
+    num_running_reqs: float | None = None
+    num_queue_reqs: float | None = None
+    gen_throughput: float | None = None
+    token_usage: float | None = None
+    cache_hit_rate: float | None = None
+    spec_accept_length: float | None = None
+    spec_accept_rate: float | None = None
+    is_cuda_graph: bool | None = None
+    weight_load_duration_seconds: float | None = None
+    prompt_tokens_total: float | None = None
+    generation_tokens_total: float | None = None
+    ttft: HistogramSummary = field(default_factory=HistogramSummary)
+    itl: HistogramSummary = field(default_factory=HistogramSummary)
+    e2e: HistogramSummary = field(default_factory=HistogramSummary)
+    model_names: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _leader(samples: Iterable[Sample]) -> list[Sample]:
+    """One sample per label set, ignoring TP ranks other than 0 (they repeat rank 0)."""
+    kept = [s for s in samples if s.labels.get("tp_rank", "0") == "0"]
+    return kept or list(samples)
+
+
+def _group_by_dp(samples: list[Sample]) -> dict[str, list[float]]:
+    groups: dict[str, list[float]] = defaultdict(list)
+    for sample in samples:
+        if not math.isnan(sample.value):
+            groups[sample.labels.get("dp_rank", "")].append(sample.value)
+    return groups
+
+
+def _summed(samples: list[Sample]) -> float | None:
+    groups = _group_by_dp(_leader(samples))
+    return sum(values[0] for values in groups.values()) if groups else None
+
+
+def _averaged(samples: list[Sample]) -> float | None:
+    groups = _group_by_dp(_leader(samples))
+    if not groups:
+        return None
+    return sum(values[0] for values in groups.values()) / len(groups)
+
+
+def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float | None:
+    """Prometheus' estimate: linear interpolation inside the bucket holding rank q*count.
+
+    `buckets` are (upper bound, cumulative count) sorted by bound, ending with +Inf.
+    """
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    rank = q * buckets[-1][1]
+    lower_bound, lower_count = 0.0, 0.0
+    for bound, count in buckets:
+        if count >= rank:
+            if math.isinf(bound):
+                return lower_bound  # the top bucket has no upper edge to interpolate to
+            if count == lower_count:
+                return bound
+            return lower_bound + (bound - lower_bound) * (rank - lower_count) / (
+                count - lower_count
+            )
+        lower_bound, lower_count = bound, count
+    return lower_bound
+
+
+def _histogram(samples: list[Sample], name: str) -> HistogramSummary:
+    by_le: dict[float, float] = defaultdict(float)
+    total = count = 0.0
+    for sample in _leader(samples):
+        if sample.name == f"{name}_bucket":
+            by_le[float(sample.labels["le"])] += sample.value
+        elif sample.name == f"{name}_sum":
+            total += sample.value
+        elif sample.name == f"{name}_count":
+            count += sample.value
+    buckets = sorted(by_le.items())
+    summary = HistogramSummary(count=count, sum=total)
+    summary.mean = total / count if count else None
+    for attr, q in QUANTILES:
+        setattr(summary, attr, histogram_quantile(q, buckets))
+    return summary
+
+
+def parse_metrics(text: str) -> MetricsSnapshot:
+    """Parse SGLang's /metrics text; metrics the engine did not report stay None."""
+    samples: dict[str, list[Sample]] = defaultdict(list)
+    for family in text_string_to_metric_families(text):
+        if family.name.startswith(PREFIX):
+            samples[family.name[len(PREFIX) :]].extend(family.samples)
+    snapshot = MetricsSnapshot()
+    for key, attr in SUMMED_GAUGES.items():
+        setattr(snapshot, attr, _summed(samples.get(key, [])))
+    for key, attr in AVERAGED_GAUGES.items():
+        setattr(snapshot, attr, _averaged(samples.get(key, [])))
+    _fill_counters(snapshot, samples)
+    for key, attr in HISTOGRAMS.items():
+        setattr(snapshot, attr, _histogram(samples.get(key, []), PREFIX + key))
+    names = {s.labels["model_name"] for group in samples.values() for s in group
+             if "model_name" in s.labels}
+    snapshot.model_names = sorted(names)
+    return snapshot
+
+
+def _fill_counters(snapshot: MetricsSnapshot, samples: dict[str, list[Sample]]) -> None:
+    # The parser names a counter family without `_total`; its samples keep it.
+    for key, attr in COUNTERS.items():
+        family = samples.get(key.removesuffix("_total"), [])
+        values = [s.value for s in _leader(family) if s.name.endswith("_total")]
+        setattr(snapshot, attr, sum(values) if values else None)
+    graph = _group_by_dp(_leader(samples.get("is_cuda_graph", [])))
+    if graph:
+        snapshot.is_cuda_graph = all(values[0] >= 1 for values in graph.values())
+    loads = [s.value for s in samples.get("weight_load_duration_seconds", [])]
+    snapshot.weight_load_duration_seconds = max(loads) if loads else None
