@@ -11,7 +11,7 @@ fi
 mirror="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 root="$(mktemp -d /tmp/appliance-rootfs.XXXXXX)"
 trap 'rm -rf "$root"' EXIT
-debootstrap --variant=minbase --include=python3,python3-venv,python3-pip,ca-certificates \
+debootstrap --variant=minbase --include=python3,python3-venv,python3-pip,ca-certificates,git,patch,curl \
   bookworm "$root" "$mirror" >/tmp/debootstrap.log 2>&1 || { tail -20 /tmp/debootstrap.log; exit 1; }
 rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/*
 tar -C "$root" -c . | docker import \

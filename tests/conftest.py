@@ -1,0 +1,54 @@
+"""Shared fixtures: named actors, a clean live channel."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+from django.conf import settings
+from django.contrib.auth.models import Group, Permission
+from rest_framework.authtoken.models import Token
+
+from web.deployments.management.commands.bootstrap import ROLES
+
+
+def _role(name: str) -> Group:
+    group, _ = Group.objects.get_or_create(name=name)
+    group.permissions.set(Permission.objects.filter(codename__in=ROLES[name]))
+    return group
+
+
+@pytest.fixture
+def admin(django_user_model):  # type: ignore[no-untyped-def]
+    return django_user_model.objects.create_superuser(username="ada", password="admin-pass-1")
+
+
+@pytest.fixture
+def operator(django_user_model):  # type: ignore[no-untyped-def]
+    user = django_user_model.objects.create_user(username="otto", password="operator-pass-1")
+    user.groups.add(_role("operator"))
+    return user
+
+
+@pytest.fixture
+def viewer(django_user_model):  # type: ignore[no-untyped-def]
+    user = django_user_model.objects.create_user(username="vera", password="viewer-pass-1")
+    user.groups.add(_role("viewer"))
+    return user
+
+
+@pytest.fixture
+def token_for():  # type: ignore[no-untyped-def]
+    def make(user):  # type: ignore[no-untyped-def]
+        return Token.objects.create(user=user).key
+
+    return make
+
+
+@pytest.fixture
+def live_channel():  # type: ignore[no-untyped-def]
+    """The real Redis behind the live channel, emptied of this test's streams afterwards."""
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    client.ping()
+    yield client
+    for key in client.scan_iter("appliance:deployment:*"):
+        client.delete(key)

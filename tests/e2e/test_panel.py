@@ -1,0 +1,93 @@
+"""The whole spine in a real browser: Chromium (Playwright) -> uvicorn panel -> PostgreSQL
+-> Celery worker over Redis -> Docker -> the test engine, and back live over SSE."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import redis
+from django.conf import settings
+from playwright.sync_api import Page, expect, sync_playwright
+
+import docker
+from tests.servers import celery_worker, panel_server
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker, pytest.mark.e2e]
+
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "artifacts"
+CHROMIUM = os.environ.get("APPLIANCE_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--disable-quic",
+]
+
+
+@pytest.fixture
+def stack(tmp_path: Path, test_engine_image: str):  # type: ignore[no-untyped-def]  # noqa: F811
+    redis.Redis.from_url(settings.REDIS_URL).flushdb()  # no stale tasks from other tests
+    env = {
+        "APPLIANCE_ENGINE_IMAGE": test_engine_image,
+        "APPLIANCE_ENGINE_GPU_REQUESTS": "0",
+        "APPLIANCE_ENGINE_EXTRA_ENV": "TEST_ENGINE_PACE_S=0.06,TEST_ENGINE_SHARDS=12",
+        "APPLIANCE_ENGINE_STOP_TIMEOUT_S": "5",
+    }
+    with celery_worker(tmp_path / "worker.log", **env), \
+            panel_server(tmp_path / "web.log", **env) as url:
+        yield url
+    client = docker.from_env()
+    for container in client.containers.list(all=True, filters={"label": "appliance.deployment"}):
+        container.remove(force=True)
+
+
+@pytest.fixture
+def page():  # type: ignore[no-untyped-def]
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        context = browser.new_context(viewport={"width": 1280, "height": 1000})
+        yield context.new_page()
+        browser.close()
+
+
+def _login(page: Page, url: str) -> None:
+    page.goto(f"{url}/")
+    page.fill("#id_username", "otto")
+    page.fill("#id_password", "operator-pass-1")
+    page.click("button[type=submit]")
+    expect(page.locator("h1")).to_have_text("Deployments")
+
+
+def test_an_operator_deploys_watches_it_come_up_live_and_stops_it(stack, page, operator):  # type: ignore[no-untyped-def]
+    _login(page, stack)
+    page.click("text=New deployment")
+    page.fill("#id_name", "kimi-ddtree")
+    page.select_option("#id_recipe", "kimi-k2.6-ddtree")
+    page.fill("#id_model_path", "/models/Kimi-K2.6")
+    page.fill("#id_drafter_path", "/models/Kimi-K2.6-DFlash")
+    page.select_option("#id_algorithm", "DDTREE")
+    page.fill("#id_gpu_ids", "0,1,x")
+    page.click("button[type=submit]")
+    # Bad input comes back inline, beside its field, and nothing was queued.
+    expect(page.locator("#field-gpu_ids .field-error")).to_contain_text("comma-separated")
+    page.fill("#id_gpu_ids", "0,1,2,3,4,5,6,7")
+    page.check("#id_confirm_warnings")
+    page.click("button[type=submit]")
+
+    expect(page.locator("h1")).to_have_text("kimi-ddtree")
+    expect(page.locator("#conn")).to_have_text("live", timeout=15_000)
+    expect(page.locator("#log")).to_contain_text("Load weight begin", timeout=30_000)
+    expect(page.locator("#weights-text")).to_contain_text("shard", timeout=30_000)
+    expect(page.locator("#capture-text")).to_contain_text("batch", timeout=30_000)
+    expect(page.locator("#log .stderr").first).to_be_visible()
+    expect(page.locator("#status")).to_have_text("ready", timeout=60_000)
+    expect(page.locator("#log")).to_contain_text("fired up and ready to roll")
+    expect(page.locator("#timeline li[data-phase=capturing]")).to_have_class("done")
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "detail-ready.png"), full_page=True)
+
+    page.click("#stop")
+    expect(page.locator("#status")).to_have_text("stopped", timeout=30_000)
+    page.goto(f"{stack}/")
+    expect(page.locator("table.list")).to_contain_text("stopped")

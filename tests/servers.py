@@ -1,0 +1,108 @@
+"""Real processes for end-to-end tests: the ASGI panel (uvicorn) and a Celery worker,
+pointed at the test database that pytest-django created."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import requests
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_database_url() -> str:
+    db = connection.settings_dict
+    password = f":{db['PASSWORD']}" if db.get("PASSWORD") else ""
+    return f"postgres://{db['USER']}{password}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+
+
+def process_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        APPLIANCE_DATABASE_URL=test_database_url(),
+        APPLIANCE_SSE_KEEPALIVE_S="1",
+        PYTHONUNBUFFERED="1",
+        DJANGO_SETTINGS_MODULE="web.settings",
+    )
+    env.update(extra)
+    return env
+
+
+@contextmanager
+def panel_server(log_path: Path, **env: str) -> Iterator[str]:
+    port = free_port()
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "web.asgi:application", "--host", "127.0.0.1",
+             "--port", str(port), "--log-level", "warning"],
+            cwd=ROOT, env=process_env(**env), stdout=log, stderr=subprocess.STDOUT,
+        )
+        url = f"http://127.0.0.1:{port}"
+        try:
+            _wait_http(f"{url}/healthz", proc, log_path)
+            yield url
+        finally:
+            _end(proc)
+
+
+@contextmanager
+def celery_worker(log_path: Path, **env: str) -> Iterator[subprocess.Popen[bytes]]:
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "worker.celery", "worker", "--pool", "threads",
+             "--concurrency", "4", "--loglevel", "INFO", "--without-heartbeat",
+             "--without-gossip", "--without-mingle"],
+            cwd=ROOT, env=process_env(**env), stdout=log, stderr=subprocess.STDOUT,
+        )
+        try:
+            _wait_log(log_path, "ready.", proc)
+            yield proc
+        finally:
+            _end(proc)
+
+
+def _wait_http(url: str, proc: subprocess.Popen[bytes], log_path: Path) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited: {log_path.read_text()[-2000:]}")
+        try:
+            if requests.get(url, timeout=1).status_code == 200:
+                return
+        except requests.ConnectionError:
+            time.sleep(0.2)
+    raise RuntimeError(f"server did not start: {log_path.read_text()[-2000:]}")
+
+
+def _wait_log(log_path: Path, needle: str, proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"worker exited: {log_path.read_text()[-2000:]}")
+        if needle in log_path.read_text():
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"worker did not start: {log_path.read_text()[-2000:]}")
+
+
+def _end(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+set -euo pipefail
+root="$(pwd)"
+log_dir="$root/var/test-services"
+mkdir -p "$log_dir"
+
+step() { printf '\n== %s\n' "$*"; }
+
+need_apt=()
+command -v dockerd >/dev/null || need_apt+=(docker.io)
+command -v docker-compose >/dev/null || need_apt+=(docker-compose)
+command -v redis-server >/dev/null || need_apt+=(redis-server)
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_apt+=(postgresql)
+command -v chromium >/dev/null || need_apt+=(chromium)
+command -v debootstrap >/dev/null || need_apt+=(debootstrap)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  step "installing Debian packages: ${need_apt[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >"$log_dir/apt.log" 2>&1 \
+    || { tail -30 "$log_dir/apt.log"; exit 1; }
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  step "creating .venv"
+  python3 -m venv .venv
+fi
+if ! .venv/bin/python -c "import appliance, django, rest_framework, celery, playwright, pytest" 2>/dev/null \
+   || [ pyproject.toml -nt .venv/.installed ]; then
+  step "installing Python packages into .venv"
+  .venv/bin/pip install -q -e ".[test]"
+  touch .venv/.installed
+fi
+
+if ! docker info >/dev/null 2>&1; then
+  step "starting dockerd"
+  (setsid dockerd >"$log_dir/dockerd.log" 2>&1 &)
+  for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
+  docker info >/dev/null 2>&1 || { tail -30 "$log_dir/dockerd.log"; exit 1; }
+fi
+
+export APPLIANCE_REDIS_URL="${APPLIANCE_REDIS_URL:-redis://127.0.0.1:6390/0}"
+if ! redis-cli -p 6390 ping >/dev/null 2>&1; then
+  step "starting redis-server on 127.0.0.1:6390"
+  redis-server --port 6390 --bind 127.0.0.1 --save '' --appendonly no --daemonize yes \
+    --logfile "$log_dir/redis.log"
+  for _ in $(seq 30); do redis-cli -p 6390 ping >/dev/null 2>&1 && break; sleep 0.2; done
+fi
+
+pg_bin="$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)"
+pg_data="/var/lib/appliance-test/pgdata"
+pg_log="/var/lib/appliance-test/postgres.log"
+if ! "$pg_bin/pg_isready" -h 127.0.0.1 -p 5440 >/dev/null 2>&1; then
+  step "starting PostgreSQL on 127.0.0.1:5440"
+  if [ ! -f "$pg_data/PG_VERSION" ]; then
+    mkdir -p "$pg_data"; chown -R postgres:postgres /var/lib/appliance-test
+    su postgres -c "$pg_bin/initdb -D '$pg_data' -A trust -U appliance" >"$log_dir/initdb.log"
+  fi
+  chown -R postgres:postgres /var/lib/appliance-test
+  su postgres -c "$pg_bin/pg_ctl -D '$pg_data' -l '$pg_log' -w \
+    -o '-p 5440 -k /tmp -c listen_addresses=127.0.0.1 -c fsync=off' start" >/dev/null
+fi
+export APPLIANCE_DATABASE_URL="${APPLIANCE_DATABASE_URL:-postgres://appliance@127.0.0.1:5440/appliance}"
+
+step "building local images (base image, test engine)"
+bash docker/base/make-base-image.sh
+docker build -q -t "${APPLIANCE_TEST_ENGINE_IMAGE:-appliance-test-engine:latest}" \
+  --build-arg BASE_IMAGE="${APPLIANCE_BASE_IMAGE:-appliance-base:bookworm}" docker/test-engine >/dev/null
+
+step "lint"
+.venv/bin/ruff check .
+.venv/bin/mypy appliance web worker
+
+step "pytest"
+export APPLIANCE_CHROMIUM="${APPLIANCE_CHROMIUM:-/usr/bin/chromium}"
+.venv/bin/pytest -p no:cacheprovider "$@"

@@ -1,0 +1,106 @@
+from __future__ import annotations
+
+import pytest
+from rest_framework.test import APIClient
+
+from web.deployments import services
+from web.deployments.models import Deployment
+
+from .specs import spec
+
+pytestmark = pytest.mark.django_db
+
+
+def _client(token: str | None = None) -> APIClient:
+    client = APIClient()
+    if token:
+        client.credentials(HTTP_AUTHORIZATION=f"Token {token}")
+    return client
+
+
+def test_it_refuses_requests_without_a_token():  # type: ignore[no-untyped-def]
+    assert _client().get("/api/deployments/").status_code == 401
+
+
+def test_an_operator_creates_a_deployment_with_a_token(operator, token_for):  # type: ignore[no-untyped-def]
+    response = _client(token_for(operator)).post(
+        "/api/deployments/", {"spec": spec(), "confirm_warnings": True}, format="json"
+    )
+    assert response.status_code == 201, response.json()
+    body = response.json()
+    assert body["status"] == "queued" and body["name"] == "kimi-ddtree"
+    assert Deployment.objects.filter(pk=body["id"]).exists()
+
+
+def test_a_viewer_reads_but_cannot_create_or_stop(viewer, operator, token_for):  # type: ignore[no-untyped-def]
+    deployment = services.deployment_create(data=spec(), confirm_warnings=True)
+    client = _client(token_for(viewer))
+    assert client.get(f"/api/deployments/{deployment.pk}/").status_code == 200
+    created = client.post("/api/deployments/", {"spec": spec()}, format="json")
+    assert created.status_code == 403
+    assert client.post(f"/api/deployments/{deployment.pk}/stop/").status_code == 403
+
+
+def test_invalid_input_answers_400_with_field_errors(operator, token_for):  # type: ignore[no-untyped-def]
+    client = _client(token_for(operator))
+    bad = spec(gpus="all", engine__tp_size="eight")
+    response = client.post("/api/deployments/", {"spec": bad, "confirm_warnings": True}, format="json")
+    assert response.status_code == 400
+    body = response.json()
+    assert "gpus" in body and "engine.tp_size" in body
+    not_json = client.post("/api/deployments/", "{", content_type="application/json")
+    assert not_json.status_code == 400
+    missing = client.post("/api/deployments/", {}, format="json")
+    assert missing.status_code == 400 and "spec" in missing.json()
+    assert Deployment.objects.count() == 0
+
+
+def test_a_ddtree_spec_whose_recipe_lacks_the_width_patch_is_refused_before_the_load(  # type: ignore[no-untyped-def]
+    operator, token_for
+):
+    body = spec(recipe="kimi-k2.6-dflash")
+    response = _client(token_for(operator)).post(
+        "/api/deployments/", {"spec": body, "confirm_warnings": True}, format="json"
+    )
+    assert response.status_code == 400
+    rules = {f["rule"] for f in response.json()["preflight"]}
+    assert "ddtree-verify-width" in rules
+
+
+def test_events_are_paged_by_seq(operator, token_for):  # type: ignore[no-untyped-def]
+    deployment = services.deployment_create(data=spec(), confirm_warnings=True)
+    services.events_append(
+        deployment_id=deployment.pk, events=[("log", {"text": f"line {i}"}) for i in range(10)]
+    )
+    client = _client(token_for(operator))
+    first = client.get(f"/api/deployments/{deployment.pk}/events/?limit=5").json()
+    assert [e["seq"] for e in first["results"]] == [1, 2, 3, 4, 5]
+    rest = client.get(f"/api/deployments/{deployment.pk}/events/?after={first['next_after']}").json()
+    assert rest["results"][0]["seq"] == 6 and rest["next_after"] is None
+    bad = client.get(f"/api/deployments/{deployment.pk}/events/?limit=zero")
+    assert bad.status_code == 400 and "limit" in bad.json()
+
+
+def test_summary_and_stop(operator, token_for):  # type: ignore[no-untyped-def]
+    deployment = services.deployment_create(data=spec(), confirm_warnings=True)
+    client = _client(token_for(operator))
+    summary = client.get(f"/api/deployments/{deployment.pk}/summary/").json()
+    assert summary["status"] == "queued" and summary["phase"] == ""
+    stopped = client.post(f"/api/deployments/{deployment.pk}/stop/")
+    assert stopped.status_code == 202 and stopped.json()["status"] == "stopped"
+
+
+def test_preflight_endpoint_reports_findings_without_deploying(operator, token_for):  # type: ignore[no-untyped-def]
+    response = _client(token_for(operator)).post("/api/preflight/", {"spec": spec()}, format="json")
+    assert response.status_code == 200
+    assert any(f["rule"] == "ddtree-verify-width" for f in response.json()["findings"])
+    assert Deployment.objects.count() == 0
+
+
+def test_the_openapi_schema_and_docs_are_served_locally(operator, client):  # type: ignore[no-untyped-def]
+    client.force_login(operator)
+    schema = client.get("/api/schema/")
+    assert schema.status_code == 200 and b"/api/deployments/" in schema.content
+    docs = client.get("/api/docs/")
+    assert docs.status_code == 200
+    assert b"cdn" not in docs.content.lower()

@@ -1,0 +1,154 @@
+"""Deploy, stop and supervise tasks against real Redis, PostgreSQL, Docker and the test engine."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+from django.test import override_settings
+
+import docker
+from appliance.engine_client import EngineClient
+from appliance.runtime import EngineRuntime, container_name
+from tests.web.specs import spec
+from web.deployments import services
+from web.deployments.models import Deployment, DeploymentStatus
+from worker import tasks
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
+S = DeploymentStatus
+
+
+@pytest.fixture
+def engine(test_engine_image: str) -> Iterator[dict[str, str]]:  # noqa: F811
+    env = {"TEST_ENGINE_PACE_S": "0.01", "TEST_ENGINE_SHARDS": "6"}
+    with override_settings(ENGINE_IMAGE=test_engine_image, ENGINE_GPU_REQUESTS=False,
+                           ENGINE_EXTRA_ENV=env, ENGINE_READY_TIMEOUT_S=90,
+                           ENGINE_STOP_TIMEOUT_S=5):
+        yield env
+    client = docker.from_env()
+    for container in client.containers.list(all=True, filters={"label": "appliance.deployment"}):
+        container.remove(force=True)
+
+
+def _deployment(**changes) -> Deployment:  # type: ignore[no-untyped-def]
+    return services.deployment_create(data=spec(**changes), confirm_warnings=True)
+
+
+def _events(deployment: Deployment, kind: str) -> list[dict]:  # type: ignore[type-arg]
+    return [e.payload for e in deployment.events.filter(kind=kind).order_by("seq")]
+
+
+def _with_failure(engine: dict[str, str], mode: str):  # type: ignore[no-untyped-def]
+    return override_settings(ENGINE_EXTRA_ENV={**engine, "TEST_ENGINE_FAIL": mode})
+
+
+def test_deploy_goes_from_queued_to_ready_with_phases_and_progress_then_stops(engine):  # type: ignore[no-untyped-def]
+    deployment = _deployment()
+    assert tasks.deploy.apply(args=[deployment.pk]).get() == S.READY
+    deployment.refresh_from_db()
+    assert deployment.status == S.READY
+    phases = [p["status"] for p in _events(deployment, "phase")]
+    assert phases == ["starting", "loading", "capturing", "ready"]
+    progress = _events(deployment, "progress")
+    shards = [p for p in progress if p["kind"] == "weights_progress"]
+    assert shards[-1]["done"] == shards[-1]["total"] == 6
+    captures = [p for p in progress if p["kind"] == "capture_begin"]
+    assert {c["role"] for c in captures} >= {"target", "draft"}
+    assert any(p["kind"] == "capture_progress" for p in progress)
+    logs = _events(deployment, "log")
+    assert any("fired up and ready to roll" in line["text"] for line in logs)
+    assert {line["stream"] for line in logs} >= {"stderr"}
+    assert deployment.progress["weights"]["finished"] is True
+    container = docker.from_env().containers.get(container_name(str(deployment.pk)))
+    assert container.labels["appliance.deployment"] == str(deployment.pk)
+    assert EngineClient(deployment.engine_url).health() == 200
+
+    services.deployment_request_stop(deployment=deployment)
+    assert tasks.stop.apply(args=[deployment.pk]).get() == S.STOPPED
+    deployment.refresh_from_db()
+    assert deployment.status == S.STOPPED
+    assert EngineRuntime().find(str(deployment.pk)) is None
+    assert deployment.events.order_by("-seq").first().kind == "end"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("mode", "cause"),
+    [("load-exit", None), ("capture-oom", "cuda-oom-capture"), ("ddtree-width", "ddtree-verify-width")],
+)
+def test_a_failing_engine_fails_the_deployment_with_a_diagnosis(engine, mode, cause):  # type: ignore[no-untyped-def]
+    deployment = _deployment()
+    with _with_failure(engine, mode):
+        assert tasks.deploy.apply(args=[deployment.pk]).get() == S.FAILED
+    deployment.refresh_from_db()
+    assert deployment.status == S.FAILED
+    assert deployment.diagnosis and deployment.diagnosis["cause"]
+    if cause:
+        assert deployment.diagnosis["cause"] == cause
+    assert deployment.last_lines, "the last engine lines travel with the failure"
+    assert EngineRuntime().find(str(deployment.pk)) is None
+
+
+def test_the_width_crash_names_block_size_and_budget_plus_one(engine):  # type: ignore[no-untyped-def]
+    deployment = _deployment()
+    with _with_failure(engine, "ddtree-width"):
+        tasks.deploy.apply(args=[deployment.pk]).get()
+    deployment.refresh_from_db()
+    text = f"{deployment.diagnosis['summary']} {deployment.diagnosis['fix']}"
+    assert "8" in text and "33" in text
+
+
+def test_a_stop_during_loading_stops_the_watch_and_the_container(engine):  # type: ignore[no-untyped-def]
+    deployment = _deployment()
+    with _with_failure(engine, "hang-load"):
+        import threading
+
+        result: dict[str, str] = {}
+        runner = threading.Thread(
+            target=lambda: result.setdefault("r", tasks.deploy.apply(args=[deployment.pk]).get())
+        )
+        runner.start()
+        deadline = time.monotonic() + 30
+        while Deployment.objects.get(pk=deployment.pk).status != S.LOADING:
+            assert time.monotonic() < deadline, "never reached loading"
+            time.sleep(0.1)
+        services.deployment_request_stop(deployment=Deployment.objects.get(pk=deployment.pk))
+        runner.join(timeout=60)
+    assert result["r"] == S.STOPPED
+    assert Deployment.objects.get(pk=deployment.pk).status == S.STOPPED
+    assert EngineRuntime().find(str(deployment.pk)) is None
+
+
+def test_a_restarted_worker_adopts_the_running_container_instead_of_starting_another(engine):  # type: ignore[no-untyped-def]
+    deployment = _deployment()
+    pk = deployment.pk
+    services.deployment_mark_starting(deployment_id=pk, image=str(services.settings.ENGINE_IMAGE))
+    # The first worker started the container and died before it was ready.
+    plan = services._container_plan(Deployment.objects.get(pk=pk), str(services.settings.ENGINE_IMAGE))
+    first = EngineRuntime().ensure_started(plan)
+    assert tasks.deploy.apply(args=[pk]).get() == S.READY
+    running = docker.from_env().containers.list(filters={"label": f"appliance.deployment={pk}"})
+    assert [c.id for c in running] == [first.id]
+
+
+def test_the_supervisor_ships_decode_stats_and_fails_an_engine_that_dies_while_serving(engine):  # type: ignore[no-untyped-def]
+    deployment = _deployment()
+    tasks.deploy.apply(args=[deployment.pk]).get()
+    deployment.refresh_from_db()
+    client = EngineClient(deployment.engine_url, timeout=30)
+    for _ in range(3):
+        list(client.chat_stream([{"role": "user", "content": "hi"}], max_tokens=32))
+    time.sleep(1.1)
+    tasks.supervise.apply().get()
+    deployment.refresh_from_db()
+    assert deployment.status == S.READY
+    assert deployment.decode_stats.get("accept_len") is not None
+    assert deployment.decode_stats.get("cuda_graph") is True
+
+    docker.from_env().containers.get(container_name(str(deployment.pk))).kill()
+    time.sleep(0.5)
+    tasks.supervise.apply().get()
+    deployment.refresh_from_db()
+    assert deployment.status == S.FAILED
+    assert deployment.diagnosis["cause"]

@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from web.deployments.models import Deployment, Event
+
+
+class DeploymentSerializer(serializers.ModelSerializer[Deployment]):
+    class Meta:
+        model = Deployment
+        fields = [
+            "id", "name", "status", "phase", "recipe", "algorithm", "gpus", "spec", "progress",
+            "decode_stats", "diagnosis", "last_lines", "preflight", "image", "container_name",
+            "engine_url", "last_seq", "created_at", "updated_at", "ready_at", "ended_at",
+        ]
+        read_only_fields = fields
+
+
+class DeploymentCreateSerializer(serializers.Serializer[Any]):
+    """The deployment spec (appliance.spec schema) plus a confirmation for warnings."""
+
+    spec = serializers.DictField(
+        help_text="Deployment spec: name, recipe, gpus, engine, extra_args."
+    )
+    confirm_warnings = serializers.BooleanField(default=False)
+
+
+class PreflightSerializer(serializers.Serializer[Any]):
+    spec = serializers.DictField()
+
+
+class EventSerializer(serializers.ModelSerializer[Event]):
+    class Meta:
+        model = Event
+        fields = ["seq", "ts", "kind", "payload"]
+        read_only_fields = fields

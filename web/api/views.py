@@ -1,0 +1,110 @@
+"""The REST API: deployments, stop, paged events, a status summary, pre-flight."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import mixins, permissions, status, viewsets
+from rest_framework.decorators import action, api_view, permission_classes
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from web.deployments import selectors, services
+from web.deployments.models import Deployment
+from web.deployments.permissions import can_deploy, can_stop
+
+from .serializers import (
+    DeploymentCreateSerializer,
+    DeploymentSerializer,
+    EventSerializer,
+    PreflightSerializer,
+)
+
+
+class CanOperate(permissions.BasePermission):
+    message = "You need the operator role to deploy or stop deployments."
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        if request.method in permissions.SAFE_METHODS:
+            return True
+        if getattr(view, "action", None) == "stop":
+            return can_stop(request.user)
+        return can_deploy(request.user)
+
+
+class DeploymentViewSet(
+    mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet[Deployment]
+):
+    serializer_class = DeploymentSerializer
+    permission_classes = [permissions.IsAuthenticated, CanOperate]
+
+    def get_queryset(self) -> Any:
+        return selectors.deployment_list(status=self.request.query_params.get("status"))
+
+    @extend_schema(request=DeploymentCreateSerializer, responses={201: DeploymentSerializer})
+    def create(self, request: Request) -> Response:
+        body = DeploymentCreateSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        deployment = services.deployment_create(
+            data=body.validated_data["spec"],
+            user=request.user,
+            confirm_warnings=body.validated_data["confirm_warnings"],
+        )
+        return Response(DeploymentSerializer(deployment).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=None, responses={202: DeploymentSerializer})
+    @action(detail=True, methods=["post"])
+    def stop(self, request: Request, pk: str | None = None) -> Response:
+        deployment = services.deployment_request_stop(deployment=self.get_object())
+        return Response(DeploymentSerializer(deployment).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("after", int, description="Only events with seq greater than this."),
+            OpenApiParameter("limit", int, description="At most this many (1-1000)."),
+        ],
+        responses={200: EventSerializer(many=True)},
+    )
+    @action(detail=True, methods=["get"])
+    def events(self, request: Request, pk: str | None = None) -> Response:
+        deployment = self.get_object()
+        after = _int_param(request, "after", 0, 0, None)
+        limit = _int_param(request, "limit", 500, 1, 1000)
+        events = selectors.events_after(deployment_id=deployment.pk, after_seq=after, limit=limit)
+        next_after = events[-1].seq if len(events) == limit else None
+        return Response(
+            {"results": EventSerializer(events, many=True).data, "next_after": next_after}
+        )
+
+    @extend_schema(responses={200: dict})
+    @action(detail=True, methods=["get"])
+    def summary(self, request: Request, pk: str | None = None) -> Response:
+        return Response(selectors.deployment_summary(deployment=self.get_object()))
+
+
+def _int_param(request: Request, name: str, default: int, low: int, high: int | None) -> int:
+    from rest_framework.exceptions import ValidationError
+
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValidationError({name: [f"must be an integer, got {raw!r}"]}) from None
+    if value < low or (high is not None and value > high):
+        bound = f"between {low} and {high}" if high is not None else f"at least {low}"
+        raise ValidationError({name: [f"must be {bound}"]})
+    return value
+
+
+@extend_schema(request=PreflightSerializer, responses={200: dict})
+@api_view(["POST"])
+@permission_classes([permissions.IsAuthenticated])
+def preflight(request: Request) -> Response:
+    """Validate a spec and run the pre-flight rules without deploying."""
+    body = PreflightSerializer(data=request.data)
+    body.is_valid(raise_exception=True)
+    spec, findings = services.deployment_validate(data=body.validated_data["spec"])
+    return Response({"findings": [f.to_dict() for f in findings], "ok": True})

@@ -1,0 +1,137 @@
+"""Deployments and their append-only event log.
+
+Status changes only through the transition functions in services.py, each a
+conditional UPDATE; nothing here assigns status.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.db import models
+
+
+class DeploymentStatus(models.TextChoices):
+    QUEUED = "queued"
+    BUILDING = "building"
+    STARTING = "starting"
+    LOADING = "loading"
+    CAPTURING = "capturing"
+    READY = "ready"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+
+ACTIVE_STATUSES = frozenset(
+    {
+        DeploymentStatus.QUEUED,
+        DeploymentStatus.BUILDING,
+        DeploymentStatus.STARTING,
+        DeploymentStatus.LOADING,
+        DeploymentStatus.CAPTURING,
+        DeploymentStatus.READY,
+        DeploymentStatus.STOPPING,
+    }
+)
+TERMINAL_STATUSES = frozenset({DeploymentStatus.STOPPED, DeploymentStatus.FAILED})
+# The engine container may be running in these; the supervisor watches them.
+RUNNING_STATUSES = frozenset(
+    {
+        DeploymentStatus.STARTING,
+        DeploymentStatus.LOADING,
+        DeploymentStatus.CAPTURING,
+        DeploymentStatus.READY,
+    }
+)
+
+
+class Deployment(models.Model):
+    name = models.SlugField(max_length=63)
+    spec = models.JSONField(help_text="The validated deployment spec (appliance.spec).")
+    recipe = models.CharField(max_length=200)
+    algorithm = models.CharField(max_length=16)
+    gpus = models.JSONField(default=list)
+    status = models.CharField(
+        max_length=16, choices=DeploymentStatus.choices, default=DeploymentStatus.QUEUED
+    )
+    phase = models.CharField(max_length=32, blank=True, default="")
+    progress = models.JSONField(default=dict, blank=True)
+    decode_stats = models.JSONField(default=dict, blank=True)
+    diagnosis = models.JSONField(null=True, blank=True)
+    last_lines = models.JSONField(default=list, blank=True)
+    preflight = models.JSONField(default=list, blank=True)
+    image = models.CharField(max_length=300, blank=True, default="")
+    container_name = models.CharField(max_length=200, blank=True, default="")
+    engine_url = models.CharField(max_length=300, blank=True, default="")
+    log_cursor = models.CharField(
+        max_length=40, blank=True, default="", help_text="Unix time of the last shipped output."
+    )
+    last_seq = models.PositiveBigIntegerField(default=0)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    ready_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["status"]), models.Index(fields=["name"])]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.status})"
+
+    @property
+    def is_active(self) -> bool:
+        return self.status in ACTIVE_STATUSES
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+    @property
+    def engine_options(self) -> dict[str, Any]:
+        engine = self.spec.get("engine", {})
+        return engine if isinstance(engine, dict) else {}
+
+
+class EventKind(models.TextChoices):
+    LOG = "log"
+    PHASE = "phase"
+    PROGRESS = "progress"
+    METRIC = "metric"
+    DIAGNOSIS = "diagnosis"
+    BUILD = "build"
+    STATUS = "status"
+    PREFLIGHT = "preflight"
+    END = "end"
+
+
+class Event(models.Model):
+    """One thing that happened to a deployment; seq is gap-free per deployment."""
+
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="events")
+    seq = models.PositiveBigIntegerField()
+    ts = models.DateTimeField(auto_now_add=True)
+    kind = models.CharField(max_length=16, choices=EventKind.choices)
+    payload = models.JSONField(default=dict)
+
+    class Meta:
+        ordering = ["deployment", "seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["deployment", "seq"], name="event_seq_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.deployment_id}#{self.seq} {self.kind}"
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "seq": self.seq,
+            "ts": self.ts.isoformat(),
+            "kind": self.kind,
+            "payload": self.payload,
+        }

@@ -1,0 +1,517 @@
+"""Writes: creating deployments, moving their status, appending events.
+
+Every status change is one function per edge, a conditional UPDATE on the
+expected source states; zero rows updated means someone else won.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from appliance.preflight import Finding, has_errors, run_preflight
+from appliance.recipes import RecipeError, load_recipe
+from appliance.spec import DeploymentSpec, SpecError, spec_from_dict, spec_to_dict
+
+from . import live
+from .models import (
+    ACTIVE_STATUSES,
+    Deployment,
+    DeploymentStatus,
+    Event,
+    EventKind,
+)
+
+log = logging.getLogger(__name__)
+S = DeploymentStatus
+
+
+# ---------------------------------------------------------------- validation
+
+
+@dataclass
+class DeploymentInputError(Exception):
+    """Bad input: field -> messages, plus the pre-flight findings that blocked it."""
+
+    errors: dict[str, list[str]] = field(default_factory=dict)
+    findings: list[Finding] = field(default_factory=list)
+    needs_confirmation: bool = False
+
+    def __str__(self) -> str:
+        return "; ".join(f"{name}: {' '.join(msgs)}" for name, msgs in self.errors.items())
+
+
+def _spec_errors(exc: SpecError) -> dict[str, list[str]]:
+    errors: dict[str, list[str]] = {}
+    for item in exc.errors:
+        text = f"{item.message} {item.fix}".strip() if item.fix else item.message
+        errors.setdefault(item.field or "non_field_errors", []).append(text)
+    return errors
+
+
+def deployment_validate(*, data: dict[str, Any]) -> tuple[DeploymentSpec, list[Finding]]:
+    """Validate a spec and run pre-flight; raises DeploymentInputError on errors."""
+    try:
+        spec = spec_from_dict(data)
+    except SpecError as exc:
+        raise DeploymentInputError(errors=_spec_errors(exc)) from None
+    try:
+        recipe = load_recipe(spec.recipe)
+    except RecipeError as exc:
+        raise DeploymentInputError(errors={"recipe": [str(exc)]}) from None
+    findings = run_preflight(spec, recipe=recipe)
+    if has_errors(findings):
+        errors: dict[str, list[str]] = {}
+        for finding in findings:
+            if finding.severity == "error":
+                errors.setdefault(finding.field or "non_field_errors", []).append(
+                    f"{finding.message} Fix: {finding.fix} [{finding.rule}]"
+                )
+        raise DeploymentInputError(errors=errors, findings=findings)
+    return spec, findings
+
+
+def deployment_create(
+    *,
+    data: dict[str, Any],
+    user: AbstractBaseUser | AnonymousUser | None = None,
+    confirm_warnings: bool = False,
+) -> Deployment:
+    """Validate, pre-flight, store, and queue the deploy task once the row is committed."""
+    spec, findings = deployment_validate(data=data)
+    warnings = [f for f in findings if f.severity == "warning"]
+    if warnings and not confirm_warnings:
+        raise DeploymentInputError(
+            errors={"confirm_warnings": ["Pre-flight has warnings; confirm to deploy anyway."]},
+            findings=findings,
+            needs_confirmation=True,
+        )
+    with transaction.atomic():
+        deployment = Deployment.objects.create(
+            name=spec.name,
+            spec=spec_to_dict(spec),
+            recipe=spec.recipe,
+            algorithm=spec.engine.speculative_algorithm,
+            gpus=list(spec.gpus),
+            preflight=[f.to_dict() for f in findings],
+            created_by=user if user is not None and user.is_authenticated else None,
+        )
+        events_append(
+            deployment_id=deployment.pk,
+            events=[
+                ("status", {"status": S.QUEUED, "message": "deployment queued"}),
+                ("preflight", {"findings": [f.to_dict() for f in findings]}),
+            ],
+        )
+        transaction.on_commit(lambda: _enqueue("worker.tasks.deploy", deployment.pk))
+    return deployment
+
+
+def _enqueue(task_name: str, deployment_id: int) -> None:
+    from worker.celery import app
+
+    app.send_task(task_name, args=[deployment_id])
+
+
+# -------------------------------------------------------------------- events
+
+
+def events_append(
+    *, deployment_id: int, events: Iterable[tuple[str, dict[str, Any]]]
+) -> list[Event]:
+    """Append events with gap-free seq numbers; publish them live after commit."""
+    items = list(events)
+    if not items:
+        return []
+    with transaction.atomic():
+        Deployment.objects.filter(pk=deployment_id).update(last_seq=F("last_seq") + len(items))
+        last = Deployment.objects.values_list("last_seq", flat=True).get(pk=deployment_id)
+        first = last - len(items) + 1
+        rows = Event.objects.bulk_create(
+            Event(deployment_id=deployment_id, seq=first + i, kind=kind, payload=payload)
+            for i, (kind, payload) in enumerate(items)
+        )
+        wire = [row.to_wire() for row in rows]
+        transaction.on_commit(lambda: live.publish(deployment_id, wire))
+    return rows
+
+
+# --------------------------------------------------------------- transitions
+
+
+def _transition(
+    deployment_id: int, *, sources: Iterable[str], target: str, message: str = "", **fields: Any
+) -> bool:
+    with transaction.atomic():
+        updated = Deployment.objects.filter(pk=deployment_id, status__in=list(sources)).update(
+            status=target, updated_at=timezone.now(), **fields
+        )
+        if updated:
+            events_append(
+                deployment_id=deployment_id,
+                events=[(EventKind.PHASE, {"status": target, "message": message})],
+            )
+    return bool(updated)
+
+
+def deployment_mark_building(*, deployment_id: int) -> bool:
+    return _transition(deployment_id, sources=[S.QUEUED], target=S.BUILDING, phase="build")
+
+
+def deployment_mark_starting(*, deployment_id: int, image: str) -> bool:
+    return _transition(
+        deployment_id, sources=[S.QUEUED, S.BUILDING], target=S.STARTING, phase="start", image=image
+    )
+
+
+def deployment_mark_loading(*, deployment_id: int) -> bool:
+    return _transition(deployment_id, sources=[S.STARTING], target=S.LOADING, phase="weights")
+
+
+def deployment_mark_capturing(*, deployment_id: int) -> bool:
+    return _transition(
+        deployment_id, sources=[S.STARTING, S.LOADING], target=S.CAPTURING, phase="cuda_graph"
+    )
+
+
+def deployment_mark_ready(*, deployment_id: int, engine_url: str = "") -> bool:
+    fields: dict[str, Any] = {"phase": "serving", "ready_at": timezone.now()}
+    if engine_url:
+        fields["engine_url"] = engine_url
+    return _transition(
+        deployment_id, sources=[S.STARTING, S.LOADING, S.CAPTURING], target=S.READY, **fields
+    )
+
+
+def deployment_mark_stopping(*, deployment_id: int) -> bool:
+    sources = [s for s in ACTIVE_STATUSES if s not in {S.STOPPING, S.QUEUED}]
+    return _transition(deployment_id, sources=sources, target=S.STOPPING, message="stop requested")
+
+
+def deployment_mark_stopped(*, deployment_id: int) -> bool:
+    done = _transition(
+        deployment_id,
+        sources=[S.STOPPING, S.QUEUED],
+        target=S.STOPPED,
+        phase="",
+        ended_at=timezone.now(),
+    )
+    if done:
+        events_append(deployment_id=deployment_id, events=[(EventKind.END, {"status": S.STOPPED})])
+    return done
+
+
+def deployment_mark_failed(
+    *, deployment_id: int, diagnosis: dict[str, Any], last_lines: list[str], message: str = ""
+) -> bool:
+    """Failed from any active state, carrying a diagnosis and the engine's last lines."""
+    done = _transition(
+        deployment_id,
+        sources=list(ACTIVE_STATUSES),
+        target=S.FAILED,
+        message=message or diagnosis.get("summary", ""),
+        diagnosis=diagnosis,
+        last_lines=last_lines[-60:],
+        ended_at=timezone.now(),
+    )
+    if done:
+        events_append(
+            deployment_id=deployment_id,
+            events=[
+                (EventKind.DIAGNOSIS, diagnosis),
+                (EventKind.END, {"status": S.FAILED, "message": message}),
+            ],
+        )
+    return done
+
+
+ADVANCE = {
+    "loading": deployment_mark_loading,
+    "capturing": deployment_mark_capturing,
+}
+
+
+def deployment_request_stop(*, deployment: Deployment) -> Deployment:
+    """A queued deployment stops at once; a running one goes to stopping and the worker stops it."""
+    pk = deployment.pk
+    if deployment_mark_stopped(deployment_id=pk):
+        return Deployment.objects.get(pk=pk)
+    if deployment_mark_stopping(deployment_id=pk):
+        transaction.on_commit(lambda: _enqueue("worker.tasks.stop", pk))
+    return Deployment.objects.get(pk=pk)
+
+
+def deployment_set_progress(
+    *,
+    deployment_id: int,
+    progress: dict[str, Any] | None = None,
+    decode_stats: dict[str, Any] | None = None,
+    log_cursor: float | None = None,
+) -> None:
+    fields: dict[str, Any] = {}
+    if log_cursor is not None:
+        fields["log_cursor"] = f"{log_cursor:.6f}"
+    if progress is not None:
+        fields["progress"] = progress
+    if decode_stats is not None:
+        fields["decode_stats"] = decode_stats
+    if fields:
+        Deployment.objects.filter(pk=deployment_id).update(**fields)
+
+
+def _cursor_of(deployment: Deployment) -> float | None:
+    try:
+        return float(deployment.log_cursor) if deployment.log_cursor else None
+    except ValueError:
+        return None
+
+
+def engine_image_for(deployment: Deployment) -> str:
+    """The image to run: a configured override (tests, pre-built images), else the recipe's."""
+    if settings.ENGINE_IMAGE:
+        return str(settings.ENGINE_IMAGE)
+    from appliance.build import plan_build
+
+    return plan_build(load_recipe(deployment.recipe)).tag
+
+
+# ------------------------------------------------------- engine (the worker)
+
+
+class _DeploymentSink:
+    """Adapts an engine watch to this deployment's row and event log."""
+
+    def __init__(self, deployment_id: int) -> None:
+        self.deployment_id = deployment_id
+        self.progress: dict[str, Any] = {}
+        self.decode: dict[str, Any] | None = None
+
+    def emit(self, events: list[tuple[str, dict[str, Any]]]) -> None:
+        changed = False
+        for kind, payload in events:
+            if kind == EventKind.PROGRESS:
+                changed = _fold_progress(self.progress, payload) or changed
+            elif kind == EventKind.METRIC and payload.get("kind") == "decode_stats":
+                self.decode = payload
+        events_append(deployment_id=self.deployment_id, events=events)
+        cursor = time.time() if any(kind == EventKind.LOG for kind, _ in events) else None
+        deployment_set_progress(
+            deployment_id=self.deployment_id,
+            progress=self.progress if changed else None,
+            decode_stats=self.decode,
+            log_cursor=cursor,
+        )
+
+    def advance(self, status: str) -> bool:
+        step = ADVANCE.get(status)
+        return step(deployment_id=self.deployment_id) if step else False
+
+    def stop_requested(self) -> bool:
+        return Deployment.objects.filter(pk=self.deployment_id, status=S.STOPPING).exists()
+
+
+def _fold_progress(progress: dict[str, Any], event: dict[str, Any]) -> bool:
+    """Keep the latest shard and graph-capture progress for the detail page and the API."""
+    kind = event.get("kind")
+    if kind == "weights_begin":
+        progress["weights"] = {"done": 0, "total": None, "finished": False}
+    elif kind == "weights_progress":
+        progress["weights"] = {"done": event["done"], "total": event["total"], "finished": False}
+    elif kind == "weights_end":
+        weights = progress.setdefault("weights", {"done": None, "total": None})
+        weights.update(finished=True, elapsed_s=event.get("elapsed_s"))
+    elif kind == "kv_cache":
+        progress["kv_cache_tokens"] = event.get("tokens")
+    elif kind == "capture_begin":
+        progress["capture"] = {
+            "role": event.get("role"),
+            "mode": event.get("mode"),
+            "num_tokens_per_req": event.get("num_tokens_per_req"),
+            "bs": None,
+            "done": 0,
+            "total": None,
+            "finished": False,
+        }
+    elif kind == "capture_progress":
+        capture = progress.setdefault("capture", {})
+        capture.update(bs=event["bs"], done=event["done"], total=event["total"])
+    elif kind == "capture_end":
+        capture = progress.setdefault("capture", {})
+        capture.update(finished=True, elapsed_s=event.get("elapsed_s"))
+        progress.setdefault("captures", []).append(dict(capture))
+    else:
+        return False
+    return True
+
+
+def _runtime() -> Any:
+    from appliance.runtime import EngineRuntime
+
+    return EngineRuntime()
+
+
+def _container_plan(deployment: Deployment, image: str) -> Any:
+    from appliance.runtime import ContainerPlan
+    from appliance.spec import launch_args
+
+    spec = spec_from_dict(deployment.spec)
+    launch = launch_args(spec)
+    volumes: dict[str, dict[str, str]] = {}
+    if settings.MODELS_DIR:
+        volumes[str(settings.MODELS_DIR)] = {"bind": "/models", "mode": "ro"}
+    return ContainerPlan(
+        deployment_id=str(deployment.pk),
+        image=image,
+        argv=launch.argv,
+        env={**launch.env, **settings.ENGINE_EXTRA_ENV},
+        gpus=list(deployment.gpus) if settings.ENGINE_GPU_REQUESTS else [],
+        container_port=spec.engine.port,
+        network=settings.ENGINE_NETWORK or None,
+        volumes=volumes,
+    )
+
+
+def deployment_run(*, deployment_id: int) -> str:
+    """The deploy task's one service: image, container, watch until ready or failed."""
+    deployment = Deployment.objects.get(pk=deployment_id)
+    if deployment.is_terminal or deployment.status in {S.READY, S.STOPPING}:
+        return str(deployment.status)
+    try:
+        image = _ensure_image(deployment)
+    except _BuildStopped as exc:
+        return exc.outcome
+    if image is None:
+        return str(Deployment.objects.get(pk=deployment_id).status)
+    deployment_mark_starting(deployment_id=deployment_id, image=image)
+    deployment.refresh_from_db()
+    if deployment.status == S.STOPPING:
+        return deployment_stop(deployment_id=deployment_id)
+    return _watch(deployment, image)
+
+
+class _BuildStopped(Exception):
+    def __init__(self, outcome: str) -> None:
+        self.outcome = outcome
+
+
+def _ensure_image(deployment: Deployment) -> str | None:
+    """An image tag to run, building it from the recipe when no override is configured."""
+    if deployment.status in {S.STARTING, S.LOADING, S.CAPTURING}:
+        return deployment.image  # adopted after a worker restart: the container may be running
+    if settings.ENGINE_IMAGE:
+        return str(settings.ENGINE_IMAGE)
+    deployment_mark_building(deployment_id=deployment.pk)
+    return _build(deployment)
+
+
+def _build(deployment: Deployment) -> str | None:
+    import threading
+
+    from appliance.build import BuildCancelled, BuildFailed, build_image, plan_build
+
+    pk = deployment.pk
+    cancel = threading.Event()
+
+    def on_event(event: Any) -> None:
+        events_append(deployment_id=pk, events=[(EventKind.BUILD, event.to_dict())])
+        if Deployment.objects.filter(pk=pk, status=S.STOPPING).exists():
+            cancel.set()
+
+    try:
+        result = build_image(plan_build(load_recipe(deployment.recipe)), cancel=cancel,
+                             on_event=on_event)
+    except BuildCancelled:
+        deployment_mark_stopped(deployment_id=pk)
+        raise _BuildStopped(S.STOPPED) from None
+    except BuildFailed as exc:
+        diagnosis = {"cause": "image-build-failed", "summary": str(exc),
+                     "fix": "Read the failing build step below; fix the recipe or patch.",
+                     "evidence": exc.to_dict() if hasattr(exc, "to_dict") else {}}
+        deployment_mark_failed(deployment_id=pk, diagnosis=diagnosis,
+                               last_lines=list(getattr(exc, "last_output", [])))
+        raise _BuildStopped(S.FAILED) from None
+    return str(result.tag)
+
+
+def _watch(deployment: Deployment, image: str) -> str:
+    from appliance.deploy import EngineWatch, WatchOptions
+
+    pk = deployment.pk
+    runtime = _runtime()
+    options = WatchOptions(ready_timeout_s=float(settings.ENGINE_READY_TIMEOUT_S))
+    plan = _container_plan(deployment, image)
+    Deployment.objects.filter(pk=pk).update(container_name=runtime.container_name(str(pk)))
+    sink = _DeploymentSink(pk)
+    try:
+        result = EngineWatch(runtime, plan, sink, options).run(since=_cursor_of(deployment))
+    except Exception as exc:
+        log.exception("deployment %s: engine watch failed", pk)
+        diagnosis = {"cause": "engine-start-failed", "summary": str(exc),
+                     "fix": "Check that the engine image exists and Docker is reachable.",
+                     "evidence": {}}
+        deployment_mark_failed(deployment_id=pk, diagnosis=diagnosis, last_lines=[])
+        runtime.stop(str(pk), timeout_s=settings.ENGINE_STOP_TIMEOUT_S)
+        return S.FAILED
+    if result.outcome == "ready":
+        # From here the supervisor ships the engine's output, starting where the watch ended.
+        Deployment.objects.filter(pk=pk).update(
+            engine_url=result.engine_url, log_cursor=f"{time.time():.6f}"
+        )
+        return S.READY
+    runtime.stop(str(pk), timeout_s=settings.ENGINE_STOP_TIMEOUT_S)
+    if result.outcome == "stopped":
+        deployment_mark_stopped(deployment_id=pk)
+        return S.STOPPED
+    diagnosis = result.diagnosis.to_dict() if result.diagnosis else {}
+    deployment_mark_failed(deployment_id=pk, diagnosis=diagnosis, last_lines=result.last_lines,
+                           message=result.message)
+    return S.FAILED
+
+
+def deployment_stop(*, deployment_id: int) -> str:
+    """The stop task's one service: docker stop with a timeout, remove, mark stopped."""
+    deployment = Deployment.objects.get(pk=deployment_id)
+    if deployment.status != S.STOPPING:
+        return str(deployment.status)
+    _runtime().stop(str(deployment_id), timeout_s=settings.ENGINE_STOP_TIMEOUT_S)
+    deployment_mark_stopped(deployment_id=deployment_id)
+    return S.STOPPED
+
+
+def deployments_supervise() -> int:
+    """Reconcile ready deployments with Docker: ship their new output, fail the dead ones."""
+    from appliance.deploy import supervise_tick
+
+    runtime = _runtime()
+    count = 0
+    for deployment in Deployment.objects.filter(status=S.READY):
+        since = float(deployment.log_cursor or 0) or deployment.updated_at.timestamp()
+        until = time.time()
+        history = [
+            str(e.payload.get("text", ""))
+            for e in Event.objects.filter(deployment=deployment, kind="log").order_by("-seq")[:400]
+        ][::-1]
+        tick = supervise_tick(runtime, str(deployment.pk), since, until, history)
+        sink = _DeploymentSink(deployment.pk)
+        if tick.events:
+            sink.emit(tick.events)
+        Deployment.objects.filter(pk=deployment.pk).update(log_cursor=f"{until:.6f}")
+        if tick.exited:
+            runtime.stop(str(deployment.pk), timeout_s=settings.ENGINE_STOP_TIMEOUT_S)
+            deployment_mark_failed(
+                deployment_id=deployment.pk,
+                diagnosis=tick.diagnosis.to_dict() if tick.diagnosis else {},
+                last_lines=tick.last_lines,
+                message="the engine exited while serving",
+            )
+        count += 1
+    return count

@@ -1,0 +1,13 @@
+from django.urls import path
+
+from . import sse, views
+
+app_name = "deployments"
+
+urlpatterns = [
+    path("", views.deployment_list, name="list"),
+    path("deployments/new/", views.deployment_new, name="new"),
+    path("deployments/<int:pk>/", views.deployment_detail, name="detail"),
+    path("deployments/<int:pk>/stop/", views.deployment_stop, name="stop"),
+    path("deployments/<int:pk>/events/stream/", sse.deployment_event_stream, name="stream"),
+]

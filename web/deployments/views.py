@@ -1,0 +1,74 @@
+"""Panel pages: list, new, detail, stop. Business logic stays in services."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
+
+from . import selectors, services
+from .forms import DeploymentForm
+from .models import Deployment
+from .permissions import can_deploy, can_stop
+
+
+@login_required
+def deployment_list(request: HttpRequest) -> HttpResponse:
+    return render(
+        request,
+        "deployments/list.html",
+        {"deployments": selectors.deployment_list()[:200], "can_deploy": can_deploy(request.user)},
+    )
+
+
+@login_required
+def deployment_new(request: HttpRequest) -> HttpResponse:
+    if not can_deploy(request.user):
+        raise PermissionDenied("You need the operator role to deploy.")
+    form = DeploymentForm(request.POST or None)
+    findings: list[dict[str, str]] = []
+    if request.method == "POST" and form.is_valid():
+        try:
+            deployment = services.deployment_create(
+                data=form.to_spec(),
+                user=request.user,
+                confirm_warnings=form.cleaned_data["confirm_warnings"],
+            )
+        except services.DeploymentInputError as exc:
+            form.add_service_errors(exc.errors)
+            findings = [f.to_dict() for f in exc.findings]
+        else:
+            messages.success(request, f"Deployment {deployment.name} queued.")
+            return redirect("deployments:detail", pk=deployment.pk)
+    status = 400 if request.method == "POST" else 200
+    return render(
+        request, "deployments/new.html", {"form": form, "findings": findings}, status=status
+    )
+
+
+@login_required
+def deployment_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    deployment = get_object_or_404(Deployment, pk=pk)
+    return render(
+        request,
+        "deployments/detail.html",
+        {
+            "deployment": deployment,
+            "summary": selectors.deployment_summary(deployment=deployment),
+            "can_stop": can_stop(request.user),
+        },
+    )
+
+
+@login_required
+@require_POST
+def deployment_stop(request: HttpRequest, pk: int) -> HttpResponse:
+    if not can_stop(request.user):
+        raise PermissionDenied("You need the operator role to stop deployments.")
+    deployment = get_object_or_404(Deployment, pk=pk)
+    services.deployment_request_stop(deployment=deployment)
+    messages.info(request, f"Stopping {deployment.name}.")
+    return redirect("deployments:detail", pk=pk)

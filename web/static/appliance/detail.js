@@ -1,0 +1,122 @@
+// Detail page: follows the deployment's SSE stream and updates the page in place.
+(function () {
+  "use strict";
+  const script = document.currentScript;
+  const streamUrl = script.dataset.stream;
+  const order = ["queued", "building", "starting", "loading", "capturing", "ready"];
+  const logPane = document.getElementById("log");
+  const autoscroll = document.getElementById("autoscroll");
+  const statusEl = document.getElementById("status");
+  const conn = document.getElementById("conn");
+  const maxLines = 5000;
+
+  function setStatus(status) {
+    statusEl.textContent = status;
+    statusEl.className = "status status-" + status;
+    statusEl.dataset.status = status;
+    const reached = order.indexOf(status);
+    document.querySelectorAll("#timeline li").forEach(function (li) {
+      const i = order.indexOf(li.dataset.phase);
+      li.classList.toggle("done", reached >= 0 && i < reached);
+      li.classList.toggle("current", i === reached);
+    });
+    if (status === "stopped" || status === "failed") {
+      const stop = document.getElementById("stop");
+      if (stop) stop.disabled = true;
+    }
+  }
+
+  function bar(id, done, total, text) {
+    const el = document.getElementById(id + "-bar");
+    el.max = total || 1;
+    el.value = Math.min(done || 0, total || 1);
+    document.getElementById(id + "-text").textContent = text;
+  }
+
+  function showProgress(p) {
+    if (p.weights) {
+      const w = p.weights;
+      const text = w.finished ? "loaded" + (w.elapsed_s ? " in " + w.elapsed_s + " s" : "")
+        : "shard " + (w.done || 0) + " / " + (w.total || "?");
+      bar("weights", w.finished ? (w.total || 1) : w.done, w.total || 1, text);
+    }
+    if (p.capture) {
+      const c = p.capture;
+      const who = [c.role, c.mode].filter(Boolean).join(" ");
+      const width = c.num_tokens_per_req ? ", " + c.num_tokens_per_req + " tokens/req" : "";
+      const text = c.finished ? who + " captured" + width
+        : who + " batch " + (c.done || 0) + " / " + (c.total || "?") + (c.bs ? " (bs=" + c.bs + ")" : "") + width;
+      bar("capture", c.finished ? (c.total || 1) : c.done, c.total || 1, text);
+    }
+  }
+
+  const progress = {};
+  function foldProgress(e) {
+    switch (e.kind) {
+      case "weights_begin": progress.weights = {done: 0, total: null}; break;
+      case "weights_progress": progress.weights = {done: e.done, total: e.total}; break;
+      case "weights_end": progress.weights = Object.assign(progress.weights || {}, {finished: true, elapsed_s: e.elapsed_s}); break;
+      case "capture_begin": progress.capture = {role: e.role, mode: e.mode, num_tokens_per_req: e.num_tokens_per_req, done: 0, total: null}; break;
+      case "capture_progress": progress.capture = Object.assign(progress.capture || {}, {bs: e.bs, done: e.done, total: e.total, finished: false}); break;
+      case "capture_end": progress.capture = Object.assign(progress.capture || {}, {finished: true}); break;
+      default: return;
+    }
+    showProgress(progress);
+  }
+
+  function appendLog(text, stream) {
+    const line = document.createElement("span");
+    line.className = "line" + (stream === "stderr" ? " stderr" : "");
+    line.textContent = text + "\n";
+    logPane.appendChild(line);
+    while (logPane.childNodes.length > maxLines) logPane.removeChild(logPane.firstChild);
+    if (autoscroll.checked) logPane.scrollTop = logPane.scrollHeight;
+  }
+
+  function showDecode(s) {
+    ["gen_throughput", "accept_len", "accept_rate", "running_req", "cuda_graph"].forEach(function (k) {
+      const el = document.getElementById("stat-" + k);
+      if (el && s[k] !== undefined && s[k] !== null) el.textContent = String(s[k]);
+    });
+  }
+
+  function showDiagnosis(d) {
+    document.getElementById("diagnosis").hidden = false;
+    document.getElementById("diag-cause").textContent = d.cause || "";
+    document.getElementById("diag-summary").textContent = d.summary || "";
+    document.getElementById("diag-fix").textContent = d.fix || "";
+  }
+
+  function build(b) {
+    if (b.kind === "build_step") bar("build", b.step, b.total, "step " + b.step + " / " + b.total + ": " + (b.text || ""));
+    else if (b.kind === "cache_hit" || b.cached) bar("build", 1, 1, "cached image " + (b.tag || ""));
+    else if (b.kind === "build_done") bar("build", 1, 1, "built " + (b.tag || ""));
+  }
+
+  function handle(event) {
+    const p = event.payload || {};
+    switch (event.kind) {
+      case "log": appendLog(p.text, p.stream); break;
+      case "phase": setStatus(p.status); break;
+      case "progress": foldProgress(p); break;
+      case "metric": if (p.kind === "decode_stats") showDecode(p); break;
+      case "diagnosis": showDiagnosis(p); break;
+      case "build": build(p); break;
+      case "end": setStatus(p.status); source.close(); conn.textContent = "ended"; break;
+      default: break;
+    }
+  }
+
+  const summary = JSON.parse(document.getElementById("summary-data").textContent);
+  setStatus(summary.status);
+  if (summary.decode_stats) showDecode(summary.decode_stats);
+  const source = new EventSource(streamUrl);
+  source.onopen = function () { conn.textContent = "live"; };
+  source.onerror = function () { if (source.readyState !== 2) conn.textContent = "reconnecting…"; };
+  source.onmessage = function (msg) { handle(JSON.parse(msg.data)); };
+  logPane.addEventListener("wheel", function () {
+    // Scrolling up pauses auto-scroll; back at the bottom resumes it.
+    const atBottom = logPane.scrollHeight - logPane.scrollTop - logPane.clientHeight < 4;
+    autoscroll.checked = atBottom;
+  });
+})();
