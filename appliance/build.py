@@ -137,10 +137,15 @@ def engine_repo() -> str:
     return os.environ.get("APPLIANCE_ENGINE_REPO", "appliance-engine")
 
 
+IMAGE_FIELDS = ("name", "base_image", "patches", "pip_extras", "env", "build_args")
+SOURCE_FIELDS = ("pip", "git", "ref")
+
+
 def _recipe_dict(recipe: RecipeLike) -> dict[str, Any]:
-    """Canonical content of the recipe; where the file lives does not change the image."""
-    data = dataclasses.asdict(recipe) if dataclasses.is_dataclass(recipe) else dict(vars(recipe))
-    data.pop("path", None)
+    """The recipe fields that change the image; where the file lives, its description
+    and engine defaults do not."""
+    data = {key: getattr(recipe, key) for key in IMAGE_FIELDS}
+    data["sglang"] = {key: getattr(recipe.sglang, key, None) for key in SOURCE_FIELDS}
     return json.loads(json.dumps(data, sort_keys=True, default=str))
 
 

@@ -47,17 +47,18 @@ def source_root(arg: str) -> tuple[Path, int] | None:
 def failure(patch: str, output: str) -> dict[str, object]:
     """The first failing file and hunk in patch's output."""
     current: str | None = None
-    for raw in output.splitlines():
-        line = raw.strip()
+    lines = [raw.strip() for raw in output.splitlines()]
+    for index, line in enumerate(lines):
         if m := FILE_RE.match(line):
             current = m.group("file")
         elif m := HUNK_RE.match(line):
             return {"patch": patch, "file": current, "hunk": int(m.group("hunk")),
                     "line": int(m.group("line"))}
-        elif m := HEADER_RE.match(line):
-            current = m.group("file")
         elif MISSING_RE.match(line):
-            return {"patch": patch, "file": current, "hunk": None, "line": None,
+            # GNU patch quotes the diff header after this line: "|+++ b/<file>".
+            headers = (HEADER_RE.match(x) for x in lines[index:])
+            missing = next((h.group("file") for h in headers if h), current)
+            return {"patch": patch, "file": missing, "hunk": None, "line": None,
                     "reason": "file to patch not found"}
     return {"patch": patch, "file": current, "hunk": None, "line": None}
 

@@ -7,8 +7,12 @@ if [ -f /opt/appliance/src/sglang.tar ]; then
   rm -f /opt/appliance/src/sglang.tar
   echo "appliance: SGLang source from the build context ($(cat /opt/appliance/src/sglang.ref 2>/dev/null || echo unknown ref))"
 elif [ -n "$SGLANG_GIT" ]; then
-  git clone --filter=blob:none --no-checkout "$SGLANG_GIT" /opt/sglang
-  git -C /opt/sglang checkout --detach "${SGLANG_REF:-HEAD}"
+  # Fetch the ref itself (commit, branch or tag): a PR head commit is not on any branch
+  # a plain clone brings, but GitHub serves any reachable commit by id.
+  git init -q /opt/sglang
+  git -C /opt/sglang remote add origin "$SGLANG_GIT"
+  git -C /opt/sglang fetch --depth 1 origin "${SGLANG_REF:-HEAD}"
+  git -C /opt/sglang checkout -q --detach FETCH_HEAD
   echo "appliance: SGLang source $SGLANG_GIT at $(git -C /opt/sglang rev-parse HEAD)"
 elif [ -n "$SGLANG_PIP" ]; then
   pip install "sglang==$SGLANG_PIP"
