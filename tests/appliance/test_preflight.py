@@ -1,0 +1,453 @@
+"""Pre-flight rules: each fires on a bad deployment and stays quiet on a good one."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from appliance.preflight import RULES, Finding, has_errors, run_preflight
+from appliance.recipes import Recipe, load_recipe, recipe_from_dict
+from appliance.spec import DeploymentSpec, spec_from_dict
+
+GB = 1024**3
+
+
+def kimi_config() -> dict[str, Any]:
+    """Shaped like Kimi K2 / DeepSeek V3's config.json (MLA, 384 routed experts)."""
+    return {
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "auto_map": {"AutoConfig": "configuration_deepseek.DeepseekV3Config",
+                     "AutoModelForCausalLM": "modeling_deepseek.DeepseekV3ForCausalLM"},
+        "model_type": "kimi_k2",
+        "hidden_size": 7168,
+        "intermediate_size": 18432,
+        "moe_intermediate_size": 2048,
+        "num_hidden_layers": 61,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 64,
+        "kv_lora_rank": 512,
+        "q_lora_rank": 1536,
+        "qk_rope_head_dim": 64,
+        "qk_nope_head_dim": 128,
+        "v_head_dim": 128,
+        "n_routed_experts": 384,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 8,
+        "first_k_dense_replace": 1,
+        "max_position_embeddings": 262144,
+        "vocab_size": 163840,
+        "torch_dtype": "bfloat16",
+    }
+
+
+def dflash_config(block_size: int = 8) -> dict[str, Any]:
+    """Shaped like a z-lab DFlash drafter's config.json, keys as sglang's dflash_utils reads."""
+    return {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "block_size": block_size,
+        "dflash_config": {"mask_token_id": 163838, "target_layer_ids": [1, 12, 24, 36, 48, 59]},
+        "hidden_size": 7168,
+        "intermediate_size": 18432,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "num_hidden_layers": 6,
+        "num_target_layers": 61,
+        "max_position_embeddings": 40960,
+        "vocab_size": 163840,
+    }
+
+
+def engine(**overrides: Any) -> dict[str, Any]:
+    base = {
+        "model_path": "/models/Kimi-K2.6",
+        "tp_size": 8,
+        "trust_remote_code": True,
+        "speculative_algorithm": "DDTREE",
+        "speculative_draft_model_path": "/models/Kimi-K2.6-DFlash",
+        "speculative_num_draft_tokens": 8,
+        "speculative_ddtree_budget": 32,
+        "attention_backend": "fa3",
+        "disable_overlap_schedule": True,
+    }
+    base.update(overrides)
+    return {k: v for k, v in base.items() if v is not None}
+
+
+def make_spec(gpus: int = 8, extra_args: list[str] | None = None, **overrides: Any) -> DeploymentSpec:
+    return spec_from_dict({"name": "t", "recipe": "kimi-k2.6-ddtree", "gpus": list(range(gpus)),
+                           "engine": engine(**overrides), "extra_args": extra_args or []})
+
+
+def unpatched() -> Recipe:
+    data = {"name": "ddtree-raw", "base_image": "img",
+            "sglang": {"git": "https://github.com/sgl-project/sglang",
+                       "ref": "101cd5bd02faab336ada94f78daada6288c1816e",
+                       "flags": "sglang-ddtree-101cd5bd0"},
+            "patches": []}
+    return recipe_from_dict(data)
+
+
+def check(spec: DeploymentSpec, recipe: Recipe | None = None, **kw: Any) -> list[Finding]:
+    kw.setdefault("model_config", kimi_config())
+    kw.setdefault("drafter_config", dflash_config())
+    return run_preflight(spec, recipe=recipe or load_recipe(spec.recipe),
+                         read_local_configs=False, **kw)
+
+
+def by_rule(findings: list[Finding], rule: str) -> list[Finding]:
+    return [f for f in findings if f.rule == rule]
+
+
+def severities(findings: list[Finding], rule: str) -> set[str]:
+    return {f.severity for f in by_rule(findings, rule)}
+
+
+def test_the_flagship_spec_has_no_errors_or_warnings() -> None:
+    findings = check(make_spec())
+    assert not [f for f in findings if f.severity != "info"], findings
+
+
+# ---- ddtree-verify-width
+
+def test_it_blocks_ddtree_graphs_without_the_width_patch_naming_both_widths() -> None:
+    (finding,) = by_rule(check(make_spec(), recipe=unpatched()), "ddtree-verify-width")
+    assert finding.severity == "error"
+    assert "(8 tokens per request)" in finding.message and "= 33" in finding.message
+    assert "ddtree-verify-graph-width" in finding.fix and "disable_cuda_graph" in finding.fix
+
+
+def test_it_states_the_two_widths_when_the_patch_is_in_the_recipe() -> None:
+    (finding,) = by_rule(check(make_spec(speculative_ddtree_budget=16)), "ddtree-verify-width")
+    assert finding.severity == "info"
+    assert "width 17 (budget+1)" in finding.message and "width 8 (block size)" in finding.message
+
+
+def test_it_stays_quiet_about_verify_width_with_cuda_graphs_off() -> None:
+    findings = check(make_spec(disable_cuda_graph=True), recipe=unpatched())
+    assert not by_rule(findings, "ddtree-verify-width")
+
+
+# ---- ddtree-budget
+
+def test_it_rejects_a_budget_below_one() -> None:
+    assert severities(check(make_spec(speculative_ddtree_budget=0)), "ddtree-budget") == {"error"}
+
+
+def test_it_says_the_budget_defaults_to_block_size_minus_one() -> None:
+    (finding,) = by_rule(check(make_spec(speculative_ddtree_budget=None)), "ddtree-budget")
+    assert finding.severity == "info" and "= 7" in finding.message
+
+
+def test_it_warns_that_a_budget_without_ddtree_is_ignored() -> None:
+    spec = make_spec(speculative_algorithm="DFLASH", attention_backend=None)
+    assert severities(check(spec), "ddtree-budget") == {"warning"}
+
+
+def test_it_stays_quiet_about_an_explicit_valid_budget() -> None:
+    assert not by_rule(check(make_spec()), "ddtree-budget")
+
+
+# ---- tree-attention-backend
+
+def test_it_rejects_flashinfer_for_tree_verify_on_an_mla_model() -> None:
+    findings = check(make_spec(attention_backend="flashinfer"))
+    assert severities(findings, "tree-attention-backend") == {"error"}
+
+
+def test_it_accepts_flashinfer_on_a_non_mla_model() -> None:
+    gqa = {k: v for k, v in kimi_config().items() if k not in ("kv_lora_rank", "model_type")}
+    gqa.update(architectures=["Qwen3ForCausalLM"], num_key_value_heads=8)
+    findings = check(make_spec(attention_backend="flashinfer"), model_config=gqa)
+    assert not by_rule(findings, "tree-attention-backend")
+
+
+def test_it_rejects_a_backend_without_a_tree_mask() -> None:
+    findings = check(make_spec(attention_backend="flashmla"))
+    assert severities(findings, "tree-attention-backend") == {"error"}
+
+
+def test_it_warns_when_no_backend_is_chosen_for_ddtree() -> None:
+    findings = check(make_spec(attention_backend=None))
+    assert severities(findings, "tree-attention-backend") == {"warning"}
+
+
+@pytest.mark.parametrize("backend", ["fa3", "triton"])
+def test_it_accepts_tree_capable_backends(backend: str) -> None:
+    assert not by_rule(check(make_spec(attention_backend=backend)), "tree-attention-backend")
+
+
+def test_it_finds_mla_inside_a_multimodal_text_config() -> None:
+    nested = {"architectures": ["KimiK25ForConditionalGeneration"], "text_config": kimi_config()}
+    findings = check(make_spec(attention_backend="flashinfer"), model_config=nested)
+    assert severities(findings, "tree-attention-backend") == {"error"}
+
+
+# ---- dflash-dp-attention
+
+def test_it_rejects_dflash_dp_attention_without_the_dp_lm_head() -> None:
+    spec = make_spec(speculative_algorithm="DFLASH", speculative_ddtree_budget=None,
+                     enable_dp_attention=True, dp_size=8)
+    recipe = load_recipe("kimi-k2.6-dflash")
+    assert severities(check(spec, recipe=recipe), "dflash-dp-attention") == {"error"}
+
+
+def test_it_accepts_dflash_dp_attention_with_the_dp_lm_head_on_0_5_23() -> None:
+    spec = make_spec(speculative_algorithm="DFLASH", speculative_ddtree_budget=None,
+                     enable_dp_attention=True, enable_dp_lm_head=True, dp_size=8)
+    recipe = load_recipe("kimi-k2.6-dflash")
+    assert not by_rule(check(spec, recipe=recipe), "dflash-dp-attention")
+
+
+def test_it_rejects_ddtree_with_dp_attention() -> None:
+    spec = make_spec(enable_dp_attention=True, enable_dp_lm_head=True, dp_size=8)
+    assert severities(check(spec), "dflash-dp-attention") == {"error"}
+
+
+# ---- dflash-pipeline-parallel
+
+def test_it_rejects_pipeline_parallel_with_dflash() -> None:
+    spec = make_spec(tp_size=4, pp_size=2)
+    assert severities(check(spec), "dflash-pipeline-parallel") == {"error"}
+
+
+def test_it_allows_pipeline_parallel_without_speculation() -> None:
+    spec = make_spec(tp_size=4, pp_size=2, speculative_algorithm="NONE",
+                     speculative_ddtree_budget=None)
+    assert not by_rule(check(spec), "dflash-pipeline-parallel")
+
+
+# ---- block-size-agreement
+
+def test_it_rejects_draft_tokens_and_block_size_that_differ() -> None:
+    spec = make_spec(speculative_dflash_block_size=16)
+    findings = by_rule(check(spec, drafter_config=dflash_config(16)), "block-size-agreement")
+    assert any(f.field == "engine.speculative_dflash_block_size" for f in findings)
+
+
+def test_it_rejects_a_block_larger_than_the_drafter_was_trained_for() -> None:
+    findings = check(make_spec(speculative_num_draft_tokens=16), drafter_config=dflash_config(8))
+    assert severities(findings, "block-size-agreement") == {"error"}
+
+
+def test_it_reads_the_block_size_nested_in_dflash_config() -> None:
+    drafter = dflash_config(16)
+    drafter["dflash_config"]["block_size"] = drafter.pop("block_size")
+    findings = check(make_spec(speculative_num_draft_tokens=8), drafter_config=drafter)
+    assert severities(findings, "block-size-agreement") == {"warning"}
+
+
+def test_it_requires_an_explicit_block_size_for_ddtree() -> None:
+    findings = check(make_spec(speculative_num_draft_tokens=None))
+    assert severities(findings, "block-size-agreement") == {"error"}
+
+
+def test_it_stays_quiet_when_all_block_sizes_agree() -> None:
+    assert not by_rule(check(make_spec(speculative_dflash_block_size=8)), "block-size-agreement")
+
+
+# ---- parallel-gpu-count
+
+def test_it_rejects_more_parallel_ranks_than_gpus() -> None:
+    (finding,) = by_rule(check(make_spec(gpus=4)), "parallel-gpu-count")
+    assert finding.severity == "error" and "= 8" in finding.message and "4 assigned" in finding.message
+
+
+def test_it_warns_about_idle_gpus() -> None:
+    assert severities(check(make_spec(tp_size=4)), "parallel-gpu-count") == {"warning"}
+
+
+def test_it_counts_attention_dp_inside_the_tp_group() -> None:
+    spec = make_spec(speculative_algorithm="NONE", speculative_ddtree_budget=None,
+                     enable_dp_attention=True, dp_size=8)
+    assert not by_rule(check(spec), "parallel-gpu-count")
+
+
+# ---- tp-divides-model
+
+def test_it_rejects_a_tp_size_that_does_not_divide_the_heads() -> None:
+    findings = check(make_spec(tp_size=6, gpus=6))
+    assert any("64 attention heads" in f.message for f in by_rule(findings, "tp-divides-model"))
+
+
+def test_it_rejects_an_ep_size_that_does_not_divide_the_experts() -> None:
+    config = kimi_config()
+    config["n_routed_experts"] = 100
+    findings = check(make_spec(ep_size=8), model_config=config)
+    assert any("100 routed experts" in f.message for f in by_rule(findings, "tp-divides-model"))
+
+
+def test_it_stays_quiet_when_tp_and_ep_divide_kimi() -> None:
+    assert not by_rule(check(make_spec(ep_size=8)), "tp-divides-model")
+
+
+# ---- drafter-matches-target
+
+def test_it_rejects_a_drafter_with_another_vocabulary() -> None:
+    drafter = dflash_config()
+    drafter["vocab_size"] = 151936
+    findings = by_rule(check(make_spec(), drafter_config=drafter), "drafter-matches-target")
+    assert any("vocab_size 151936" in f.message for f in findings)
+
+
+def test_it_rejects_target_layer_ids_beyond_the_targets_layers() -> None:
+    drafter = dflash_config()
+    drafter["dflash_config"]["target_layer_ids"] = [1, 35, 70]
+    drafter["num_target_layers"] = 80
+    findings = by_rule(check(make_spec(), drafter_config=drafter), "drafter-matches-target")
+    assert any("[70]" in f.message for f in findings)
+    assert {f.severity for f in findings} == {"error", "warning"}
+
+
+def test_it_stays_quiet_for_the_matching_drafter() -> None:
+    assert not by_rule(check(make_spec()), "drafter-matches-target")
+
+
+# ---- gpu-memory
+
+def test_it_rejects_weights_that_do_not_fit_the_gpus() -> None:
+    findings = check(make_spec(), weights_bytes=1200 * GB, gpu_memory_gb=141)
+    assert severities(findings, "gpu-memory") == {"error"}
+
+
+def test_it_warns_when_little_room_is_left_for_kv_cache() -> None:
+    findings = check(make_spec(), weights_bytes=8 * 124 * GB, gpu_memory_gb=141)
+    assert severities(findings, "gpu-memory") == {"warning"}
+
+
+def test_it_reports_the_kv_room_when_kimi_fits_on_eight_h200s() -> None:
+    findings = check(make_spec(), weights_bytes=595 * GB, gpu_memory_gb=141)
+    assert severities(findings, "gpu-memory") == {"info"}
+
+
+def test_it_stays_quiet_about_memory_when_the_gpu_is_unknown() -> None:
+    assert not by_rule(check(make_spec(), weights_bytes=595 * GB), "gpu-memory")
+
+
+def test_it_reads_the_checkpoint_index_and_configs_from_local_paths(tmp_path: Path) -> None:
+    model, drafter = tmp_path / "kimi", tmp_path / "drafter"
+    model.mkdir()
+    drafter.mkdir()
+    (model / "config.json").write_text(json.dumps(kimi_config()))
+    (model / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {"total_size": 1200 * GB}, "weight_map": {}}))
+    (drafter / "config.json").write_text(json.dumps(dflash_config(16)))
+    spec = make_spec(model_path=str(model), speculative_draft_model_path=str(drafter))
+    findings = run_preflight(spec, gpu_memory_gb=141)
+    assert severities(findings, "gpu-memory") == {"error"}
+    assert severities(findings, "block-size-agreement") == {"warning"}
+
+
+# ---- unknown-flag
+
+def test_it_flags_an_unknown_extra_arg_with_the_closest_flag() -> None:
+    (finding,) = by_rule(check(make_spec(extra_args=["--cuda-graph-max-bz", "8"])),
+                         "unknown-flag")
+    assert finding.field == "extra_args[0]" and "--cuda-graph-max-bs" in finding.fix
+
+
+def test_it_flags_an_engine_field_the_recipes_sglang_lacks() -> None:
+    spec = make_spec(speculative_algorithm="NONE", speculative_ddtree_budget=None,
+                     cuda_graph_max_bs=16)
+    findings = by_rule(check(spec, recipe=load_recipe("kimi-k2.6-baseline")), "unknown-flag")
+    assert [f.field for f in findings] == ["engine.cuda_graph_max_bs"]
+    assert "--cuda-graph-max-bs-decode" in findings[0].fix
+
+
+def test_it_accepts_known_extra_args_with_values_and_equals() -> None:
+    spec = make_spec(extra_args=["--log-level", "info", "--decode-log-interval=10"])
+    assert not by_rule(check(spec), "unknown-flag")
+
+
+# ---- algorithm-in-source
+
+def test_it_rejects_ddtree_on_a_release_without_it() -> None:
+    findings = check(make_spec(), recipe=load_recipe("kimi-k2.6-dflash"))
+    assert severities(findings, "algorithm-in-source") == {"error"}
+
+
+def test_it_accepts_ddtree_on_the_pr_source() -> None:
+    assert not by_rule(check(make_spec()), "algorithm-in-source")
+
+
+# ---- secret-in-args
+
+def test_it_rejects_a_token_in_extra_args() -> None:
+    token = "hf_" + "AbCdEfGhIjKlMnOpQrStUvWxYz12"
+    findings = check(make_spec(extra_args=["--log-level", "info", "--x", token]))
+    assert [f.field for f in by_rule(findings, "secret-in-args")] == ["extra_args[3]"]
+
+
+def test_it_rejects_the_value_of_an_api_key_flag() -> None:
+    findings = check(make_spec(extra_args=["--api-key", "letmein"]))
+    assert [f.field for f in by_rule(findings, "secret-in-args")] == ["extra_args[1]"]
+
+
+def test_it_stays_quiet_about_ordinary_args() -> None:
+    assert not by_rule(check(make_spec(extra_args=["--log-level", "info"])), "secret-in-args")
+
+
+# ---- speculative-draft-model, dflash-max-running-requests, cuda-graph-disabled, ...
+
+def test_it_requires_a_draft_model_for_dflash() -> None:
+    spec = make_spec(speculative_draft_model_path=None)
+    assert severities(check(spec), "speculative-draft-model") == {"error"}
+
+
+def test_it_does_not_require_a_draft_model_without_speculation() -> None:
+    spec = make_spec(speculative_algorithm="NONE", speculative_draft_model_path=None,
+                     speculative_ddtree_budget=None)
+    assert not by_rule(check(spec), "speculative-draft-model")
+
+
+def test_it_notes_the_dflash_cap_of_48_running_requests() -> None:
+    spec = make_spec(speculative_algorithm="DFLASH", speculative_ddtree_budget=None)
+    (finding,) = by_rule(check(spec), "dflash-max-running-requests")
+    assert "48" in finding.message
+    spec = make_spec(speculative_algorithm="DFLASH", speculative_ddtree_budget=None,
+                     max_running_requests=64)
+    assert not by_rule(check(spec), "dflash-max-running-requests")
+
+
+def test_it_warns_that_speculation_without_cuda_graphs_runs_eager() -> None:
+    assert severities(check(make_spec(disable_cuda_graph=True)), "cuda-graph-disabled") == \
+        {"warning"}
+    assert not by_rule(check(make_spec()), "cuda-graph-disabled")
+
+
+def test_it_requires_the_overlap_scheduler_off_for_ddtree() -> None:
+    spec = make_spec(disable_overlap_schedule=False)
+    assert severities(check(spec), "ddtree-overlap-schedule") == {"error"}
+    assert not by_rule(check(make_spec()), "ddtree-overlap-schedule")
+
+
+def test_it_rejects_an_extra_arg_that_repeats_an_engine_field() -> None:
+    (finding,) = by_rule(check(make_spec(extra_args=["--tp-size", "4"])), "duplicate-flag")
+    assert "engine.tp_size" in finding.fix
+    assert not by_rule(check(make_spec(extra_args=["--log-level", "info"])), "duplicate-flag")
+
+
+def test_it_requires_trust_remote_code_for_a_model_with_custom_code() -> None:
+    assert severities(check(make_spec(trust_remote_code=False)), "trust-remote-code") == \
+        {"error"}
+    assert not by_rule(check(make_spec()), "trust-remote-code")
+
+
+def test_it_reports_an_unknown_recipe_as_an_error() -> None:
+    spec = spec_from_dict({"name": "t", "recipe": "kimi-k2.6-dtree", "gpus": [0],
+                           "engine": {"model_path": "/nonexistent"}})
+    findings = run_preflight(spec)
+    assert [f.rule for f in findings if f.severity == "error"] == ["recipe"]
+    assert has_errors(findings)
+
+
+def test_every_rule_id_is_stable_and_kebab_case() -> None:
+    assert all(rule == rule.lower() and " " not in rule for rule in RULES)
+    assert {"ddtree-verify-width", "ddtree-budget", "tree-attention-backend",
+            "dflash-dp-attention", "dflash-pipeline-parallel", "block-size-agreement",
+            "parallel-gpu-count", "tp-divides-model", "drafter-matches-target", "gpu-memory",
+            "unknown-flag", "secret-in-args"} <= set(RULES)

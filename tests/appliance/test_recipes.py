@@ -1,0 +1,113 @@
+"""Recipes: the shipped three, and validation with suggestions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from appliance.flags import load_flags
+from appliance.recipes import RecipeError, list_recipes, load_recipe, recipe_from_dict
+
+DDTREE_PR_HEAD = "101cd5bd02faab336ada94f78daada6288c1816e"
+
+
+def minimal() -> dict[str, Any]:
+    return {"name": "r", "base_image": "img:1", "sglang": {"pip": "0.5.23"}, "patches": []}
+
+
+def test_it_ships_the_three_kimi_recipes() -> None:
+    assert {"kimi-k2.6-baseline", "kimi-k2.6-dflash", "kimi-k2.6-ddtree"} <= set(list_recipes())
+
+
+def test_the_ddtree_recipe_pins_the_pr_head_and_carries_the_width_patch() -> None:
+    recipe = load_recipe("kimi-k2.6-ddtree")
+    assert recipe.sglang.git == "https://github.com/sgl-project/sglang"
+    assert recipe.sglang.ref == DDTREE_PR_HEAD
+    assert recipe.patches == ["ddtree-verify-graph-width"]
+    assert recipe.engine_defaults["speculative_ddtree_budget"] == 32
+
+
+def test_the_pip_recipes_use_sglang_0_5_23() -> None:
+    for name in ("kimi-k2.6-baseline", "kimi-k2.6-dflash"):
+        recipe = load_recipe(name)
+        assert recipe.sglang_version == "0.5.23"
+        assert recipe.patches == []
+    assert load_recipe("kimi-k2.6-dflash").engine_defaults["speculative_num_draft_tokens"] == 8
+
+
+def test_every_shipped_recipe_has_a_flag_list() -> None:
+    for name in list_recipes():
+        flag_list = load_recipe(name).flag_list_name
+        assert flag_list and load_flags(flag_list), name
+
+
+def test_the_ddtree_flag_list_has_the_budget_flag_and_0_5_23s_does_not() -> None:
+    assert "--speculative-ddtree-budget" in (load_flags("sglang-ddtree-101cd5bd0") or set())
+    assert "--speculative-ddtree-budget" not in (load_flags("sglang-0.5.23") or set())
+
+
+def test_the_base_image_defaults_to_cuda_13_and_is_configurable(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("APPLIANCE_ENGINE_BASE_IMAGE", raising=False)
+    assert load_recipe("kimi-k2.6-ddtree").base_image == \
+        "nvidia/cuda:13.0.1-cudnn-devel-ubuntu24.04"
+    monkeypatch.setenv("APPLIANCE_ENGINE_BASE_IMAGE", "appliance-base:bookworm")
+    assert load_recipe("kimi-k2.6-ddtree").base_image == "appliance-base:bookworm"
+
+
+def test_it_suggests_the_closest_name_for_an_unknown_key() -> None:
+    data = minimal()
+    data["patchs"] = data.pop("patches")
+    with pytest.raises(RecipeError) as info:
+        recipe_from_dict(data)
+    assert any("did you mean 'patches'" in e.message for e in info.value.errors)
+
+
+def test_it_suggests_the_closest_engine_default() -> None:
+    data = minimal()
+    data["engine_defaults"] = {"tp_sise": 8}
+    with pytest.raises(RecipeError) as info:
+        recipe_from_dict(data)
+    assert info.value.field == "engine_defaults.tp_sise"
+    assert "tp_size" in info.value.fix
+
+
+def test_it_requires_a_full_commit_for_a_git_source() -> None:
+    data = minimal()
+    data["sglang"] = {"git": "https://github.com/sgl-project/sglang", "ref": "main"}
+    with pytest.raises(RecipeError) as info:
+        recipe_from_dict(data)
+    assert info.value.field == "sglang.ref"
+
+
+def test_it_rejects_both_pip_and_git() -> None:
+    data = minimal()
+    data["sglang"] = {"pip": "0.5.23", "git": "https://x", "ref": DDTREE_PR_HEAD}
+    with pytest.raises(RecipeError) as info:
+        recipe_from_dict(data)
+    assert info.value.field == "sglang"
+
+
+def test_it_requires_the_patch_list() -> None:
+    data = minimal()
+    del data["patches"]
+    with pytest.raises(RecipeError) as info:
+        recipe_from_dict(data)
+    assert info.value.field == "patches"
+
+
+def test_it_loads_a_recipe_from_a_path(tmp_path: Path) -> None:
+    path = tmp_path / "mine.yaml"
+    path.write_text(yaml.safe_dump(minimal()))
+    recipe = load_recipe(str(path))
+    assert recipe.path == path
+    assert recipe.sglang_version == "0.5.23"
+
+
+def test_it_suggests_a_shipped_recipe_for_a_misspelt_name() -> None:
+    with pytest.raises(RecipeError) as info:
+        load_recipe("kimi-k2.6-dtree")
+    assert "kimi-k2.6-ddtree" in info.value.fix
