@@ -237,6 +237,7 @@ def deployment_mark_failed(
 ADVANCE = {
     "loading": deployment_mark_loading,
     "capturing": deployment_mark_capturing,
+    "ready": deployment_mark_ready,
 }
 
 
