@@ -9,7 +9,6 @@ import argparse
 import json
 import sys
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any, TextIO
 
 from appliance.recipes import Recipe, RecipeError, load_recipe
@@ -121,10 +120,10 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_gpu_check(args: argparse.Namespace) -> int:
+def cmd_gpu_check(rest: list[str]) -> int:
     from appliance import gpucheck  # type: ignore[attr-defined,unused-ignore]
 
-    return int(gpucheck.main(list(args.rest)))
+    return int(gpucheck.main(rest))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -150,14 +149,17 @@ def build_parser() -> argparse.ArgumentParser:
     cmd = add("diagnose", "print the most likely failure cause of an engine log")
     cmd.add_argument("file", help="log file, or - for stdin")
     cmd.set_defaults(func=cmd_diagnose)
-    cmd = sub.add_parser("gpu-check", help="GPU self-check (inside the engine container)",
-                         add_help=False)
-    cmd.add_argument("rest", nargs=argparse.REMAINDER)
-    cmd.set_defaults(func=cmd_gpu_check)
+    # Listed for --help only: main() hands gpu-check's own arguments (--help, --gpus ...)
+    # to gpucheck untouched, which argparse.REMAINDER cannot do for a leading option.
+    sub.add_parser("gpu-check", help="GPU self-check (inside the engine container); "
+                   "see appliance gpu-check --help", add_help=False)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["gpu-check"]:
+        return cmd_gpu_check(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
@@ -175,5 +177,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 if __name__ == "__main__":
     sys.exit(main())
 
-
-__all__ = ["main", "build_parser", "resolve_spec", "Path"]
