@@ -144,6 +144,9 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "var" / "static"
 STATICFILES_DIRS = [BASE_DIR / "web" / "static"]
+# Serve straight from the app and package folders when collectstatic has not run
+# (a bare checkout, the test suite); the panel image collects them at build time.
+WHITENOISE_USE_FINDERS = True
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

@@ -55,11 +55,11 @@ def _login(page: Page, url: str) -> None:
     page.goto(f"{url}/")
     page.fill("#id_username", "otto")
     page.fill("#id_password", "operator-pass-1")
-    page.click("button[type=submit]")
+    page.click("#login")
     expect(page.locator("h1")).to_have_text("Deployments")
 
 
-def test_an_operator_deploys_watches_it_come_up_live_and_stops_it(stack, page, operator):  # type: ignore[no-untyped-def]
+def test_an_operator_deploys_watches_it_come_up_live_and_stops_it(operator, stack, page):  # type: ignore[no-untyped-def]
     _login(page, stack)
     page.click("text=New deployment")
     page.fill("#id_name", "kimi-ddtree")
@@ -68,12 +68,12 @@ def test_an_operator_deploys_watches_it_come_up_live_and_stops_it(stack, page, o
     page.fill("#id_drafter_path", "/models/Kimi-K2.6-DFlash")
     page.select_option("#id_algorithm", "DDTREE")
     page.fill("#id_gpu_ids", "0,1,x")
-    page.click("button[type=submit]")
+    page.click("#deploy")
     # Bad input comes back inline, beside its field, and nothing was queued.
     expect(page.locator("#field-gpu_ids .field-error")).to_contain_text("comma-separated")
     page.fill("#id_gpu_ids", "0,1,2,3,4,5,6,7")
     page.check("#id_confirm_warnings")
-    page.click("button[type=submit]")
+    page.click("#deploy")
 
     expect(page.locator("h1")).to_have_text("kimi-ddtree")
     expect(page.locator("#conn")).to_have_text("live", timeout=15_000)

@@ -409,7 +409,10 @@ def _ensure_image(deployment: Deployment) -> str | None:
     if deployment.status in {S.STARTING, S.LOADING, S.CAPTURING}:
         return deployment.image  # adopted after a worker restart: the container may be running
     if settings.ENGINE_IMAGE:
-        return str(settings.ENGINE_IMAGE)
+        image = str(settings.ENGINE_IMAGE)
+        event = {"kind": "cache_hit", "tag": image, "text": f"using the configured image {image}"}
+        events_append(deployment_id=deployment.pk, events=[(EventKind.BUILD, event)])
+        return image
     deployment_mark_building(deployment_id=deployment.pk)
     return _build(deployment)
 
