@@ -402,6 +402,21 @@ def rule_trust_remote_code(ctx: Context) -> list[Finding]:
                     "set trust_remote_code: true")
 
 
+def rule_context_length(ctx: Context) -> list[Finding]:
+    wanted, limit = ctx.engine.context_length, (ctx.model or {}).get("max_position_embeddings")
+    if wanted is None or not isinstance(limit, int) or wanted <= limit:
+        return []
+    allowed = launch_args(ctx.spec).env.get("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN") == "1"
+    if allowed:
+        return _finding("context-length", "warning", "engine.context_length",
+                        f"context_length {wanted} exceeds the model's max_position_embeddings "
+                        f"{limit}; outputs past {limit} tokens may degrade",
+                        f"set context_length to {limit} or less")
+    return _finding("context-length", "error", "engine.context_length",
+                    f"context_length {wanted} exceeds the model's max_position_embeddings {limit}; "
+                    "SGLang refuses to start", f"set context_length to {limit} or less")
+
+
 def rule_gpu_memory(ctx: Context) -> list[Finding]:
     if ctx.weights_bytes is None or ctx.gpu_memory_gb is None:
         return []
@@ -523,6 +538,7 @@ RULES: dict[str, Callable[[Context], list[Finding]]] = {
     "drafter-matches-target": rule_drafter_matches_target,
     "trust-remote-code": rule_trust_remote_code,
     "gpu-memory": rule_gpu_memory,
+    "context-length": rule_context_length,
     "unknown-flag": rule_unknown_flag,
     "duplicate-flag": rule_duplicate_flag,
     "secret-in-args": rule_secret_in_args,

@@ -451,3 +451,19 @@ def test_every_rule_id_is_stable_and_kebab_case() -> None:
             "dflash-dp-attention", "dflash-pipeline-parallel", "block-size-agreement",
             "parallel-gpu-count", "tp-divides-model", "drafter-matches-target", "gpu-memory",
             "unknown-flag", "secret-in-args"} <= set(RULES)
+
+
+# ---- context-length
+
+def test_it_rejects_a_context_longer_than_the_model_allows_without_speculation() -> None:
+    spec = make_spec(speculative_algorithm="NONE", speculative_ddtree_budget=None,
+                     context_length=300000)
+    assert severities(check(spec), "context-length") == {"error"}
+
+
+def test_it_only_warns_about_a_longer_context_when_the_override_env_is_set() -> None:
+    assert severities(check(make_spec(context_length=300000)), "context-length") == {"warning"}
+
+
+def test_it_stays_quiet_about_a_context_within_the_models_limit() -> None:
+    assert not by_rule(check(make_spec(context_length=131072)), "context-length")
