@@ -12,8 +12,8 @@ STOP_PERMISSION = "deployments.change_deployment"
 
 
 def can_deploy(user: AbstractBaseUser | AnonymousUser) -> bool:
-    return bool(user.is_authenticated and user.has_perm(DEPLOY_PERMISSION))  # type: ignore[union-attr]
+    return bool(user.is_authenticated and user.has_perm(DEPLOY_PERMISSION))  # type: ignore[union-attr,attr-defined]
 
 
 def can_stop(user: AbstractBaseUser | AnonymousUser) -> bool:
-    return bool(user.is_authenticated and user.has_perm(STOP_PERMISSION))  # type: ignore[union-attr]
+    return bool(user.is_authenticated and user.has_perm(STOP_PERMISSION))  # type: ignore[union-attr,attr-defined]

@@ -103,7 +103,7 @@ def deployment_create(
             algorithm=spec.engine.speculative_algorithm,
             gpus=list(spec.gpus),
             preflight=[f.to_dict() for f in findings],
-            created_by=user if user is not None and user.is_authenticated else None,
+            created_by=user if user is not None and user.is_authenticated else None,  # type: ignore[misc]
         )
         events_append(
             deployment_id=deployment.pk,
@@ -431,17 +431,25 @@ def _build(deployment: Deployment) -> str | None:
             cancel.set()
 
     try:
-        result = build_image(plan_build(load_recipe(deployment.recipe)), cancel=cancel,
-                             on_event=on_event)
+        result = build_image(
+            plan_build(load_recipe(deployment.recipe)),
+            client=_runtime().client,
+            cancel=cancel,
+            on_event=on_event,
+        )
     except BuildCancelled:
         deployment_mark_stopped(deployment_id=pk)
         raise _BuildStopped(S.STOPPED) from None
     except BuildFailed as exc:
-        diagnosis = {"cause": "image-build-failed", "summary": str(exc),
-                     "fix": "Read the failing build step below; fix the recipe or patch.",
-                     "evidence": exc.to_dict() if hasattr(exc, "to_dict") else {}}
-        deployment_mark_failed(deployment_id=pk, diagnosis=diagnosis,
-                               last_lines=list(getattr(exc, "last_output", [])))
+        diagnosis = {
+            "cause": "image-build-failed",
+            "summary": str(exc),
+            "fix": "Read the failing build step below; fix the recipe or the patch it names.",
+            "evidence": exc.to_dict(),
+        }
+        deployment_mark_failed(
+            deployment_id=pk, diagnosis=diagnosis, last_lines=list(exc.last_output_lines)
+        )
         raise _BuildStopped(S.FAILED) from None
     return str(result.tag)
 

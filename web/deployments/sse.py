@@ -34,7 +34,9 @@ def _start_seq(request: HttpRequest) -> int:
         return 0
 
 
-async def deployment_event_stream(request: HttpRequest, pk: int) -> HttpResponse:
+async def deployment_event_stream(
+    request: HttpRequest, pk: int
+) -> HttpResponse | StreamingHttpResponse:
     user = await request.auser()
     if not user.is_authenticated:
         return HttpResponse("Log in to follow a deployment.", status=401, content_type="text/plain")
@@ -87,7 +89,9 @@ async def _follow(pk: int, state: dict[str, Any], client: aioredis.Redis) -> Asy
     key = live.stream_key(pk)
     block_ms = max(1, settings.SSE_KEEPALIVE_S) * 1000
     while not state["ended"]:
-        reply = await client.xread({key: f"0-{state['last']}"}, block=block_ms, count=200)
+        reply: Any = await client.xread(
+            {key: f"0-{state['last']}"}, block=block_ms, count=200
+        )
         if not reply:
             yield ": keep-alive\n\n"
             # Anything that missed the live channel is still in the record.

@@ -89,8 +89,7 @@
 
   function build(b) {
     if (b.kind === "build_step") bar("build", b.step, b.total, "step " + b.step + " / " + b.total + ": " + (b.text || ""));
-    else if (b.kind === "cache_hit" || b.cached) bar("build", 1, 1, "cached image " + (b.tag || ""));
-    else if (b.kind === "build_done") bar("build", 1, 1, "built " + (b.tag || ""));
+    else if (b.kind === "cache_hit" || b.kind === "built") bar("build", 1, 1, b.text || "");
   }
 
   function handle(event) {
