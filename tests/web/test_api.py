@@ -104,3 +104,12 @@ def test_the_openapi_schema_and_docs_are_served_locally(operator, client):  # ty
     docs = client.get("/api/docs/")
     assert docs.status_code == 200
     assert b"cdn" not in docs.content.lower()
+
+
+def test_a_recipe_path_is_refused_over_the_api(operator, token_for):  # type: ignore[no-untyped-def]
+    body = spec(recipe="/etc/passwd")
+    response = _client(token_for(operator)).post(
+        "/api/deployments/", {"spec": body, "confirm_warnings": True}, format="json"
+    )
+    assert response.status_code == 400
+    assert "kimi-k2.6-ddtree" in response.json()["recipe"][0]

@@ -19,7 +19,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from appliance.preflight import Finding, has_errors, run_preflight
-from appliance.recipes import RecipeError, load_recipe
+from appliance.recipes import Recipe, RecipeError, list_recipes, load_recipe
 from appliance.spec import DeploymentSpec, SpecError, spec_from_dict, spec_to_dict
 
 from . import live
@@ -58,16 +58,36 @@ def _spec_errors(exc: SpecError) -> dict[str, list[str]]:
     return errors
 
 
-def deployment_validate(*, data: dict[str, Any]) -> tuple[DeploymentSpec, list[Finding]]:
-    """Validate a spec and run pre-flight; raises DeploymentInputError on errors."""
+def _recipe_for(data: dict[str, Any]) -> Recipe | None:
+    """The named recipe, or None when the spec names none (the spec check then says so).
+
+    Recipe files by path are for the command line; over the network only shipped
+    recipe names are accepted, so no request can make the server read a file.
+    """
+    name = data.get("recipe") if isinstance(data, dict) else None
+    if not isinstance(name, str):
+        return None
+    if name not in list_recipes():
+        choices = ", ".join(list_recipes())
+        raise DeploymentInputError(
+            errors={"recipe": [f"Unknown recipe {name!r}. Use one of: {choices}."]}
+        )
     try:
-        spec = spec_from_dict(data)
-    except SpecError as exc:
-        raise DeploymentInputError(errors=_spec_errors(exc)) from None
-    try:
-        recipe = load_recipe(spec.recipe)
+        return load_recipe(name)
     except RecipeError as exc:
         raise DeploymentInputError(errors={"recipe": [str(exc)]}) from None
+
+
+def deployment_validate(*, data: dict[str, Any]) -> tuple[DeploymentSpec, list[Finding]]:
+    """Validate a spec under its recipe's engine defaults and run pre-flight.
+
+    Raises DeploymentInputError naming each bad field, or the pre-flight errors.
+    """
+    recipe = _recipe_for(data)
+    try:
+        spec = spec_from_dict(data, engine_defaults=recipe.engine_defaults if recipe else None)
+    except SpecError as exc:
+        raise DeploymentInputError(errors=_spec_errors(exc)) from None
     findings = run_preflight(spec, recipe=recipe)
     if has_errors(findings):
         errors: dict[str, list[str]] = {}
