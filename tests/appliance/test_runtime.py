@@ -1,0 +1,230 @@
+"""EngineRuntime against the real Docker engine and the test engine image."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+
+import docker.errors
+import pytest
+from docker.client import DockerClient
+
+from appliance.engine_client import EngineClient
+from appliance.runtime import (
+    LABEL_DEPLOYMENT,
+    LABEL_MANAGED,
+    ContainerPlan,
+    EngineRuntime,
+    ImageMissingError,
+    LogLine,
+    container_name,
+    docker_run_kwargs,
+)
+from tests.conftest_docker import (  # noqa: F401 (fixtures)
+    FAST_ENV,
+    TEST_LABEL,
+    ddtree_argv,
+    docker_client,
+    health_code,
+    test_engine_image,
+    unique_id,
+    wait_for,
+)
+
+pytestmark = pytest.mark.docker
+
+
+@pytest.fixture
+def runtime(docker_client: DockerClient) -> EngineRuntime:  # noqa: F811
+    return EngineRuntime(docker_client)
+
+
+@pytest.fixture
+def deployment_id(runtime: EngineRuntime) -> Iterator[str]:
+    """A fresh deployment id whose containers are removed after the test."""
+    ident = unique_id("rt")
+    yield ident
+    for container in runtime.client.containers.list(
+            all=True, filters={"label": f"{LABEL_DEPLOYMENT}={ident}"}):
+        with contextlib.suppress(docker.errors.NotFound):
+            container.remove(force=True)
+
+
+def plan_for(ident: str, image: str, **overrides: object) -> ContainerPlan:
+    fields: dict = {"deployment_id": ident, "image": image, "argv": ddtree_argv(),
+                    "env": dict(FAST_ENV), "labels": {TEST_LABEL: "1"}}
+    fields.update(overrides)
+    return ContainerPlan(**fields)
+
+
+def collect_until(lines: Iterator[LogLine], needle: str, timeout_s: float = 30) -> list[LogLine]:
+    """Read followed lines (in a thread, with a deadline) until one contains needle."""
+    seen: list[LogLine] = []
+    done = threading.Event()
+
+    def read() -> None:
+        for line in lines:
+            seen.append(line)
+            if needle in line.text:
+                break
+        done.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    assert done.wait(timeout_s), f"{needle!r} not seen; last lines: {seen[-5:]}"
+    return seen
+
+
+def test_the_container_name_is_deterministic_and_docker_safe() -> None:
+    assert container_name("42") == "appliance-engine-42"
+    assert container_name("42") == EngineRuntime.container_name("42")
+    assert container_name("a b/c") == "appliance-engine-a-b-c"
+
+
+def test_named_gpus_become_a_device_request_and_ipc_is_host_by_default() -> None:
+    kwargs = docker_run_kwargs(ContainerPlan("7", "img", ["x"], gpus=[0, 3]))
+    (request,) = kwargs["device_requests"]
+    assert request["DeviceIDs"] == ["0", "3"]
+    assert request["Capabilities"] == [["gpu"]]
+    assert kwargs["ipc_mode"] == "host"
+    assert kwargs["ports"] == {"30000/tcp": ("127.0.0.1", None)}
+    sized = docker_run_kwargs(ContainerPlan("7", "img", ["x"], shm_size="32g"))
+    assert sized["shm_size"] == "32g" and "ipc_mode" not in sized
+    assert "device_requests" not in sized
+
+
+def test_it_starts_a_labelled_container_published_on_loopback_only(
+        runtime: EngineRuntime, deployment_id: str, test_engine_image: str) -> None:  # noqa: F811
+    plan = plan_for(deployment_id, test_engine_image,
+                    volumes={"/tmp": {"bind": "/models", "mode": "ro"}})
+    container = runtime.ensure_started(plan)
+    container.reload()
+    assert container.name == f"appliance-engine-{deployment_id}"
+    assert container.labels[LABEL_DEPLOYMENT] == deployment_id
+    assert container.labels[LABEL_MANAGED] == "1"
+    host_config = container.attrs["HostConfig"]
+    bindings = host_config["PortBindings"]["30000/tcp"]
+    assert [b["HostIp"] for b in bindings] == ["127.0.0.1"]
+    assert host_config["IpcMode"] == "host"
+    assert host_config["Init"] is True
+    assert container.attrs["Mounts"][0]["RW"] is False
+    assert container.attrs["Config"]["Cmd"] == plan.argv
+    url = runtime.engine_url(container, plan)
+    assert url.startswith("http://127.0.0.1:")
+    wait_for(lambda: health_code(url) == 200, 30)
+
+
+def test_it_adopts_a_running_container_instead_of_starting_another(
+        runtime: EngineRuntime, deployment_id: str, test_engine_image: str) -> None:  # noqa: F811
+    plan = plan_for(deployment_id, test_engine_image)
+    first = runtime.ensure_started(plan)
+    # A restarted worker has a fresh runtime; it must find the same container.
+    again = EngineRuntime(runtime.client).ensure_started(plan)
+    assert again.id == first.id
+    assert runtime.find(deployment_id).id == first.id  # type: ignore[union-attr]
+    assert first.id in {c.id for c in runtime.list_managed()}
+    same = runtime.client.containers.list(
+        all=True, filters={"label": f"{LABEL_DEPLOYMENT}={deployment_id}"})
+    assert len(same) == 1
+
+
+def test_it_replaces_an_exited_leftover_with_a_new_container(
+        runtime: EngineRuntime, deployment_id: str, test_engine_image: str) -> None:  # noqa: F811
+    failing = plan_for(deployment_id, test_engine_image, env={**FAST_ENV,
+                                                              "TEST_ENGINE_FAIL": "load-exit"})
+    old = runtime.ensure_started(failing)
+    old.wait(timeout=30)
+    assert runtime.state(old) == ("exited", 1)
+    new = runtime.ensure_started(plan_for(deployment_id, test_engine_image))
+    assert new.id != old.id
+    assert runtime.state(new)[0] == "running"
+    assert runtime.state(old) == ("missing", None)
+
+
+def test_follow_logs_keeps_stderr_apart_and_carriage_returns_inside_lines(
+        runtime: EngineRuntime, deployment_id: str, test_engine_image: str) -> None:  # noqa: F811
+    plan = plan_for(deployment_id, test_engine_image)
+    container = runtime.ensure_started(plan)
+    url = runtime.engine_url(container, plan)
+    wait_for(lambda: health_code(url) == 200, 30)
+    # stdout and stderr are copied separately, so wait for a late line of each.
+    lines = collect_until(runtime.follow_logs(container), '"GET /health HTTP/1.1" 200')
+    err = [line.text for line in lines if line.stream == "stderr"]
+    out = [line.text for line in lines if line.stream == "stdout"]
+    assert any("TP0] Load weight begin" in t for t in err)
+    shard = next(t for t in err if "Loading safetensors checkpoint shards" in t)
+    assert shard.startswith("\r") and shard.count("\r") == 9 and "\n" not in shard
+    assert any('"GET /model_info HTTP/1.1" 200 OK' in t for t in out)
+    assert not any("Load weight" in t for t in out)
+    assert any("fired up and ready to roll" in t for t in err)
+    assert not any(line.partial for line in lines)
+
+
+def test_follow_logs_can_yield_progress_pieces_as_they_arrive(
+        runtime: EngineRuntime, deployment_id: str, test_engine_image: str) -> None:  # noqa: F811
+    # Slow enough that the follower is attached before the shard bar starts.
+    env = {"TEST_ENGINE_PACE_S": "0.3", "TEST_ENGINE_FAIL": "hang-load"}
+    container = runtime.ensure_started(plan_for(deployment_id, test_engine_image, env=env))
+    wait_for(lambda: runtime.state(container)[0] == "running", 10)
+    # hang-load stops mid-bar: the shard line never ends, only partial pieces show progress.
+    pieces = collect_until(runtime.follow_logs(container, partials=True), "4/8", 20)
+    partial = [p.text for p in pieces if p.partial]
+    assert any(p.startswith("\rLoading safetensors checkpoint shards:  50% Completed | 4/8")
+               for p in partial)
+    assert any("Load weight begin" in p.text and not p.partial for p in pieces)
+
+
+def test_follow_logs_since_skips_earlier_lines(
+        runtime: EngineRuntime, deployment_id: str, test_engine_image: str) -> None:  # noqa: F811
+    container = runtime.ensure_started(plan_for(deployment_id, test_engine_image))
+    url = runtime.engine_url(container, plan_for(deployment_id, test_engine_image))
+    wait_for(lambda: health_code(url) == 200, 30)
+    since = time.time()
+    time.sleep(1.1)  # Docker's log timestamps are compared at sub-second precision
+    EngineClient(url).generate_one_token()
+    lines = collect_until(runtime.follow_logs(container, since=since), "POST /generate")
+    assert not any("Load weight begin" in line.text for line in lines)
+
+
+def test_state_reports_the_exit_code_of_a_failed_engine(
+        runtime: EngineRuntime, deployment_id: str, test_engine_image: str) -> None:  # noqa: F811
+    plan = plan_for(deployment_id, test_engine_image,
+                    env={**FAST_ENV, "TEST_ENGINE_FAIL": "capture-oom"})
+    container = runtime.ensure_started(plan)
+    assert runtime.state(container)[0] in ("created", "running")
+    container.wait(timeout=30)
+    assert runtime.state(container) == ("exited", 1)
+
+
+def test_stop_stops_and_removes_the_container(
+        runtime: EngineRuntime, deployment_id: str, test_engine_image: str) -> None:  # noqa: F811
+    container = runtime.ensure_started(plan_for(deployment_id, test_engine_image))
+    started = time.monotonic()
+    assert runtime.stop(deployment_id, timeout_s=20) is True
+    assert time.monotonic() - started < 10  # the engine honours SIGTERM
+    assert runtime.find(deployment_id) is None
+    assert runtime.state(container) == ("missing", None)
+    assert runtime.stop(deployment_id) is False
+
+
+def test_on_a_network_the_engine_is_reached_by_name_and_nothing_is_published(
+        runtime: EngineRuntime, deployment_id: str, test_engine_image: str) -> None:  # noqa: F811
+    network = runtime.client.networks.create(unique_id("net"), labels={TEST_LABEL: "1"})
+    try:
+        plan = plan_for(deployment_id, test_engine_image, network=network.name)
+        container = runtime.ensure_started(plan)
+        container.reload()
+        assert runtime.engine_url(container, plan) == f"http://{container.name}:30000"
+        assert not container.attrs["HostConfig"]["PortBindings"]
+        assert network.name in container.attrs["NetworkSettings"]["Networks"]
+    finally:
+        runtime.stop(deployment_id, timeout_s=5)
+        network.remove()
+
+
+def test_a_missing_image_is_named_with_how_to_build_it(
+        runtime: EngineRuntime, deployment_id: str) -> None:
+    plan = ContainerPlan(deployment_id, "appliance-no-such-image:never", ["true"])
+    with pytest.raises(ImageMissingError, match="appliance-no-such-image:never.*docker build"):
+        runtime.ensure_started(plan)
