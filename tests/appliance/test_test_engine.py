@@ -212,3 +212,15 @@ def test_hang_load_never_gets_ready_and_sigterm_ends_it_promptly(run_test_engine
     container.stop(timeout=20)
     assert time.monotonic() - started < 5
     assert exit_code(container) == 0
+
+
+def test_ddtree_eager_serves_without_cuda_graphs_and_says_so(run_test_engine):  # noqa: F811
+    argv = ddtree_argv() + ["--decode-log-interval", "1"]
+    container = run_test_engine(argv=argv, env={"TEST_ENGINE_FAIL": "ddtree-eager"})
+    url = wait_ready(container)
+    r = requests.post(f"{url}/generate", timeout=10,
+                      json={"text": "a", "sampling_params": {"max_new_tokens": 16}})
+    assert r.status_code == 200
+    wait_for(lambda: "cuda graph: False, gen throughput" in stderr_of(container))
+    metrics = requests.get(f"{url}/metrics", timeout=5).text
+    assert re.search(r"^sglang:is_cuda_graph\{.*\} 0\.0$", metrics, re.M)
