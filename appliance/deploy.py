@@ -102,6 +102,7 @@ class EngineWatch:
         self.options = options or WatchOptions()
         self.client_factory = client_factory or (lambda url: EngineClient(url, timeout=5.0))
         self.parser = LogParser()
+        self.progress_parser = LogParser()  # for unfinished progress-bar pieces only
         self.tail: deque[str] = deque(maxlen=LAST_LINES)
         self.all_lines: deque[str] = deque(maxlen=2000)
         self.status = "starting"
@@ -113,7 +114,10 @@ class EngineWatch:
         container = self.runtime.ensure_started(self.plan)
         url = self.runtime.engine_url(container, self.plan)
         self.sink.emit([("status", {"message": f"engine container {container.name} running"})])
-        follower = _Follower(self.runtime.follow_logs(container, since=since))
+        # Live pieces of "\r" progress bars make shard and batch progress move as it happens;
+        # they come only from an attach, which cannot resume, so not when adopting.
+        lines = self.runtime.follow_logs(container, since=since, partials=since is None)
+        follower = _Follower(lines)
         follower.start()
         result = self._loop(container, follower, self.client_factory(url))
         result.engine_url = url
@@ -181,11 +185,24 @@ class EngineWatch:
     def _events_for(self, batch: list[LogLine]) -> list[tuple[str, dict[str, Any]]]:
         events: list[tuple[str, dict[str, Any]]] = []
         for line in batch:
+            if line.partial:
+                events.extend(self._partial_progress(line.text))
+                continue
             shown = line.text.rsplit("\r", 1)[-1] if "\r" in line.text else line.text
             self.tail.append(shown)
             self.all_lines.append(line.text)
             events.append(("log", {"stream": line.stream, "text": shown}))
             events.extend(self._parsed(self.parser.feed(line.text)))
+        return events
+
+    def _partial_progress(self, text: str) -> list[tuple[str, dict[str, Any]]]:
+        events = []
+        for event in self.progress_parser.feed(text):
+            if event.kind in {"weights_progress", "capture_progress"}:
+                payload = event.to_dict()
+                payload["partial"] = True
+                events.append(("progress", payload))
+                self._advance_for(event.kind)
         return events
 
     def _parsed(self, parsed: list[LogEvent]) -> list[tuple[str, dict[str, Any]]]:

@@ -57,6 +57,8 @@ def test_deploy_goes_from_queued_to_ready_with_phases_and_progress_then_stops(en
     captures = [p for p in progress if p["kind"] == "capture_begin"]
     assert {c["role"] for c in captures} >= {"target", "draft"}
     assert any(p["kind"] == "capture_progress" for p in progress)
+    # Progress bars redraw with "\r"; their pieces arrive before the line ends, so it is live.
+    assert any(p.get("partial") and p["kind"] == "weights_progress" for p in progress)
     logs = _events(deployment, "log")
     assert any("fired up and ready to roll" in line["text"] for line in logs)
     assert {line["stream"] for line in logs} >= {"stderr"}
