@@ -176,6 +176,8 @@ ENGINE_STOP_TIMEOUT_S = env_int("APPLIANCE_ENGINE_STOP_TIMEOUT_S", 30)
 SUPERVISE_INTERVAL_S = env_int("APPLIANCE_SUPERVISE_INTERVAL_S", 5)
 SSE_KEEPALIVE_S = env_int("APPLIANCE_SSE_KEEPALIVE_S", 15)
 MODELS_DIR = env_str("APPLIANCE_MODELS_DIR", "")
+# A folder of the site's own recipe files (<name>.yaml), offered beside the shipped ones.
+RECIPES_DIR = env_str("APPLIANCE_RECIPES_DIR", "")
 # Off only on hosts without an NVIDIA runtime (the test suite's machines).
 ENGINE_GPU_REQUESTS = env_bool("APPLIANCE_ENGINE_GPU_REQUESTS", True)
 # Extra environment for every engine container (tests use it to pace the test engine).

@@ -76,6 +76,9 @@ def test_an_operator_deploys_watches_it_come_up_live_and_stops_it(operator, stac
     page.click("#deploy")
 
     expect(page.locator("h1")).to_have_text("kimi-ddtree")
+    # Pre-flight ran before queueing: the patched recipe verifies 33 wide, drafts 8 wide.
+    expect(page.locator("#preflight")).to_contain_text("ddtree-verify-width")
+    expect(page.locator("#preflight")).to_contain_text("33")
     expect(page.locator("#conn")).to_have_text("live", timeout=15_000)
     expect(page.locator("#log")).to_contain_text("Load weight begin", timeout=30_000)
     expect(page.locator("#weights-text")).to_contain_text("shard", timeout=30_000)

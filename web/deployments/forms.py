@@ -7,8 +7,6 @@ from typing import Any
 
 from django import forms
 
-from appliance.recipes import list_recipes
-
 ALGORITHMS = [("NONE", "None (autoregressive)"), ("DFLASH", "DFlash"), ("DDTREE", "DDTree")]
 
 # Spec field path -> form field, so the service's errors land beside the right input.
@@ -30,7 +28,9 @@ FIELD_OF_SPEC = {
 
 
 def _recipe_choices() -> list[tuple[str, str]]:
-    return [(name, name) for name in list_recipes()]
+    from .services import recipe_names
+
+    return [(name, name) for name in recipe_names()]
 
 
 class DeploymentForm(forms.Form):

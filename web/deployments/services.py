@@ -10,6 +10,7 @@ import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -58,6 +59,22 @@ def _spec_errors(exc: SpecError) -> dict[str, list[str]]:
     return errors
 
 
+def recipe_names() -> list[str]:
+    """Shipped recipes, then the site's own (APPLIANCE_RECIPES_DIR) under their file names."""
+    return sorted(set(list_recipes()) | set(_site_recipes()))
+
+
+def _site_recipes() -> dict[str, str]:
+    if not settings.RECIPES_DIR:
+        return {}
+    return {p.stem: str(p) for p in Path(settings.RECIPES_DIR).glob("*.yaml")}
+
+
+def recipe_load(name: str) -> Recipe:
+    """A recipe by name: the site's file of that name wins over a shipped one."""
+    return load_recipe(_site_recipes().get(name, name))
+
+
 def _recipe_for(data: dict[str, Any]) -> Recipe | None:
     """The named recipe, or None when the spec names none (the spec check then says so).
 
@@ -67,13 +84,13 @@ def _recipe_for(data: dict[str, Any]) -> Recipe | None:
     name = data.get("recipe") if isinstance(data, dict) else None
     if not isinstance(name, str):
         return None
-    if name not in list_recipes():
-        choices = ", ".join(list_recipes())
+    if name not in recipe_names():
+        choices = ", ".join(recipe_names())
         raise DeploymentInputError(
             errors={"recipe": [f"Unknown recipe {name!r}. Use one of: {choices}."]}
         )
     try:
-        return load_recipe(name)
+        return recipe_load(name)
     except RecipeError as exc:
         raise DeploymentInputError(errors={"recipe": [str(exc)]}) from None
 
@@ -296,14 +313,6 @@ def _cursor_of(deployment: Deployment) -> float | None:
         return None
 
 
-def engine_image_for(deployment: Deployment) -> str:
-    """The image to run: a configured override (tests, pre-built images), else the recipe's."""
-    if settings.ENGINE_IMAGE:
-        return str(settings.ENGINE_IMAGE)
-    from appliance.build import plan_build
-
-    return plan_build(load_recipe(deployment.recipe)).tag
-
 
 # ------------------------------------------------------- engine (the worker)
 
@@ -452,7 +461,7 @@ def _build(deployment: Deployment) -> str | None:
 
     try:
         result = build_image(
-            plan_build(load_recipe(deployment.recipe)),
+            plan_build(recipe_load(deployment.recipe)),
             client=_runtime().client,
             cancel=cancel,
             on_event=on_event,
