@@ -6,6 +6,7 @@ expected source states; zero rows updated means someone else won.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Iterable
@@ -500,7 +501,9 @@ def _watch(deployment: Deployment, image: str) -> str:
                      "fix": "Check that the engine image exists and Docker is reachable.",
                      "evidence": {}}
         deployment_mark_failed(deployment_id=pk, diagnosis=diagnosis, last_lines=[])
-        runtime.stop(str(pk), timeout_s=settings.ENGINE_STOP_TIMEOUT_S)
+        # The failure is recorded; a Docker that cannot stop the container must not hide it.
+        with contextlib.suppress(Exception):
+            runtime.stop(str(pk), timeout_s=settings.ENGINE_STOP_TIMEOUT_S)
         return S.FAILED
     if result.outcome == "ready":
         # From here the supervisor ships the engine's output, starting where the watch ended.
