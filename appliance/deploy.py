@@ -23,6 +23,8 @@ from appliance.runtime import ContainerPlan, EngineRuntime, LogLine
 
 # Parser kinds that move the deployment forward, and the status each means.
 PHASE_OF_KIND = {
+    "selfcheck_start": "checking",
+    "selfcheck_begin": "checking",
     "weights_begin": "loading",
     "weights_progress": "loading",
     "capture_begin": "capturing",
@@ -40,6 +42,7 @@ PROGRESS_KINDS = frozenset(
         "ready",
     }
 )
+PHASE_ORDER = ("starting", "checking", "loading", "capturing", "ready")
 LAST_LINES = 60
 
 
@@ -108,6 +111,7 @@ class EngineWatch:
         self.status = "starting"
         self.saw_ready_line = False
         self.stream_ended = False
+        self.selfcheck_ok: bool | None = None  # None: no self-check report (yet)
 
     def run(self, since: float | None = None) -> WatchResult:
         """Start (or adopt) the container and watch it; `since` skips output already shipped."""
@@ -215,6 +219,12 @@ class EngineWatch:
                 events.append(("metric", payload))
             elif event.kind == "diagnosis":
                 events.append(("diagnosis", payload))
+            elif event.kind.startswith("selfcheck_"):
+                events.append(("selfcheck", payload))
+                if event.kind == "selfcheck_report":
+                    self.selfcheck_ok = bool(event.fields.get("ok"))
+                elif event.kind == "selfcheck_exit" and event.fields.get("rc"):
+                    self.selfcheck_ok = False
             if event.kind == "ready":
                 self.saw_ready_line = True
             self._advance_for(event.kind)
@@ -222,7 +232,7 @@ class EngineWatch:
 
     def _advance_for(self, kind: str) -> None:
         wanted = PHASE_OF_KIND.get(kind)
-        order = ["starting", "loading", "capturing", "ready"]
+        order = PHASE_ORDER
         if wanted and order.index(wanted) > order.index(self.status) and self.sink.advance(wanted):
             self.status = wanted
 
@@ -258,6 +268,9 @@ class EngineWatch:
         return None
 
     def _failed_exit(self, code: int) -> WatchResult:
+        if self.selfcheck_ok is False:
+            message = f"the GPU self-check failed (exit code {code}); the model was not loaded"
+            return self._failed("gpu-selfcheck-failed", message, code)
         message = f"the engine container exited with code {code} before it was ready"
         return self._failed("engine-exited", message, code)
 

@@ -323,6 +323,14 @@ _CATALOGUE: Sequence[Cause] = (
         _eager_verify_refine,
     ),
 )
+# Found from the self-check's own report (match_selfcheck), never from a traceback.
+_SELFCHECK = Cause(
+    "gpu-selfcheck-failed",
+    "The GPU self-check failed before the model load.",
+    "Fix what the failed check names; the check reruns at the next deploy.",
+    100,
+)
+_CATALOGUE = (*_CATALOGUE, _SELFCHECK)
 CAUSES: dict[str, Cause] = {cause.id: cause for cause in _CATALOGUE}
 _BY_PRIORITY = sorted(_CATALOGUE, key=lambda cause: -cause.priority)
 
@@ -374,6 +382,39 @@ def match_decode(stats: dict[str, Any], ctx: ParseContext | None = None) -> Diag
         accept_len=stats.get("accept_len"),
         captured_width=ctx.verify_width if ctx else None,
         max_captured_bs=max_bs,
+    )
+
+
+def match_selfcheck(report: dict[str, Any]) -> Diagnosis | None:
+    """gpu-selfcheck-failed from a self-check report (appliance.gpucheck --stream)."""
+    if report.get("ok"):
+        return None
+    failed = [c for c in report.get("checks") or [] if not c.get("ok")]
+    if not failed:
+        return Diagnosis(_SELFCHECK.id, "The GPU self-check reported a failure but no failed "
+                         "check.", _SELFCHECK.fix, {"elapsed_s": report.get("elapsed_s")})
+    first = failed[0]
+    more = f" (and {len(failed) - 1} more failed check(s))" if len(failed) > 1 else ""
+    summary = (f"The GPU self-check failed before the model load: {first.get('id')}: "
+               f"{first.get('message')}{more}")
+    fix = str(first.get("fix") or _SELFCHECK.fix)
+    evidence = {
+        "failed": [{k: c.get(k) for k in ("id", "message", "fix")} for c in failed],
+        "elapsed_s": report.get("elapsed_s"),
+        "driver_version": report.get("driver_version"),
+    }
+    return Diagnosis(_SELFCHECK.id, summary, fix, evidence)
+
+
+def selfcheck_crashed(rc: int) -> Diagnosis:
+    """The self-check ended with an error status and never printed its report."""
+    return Diagnosis(
+        _SELFCHECK.id,
+        f"The GPU self-check exited with code {rc} before printing its report.",
+        "Read the self-check's output above; a missing /opt/appliance/gpucheck.py means the "
+        "image was not built by the appliance (rebuild it), a crash means a broken "
+        "driver or CUDA install.",
+        {"rc": rc},
     )
 
 

@@ -10,6 +10,11 @@ check with a fix, never a traceback.
 
 Usage:
     python -m appliance.gpucheck --gpus 0,1 --algorithm DDTREE --block-size 8 --budget 32 --json
+
+With --stream (what the engine entrypoint uses) every check is printed the moment it
+finishes, one line each, `gpu-check: {json}`: a `begin` line, one `check` line per check,
+then one `report` line with the whole report. The worker's log parser reads these lines,
+so the panel shows the self-check as it runs; STREAM_PREFIX is the contract between them.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ GRAPH_HEADS = 8
 GRAPH_PREFIX = 128  # cached prefix tokens each request attends to, like a KV cache
 GRAPH_TOLERANCE = 2e-2  # bf16: replay should match eager to rounding, normally exactly
 ALGORITHMS = ("NONE", "EAGLE3", "DFLASH", "DDTREE")
+STREAM_PREFIX = "gpu-check: "
 
 # NVML topology levels -> the names `nvidia-smi topo -m` prints.
 TOPOLOGY_NAMES = {0: "X", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
@@ -68,9 +74,24 @@ class Report:
     allreduce: dict[str, Any] = field(default_factory=dict)
     graphs: list[dict[str, Any]] = field(default_factory=list)
     checks: list[Check] = field(default_factory=list)
+    # Told (kind, payload) as the check goes: the --stream output. Not part of the report.
+    listener: Callable[[str, dict[str, Any]], None] | None = field(
+        default=None, repr=False, compare=False
+    )
+
+    def add(self, *checks: Check) -> None:
+        for check in checks:
+            self.checks.append(check)
+            self.tell("check", asdict(check))
+
+    def tell(self, kind: str, payload: dict[str, Any]) -> None:
+        if self.listener is not None:
+            self.listener(kind, payload)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        data.pop("listener", None)
+        return data
 
 
 # --------------------------------------------------------------------------- pure parts
@@ -262,11 +283,14 @@ def nvml_inventory(nvml: Any, requested: Sequence[int], report: Report) -> list[
     except nvml.NVMLError:
         report.cuda_driver_version = None
     visible = visible_device_ids()
+    count = int(nvml.nvmlDeviceGetCount())
     handles = []
     for index in requested:
         if visible is not None and index >= len(visible):
             raise LookupError(f"GPU {index} is not in CUDA_VISIBLE_DEVICES={','.join(visible)}")
         ident = str(index) if visible is None else visible[index]
+        if ident.isdigit() and int(ident) >= count:
+            raise LookupError(f"GPU {ident} requested but NVML sees {count} GPU(s)")
         if ident.isdigit():
             handle = nvml.nvmlDeviceGetHandleByIndex(int(ident))
         else:
@@ -608,20 +632,22 @@ class Options:
 def _nvml_part(opts: Options, report: Report) -> None:
     nvml, err = _import_nvml()
     if nvml is None:
-        report.checks.append(Check("nvml-available", False, f"pynvml is not importable: {err}",
+        report.add(Check("nvml-available", False, f"pynvml is not importable: {err}",
                                    "install nvidia-ml-py in the engine image"))
         return
     try:
         nvml_inventory(nvml, opts.gpus, report)
     except Exception as exc:
-        report.checks.append(Check("nvml-inventory", False, f"NVML could not read the GPUs: {exc}",
+        report.add(Check("nvml-inventory", False, f"NVML could not read the GPUs: {exc}",
                                    "run the container with --gpus (NVIDIA container toolkit) "
                                    "and check nvidia-smi on the host"))
         return
     finally:
         with contextlib.suppress(Exception):  # nothing to release when init failed
             nvml.nvmlShutdown()
-    report.checks.append(check_driver(report.driver_version))
+    report.tell("gpus", {"driver_version": report.driver_version,
+                         "cuda_driver_version": report.cuda_driver_version, "gpus": report.gpus})
+    report.add(check_driver(report.driver_version))
 
 
 def _visibility_check(torch: Any, opts: Options) -> Check:
@@ -662,8 +688,7 @@ def _allreduce_check(torch: Any, opts: Options, report: Report) -> Check:
                  "(or a large --shm-size) and check the GPUs' links")
 
 
-def _graph_checks(torch: Any, opts: Options, report: Report) -> list[Check]:
-    checks = []
+def _graph_checks(torch: Any, opts: Options, report: Report) -> None:
     device = torch.device("cuda", opts.gpus[0])
     torch.cuda.set_device(device)
     sizes = capture_batch_sizes(opts.max_bs)
@@ -676,31 +701,34 @@ def _graph_checks(torch: Any, opts: Options, report: Report) -> list[Check]:
         report.graphs.append(result)
         name = f"cuda-graph-{role.role.replace('_', '-')}"
         if result["ok"]:
-            checks.append(Check(name, True, f"{role.role} graph at width {role.width} replays "
-                                f"like eager (max err {result['max_abs_err_vs_eager']:.3g})"))
+            report.add(Check(name, True, f"{role.role} graph at width {role.width} replays "
+                             f"like eager (max err {result['max_abs_err_vs_eager']:.3g})"))
         else:
             detail = result.get("error") or f"max err {result.get('max_abs_err_vs_eager')}"
-            checks.append(Check(name, False,
-                                f"{role.role} graph at width {role.width} differs from eager: "
-                                f"{detail}",
-                                "run the engine with --disable-cuda-graph to confirm, and check "
-                                "the CUDA/driver pairing"))
-    return checks
+            report.add(Check(name, False,
+                             f"{role.role} graph at width {role.width} differs from eager: "
+                             f"{detail}",
+                             "run the engine with --disable-cuda-graph to confirm, and check "
+                             "the CUDA/driver pairing"))
 
 
-def run_check(opts: Options) -> Report:
-    report = Report()
+def run_check(
+    opts: Options, listener: Callable[[str, dict[str, Any]], None] | None = None
+) -> Report:
+    report = Report(listener=listener)
     started = time.monotonic()
+    report.tell("begin", {"gpus": list(opts.gpus), "roles": [asdict(r) for r in opts.roles],
+                          "max_bs": opts.max_bs})
     _nvml_part(opts, report)
     torch, err = _import_torch()
     if torch is None:
-        report.checks.append(Check("torch-available", False, f"torch is not importable: {err}",
-                                   "run gpu-check inside the engine image, which has torch "
-                                   "built for CUDA 13"))
+        report.add(Check("torch-available", False, f"torch is not importable: {err}",
+                         "run gpu-check inside the engine image, which has torch "
+                         "built for CUDA 13"))
     else:
         report.torch_version = str(torch.__version__)
         visible = _visibility_check(torch, opts)
-        report.checks.append(visible)
+        report.add(visible)
         if visible.ok:
             _torch_part(torch, opts, report)
     report.elapsed_s = round(time.monotonic() - started, 2)
@@ -711,11 +739,11 @@ def run_check(opts: Options) -> Report:
 def _torch_part(torch: Any, opts: Options, report: Report) -> None:
     peer = _peer_check(torch, opts, report)
     if peer is not None:
-        report.checks.append(peer)
+        report.add(peer)
     if not opts.skip_allreduce:
-        report.checks.append(_allreduce_check(torch, opts, report))
+        report.add(_allreduce_check(torch, opts, report))
     if not opts.skip_graphs:
-        report.checks.extend(_graph_checks(torch, opts, report))
+        _graph_checks(torch, opts, report)
 
 
 # --------------------------------------------------------------------------- CLI
@@ -738,6 +766,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reproduce-width-mismatch", action="store_true",
                    help="capture at the block width, feed budget+1 rows; print the error")
     p.add_argument("--json", action="store_true", help="print JSON only")
+    p.add_argument("--stream", action="store_true",
+                   help=f"print each result as it happens, one '{STREAM_PREFIX}{{json}}' line")
     return p
 
 
@@ -769,6 +799,27 @@ def _print_human(report: Report) -> None:
             print(f"         fix: {check.fix}")
 
 
+def stream_line(kind: str, payload: Mapping[str, Any]) -> str:
+    """One --stream line; appliance.logparse reads it back (parse_stream_line)."""
+    return STREAM_PREFIX + json.dumps({"event": kind, **payload}, separators=(",", ":"))
+
+
+def _emit(kind: str, payload: dict[str, Any]) -> None:
+    print(stream_line(kind, payload), flush=True)
+
+
+def parse_stream_line(text: str) -> dict[str, Any] | None:
+    """The event of a --stream line, or None when the line is not one."""
+    start = text.find(STREAM_PREFIX)
+    if start < 0 or text[start + len(STREAM_PREFIX):start + len(STREAM_PREFIX) + 1] != "{":
+        return None
+    try:
+        data = json.loads(text[start + len(STREAM_PREFIX):])
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) and isinstance(data.get("event"), str) else None
+
+
 def _mismatch_main(args: argparse.Namespace) -> int:
     captured = args.draft_width or args.block_size or 8
     fed = args.verify_width or ((args.budget + 1) if args.budget else 33)
@@ -788,14 +839,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.max_bs < 1:
             raise ValueError("--max-bs must be at least 1")
     except ValueError as exc:
-        print(json.dumps({"ok": False, "checks": [asdict(Check(
-            "arguments", False, str(exc), "see appliance gpu-check --help"))]}))
+        bad = Check("arguments", False, str(exc), "see appliance gpu-check --help")
+        if args.stream:
+            _emit("check", asdict(bad))
+            _emit("report", {"ok": False, "elapsed_s": 0.0, "checks": [asdict(bad)]})
+        else:
+            print(json.dumps({"ok": False, "checks": [asdict(bad)]}))
         return 2
     opts = Options(gpus=args.gpus or _default_gpus(), roles=roles, max_bs=args.max_bs,
                    allreduce_mb=args.allreduce_mb, skip_allreduce=args.skip_allreduce,
                    skip_graphs=args.skip_graphs)
-    report = run_check(opts)
-    if args.json:
+    report = run_check(opts, listener=_emit if args.stream else None)
+    if args.stream:
+        _emit("report", report.to_dict())
+    elif args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:
         _print_human(report)

@@ -11,6 +11,10 @@ Formats come from SGLang's own source (0.4.6, 0.5.11 and 0.5.23 wheels):
 - `Capturing batches (bs=.. avail_mem=.. GB)` tqdm (cuda_graph_runner capture);
 - `Decode batch` / `Prefill batch` (scheduler_metrics_mixin / metrics_reporter).
 
+Before SGLang starts, the engine image's entrypoint may run the GPU self-check: its
+`appliance: GPU self-check begin|end rc=N` lines and appliance.gpucheck's `--stream`
+lines (`gpu-check: {json}`) become selfcheck_* events, and a failed check a diagnosis.
+
 The worker feeds every container output line through `LogParser.feed`, so the
 per-line path is a handful of `startswith`/`in` checks before any regex.
 """
@@ -23,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from appliance import diagnosis as diag
+from appliance import gpucheck
 
 TRACEBACK_START = "Traceback (most recent call last):"
 CHAIN_MARKERS = (
@@ -55,6 +60,8 @@ _CAPTURING = re.compile(r"Capturing batches \(bs=(\d+) avail_mem=([\d.]+) GB\)")
 _TQDM_COUNT = re.compile(r"\| *(\d+)/(\d+) \[")
 _RANK = re.compile(r"^([A-Z_]+?)(\d+)$")
 _TORCH_RANK = re.compile(r"^\[rank(\d+)\]:? ?")
+SELFCHECK_BEGIN = "appliance: GPU self-check begin"
+_SELFCHECK_END = re.compile(r"^appliance: GPU self-check end rc=(-?\d+)")
 
 # "Decode batch" key -> (event field, converter). The token pool keys vary
 # with the pool (plain, hybrid SWA, mamba, hisparse): the first wins.
@@ -132,6 +139,7 @@ class ParseContext:
     capture_bs: list[int] | None = None
     last_bs: int | None = None
     max_running_req: int = 0
+    selfcheck_reported: bool = False
 
 
 def split_prefix(text: str) -> tuple[str, dict[str, int]]:
@@ -234,6 +242,8 @@ def classify(message: str) -> tuple[str, dict[str, Any]] | None:
         return "prefill_stats", {name: stats.get(name) for name in PREFILL_FIELDS}
     if first == "C":
         return _classify_capture(message)
+    if first in ("g", "a"):
+        return _classify_selfcheck(message)
     if first == "L":
         return _classify_load(message)
     if "KV Cache is allocated" in message or "KV cache allocated" in message:
@@ -263,6 +273,21 @@ def _classify_capture(message: str) -> tuple[str, dict[str, Any]] | None:
     old_bs = _OLD_CAPTURE_BS.match(message)
     if old_bs:
         return "capture_bs", {"bs": _int_list(old_bs.group(1)[1:-1])}
+    return None
+
+
+def _classify_selfcheck(message: str) -> tuple[str, dict[str, Any]] | None:
+    if message.startswith(gpucheck.STREAM_PREFIX):
+        event = gpucheck.parse_stream_line(message)
+        if event is None:
+            return None
+        kind = str(event.pop("event"))
+        return f"selfcheck_{kind}", event
+    if message.startswith(SELFCHECK_BEGIN):
+        return "selfcheck_start", {}
+    match = _SELFCHECK_END.match(message)
+    if match:
+        return "selfcheck_exit", {"rc": int(match.group(1))}
     return None
 
 
@@ -425,7 +450,9 @@ class LogParser:
     def _observe(self, kind: str, fields: dict[str, Any]) -> None:
         """Remember what later diagnoses need: phase, graph widths, batch sizes."""
         ctx = self.context
-        if kind == "weights_begin":
+        if kind.startswith("selfcheck_"):
+            ctx.phase = "selfcheck"
+        elif kind == "weights_begin":
             ctx.phase = "load"
         elif kind in ("weights_end", "kv_cache"):
             ctx.phase = "loaded"
@@ -459,10 +486,17 @@ class LogParser:
                 ctx.draft_width = width
 
     def _diagnose_event(self, kind: str, fields: dict[str, Any]) -> list[LogEvent]:
-        if kind != "decode_stats":
-            return []
-        found = diag.match_decode(fields, self.context)
-        return self._diagnosis_event(found, self.line) if found else []
+        if kind == "decode_stats":
+            found = diag.match_decode(fields, self.context)
+            return self._diagnosis_event(found, self.line) if found else []
+        if kind == "selfcheck_report":
+            self.context.selfcheck_reported = True
+            found = diag.match_selfcheck(fields)
+            return self._diagnosis_event(found, self.line, fatal=True) if found else []
+        if kind == "selfcheck_exit" and fields["rc"] != 0 and not self.context.selfcheck_reported:
+            found = diag.selfcheck_crashed(fields["rc"])
+            return self._diagnosis_event(found, self.line, fatal=True)
+        return []
 
     def _diagnosis_event(
         self, found: diag.Diagnosis, line: int, fatal: bool = False

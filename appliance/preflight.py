@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from appliance import gpucheck
 from appliance.flags import closest_flag, flags_in_argv, load_flags
 from appliance.recipes import Recipe, RecipeError, load_recipe
 from appliance.spec import (
@@ -611,6 +612,34 @@ def run_preflight(spec: DeploymentSpec, *, recipe: Recipe | None = None,
     for rule in RULES.values():
         found += rule(ctx)
     return found
+
+
+SELF_CHECK_MAX_BS = 8  # graph replay vs eager at a few batch sizes is enough to find a fault
+
+
+def gpu_check_args(spec: DeploymentSpec, drafter_config: dict[str, Any] | None = None) -> list[str]:
+    """The self-check's arguments for a deployment (appliance.gpucheck, in the container).
+
+    Inside the container the deployment's GPUs are numbered from 0. The graph widths are
+    the ones the engine will capture: budget+1 and block size for DDTREE, block size for
+    DFLASH. When the block size is unknown here (it comes from the drafter's config and
+    the worker cannot read it) the graph checks are skipped rather than guessed.
+    """
+    e = spec.engine
+    ctx = Context(spec=spec, drafter=drafter_config or read_config(e.speculative_draft_model_path))
+    args = ["--gpus", ",".join(str(i) for i in range(max(1, len(spec.gpus))))]
+    algorithm = e.speculative_algorithm.upper()
+    block = block_size(ctx)
+    if algorithm in gpucheck.ALGORITHMS and (algorithm == "NONE" or block):
+        args += ["--algorithm", algorithm]
+        if algorithm != "NONE":
+            args += ["--block-size", str(block)]
+        if algorithm == "DDTREE":
+            args += ["--budget", str(ddtree_budget(ctx))]
+    else:
+        args.append("--skip-graphs")
+    max_bs = min(e.cuda_graph_max_bs or SELF_CHECK_MAX_BS, SELF_CHECK_MAX_BS)
+    return args + ["--max-bs", str(max_bs)]
 
 
 def has_errors(findings: Iterable[Finding]) -> bool:

@@ -89,6 +89,8 @@ class DeploymentSpec:
     env: dict[str, str] = field(default_factory=dict)
     # Names of secrets (e.g. HF_TOKEN) the runtime injects as env vars; values never live here.
     secrets: list[str] = field(default_factory=list)
+    # Run the GPU self-check (appliance.gpucheck) in the engine container before the load.
+    self_check: bool = True
 
 
 @dataclass(frozen=True)
@@ -336,7 +338,8 @@ def _recipe_from(data: Mapping[str, Any]) -> tuple[str, list[FieldError]]:
     return recipe, []
 
 
-TOP_LEVEL_KEYS = ["name", "recipe", "gpus", "engine", "extra_args", "env", "secrets"]
+TOP_LEVEL_KEYS = ["name", "recipe", "gpus", "engine", "extra_args", "env", "secrets",
+                  "self_check"]
 
 
 def spec_from_dict(data: Mapping[str, Any],
@@ -366,10 +369,14 @@ def spec_from_dict(data: Mapping[str, Any],
     errors += errs
     secrets, errs = _secret_names(data.get("secrets"))
     errors += errs
+    self_check = data.get("self_check", True)
+    if not isinstance(self_check, bool):
+        errors.append(FieldError("self_check", "must be true or false",
+                                 "write self_check: true (the default) or false"))
     if errors:
         raise SpecError(errors)
     return DeploymentSpec(name=name, recipe=recipe, gpus=gpus, engine=engine, extra_args=extra,
-                          env=env, secrets=secrets)
+                          env=env, secrets=secrets, self_check=bool(self_check))
 
 
 def read_spec_file(path: str | Path) -> dict[str, Any]:

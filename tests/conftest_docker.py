@@ -113,7 +113,8 @@ def build_test_engine_image(client: DockerClient) -> str:
     """Build the test engine image with the low-level build API (layer cache keeps it fast)."""
     ensure_base_image(client)
     errors: list[str] = []
-    for chunk in client.api.build(path=str(TEST_ENGINE_DIR), tag=TEST_ENGINE_IMAGE, rm=True,
+    for chunk in client.api.build(path=str(TEST_ENGINE_DIR.parent), tag=TEST_ENGINE_IMAGE,
+                                  dockerfile="test-engine/Dockerfile", rm=True,
                                   buildargs={"BASE_IMAGE": BASE_IMAGE}, decode=True):
         if "error" in chunk:
             errors.append(str(chunk["error"]))

@@ -64,7 +64,8 @@ export APPLIANCE_DATABASE_URL="${APPLIANCE_DATABASE_URL:-postgres://appliance@12
 step "building local images (base image, test engine)"
 bash docker/base/make-base-image.sh
 docker build -q -t "${APPLIANCE_TEST_ENGINE_IMAGE:-appliance-test-engine:latest}" \
-  --build-arg BASE_IMAGE="${APPLIANCE_BASE_IMAGE:-appliance-base:bookworm}" docker/test-engine >/dev/null
+  --build-arg BASE_IMAGE="${APPLIANCE_BASE_IMAGE:-appliance-base:bookworm}" \
+  -f docker/test-engine/Dockerfile docker >/dev/null
 
 step "lint"
 .venv/bin/ruff check .

@@ -180,6 +180,10 @@ MODELS_DIR = env_str("APPLIANCE_MODELS_DIR", "")
 RECIPES_DIR = env_str("APPLIANCE_RECIPES_DIR", "")
 # Off only on hosts without an NVIDIA runtime (the test suite's machines).
 ENGINE_GPU_REQUESTS = env_bool("APPLIANCE_ENGINE_GPU_REQUESTS", True)
+# How often a running image build looks for a stop request (milliseconds).
+BUILD_CANCEL_POLL_MS = env_int("APPLIANCE_BUILD_CANCEL_POLL_MS", 500)
+# The GPU self-check before the model load (a spec can opt out with self_check: false).
+ENGINE_GPU_CHECK = env_bool("APPLIANCE_ENGINE_GPU_CHECK", True)
 # Extra environment for every engine container (tests use it to pace the test engine).
 ENGINE_EXTRA_ENV = dict(
     item.split("=", 1) for item in env_list("APPLIANCE_ENGINE_EXTRA_ENV") if "=" in item

@@ -248,7 +248,8 @@ def test_the_entrypoint_runs_the_gpu_check_first_and_stops_when_it_fails(
     finally:
         container.remove(force=True)
     assert status["StatusCode"] == 3
-    assert "fake check ['--tp', '1']" in logs
+    assert "fake check ['--stream', '--tp', '1']" in logs
+    assert "appliance: GPU self-check end rc=3" in logs
     assert "engine started" not in logs
     out = client.containers.run(plan.tag, ["python3", "-c", "print('engine started')"],
                                 remove=True)

@@ -80,13 +80,21 @@ def test_an_operator_deploys_watches_it_come_up_live_and_stops_it(operator, stac
     expect(page.locator("#preflight")).to_contain_text("ddtree-verify-width")
     expect(page.locator("#preflight")).to_contain_text("33")
     expect(page.locator("#conn")).to_have_text("live", timeout=15_000)
+    # Build (here the configured image), then the GPU self-check, then the engine phases.
+    expect(page.locator("#build-text")).to_contain_text("using the configured image")
+    expect(page.locator("#selfcheck")).to_be_visible(timeout=30_000)
+    expect(page.locator("#selfcheck-text")).to_contain_text("passed in", timeout=30_000)
+    expect(page.locator("#selfcheck-gpus")).to_contain_text("8 × NVIDIA H200 (test engine)")
+    expect(page.locator("#selfcheck-checks .check-ok")).to_have_count(5)
+    expect(page.locator("#selfcheck-checks")).to_contain_text("target_verify graph at width 33")
     expect(page.locator("#log")).to_contain_text("Load weight begin", timeout=30_000)
     expect(page.locator("#weights-text")).to_contain_text("shard", timeout=30_000)
     expect(page.locator("#capture-text")).to_contain_text("batch", timeout=30_000)
     expect(page.locator("#log .stderr").first).to_be_visible()
     expect(page.locator("#status")).to_have_text("ready", timeout=60_000)
     expect(page.locator("#log")).to_contain_text("fired up and ready to roll")
-    expect(page.locator("#timeline li[data-phase=capturing]")).to_have_class("done")
+    for phase in ("building", "starting", "checking", "loading", "capturing"):
+        expect(page.locator(f"#timeline li[data-phase={phase}]")).to_have_class("done")
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "detail-ready.png"), full_page=True)
 

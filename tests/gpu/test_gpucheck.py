@@ -96,3 +96,32 @@ def test_the_diagnosis_names_the_ddtree_verify_width_for_the_real_traceback() ->
              *trace.splitlines()[1:]]
     found = diagnosis.diagnose(lines)
     assert found is not None and found.cause == "ddtree-verify-width", found
+
+
+def test_the_stream_prints_each_check_as_it_happens_then_the_report(cuda_count: int) -> None:
+    argv = [sys.executable, "-m", "appliance.gpucheck", "--gpus",
+            ",".join(map(str, range(cuda_count))), "--algorithm", "DDTREE", "--block-size",
+            str(BLOCK), "--budget", str(BUDGET), "--stream"]
+    done = subprocess.run(argv, cwd=REPO, env={**os.environ, "NCCL_NVLS_ENABLE": "0"},
+                          capture_output=True, text=True, timeout=280)
+    events = [gpucheck.parse_stream_line(line) for line in done.stdout.splitlines()]
+    assert all(events), done.stdout
+    kinds = [e["event"] for e in events if e]
+    assert kinds[0] == "begin" and kinds[-1] == "report" and "gpus" in kinds
+    report = events[-1]
+    assert report is not None and report["ok"] and done.returncode == 0
+    streamed = [{k: e[k] for k in ("id", "ok", "message", "fix")}
+                for e in events if e and e["event"] == "check"]
+    assert streamed == report["checks"]
+
+
+def test_asking_for_more_gpus_than_visible_fails_the_visibility_check(cuda_count: int) -> None:
+    argv = [sys.executable, "-m", "appliance.gpucheck", "--gpus",
+            ",".join(map(str, range(cuda_count + 1))), "--algorithm", "DDTREE",
+            "--block-size", str(BLOCK), "--budget", str(BUDGET), "--stream"]
+    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
+    report = gpucheck.parse_stream_line(done.stdout.splitlines()[-1])
+    assert done.returncode == 1 and report is not None and not report["ok"]
+    failed = {c["id"]: c["message"] for c in report["checks"] if not c["ok"]}
+    assert set(failed) == {"nvml-inventory", "gpus-visible"}
+    assert f"GPU {cuda_count} requested but NVML sees {cuda_count} GPU(s)" in failed["nvml-inventory"]

@@ -1,17 +1,24 @@
-"""A deployment whose image is built from its recipe: build steps, then the engine phases;
-the second deployment of the same recipe is a cache hit. Real Docker, local base image,
-and the test engine's package standing in as the SGLang source tree."""
+"""A deployment whose image is built from its recipe: build steps, the real GPU self-check,
+then the engine phases; the next deployment of the same recipe is a cache hit; a stop through
+the API cancels a running build. Real Docker, a local base image, and the test engine's
+package standing in as the SGLang source tree (CI has no network to fetch SGLang)."""
 
 from __future__ import annotations
 
 import shutil
 import subprocess
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+import redis
+import requests
+from django.conf import settings
 from django.test import override_settings
 
 import docker
+from tests.servers import celery_worker, panel_server
 from tests.web.specs import spec
 from web.deployments import services
 from web.deployments.models import Deployment, DeploymentStatus
@@ -30,62 +37,157 @@ def _git(repo: Path, *args: str) -> str:
     return done.stdout.strip()
 
 
-@pytest.fixture
-def site_recipe(tmp_path: Path):  # type: ignore[no-untyped-def]
+SLOW_SETUP = """\
+import time
+time.sleep(600)  # a silent build step, like a CUDA kernel compile
+from setuptools import setup
+setup(name="slow-extra", version="0")
+"""
+
+
+def _source_repo(tmp_path: Path, slow_extra: bool = False) -> tuple[Path, str]:
     repo = tmp_path / "sglang"
     shutil.copytree(ROOT / "docker" / "test-engine" / "sglang", repo / "python" / "sglang")
+    if slow_extra:
+        (repo / "slow-extra").mkdir()
+        (repo / "slow-extra" / "setup.py").write_text(SLOW_SETUP)
     _git(repo, "init", "-q", "-b", "main")
     _git(repo, "add", ".")
     _git(repo, "commit", "-qm", "test engine as an SGLang source tree")
-    commit = _git(repo, "rev-parse", "HEAD")
-    recipes = tmp_path / "recipes"
-    recipes.mkdir()
-    (recipes / "site-test-engine.yaml").write_text(
-        "name: site-test-engine\n"
+    return repo, _git(repo, "rev-parse", "HEAD")
+
+
+def _write_recipe(recipes: Path, name: str, repo: Path, commit: str, extras: str = "") -> None:
+    recipes.mkdir(exist_ok=True)
+    (recipes / f"{name}.yaml").write_text(
+        f"name: {name}\n"
         "base_image: appliance-base:bookworm\n"
         f"sglang:\n  git: {repo}\n  ref: {commit}\n  flags: sglang-0.5.23\n"
         "patches: []\n"
+        f"pip_extras: [{extras}]\n"
         "build_args:\n  SGLANG_INSTALL_DEPS: '0'\n"
     )
+
+
+def _remove_images(tags: set[str]) -> None:
+    client = docker.from_env()
+    for tag in tags - {""}:
+        client.images.remove(tag, force=True)
+
+
+@pytest.fixture
+def site_recipe(tmp_path: Path):  # type: ignore[no-untyped-def]
+    repo, commit = _source_repo(tmp_path)
+    recipes = tmp_path / "recipes"
+    _write_recipe(recipes, "site-test-engine", repo, commit)
     env = {"TEST_ENGINE_PACE_S": "0.01", "TEST_ENGINE_SHARDS": "4"}
     with override_settings(ENGINE_IMAGE="", RECIPES_DIR=str(recipes), ENGINE_GPU_REQUESTS=False,
                            ENGINE_EXTRA_ENV=env, ENGINE_READY_TIMEOUT_S=90,
                            ENGINE_STOP_TIMEOUT_S=5):
         yield "site-test-engine"
-    client = docker.from_env()
     tags = set()
     for deployment in Deployment.objects.all():
         tags.add(deployment.image)
         services.deployment_request_stop(deployment=deployment)
         services.deployment_stop(deployment_id=deployment.pk)
-    for tag in tags - {""}:
-        client.images.remove(tag, force=True)
+    _remove_images(tags)
 
 
-def _baseline(recipe: str, name: str) -> Deployment:
-    data = spec(name=name, recipe=recipe)
+def _baseline(recipe: str, name: str, self_check: bool = True) -> Deployment:
+    data = spec(name=name, recipe=recipe, self_check=self_check)
     data["engine"] = {"model_path": "/models/Kimi-K2.6", "tp_size": 1,
                       "trust_remote_code": True, "speculative_algorithm": "NONE"}
     return services.deployment_create(data=data, confirm_warnings=True)
 
 
-def test_a_deployment_builds_its_image_then_starts_and_the_next_one_hits_the_cache(site_recipe):  # type: ignore[no-untyped-def]
+def test_a_built_image_runs_the_real_self_check_first_and_the_next_deployment_hits_the_cache(site_recipe):  # type: ignore[no-untyped-def]
     first = _baseline(site_recipe, "built-1")
-    assert tasks.deploy.apply(args=[first.pk]).get() == S.READY
+    # The image holds the real appliance/gpucheck.py; this machine has no GPU, no NVML and
+    # no torch, so the real check fails and the deployment stops before any model load.
+    assert tasks.deploy.apply(args=[first.pk]).get() == S.FAILED
     first.refresh_from_db()
     assert first.image.startswith("appliance-engine:site-test-engine-")
     events = list(first.events.order_by("seq"))
     steps = [e.payload for e in events if e.kind == "build" and e.payload["kind"] == "build_step"]
     assert steps and [s["step"] for s in steps] == list(range(1, steps[-1]["total"] + 1))
     phases = [e.payload["status"] for e in events if e.kind == "phase"]
-    assert phases == ["building", "starting", "loading", "capturing", "ready"]
+    assert phases == ["building", "starting", "checking", "failed"]
     last_build = max(e.seq for e in events if e.kind == "build")
     starting = next(e.seq for e in events if e.kind == "phase" and e.payload["status"] == "starting")
     assert last_build < starting, "the build finishes before the engine starts"
+    checks = {e.payload["id"]: e.payload for e in events
+              if e.kind == "selfcheck" and e.payload["kind"] == "selfcheck_check"}
+    assert set(checks) == {"nvml-available", "torch-available"}
+    assert first.diagnosis["cause"] == "gpu-selfcheck-failed"
+    assert "pynvml is not importable" in first.diagnosis["summary"]
+    assert first.diagnosis["fix"] == "install nvidia-ml-py in the engine image"
+    assert not any(e.kind == "progress" for e in events), "the model never started loading"
 
-    second = _baseline(site_recipe, "built-2")
+    second = _baseline(site_recipe, "built-2", self_check=False)
     assert tasks.deploy.apply(args=[second.pk]).get() == S.READY
     second.refresh_from_db()
     builds = [e.payload["kind"] for e in second.events.filter(kind="build")]
     assert builds == ["cache_hit"]
     assert second.image == first.image
+    phases = [e.payload["status"] for e in second.events.filter(kind="phase").order_by("seq")]
+    assert phases == ["building", "starting", "loading", "capturing", "ready"]
+
+
+def _wait(what: str, check: Any, limit_s: float = 120) -> Any:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_a_stop_through_the_api_cancels_a_silent_build_step(operator, token_for, tmp_path):  # type: ignore[no-untyped-def]
+    redis.Redis.from_url(settings.REDIS_URL).flushdb()  # no stale tasks from other tests
+    repo, commit = _source_repo(tmp_path, slow_extra=True)
+    recipes = tmp_path / "recipes"
+    extras = '"--no-build-isolation", "--no-deps", "--no-index", "/opt/sglang/slow-extra"'
+    _write_recipe(recipes, "site-slow-build", repo, commit, extras)
+    env = {"APPLIANCE_ENGINE_IMAGE": "", "APPLIANCE_RECIPES_DIR": str(recipes),
+           "APPLIANCE_ENGINE_GPU_REQUESTS": "0"}
+    api = requests.Session()
+    api.headers["Authorization"] = f"Token {token_for(operator)}"
+    data = spec(name="slow-build", recipe="site-slow-build")
+    data["engine"] = {"model_path": "/models/Kimi-K2.6", "tp_size": 1,
+                      "trust_remote_code": True, "speculative_algorithm": "NONE"}
+    client = docker.from_env()
+    with celery_worker(tmp_path / "worker.log", **env), \
+            panel_server(tmp_path / "web.log", **env) as url:
+        created = api.post(f"{url}/api/deployments/", json={"spec": data, "confirm_warnings": True})
+        assert created.status_code == 201, created.text
+        pk = created.json()["id"]
+
+        def silent_step() -> bool:
+            events = api.get(f"{url}/api/deployments/{pk}/events/").json()["results"]
+            return any(e["kind"] == "build" and "install-sglang" in e["payload"]["text"]
+                       for e in events)
+
+        _wait("the pip-extras build step", silent_step)
+
+        def step_containers() -> list[Any]:
+            return [c for c in client.containers.list(all=True)
+                    if "install-sglang" in " ".join(c.attrs.get("Args") or [])]
+
+        _wait("the silent step's RUN container", step_containers)
+        time.sleep(2)  # the step is now inside the silent setup.py
+        stopped_at = time.monotonic()
+        answer = api.post(f"{url}/api/deployments/{pk}/stop/")
+        assert answer.status_code in (200, 202), answer.text
+        _wait("the build's RUN container to go", lambda: not step_containers(), 60)
+        took = time.monotonic() - stopped_at
+        status = _wait("stopped", lambda: api.get(f"{url}/api/deployments/{pk}/").json()["status"]
+                       in ("stopped", "failed") and api.get(f"{url}/api/deployments/{pk}/").json())
+        assert status["status"] == "stopped"
+        _wait("the deploy task to end", lambda: "'stopped'" in (tmp_path / "worker.log").read_text()
+              and "worker.tasks.deploy" in (tmp_path / "worker.log").read_text(), 30)
+    deployment = Deployment.objects.get(pk=pk)
+    assert not deployment.image and not client.images.list(
+        filters={"label": "appliance.recipe=site-slow-build"})
+    print(f"stop -> build step container gone: {took:.1f} s")
+    assert took < 30, f"the build was not cancelled promptly ({took:.1f} s)"

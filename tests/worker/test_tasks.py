@@ -50,7 +50,24 @@ def test_deploy_goes_from_queued_to_ready_with_phases_and_progress_then_stops(en
     deployment.refresh_from_db()
     assert deployment.status == S.READY
     phases = [p["status"] for p in _events(deployment, "phase")]
-    assert phases == ["starting", "loading", "capturing", "ready"]
+    assert phases == ["starting", "checking", "loading", "capturing", "ready"]
+    checks = _events(deployment, "selfcheck")
+    begin = next(c for c in checks if c["kind"] == "selfcheck_begin")
+    # The check runs at the widths this DDTree spec captures: budget+1 verify, block draft.
+    assert {r["role"]: r["width"] for r in begin["roles"]} == {"target_verify": 33, "draft": 8}
+    assert [c["kind"] for c in checks[-2:]] == ["selfcheck_report", "selfcheck_exit"]
+    assert checks[-2]["ok"] is True and checks[-1]["rc"] == 0
+    deployment.refresh_from_db()
+    verdict = deployment.progress["self_check"]
+    assert verdict["finished"] and verdict["ok"] and verdict["gpus"] == 1
+    assert verdict["widths"] == {"target_verify": 33, "draft": 8}
+    assert [c["id"] for c in checks if c["kind"] == "selfcheck_check"] == [
+        "driver-version", "gpus-visible", "allreduce", "cuda-graph-target-verify",
+        "cuda-graph-draft"]
+    ordered = list(deployment.events.order_by("seq"))
+    last_check = max(e.seq for e in ordered if e.kind == "selfcheck")
+    first_load = min(e.seq for e in ordered if e.kind == "progress")
+    assert last_check < first_load, "the self-check finishes before the weights load"
     progress = _events(deployment, "progress")
     shards = [p for p in progress if p["kind"] == "weights_progress"]
     assert any(p["done"] == p["total"] == 6 for p in shards), shards  # the target's 6 shards
@@ -73,6 +90,38 @@ def test_deploy_goes_from_queued_to_ready_with_phases_and_progress_then_stops(en
     assert deployment.status == S.STOPPED
     assert EngineRuntime().find(str(deployment.pk)) is None
     assert deployment.events.order_by("-seq").first().kind == "end"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("mode", "summary"),
+    [
+        ("selfcheck-driver", "driver-too-old: driver 575.57.08 is older than 580"),
+        ("selfcheck-nccl", "allreduce: NCCL all-reduce failed"),
+        ("selfcheck-crash", "exited with code 139 before printing its report"),
+    ],
+)
+def test_a_failed_self_check_fails_the_deployment_before_the_model_loads(engine, mode, summary):  # type: ignore[no-untyped-def]
+    deployment = _deployment()
+    with _with_failure(engine, mode):
+        assert tasks.deploy.apply(args=[deployment.pk]).get() == S.FAILED
+    deployment.refresh_from_db()
+    assert deployment.diagnosis["cause"] == "gpu-selfcheck-failed"
+    assert summary in deployment.diagnosis["summary"]
+    assert deployment.diagnosis["fix"]
+    phases = _events(deployment, "phase")
+    assert [p["status"] for p in phases] == ["starting", "checking", "failed"]
+    assert "GPU self-check failed" in phases[-1]["message"] or mode == "selfcheck-crash"
+    assert not _events(deployment, "progress"), "no weights were loaded"
+    assert EngineRuntime().find(str(deployment.pk)) is None
+
+
+def test_a_spec_can_skip_the_self_check(engine):  # type: ignore[no-untyped-def]
+    deployment = _deployment(self_check=False)
+    assert tasks.deploy.apply(args=[deployment.pk]).get() == S.READY
+    deployment.refresh_from_db()
+    phases = [p["status"] for p in _events(deployment, "phase")]
+    assert phases == ["starting", "loading", "capturing", "ready"]
+    assert not _events(deployment, "selfcheck")
 
 
 @pytest.mark.parametrize(

@@ -23,6 +23,7 @@ FIELD_OF_SPEC = {
     "engine.speculative_ddtree_budget": "tree_budget",
     "engine.tp_size": "tp_size",
     "engine.attention_backend": "attention_backend",
+    "self_check": "self_check",
     "confirm_warnings": "confirm_warnings",
 }
 
@@ -49,6 +50,10 @@ class DeploymentForm(forms.Form):
     extra_args = forms.CharField(max_length=2000, required=False,
                                  label="Extra engine arguments",
                                  help_text="Further SGLang flags, e.g. --mem-fraction-static 0.85")
+    self_check = forms.BooleanField(
+        required=False, initial=True, label="GPU self-check before the load",
+        help_text="Driver, GPUs, NCCL all-reduce and CUDA graphs at the verify and draft widths, "
+                  "in seconds, before the long model load.")
     confirm_warnings = forms.BooleanField(required=False, label="Deploy despite warnings")
 
     def clean_gpu_ids(self) -> list[int]:
@@ -88,6 +93,7 @@ class DeploymentForm(forms.Form):
             "gpus": data["gpu_ids"],
             "engine": {k: v for k, v in engine.items() if v is not None},
             "extra_args": data["extra_args"],
+            "self_check": bool(data.get("self_check")),
         }
 
     def add_service_errors(self, errors: dict[str, list[str]]) -> None:

@@ -16,6 +16,7 @@ class DeploymentStatus(models.TextChoices):
     QUEUED = "queued"
     BUILDING = "building"
     STARTING = "starting"
+    CHECKING = "checking"  # the GPU self-check, before the model load
     LOADING = "loading"
     CAPTURING = "capturing"
     READY = "ready"
@@ -29,6 +30,7 @@ ACTIVE_STATUSES = frozenset(
         DeploymentStatus.QUEUED,
         DeploymentStatus.BUILDING,
         DeploymentStatus.STARTING,
+        DeploymentStatus.CHECKING,
         DeploymentStatus.LOADING,
         DeploymentStatus.CAPTURING,
         DeploymentStatus.READY,
@@ -40,6 +42,7 @@ TERMINAL_STATUSES = frozenset({DeploymentStatus.STOPPED, DeploymentStatus.FAILED
 RUNNING_STATUSES = frozenset(
     {
         DeploymentStatus.STARTING,
+        DeploymentStatus.CHECKING,
         DeploymentStatus.LOADING,
         DeploymentStatus.CAPTURING,
         DeploymentStatus.READY,
@@ -105,6 +108,7 @@ class EventKind(models.TextChoices):
     METRIC = "metric"
     DIAGNOSIS = "diagnosis"
     BUILD = "build"
+    SELFCHECK = "selfcheck"
     STATUS = "status"
     PREFLIGHT = "preflight"
     END = "end"

@@ -7,6 +7,7 @@ expected source states; zero rows updated means someone else won.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import time
 from collections.abc import Iterable
@@ -16,11 +17,12 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.db import connection as db_connection
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from appliance.preflight import Finding, has_errors, run_preflight
+from appliance.preflight import Finding, gpu_check_args, has_errors, run_preflight
 from appliance.recipes import Recipe, RecipeError, list_recipes, load_recipe
 from appliance.spec import DeploymentSpec, SpecError, spec_from_dict, spec_to_dict
 
@@ -211,13 +213,22 @@ def deployment_mark_starting(*, deployment_id: int, image: str) -> bool:
     )
 
 
+def deployment_mark_checking(*, deployment_id: int) -> bool:
+    return _transition(deployment_id, sources=[S.STARTING], target=S.CHECKING, phase="self_check")
+
+
 def deployment_mark_loading(*, deployment_id: int) -> bool:
-    return _transition(deployment_id, sources=[S.STARTING], target=S.LOADING, phase="weights")
+    return _transition(
+        deployment_id, sources=[S.STARTING, S.CHECKING], target=S.LOADING, phase="weights"
+    )
 
 
 def deployment_mark_capturing(*, deployment_id: int) -> bool:
     return _transition(
-        deployment_id, sources=[S.STARTING, S.LOADING], target=S.CAPTURING, phase="cuda_graph"
+        deployment_id,
+        sources=[S.STARTING, S.CHECKING, S.LOADING],
+        target=S.CAPTURING,
+        phase="cuda_graph",
     )
 
 
@@ -226,7 +237,10 @@ def deployment_mark_ready(*, deployment_id: int, engine_url: str = "") -> bool:
     if engine_url:
         fields["engine_url"] = engine_url
     return _transition(
-        deployment_id, sources=[S.STARTING, S.LOADING, S.CAPTURING], target=S.READY, **fields
+        deployment_id,
+        sources=[S.STARTING, S.CHECKING, S.LOADING, S.CAPTURING],
+        target=S.READY,
+        **fields,
     )
 
 
@@ -273,6 +287,7 @@ def deployment_mark_failed(
 
 
 ADVANCE = {
+    "checking": deployment_mark_checking,
     "loading": deployment_mark_loading,
     "capturing": deployment_mark_capturing,
     "ready": deployment_mark_ready,
@@ -329,7 +344,7 @@ class _DeploymentSink:
     def emit(self, events: list[tuple[str, dict[str, Any]]]) -> None:
         changed = False
         for kind, payload in events:
-            if kind == EventKind.PROGRESS:
+            if kind in (EventKind.PROGRESS, EventKind.SELFCHECK):
                 changed = _fold_progress(self.progress, payload) or changed
             elif kind == EventKind.METRIC and payload.get("kind") == "decode_stats":
                 self.decode = payload
@@ -350,10 +365,30 @@ class _DeploymentSink:
         return Deployment.objects.filter(pk=self.deployment_id, status=S.STOPPING).exists()
 
 
+def _fold_selfcheck(progress: dict[str, Any], event: dict[str, Any]) -> None:
+    """The self-check's state for the summary: its checks so far, then the verdict."""
+    kind = event["kind"]
+    if kind == "selfcheck_begin":
+        progress["self_check"] = {"finished": False, "ok": None, "gpus": len(event["gpus"]),
+                                  "widths": {r["role"]: r["width"] for r in event["roles"]},
+                                  "checks": []}
+        return
+    state = progress.setdefault("self_check", {"finished": False, "ok": None, "checks": []})
+    if kind == "selfcheck_check":
+        state["checks"].append({"id": event["id"], "ok": event["ok"]})
+    else:
+        allreduce = event.get("allreduce") or {}
+        state.update(finished=True, ok=event["ok"], elapsed_s=event.get("elapsed_s"),
+                     busbw_gbps=allreduce.get("busbw_gbps"),
+                     checks=[{"id": c["id"], "ok": c["ok"]} for c in event.get("checks", [])])
+
+
 def _fold_progress(progress: dict[str, Any], event: dict[str, Any]) -> bool:
     """Keep the latest shard and graph-capture progress for the detail page and the API."""
     kind = event.get("kind")
-    if kind == "weights_begin":
+    if kind in ("selfcheck_begin", "selfcheck_check", "selfcheck_report"):
+        _fold_selfcheck(progress, event)
+    elif kind == "weights_begin":
         progress["weights"] = {"done": 0, "total": None, "finished": False}
     elif kind == "weights_progress":
         progress["weights"] = {"done": event["done"], "total": event["total"], "finished": False}
@@ -399,11 +434,16 @@ def _container_plan(deployment: Deployment, image: str) -> Any:
     volumes: dict[str, dict[str, str]] = {}
     if settings.MODELS_DIR:
         volumes[str(settings.MODELS_DIR)] = {"bind": "/models", "mode": "ro"}
+    env = {**launch.env, **settings.ENGINE_EXTRA_ENV}
+    if spec.self_check and settings.ENGINE_GPU_CHECK:
+        # The image's entrypoint runs appliance.gpucheck with these before the engine.
+        env["APPLIANCE_GPU_CHECK"] = "1"
+        env["APPLIANCE_GPU_CHECK_ARGS"] = json.dumps(gpu_check_args(spec))
     return ContainerPlan(
         deployment_id=str(deployment.pk),
         image=image,
         argv=launch.argv,
-        env={**launch.env, **settings.ENGINE_EXTRA_ENV},
+        env=env,
         gpus=list(deployment.gpus) if settings.ENGINE_GPU_REQUESTS else [],
         container_port=spec.engine.port,
         network=settings.ENGINE_NETWORK or None,
@@ -436,7 +476,7 @@ class _BuildStopped(Exception):
 
 def _ensure_image(deployment: Deployment) -> str | None:
     """An image tag to run, building it from the recipe when no override is configured."""
-    if deployment.status in {S.STARTING, S.LOADING, S.CAPTURING}:
+    if deployment.status in {S.STARTING, S.CHECKING, S.LOADING, S.CAPTURING}:
         return deployment.image  # adopted after a worker restart: the container may be running
     if settings.ENGINE_IMAGE:
         image = str(settings.ENGINE_IMAGE)
@@ -454,12 +494,25 @@ def _build(deployment: Deployment) -> str | None:
 
     pk = deployment.pk
     cancel = threading.Event()
+    finished = threading.Event()
 
     def on_event(event: Any) -> None:
         events_append(deployment_id=pk, events=[(EventKind.BUILD, event.to_dict())])
-        if Deployment.objects.filter(pk=pk, status=S.STOPPING).exists():
-            cancel.set()
 
+    def watch_for_stop() -> None:
+        # A RUN step can be silent for minutes (a CUDA kernel compile), so a stop request
+        # (panel or API: the status leaves `building`) is looked for on a clock, not only
+        # when the build says something; build_image then kills the running step.
+        try:
+            while not finished.wait(settings.BUILD_CANCEL_POLL_MS / 1000):
+                if not Deployment.objects.filter(pk=pk, status=S.BUILDING).exists():
+                    cancel.set()
+                    return
+        finally:
+            db_connection.close()
+
+    watcher = threading.Thread(target=watch_for_stop, name=f"build-stop-{pk}", daemon=True)
+    watcher.start()
     try:
         result = build_image(
             plan_build(recipe_load(deployment.recipe)),
@@ -481,6 +534,12 @@ def _build(deployment: Deployment) -> str | None:
             deployment_id=pk, diagnosis=diagnosis, last_lines=list(exc.last_output_lines)
         )
         raise _BuildStopped(S.FAILED) from None
+    finally:
+        finished.set()
+        watcher.join(timeout=5)
+    if cancel.is_set():  # stopped just as the last step finished: honour the stop
+        deployment_mark_stopped(deployment_id=pk)
+        raise _BuildStopped(S.STOPPED)
     return str(result.tag)
 
 

@@ -4,8 +4,9 @@
 argv is the engine command as a list (never a shell string), e.g.
 `python3 -m sglang.launch_server --model-path ...`. With APPLIANCE_GPU_CHECK=1 the
 self-check (/opt/appliance/gpucheck.py) runs first, with APPLIANCE_GPU_CHECK_ARGS
-(JSON list) as its arguments, so a bad GPU, driver, NCCL or graph width is found in
-seconds instead of after the model load. A failed check exits with its status.
+(JSON list) as its arguments and --stream, so a bad GPU, driver, NCCL or graph width is
+found in seconds instead of after the model load, and every result reaches the panel as
+it happens. A failed check exits with its status and the engine never starts.
 """
 
 from __future__ import annotations
@@ -23,16 +24,17 @@ def check_argv() -> list[str]:
     extra = json.loads(raw)
     if not isinstance(extra, list) or not all(isinstance(a, str) for a in extra):
         raise SystemExit("APPLIANCE_GPU_CHECK_ARGS must be a JSON list of strings")
-    return [sys.executable, GPUCHECK, *extra]
+    return [sys.executable, GPUCHECK, "--stream", *extra]
 
 
 def run_gpu_check() -> int:
-    if not os.path.exists(GPUCHECK):
+    print("appliance: GPU self-check begin", flush=True)
+    if os.path.exists(GPUCHECK):
+        rc = subprocess.run(check_argv(), check=False).returncode
+    else:
         print(f"appliance: APPLIANCE_GPU_CHECK=1 but {GPUCHECK} is not in this image",
               file=sys.stderr, flush=True)
-        return 2
-    print("appliance: GPU self-check begin", flush=True)
-    rc = subprocess.run(check_argv(), check=False).returncode
+        rc = 2
     print(f"appliance: GPU self-check end rc={rc}", flush=True)
     return rc
 

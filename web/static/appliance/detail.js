@@ -3,7 +3,7 @@
   "use strict";
   const script = document.currentScript;
   const streamUrl = script.dataset.stream;
-  const order = ["queued", "building", "starting", "loading", "capturing", "ready"];
+  const order = ["queued", "building", "starting", "checking", "loading", "capturing", "ready"];
   const logPane = document.getElementById("log");
   const autoscroll = document.getElementById("autoscroll");
   const statusEl = document.getElementById("status");
@@ -92,6 +92,57 @@
     else if (b.kind === "cache_hit" || b.kind === "built") bar("build", 1, 1, b.text || "");
   }
 
+  const selfcheck = {reported: false};
+  function showSelfcheck(c) {
+    const card = document.getElementById("selfcheck");
+    const text = document.getElementById("selfcheck-text");
+    card.hidden = false;
+    switch (c.kind) {
+      case "selfcheck_start": text.textContent = "running"; break;
+      case "selfcheck_begin": {
+        const widths = (c.roles || []).map(function (r) { return r.role + " " + r.width + " wide (" + r.mask + ")"; });
+        text.textContent = "running on " + (c.gpus || []).length + " GPU(s)" + (widths.length ? "; CUDA graphs: " + widths.join(", ") : "");
+        break;
+      }
+      case "selfcheck_gpus": {
+        const names = (c.gpus || []).map(function (g) { return g.name; });
+        document.getElementById("selfcheck-gpus").textContent = names.length + " × " + (names[0] || "GPU") +
+          ", driver " + c.driver_version + " (CUDA " + c.cuda_driver_version + ")";
+        break;
+      }
+      case "selfcheck_check": {
+        const li = document.createElement("li");
+        li.className = "finding check " + (c.ok ? "check-ok" : "check-fail");
+        const b = document.createElement("b");
+        b.textContent = c.ok ? "ok" : "FAIL";
+        li.appendChild(b);
+        li.appendChild(document.createTextNode(" [" + c.id + "] " + c.message));
+        if (!c.ok && c.fix) {
+          const fix = document.createElement("i");
+          fix.textContent = " Fix: " + c.fix;
+          li.appendChild(fix);
+        }
+        document.getElementById("selfcheck-checks").appendChild(li);
+        break;
+      }
+      case "selfcheck_report": {
+        selfcheck.reported = true;
+        const ar = c.allreduce || {};
+        const bw = ar.ok && ar.world_size > 1 ? "; all-reduce bus bandwidth " + ar.busbw_gbps + " GB/s" : "";
+        text.textContent = (c.ok ? "passed" : "FAILED") + " in " + c.elapsed_s + " s" + bw;
+        text.className = c.ok ? "check-ok" : "check-fail";
+        break;
+      }
+      case "selfcheck_exit":
+        if (c.rc !== 0 && !selfcheck.reported) {
+          text.textContent = "FAILED: the check exited with code " + c.rc + " without a report";
+          text.className = "check-fail";
+        }
+        break;
+      default: break;
+    }
+  }
+
   function handle(event) {
     const p = event.payload || {};
     switch (event.kind) {
@@ -101,6 +152,7 @@
       case "metric": if (p.kind === "decode_stats") showDecode(p); break;
       case "diagnosis": showDiagnosis(p); break;
       case "build": build(p); break;
+      case "selfcheck": showSelfcheck(p); break;
       case "end": setStatus(p.status); source.close(); conn.textContent = "ended"; break;
       default: break;
     }
