@@ -7,7 +7,9 @@ image and the build is skipped. Builds go through docker-py's low-level API so e
 
 CA bundle (TLS-intercepting proxies): the daemon here is the legacy builder, which has
 no build secrets and no `RUN --mount`. We pass the PEM as the build arg
-APPLIANCE_CA_PEM; `with-ca.sh` writes it to a temporary file for the download commands
+APPLIANCE_CA_PEM_0..3 (a build arg becomes one environment string of the RUN command,
+and Linux refuses a single one over 128 KiB, while a distribution's whole bundle is about
+200 KiB); `with-ca.sh` joins them into a temporary file for the download commands
 only and deletes it in the same RUN, so no layer's filesystem holds it. The honest
 caveat: the legacy builder records build-arg values in the image history (`docker
 history --no-trunc`). A CA certificate is public (its key never leaves the proxy), so we
@@ -41,6 +43,9 @@ PATCHES_DIR = Path(__file__).resolve().parent / "patches"
 GPUCHECK_FILE = Path(__file__).resolve().parent / "gpucheck.py"
 DEFAULT_BASE_IMAGE = "nvidia/cuda:13.0.1-cudnn-devel-ubuntu24.04"
 PATCH_FAILED_MARKER = "APPLIANCE_PATCH_FAILED"
+CA_ARG_PREFIX = "APPLIANCE_CA_PEM_"
+CA_ARG_COUNT = 4  # as many ARG lines as docker/engine/Dockerfile declares
+CA_CHUNK_BYTES = 96 * 1024  # under Linux's 128 KiB limit for one environment string
 LAST_LINES = 30
 
 STEP_RE = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
@@ -267,9 +272,19 @@ def plan_build(
     args = _buildargs(recipe, _local_git_dir(recipe.sglang.git) is not None)
     tag = _content_tag(recipe, files, args)
     if ca_bundle is not None:
-        args["APPLIANCE_CA_PEM"] = Path(ca_bundle).read_text()
+        args |= ca_buildargs(Path(ca_bundle).read_text())
     labels = {"appliance.recipe": recipe.name, "appliance.content-tag": tag}
     return BuildPlan(tag=tag, files=files, buildargs=args, labels=labels)
+
+
+def ca_buildargs(pem: str) -> dict[str, str]:
+    """A CA bundle as the build args with-ca.sh joins back together, in order."""
+    chunks = [pem[i:i + CA_CHUNK_BYTES] for i in range(0, len(pem), CA_CHUNK_BYTES)]
+    if len(chunks) > CA_ARG_COUNT:
+        limit = CA_ARG_COUNT * CA_CHUNK_BYTES // 1024
+        raise BuildError(f"the CA bundle is {len(pem) // 1024} KiB; at most {limit} KiB fits "
+                         "in the build: pass only the proxy's CA certificate")
+    return {f"{CA_ARG_PREFIX}{i}": chunk for i, chunk in enumerate(chunks)}
 
 
 def context_tar(files: Mapping[str, bytes]) -> io.BytesIO:

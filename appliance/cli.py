@@ -1,6 +1,7 @@
 """`appliance` command line: JSON on stdout by default, human text with --text.
 
-Exit codes: 0 fine, 1 pre-flight found an error (or a command failed), 2 bad spec or usage.
+Exit codes: 0 fine, 1 pre-flight found an error (or a command failed), 2 bad spec or usage,
+130 a build cancelled with Ctrl-C.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import argparse
 import json
 import sys
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any, TextIO
 
 from appliance.recipes import Recipe, RecipeError, load_recipe
@@ -120,6 +122,87 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+EXIT_CANCELLED = 130
+
+
+def _build_line(kind: str, data: dict[str, Any], text: bool) -> None:
+    if not text:
+        print(json.dumps({"kind": kind, **data}), flush=True)
+    elif kind == "build_step":
+        print(f"step {data['step']}/{data['total']}: {data['text']}", flush=True)
+    elif kind != "build_progress":  # download bars: JSON only
+        print(f"  {data.get('text', '')}" if kind == "build_log" else data.get("text", ""),
+              flush=True)
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    """Build (or find) a recipe's engine image, streaming each step; Ctrl-C cancels."""
+    import threading
+
+    from docker.client import from_env
+
+    from appliance.build import BuildCancelled, BuildError, BuildFailed, build_image, plan_build
+
+    try:
+        recipe = load_recipe(args.recipe)
+        plan = plan_build(recipe, ca_bundle=args.ca_bundle)
+    except RecipeError as exc:
+        return _bad_input(exc.errors, args.text)
+    except BuildError as exc:
+        return _bad_input([FieldError("recipe.patches", str(exc), "fix the patch entry")],
+                          args.text)
+    client = from_env()
+    if args.plan:
+        from appliance.build import image_exists
+
+        exists = image_exists(client, plan.tag)
+        names = sorted(k for k in plan.buildargs if not k.startswith("APPLIANCE_CA_PEM"))
+        if args.text:
+            print(f"{plan.tag} ({'built' if exists else 'not built'})")
+        else:
+            _emit({"tag": plan.tag, "exists": exists, "buildargs": names})
+        return EXIT_OK
+    cancel, finished = threading.Event(), threading.Event()
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["result"] = build_image(
+                plan, client=client, no_cache=args.no_cache, cancel=cancel,
+                on_event=lambda e: _build_line(e.kind, e.to_dict(), args.text))
+        except BaseException as exc:  # handed to the main thread below
+            outcome["error"] = exc
+        finally:
+            finished.set()
+
+    # The build runs on a thread so Ctrl-C (in the main thread) can cancel it; an Event,
+    # not Thread.join, is waited on: an interrupted join can report a live thread as gone.
+    threading.Thread(target=run, name="appliance-build", daemon=True).start()
+    try:
+        while not finished.wait(0.2):
+            pass
+    except KeyboardInterrupt:
+        cancel.set()  # build_image kills the running step's container, then raises
+        finished.wait(60)
+    error = outcome.get("error")
+    if isinstance(error, BuildCancelled):
+        _build_line("cancelled", {"text": "build cancelled"}, args.text)
+        return EXIT_CANCELLED
+    if isinstance(error, BuildFailed):
+        _build_line("failed", {"text": f"build failed: {error.message}", **error.to_dict()},
+                    args.text)
+        if args.text:
+            for line in error.last_output_lines[-15:]:
+                print(f"  | {line}")
+        return EXIT_FINDINGS
+    if error is not None:
+        raise error
+    if "result" not in outcome:
+        print("the build did not end within 60 s of the cancel", file=sys.stderr)
+        return EXIT_FINDINGS
+    return EXIT_OK
+
+
 def cmd_gpu_check(rest: list[str]) -> int:
     from appliance import gpucheck  # type: ignore[attr-defined,unused-ignore]
 
@@ -146,6 +229,13 @@ def build_parser() -> argparse.ArgumentParser:
     cmd.add_argument("file", help="log file, or - for stdin")
     cmd.add_argument("--all", action="store_true", help="also print lines that match nothing")
     cmd.set_defaults(func=cmd_parse_log)
+    cmd = add("build", "build a recipe's engine image (skipped when built); Ctrl-C cancels")
+    cmd.add_argument("recipe", help="recipe name or YAML file")
+    cmd.add_argument("--no-cache", action="store_true", help="rebuild even when built")
+    cmd.add_argument("--ca-bundle", type=Path, default=None,
+                     help="PEM bundle of a TLS-intercepting proxy, for the download steps")
+    cmd.add_argument("--plan", action="store_true", help="print the tag and whether it exists")
+    cmd.set_defaults(func=cmd_build)
     cmd = add("diagnose", "print the most likely failure cause of an engine log")
     cmd.add_argument("file", help="log file, or - for stdin")
     cmd.set_defaults(func=cmd_diagnose)

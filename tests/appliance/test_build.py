@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import subprocess
 import threading
@@ -226,7 +227,7 @@ def test_the_ca_bundle_reaches_the_download_steps_but_not_the_image_filesystem(
     for entry in image.history():
         created_by = entry.get("CreatedBy", "")
         if marker in created_by:  # only as the recorded build arg (see appliance/build.py)
-            assert "APPLIANCE_CA_PEM=" in created_by
+            assert "APPLIANCE_CA_PEM_0=" in created_by
     remove_image(client, plan.tag)
 
 
@@ -255,3 +256,125 @@ def test_the_entrypoint_runs_the_gpu_check_first_and_stops_when_it_fails(
                                 remove=True)
     assert out.decode().strip() == "engine started"
     remove_image(client, plan.tag)
+
+
+# ------------------------------------------------------------ `appliance build` command
+
+
+def write_recipe_file(directory: Path, name: str, repo: Path, patches: list[str],
+                      extras: str = "") -> Path:
+    path = directory / f"{name}.yaml"
+    commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], check=True,
+                            capture_output=True, text=True).stdout.strip()
+    path.write_text(
+        f"name: {name}\nbase_image: {BASE_IMAGE}\n"
+        f"sglang:\n  git: {repo}\n  ref: {commit}\n  flags: sglang-0.5.23\n"
+        f"patches: [{', '.join(patches)}]\npip_extras: [{extras}]\n"
+        "build_args:\n  SGLANG_INSTALL_DEPS: '0'\n"
+    )
+    return path
+
+
+def appliance(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "appliance", *args], capture_output=True,
+                          text=True, timeout=timeout, cwd=Path(__file__).resolve().parents[2])
+
+
+def test_the_build_command_streams_steps_then_skips_a_built_image_unless_no_cache(
+    client: Any, workdir: Path
+) -> None:
+    recipe = write_recipe_file(workdir, "cli-tiny", workdir / "sglang", ["width.patch"])
+    planned = appliance("build", str(recipe), "--plan")
+    assert planned.returncode == 0, planned.stdout + planned.stderr
+    tag = json.loads(planned.stdout)["tag"]
+    remove_image(client, tag)
+    try:
+        first = appliance("build", str(recipe), "--text")
+        assert first.returncode == 0, first.stdout + first.stderr
+        steps = [line for line in first.stdout.splitlines() if line.startswith("step ")]
+        total = len(steps)
+        assert steps and [s.split(":")[0] for s in steps] == [
+            f"step {i}/{total}" for i in range(1, total + 1)]
+        assert "applied width.patch" in first.stdout
+        assert first.stdout.rstrip().splitlines()[-1].startswith(f"built {tag}")
+
+        again = appliance("build", str(recipe), "--text")
+        assert again.returncode == 0
+        assert again.stdout.strip() == f"image {tag} already built; skipping the build"
+
+        forced = appliance("build", str(recipe), "--no-cache")
+        kinds = [json.loads(line)["kind"] for line in forced.stdout.splitlines()]
+        assert forced.returncode == 0 and "cache_hit" not in kinds
+        assert kinds.count("build_step") == total and kinds[-1] == "built"
+        assert appliance("build", str(recipe), "--plan", "--text").stdout.strip() == \
+            f"{tag} (built)"
+    finally:
+        remove_image(client, tag)
+
+
+def test_the_build_command_names_a_patch_that_does_not_apply_and_exits_one(
+    client: Any, workdir: Path
+) -> None:
+    recipe = write_recipe_file(workdir, "cli-stale", workdir / "sglang", ["stale.patch"])
+    done = appliance("build", str(recipe), "--text")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "build failed: patch stale.patch does not apply: file python/sglang/graph.py, " \
+           "hunk #1" in done.stdout
+
+
+def test_ctrl_c_cancels_the_build_command_and_its_running_step(
+    client: Any, workdir: Path, tmp_path: Path
+) -> None:
+    import signal
+    import sys
+
+    repo = tmp_path / "slow-sglang"
+    (repo / "python" / "sglang").mkdir(parents=True)
+    (repo / "python" / "sglang" / "__init__.py").write_text('__version__ = "0.0.1"\n')
+    (repo / "slow-extra").mkdir()
+    (repo / "slow-extra" / "setup.py").write_text(
+        "import time\ntime.sleep(600)\nfrom setuptools import setup\nsetup(name='slow')\n")
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "add", ".")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "slow")
+    extras = '"--no-build-isolation", "--no-deps", "--no-index", "/opt/sglang/slow-extra"'
+    recipe = write_recipe_file(tmp_path, "cli-slow", repo, [], extras)
+    proc = subprocess.Popen([sys.executable, "-m", "appliance", "build", str(recipe), "--text"],
+                            stdout=subprocess.PIPE, text=True,
+                            cwd=Path(__file__).resolve().parents[2])
+
+    def step_containers() -> list[Any]:
+        return [c for c in client.api.containers(all=True)  # one call: no per-container race
+                if "install-sglang" in c.get("Command", "")]
+
+    try:
+        deadline = time.monotonic() + 120
+        while not step_containers():
+            assert proc.poll() is None and time.monotonic() < deadline, "no slow step started"
+            time.sleep(0.3)
+        time.sleep(1)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, out
+    assert out.rstrip().splitlines()[-1] == "build cancelled"
+    deadline = time.monotonic() + 30
+    while step_containers() and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert not step_containers()
+
+
+def test_a_whole_system_ca_bundle_is_split_under_the_kernels_per_variable_limit() -> None:
+    from appliance.build import CA_CHUNK_BYTES, BuildError, ca_buildargs
+
+    pem = "-----BEGIN CERTIFICATE-----\n" + "A" * 64 + "\n-----END CERTIFICATE-----\n"
+    bundle = pem * 2000  # ~230 KiB, like Debian's ca-certificates.crt
+    args = ca_buildargs(bundle)
+    assert list(args) == ["APPLIANCE_CA_PEM_0", "APPLIANCE_CA_PEM_1", "APPLIANCE_CA_PEM_2"]
+    assert all(len(v.encode()) <= CA_CHUNK_BYTES < 128 * 1024 for v in args.values())
+    assert "".join(args.values()) == bundle
+    with pytest.raises(BuildError, match="pass only the proxy's CA certificate"):
+        ca_buildargs(pem * 5000)

@@ -104,14 +104,16 @@ def test_a_built_image_runs_the_real_self_check_first_and_the_next_deployment_hi
     first = _baseline(site_recipe, "built-1")
     # The image holds the real appliance/gpucheck.py; this machine has no GPU, no NVML and
     # no torch, so the real check fails and the deployment stops before any model load.
-    assert tasks.deploy.apply(args=[first.pk]).get() == S.FAILED
+    with override_settings(BUILD_CA_BUNDLE="/etc/ssl/certs/ca-certificates.crt"):
+        assert tasks.deploy.apply(args=[first.pk]).get() == S.FAILED
     first.refresh_from_db()
-    assert first.image.startswith("appliance-engine:site-test-engine-")
+    assert first.image.startswith("appliance-engine:site-test-engine-"), first.last_lines
     events = list(first.events.order_by("seq"))
     steps = [e.payload for e in events if e.kind == "build" and e.payload["kind"] == "build_step"]
     assert steps and [s["step"] for s in steps] == list(range(1, steps[-1]["total"] + 1))
     phases = [e.payload["status"] for e in events if e.kind == "phase"]
     assert phases == ["building", "starting", "checking", "failed"]
+    assert any("CA bundle in use" in e.payload["text"] for e in events if e.kind == "build")
     last_build = max(e.seq for e in events if e.kind == "build")
     starting = next(e.seq for e in events if e.kind == "phase" and e.payload["status"] == "starting")
     assert last_build < starting, "the build finishes before the engine starts"
@@ -171,8 +173,8 @@ def test_a_stop_through_the_api_cancels_a_silent_build_step(operator, token_for,
         _wait("the pip-extras build step", silent_step)
 
         def step_containers() -> list[Any]:
-            return [c for c in client.containers.list(all=True)
-                    if "install-sglang" in " ".join(c.attrs.get("Args") or [])]
+            return [c for c in client.api.containers(all=True)  # one call: no per-container race
+                    if "install-sglang" in c.get("Command", "")]
 
         _wait("the silent step's RUN container", step_containers)
         time.sleep(2)  # the step is now inside the silent setup.py

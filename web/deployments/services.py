@@ -514,8 +514,9 @@ def _build(deployment: Deployment) -> str | None:
     watcher = threading.Thread(target=watch_for_stop, name=f"build-stop-{pk}", daemon=True)
     watcher.start()
     try:
+        ca_bundle = Path(settings.BUILD_CA_BUNDLE) if settings.BUILD_CA_BUNDLE else None
         result = build_image(
-            plan_build(recipe_load(deployment.recipe)),
+            plan_build(recipe_load(deployment.recipe), ca_bundle=ca_bundle),
             client=_runtime().client,
             cancel=cancel,
             on_event=on_event,
