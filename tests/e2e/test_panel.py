@@ -3,7 +3,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,21 +29,56 @@ CHROMIUM_ARGS = [
 ]
 
 
-@pytest.fixture
-def stack(tmp_path: Path, test_engine_image: str):  # type: ignore[no-untyped-def]  # noqa: F811
+@contextlib.contextmanager
+def _stack(tmp_path: Path, env: dict[str, str]) -> Iterator[str]:
     redis.Redis.from_url(settings.REDIS_URL).flushdb()  # no stale tasks from other tests
-    env = {
-        "APPLIANCE_ENGINE_IMAGE": test_engine_image,
-        "APPLIANCE_ENGINE_GPU_REQUESTS": "0",
-        "APPLIANCE_ENGINE_EXTRA_ENV": "TEST_ENGINE_PACE_S=0.06,TEST_ENGINE_SHARDS=12",
-        "APPLIANCE_ENGINE_STOP_TIMEOUT_S": "5",
-    }
     with celery_worker(tmp_path / "worker.log", **env), \
             panel_server(tmp_path / "web.log", **env) as url:
         yield url
     client = docker.from_env()
     for container in client.containers.list(all=True, filters={"label": "appliance.deployment"}):
         container.remove(force=True)
+
+
+@pytest.fixture
+def stack(tmp_path: Path, test_engine_image: str):  # type: ignore[no-untyped-def]  # noqa: F811
+    env = {
+        "APPLIANCE_ENGINE_IMAGE": test_engine_image,
+        "APPLIANCE_ENGINE_GPU_REQUESTS": "0",
+        "APPLIANCE_ENGINE_EXTRA_ENV": "TEST_ENGINE_PACE_S=0.06,TEST_ENGINE_SHARDS=12",
+        "APPLIANCE_ENGINE_STOP_TIMEOUT_S": "5",
+    }
+    with _stack(tmp_path, env) as url:
+        yield url
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t",
+                           *args], check=True, capture_output=True, text=True).stdout.strip()
+
+
+@pytest.fixture
+def building_stack(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """No configured image: deployments build theirs from a site recipe whose SGLang source
+    is the test engine's package (CI cannot fetch SGLang)."""
+    repo = tmp_path / "sglang"
+    shutil.copytree(ROOT / "docker" / "test-engine" / "sglang", repo / "python" / "sglang")
+    _git(repo, "init", "-q", "-b", "main")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "test engine as an SGLang source tree")
+    recipes = tmp_path / "recipes"
+    recipes.mkdir()
+    (recipes / "site-test-engine.yaml").write_text(
+        "name: site-test-engine\nbase_image: appliance-base:bookworm\n"
+        f"sglang:\n  git: {repo}\n  ref: {_git(repo, 'rev-parse', 'HEAD')}\n"
+        "  flags: sglang-0.5.23\npatches: []\nbuild_args:\n  SGLANG_INSTALL_DEPS: '0'\n")
+    env = {"APPLIANCE_ENGINE_IMAGE": "", "APPLIANCE_RECIPES_DIR": str(recipes),
+           "APPLIANCE_ENGINE_GPU_REQUESTS": "0", "APPLIANCE_ENGINE_STOP_TIMEOUT_S": "5"}
+    with _stack(tmp_path, env) as url:
+        yield url
+    client = docker.from_env()
+    for image in client.images.list(filters={"label": "appliance.recipe=site-test-engine"}):
+        client.images.remove(image.id, force=True)
 
 
 @pytest.fixture
@@ -102,3 +141,35 @@ def test_an_operator_deploys_watches_it_come_up_live_and_stops_it(operator, stac
     expect(page.locator("#status")).to_have_text("stopped", timeout=30_000)
     page.goto(f"{stack}/")
     expect(page.locator("table.list")).to_contain_text("stopped")
+
+
+def test_a_built_image_runs_the_real_self_check_and_the_panel_shows_why_it_stopped(  # type: ignore[no-untyped-def]
+        operator, building_stack, page):
+    _login(page, building_stack)
+    page.click("text=New deployment")
+    page.fill("#id_name", "built-here")
+    page.select_option("#id_recipe", "site-test-engine")
+    page.fill("#id_model_path", "/models/Kimi-K2.6")
+    page.select_option("#id_algorithm", "NONE")
+    page.fill("#id_tp_size", "1")
+    page.fill("#id_gpu_ids", "0")
+    page.check("#id_confirm_warnings")
+    page.click("#deploy")
+    expect(page.locator("h1")).to_have_text("built-here")
+    # The build streams step i / N, then the image's real gpucheck runs before any load.
+    expect(page.locator("#build-text")).to_contain_text("step ", timeout=30_000)
+    expect(page.locator("#selfcheck-checks")).to_contain_text("pynvml is not importable",
+                                                              timeout=90_000)
+    expect(page.locator("#status")).to_have_text("failed", timeout=30_000)
+    expect(page.locator("#build-text")).to_contain_text("built appliance-engine:site-test-engine-")
+    expect(page.locator("#selfcheck-text")).to_contain_text("FAILED")
+    expect(page.locator("#selfcheck-checks .check-fail")).to_have_count(2)
+    expect(page.locator("#diag-cause")).to_have_text("gpu-selfcheck-failed")
+    expect(page.locator("#diag-fix")).to_have_text("install nvidia-ml-py in the engine image")
+    for phase in ("queued", "building", "starting"):
+        expect(page.locator(f"#timeline li[data-phase={phase}]")).to_have_class("done")
+    expect(page.locator("#timeline li[data-phase=checking]")).to_have_class("failed")
+    expect(page.locator("#timeline li[data-phase=loading]")).to_have_class("")
+    expect(page.locator("#log")).not_to_contain_text("Load weight begin")
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "detail-selfcheck-failed.png"), full_page=True)

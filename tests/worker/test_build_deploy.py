@@ -57,13 +57,14 @@ def _source_repo(tmp_path: Path, slow_extra: bool = False) -> tuple[Path, str]:
     return repo, _git(repo, "rev-parse", "HEAD")
 
 
-def _write_recipe(recipes: Path, name: str, repo: Path, commit: str, extras: str = "") -> None:
+def _write_recipe(recipes: Path, name: str, repo: Path, commit: str, extras: str = "",
+                  patches: str = "") -> None:
     recipes.mkdir(exist_ok=True)
     (recipes / f"{name}.yaml").write_text(
         f"name: {name}\n"
         "base_image: appliance-base:bookworm\n"
         f"sglang:\n  git: {repo}\n  ref: {commit}\n  flags: sglang-0.5.23\n"
-        "patches: []\n"
+        f"patches: [{patches}]\n"
         f"pip_extras: [{extras}]\n"
         "build_args:\n  SGLANG_INSTALL_DEPS: '0'\n"
     )
@@ -133,6 +134,42 @@ def test_a_built_image_runs_the_real_self_check_first_and_the_next_deployment_hi
     assert second.image == first.image
     phases = [e.payload["status"] for e in second.events.filter(kind="phase").order_by("seq")]
     assert phases == ["building", "starting", "loading", "capturing", "ready"]
+
+
+STALE_PATCH = "\n".join([
+    "--- a/python/sglang/__init__.py",
+    "+++ b/python/sglang/__init__.py",
+    "@@ -1,3 +1,3 @@",
+    '-"""The real SGLang, which this test source is not.',
+    '+"""Patched.',
+    " ",  # the blank context line of a unified diff is one space
+    " It is NOT SGLang. It installs itself as the `sglang` package inside the test engine",
+    "",
+])
+
+
+def test_a_patch_that_does_not_apply_fails_the_deployment_naming_patch_file_and_hunk(
+        site_recipe, tmp_path):  # type: ignore[no-untyped-def]
+    recipes = Path(settings.RECIPES_DIR)
+    (recipes / "stale.patch").write_text(STALE_PATCH)
+    repo, commit = tmp_path / "sglang", _git(tmp_path / "sglang", "rev-parse", "HEAD")
+    _write_recipe(recipes, "site-stale-patch", repo, commit, patches="stale.patch")
+    deployment = _baseline("site-stale-patch", "stale")
+    assert tasks.deploy.apply(args=[deployment.pk]).get() == S.FAILED
+    deployment.refresh_from_db()
+    diagnosis = deployment.diagnosis
+    assert diagnosis["cause"] == "image-build-failed"
+    assert "patch stale.patch does not apply: file python/sglang/__init__.py, hunk #1" in \
+        diagnosis["summary"]
+    evidence = diagnosis["evidence"]
+    assert (evidence["patch"], evidence["file"], evidence["hunk"]) == (
+        "stale.patch", "python/sglang/__init__.py", 1)
+    assert "apply_patches.py" in evidence["step_text"]
+    assert deployment.last_lines and any("FAILED" in line for line in deployment.last_lines)
+    phases = [e.payload["status"] for e in deployment.events.filter(kind="phase").order_by("seq")]
+    assert phases == ["building", "failed"]
+    assert not deployment.image and not docker.from_env().containers.list(
+        all=True, filters={"label": f"appliance.deployment={deployment.pk}"})
 
 
 def _wait(what: str, check: Any, limit_s: float = 120) -> Any:

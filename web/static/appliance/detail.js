@@ -10,15 +10,19 @@
   const conn = document.getElementById("conn");
   const maxLines = 5000;
 
+  let furthest = -1;  // the last phase reached: a failure is shown where it happened
   function setStatus(status) {
     statusEl.textContent = status;
     statusEl.className = "status status-" + status;
     statusEl.dataset.status = status;
-    const reached = order.indexOf(status);
+    const inOrder = order.indexOf(status);
+    if (inOrder >= 0) furthest = inOrder;
+    const reached = inOrder >= 0 ? inOrder : furthest;
     document.querySelectorAll("#timeline li").forEach(function (li) {
       const i = order.indexOf(li.dataset.phase);
       li.classList.toggle("done", reached >= 0 && i < reached);
-      li.classList.toggle("current", i === reached);
+      li.classList.toggle("current", inOrder >= 0 && i === reached);
+      li.classList.toggle("failed", status === "failed" && i === reached);
     });
     if (status === "stopped" || status === "failed") {
       const stop = document.getElementById("stop");
