@@ -14,5 +14,11 @@ run() {  # name, then gpucheck arguments
 }
 run h200_selfcheck_ddtree_ok --gpus 0 --algorithm DDTREE --block-size 8 --budget 32
 run h200_selfcheck_dflash_ok --gpus 0 --algorithm DFLASH --block-size 8
-run h200_selfcheck_gpu_missing --gpus 0,1 --algorithm DDTREE --block-size 8 --budget 32
+count=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)
+all=$(seq -s, 0 $((count - 1)))
+run h200_selfcheck_gpu_missing --gpus "$all,$count" --algorithm DDTREE --block-size 8 --budget 32
+if [ "$count" -gt 1 ]; then
+  nvidia-smi topo -m
+  run "h200x${count}_selfcheck_ddtree_ok" --gpus "$all" --algorithm DDTREE --block-size 8 --budget 32
+fi
 python3 -m pytest tests/gpu --confcutdir=tests/gpu -p no:django -p no:cacheprovider -q 2>&1 | tail -15
