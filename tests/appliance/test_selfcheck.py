@@ -130,3 +130,15 @@ def test_self_check_must_be_a_boolean() -> None:
     assert [e.field for e in error.value.errors] == ["self_check"]
     assert spec_from_dict(spec()).self_check is True
     assert spec_from_dict(spec(self_check=False)).self_check is False
+
+
+def test_the_real_two_h200_stream_carries_peer_access_nvlink_and_the_bus_bandwidth() -> None:
+    events = _events(_lines("h200x2_selfcheck_ddtree_ok"))
+    checks = {e["id"]: e for e in events if e["kind"] == "selfcheck_check"}
+    assert checks["peer-access"]["ok"] and checks["allreduce"]["ok"]
+    report = events[-1]
+    assert report["kind"] == "selfcheck_report" and report["ok"] is True
+    assert report["topology"]["matrix"] == [["X", "NV18"], ["NV18", "X"]]
+    allreduce = report["allreduce"]
+    assert allreduce["world_size"] == 2 and allreduce["busbw_gbps"] > 100
+    assert allreduce["busbw_gbps"] == gpucheck.bus_bandwidth(allreduce["algbw_gbps"], 2)

@@ -171,5 +171,8 @@ def test_a_built_image_runs_the_real_self_check_and_the_panel_shows_why_it_stopp
     expect(page.locator("#timeline li[data-phase=checking]")).to_have_class("failed")
     expect(page.locator("#timeline li[data-phase=loading]")).to_have_class("")
     expect(page.locator("#log")).not_to_contain_text("Load weight begin")
+    # The build's own output is in the log too, before the container's first line.
+    expect(page.locator("#log .build").first).to_contain_text("build step 1/")
+    expect(page.locator("#log")).to_contain_text("appliance: no patches to apply")
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "detail-selfcheck-failed.png"), full_page=True)

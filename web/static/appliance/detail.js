@@ -70,7 +70,7 @@
 
   function appendLog(text, stream) {
     const line = document.createElement("span");
-    line.className = "line" + (stream === "stderr" ? " stderr" : "");
+    line.className = "line" + (stream === "stderr" || stream === "build" ? " " + stream : "");
     line.textContent = text + "\n";
     logPane.appendChild(line);
     while (logPane.childNodes.length > maxLines) logPane.removeChild(logPane.firstChild);
@@ -92,8 +92,15 @@
   }
 
   function build(b) {
-    if (b.kind === "build_step") bar("build", b.step, b.total, "step " + b.step + " / " + b.total + ": " + (b.text || ""));
-    else if (b.kind === "cache_hit" || b.kind === "built") bar("build", 1, 1, b.text || "");
+    if (b.kind === "build_step") {
+      bar("build", b.step, b.total, "step " + b.step + " / " + b.total + ": " + (b.text || ""));
+      appendLog("build step " + b.step + "/" + b.total + ": " + (b.text || ""), "build");
+    } else if (b.kind === "cache_hit" || b.kind === "built") {
+      bar("build", 1, 1, b.text || "");
+      appendLog(b.text || "", "build");
+    } else if (b.kind === "build_log") {
+      appendLog(b.text || "", "build");
+    }
   }
 
   const selfcheck = {reported: false};
