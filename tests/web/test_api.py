@@ -30,6 +30,21 @@ def test_an_operator_creates_a_deployment_with_a_token(operator, token_for):  # 
     body = response.json()
     assert body["status"] == "queued" and body["name"] == "kimi-ddtree"
     assert Deployment.objects.filter(pk=body["id"]).exists()
+    assert body["rebuild_image"] is False and body["spec"]["self_check"] is True
+
+
+def test_a_rebuild_can_be_asked_for_and_a_non_boolean_is_a_field_error(operator, token_for):  # type: ignore[no-untyped-def]
+    api = _client(token_for(operator))
+    response = api.post("/api/deployments/", {"spec": spec(), "confirm_warnings": True,
+                                              "rebuild_image": True}, format="json")
+    assert response.status_code == 201 and response.json()["rebuild_image"] is True
+    bad = api.post("/api/deployments/", {"spec": spec(name="other"), "confirm_warnings": True,
+                                         "rebuild_image": "sometimes"}, format="json")
+    assert bad.status_code == 400 and "rebuild_image" in bad.json()
+    bad = api.post("/api/deployments/", {"spec": spec(name="other", self_check="sometimes"),
+                                         "confirm_warnings": True}, format="json")
+    assert bad.status_code == 400 and "self_check" in str(bad.json())
+    assert Deployment.objects.count() == 1
 
 
 def test_a_viewer_reads_but_cannot_create_or_stop(viewer, operator, token_for):  # type: ignore[no-untyped-def]

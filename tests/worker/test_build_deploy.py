@@ -94,11 +94,13 @@ def site_recipe(tmp_path: Path):  # type: ignore[no-untyped-def]
     _remove_images(tags)
 
 
-def _baseline(recipe: str, name: str, self_check: bool = True) -> Deployment:
+def _baseline(recipe: str, name: str, self_check: bool = True,
+              rebuild_image: bool = False) -> Deployment:
     data = spec(name=name, recipe=recipe, self_check=self_check)
     data["engine"] = {"model_path": "/models/Kimi-K2.6", "tp_size": 1,
                       "trust_remote_code": True, "speculative_algorithm": "NONE"}
-    return services.deployment_create(data=data, confirm_warnings=True)
+    return services.deployment_create(data=data, confirm_warnings=True,
+                                      rebuild_image=rebuild_image)
 
 
 def test_a_built_image_runs_the_real_self_check_first_and_the_next_deployment_hits_the_cache(site_recipe):  # type: ignore[no-untyped-def]
@@ -134,6 +136,16 @@ def test_a_built_image_runs_the_real_self_check_first_and_the_next_deployment_hi
     assert second.image == first.image
     phases = [e.payload["status"] for e in second.events.filter(kind="phase").order_by("seq")]
     assert phases == ["building", "starting", "loading", "capturing", "ready"]
+
+    # Asked to rebuild, the same recipe builds again, layer cache off, to the same tag.
+    third = _baseline(site_recipe, "built-3", self_check=False, rebuild_image=True)
+    assert tasks.deploy.apply(args=[third.pk]).get() == S.READY
+    third.refresh_from_db()
+    builds = [e.payload for e in third.events.filter(kind="build").order_by("seq")]
+    assert third.image == first.image and builds[-1]["kind"] == "built"
+    assert "cache_hit" not in [b["kind"] for b in builds]
+    assert len([b for b in builds if b["kind"] == "build_step"]) == len(steps)
+    assert not any("Using cache" in b["text"] for b in builds)
 
 
 STALE_PATCH = "\n".join([

@@ -13,7 +13,8 @@ class DeploymentSerializer(serializers.ModelSerializer[Deployment]):
         fields = [
             "id", "name", "status", "phase", "recipe", "algorithm", "gpus", "spec", "progress",
             "decode_stats", "diagnosis", "last_lines", "preflight", "image", "container_name",
-            "engine_url", "last_seq", "created_at", "updated_at", "ready_at", "ended_at",
+            "engine_url", "rebuild_image", "last_seq", "created_at", "updated_at", "ready_at",
+            "ended_at",
         ]
         read_only_fields = fields
 
@@ -25,6 +26,9 @@ class DeploymentCreateSerializer(serializers.Serializer[Any]):
         help_text="Deployment spec: name, recipe, gpus, engine, extra_args."
     )
     confirm_warnings = serializers.BooleanField(default=False)
+    rebuild_image = serializers.BooleanField(
+        default=False, help_text="Build the engine image without the cache even when it exists."
+    )
 
 
 class PreflightSerializer(serializers.Serializer[Any]):

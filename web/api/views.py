@@ -50,6 +50,7 @@ class DeploymentViewSet(
             data=body.validated_data["spec"],
             user=request.user,
             confirm_warnings=body.validated_data["confirm_warnings"],
+            rebuild_image=body.validated_data["rebuild_image"],
         )
         return Response(DeploymentSerializer(deployment).data, status=status.HTTP_201_CREATED)
 

@@ -54,6 +54,9 @@ class DeploymentForm(forms.Form):
         required=False, initial=True, label="GPU self-check before the load",
         help_text="Driver, GPUs, NCCL all-reduce and CUDA graphs at the verify and draft widths, "
                   "in seconds, before the long model load.")
+    rebuild_image = forms.BooleanField(
+        required=False, label="Rebuild the engine image",
+        help_text="Build without the cache even when this recipe's image exists.")
     confirm_warnings = forms.BooleanField(required=False, label="Deploy despite warnings")
 
     def clean_gpu_ids(self) -> list[int]:

@@ -66,6 +66,9 @@ class Deployment(models.Model):
     last_lines = models.JSONField(default=list, blank=True)
     preflight = models.JSONField(default=list, blank=True)
     image = models.CharField(max_length=300, blank=True, default="")
+    rebuild_image = models.BooleanField(
+        default=False, help_text="Build the image even when one with its content tag exists."
+    )
     container_name = models.CharField(max_length=200, blank=True, default="")
     engine_url = models.CharField(max_length=300, blank=True, default="")
     log_cursor = models.CharField(

@@ -125,8 +125,13 @@ def deployment_create(
     data: dict[str, Any],
     user: AbstractBaseUser | AnonymousUser | None = None,
     confirm_warnings: bool = False,
+    rebuild_image: bool = False,
 ) -> Deployment:
-    """Validate, pre-flight, store, and queue the deploy task once the row is committed."""
+    """Validate, pre-flight, store, and queue the deploy task once the row is committed.
+
+    rebuild_image builds the engine image without the cache even when its tag exists
+    (a moved base image tag, a suspect earlier build).
+    """
     spec, findings = deployment_validate(data=data)
     warnings = [f for f in findings if f.severity == "warning"]
     if warnings and not confirm_warnings:
@@ -143,6 +148,7 @@ def deployment_create(
             algorithm=spec.engine.speculative_algorithm,
             gpus=list(spec.gpus),
             preflight=[f.to_dict() for f in findings],
+            rebuild_image=rebuild_image,
             created_by=user if user is not None and user.is_authenticated else None,  # type: ignore[misc]
         )
         events_append(
@@ -518,6 +524,7 @@ def _build(deployment: Deployment) -> str | None:
         result = build_image(
             plan_build(recipe_load(deployment.recipe), ca_bundle=ca_bundle),
             client=_runtime().client,
+            no_cache=deployment.rebuild_image,
             cancel=cancel,
             on_event=on_event,
         )

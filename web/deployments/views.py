@@ -36,6 +36,7 @@ def deployment_new(request: HttpRequest) -> HttpResponse:
                 data=form.to_spec(),
                 user=request.user,
                 confirm_warnings=form.cleaned_data["confirm_warnings"],
+                rebuild_image=form.cleaned_data["rebuild_image"],
             )
         except services.DeploymentInputError as exc:
             form.add_service_errors(exc.errors)
