@@ -679,6 +679,9 @@ def _peer_check(torch: Any, opts: Options, report: Report) -> Check | None:
 def _allreduce_check(torch: Any, opts: Options, report: Report) -> Check:
     report.allreduce = run_allreduce(torch, opts.gpus, opts.allreduce_mb)
     ar = report.allreduce
+    if ar["ok"] and ar["world_size"] == 1:
+        return Check("allreduce", True, "NCCL all-reduce on 1 GPU is correct (one rank: no "
+                     "link between GPUs to measure)")
     if ar["ok"]:
         return Check("allreduce", True, f"NCCL all-reduce over {ar['world_size']} GPU(s): "
                      f"busbw {ar['busbw_gbps']} GB/s, algbw {ar['algbw_gbps']} GB/s")

@@ -92,6 +92,9 @@ def main(argv: list[str]) -> int:
             check(checks, "allreduce", False, f"NCCL all-reduce failed: {allreduce['error']}",
                   "rerun with NCCL_DEBUG=INFO; run the engine container with --ipc host "
                   "(or a large --shm-size) and check the GPUs' links")
+        elif n == 1:
+            check(checks, "allreduce", True, "NCCL all-reduce on 1 GPU is correct (one rank: "
+                  "no link between GPUs to measure)")
         else:
             check(checks, "allreduce", True, f"NCCL all-reduce over {n} GPU(s): busbw {busbw} "
                   "GB/s, algbw 480.0 GB/s")

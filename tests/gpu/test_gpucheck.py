@@ -113,6 +113,11 @@ def test_the_stream_prints_each_check_as_it_happens_then_the_report(cuda_count: 
     streamed = [{k: e[k] for k in ("id", "ok", "message", "fix")}
                 for e in events if e and e["event"] == "check"]
     assert streamed == report["checks"]
+    allreduce = next(c for c in streamed if c["id"] == "allreduce")
+    if cuda_count == 1:  # one rank moves nothing between GPUs: no bandwidth is claimed
+        assert "one rank" in allreduce["message"] and "GB/s" not in allreduce["message"]
+    else:
+        assert f"busbw {report['allreduce']['busbw_gbps']} GB/s" in allreduce["message"]
 
 
 def test_asking_for_more_gpus_than_visible_fails_the_visibility_check(cuda_count: int) -> None:
