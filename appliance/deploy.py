@@ -111,7 +111,6 @@ class EngineWatch:
         self.status = "starting"
         self.saw_ready_line = False
         self.stream_ended = False
-        self.selfcheck_ok: bool | None = None  # None: no self-check report (yet)
 
     def run(self, since: float | None = None) -> WatchResult:
         """Start (or adopt) the container and watch it; `since` skips output already shipped."""
@@ -221,10 +220,6 @@ class EngineWatch:
                 events.append(("diagnosis", payload))
             elif event.kind.startswith("selfcheck_"):
                 events.append(("selfcheck", payload))
-                if event.kind == "selfcheck_report":
-                    self.selfcheck_ok = bool(event.fields.get("ok"))
-                elif event.kind == "selfcheck_exit" and event.fields.get("rc"):
-                    self.selfcheck_ok = False
             if event.kind == "ready":
                 self.saw_ready_line = True
             self._advance_for(event.kind)
@@ -232,8 +227,8 @@ class EngineWatch:
 
     def _advance_for(self, kind: str) -> None:
         wanted = PHASE_OF_KIND.get(kind)
-        order = PHASE_ORDER
-        if wanted and order.index(wanted) > order.index(self.status) and self.sink.advance(wanted):
+        if (wanted and PHASE_ORDER.index(wanted) > PHASE_ORDER.index(self.status)
+                and self.sink.advance(wanted)):
             self.status = wanted
 
     def _exit_code(self, container: Any) -> int | None:
@@ -268,14 +263,18 @@ class EngineWatch:
         return None
 
     def _failed_exit(self, code: int) -> WatchResult:
-        if self.selfcheck_ok is False:
+        found = diagnose(list(self.all_lines))
+        if found is not None and found.cause == "gpu-selfcheck-failed":
             message = f"the GPU self-check failed (exit code {code}); the model was not loaded"
-            return self._failed("gpu-selfcheck-failed", message, code)
-        message = f"the engine container exited with code {code} before it was ready"
-        return self._failed("engine-exited", message, code)
+        else:
+            message = f"the engine container exited with code {code} before it was ready"
+        return self._failed("engine-exited", message, code, found)
 
-    def _failed(self, cause: str, message: str, code: int | None = None) -> WatchResult:
-        found = diagnose(list(self.all_lines)) or Diagnosis(
+    def _failed(
+        self, cause: str, message: str, code: int | None = None, found: Diagnosis | None = None
+    ) -> WatchResult:
+        """A failed result; `found` is the log's diagnosis when the caller already has it."""
+        found = found or diagnose(list(self.all_lines)) or Diagnosis(
             cause=cause,
             summary=message,
             fix="Read the engine's last lines below; the cause was not recognised.",

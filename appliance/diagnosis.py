@@ -153,6 +153,14 @@ def _eager_verify_refine(cause: Cause, text: str, ctx: ParseContext | None) -> D
     return None  # decided from decode stats in match_decode, never from text
 
 
+# Found from the self-check's own report (match_selfcheck), never from a traceback.
+_SELFCHECK = Cause(
+    "gpu-selfcheck-failed",
+    "The GPU self-check failed before the model load.",
+    "Fix what the failed check names; the check reruns at the next deploy.",
+    100,
+)
+
 _CATALOGUE: Sequence[Cause] = (
     Cause(
         "ddtree-verify-width",
@@ -322,15 +330,8 @@ _CATALOGUE: Sequence[Cause] = (
         (),
         _eager_verify_refine,
     ),
+    _SELFCHECK,
 )
-# Found from the self-check's own report (match_selfcheck), never from a traceback.
-_SELFCHECK = Cause(
-    "gpu-selfcheck-failed",
-    "The GPU self-check failed before the model load.",
-    "Fix what the failed check names; the check reruns at the next deploy.",
-    100,
-)
-_CATALOGUE = (*_CATALOGUE, _SELFCHECK)
 CAUSES: dict[str, Cause] = {cause.id: cause for cause in _CATALOGUE}
 _BY_PRIORITY = sorted(_CATALOGUE, key=lambda cause: -cause.priority)
 

@@ -813,11 +813,10 @@ def _emit(kind: str, payload: dict[str, Any]) -> None:
 
 def parse_stream_line(text: str) -> dict[str, Any] | None:
     """The event of a --stream line, or None when the line is not one."""
-    start = text.find(STREAM_PREFIX)
-    if start < 0 or text[start + len(STREAM_PREFIX):start + len(STREAM_PREFIX) + 1] != "{":
+    if not text.startswith(STREAM_PREFIX + "{"):
         return None
     try:
-        data = json.loads(text[start + len(STREAM_PREFIX):])
+        data = json.loads(text[len(STREAM_PREFIX):])
     except ValueError:
         return None
     return data if isinstance(data, dict) and isinstance(data.get("event"), str) else None

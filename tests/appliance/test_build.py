@@ -24,6 +24,7 @@ from appliance.build import (
     build_image,
     plan_build,
 )
+from tests.site_recipes import SLOW_EXTRAS, engine_source_repo, write_recipe
 
 pytestmark = pytest.mark.docker
 
@@ -261,20 +262,6 @@ def test_the_entrypoint_runs_the_gpu_check_first_and_stops_when_it_fails(
 # ------------------------------------------------------------ `appliance build` command
 
 
-def write_recipe_file(directory: Path, name: str, repo: Path, patches: list[str],
-                      extras: str = "") -> Path:
-    path = directory / f"{name}.yaml"
-    commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], check=True,
-                            capture_output=True, text=True).stdout.strip()
-    path.write_text(
-        f"name: {name}\nbase_image: {BASE_IMAGE}\n"
-        f"sglang:\n  git: {repo}\n  ref: {commit}\n  flags: sglang-0.5.23\n"
-        f"patches: [{', '.join(patches)}]\npip_extras: [{extras}]\n"
-        "build_args:\n  SGLANG_INSTALL_DEPS: '0'\n"
-    )
-    return path
-
-
 def appliance(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     import sys
 
@@ -285,7 +272,8 @@ def appliance(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[s
 def test_the_build_command_streams_steps_then_skips_a_built_image_unless_no_cache(
     client: Any, workdir: Path
 ) -> None:
-    recipe = write_recipe_file(workdir, "cli-tiny", workdir / "sglang", ["width.patch"])
+    recipe = write_recipe(workdir, "cli-tiny", workdir / "sglang", patches=["width.patch"],
+                          base_image=BASE_IMAGE)
     planned = appliance("build", str(recipe), "--plan")
     assert planned.returncode == 0, planned.stdout + planned.stderr
     tag = json.loads(planned.stdout)["tag"]
@@ -317,7 +305,8 @@ def test_the_build_command_streams_steps_then_skips_a_built_image_unless_no_cach
 def test_the_build_command_names_a_patch_that_does_not_apply_and_exits_one(
     client: Any, workdir: Path
 ) -> None:
-    recipe = write_recipe_file(workdir, "cli-stale", workdir / "sglang", ["stale.patch"])
+    recipe = write_recipe(workdir, "cli-stale", workdir / "sglang", patches=["stale.patch"],
+                          base_image=BASE_IMAGE)
     done = appliance("build", str(recipe), "--text")
     assert done.returncode == 1, done.stdout + done.stderr
     assert "build failed: patch stale.patch does not apply: file python/sglang/graph.py, " \
@@ -330,17 +319,8 @@ def test_ctrl_c_cancels_the_build_command_and_its_running_step(
     import signal
     import sys
 
-    repo = tmp_path / "slow-sglang"
-    (repo / "python" / "sglang").mkdir(parents=True)
-    (repo / "python" / "sglang" / "__init__.py").write_text('__version__ = "0.0.1"\n')
-    (repo / "slow-extra").mkdir()
-    (repo / "slow-extra" / "setup.py").write_text(
-        "import time\ntime.sleep(600)\nfrom setuptools import setup\nsetup(name='slow')\n")
-    git(repo, "init", "-q", "-b", "main")
-    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "add", ".")
-    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "slow")
-    extras = '"--no-build-isolation", "--no-deps", "--no-index", "/opt/sglang/slow-extra"'
-    recipe = write_recipe_file(tmp_path, "cli-slow", repo, [], extras)
+    repo = engine_source_repo(tmp_path, slow_extra=True)
+    recipe = write_recipe(tmp_path, "cli-slow", repo, extras=SLOW_EXTRAS, base_image=BASE_IMAGE)
     proc = subprocess.Popen([sys.executable, "-m", "appliance", "build", str(recipe), "--text"],
                             stdout=subprocess.PIPE, text=True,
                             cwd=Path(__file__).resolve().parents[2])

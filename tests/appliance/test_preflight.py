@@ -11,6 +11,7 @@ import pytest
 from appliance.preflight import RULES, Finding, has_errors, run_preflight
 from appliance.recipes import Recipe, load_recipe, recipe_from_dict
 from appliance.spec import DeploymentSpec, spec_from_dict
+from tests.web.specs import DDTREE_SPEC
 
 GB = 1024**3
 
@@ -63,17 +64,8 @@ def dflash_config(block_size: int = 8) -> dict[str, Any]:
 
 
 def engine(**overrides: Any) -> dict[str, Any]:
-    base = {
-        "model_path": "/models/Kimi-K2.6",
-        "tp_size": 8,
-        "trust_remote_code": True,
-        "speculative_algorithm": "DDTREE",
-        "speculative_draft_model_path": "/models/Kimi-K2.6-DFlash",
-        "speculative_num_draft_tokens": 8,
-        "speculative_ddtree_budget": 32,
-        "attention_backend": "fa3",
-        "disable_overlap_schedule": True,
-    }
+    """The shared DDTree engine options on 8 GPUs; an override of None drops the key."""
+    base = {**DDTREE_SPEC["engine"], "tp_size": 8}
     base.update(overrides)
     return {k: v for k, v in base.items() if v is not None}
 

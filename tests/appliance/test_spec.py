@@ -17,28 +17,14 @@ from appliance.spec import (
     spec_from_dict,
     spec_to_dict,
 )
+from tests.web.specs import spec
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def flagship() -> dict[str, Any]:
-    return {
-        "name": "kimi-ddtree",
-        "recipe": "kimi-k2.6-ddtree",
-        "gpus": [0, 1, 2, 3, 4, 5, 6, 7],
-        "engine": {
-            "model_path": "/models/Kimi-K2.6",
-            "tp_size": 8,
-            "trust_remote_code": True,
-            "speculative_algorithm": "DDTREE",
-            "speculative_draft_model_path": "/models/Kimi-K2.6-DFlash",
-            "speculative_num_draft_tokens": 8,
-            "speculative_ddtree_budget": 32,
-            "attention_backend": "fa3",
-            "disable_cuda_graph": False,
-        },
-        "extra_args": [],
-    }
+    """The shared DDTree spec on all 8 GPUs."""
+    return spec(gpus=list(range(8)), engine__tp_size=8, engine__disable_cuda_graph=False)
 
 
 def errors_of(data: dict[str, Any]) -> dict[str, str]:

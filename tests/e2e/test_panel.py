@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +15,7 @@ from playwright.sync_api import Page, expect, sync_playwright
 
 import docker
 from tests.servers import celery_worker, panel_server
+from tests.site_recipes import engine_source_repo, write_recipe
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker, pytest.mark.e2e]
 
@@ -52,26 +51,12 @@ def stack(tmp_path: Path, test_engine_image: str):  # type: ignore[no-untyped-de
         yield url
 
 
-def _git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t",
-                           *args], check=True, capture_output=True, text=True).stdout.strip()
-
-
 @pytest.fixture
 def building_stack(tmp_path: Path):  # type: ignore[no-untyped-def]
     """No configured image: deployments build theirs from a site recipe whose SGLang source
     is the test engine's package (CI cannot fetch SGLang)."""
-    repo = tmp_path / "sglang"
-    shutil.copytree(ROOT / "docker" / "test-engine" / "sglang", repo / "python" / "sglang")
-    _git(repo, "init", "-q", "-b", "main")
-    _git(repo, "add", ".")
-    _git(repo, "commit", "-qm", "test engine as an SGLang source tree")
     recipes = tmp_path / "recipes"
-    recipes.mkdir()
-    (recipes / "site-test-engine.yaml").write_text(
-        "name: site-test-engine\nbase_image: appliance-base:bookworm\n"
-        f"sglang:\n  git: {repo}\n  ref: {_git(repo, 'rev-parse', 'HEAD')}\n"
-        "  flags: sglang-0.5.23\npatches: []\nbuild_args:\n  SGLANG_INSTALL_DEPS: '0'\n")
+    write_recipe(recipes, "site-test-engine", engine_source_repo(tmp_path))
     env = {"APPLIANCE_ENGINE_IMAGE": "", "APPLIANCE_RECIPES_DIR": str(recipes),
            "APPLIANCE_ENGINE_GPU_REQUESTS": "0", "APPLIANCE_ENGINE_STOP_TIMEOUT_S": "5"}
     with _stack(tmp_path, env) as url:

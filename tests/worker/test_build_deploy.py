@@ -5,8 +5,6 @@ package standing in as the SGLang source tree (CI has no network to fetch SGLang
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -19,55 +17,14 @@ from django.test import override_settings
 
 import docker
 from tests.servers import celery_worker, panel_server
+from tests.site_recipes import SLOW_EXTRAS, engine_source_repo, write_recipe
 from tests.web.specs import spec
 from web.deployments import services
 from web.deployments.models import Deployment, DeploymentStatus
 from worker import tasks
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
-ROOT = Path(__file__).resolve().parents[2]
 S = DeploymentStatus
-
-
-def _git(repo: Path, *args: str) -> str:
-    done = subprocess.run(
-        ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
-        check=True, capture_output=True, text=True,
-    )
-    return done.stdout.strip()
-
-
-SLOW_SETUP = """\
-import time
-time.sleep(600)  # a silent build step, like a CUDA kernel compile
-from setuptools import setup
-setup(name="slow-extra", version="0")
-"""
-
-
-def _source_repo(tmp_path: Path, slow_extra: bool = False) -> tuple[Path, str]:
-    repo = tmp_path / "sglang"
-    shutil.copytree(ROOT / "docker" / "test-engine" / "sglang", repo / "python" / "sglang")
-    if slow_extra:
-        (repo / "slow-extra").mkdir()
-        (repo / "slow-extra" / "setup.py").write_text(SLOW_SETUP)
-    _git(repo, "init", "-q", "-b", "main")
-    _git(repo, "add", ".")
-    _git(repo, "commit", "-qm", "test engine as an SGLang source tree")
-    return repo, _git(repo, "rev-parse", "HEAD")
-
-
-def _write_recipe(recipes: Path, name: str, repo: Path, commit: str, extras: str = "",
-                  patches: str = "") -> None:
-    recipes.mkdir(exist_ok=True)
-    (recipes / f"{name}.yaml").write_text(
-        f"name: {name}\n"
-        "base_image: appliance-base:bookworm\n"
-        f"sglang:\n  git: {repo}\n  ref: {commit}\n  flags: sglang-0.5.23\n"
-        f"patches: [{patches}]\n"
-        f"pip_extras: [{extras}]\n"
-        "build_args:\n  SGLANG_INSTALL_DEPS: '0'\n"
-    )
 
 
 def _remove_images(tags: set[str]) -> None:
@@ -78,9 +35,8 @@ def _remove_images(tags: set[str]) -> None:
 
 @pytest.fixture
 def site_recipe(tmp_path: Path):  # type: ignore[no-untyped-def]
-    repo, commit = _source_repo(tmp_path)
     recipes = tmp_path / "recipes"
-    _write_recipe(recipes, "site-test-engine", repo, commit)
+    write_recipe(recipes, "site-test-engine", engine_source_repo(tmp_path))
     env = {"TEST_ENGINE_PACE_S": "0.01", "TEST_ENGINE_SHARDS": "4"}
     with override_settings(ENGINE_IMAGE="", RECIPES_DIR=str(recipes), ENGINE_GPU_REQUESTS=False,
                            ENGINE_EXTRA_ENV=env, ENGINE_READY_TIMEOUT_S=90,
@@ -164,8 +120,7 @@ def test_a_patch_that_does_not_apply_fails_the_deployment_naming_patch_file_and_
         site_recipe, tmp_path):  # type: ignore[no-untyped-def]
     recipes = Path(settings.RECIPES_DIR)
     (recipes / "stale.patch").write_text(STALE_PATCH)
-    repo, commit = tmp_path / "sglang", _git(tmp_path / "sglang", "rev-parse", "HEAD")
-    _write_recipe(recipes, "site-stale-patch", repo, commit, patches="stale.patch")
+    write_recipe(recipes, "site-stale-patch", tmp_path / "sglang", patches=["stale.patch"])
     deployment = _baseline("site-stale-patch", "stale")
     assert tasks.deploy.apply(args=[deployment.pk]).get() == S.FAILED
     deployment.refresh_from_db()
@@ -196,10 +151,9 @@ def _wait(what: str, check: Any, limit_s: float = 120) -> Any:
 
 def test_a_stop_through_the_api_cancels_a_silent_build_step(operator, token_for, tmp_path):  # type: ignore[no-untyped-def]
     redis.Redis.from_url(settings.REDIS_URL).flushdb()  # no stale tasks from other tests
-    repo, commit = _source_repo(tmp_path, slow_extra=True)
     recipes = tmp_path / "recipes"
-    extras = '"--no-build-isolation", "--no-deps", "--no-index", "/opt/sglang/slow-extra"'
-    _write_recipe(recipes, "site-slow-build", repo, commit, extras)
+    write_recipe(recipes, "site-slow-build", engine_source_repo(tmp_path, slow_extra=True),
+                 extras=SLOW_EXTRAS)
     env = {"APPLIANCE_ENGINE_IMAGE": "", "APPLIANCE_RECIPES_DIR": str(recipes),
            "APPLIANCE_ENGINE_GPU_REQUESTS": "0"}
     api = requests.Session()
