@@ -13,8 +13,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from appliance.recipes import Recipe, RecipeError, load_recipe
-from appliance.spec import DeploymentSpec, FieldError, SpecError, read_spec_file, spec_from_dict
+from appliance.engine.recipes import Recipe, RecipeError, load_recipe
+from appliance.engine.spec import DeploymentSpec, FieldError, SpecError, read_spec_file, spec_from_dict
 
 EXIT_OK, EXIT_FINDINGS, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -50,7 +50,7 @@ def resolve_spec(path: str) -> tuple[DeploymentSpec, Recipe | None, list[FieldEr
 
 
 def cmd_launch_args(args: argparse.Namespace) -> int:
-    from appliance.spec import launch_args
+    from appliance.engine.spec import launch_args
 
     spec, _, recipe_errors = resolve_spec(args.spec)
     if recipe_errors:
@@ -101,7 +101,7 @@ def _print_event(event: dict[str, Any], text: bool, out: TextIO) -> None:
 
 
 def cmd_parse_log(args: argparse.Namespace) -> int:
-    from appliance.logparse import parse_lines
+    from appliance.logs.parser import parse_lines
 
     for event in parse_lines(_open_lines(args.file), include_all=args.all):
         _print_event(event.to_dict(), args.text, sys.stdout)
@@ -109,7 +109,7 @@ def cmd_parse_log(args: argparse.Namespace) -> int:
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
-    from appliance.diagnosis import diagnose
+    from appliance.logs.diagnosis import diagnose
 
     result = diagnose(_open_lines(args.file))
     if args.text:
@@ -141,7 +141,7 @@ def cmd_build(args: argparse.Namespace) -> int:
 
     from docker.client import from_env
 
-    from appliance.build import BuildCancelled, BuildError, BuildFailed, build_image, plan_build
+    from appliance.images.build import BuildCancelled, BuildError, BuildFailed, build_image, plan_build
 
     try:
         recipe = load_recipe(args.recipe)
@@ -153,7 +153,7 @@ def cmd_build(args: argparse.Namespace) -> int:
                           args.text)
     client = from_env()
     if args.plan:
-        from appliance.build import image_exists
+        from appliance.images.build import image_exists
 
         exists = image_exists(client, plan.tag)
         names = sorted(k for k in plan.buildargs if not k.startswith("APPLIANCE_CA_PEM"))
@@ -204,9 +204,9 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 
 def cmd_gpu_check(rest: list[str]) -> int:
-    from appliance import gpucheck  # type: ignore[attr-defined,unused-ignore]
+    from appliance import selfcheck
 
-    return int(gpucheck.main(rest))
+    return int(selfcheck.main(rest))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -240,7 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmd.add_argument("file", help="log file, or - for stdin")
     cmd.set_defaults(func=cmd_diagnose)
     # Listed for --help only: main() hands gpu-check's own arguments (--help, --gpus ...)
-    # to gpucheck untouched, which argparse.REMAINDER cannot do for a leading option.
+    # to the self-check untouched, which argparse.REMAINDER cannot do for a leading option.
     sub.add_parser("gpu-check", help="GPU self-check (inside the engine container); "
                    "see appliance gpu-check --help", add_help=False)
     return parser

@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from appliance.logparse import LogParser  # noqa: E402
+from appliance.logs.parser import LogParser  # noqa: E402
 
 TARGET_LINES_PER_S = 100_000
 FIXTURES = ROOT / "tests" / "fixtures" / "logs"

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from appliance.build import (
+from appliance.images.build import (
     BuildCancelled,
     BuildEvent,
     BuildFailed,
@@ -34,7 +34,7 @@ PATCHED = 'VERIFY_WIDTH = "budget+1"\n'
 
 
 def make_recipe(name: str, repo: Path, patches: list[str], recipe_dir: Path, **extra: Any) -> Any:
-    """A Recipe from appliance.recipes, written and loaded the way users write them."""
+    """A Recipe from appliance.engine.recipes, written and loaded the way users write them."""
     from appliance import recipes
 
     source = recipes.SGLangSource(pip=None, git=str(repo), ref="main")
@@ -348,7 +348,7 @@ def test_ctrl_c_cancels_the_build_command_and_its_running_step(
 
 
 def test_a_whole_system_ca_bundle_is_split_under_the_kernels_per_variable_limit() -> None:
-    from appliance.build import CA_CHUNK_BYTES, BuildError, ca_buildargs
+    from appliance.images.build import CA_CHUNK_BYTES, BuildError, ca_buildargs
 
     pem = "-----BEGIN CERTIFICATE-----\n" + "A" * 64 + "\n-----END CERTIFICATE-----\n"
     bundle = pem * 2000  # ~230 KiB, like Debian's ca-certificates.crt

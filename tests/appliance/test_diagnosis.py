@@ -1,4 +1,4 @@
-"""Tests for appliance.diagnosis on realistic failure logs (tests/fixtures/logs).
+"""Tests for appliance.logs.diagnosis on realistic failure logs (tests/fixtures/logs).
 
 Where each failure message comes from:
 - tensor-size mismatch: torch's broadcast check raised by `Tensor.copy_` in
@@ -30,8 +30,8 @@ from pathlib import Path
 
 import pytest
 
-from appliance.diagnosis import CAUSES, Diagnosis, diagnose, match_error, match_line
-from appliance.logparse import ParseContext
+from appliance.logs.diagnosis import CAUSES, Diagnosis, diagnose, match_error, match_line
+from appliance.logs.parser import ParseContext
 
 LOGS = Path(__file__).resolve().parent.parent / "fixtures" / "logs"
 MISMATCH = "RuntimeError: The size of tensor a ({a}) must match the size of tensor b ({b}) at \

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 from docker.models.containers import Container
 
-from appliance.engine_client import EngineClient, EngineClientError, _sse_contents
+from appliance.runtime.client import EngineClient, EngineClientError, _sse_contents
 from tests.conftest_docker import (  # noqa: F401 (fixtures)
     docker_client,
     host_port,

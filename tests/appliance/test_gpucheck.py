@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from appliance import gpucheck
-from appliance.gpucheck import GraphRole
+from appliance import selfcheck as gpucheck
+from appliance.selfcheck import GraphRole
 
 
 def test_ddtree_verifies_budget_plus_one_with_a_tree_and_drafts_at_block_size() -> None:

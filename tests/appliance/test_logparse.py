@@ -1,4 +1,4 @@
-"""Tests for appliance.logparse against SGLang's real output formats.
+"""Tests for appliance.logs.parser against SGLang's real output formats.
 
 Where each format comes from (sglang wheels 0.4.6.post5, 0.5.11, 0.5.23):
 - prefix `[%(asctime)s{.%(msecs)03d}{prefix}] `: srt/utils/common.py configure_logger
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance.logparse import LogEvent, LogParser, parse_lines, split_prefix
+from appliance.logs.parser import LogEvent, LogParser, parse_lines, split_prefix
 
 LOGS = Path(__file__).resolve().parent.parent / "fixtures" / "logs"
 

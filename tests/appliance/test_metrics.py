@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance.metrics import histogram_quantile, parse_metrics
+from appliance.engine.metrics import histogram_quantile, parse_metrics
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "metrics"
 

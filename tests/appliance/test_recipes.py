@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 import yaml
 
-from appliance.flags import load_flags
-from appliance.recipes import RecipeError, list_recipes, load_recipe, recipe_from_dict
+from appliance.engine.flags import load_flags
+from appliance.engine.recipes import RecipeError, list_recipes, load_recipe, recipe_from_dict
 
 DDTREE_PR_HEAD = "101cd5bd02faab336ada94f78daada6288c1816e"
 

@@ -11,8 +11,8 @@ import docker.errors
 import pytest
 from docker.client import DockerClient
 
-from appliance.engine_client import EngineClient
-from appliance.runtime import (
+from appliance.runtime.client import EngineClient
+from appliance.runtime.containers import (
     LABEL_DEPLOYMENT,
     LABEL_MANAGED,
     ContainerPlan,

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from appliance.spec import (
+from appliance.engine.spec import (
     DeploymentSpec,
     EngineOptions,
     SpecError,

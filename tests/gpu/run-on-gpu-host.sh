@@ -9,7 +9,7 @@ python3 -m pytest --version >/dev/null 2>&1 || pip install -q pytest
 run() {  # name, then gpucheck arguments
   local name="$1"; shift
   local t0=$SECONDS
-  python3 -m appliance.gpucheck "$@" --stream >"$out/$name.stream" 2>"$out/$name.err"
+  python3 -m appliance.selfcheck "$@" --stream >"$out/$name.stream" 2>"$out/$name.err"
   echo "$name: rc=$? wall=$((SECONDS - t0)) s"
 }
 run h200_selfcheck_ddtree_ok --gpus 0 --algorithm DDTREE --block-size 8 --budget 32

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from appliance import gpucheck
+from appliance import selfcheck as gpucheck
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURE = Path(__file__).parent / "fixtures" / "h200_width_mismatch.txt"
@@ -20,7 +20,7 @@ BLOCK, BUDGET = 8, 32
 
 def _run_check(gpus: list[int]) -> tuple[int, dict[str, Any]]:
     env = {**os.environ, "NCCL_NVLS_ENABLE": "0"}
-    argv = [sys.executable, "-m", "appliance.gpucheck", "--gpus", ",".join(map(str, gpus)),
+    argv = [sys.executable, "-m", "appliance.selfcheck", "--gpus", ",".join(map(str, gpus)),
             "--algorithm", "DDTREE", "--block-size", str(BLOCK), "--budget", str(BUDGET),
             "--max-bs", "4", "--json"]
     done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=280)
@@ -90,7 +90,7 @@ def test_the_fixture_holds_the_error_real_torch_raises_today() -> None:
 
 
 def test_the_diagnosis_names_the_ddtree_verify_width_for_the_real_traceback() -> None:
-    diagnosis = pytest.importorskip("appliance.diagnosis")
+    diagnosis = pytest.importorskip("appliance.logs.diagnosis")
     trace = gpucheck.width_mismatch_traceback(BLOCK, BUDGET + 1, 1)
     lines = ["[2026-01-01 00:00:00 TP0] Scheduler hit an exception: " + trace.splitlines()[0],
              *trace.splitlines()[1:]]
@@ -99,7 +99,7 @@ def test_the_diagnosis_names_the_ddtree_verify_width_for_the_real_traceback() ->
 
 
 def test_the_stream_prints_each_check_as_it_happens_then_the_report(cuda_count: int) -> None:
-    argv = [sys.executable, "-m", "appliance.gpucheck", "--gpus",
+    argv = [sys.executable, "-m", "appliance.selfcheck", "--gpus",
             ",".join(map(str, range(cuda_count))), "--algorithm", "DDTREE", "--block-size",
             str(BLOCK), "--budget", str(BUDGET), "--stream"]
     done = subprocess.run(argv, cwd=REPO, env={**os.environ, "NCCL_NVLS_ENABLE": "0"},
@@ -121,7 +121,7 @@ def test_the_stream_prints_each_check_as_it_happens_then_the_report(cuda_count: 
 
 
 def test_asking_for_more_gpus_than_visible_fails_the_visibility_check(cuda_count: int) -> None:
-    argv = [sys.executable, "-m", "appliance.gpucheck", "--gpus",
+    argv = [sys.executable, "-m", "appliance.selfcheck", "--gpus",
             ",".join(map(str, range(cuda_count + 1))), "--algorithm", "DDTREE",
             "--block-size", str(BLOCK), "--budget", str(BUDGET), "--stream"]
     done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)

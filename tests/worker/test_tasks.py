@@ -9,8 +9,8 @@ import pytest
 from django.test import override_settings
 
 import docker
-from appliance.engine_client import EngineClient
-from appliance.runtime import EngineRuntime, container_name
+from appliance.runtime.client import EngineClient
+from appliance.runtime.containers import EngineRuntime, container_name
 from tests.web.specs import spec
 from web.deployments import services
 from web.deployments.models import Deployment, DeploymentStatus

@@ -20,7 +20,7 @@ class DeploymentSerializer(serializers.ModelSerializer[Deployment]):
 
 
 class DeploymentCreateSerializer(serializers.Serializer[Any]):
-    """The deployment spec (appliance.spec schema) plus a confirmation for warnings."""
+    """The deployment spec (appliance.engine.spec schema) plus a confirmation for warnings."""
 
     spec = serializers.DictField(
         help_text="Deployment spec: name, recipe, gpus, engine, extra_args."

@@ -52,7 +52,7 @@ RUNNING_STATUSES = frozenset(
 
 class Deployment(models.Model):
     name = models.SlugField(max_length=63)
-    spec = models.JSONField(help_text="The validated deployment spec (appliance.spec).")
+    spec = models.JSONField(help_text="The validated deployment spec (appliance.engine.spec).")
     recipe = models.CharField(max_length=200)
     algorithm = models.CharField(max_length=16)
     gpus = models.JSONField(default=list)

@@ -23,8 +23,8 @@ from django.db.models import F
 from django.utils import timezone
 
 from appliance.preflight import Finding, gpu_check_args, has_errors, run_preflight
-from appliance.recipes import Recipe, RecipeError, list_recipes, load_recipe
-from appliance.spec import DeploymentSpec, SpecError, spec_from_dict, spec_to_dict
+from appliance.engine.recipes import Recipe, RecipeError, list_recipes, load_recipe
+from appliance.engine.spec import DeploymentSpec, SpecError, spec_from_dict, spec_to_dict
 
 from . import live
 from .models import (
@@ -426,14 +426,14 @@ def _fold_progress(progress: dict[str, Any], event: dict[str, Any]) -> bool:
 
 
 def _runtime() -> Any:
-    from appliance.runtime import EngineRuntime
+    from appliance.runtime.containers import EngineRuntime
 
     return EngineRuntime()
 
 
 def _container_plan(deployment: Deployment, image: str) -> Any:
-    from appliance.runtime import ContainerPlan
-    from appliance.spec import launch_args
+    from appliance.runtime.containers import ContainerPlan
+    from appliance.engine.spec import launch_args
 
     spec = spec_from_dict(deployment.spec)
     launch = launch_args(spec)
@@ -442,7 +442,7 @@ def _container_plan(deployment: Deployment, image: str) -> Any:
         volumes[str(settings.MODELS_DIR)] = {"bind": "/models", "mode": "ro"}
     env = {**launch.env, **settings.ENGINE_EXTRA_ENV}
     if spec.self_check and settings.ENGINE_GPU_CHECK:
-        # The image's entrypoint runs appliance.gpucheck with these before the engine.
+        # The image's entrypoint runs appliance.selfcheck with these before the engine.
         env["APPLIANCE_GPU_CHECK"] = "1"
         env["APPLIANCE_GPU_CHECK_ARGS"] = json.dumps(gpu_check_args(spec))
     return ContainerPlan(
@@ -496,7 +496,7 @@ def _ensure_image(deployment: Deployment) -> str | None:
 def _build(deployment: Deployment) -> str | None:
     import threading
 
-    from appliance.build import BuildCancelled, BuildFailed, build_image, plan_build
+    from appliance.images.build import BuildCancelled, BuildFailed, build_image, plan_build
 
     pk = deployment.pk
     cancel = threading.Event()
@@ -552,7 +552,7 @@ def _build(deployment: Deployment) -> str | None:
 
 
 def _watch(deployment: Deployment, image: str) -> str:
-    from appliance.deploy import EngineWatch, WatchOptions
+    from appliance.runtime.watch import EngineWatch, WatchOptions
 
     pk = deployment.pk
     runtime = _runtime()
@@ -600,7 +600,7 @@ def deployment_stop(*, deployment_id: int) -> str:
 
 def deployments_supervise() -> int:
     """Reconcile ready deployments with Docker: ship their new output, fail the dead ones."""
-    from appliance.deploy import supervise_tick
+    from appliance.runtime.watch import supervise_tick
 
     runtime = _runtime()
     count = 0

@@ -19,7 +19,7 @@ class Migration(migrations.Migration):
             fields=[
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
                 ('name', models.SlugField(max_length=63)),
-                ('spec', models.JSONField(help_text='The validated deployment spec (appliance.spec).')),
+                ('spec', models.JSONField(help_text='The validated deployment spec (appliance.engine.spec).')),
                 ('recipe', models.CharField(max_length=200)),
                 ('algorithm', models.CharField(max_length=16)),
                 ('gpus', models.JSONField(default=list)),

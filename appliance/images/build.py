@@ -37,7 +37,7 @@ from typing import Any, Protocol
 
 import yaml
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 ENGINE_DIR = REPO_ROOT / "docker" / "engine"
 PATCHES_DIR = Path(__file__).resolve().parent / "patches"
 GPUCHECK_FILE = Path(__file__).resolve().parent / "gpucheck.py"

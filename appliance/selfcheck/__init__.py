@@ -9,7 +9,7 @@ this module on machines without either, and a missing one must become a failed
 check with a fix, never a traceback.
 
 Usage:
-    python -m appliance.gpucheck --gpus 0,1 --algorithm DDTREE --block-size 8 --budget 32 --json
+    python -m appliance.selfcheck --gpus 0,1 --algorithm DDTREE --block-size 8 --budget 32 --json
 
 With --stream (what the engine entrypoint uses) every check is printed the moment it
 finishes, one line each, `gpu-check: {json}`: a `begin` line, one `check` line per check,
@@ -803,7 +803,7 @@ def _print_human(report: Report) -> None:
 
 
 def stream_line(kind: str, payload: Mapping[str, Any]) -> str:
-    """One --stream line; appliance.logparse reads it back (parse_stream_line)."""
+    """One --stream line; appliance.logs.parser reads it back (parse_stream_line)."""
     return STREAM_PREFIX + json.dumps({"event": kind, **payload}, separators=(",", ":"))
 
 

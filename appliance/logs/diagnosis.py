@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from appliance.logparse import ParseContext
+    from appliance.logs.parser import ParseContext
 
 
 @dataclass(frozen=True)
@@ -387,7 +387,7 @@ def match_decode(stats: dict[str, Any], ctx: ParseContext | None = None) -> Diag
 
 
 def match_selfcheck(report: dict[str, Any]) -> Diagnosis | None:
-    """gpu-selfcheck-failed from a self-check report (appliance.gpucheck --stream)."""
+    """gpu-selfcheck-failed from a self-check report (appliance.selfcheck --stream)."""
     if report.get("ok"):
         return None
     failed = [c for c in report.get("checks") or [] if not c.get("ok")]
@@ -436,7 +436,7 @@ def diagnose(lines: Iterable[str]) -> Diagnosis | None:
     cause the latest warning-level cause wins, then an unrecognised error.
     """
     # Imported here: logparse imports this module for its matchers.
-    from appliance.logparse import parse_lines
+    from appliance.logs.parser import parse_lines
 
     candidates: list[_Candidate] = []
     last_error: dict[str, Any] | None = None

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from appliance import gpucheck
-from appliance.flags import closest_flag, flags_in_argv, load_flags
-from appliance.recipes import Recipe, RecipeError, load_recipe
-from appliance.spec import (
+from appliance import selfcheck
+from appliance.engine.flags import closest_flag, flags_in_argv, load_flags
+from appliance.engine.recipes import Recipe, RecipeError, load_recipe
+from appliance.engine.spec import (
     DFLASH_FAMILY,
     SECRET_NAME,
     SECRET_VALUE,
@@ -618,7 +618,7 @@ SELF_CHECK_MAX_BS = 8  # graph replay vs eager at a few batch sizes is enough to
 
 
 def gpu_check_args(spec: DeploymentSpec, drafter_config: dict[str, Any] | None = None) -> list[str]:
-    """The self-check's arguments for a deployment (appliance.gpucheck, in the container).
+    """The self-check's arguments for a deployment (appliance.selfcheck, in the container).
 
     Inside the container the deployment's GPUs are numbered from 0. The graph widths are
     the ones the engine will capture: budget+1 and block size for DDTREE, block size for
@@ -630,7 +630,7 @@ def gpu_check_args(spec: DeploymentSpec, drafter_config: dict[str, Any] | None =
     args = ["--gpus", ",".join(str(i) for i in range(max(1, len(spec.gpus))))]
     algorithm = e.speculative_algorithm.upper()
     block = block_size(ctx)
-    if algorithm in gpucheck.ALGORITHMS and (algorithm == "NONE" or block):
+    if algorithm in selfcheck.ALGORITHMS and (algorithm == "NONE" or block):
         args += ["--algorithm", algorithm]
         if algorithm != "NONE":
             args += ["--block-size", str(block)]

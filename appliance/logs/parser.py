@@ -12,7 +12,7 @@ Formats come from SGLang's own source (0.4.6, 0.5.11 and 0.5.23 wheels):
 - `Decode batch` / `Prefill batch` (scheduler_metrics_mixin / metrics_reporter).
 
 Before SGLang starts, the engine image's entrypoint may run the GPU self-check: its
-`appliance: GPU self-check begin|end rc=N` lines and appliance.gpucheck's `--stream`
+`appliance: GPU self-check begin|end rc=N` lines and appliance.selfcheck's `--stream`
 lines (`gpu-check: {json}`) become selfcheck_* events, and a failed check a diagnosis.
 
 The worker feeds every container output line through `LogParser.feed`, so the
@@ -26,8 +26,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from appliance import diagnosis as diag
-from appliance import gpucheck
+from appliance.logs import diagnosis as diag
+from appliance import selfcheck
 
 TRACEBACK_START = "Traceback (most recent call last):"
 CHAIN_MARKERS = (
@@ -277,8 +277,8 @@ def _classify_capture(message: str) -> tuple[str, dict[str, Any]] | None:
 
 
 def _classify_selfcheck(message: str) -> tuple[str, dict[str, Any]] | None:
-    if message.startswith(gpucheck.STREAM_PREFIX):
-        event = gpucheck.parse_stream_line(message)
+    if message.startswith(selfcheck.STREAM_PREFIX):
+        event = selfcheck.parse_stream_line(message)
         if event is None:
             return None
         kind = str(event.pop("event"))

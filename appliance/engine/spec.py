@@ -89,7 +89,7 @@ class DeploymentSpec:
     env: dict[str, str] = field(default_factory=dict)
     # Names of secrets (e.g. HF_TOKEN) the runtime injects as env vars; values never live here.
     secrets: list[str] = field(default_factory=list)
-    # Run the GPU self-check (appliance.gpucheck) in the engine container before the load.
+    # Run the GPU self-check (appliance.selfcheck) in the engine container before the load.
     self_check: bool = True
 
 

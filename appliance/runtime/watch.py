@@ -16,10 +16,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from appliance.diagnosis import Diagnosis, diagnose
-from appliance.engine_client import EngineClient
-from appliance.logparse import LogEvent, LogParser
-from appliance.runtime import ContainerPlan, EngineRuntime, LogLine
+from appliance.logs.diagnosis import Diagnosis, diagnose
+from appliance.runtime.client import EngineClient
+from appliance.logs.parser import LogEvent, LogParser
+from appliance.runtime.containers import ContainerPlan, EngineRuntime, LogLine
 
 # Parser kinds that move the deployment forward, and the status each means.
 PHASE_OF_KIND = {

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from appliance.spec import FieldError, engine_field_names
+from appliance.engine.spec import FieldError, engine_field_names
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
 RECIPE_KEYS = ["name", "description", "base_image", "sglang", "patches", "pip_extras", "env",
