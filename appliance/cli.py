@@ -14,7 +14,13 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from appliance.engine.recipes import Recipe, RecipeError, load_recipe
-from appliance.engine.spec import DeploymentSpec, FieldError, SpecError, read_spec_file, spec_from_dict
+from appliance.engine.spec import (
+    DeploymentSpec,
+    FieldError,
+    SpecError,
+    read_spec_file,
+    spec_from_dict,
+)
 
 EXIT_OK, EXIT_FINDINGS, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -50,7 +56,7 @@ def resolve_spec(path: str) -> tuple[DeploymentSpec, Recipe | None, list[FieldEr
 
 
 def cmd_launch_args(args: argparse.Namespace) -> int:
-    from appliance.engine.spec import launch_args
+    from appliance.engine.launch import launch_args
 
     spec, _, recipe_errors = resolve_spec(args.spec)
     if recipe_errors:
@@ -137,11 +143,9 @@ def _build_line(kind: str, data: dict[str, Any], text: bool) -> None:
 
 def cmd_build(args: argparse.Namespace) -> int:
     """Build (or find) a recipe's engine image, streaming each step; Ctrl-C cancels."""
-    import threading
-
     from docker.client import from_env
 
-    from appliance.images.build import BuildCancelled, BuildError, BuildFailed, build_image, plan_build
+    from appliance.images.plan import BuildError, plan_build
 
     try:
         recipe = load_recipe(args.recipe)
@@ -153,15 +157,28 @@ def cmd_build(args: argparse.Namespace) -> int:
                           args.text)
     client = from_env()
     if args.plan:
-        from appliance.images.build import image_exists
+        return _print_plan(client, plan, args.text)
+    return _build_outcome(_run_build(client, plan, args), args.text)
 
-        exists = image_exists(client, plan.tag)
-        names = sorted(k for k in plan.buildargs if not k.startswith("APPLIANCE_CA_PEM"))
-        if args.text:
-            print(f"{plan.tag} ({'built' if exists else 'not built'})")
-        else:
-            _emit({"tag": plan.tag, "exists": exists, "buildargs": names})
-        return EXIT_OK
+
+def _print_plan(client: Any, plan: Any, text: bool) -> int:
+    from appliance.images.build import image_exists
+
+    exists = image_exists(client, plan.tag)
+    names = sorted(k for k in plan.buildargs if not k.startswith("APPLIANCE_CA_PEM"))
+    if text:
+        print(f"{plan.tag} ({'built' if exists else 'not built'})")
+    else:
+        _emit({"tag": plan.tag, "exists": exists, "buildargs": names})
+    return EXIT_OK
+
+
+def _run_build(client: Any, plan: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """Runs the build on a thread so Ctrl-C (in the main thread) can cancel it."""
+    import threading
+
+    from appliance.images.build import build_image
+
     cancel, finished = threading.Event(), threading.Event()
     outcome: dict[str, Any] = {}
 
@@ -175,8 +192,8 @@ def cmd_build(args: argparse.Namespace) -> int:
         finally:
             finished.set()
 
-    # The build runs on a thread so Ctrl-C (in the main thread) can cancel it; an Event,
-    # not Thread.join, is waited on: an interrupted join can report a live thread as gone.
+    # An Event, not Thread.join, is waited on: an interrupted join can report a live
+    # thread as gone.
     threading.Thread(target=run, name="appliance-build", daemon=True).start()
     try:
         while not finished.wait(0.2):
@@ -184,14 +201,20 @@ def cmd_build(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         cancel.set()  # build_image kills the running step's container, then raises
         finished.wait(60)
+    return outcome
+
+
+def _build_outcome(outcome: dict[str, Any], text: bool) -> int:
+    from appliance.images.build import BuildCancelled, BuildFailed
+
     error = outcome.get("error")
     if isinstance(error, BuildCancelled):
-        _build_line("cancelled", {"text": "build cancelled"}, args.text)
+        _build_line("cancelled", {"text": "build cancelled"}, text)
         return EXIT_CANCELLED
     if isinstance(error, BuildFailed):
         _build_line("failed", {"text": f"build failed: {error.message}", **error.to_dict()},
-                    args.text)
-        if args.text:
+                    text)
+        if text:
             for line in error.last_output_lines[-15:]:
                 print(f"  | {line}")
         return EXIT_FINDINGS

@@ -36,7 +36,7 @@ FAST_ENV = {"TEST_ENGINE_PACE_S": "0.01"}
 
 
 def ddtree_argv(port: int = 30000, tp: int = 2, max_bs: int = 16) -> list[str]:
-    """The real DDTree launch argv (as appliance.spec.launch_args builds it), small TP."""
+    """The real DDTree launch argv (as appliance.engine.launch.launch_args builds it), small TP."""
     return [
         "python3", "-m", "sglang.launch_server",
         "--model-path", "/models/kimi-k2.6", "--tp-size", str(tp), "--trust-remote-code",

@@ -180,7 +180,7 @@ MODELS_DIR = env_str("APPLIANCE_MODELS_DIR", "")
 RECIPES_DIR = env_str("APPLIANCE_RECIPES_DIR", "")
 # Off only on hosts without an NVIDIA runtime (the test suite's machines).
 ENGINE_GPU_REQUESTS = env_bool("APPLIANCE_ENGINE_GPU_REQUESTS", True)
-# PEM bundle of a TLS-intercepting proxy for the image builds' download steps (appliance.images.build).
+# PEM bundle of a TLS-intercepting proxy for image builds' download steps (appliance.images).
 BUILD_CA_BUNDLE = env_str("APPLIANCE_BUILD_CA_BUNDLE", "")
 # How often a running image build looks for a stop request (milliseconds).
 BUILD_CANCEL_POLL_MS = env_int("APPLIANCE_BUILD_CANCEL_POLL_MS", 500)

@@ -1,7 +1,8 @@
 """The deployment spec: one schema for the YAML file, the REST API and the panel form.
 
-EngineOptions' field names are SGLang's flags in snake_case, so `launch_args` maps them
-mechanically (as SGLang's own ServerArgs does); cross-field checks live in preflight.py.
+EngineOptions' field names are SGLang's flags in snake_case, so appliance.engine.launch maps
+them mechanically (as SGLang's own ServerArgs does); cross-field checks live in
+appliance.preflight.
 """
 
 from __future__ import annotations
@@ -107,16 +108,6 @@ class SpecError(ValueError):
     def __init__(self, errors: list[FieldError]) -> None:
         self.errors = errors
         super().__init__("; ".join(f"{e.field}: {e.message}" for e in errors))
-
-
-@dataclass
-class LaunchPlan:
-    argv: list[str]
-    env: dict[str, str]
-    secrets: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"argv": list(self.argv), "env": dict(self.env), "secrets": list(self.secrets)}
 
 
 # ---------------------------------------------------------------- field introspection
@@ -400,30 +391,3 @@ def load_spec(path: str | Path) -> DeploymentSpec:
 
 def spec_to_dict(spec: DeploymentSpec) -> dict[str, Any]:
     return dataclasses.asdict(spec)
-
-
-# ---------------------------------------------------------------- launch arguments
-
-def _engine_argv(engine: EngineOptions) -> list[str]:
-    argv: list[str] = []
-    defaults = EngineOptions()
-    for f in dataclasses.fields(EngineOptions):
-        value = getattr(engine, f.name)
-        if f.name == "speculative_algorithm" and value == "NONE":
-            continue
-        if isinstance(value, bool):
-            argv += [flag_for(f.name)] if value else []
-        elif value is not None and (f.name in ALWAYS_EMITTED or value != getattr(defaults, f.name)):
-            argv += [flag_for(f.name), str(value)]
-    return argv
-
-
-def launch_args(spec: DeploymentSpec) -> LaunchPlan:
-    """The engine container's argv (a list, never a shell string) and environment."""
-    argv = ["python3", "-m", "sglang.launch_server", *_engine_argv(spec.engine), *spec.extra_args]
-    env = dict(spec.env)
-    if spec.engine.speculative_algorithm in DFLASH_FAMILY:
-        # The drafter config's max_position_embeddings is shorter than the target's; SGLang
-        # refuses the target's context length without this.
-        env.setdefault("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", "1")
-    return LaunchPlan(argv=argv, env=env, secrets=list(spec.secrets))

@@ -16,9 +16,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from appliance.logs.diagnosis import Diagnosis, diagnose
-from appliance.runtime.client import EngineClient
+from appliance.logs.causes import Diagnosis
+from appliance.logs.diagnosis import diagnose
 from appliance.logs.parser import LogEvent, LogParser
+from appliance.runtime.client import EngineClient
 from appliance.runtime.containers import ContainerPlan, EngineRuntime, LogLine
 
 # Parser kinds that move the deployment forward, and the status each means.

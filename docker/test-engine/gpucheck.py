@@ -2,7 +2,7 @@
 """The test engine's GPU self-check: NOT the appliance's gpucheck, a test stand-in.
 
 Used only by the appliance's test suite, on machines without GPUs. The real engine
-image runs appliance/gpucheck.py here (/opt/appliance/gpucheck.py) with `--stream`;
+image runs the appliance.selfcheck package here (/opt/appliance/selfcheck.pyz) with `--stream`;
 this stand-in takes the same arguments and prints the same `gpu-check: {json}` lines
 for simulated H200s, so the worker, the parser and the panel see a self-check phase.
 tests/appliance/test_selfcheck.py holds its lines against the real H200 output in

@@ -16,14 +16,8 @@ from typing import Any
 
 import pytest
 
-from appliance.images.build import (
-    BuildCancelled,
-    BuildEvent,
-    BuildFailed,
-    BuildPlan,
-    build_image,
-    plan_build,
-)
+from appliance.images.build import BuildCancelled, BuildEvent, BuildFailed, build_image
+from appliance.images.plan import BuildPlan, plan_build
 from tests.site_recipes import SLOW_EXTRAS, engine_source_repo, write_recipe
 
 pytestmark = pytest.mark.docker
@@ -227,7 +221,7 @@ def test_the_ca_bundle_reaches_the_download_steps_but_not_the_image_filesystem(
     assert not any(marker in v for v in image.attrs["Config"].get("Env") or [])
     for entry in image.history():
         created_by = entry.get("CreatedBy", "")
-        if marker in created_by:  # only as the recorded build arg (see appliance/build.py)
+        if marker in created_by:  # only as the recorded build arg (see appliance/images/plan.py)
             assert "APPLIANCE_CA_PEM_0=" in created_by
     remove_image(client, plan.tag)
 
@@ -348,7 +342,7 @@ def test_ctrl_c_cancels_the_build_command_and_its_running_step(
 
 
 def test_a_whole_system_ca_bundle_is_split_under_the_kernels_per_variable_limit() -> None:
-    from appliance.images.build import CA_CHUNK_BYTES, BuildError, ca_buildargs
+    from appliance.images.plan import CA_CHUNK_BYTES, BuildError, ca_buildargs
 
     pem = "-----BEGIN CERTIFICATE-----\n" + "A" * 64 + "\n-----END CERTIFICATE-----\n"
     bundle = pem * 2000  # ~230 KiB, like Debian's ca-certificates.crt

@@ -30,8 +30,10 @@ from pathlib import Path
 
 import pytest
 
-from appliance.logs.diagnosis import CAUSES, Diagnosis, diagnose, match_error, match_line
-from appliance.logs.parser import ParseContext
+from appliance.logs.causes import CAUSES, Diagnosis
+from appliance.logs.context import ParseContext
+from appliance.logs.diagnosis import diagnose
+from appliance.logs.matchers import match_error, match_line
 
 LOGS = Path(__file__).resolve().parent.parent / "fixtures" / "logs"
 MISMATCH = "RuntimeError: The size of tensor a ({a}) must match the size of tensor b ({b}) at \

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from appliance.images.build import PATCHES_DIR
+from appliance.images.plan import PATCHES_DIR
 
 APPLIER = Path(__file__).resolve().parents[2] / "docker" / "engine" / "tools" / "apply_patches.py"
 REQUIRED = {"name", "file", "fixes", "applies_to", "verify"}

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from appliance.preflight import RULES, Finding, has_errors, run_preflight
 from appliance.engine.recipes import Recipe, load_recipe, recipe_from_dict
 from appliance.engine.spec import DeploymentSpec, spec_from_dict
+from appliance.preflight import RULES, Finding, has_errors, run_preflight
 from tests.web.specs import DDTREE_SPEC
 
 GB = 1024**3

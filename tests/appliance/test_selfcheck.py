@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 from appliance import selfcheck as gpucheck
+from appliance.engine.spec import SpecError, spec_from_dict
 from appliance.logs.diagnosis import diagnose
 from appliance.logs.parser import parse_lines
 from appliance.preflight import gpu_check_args
-from appliance.engine.spec import SpecError, spec_from_dict
 from tests.web.specs import spec
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 
+from appliance.engine.launch import launch_args
 from appliance.engine.spec import (
     DeploymentSpec,
     EngineOptions,
     SpecError,
     json_schema,
-    launch_args,
     load_spec,
     spec_from_dict,
     spec_to_dict,

@@ -61,7 +61,7 @@ def _baseline(recipe: str, name: str, self_check: bool = True,
 
 def test_a_built_image_runs_the_real_self_check_first_and_the_next_deployment_hits_the_cache(site_recipe):  # type: ignore[no-untyped-def]
     first = _baseline(site_recipe, "built-1")
-    # The image holds the real appliance/gpucheck.py; this machine has no GPU, no NVML and
+    # The image holds the real appliance.selfcheck; this machine has no GPU, no NVML and
     # no torch, so the real check fails and the deployment stops before any model load.
     with override_settings(BUILD_CA_BUNDLE="/etc/ssl/certs/ca-certificates.crt"):
         assert tasks.deploy.apply(args=[first.pk]).get() == S.FAILED

@@ -6,6 +6,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from django.conf import settings
 from django.test import override_settings
 
 import docker
@@ -179,9 +180,9 @@ def test_a_stop_during_loading_stops_the_watch_and_the_container(engine):  # typ
 def test_a_restarted_worker_adopts_the_running_container_instead_of_starting_another(engine):  # type: ignore[no-untyped-def]
     deployment = _deployment()
     pk = deployment.pk
-    services.deployment_mark_starting(deployment_id=pk, image=str(services.settings.ENGINE_IMAGE))
+    services.deployment_mark_starting(deployment_id=pk, image=str(settings.ENGINE_IMAGE))
     # The first worker started the container and died before it was ready.
-    plan = services._container_plan(Deployment.objects.get(pk=pk), str(services.settings.ENGINE_IMAGE))
+    plan = services._container_plan(Deployment.objects.get(pk=pk), str(settings.ENGINE_IMAGE))
     first = EngineRuntime().ensure_started(plan)
     assert tasks.deploy.apply(args=[pk]).get() == S.READY
     running = docker.from_env().containers.list(filters={"label": f"appliance.deployment={pk}"})

@@ -3,7 +3,8 @@
 
 argv is the engine command as a list (never a shell string), e.g.
 `python3 -m sglang.launch_server --model-path ...`. With APPLIANCE_GPU_CHECK=1 the
-self-check (/opt/appliance/gpucheck.py) runs first, with APPLIANCE_GPU_CHECK_ARGS
+self-check (/opt/appliance/selfcheck.pyz, the appliance.selfcheck package as a zip
+application) runs first, with APPLIANCE_GPU_CHECK_ARGS
 (JSON list) as its arguments and --stream, so a bad GPU, driver, NCCL or graph width is
 found in seconds instead of after the model load, and every result reaches the panel as
 it happens. A failed check exits with its status and the engine never starts.
@@ -16,7 +17,7 @@ import os
 import subprocess
 import sys
 
-GPUCHECK = "/opt/appliance/gpucheck.py"
+GPUCHECK = "/opt/appliance/selfcheck.pyz"
 
 
 def check_argv() -> list[str]:

@@ -1,0 +1,346 @@
+"""Catalogue of SGLang deployment failures and the matchers that recognise them.
+
+The messages matched here are the ones SGLang, PyTorch, NCCL, transformers,
+huggingface_hub, uvicorn and the NVIDIA container runtime really print (see
+tests/appliance/test_diagnosis.py for where each comes from). Each cause has a
+stable id, a summary, a fix, a priority (a specific root cause beats a generic
+symptom such as an NCCL error on the other ranks) and cheap substring needles
+that gate its matcher, so scanning a log stays fast.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from appliance.logs.context import ParseContext
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    cause: str
+    summary: str
+    fix: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "cause": self.cause,
+            "summary": self.summary,
+            "fix": self.fix,
+            "evidence": dict(self.evidence),
+        }
+
+
+Refiner = Callable[["Cause", str, "ParseContext | None"], "Diagnosis | None"]
+
+
+@dataclass(frozen=True)
+class Cause:
+    id: str
+    summary: str
+    fix: str
+    priority: int
+    needles: tuple[str, ...] = ()
+    refine: Refiner | None = None
+
+    def diagnosis(self, **evidence: Any) -> Diagnosis:
+        return Diagnosis(self.id, self.summary, self.fix, evidence)
+
+    def match(self, text: str, ctx: ParseContext | None) -> Diagnosis | None:
+        needle = next((n for n in self.needles if n in text), None)
+        if needle is None:
+            return None
+        if self.refine is None:
+            return self.diagnosis(matched=needle)
+        return self.refine(self, text, ctx)
+
+
+_SIZE_MISMATCH = re.compile(
+    r"The size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\) "
+    r"at non-singleton dimension (\d+)"
+)
+_DRIVER_FOUND = re.compile(r"found version (\d+)")
+_CUDA_REQ = re.compile(r"cuda>=([\d.]+)")
+_OOM_NEEDLES = ("CUDA out of memory", "OutOfMemoryError", "CUDA error: out of memory")
+# A graph replay copies the live batch into the captured buffers; these frames
+# say the mismatch came from there and not from a model bug.
+_REPLAY_FRAMES = ("cuda_graph_runner", "graph_runner.py", "in replay")
+
+
+def _per_request(size: int, width: int | None, bs: int | None) -> tuple[int | None, int | None]:
+    """Undo the batch factor in a replay size (rows = width * bs)."""
+    if width and size % width == 0:
+        return width, size // width
+    if bs and size % bs == 0:
+        return size // bs, bs
+    return None, None
+
+
+def _verify_width(cause: Cause, text: str, ctx: ParseContext | None) -> Diagnosis | None:
+    match = _SIZE_MISMATCH.search(text)
+    if match is None or not any(frame in text for frame in _REPLAY_FRAMES):
+        return None
+    a, b = int(match.group(1)), int(match.group(2))
+    captured, bs = _per_request(a, ctx.verify_width if ctx else None, None)
+    if captured is None and ctx is not None:
+        captured, bs = _per_request(a, None, ctx.last_bs)
+    if captured is None or bs is None or b % bs:
+        captured, fed, bs = a, b, None  # no batch factor known: report raw sizes
+    else:
+        fed = b // bs
+    evidence = {"size_a": a, "size_b": b, "bs": bs, "captured_width": captured, "fed_width": fed}
+    return Diagnosis(cause.id, _width_summary(captured, fed, bs), cause.fix, evidence)
+
+
+def _width_summary(captured: int, fed: int, bs: int | None) -> str:
+    at_bs = f" (rows {captured * bs} vs {fed * bs} at bs={bs})" if bs and bs > 1 else ""
+    if fed > captured:
+        return (
+            f"CUDA graph replay failed: the target verify graph was captured for {captured} "
+            f"tokens per request (block size) but DDTree verify feeds {fed} "
+            f"(budget {fed - 1} + 1){at_bs}."
+        )
+    return (
+        f"CUDA graph replay failed: the draft graph was captured for {captured} tokens per "
+        f"request (DDTree verify width, budget {captured - 1} + 1) but the DFlash draft feeds "
+        f"{fed} (block size){at_bs}."
+    )
+
+
+def _oom_in(phase: str, frames: tuple[str, ...]) -> Refiner:
+    def refine(cause: Cause, text: str, ctx: ParseContext | None) -> Diagnosis | None:
+        in_frames = any(frame in text for frame in frames)
+        in_phase = ctx is not None and ctx.phase == phase
+        if not (in_frames or in_phase):
+            return None
+        evidence: dict[str, Any] = {"phase": ctx.phase if ctx else None}
+        if ctx is not None and ctx.last_bs is not None and phase == "capture":
+            evidence["bs"] = ctx.last_bs
+        return cause.diagnosis(**evidence)
+
+    return refine
+
+
+def _driver(cause: Cause, text: str, ctx: ParseContext | None) -> Diagnosis | None:
+    found = _DRIVER_FOUND.search(text)
+    needed = _CUDA_REQ.search(text)
+    evidence: dict[str, Any] = {}
+    if found:
+        # PyTorch reports the CUDA version the driver supports, e.g. 12080 = 12.8.
+        version = int(found.group(1))
+        evidence["driver_cuda"] = f"{version // 1000}.{version % 1000 // 10}"
+    if needed:
+        evidence["required_cuda"] = needed.group(1)
+    return cause.diagnosis(**evidence)
+
+
+def _nccl(cause: Cause, text: str, ctx: ParseContext | None) -> Diagnosis | None:
+    if "shared memory" in text or "/dev/shm" in text:
+        return Diagnosis(
+            "shm-too-small",
+            CAUSES["shm-too-small"].summary,
+            CAUSES["shm-too-small"].fix,
+            {"via": "nccl"},
+        )
+    return cause.diagnosis(timeout="Watchdog caught collective operation timeout" in text)
+
+
+def _eager_verify_refine(cause: Cause, text: str, ctx: ParseContext | None) -> Diagnosis | None:
+    return None  # decided from decode stats in match_decode, never from text
+
+
+# Found from the self-check's own report (match_selfcheck), never from a traceback.
+SELFCHECK_CAUSE = Cause(
+    "gpu-selfcheck-failed",
+    "The GPU self-check failed before the model load.",
+    "Fix what the failed check names; the check reruns at the next deploy.",
+    100,
+)
+
+_CATALOGUE: Sequence[Cause] = (
+    Cause(
+        "ddtree-verify-width",
+        "CUDA graph replay failed: the verify graph width differs from the DDTree verify width.",
+        "Build with the patch ddtree-verify-graph-width (target verify graph width budget+1, "
+        "draft width block size), or set engine.disable_cuda_graph: true.",
+        100,
+        ("must match the size of tensor b",),
+        _verify_width,
+    ),
+    Cause(
+        "driver-too-old",
+        "The NVIDIA driver is too old for the CUDA version of the engine image.",
+        "CUDA 13 images need driver 580 or newer: upgrade the host driver, or use a recipe "
+        "with a CUDA 12.9 (-cu129) base image.",
+        95,
+        (
+            "driver on your system is too old",
+            "driver version is insufficient for CUDA runtime",
+            "unsatisfied condition: cuda>=",
+            "CUDA driver version is insufficient",
+        ),
+        _driver,
+    ),
+    Cause(
+        "model-not-found",
+        "The model path is not a local model directory and not a valid Hugging Face repo id.",
+        "Check engine.model_path: mount the weights into the container at that path "
+        "(read-only) and make sure config.json is there.",
+        95,
+        (
+            "does not appear to have a file named config.json",
+            "HFValidationError",
+            "Repository Not Found",
+            "is not a local folder and is not a valid model identifier",
+        ),
+    ),
+    Cause(
+        "trust-remote-code",
+        "The model ships custom code (Kimi K2.6 does) and trust_remote_code is off.",
+        "Set engine.trust_remote_code: true.",
+        95,
+        ("contains custom code which must be executed", "trust_remote_code=True"),
+    ),
+    Cause(
+        "tokenizer-missing",
+        "The tokenizer could not be loaded from the model directory.",
+        "Make sure the tokenizer files (tiktoken.model, tokenizer_config.json) are in the "
+        "model directory, or set engine.tokenizer_path; Kimi's tokenizer also needs "
+        "trust_remote_code and the tiktoken package.",
+        94,
+        ("Can't load tokenizer", "No module named 'tiktoken'"),
+    ),
+    Cause(
+        "port-in-use",
+        "A port the engine needs is already in use on the host.",
+        "Stop what holds the port (an old engine container?) or set engine.port to a free port.",
+        95,
+        ("ddress already in use", "is not available in", "[Errno 98]"),
+    ),
+    Cause(
+        "dflash-dp-attention",
+        "DFlash does not run with DP attention (0.5.23 allows it only with --enable-dp-lm-head).",
+        "Set engine.enable_dp_attention: false, or on SGLang 0.5.23 add --enable-dp-lm-head.",
+        95,
+        (
+            "DFLASH speculative decoding does not support dp attention",
+            "DFLASH with dp attention",
+        ),
+    ),
+    Cause(
+        "dflash-pipeline-parallel",
+        "DFlash supports only pp_size == 1.",
+        "Set engine.pp_size: 1 and use tensor parallelism over the GPUs.",
+        95,
+        ("DFLASH speculative decoding only supports pp_size == 1",),
+    ),
+    Cause(
+        "draft-model-missing",
+        "DFlash/DDTree needs a draft model path.",
+        "Set engine.speculative_draft_model_path to the DFlash drafter directory.",
+        95,
+        ("requires setting --speculative-draft-model-path",),
+    ),
+    Cause(
+        "flashinfer-mla-tree",
+        "FlashInfer's MLA backend supports only chain (topk=1) speculative decoding; a tree "
+        "verify needs a tree mask.",
+        "Set engine.attention_backend: fa3 (Hopper) or triton for Kimi/DeepSeek (MLA) models.",
+        95,
+        ("Flashinfer MLA only supports topk=1",),
+    ),
+    Cause(
+        "cuda-oom-capture",
+        "CUDA ran out of memory while capturing CUDA graphs.",
+        "Lower engine.cuda_graph_max_bs (e.g. 16) or engine.mem_fraction_static "
+        "(e.g. 0.8) to leave room for the graphs.",
+        90,
+        _OOM_NEEDLES,
+        _oom_in("capture", ("Capture cuda graph failed", "def capture", "in capture")),
+    ),
+    Cause(
+        "cuda-oom-load",
+        "CUDA ran out of memory while loading the model weights.",
+        "The weights do not fit on the GPUs: use more GPUs (tp_size), a quantized checkpoint, "
+        "or make sure no other process holds GPU memory.",
+        90,
+        _OOM_NEEDLES,
+        _oom_in("load", ("load_model", "load_weights", "weight_utils")),
+    ),
+    Cause(
+        "kv-pool-too-small",
+        "No memory is left for the KV cache after the weights.",
+        "Raise engine.mem_fraction_static, lower context_length or max_running_requests, "
+        "or use more GPUs.",
+        85,
+        ("Not enough memory. Please try to increase --mem-fraction-static", "leaves no room"),
+    ),
+    Cause(
+        "cuda-oom-runtime",
+        "CUDA ran out of memory while serving.",
+        "Lower engine.mem_fraction_static, engine.max_running_requests or "
+        "engine.cuda_graph_max_bs.",
+        80,
+        _OOM_NEEDLES,
+    ),
+    Cause(
+        "cuda-graph-capture-failed",
+        "CUDA graph capture failed (not for lack of memory).",
+        "Retry with engine.disable_cuda_graph: true to confirm, then report the traceback; "
+        "lowering engine.cuda_graph_max_bs sometimes avoids it.",
+        70,
+        ("Capture cuda graph failed",),
+    ),
+    Cause(
+        "shm-too-small",
+        "The container's shared memory (/dev/shm) is too small for NCCL and the scheduler.",
+        "Run the engine container with --ipc host (the appliance default) or a large "
+        "--shm-size (e.g. 32g).",
+        60,
+        ("Bus error", "Error while creating shared memory segment", "No space left on device"),
+    ),
+    Cause(
+        "nccl-failure",
+        "A NCCL collective failed between the GPUs.",
+        "Check that all GPUs of the deployment are visible and healthy (gpu-check), that the "
+        "container runs with --ipc host, and retry with NCCL_DEBUG=INFO in the env for details.",
+        50,
+        (
+            "NCCL error",
+            "ncclSystemError",
+            "ncclUnhandledCudaError",
+            "ncclInternalError",
+            "DistBackendError",
+            "Watchdog caught collective operation timeout",
+            "NCCL WARN",
+        ),
+        _nccl,
+    ),
+    Cause(
+        "silent-eager-verify",
+        "Speculative decoding runs without CUDA graphs (decode stats say cuda graph: False): "
+        "the verify width differs from the captured graph, so SGLang falls back to eager.",
+        "Build with the patch ddtree-verify-graph-width so the target verify graph is captured "
+        "at width budget+1; check sglang:is_cuda_graph after the fix.",
+        40,
+        (),
+        _eager_verify_refine,
+    ),
+    SELFCHECK_CAUSE,
+)
+CAUSES: dict[str, Cause] = {cause.id: cause for cause in _CATALOGUE}
+BY_PRIORITY = sorted(_CATALOGUE, key=lambda cause: -cause.priority)
+
+# Single lines that name a cause without a traceback (uvicorn's bind error,
+# NCCL warnings, the container runtime's driver check, SGLang's port wait).
+LINE_TRIGGERS: tuple[tuple[str, str], ...] = (
+    ("ddress already in use", "port-in-use"),
+    ("is in use. Waiting", "port-in-use"),
+    ("NCCL WARN", "nccl-failure"),
+    ("unsatisfied condition: cuda>=", "driver-too-old"),
+    ("driver on your system is too old", "driver-too-old"),
+    ("CUDA driver version is insufficient", "driver-too-old"),
+)

@@ -1,0 +1,19 @@
+"""What the log has said so far: the state the parser keeps and diagnoses read."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class ParseContext:
+    """What the log has said so far; diagnoses need it (widths, batch sizes, phase)."""
+
+    phase: str = "starting"
+    speculative: bool = False
+    verify_width: int | None = None
+    draft_width: int | None = None
+    capture_bs: list[int] | None = None
+    last_bs: int | None = None
+    max_running_req: int = 0
+    selfcheck_reported: bool = False

@@ -1,0 +1,54 @@
+"""The engine's state: the launch Config, the counters and histograms SGLang reports."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from sglang.test_engine.config import Config
+from sglang.test_engine.settings import HIST_BUCKETS
+
+
+@dataclass
+class Histogram:
+    counts: list[int] = field(default_factory=lambda: [0] * len(HIST_BUCKETS))
+    total: float = 0.0
+    n: int = 0
+
+    def observe(self, value: float) -> None:
+        self.n += 1
+        self.total += value
+        for i, bound in enumerate(HIST_BUCKETS):
+            if value <= bound:
+                self.counts[i] += 1
+
+
+@dataclass
+class State:
+    ready: bool = False
+    running: int = 0
+    queued: int = 0
+    decode_steps: int = 0
+    tokens_in_use: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    num_requests: int = 0
+    last_gen_throughput: float = 0.0
+    accept_tokens: int = 0
+    verify_steps: int = 0
+    weight_load_s: float = 0.0
+    first_request_seen: bool = False
+    ttft: Histogram = field(default_factory=Histogram)
+    itl: Histogram = field(default_factory=Histogram)
+    e2e: Histogram = field(default_factory=Histogram)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def avg_accept(self) -> float:
+        return self.accept_tokens / self.verify_steps if self.verify_steps else 0.0
+
+
+# CFG is set once, by launch_server.main(); it is rebound there, so read it as engine.CFG.
+CFG: Config
+STATE = State()
+MAX_TOKENS_POOL = 1048576

@@ -1,0 +1,77 @@
+"""Generation: decode steps, the counters they keep, and the ddtree-width crash."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Iterator
+
+from sglang.test_engine.config import Config
+from sglang.test_engine.engine import STATE
+from sglang.test_engine.loglines import decode_line, prefill_line
+from sglang.test_engine.settings import ACCEPT_LEN, FAIL, TOKEN_S
+from sglang.test_engine.tracebacks import ddtree_width_traceback, scheduler_crash
+
+WORDS = ("the", "draft", "tree", "verifies", "tokens", "in", "one", "forward", "pass", "and",
+         "accepts", "a", "longer", "prefix", "so", "decoding", "runs", "faster")
+
+
+def generate(cfg: Config, prompt_tokens: int, max_tokens: int) -> Iterator[str]:
+    """Yield text pieces, one per decode step; keeps the counters SGLang reports."""
+    maybe_crash_on_first_request(cfg)
+    start = time.perf_counter()
+    rng = random.Random(prompt_tokens * 7919 + max_tokens)
+    with STATE.lock:
+        STATE.running += 1
+        STATE.num_requests += 1
+        STATE.prompt_tokens += prompt_tokens
+        STATE.tokens_in_use += prompt_tokens
+        prefill_line(prompt_tokens, STATE.running - 1)
+    produced, last = 0, start
+    try:
+        while produced < max_tokens:
+            time.sleep(TOKEN_S)
+            n = step_tokens(cfg, rng, max_tokens - produced)
+            piece = "".join(" " + WORDS[(produced + i) % len(WORDS)] for i in range(n))
+            t = time.perf_counter()
+            record_step(cfg, n, t - last, first=produced == 0, since_start=t - start)
+            produced, last = produced + n, t
+            yield piece
+    finally:
+        with STATE.lock:
+            STATE.running -= 1
+            STATE.tokens_in_use -= prompt_tokens + produced
+            STATE.e2e.observe(time.perf_counter() - start)
+
+
+def step_tokens(cfg: Config, rng: random.Random, left: int) -> int:
+    if not cfg.speculative:
+        return 1
+    accepted = max(1, min(cfg.block, round(rng.gauss(ACCEPT_LEN, 1.0))))
+    return min(accepted, left)
+
+
+def record_step(cfg: Config, n: int, gap: float, first: bool, since_start: float) -> None:
+    with STATE.lock:
+        STATE.generation_tokens += n
+        STATE.tokens_in_use += n
+        STATE.decode_steps += 1
+        STATE.accept_tokens += n
+        STATE.verify_steps += 1
+        STATE.last_gen_throughput = n / gap if gap > 0 else 0.0
+        if first:
+            STATE.ttft.observe(since_start)
+        else:
+            STATE.itl.observe(gap / n)
+        if STATE.decode_steps % cfg.decode_log_interval == 0:
+            decode_line(cfg)
+
+
+def maybe_crash_on_first_request(cfg: Config) -> None:
+    if FAIL != "ddtree-width":
+        return
+    with STATE.lock:
+        if STATE.first_request_seen:
+            return
+        STATE.first_request_seen = True
+    scheduler_crash(cfg, ddtree_width_traceback(cfg))

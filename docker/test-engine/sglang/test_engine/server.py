@@ -1,0 +1,192 @@
+"""The HTTP server: SGLang's endpoints (health, info, metrics, OpenAI chat, /generate)."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler
+from typing import Any
+
+from sglang import __version__
+from sglang.test_engine import engine
+from sglang.test_engine.config import server_args_dict
+from sglang.test_engine.engine import MAX_TOKENS_POOL, STATE
+from sglang.test_engine.generation import generate
+from sglang.test_engine.loglines import access_line
+from sglang.test_engine.metrics import metrics_text
+
+
+def prompt_len(messages: Any) -> int:
+    text = json.dumps(messages) if not isinstance(messages, str) else messages
+    return max(1, len(text.split()))
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "uvicorn"
+    sys_version = ""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return  # access lines are written in uvicorn's format by respond()
+
+    def log_access(self, status: int) -> None:
+        client = f"{self.client_address[0]}:{self.client_address[1]}"
+        access_line(self.command, self.path, status, client)
+
+    def send_json(self, status: int, body: Any) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+        self.log_access(status)
+
+    def send_text(self, status: int, text: str, ctype: str = "text/plain") -> None:
+        data = text.encode()
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+        self.log_access(status)
+
+    def read_json(self) -> dict[str, Any]:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b"{}"
+        try:
+            body = json.loads(raw or b"{}")
+        except json.JSONDecodeError:
+            return {}
+        return body if isinstance(body, dict) else {}
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+        path = self.path.split("?", 1)[0]
+        routes = {
+            "/health": self.health,
+            "/health_generate": self.health_generate,
+            "/v1/models": self.models,
+            "/server_info": self.server_info,
+            "/get_server_info": self.server_info,
+            "/model_info": self.model_info,
+            "/get_model_info": self.model_info,
+            "/metrics": self.metrics,
+        }
+        routes.get(path, self.not_found)()
+
+    def do_POST(self) -> None:  # noqa: N802
+        path = self.path.split("?", 1)[0]
+        routes = {"/v1/chat/completions": self.chat, "/generate": self.generate}
+        routes.get(path, self.not_found)()
+
+    def not_found(self) -> None:
+        self.send_json(404, {"detail": "Not Found"})
+
+    def not_ready(self) -> bool:
+        if STATE.ready:
+            return False
+        self.send_text(503, "")
+        return True
+
+    def health(self) -> None:
+        self.send_text(200 if STATE.ready else 503, "")
+
+    def health_generate(self) -> None:
+        if self.not_ready():
+            return
+        "".join(generate(engine.CFG, 1, 1))
+        self.send_text(200, "")
+
+    def models(self) -> None:
+        self.send_json(200, {"object": "list", "data": [{
+            "id": engine.CFG.model_name, "object": "model", "created": int(time.time()),
+            "owned_by": "sglang", "root": engine.CFG.model_name,
+            "max_model_len": engine.CFG.context_len}]})
+
+    def model_info(self) -> None:
+        self.send_json(200, {"model_path": engine.CFG.args.model_path, "tokenizer_path":
+                             engine.CFG.args.model_path, "is_generation": True})
+
+    def server_info(self) -> None:
+        state: dict[str, Any] = {"last_gen_throughput": STATE.last_gen_throughput,
+                                 "memory_usage": {"weight": 74.34, "kvcache": 35.12,
+                                                  "graph": 1.10}}
+        if engine.CFG.speculative:
+            state["avg_spec_accept_length"] = STATE.avg_accept
+        self.send_json(200, {**server_args_dict(engine.CFG), "version": __version__,
+                             "max_total_num_tokens": MAX_TOKENS_POOL,
+                             "internal_states": [state]})
+
+    def metrics(self) -> None:
+        if not engine.CFG.args.enable_metrics:
+            self.not_found()
+            return
+        self.send_text(200, metrics_text(), "text/plain; version=0.0.4; charset=utf-8")
+
+    def chat(self) -> None:
+        if self.not_ready():
+            return
+        body = self.read_json()
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            self.send_json(400, {"object": "error", "message": "messages is required",
+                                 "type": "BadRequestError", "code": 400})
+            return
+        max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
+        pieces = generate(engine.CFG, prompt_len(messages), max_tokens)
+        rid = uuid.uuid4().hex
+        if body.get("stream"):
+            self.stream_chat(rid, pieces, prompt_len(messages))
+            return
+        text = "".join(pieces)
+        self.send_json(200, {
+            "id": rid, "object": "chat.completion", "created": int(time.time()),
+            "model": engine.CFG.model_name,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                         "finish_reason": "length"}],
+            "usage": {"prompt_tokens": prompt_len(messages), "completion_tokens": max_tokens,
+                      "total_tokens": prompt_len(messages) + max_tokens}})
+
+    def stream_chat(self, rid: str, pieces: Iterator[str], prompt_tokens: int) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self.log_access(200)
+
+        def chunk(delta: dict[str, Any], finish: str | None) -> None:
+            event = {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()),
+                     "model": engine.CFG.model_name,
+                     "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                  "finish_reason": finish}]}
+            self.write_chunk(f"data: {json.dumps(event)}\n\n")
+
+        chunk({"role": "assistant", "content": ""}, None)
+        for piece in pieces:
+            chunk({"content": piece}, None)
+        chunk({}, "length")
+        self.write_chunk("data: [DONE]\n\n")
+        self.wfile.write(b"0\r\n\r\n")
+
+    def write_chunk(self, text: str) -> None:
+        data = text.encode()
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
+    def generate(self) -> None:
+        if self.not_ready():
+            return
+        body = self.read_json()
+        params = body.get("sampling_params") or {}
+        max_tokens = int(params.get("max_new_tokens") or 16)
+        prompt = body.get("text") or body.get("input_ids") or ""
+        start = time.perf_counter()
+        text = "".join(generate(engine.CFG, prompt_len(prompt), max_tokens))
+        self.send_json(200, {"text": text, "meta_info": {
+            "id": uuid.uuid4().hex, "prompt_tokens": prompt_len(prompt),
+            "completion_tokens": max_tokens, "cached_tokens": 0,
+            "finish_reason": {"type": "length", "length": max_tokens},
+            "e2e_latency": time.perf_counter() - start}})

@@ -1,0 +1,25 @@
+"""Constants and the TEST_ENGINE_* environment knobs (read once, at import)."""
+
+from __future__ import annotations
+
+import os
+
+SITE = "/usr/local/lib/python3.12/dist-packages"
+SRT = f"{SITE}/sglang/srt"
+TOTAL_MEM_GB = 139.81
+HIST_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+def env_float(name: str, default: float) -> float:
+    try:
+        return float(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+PACE_S = env_float("TEST_ENGINE_PACE_S", 0.05)
+TOKEN_S = env_float("TEST_ENGINE_TOKEN_S", 0.002)
+SHARDS = int(env_float("TEST_ENGINE_SHARDS", 8))
+FAIL = os.environ.get("TEST_ENGINE_FAIL", "").strip()
+STYLE = os.environ.get("TEST_ENGINE_LOG_STYLE", "new").strip().lower()
+ACCEPT_LEN = env_float("TEST_ENGINE_ACCEPT_LEN", 4.87)

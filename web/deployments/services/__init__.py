@@ -1,0 +1,59 @@
+"""Writes: creating deployments, moving their status, appending events.
+
+Every status change is one function per edge, a conditional UPDATE on the
+expected source states; zero rows updated means someone else won.
+
+The modules, by theme: deployments (validate, create, status transitions, stop
+requests), events (the event log and its live stream), builds (the engine image),
+engines (the engine container: run, watch, stop, supervise). Callers import from
+here: `from web.deployments import services; services.deployment_create(...)`.
+"""
+
+from __future__ import annotations
+
+from .deployments import (
+    ADVANCE,
+    DeploymentInputError,
+    deployment_create,
+    deployment_mark_building,
+    deployment_mark_capturing,
+    deployment_mark_checking,
+    deployment_mark_failed,
+    deployment_mark_loading,
+    deployment_mark_ready,
+    deployment_mark_starting,
+    deployment_mark_stopped,
+    deployment_mark_stopping,
+    deployment_request_stop,
+    deployment_set_progress,
+    deployment_validate,
+    recipe_load,
+    recipe_names,
+)
+from .engines import _container_plan as _container_plan  # the worker tests build a plan
+from .engines import deployment_run, deployment_stop, deployments_supervise
+from .events import events_append
+
+__all__ = [
+    "ADVANCE",
+    "DeploymentInputError",
+    "deployment_create",
+    "deployment_mark_building",
+    "deployment_mark_capturing",
+    "deployment_mark_checking",
+    "deployment_mark_failed",
+    "deployment_mark_loading",
+    "deployment_mark_ready",
+    "deployment_mark_starting",
+    "deployment_mark_stopped",
+    "deployment_mark_stopping",
+    "deployment_request_stop",
+    "deployment_run",
+    "deployment_set_progress",
+    "deployment_stop",
+    "deployment_validate",
+    "deployments_supervise",
+    "events_append",
+    "recipe_load",
+    "recipe_names",
+]

@@ -1,0 +1,127 @@
+"""The engine image for a deployment: the configured one, or a build of its recipe."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+from django.db import connection as db_connection
+
+from ..models import Deployment, DeploymentStatus, EventKind
+from ._shared import _runtime
+from .deployments import (
+    deployment_mark_building,
+    deployment_mark_failed,
+    deployment_mark_stopped,
+    recipe_load,
+)
+from .events import events_append
+
+if TYPE_CHECKING:
+    from appliance.images.build import BuildFailed, BuildResult
+
+S = DeploymentStatus
+
+
+class _BuildStopped(Exception):
+    def __init__(self, outcome: str) -> None:
+        self.outcome = outcome
+
+
+def _ensure_image(deployment: Deployment) -> str | None:
+    """An image tag to run, building it from the recipe when no override is configured."""
+    if deployment.status in {S.STARTING, S.CHECKING, S.LOADING, S.CAPTURING}:
+        return deployment.image  # adopted after a worker restart: the container may be running
+    if settings.ENGINE_IMAGE:
+        image = str(settings.ENGINE_IMAGE)
+        event = {"kind": "cache_hit", "tag": image, "text": f"using the configured image {image}"}
+        events_append(deployment_id=deployment.pk, events=[(EventKind.BUILD, event)])
+        return image
+    deployment_mark_building(deployment_id=deployment.pk)
+    return _build(deployment)
+
+
+def _build(deployment: Deployment) -> str | None:
+    from appliance.images.build import BuildCancelled, BuildFailed
+
+    pk = deployment.pk
+    cancel = threading.Event()
+    finished = threading.Event()
+    watcher = _start_stop_watcher(pk, cancel, finished)
+    try:
+        result = _run_build(deployment, cancel)
+    except BuildCancelled:
+        raise _build_stopped(pk) from None
+    except BuildFailed as exc:
+        _mark_build_failed(pk, exc)
+        raise _BuildStopped(S.FAILED) from None
+    finally:
+        finished.set()
+        watcher.join(timeout=5)
+    if cancel.is_set():  # stopped just as the last step finished: honour the stop
+        raise _build_stopped(pk)
+    return str(result.tag)
+
+
+def _start_stop_watcher(
+    pk: int, cancel: threading.Event, finished: threading.Event
+) -> threading.Thread:
+    """A daemon thread that sets cancel when the build's stop is requested."""
+    watcher = threading.Thread(
+        target=_watch_for_stop, args=(pk, cancel, finished), name=f"build-stop-{pk}", daemon=True
+    )
+    watcher.start()
+    return watcher
+
+
+def _watch_for_stop(pk: int, cancel: threading.Event, finished: threading.Event) -> None:
+    # A RUN step can be silent for minutes (a CUDA kernel compile), so a stop request
+    # (panel or API: the status leaves `building`) is looked for on a clock, not only
+    # when the build says something; build_image then kills the running step.
+    try:
+        while not finished.wait(settings.BUILD_CANCEL_POLL_MS / 1000):
+            if not Deployment.objects.filter(pk=pk, status=S.BUILDING).exists():
+                cancel.set()
+                return
+    finally:
+        db_connection.close()
+
+
+def _run_build(deployment: Deployment, cancel: threading.Event) -> BuildResult:
+    """Build the recipe's image, each build event appended to the deployment's log."""
+    from appliance.images.build import build_image
+    from appliance.images.plan import plan_build
+
+    pk = deployment.pk
+
+    def on_event(event: Any) -> None:
+        events_append(deployment_id=pk, events=[(EventKind.BUILD, event.to_dict())])
+
+    ca_bundle = Path(settings.BUILD_CA_BUNDLE) if settings.BUILD_CA_BUNDLE else None
+    return build_image(
+        plan_build(recipe_load(deployment.recipe), ca_bundle=ca_bundle),
+        client=_runtime().client,
+        no_cache=deployment.rebuild_image,
+        cancel=cancel,
+        on_event=on_event,
+    )
+
+
+def _build_stopped(pk: int) -> _BuildStopped:
+    """Mark the deployment stopped; the exception that ends its build, for the caller to raise."""
+    deployment_mark_stopped(deployment_id=pk)
+    return _BuildStopped(S.STOPPED)
+
+
+def _mark_build_failed(pk: int, exc: BuildFailed) -> None:
+    diagnosis = {
+        "cause": "image-build-failed",
+        "summary": str(exc),
+        "fix": "Read the failing build step below; fix the recipe or the patch it names.",
+        "evidence": exc.to_dict(),
+    }
+    deployment_mark_failed(
+        deployment_id=pk, diagnosis=diagnosis, last_lines=list(exc.last_output_lines)
+    )
