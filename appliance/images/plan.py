@@ -57,7 +57,7 @@ class SGLangSourceLike(Protocol):
 
 
 class RecipeLike(Protocol):
-    """What a build needs from appliance.recipes.Recipe (structural, so tests and the
+    """What a build needs from appliance.engine.recipes.Recipe (structural, so tests and the
     recipe loader stay decoupled)."""
 
     name: str

@@ -374,5 +374,5 @@ def _image_missing_message(image: str) -> str:
         f"image {image!r} is not on this Docker engine and no registry is used. Build it "
         "first: the test engine with `docker build -t appliance-test-engine:latest "
         "--build-arg BASE_IMAGE=appliance-base:bookworm docker/test-engine`, an SGLang "
-        "engine image through the appliance's build step (appliance/build.py)."
+        "engine image through the appliance's build step (appliance/images/plan.py)."
     )

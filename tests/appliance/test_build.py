@@ -29,7 +29,7 @@ PATCHED = 'VERIFY_WIDTH = "budget+1"\n'
 
 def make_recipe(name: str, repo: Path, patches: list[str], recipe_dir: Path, **extra: Any) -> Any:
     """A Recipe from appliance.engine.recipes, written and loaded the way users write them."""
-    from appliance import recipes
+    from appliance.engine import recipes
 
     source = recipes.SGLangSource(pip=None, git=str(repo), ref="main")
     fields: dict[str, Any] = {

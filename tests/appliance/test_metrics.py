@@ -1,4 +1,4 @@
-"""Tests for appliance.metrics.
+"""Tests for appliance.engine.metrics.
 
 Metric names and labels follow sglang 0.5.23 srt/observability/metrics_collector.py:
 scheduler gauges (sglang:num_running_reqs, gen_throughput, token_usage, cache_hit_rate,
