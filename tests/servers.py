@@ -75,6 +75,21 @@ def celery_worker(log_path: Path, **env: str) -> Iterator[subprocess.Popen[bytes
             _end(proc)
 
 
+@contextmanager
+def engine_agent(log_path: Path, **env: str) -> Iterator[subprocess.Popen[bytes]]:
+    """The engine agent as the compose service runs it: `python3 -m worker.agent`."""
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "worker.agent"],
+            cwd=ROOT, env=process_env(**env), stdout=log, stderr=subprocess.STDOUT,
+        )
+        try:
+            _wait_log(log_path, "engine agent", proc)
+            yield proc
+        finally:
+            _end(proc)
+
+
 def _wait_http(url: str, proc: subprocess.Popen[bytes], log_path: Path) -> None:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:

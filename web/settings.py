@@ -173,7 +173,9 @@ ENGINE_IMAGE = env_str("APPLIANCE_ENGINE_IMAGE", "")
 ENGINE_NETWORK = env_str("APPLIANCE_ENGINE_NETWORK", "")
 ENGINE_READY_TIMEOUT_S = env_int("APPLIANCE_ENGINE_READY_TIMEOUT_S", 3600)
 ENGINE_STOP_TIMEOUT_S = env_int("APPLIANCE_ENGINE_STOP_TIMEOUT_S", 30)
-SUPERVISE_INTERVAL_S = env_int("APPLIANCE_SUPERVISE_INTERVAL_S", 5)
+# The engine agent: its id (stable per host; default agent@<hostname>) and its tick.
+AGENT_ID = env_str("APPLIANCE_AGENT_ID", "")
+AGENT_TICK_S = float(env_int("APPLIANCE_AGENT_TICK_MS", 1000)) / 1000
 SSE_KEEPALIVE_S = env_int("APPLIANCE_SSE_KEEPALIVE_S", 15)
 MODELS_DIR = env_str("APPLIANCE_MODELS_DIR", "")
 # A folder of the site's own recipe files (<name>.yaml), offered beside the shipped ones.

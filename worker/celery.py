@@ -6,6 +6,7 @@ import os
 
 import django
 from celery import Celery
+from kombu import Queue
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "web.settings")
 django.setup()
@@ -21,10 +22,14 @@ app.conf.update(
     task_always_eager=settings.CELERY_TASK_ALWAYS_EAGER,
     broker_connection_retry_on_startup=True,
     task_ignore_result=True,
-    # A deploy watch can take as long as a 590 GB model load; the broker must not redeliver early.
+    # An image build (CUDA kernels) can take hours; the broker must not redeliver it early.
+    # A build whose worker died is queued again by the engine agent (its lease ran out).
     broker_transport_options={"visibility_timeout": 4 * 3600},
-    beat_schedule={
-        "supervise": {"task": "worker.tasks.supervise", "schedule": settings.SUPERVISE_INTERVAL_S},
-    },
+    # Separate queues: a stop never waits behind image builds. A worker with no -Q
+    # consumes both.
+    task_queues=[Queue("control"), Queue("builds")],
+    task_default_queue="control",
+    task_routes={"worker.tasks.deploy": {"queue": "builds"},
+                 "worker.tasks.stop": {"queue": "control"}},
 )
 app.autodiscover_tasks(["worker"], related_name="tasks")

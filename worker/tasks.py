@@ -7,6 +7,7 @@ from web.deployments import services
 from .celery import app
 
 
+# A deploy builds (or finds) the image, then the engine agent takes over the engine.
 @app.task(name="worker.tasks.deploy", acks_late=True)
 def deploy(deployment_id: int) -> str:
     return services.deployment_run(deployment_id=deployment_id)
@@ -17,6 +18,3 @@ def stop(deployment_id: int) -> str:
     return services.deployment_stop(deployment_id=deployment_id)
 
 
-@app.task(name="worker.tasks.supervise", ignore_result=True)
-def supervise() -> int:
-    return services.deployments_supervise()

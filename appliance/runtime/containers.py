@@ -1,13 +1,16 @@
 """Engine containers through docker-py: start (or adopt), follow logs, inspect, stop.
 
-Containers carry the label `appliance.deployment=<id>` and a deterministic name, so a
-restarted worker finds and adopts a running engine instead of starting a second copy.
+A container carries its identity in labels and name: the install's instance id, the
+deployment id and a per-start token. A restarted agent adopts a running engine only when
+all three match, so a container made by hand with our labels, another appliance's engine
+on the same Docker engine, or one left from a reset database is never adopted or stopped.
 No Django, no Celery: plain dataclasses in and out.
 """
 
 from __future__ import annotations
 
 import codecs
+import itertools
 import re
 import struct
 import time
@@ -23,6 +26,8 @@ from docker.utils.socket import frames_iter
 
 LABEL_DEPLOYMENT = "appliance.deployment"
 LABEL_MANAGED = "appliance.managed"
+LABEL_INSTANCE = "appliance.instance"
+LABEL_START = "appliance.start-token"
 NAME_PREFIX = "appliance-engine-"
 # A container in one of these states is (or is about to be) the deployment's engine.
 LIVE_STATES = frozenset({"created", "running", "restarting", "paused"})
@@ -57,6 +62,41 @@ class ContainerPlan:
     # None means ipc_mode="host", which SGLang's docs recommend over a sized /dev/shm.
     shm_size: str | None = None
     labels: dict[str, str] = field(default_factory=dict)
+    # Identity (see the module docstring); empty in tests that start bare containers.
+    instance_id: str = ""
+    start_token: str = ""
+
+    @property
+    def identity(self) -> Identity:
+        return Identity(str(self.deployment_id), self.instance_id, self.start_token)
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Which engine container is a deployment's: all given parts must match."""
+
+    deployment_id: str
+    instance_id: str = ""
+    start_token: str = ""
+
+    def labels(self) -> dict[str, str]:
+        labels = {LABEL_DEPLOYMENT: self.deployment_id, LABEL_MANAGED: "1"}
+        if self.instance_id:
+            labels[LABEL_INSTANCE] = self.instance_id
+        if self.start_token:
+            labels[LABEL_START] = self.start_token
+        return labels
+
+    def matches(self, labels: dict[str, str]) -> bool:
+        return all(labels.get(k) == v for k, v in self.labels().items())
+
+    @property
+    def name(self) -> str:
+        return container_name(self.deployment_id, self.instance_id, self.start_token)
+
+
+def _identity(target: str | Identity) -> Identity:
+    return target if isinstance(target, Identity) else Identity(str(target))
 
 
 @dataclass(frozen=True)
@@ -73,12 +113,28 @@ class LogLine:
     stream: StreamName
     text: str
     partial: bool = False
+    ts_ns: int | None = None  # Docker's timestamp of the line (follow_logs(timestamps=True))
 
 
-def container_name(deployment_id: str) -> str:
+def container_name(deployment_id: str, instance_id: str = "", start_token: str = "") -> str:
     """Deterministic container name; characters Docker rejects become '-'."""
     safe = re.sub(r"[^a-zA-Z0-9_.-]", "-", str(deployment_id))
-    return f"{NAME_PREFIX}{safe}"
+    if not instance_id:
+        return f"{NAME_PREFIX}{safe}"
+    return f"{NAME_PREFIX}{instance_id[:8]}-{safe}-{start_token[:8]}"
+
+
+def parse_docker_ts(text: str) -> int:
+    """Docker's RFC 3339 timestamp with up to 9 fraction digits -> Unix nanoseconds."""
+    import calendar
+
+    day, _, rest = text.partition("T")
+    clock = rest.rstrip("Z")
+    whole, _, frac = clock.partition(".")
+    y, mo, d = (int(x) for x in day.split("-"))
+    h, mi, s = (int(x) for x in whole.split(":"))
+    seconds = calendar.timegm((y, mo, d, h, mi, s, 0, 0, 0))
+    return seconds * 1_000_000_000 + int((frac + "000000000")[:9])
 
 
 class EngineRuntime:
@@ -99,19 +155,19 @@ class EngineRuntime:
 
     container_name = staticmethod(container_name)
 
-    def find(self, deployment_id: str) -> Container | None:
-        """The deployment's container in any state; a live one wins over leftovers."""
-        found = self._by_label(f"{LABEL_DEPLOYMENT}={deployment_id}")
+    def find(self, target: str | Identity) -> Container | None:
+        """The container with this identity in any state; a live one wins over leftovers."""
+        found = self._matching(_identity(target))
         live = [c for c in found if c.status in LIVE_STATES]
         return (live or found or [None])[0]
 
     def list_managed(self) -> list[Container]:
-        """Every engine container this appliance started, in any state (for the supervisor)."""
+        """Every container carrying the appliance's labels, in any state."""
         return self._by_label(f"{LABEL_MANAGED}=1")
 
     def ensure_started(self, plan: ContainerPlan) -> Container:
         """Adopt the deployment's live container, or start one (removing an exited leftover)."""
-        existing = self.find(plan.deployment_id)
+        existing = self.find(plan.identity)
         if existing is not None and existing.status in LIVE_STATES:
             if existing.status == "created":
                 self._call(existing.start, f"start container {existing.name}")
@@ -140,9 +196,12 @@ class EngineRuntime:
             return status, int(container.attrs["State"]["ExitCode"])
         return status, None
 
-    def stop(self, deployment_id: str, timeout_s: float = 30) -> bool:
-        """docker stop (SIGTERM, then SIGKILL after timeout_s) and remove; False if none."""
-        containers = self._by_label(f"{LABEL_DEPLOYMENT}={deployment_id}")
+    def stop(self, target: str | Identity, timeout_s: float = 30) -> bool:
+        """docker stop (SIGTERM, then SIGKILL after timeout_s) and remove; False if none.
+
+        Only containers matching the whole identity are stopped.
+        """
+        containers = self._matching(_identity(target))
         for container in containers:
             try:
                 if container.status in LIVE_STATES:
@@ -154,8 +213,22 @@ class EngineRuntime:
                 raise EngineRuntimeError(f"cannot stop {container.name}: {exc}") from exc
         return bool(containers)
 
+    def exit_state(self, container: Container) -> dict[str, Any]:
+        """Docker's account of how the container ended: exit code, OOM kill, error."""
+        try:
+            container.reload()
+        except docker.errors.NotFound:
+            return {"status": "missing"}
+        state = container.attrs.get("State") or {}
+        return {"status": state.get("Status"), "exit_code": state.get("ExitCode"),
+                "oom_killed": bool(state.get("OOMKilled")), "error": state.get("Error") or ""}
+
     def follow_logs(
-        self, container: Container, since: float | None = None, partials: bool = False
+        self,
+        container: Container,
+        since: float | None = None,
+        partials: bool = False,
+        timestamps: bool = False,
     ) -> Iterator[LogLine]:
         """Follow the container's output until it exits, stdout and stderr kept apart.
 
@@ -167,16 +240,26 @@ class EngineRuntime:
         yielded as partial LogLines for live progress; whole lines come either way.
         """
         splitter = _LineSplitter(partials)
-        live = partials and since is None and container.status == "running"
-        frames = self._attach_frames(container) if live else self._log_frames(container, since)
-        for stream_id, data in frames:
-            stream = STREAM_NAMES.get(stream_id, "stdout")
-            yield from splitter.feed(stream, data)
-        yield from splitter.flush()
+        if partials:
+            container.reload()  # a container just run still says "created"
+        live = partials and since is None and container.status == "running" and not timestamps
+        frames = (self._attach_frames(container) if live
+                  else self._log_frames(container, since, timestamps))
+        lines = (line for stream_id, data in frames
+                 for line in splitter.feed(STREAM_NAMES.get(stream_id, "stdout"), data))
+        for line in itertools.chain(lines, splitter.flush()):
+            yield _with_timestamp(line) if timestamps else line
 
     # ------------------------------------------------------------------ internals
 
-    def _by_label(self, label: str) -> list[Container]:
+    def _matching(self, identity: Identity) -> list[Container]:
+        found = self._by_label([f"{k}={v}" for k, v in identity.labels().items()])
+        if identity.instance_id:
+            return found
+        # Without an instance id (bare runtime use): never touch another install's engines.
+        return [c for c in found if LABEL_INSTANCE not in (c.labels or {})]
+
+    def _by_label(self, label: str | list[str]) -> list[Container]:
         try:
             found = self.client.containers.list(all=True, filters={"label": label})
         except docker.errors.APIError as exc:
@@ -191,7 +274,7 @@ class EngineRuntime:
             raise ImageMissingError(_image_missing_message(plan.image)) from exc
         except docker.errors.APIError as exc:
             raise EngineRuntimeError(
-                f"cannot start the engine container {container_name(plan.deployment_id)} "
+                f"cannot start the engine container {plan.identity.name} "
                 f"from image {plan.image}: {exc.explanation or exc}"
             ) from exc
         return container
@@ -248,7 +331,9 @@ class EngineRuntime:
             f"(status {container.status}); was it started with a network instead?"
         )
 
-    def _log_frames(self, container: Container, since: float | None) -> Iterator[tuple[int, bytes]]:
+    def _log_frames(
+        self, container: Container, since: float | None, timestamps: bool = False
+    ) -> Iterator[tuple[int, bytes]]:
         """Raw (stream id, bytes) frames of `docker logs --follow` (a non-tty container).
 
         docker-py's public logs() drops the stream id of each frame and attach() cannot
@@ -257,7 +342,8 @@ class EngineRuntime:
         weight load) is not an error.
         """
         api = self.client.api
-        params: dict[str, Any] = {"stdout": 1, "stderr": 1, "follow": 1, "timestamps": 0}
+        params: dict[str, Any] = {"stdout": 1, "stderr": 1, "follow": 1,
+                                  "timestamps": int(timestamps)}
         if since is not None:
             params["since"] = f"{since:.6f}"
         try:
@@ -338,13 +424,24 @@ class _LineSplitter:
             self._pending[stream] = ""
 
 
+def _with_timestamp(line: LogLine) -> LogLine:
+    """Split Docker's `<RFC 3339 time> ` prefix off a line read with timestamps."""
+    stamp, sep, text = line.text.partition(" ")
+    if not sep or not stamp[:4].isdigit():
+        return line
+    try:
+        return LogLine(line.stream, text, line.partial, parse_docker_ts(stamp))
+    except ValueError:
+        return line
+
+
 def docker_run_kwargs(plan: ContainerPlan) -> dict[str, Any]:
     """The docker-py `containers.run` arguments for a plan (pure; shown in dry runs)."""
-    labels = {**plan.labels, LABEL_DEPLOYMENT: str(plan.deployment_id), LABEL_MANAGED: "1"}
+    labels = {**plan.labels, **plan.identity.labels()}
     kwargs: dict[str, Any] = {
         "image": plan.image,
         "command": list(plan.argv),
-        "name": container_name(plan.deployment_id),
+        "name": plan.identity.name,
         "labels": labels,
         "environment": dict(plan.env),
         "detach": True,

@@ -14,7 +14,7 @@ from django.conf import settings
 from playwright.sync_api import Page, expect, sync_playwright
 
 import docker
-from tests.servers import celery_worker, panel_server
+from tests.servers import celery_worker, engine_agent, panel_server
 from tests.site_recipes import engine_source_repo, write_recipe
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker, pytest.mark.e2e]
@@ -32,6 +32,7 @@ CHROMIUM_ARGS = [
 def _stack(tmp_path: Path, env: dict[str, str]) -> Iterator[str]:
     redis.Redis.from_url(settings.REDIS_URL).flushdb()  # no stale tasks from other tests
     with celery_worker(tmp_path / "worker.log", **env), \
+            engine_agent(tmp_path / "agent.log", **env), \
             panel_server(tmp_path / "web.log", **env) as url:
         yield url
     client = docker.from_env()

@@ -16,7 +16,7 @@ from django.conf import settings
 from django.test import override_settings
 
 import docker
-from tests.servers import celery_worker, panel_server
+from tests.servers import celery_worker, engine_agent, panel_server
 from tests.site_recipes import SLOW_EXTRAS, engine_source_repo, write_recipe
 from tests.web.specs import spec
 from web.deployments import services
@@ -50,6 +50,12 @@ def site_recipe(tmp_path: Path):  # type: ignore[no-untyped-def]
     _remove_images(tags)
 
 
+def _run(pk: int) -> str:
+    """The deploy task (the build), then the agent beside the test until the engine settles."""
+    tasks.deploy.apply(args=[pk]).get()
+    return services.wait_for(pk, {S.READY, S.FAILED, S.STOPPED}, 90)
+
+
 def _baseline(recipe: str, name: str, self_check: bool = True,
               rebuild_image: bool = False) -> Deployment:
     data = spec(name=name, recipe=recipe, self_check=self_check)
@@ -59,12 +65,12 @@ def _baseline(recipe: str, name: str, self_check: bool = True,
                                       rebuild_image=rebuild_image)
 
 
-def test_a_built_image_runs_the_real_self_check_first_and_the_next_deployment_hits_the_cache(site_recipe):  # type: ignore[no-untyped-def]
+def test_a_built_image_runs_the_real_self_check_first_and_the_next_deployment_hits_the_cache(site_recipe, agent):  # type: ignore[no-untyped-def]
     first = _baseline(site_recipe, "built-1")
     # The image holds the real appliance.selfcheck; this machine has no GPU, no NVML and
     # no torch, so the real check fails and the deployment stops before any model load.
     with override_settings(BUILD_CA_BUNDLE="/etc/ssl/certs/ca-certificates.crt"):
-        assert tasks.deploy.apply(args=[first.pk]).get() == S.FAILED
+        assert _run(first.pk) == S.FAILED
     first.refresh_from_db()
     assert first.image.startswith("appliance-engine:site-test-engine-"), first.last_lines
     events = list(first.events.order_by("seq"))
@@ -85,7 +91,7 @@ def test_a_built_image_runs_the_real_self_check_first_and_the_next_deployment_hi
     assert not any(e.kind == "progress" for e in events), "the model never started loading"
 
     second = _baseline(site_recipe, "built-2", self_check=False)
-    assert tasks.deploy.apply(args=[second.pk]).get() == S.READY
+    assert _run(second.pk) == S.READY
     second.refresh_from_db()
     builds = [e.payload["kind"] for e in second.events.filter(kind="build")]
     assert builds == ["cache_hit"]
@@ -95,7 +101,7 @@ def test_a_built_image_runs_the_real_self_check_first_and_the_next_deployment_hi
 
     # Asked to rebuild, the same recipe builds again, layer cache off, to the same tag.
     third = _baseline(site_recipe, "built-3", self_check=False, rebuild_image=True)
-    assert tasks.deploy.apply(args=[third.pk]).get() == S.READY
+    assert _run(third.pk) == S.READY
     third.refresh_from_db()
     builds = [e.payload for e in third.events.filter(kind="build").order_by("seq")]
     assert third.image == first.image and builds[-1]["kind"] == "built"
@@ -122,7 +128,7 @@ def test_a_patch_that_does_not_apply_fails_the_deployment_naming_patch_file_and_
     (recipes / "stale.patch").write_text(STALE_PATCH)
     write_recipe(recipes, "site-stale-patch", tmp_path / "sglang", patches=["stale.patch"])
     deployment = _baseline("site-stale-patch", "stale")
-    assert tasks.deploy.apply(args=[deployment.pk]).get() == S.FAILED
+    assert _run(deployment.pk) == S.FAILED
     deployment.refresh_from_db()
     diagnosis = deployment.diagnosis
     assert diagnosis["cause"] == "image-build-failed"
@@ -163,6 +169,7 @@ def test_a_stop_through_the_api_cancels_a_silent_build_step(operator, token_for,
                       "trust_remote_code": True, "speculative_algorithm": "NONE"}
     client = docker.from_env()
     with celery_worker(tmp_path / "worker.log", **env), \
+            engine_agent(tmp_path / "agent.log", **env), \
             panel_server(tmp_path / "web.log", **env) as url:
         created = api.post(f"{url}/api/deployments/", json={"spec": data, "confirm_warnings": True})
         assert created.status_code == 201, created.text

@@ -1,4 +1,5 @@
-"""Deploy, stop and supervise tasks against real Redis, PostgreSQL, Docker and the test engine."""
+"""Deploy and stop tasks and the engine agent against real Redis, PostgreSQL, Docker and the
+test engine: the deploy task finds the image, the agent starts the engine and follows it."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from django.test import override_settings
 
 import docker
 from appliance.runtime.client import EngineClient
-from appliance.runtime.containers import EngineRuntime, container_name
+from appliance.runtime.containers import EngineRuntime
 from tests.web.specs import spec
 from web.deployments import services
 from web.deployments.models import Deployment, DeploymentStatus
@@ -33,6 +34,17 @@ def engine(test_engine_image: str) -> Iterator[dict[str, str]]:  # noqa: F811
         container.remove(force=True)
 
 
+def _run(pk: int) -> str:
+    """The deploy task, then the agent (running beside the test) until the engine settles."""
+    tasks.deploy.apply(args=[pk]).get()
+    return services.wait_for(pk, {S.READY, S.FAILED, S.STOPPED}, 90)
+
+
+def _container(deployment: Deployment):  # type: ignore[no-untyped-def]
+    deployment.refresh_from_db()
+    return docker.from_env().containers.get(services.identity_of(deployment).name)
+
+
 def _deployment(**changes) -> Deployment:  # type: ignore[no-untyped-def]
     return services.deployment_create(data=spec(**changes), confirm_warnings=True)
 
@@ -45,9 +57,9 @@ def _with_failure(engine: dict[str, str], mode: str):  # type: ignore[no-untyped
     return override_settings(ENGINE_EXTRA_ENV={**engine, "TEST_ENGINE_FAIL": mode})
 
 
-def test_deploy_goes_from_queued_to_ready_with_phases_and_progress_then_stops(engine):  # type: ignore[no-untyped-def]
+def test_deploy_goes_from_queued_to_ready_with_phases_and_progress_then_stops(engine, agent):  # type: ignore[no-untyped-def]
     deployment = _deployment()
-    assert tasks.deploy.apply(args=[deployment.pk]).get() == S.READY
+    assert _run(deployment.pk) == S.READY
     deployment.refresh_from_db()
     assert deployment.status == S.READY
     phases = [p["status"] for p in _events(deployment, "phase")]
@@ -81,15 +93,16 @@ def test_deploy_goes_from_queued_to_ready_with_phases_and_progress_then_stops(en
     assert any("fired up and ready to roll" in line["text"] for line in logs)
     assert {line["stream"] for line in logs} >= {"stderr"}
     assert deployment.progress["weights"]["finished"] is True
-    container = docker.from_env().containers.get(container_name(str(deployment.pk)))
+    container = _container(deployment)
     assert container.labels["appliance.deployment"] == str(deployment.pk)
+    assert container.labels["appliance.start-token"] == deployment.start_token
     assert EngineClient(deployment.engine_url).health() == 200
 
     services.deployment_request_stop(deployment=deployment)
     assert tasks.stop.apply(args=[deployment.pk]).get() == S.STOPPED
     deployment.refresh_from_db()
     assert deployment.status == S.STOPPED
-    assert EngineRuntime().find(str(deployment.pk)) is None
+    assert EngineRuntime().find(services.identity_of(deployment)) is None
     assert deployment.events.order_by("-seq").first().kind == "end"  # type: ignore[union-attr]
 
 
@@ -101,10 +114,10 @@ def test_deploy_goes_from_queued_to_ready_with_phases_and_progress_then_stops(en
         ("selfcheck-crash", "exited with code 139 before printing its report"),
     ],
 )
-def test_a_failed_self_check_fails_the_deployment_before_the_model_loads(engine, mode, summary):  # type: ignore[no-untyped-def]
+def test_a_failed_self_check_fails_the_deployment_before_the_model_loads(engine, agent, mode, summary):  # type: ignore[no-untyped-def]
     deployment = _deployment()
     with _with_failure(engine, mode):
-        assert tasks.deploy.apply(args=[deployment.pk]).get() == S.FAILED
+        assert _run(deployment.pk) == S.FAILED
     deployment.refresh_from_db()
     assert deployment.diagnosis["cause"] == "gpu-selfcheck-failed"
     assert summary in deployment.diagnosis["summary"]
@@ -113,12 +126,12 @@ def test_a_failed_self_check_fails_the_deployment_before_the_model_loads(engine,
     assert [p["status"] for p in phases] == ["starting", "checking", "failed"]
     assert "GPU self-check failed" in phases[-1]["message"]
     assert not _events(deployment, "progress"), "no weights were loaded"
-    assert EngineRuntime().find(str(deployment.pk)) is None
+    assert EngineRuntime().find(services.identity_of(deployment)) is None
 
 
-def test_a_spec_can_skip_the_self_check(engine):  # type: ignore[no-untyped-def]
+def test_a_spec_can_skip_the_self_check(engine, agent):  # type: ignore[no-untyped-def]
     deployment = _deployment(self_check=False)
-    assert tasks.deploy.apply(args=[deployment.pk]).get() == S.READY
+    assert _run(deployment.pk) == S.READY
     deployment.refresh_from_db()
     phases = [p["status"] for p in _events(deployment, "phase")]
     assert phases == ["starting", "loading", "capturing", "ready"]
@@ -129,83 +142,92 @@ def test_a_spec_can_skip_the_self_check(engine):  # type: ignore[no-untyped-def]
     ("mode", "cause"),
     [("load-exit", None), ("capture-oom", "cuda-oom-capture"), ("ddtree-width", "ddtree-verify-width")],
 )
-def test_a_failing_engine_fails_the_deployment_with_a_diagnosis(engine, mode, cause):  # type: ignore[no-untyped-def]
+def test_a_failing_engine_fails_the_deployment_with_a_diagnosis(engine, agent, mode, cause):  # type: ignore[no-untyped-def]
     deployment = _deployment()
     with _with_failure(engine, mode):
-        assert tasks.deploy.apply(args=[deployment.pk]).get() == S.FAILED
+        assert _run(deployment.pk) == S.FAILED
     deployment.refresh_from_db()
     assert deployment.status == S.FAILED
     assert deployment.diagnosis and deployment.diagnosis["cause"]
     if cause:
         assert deployment.diagnosis["cause"] == cause
     assert deployment.last_lines, "the last engine lines travel with the failure"
-    assert EngineRuntime().find(str(deployment.pk)) is None
+    assert EngineRuntime().find(services.identity_of(deployment)) is None
 
 
-def test_the_width_crash_names_block_size_and_budget_plus_one(engine):  # type: ignore[no-untyped-def]
+def test_the_width_crash_names_block_size_and_budget_plus_one(engine, agent):  # type: ignore[no-untyped-def]
     deployment = _deployment()
     with _with_failure(engine, "ddtree-width"):
-        tasks.deploy.apply(args=[deployment.pk]).get()
+        _run(deployment.pk)
     deployment.refresh_from_db()
     text = f"{deployment.diagnosis['summary']} {deployment.diagnosis['fix']}"
     assert "8" in text and "33" in text
 
 
-def test_a_stop_during_loading_stops_the_watch_and_the_container(engine):  # type: ignore[no-untyped-def]
+def test_a_stop_during_loading_stops_the_engine_and_its_container_within_seconds(engine, agent):  # type: ignore[no-untyped-def]
     deployment = _deployment()
     with _with_failure(engine, "hang-load"):
-        import threading
-
-        from django.db import connection
-
-        result: dict[str, str] = {}
-
-        def deploy() -> None:
-            result["r"] = tasks.deploy.apply(args=[deployment.pk]).get()
-            connection.close()
-
-        runner = threading.Thread(target=deploy)
-        runner.start()
-        deadline = time.monotonic() + 30
-        while Deployment.objects.get(pk=deployment.pk).status != S.LOADING:
-            assert time.monotonic() < deadline, "never reached loading"
-            time.sleep(0.1)
+        tasks.deploy.apply(args=[deployment.pk]).get()
+        assert services.wait_for(deployment.pk, {S.LOADING}, 30) == S.LOADING
+        started = time.monotonic()
         services.deployment_request_stop(deployment=Deployment.objects.get(pk=deployment.pk))
-        runner.join(timeout=60)
-    assert result["r"] == S.STOPPED
-    assert Deployment.objects.get(pk=deployment.pk).status == S.STOPPED
-    assert EngineRuntime().find(str(deployment.pk)) is None
+        assert services.wait_for(deployment.pk, {S.STOPPED, S.FAILED}, 30) == S.STOPPED
+        assert time.monotonic() - started < 10
+    assert EngineRuntime().find(services.identity_of(deployment)) is None
 
 
-def test_a_restarted_worker_adopts_the_running_container_instead_of_starting_another(engine):  # type: ignore[no-untyped-def]
+def test_a_restarted_agent_adopts_the_running_container_instead_of_starting_another(engine, agent):  # type: ignore[no-untyped-def]
     deployment = _deployment()
     pk = deployment.pk
-    services.deployment_mark_starting(deployment_id=pk, image=str(settings.ENGINE_IMAGE))
-    # The first worker started the container and died before it was ready.
+    agent.paused.set()
+    services.deployment_mark_starting(deployment_id=pk, image=str(settings.ENGINE_IMAGE),
+                                      start_token="first-start")
+    # The first agent started the container and died before it was ready.
     plan = services._container_plan(Deployment.objects.get(pk=pk), str(settings.ENGINE_IMAGE))
     first = EngineRuntime().ensure_started(plan)
-    assert tasks.deploy.apply(args=[pk]).get() == S.READY
+    agent.paused.clear()
+    assert services.wait_for(pk, {S.READY, S.FAILED}, 60) == S.READY
     running = docker.from_env().containers.list(filters={"label": f"appliance.deployment={pk}"})
     assert [c.id for c in running] == [first.id]
 
 
-def test_the_supervisor_ships_decode_stats_and_fails_an_engine_that_dies_while_serving(engine):  # type: ignore[no-untyped-def]
+def test_a_container_with_our_labels_but_not_our_identity_is_never_adopted_or_stopped(engine, agent):  # type: ignore[no-untyped-def]
     deployment = _deployment()
-    tasks.deploy.apply(args=[deployment.pk]).get()
+    pk = deployment.pk
+    impostor = docker.from_env().containers.run(
+        str(settings.ENGINE_IMAGE), ["sleep", "600"], entrypoint=[], detach=True,
+        labels={"appliance.deployment": str(pk), "appliance.managed": "1"},
+        name=f"impostor-{pk}")
+    try:
+        assert _run(pk) == S.READY
+        mine = _container(Deployment.objects.get(pk=pk))
+        assert mine.id != impostor.id
+        impostor.reload()
+        assert impostor.status == "running"
+        services.deployment_request_stop(deployment=Deployment.objects.get(pk=pk))
+        assert services.wait_for(pk, {S.STOPPED}, 30) == S.STOPPED
+        impostor.reload()
+        assert impostor.status == "running", "another appliance's engine is never stopped"
+    finally:
+        impostor.remove(force=True)
+
+
+def test_the_agent_ships_decode_stats_and_fails_an_engine_that_dies_while_serving(engine, agent):  # type: ignore[no-untyped-def]
+    deployment = _deployment()
+    assert _run(deployment.pk) == S.READY
     deployment.refresh_from_db()
     client = EngineClient(deployment.engine_url, timeout=30)
     for _ in range(3):
         list(client.chat_stream([{"role": "user", "content": "hi"}], max_tokens=32))
-    time.sleep(1.1)
-    tasks.supervise.apply().get()
-    deployment.refresh_from_db()
+    deadline = time.monotonic() + 10
+    while deployment.decode_stats.get("accept_len") is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+        deployment.refresh_from_db()
     assert deployment.status == S.READY
     assert deployment.decode_stats.get("accept_len") is not None
     assert deployment.decode_stats.get("cuda_graph") is True
 
-    docker.from_env().containers.get(container_name(str(deployment.pk))).kill()
-    time.sleep(0.5)
-    tasks.supervise.apply().get()
+    _container(deployment).kill()
+    assert services.wait_for(deployment.pk, {S.FAILED}, 20) == S.FAILED
     deployment.refresh_from_db()
-    assert deployment.status == S.FAILED
-    assert deployment.diagnosis["cause"]
+    assert "signal 9" in deployment.diagnosis["summary"] or "killed" in str(deployment.diagnosis)

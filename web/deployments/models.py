@@ -75,6 +75,12 @@ class Deployment(models.Model):
         max_length=40, blank=True, default="", help_text="Unix time of the last shipped output."
     )
     last_seq = models.PositiveBigIntegerField(default=0)
+    # Engine identity and ownership (the engine agent): a token per start, and the lease
+    # of the one agent that follows the engine; another takes over only an expired lease.
+    start_token = models.CharField(max_length=32, blank=True, default="")
+    agent_id = models.CharField(max_length=100, blank=True, default="")
+    lease_until = models.DateTimeField(null=True, blank=True)
+    build_lease_until = models.DateTimeField(null=True, blank=True)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
     )
@@ -142,3 +148,26 @@ class Event(models.Model):
             "kind": self.kind,
             "payload": self.payload,
         }
+
+
+class Installation(models.Model):
+    """This install's identity, made once: engine containers carry its id."""
+
+    instance_id = models.CharField(max_length=32, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.instance_id
+
+
+class Host(models.Model):
+    """What an engine agent reports about its GPU host: Docker's GPU support, strays."""
+
+    name = models.CharField(max_length=100, primary_key=True)
+    agent_id = models.CharField(max_length=100)
+    heartbeat_at = models.DateTimeField()
+    docker = models.JSONField(default=dict, blank=True)
+    foreign_containers = models.JSONField(default=list, blank=True)
+
+    def __str__(self) -> str:
+        return self.name

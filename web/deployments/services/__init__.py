@@ -5,12 +5,14 @@ expected source states; zero rows updated means someone else won.
 
 The modules, by theme: deployments (validate, create, status transitions, stop
 requests), events (the event log and its live stream), builds (the engine image),
-engines (the engine container: run, watch, stop, supervise). Callers import from
+engines (what to start and its identity), agent (the engine agent that owns running
+engines), hosts (what the GPU host's Docker can do, start-failure diagnoses). Callers import from
 here: `from web.deployments import services; services.deployment_create(...)`.
 """
 
 from __future__ import annotations
 
+from .agent import EngineAgent, agent_run_forever, wait_for
 from .deployments import (
     ADVANCE,
     DeploymentInputError,
@@ -31,11 +33,15 @@ from .deployments import (
     recipe_names,
 )
 from .engines import _container_plan as _container_plan  # the worker tests build a plan
-from .engines import deployment_run, deployment_stop, deployments_supervise
+from .engines import deployment_run, deployment_stop, identity_of
 from .events import events_append
 
 __all__ = [
     "ADVANCE",
+    "EngineAgent",
+    "agent_run_forever",
+    "identity_of",
+    "wait_for",
     "DeploymentInputError",
     "deployment_create",
     "deployment_mark_building",
@@ -52,7 +58,6 @@ __all__ = [
     "deployment_set_progress",
     "deployment_stop",
     "deployment_validate",
-    "deployments_supervise",
     "events_append",
     "recipe_load",
     "recipe_names",

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import threading
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import connection as db_connection
+from django.db.models import Q
+from django.utils import timezone
 
 from ..models import Deployment, DeploymentStatus, EventKind
 from ._shared import _runtime
@@ -30,10 +33,40 @@ class _BuildStopped(Exception):
         self.outcome = outcome
 
 
+BUILD_LEASE_S = 6.0  # a build with no heartbeat this long is queued again (engine agent)
+
+
+def build_claim(pk: int) -> bool:
+    """Take the deployment's build; False when a live worker already builds it."""
+    now = timezone.now()
+    return bool(Deployment.objects.filter(pk=pk, status__in=[S.QUEUED, S.BUILDING]).filter(
+        Q(build_lease_until__isnull=True) | Q(build_lease_until__lt=now)
+    ).update(build_lease_until=now + timedelta(seconds=BUILD_LEASE_S)))
+
+
+def _heartbeat(pk: int, finished: threading.Event) -> None:
+    try:
+        while not finished.wait(BUILD_LEASE_S / 3):
+            until = timezone.now() + timedelta(seconds=BUILD_LEASE_S)
+            Deployment.objects.filter(pk=pk, status__in=[S.QUEUED, S.BUILDING]).update(
+                build_lease_until=until)
+    finally:
+        db_connection.close()
+
+
 def _ensure_image(deployment: Deployment) -> str | None:
     """An image tag to run, building it from the recipe when no override is configured."""
-    if deployment.status in {S.STARTING, S.CHECKING, S.LOADING, S.CAPTURING}:
-        return deployment.image  # adopted after a worker restart: the container may be running
+    finished = threading.Event()
+    beat = threading.Thread(target=_heartbeat, args=(deployment.pk, finished), daemon=True,
+                            name=f"build-lease-{deployment.pk}")
+    beat.start()
+    try:
+        return _image_for(deployment)
+    finally:
+        finished.set()
+
+
+def _image_for(deployment: Deployment) -> str | None:
     if settings.ENGINE_IMAGE:
         image = str(settings.ENGINE_IMAGE)
         event = {"kind": "cache_hit", "tag": image, "text": f"using the configured image {image}"}

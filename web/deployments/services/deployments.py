@@ -27,6 +27,7 @@ from ..models import (
     EventKind,
 )
 from .events import events_append
+from .hosts import host_gpu_findings
 
 S = DeploymentStatus
 
@@ -101,6 +102,7 @@ def deployment_validate(*, data: dict[str, Any]) -> tuple[DeploymentSpec, list[F
     except SpecError as exc:
         raise DeploymentInputError(errors=_spec_errors(exc)) from None
     findings = run_preflight(spec, recipe=recipe)
+    findings += host_gpu_findings(gpus=list(spec.gpus), gpu_requests=settings.ENGINE_GPU_REQUESTS)
     if has_errors(findings):
         errors: dict[str, list[str]] = {}
         for finding in findings:
@@ -157,7 +159,7 @@ def deployment_create(
 def _enqueue(task_name: str, deployment_id: int) -> None:
     from worker.celery import app
 
-    app.send_task(task_name, args=[deployment_id])
+    app.send_task(task_name, args=[deployment_id])  # queue by task (worker/celery.py routes)
 
 
 # --------------------------------------------------------------- transitions
@@ -182,9 +184,10 @@ def deployment_mark_building(*, deployment_id: int) -> bool:
     return _transition(deployment_id, sources=[S.QUEUED], target=S.BUILDING, phase="build")
 
 
-def deployment_mark_starting(*, deployment_id: int, image: str) -> bool:
+def deployment_mark_starting(*, deployment_id: int, image: str, start_token: str = "") -> bool:
     return _transition(
-        deployment_id, sources=[S.QUEUED, S.BUILDING], target=S.STARTING, phase="start", image=image
+        deployment_id, sources=[S.QUEUED, S.BUILDING], target=S.STARTING, phase="start",
+        image=image, start_token=start_token, build_lease_until=None,
     )
 
 
@@ -238,12 +241,21 @@ def deployment_mark_stopped(*, deployment_id: int) -> bool:
 
 
 def deployment_mark_failed(
-    *, deployment_id: int, diagnosis: dict[str, Any], last_lines: list[str], message: str = ""
+    *,
+    deployment_id: int,
+    diagnosis: dict[str, Any],
+    last_lines: list[str],
+    message: str = "",
+    sources: Iterable[str] = ACTIVE_STATUSES,
 ) -> bool:
-    """Failed from any active state, carrying a diagnosis and the engine's last lines."""
+    """Failed from an active state, carrying a diagnosis and the engine's last lines.
+
+    The engine agent passes the running states only: an engine that ends while a stop
+    is under way has stopped, not failed.
+    """
     done = _transition(
         deployment_id,
-        sources=list(ACTIVE_STATUSES),
+        sources=list(sources),
         target=S.FAILED,
         message=message or diagnosis.get("summary", ""),
         diagnosis=diagnosis,
@@ -284,11 +296,11 @@ def deployment_set_progress(
     deployment_id: int,
     progress: dict[str, Any] | None = None,
     decode_stats: dict[str, Any] | None = None,
-    log_cursor: float | None = None,
+    log_cursor: str | None = None,
 ) -> None:
     fields: dict[str, Any] = {}
     if log_cursor is not None:
-        fields["log_cursor"] = f"{log_cursor:.6f}"
+        fields["log_cursor"] = log_cursor
     if progress is not None:
         fields["progress"] = progress
     if decode_stats is not None:

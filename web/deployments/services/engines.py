@@ -1,70 +1,29 @@
-"""The engine container, the worker's side: run a deployment, watch it, stop it, supervise it.
+"""The engine container: what to start for a deployment, its identity, and progress folding.
 
-A run ensures the image (builds), starts the container and watches it until ready or failed.
+A run (the build task) ensures the image and hands the deployment to the engine agent
+(services/agent.py), which starts, follows and ends the container.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import time
+import secrets
 from typing import Any
 
 from django.conf import settings
 
 from appliance.engine.spec import spec_from_dict
 from appliance.preflight import gpu_check_args
+from appliance.runtime.containers import Identity
 
-from ..models import Deployment, DeploymentStatus, Event, EventKind
-from ._shared import _runtime
-from .builds import _BuildStopped, _ensure_image
-from .deployments import (
-    ADVANCE,
-    deployment_mark_failed,
-    deployment_mark_starting,
-    deployment_mark_stopped,
-    deployment_set_progress,
-)
-from .events import events_append
+from ..models import Deployment, DeploymentStatus
+from ._shared import _runtime, instance_id
+from .builds import _BuildStopped, _ensure_image, build_claim
+from .deployments import deployment_mark_starting, deployment_mark_stopped
 
 log = logging.getLogger(__name__)
 S = DeploymentStatus
-
-
-# ------------------------------------------------------- engine (the worker)
-
-
-class _DeploymentSink:
-    """Adapts an engine watch to this deployment's row and event log."""
-
-    def __init__(self, deployment_id: int) -> None:
-        self.deployment_id = deployment_id
-        self.progress: dict[str, Any] = {}
-        self.decode: dict[str, Any] | None = None
-
-    def emit(self, events: list[tuple[str, dict[str, Any]]]) -> None:
-        changed = False
-        for kind, payload in events:
-            if kind in (EventKind.PROGRESS, EventKind.SELFCHECK):
-                changed = _fold_progress(self.progress, payload) or changed
-            elif kind == EventKind.METRIC and payload.get("kind") == "decode_stats":
-                self.decode = payload
-        events_append(deployment_id=self.deployment_id, events=events)
-        cursor = time.time() if any(kind == EventKind.LOG for kind, _ in events) else None
-        deployment_set_progress(
-            deployment_id=self.deployment_id,
-            progress=self.progress if changed else None,
-            decode_stats=self.decode,
-            log_cursor=cursor,
-        )
-
-    def advance(self, status: str) -> bool:
-        step = ADVANCE.get(status)
-        return step(deployment_id=self.deployment_id) if step else False
-
-    def stop_requested(self) -> bool:
-        return Deployment.objects.filter(pk=self.deployment_id, status=S.STOPPING).exists()
 
 
 def _fold_selfcheck(progress: dict[str, Any], event: dict[str, Any]) -> None:
@@ -121,6 +80,11 @@ def _fold_progress(progress: dict[str, Any], event: dict[str, Any]) -> bool:
     return True
 
 
+def identity_of(deployment: Deployment) -> Identity:
+    """The engine container's identity: this install, the deployment, this start."""
+    return Identity(str(deployment.pk), instance_id(), deployment.start_token)
+
+
 def _container_plan(deployment: Deployment, image: str) -> Any:
     from appliance.engine.launch import launch_args
     from appliance.runtime.containers import ContainerPlan
@@ -144,69 +108,29 @@ def _container_plan(deployment: Deployment, image: str) -> Any:
         container_port=spec.engine.port,
         network=settings.ENGINE_NETWORK or None,
         volumes=volumes,
+        instance_id=instance_id(),
+        start_token=deployment.start_token,
     )
 
 
 def deployment_run(*, deployment_id: int) -> str:
-    """The deploy task's one service: image, container, watch until ready or failed."""
+    """The build task's one service: the image, then hand the engine to the engine agent.
+
+    The deployment goes to `starting` with a new start token; the agent that owns this
+    host's engines starts the container, follows it to ready, and on for its whole life.
+    """
     deployment = Deployment.objects.get(pk=deployment_id)
-    if deployment.is_terminal or deployment.status in {S.READY, S.STOPPING}:
-        return str(deployment.status)
+    if deployment.status not in {S.QUEUED, S.BUILDING} or not build_claim(deployment_id):
+        return str(deployment.status)  # done already, or a live worker builds it
     try:
         image = _ensure_image(deployment)
     except _BuildStopped as exc:
         return exc.outcome
     if image is None:
         return str(Deployment.objects.get(pk=deployment_id).status)
-    deployment_mark_starting(deployment_id=deployment_id, image=image)
-    deployment.refresh_from_db()
-    if deployment.status == S.STOPPING:
-        return deployment_stop(deployment_id=deployment_id)
-    return _watch(deployment, image)
-
-
-def _cursor_of(deployment: Deployment) -> float | None:
-    try:
-        return float(deployment.log_cursor) if deployment.log_cursor else None
-    except ValueError:
-        return None
-
-
-def _watch(deployment: Deployment, image: str) -> str:
-    from appliance.runtime.watch import EngineWatch, WatchOptions
-
-    pk = deployment.pk
-    runtime = _runtime()
-    options = WatchOptions(ready_timeout_s=float(settings.ENGINE_READY_TIMEOUT_S))
-    plan = _container_plan(deployment, image)
-    Deployment.objects.filter(pk=pk).update(container_name=runtime.container_name(str(pk)))
-    sink = _DeploymentSink(pk)
-    try:
-        result = EngineWatch(runtime, plan, sink, options).run(since=_cursor_of(deployment))
-    except Exception as exc:
-        log.exception("deployment %s: engine watch failed", pk)
-        diagnosis = {"cause": "engine-start-failed", "summary": str(exc),
-                     "fix": "Check that the engine image exists and Docker is reachable.",
-                     "evidence": {}}
-        deployment_mark_failed(deployment_id=pk, diagnosis=diagnosis, last_lines=[])
-        # The failure is recorded; a Docker that cannot stop the container must not hide it.
-        with contextlib.suppress(Exception):
-            runtime.stop(str(pk), timeout_s=settings.ENGINE_STOP_TIMEOUT_S)
-        return S.FAILED
-    if result.outcome == "ready":
-        # From here the supervisor ships the engine's output, starting where the watch ended.
-        Deployment.objects.filter(pk=pk).update(
-            engine_url=result.engine_url, log_cursor=f"{time.time():.6f}"
-        )
-        return S.READY
-    runtime.stop(str(pk), timeout_s=settings.ENGINE_STOP_TIMEOUT_S)
-    if result.outcome == "stopped":
-        deployment_mark_stopped(deployment_id=pk)
-        return S.STOPPED
-    diagnosis = result.diagnosis.to_dict() if result.diagnosis else {}
-    deployment_mark_failed(deployment_id=pk, diagnosis=diagnosis, last_lines=result.last_lines,
-                           message=result.message)
-    return S.FAILED
+    deployment_mark_starting(deployment_id=deployment_id, image=image,
+                             start_token=secrets.token_hex(8))
+    return str(Deployment.objects.get(pk=deployment_id).status)
 
 
 def deployment_stop(*, deployment_id: int) -> str:
@@ -214,36 +138,6 @@ def deployment_stop(*, deployment_id: int) -> str:
     deployment = Deployment.objects.get(pk=deployment_id)
     if deployment.status != S.STOPPING:
         return str(deployment.status)
-    _runtime().stop(str(deployment_id), timeout_s=settings.ENGINE_STOP_TIMEOUT_S)
+    _runtime().stop(identity_of(deployment), timeout_s=settings.ENGINE_STOP_TIMEOUT_S)
     deployment_mark_stopped(deployment_id=deployment_id)
     return S.STOPPED
-
-
-def deployments_supervise() -> int:
-    """Reconcile ready deployments with Docker: ship their new output, fail the dead ones."""
-    from appliance.runtime.watch import supervise_tick
-
-    runtime = _runtime()
-    count = 0
-    for deployment in Deployment.objects.filter(status=S.READY):
-        since = float(deployment.log_cursor or 0) or deployment.updated_at.timestamp()
-        until = time.time()
-        history = [
-            str(e.payload.get("text", ""))
-            for e in Event.objects.filter(deployment=deployment, kind="log").order_by("-seq")[:400]
-        ][::-1]
-        tick = supervise_tick(runtime, str(deployment.pk), since, until, history)
-        sink = _DeploymentSink(deployment.pk)
-        if tick.events:
-            sink.emit(tick.events)
-        Deployment.objects.filter(pk=deployment.pk).update(log_cursor=f"{until:.6f}")
-        if tick.exited:
-            runtime.stop(str(deployment.pk), timeout_s=settings.ENGINE_STOP_TIMEOUT_S)
-            deployment_mark_failed(
-                deployment_id=deployment.pk,
-                diagnosis=tick.diagnosis.to_dict() if tick.diagnosis else {},
-                last_lines=tick.last_lines,
-                message="the engine exited while serving",
-            )
-        count += 1
-    return count

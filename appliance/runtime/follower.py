@@ -1,0 +1,380 @@
+"""Follow one engine container for its whole life: output, phases, readiness, exit.
+
+The engine agent runs one EngineFollower per engine it owns. It starts (or adopts) the
+container, reads its stdout and stderr with Docker's timestamps from a stored cursor,
+parses every line, and hands the events to a sink in batches together with the cursor of
+the last line in the batch; the sink stores both in one transaction, so a follower that
+dies and a new one that resumes from the stored cursor ship every line exactly once.
+Readiness is `/health` turning 200, then a one-token generation (DESIGN.md, style 9);
+the follower keeps following after ready, with no gap. Framework-free: the sink holds
+the database side.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from appliance.logs.causes import Diagnosis
+from appliance.logs.diagnosis import diagnose
+from appliance.logs.parser import LogEvent, LogParser
+from appliance.runtime.client import EngineClient
+from appliance.runtime.containers import ContainerPlan, EngineRuntime, LogLine
+
+# Parser kinds that move the deployment forward, and the status each means.
+PHASE_OF_KIND = {
+    "selfcheck_start": "checking",
+    "selfcheck_begin": "checking",
+    "weights_begin": "loading",
+    "weights_progress": "loading",
+    "capture_begin": "capturing",
+    "capture_progress": "capturing",
+}
+PROGRESS_KINDS = frozenset(
+    {"weights_begin", "weights_progress", "weights_end", "kv_cache", "capture_begin",
+     "capture_progress", "capture_end", "ready"}
+)
+PHASE_ORDER = ("starting", "checking", "loading", "capturing", "ready")
+LAST_LINES = 60
+RESUME_OVERLAP_S = 1.0  # re-read this much before the cursor; the cursor drops repeats
+
+Events = list[tuple[str, dict[str, Any]]]
+
+
+@dataclass(frozen=True)
+class Cursor:
+    """The last shipped line: its Docker timestamp and how many lines at that instant."""
+
+    ts_ns: int = 0
+    count: int = 0
+
+    def encode(self) -> str:
+        return f"{self.ts_ns}:{self.count}" if self.ts_ns else ""
+
+    @classmethod
+    def decode(cls, text: str) -> Cursor:
+        stamp, _, count = (text or "").partition(":")
+        if not stamp.isdigit():
+            return cls()
+        return cls(int(stamp), int(count or 0))
+
+    def since(self) -> float | None:
+        return self.ts_ns / 1e9 - RESUME_OVERLAP_S if self.ts_ns else None
+
+    def advance(self, ts_ns: int) -> Cursor:
+        return Cursor(ts_ns, self.count + 1 if ts_ns == self.ts_ns else 1)
+
+
+class CursorFilter:
+    """Drops lines at or before a cursor (the overlap of a resumed read)."""
+
+    def __init__(self, cursor: Cursor) -> None:
+        self.cursor = cursor
+        self._seen_at_cursor = 0
+
+    def new(self, line: LogLine) -> bool:
+        ts = line.ts_ns or 0
+        if ts < self.cursor.ts_ns:
+            return False
+        if ts == self.cursor.ts_ns and self._seen_at_cursor < self.cursor.count:
+            self._seen_at_cursor += 1
+            return False
+        return True
+
+
+class FollowSink(Protocol):
+    def ship(self, events: Events, cursor: Cursor | None) -> None: ...
+
+    def advance(self, status: str) -> bool: ...
+
+    def ready(self, engine_url: str) -> bool: ...
+
+    def failed(self, diagnosis: Diagnosis, message: str, last_lines: list[str]) -> None: ...
+
+    def keep_following(self) -> bool: ...
+
+
+@dataclass
+class FollowOptions:
+    ready_timeout_s: float = 3600.0
+    health_poll_s: float = 1.0
+    batch_s: float = 0.05
+    batch_lines: int = 2000
+    health_timeout_s: float = 5.0
+    partials: bool = True  # live pieces of "\r" progress bars before ready
+
+
+@dataclass
+class _State:
+    status: str = "starting"
+    cursor: Cursor = field(default_factory=Cursor)
+    ended: bool = False
+
+
+class _Reader(threading.Thread):
+    """Reads container output on its own thread so health polling never waits on it."""
+
+    def __init__(self, lines: Iterator[LogLine], name: str) -> None:
+        super().__init__(daemon=True, name=name)
+        self.lines = lines
+        self.queue: queue.Queue[LogLine | None] = queue.Queue(maxsize=50_000)
+        self.error: Exception | None = None
+
+    def run(self) -> None:
+        try:
+            for line in self.lines:
+                self.queue.put(line)
+        except Exception as exc:  # noqa: BLE001 - a broken stream is resumed by the caller
+            self.error = exc
+        finally:
+            self.queue.put(None)
+
+
+class EngineFollower:
+    """One engine's follower; run() returns when the engine ended or following must stop."""
+
+    def __init__(
+        self,
+        runtime: EngineRuntime,
+        plan: ContainerPlan,
+        sink: FollowSink,
+        *,
+        status: str = "starting",
+        cursor: Cursor | None = None,
+        may_start: bool = True,
+        options: FollowOptions | None = None,
+        client_factory: Callable[[str], EngineClient] | None = None,
+    ) -> None:
+        self.runtime = runtime
+        self.plan = plan
+        self.sink = sink
+        self.may_start = may_start
+        self.options = options or FollowOptions()
+        self.client_factory = client_factory or (lambda url: EngineClient(url, timeout=5.0))
+        self.state = _State(status=status, cursor=cursor or Cursor())
+        self.parser = LogParser()
+        self.progress_parser = LogParser()  # for unfinished progress-bar pieces only
+        self.tail: deque[str] = deque(maxlen=LAST_LINES)
+        self.all_lines: deque[str] = deque(maxlen=2000)
+        self.outcome = ""
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self) -> str:
+        """Follow until the engine exits (failed), following must stop, or the stream ends."""
+        container = self._container()
+        if container is None:
+            return self.outcome
+        deadline = time.monotonic() + self.options.ready_timeout_s
+        client: EngineClient | None = None
+        next_health = 0.0
+        reader, partials = self._readers(container)
+        while True:
+            self._drain(reader, partials)
+            if not self.sink.keep_following():
+                return self._end("released")
+            if self.state.ended:
+                reader, partials = self._after_stream_end(container, reader)
+                if reader is None:
+                    return self.outcome
+                continue
+            if self.state.status != "ready" and time.monotonic() >= next_health:
+                next_health = time.monotonic() + self.options.health_poll_s
+                client = client or self._client(container)
+                if client is not None and client.health() == 200:
+                    self._confirm_ready(container, reader, client)
+                elif time.monotonic() > deadline:
+                    return self._fail(None, "engine-timeout", "the engine was not ready within "
+                                      f"{self.options.ready_timeout_s:.0f} s")
+
+    def _container(self) -> Any:
+        if self.may_start and self.state.status == "starting":
+            container = self.runtime.ensure_started(self.plan)
+            self.sink.ship([("status", {"message": f"engine container {container.name} "
+                                                   "running"})], None)
+            return container
+        container = self.runtime.find(self.plan.identity)
+        if container is None:
+            self._fail(None, "engine-vanished", "the engine container is gone",
+                       fix="Redeploy; check `docker ps -a` for who removed it.")
+        return container
+
+    def _readers(self, container: Any) -> tuple[_Reader, _Reader | None]:
+        cursor = self.state.cursor
+        lines = self.runtime.follow_logs(container, since=cursor.since(), timestamps=True)
+        reader = _Reader(self._new_lines(lines, CursorFilter(cursor)), "engine-log-reader")
+        reader.start()
+        partials = None
+        if self.options.partials and self.state.status != "ready" and not cursor.ts_ns:
+            # Docker hands out a line only once its "\n" arrives; an attach shows a tqdm
+            # bar's pieces as they are drawn, for live progress only (never stored as lines).
+            piece_lines = self.runtime.follow_logs(container, partials=True)
+            partials = _Reader((p for p in piece_lines if p.partial), "engine-progress-reader")
+            partials.start()
+        return reader, partials
+
+    @staticmethod
+    def _new_lines(lines: Iterator[LogLine], keep: CursorFilter) -> Iterator[LogLine]:
+        return (line for line in lines if keep.new(line))
+
+    def _after_stream_end(self, container: Any, reader: _Reader) -> tuple[Any, Any]:
+        """The log stream ended: the engine exited, or Docker went away for a moment."""
+        state = self.runtime.exit_state(container)
+        if state.get("status") in {"exited", "dead"}:
+            self._exited(state)
+            return None, None
+        if state.get("status") == "missing":
+            self._fail(None, "engine-vanished", "the engine container is gone",
+                       fix="Redeploy; check `docker ps -a` for who removed it.")
+            return None, None
+        time.sleep(1.0)  # dockerd restarting, or a broken stream: resume from the cursor
+        self.state.ended = False
+        return self._readers(container)
+
+    def _client(self, container: Any) -> EngineClient | None:
+        try:
+            return self.client_factory(self.runtime.engine_url(container, self.plan))
+        except Exception:  # noqa: BLE001 - no port yet, or the engine exited: look again later
+            return None
+
+    # ------------------------------------------------------------------ output
+
+    def _drain(self, reader: _Reader, partials: _Reader | None) -> None:
+        """Take what arrived in one batch window and ship it with its cursor."""
+        batch: list[LogLine] = []
+        until = time.monotonic() + self.options.batch_s
+        while len(batch) < self.options.batch_lines:
+            try:
+                item = reader.queue.get(timeout=max(0.0, until - time.monotonic()))
+            except queue.Empty:
+                break
+            if item is None:
+                self.state.ended = True
+                break
+            batch.append(item)
+        events = self._pieces(partials) if partials is not None else []
+        if batch:
+            events.extend(self._events_for(batch))
+            for line in batch:
+                self.state.cursor = self.state.cursor.advance(line.ts_ns or 0)
+            if self.state.ended:
+                events.extend(self._parsed(self.parser.finish()))
+        if events:
+            self.sink.ship(events, self.state.cursor if batch else None)
+
+    def _pieces(self, partials: _Reader) -> Events:
+        events: Events = []
+        while True:
+            try:
+                item = partials.queue.get_nowait()
+            except queue.Empty:
+                return events
+            if item is not None and self.state.status != "ready":
+                events.extend(self._partial_progress(item.text))
+
+    def _events_for(self, batch: list[LogLine]) -> Events:
+        events: Events = []
+        for line in batch:
+            shown = line.text.rsplit("\r", 1)[-1] if "\r" in line.text else line.text
+            self.tail.append(shown)
+            self.all_lines.append(line.text)
+            events.append(("log", {"stream": line.stream, "text": shown}))
+            events.extend(self._parsed(self.parser.feed(line.text)))
+        return events
+
+    def _partial_progress(self, text: str) -> Events:
+        events: Events = []
+        for event in self.progress_parser.feed(text):
+            if event.kind in {"weights_progress", "capture_progress"}:
+                events.append(("progress", {**event.to_dict(), "partial": True}))
+                self._advance_for(event.kind)
+        return events
+
+    def _parsed(self, parsed: list[LogEvent]) -> Events:
+        events: Events = []
+        for event in parsed:
+            payload = event.to_dict()
+            if event.kind in PROGRESS_KINDS:
+                events.append(("progress", payload))
+            elif event.kind in {"decode_stats", "prefill_stats"}:
+                events.append(("metric", payload))
+            elif event.kind == "diagnosis":
+                events.append(("diagnosis", payload))
+            elif event.kind.startswith("selfcheck_"):
+                events.append(("selfcheck", payload))
+            self._advance_for(event.kind)
+        return events
+
+    def _advance_for(self, kind: str) -> None:
+        wanted = PHASE_OF_KIND.get(kind)
+        if (wanted and self.state.status in PHASE_ORDER
+                and PHASE_ORDER.index(wanted) > PHASE_ORDER.index(self.state.status)
+                and self.sink.advance(wanted)):
+            self.state.status = wanted
+
+    # ------------------------------------------------------------------ readiness and ends
+
+    def _confirm_ready(self, container: Any, reader: _Reader, client: EngineClient) -> None:
+        try:
+            client.generate_one_token()
+        except Exception as exc:  # noqa: BLE001 - any failure of the probe fails the deployment
+            # An engine that crashes on its first generation prints why as it dies.
+            self._wait_exit(container, reader, 10.0)
+            self._fail(None, "generation-failed",
+                       f"/health was 200 but a one-token generation failed: {exc}")
+            raise _Done() from None
+        self.sink.ready(client.base_url)
+        self.state.status = "ready"
+
+    def _wait_exit(self, container: Any, reader: _Reader, limit_s: float) -> None:
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() < deadline and not self.state.ended:
+            self._drain(reader, None)
+
+    def _exited(self, state: dict[str, Any]) -> None:
+        code = state.get("exit_code")
+        found = diagnose(list(self.all_lines))
+        when = "while serving" if self.state.status == "ready" else "before it was ready"
+        if found is not None and found.cause == "gpu-selfcheck-failed":
+            message = f"the GPU self-check failed (exit code {code}); the model was not loaded"
+        elif state.get("oom_killed"):
+            message = f"the engine was killed for lack of host memory (OOM) {when}"
+            found = found or Diagnosis(
+                "engine-oom-killed", message,
+                "Give the engine more host memory or lower its CPU-side caches.",
+                {"exit_code": code})
+        elif isinstance(code, int) and code > 128:
+            message = f"the engine was killed by signal {code - 128} {when}"
+        else:
+            message = f"the engine container exited with code {code} {when}"
+        self._fail(found, "engine-exited", message, evidence={"exit_code": code, **state})
+
+    def _fail(self, found: Diagnosis | None, cause: str, message: str, *,
+              fix: str = "", evidence: dict[str, Any] | None = None) -> str:
+        found = found or diagnose(list(self.all_lines)) or Diagnosis(
+            cause, message,
+            fix or "Read the engine's last lines below; the cause was not recognised.",
+            evidence or {})
+        self.sink.failed(found, message, list(self.tail))
+        return self._end("failed")
+
+    def _end(self, outcome: str) -> str:
+        self.outcome = outcome
+        return outcome
+
+
+class _Done(Exception):
+    """The follower's work is over (a failure was already reported)."""
+
+
+def follow(follower: EngineFollower) -> str:
+    """Run a follower; a failure reported from deep inside ends it cleanly."""
+    try:
+        return follower.run()
+    except _Done:
+        return follower.outcome

@@ -1,0 +1,289 @@
+"""The engine agent: one long-running process per GPU host owns its engine containers.
+
+Level-triggered, like a Kubernetes controller: every tick it compares each deployment
+that should have an engine (the database) with what Docker reports, and takes the next
+step. Every step is idempotent, so a restarted agent simply runs the loop again.
+
+- Ownership is a lease on the deployment row (agent id, expiry), renewed every tick;
+  another agent takes over only an expired lease. The agent id is stable per host, so
+  a restarted agent takes its own engines back at once.
+- One follower thread per engine (appliance.runtime.follower) starts or adopts the
+  container and follows it from the stored cursor for its whole life; its batches and
+  the cursor are written in one transaction, guarded by the lease, so no line is
+  stored twice or lost when an agent dies.
+- A stop request is carried out here (stop, remove, mark stopped), so it never waits
+  behind image builds; a build whose worker died is queued again once its lease ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import connection as db_connection
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from appliance.logs.causes import Diagnosis
+from appliance.runtime.containers import EngineRuntime, EngineRuntimeError
+from appliance.runtime.follower import Cursor, EngineFollower, Events, FollowOptions, follow
+
+from ..models import RUNNING_STATUSES, Deployment, DeploymentStatus, EventKind, Host
+from ._shared import instance_id
+from .deployments import (
+    ADVANCE,
+    _enqueue,
+    deployment_mark_failed,
+    deployment_mark_ready,
+    deployment_mark_stopped,
+    deployment_set_progress,
+)
+from .engines import _container_plan, _fold_progress, identity_of
+from .events import events_append
+from .hosts import docker_facts, start_failure
+
+log = logging.getLogger(__name__)
+S = DeploymentStatus
+OWNED_STATUSES = frozenset(RUNNING_STATUSES | {S.STOPPING})
+
+
+def default_agent_id() -> str:
+    return settings.AGENT_ID or f"agent@{socket.gethostname()}"
+
+
+class _Released(Exception):
+    """The lease is gone (another agent owns the engine now): stop writing."""
+
+
+class _FollowSink:
+    """Adapts a follower to one deployment's row and event log, under the agent's lease."""
+
+    def __init__(self, deployment: Deployment, agent: EngineAgent, stop: threading.Event) -> None:
+        self.pk = deployment.pk
+        self.identity = identity_of(deployment)
+        self.agent = agent
+        self.stop = stop
+        self.progress: dict[str, Any] = dict(deployment.progress or {})
+
+    def ship(self, events: Events, cursor: Cursor | None) -> None:
+        decode = next((p for k, p in reversed(events)
+                       if k == EventKind.METRIC and p.get("kind") == "decode_stats"), None)
+        changed = False
+        for kind, payload in events:
+            if kind in (EventKind.PROGRESS, EventKind.SELFCHECK):
+                changed = _fold_progress(self.progress, payload) or changed
+        with transaction.atomic():
+            # The row lock taken here also orders this write after a takeover's claim.
+            owned = Deployment.objects.select_for_update().filter(
+                pk=self.pk, agent_id=self.agent.agent_id).exists()
+            if not owned:
+                self.stop.set()
+                raise _Released()
+            events_append(deployment_id=self.pk, events=events)
+            deployment_set_progress(
+                deployment_id=self.pk, progress=self.progress if changed else None,
+                decode_stats=decode, log_cursor=cursor.encode() if cursor else None)
+
+    def advance(self, status: str) -> bool:
+        step = ADVANCE.get(status)
+        return step(deployment_id=self.pk) if step else False
+
+    def ready(self, engine_url: str) -> bool:
+        return deployment_mark_ready(deployment_id=self.pk, engine_url=engine_url)
+
+    def failed(self, diagnosis: Diagnosis, message: str, last_lines: list[str]) -> None:
+        done = deployment_mark_failed(
+            deployment_id=self.pk, diagnosis=diagnosis.to_dict(), last_lines=last_lines,
+            message=message, sources=RUNNING_STATUSES)
+        if done:
+            self.agent.remove_engine(self.identity)
+
+    def keep_following(self) -> bool:
+        return not self.stop.is_set()
+
+
+@dataclass
+class _Work:
+    thread: threading.Thread
+    stop: threading.Event
+    token: str
+    kind: str  # follow | stop
+
+
+@dataclass
+class EngineAgent:
+    """Call tick() every second or two (run() does), from one thread."""
+
+    agent_id: str = field(default_factory=default_agent_id)
+    runtime: EngineRuntime = field(default_factory=EngineRuntime)
+    lease_s: float = 15.0
+    follow_options: FollowOptions = field(default_factory=FollowOptions)
+    work: dict[int, _Work] = field(default_factory=dict)
+    paused: threading.Event = field(default_factory=threading.Event)  # tests hold it still
+    _ticks: int = 0
+
+    def run(self, stop: threading.Event, tick_s: float = 1.0) -> None:
+        log.info("engine agent %s running (instance %s)", self.agent_id, instance_id())
+        try:
+            while not stop.is_set():
+                try:
+                    if not self.paused.is_set():
+                        self.tick()
+                except Exception:  # noqa: BLE001 - the database or Docker is back next tick
+                    log.exception("engine agent tick failed; retrying")
+                    db_connection.close()
+                stop.wait(tick_s)
+            self.release_all()
+        finally:
+            db_connection.close()
+
+    def tick(self) -> None:
+        now = timezone.now()
+        owned = self._claim(now)
+        for deployment in owned:
+            self._step(deployment)
+        for pk in [pk for pk in self.work if pk not in {d.pk for d in owned}]:
+            self.work.pop(pk).stop.set()  # no longer ours, or no longer running
+        self._requeue_builds(now)
+        if self._ticks % 10 == 0:
+            self._report_host(now)
+        self._ticks += 1
+
+    def release_all(self) -> None:
+        for work in self.work.values():
+            work.stop.set()
+        for work in self.work.values():
+            work.thread.join(timeout=5)
+        Deployment.objects.filter(agent_id=self.agent_id).update(lease_until=timezone.now())
+
+    # ------------------------------------------------------------------ leases
+
+    def _claim(self, now: Any) -> list[Deployment]:
+        until = now + timedelta(seconds=self.lease_s)
+        free = Q(agent_id=self.agent_id) | Q(lease_until__isnull=True) | Q(lease_until__lt=now)
+        candidates = Deployment.objects.filter(status__in=OWNED_STATUSES).filter(free)
+        claimed = []
+        for pk in candidates.values_list("pk", flat=True):
+            if Deployment.objects.filter(pk=pk, status__in=OWNED_STATUSES).filter(free).update(
+                    agent_id=self.agent_id, lease_until=until):
+                claimed.append(pk)
+        return list(Deployment.objects.filter(pk__in=claimed))
+
+    # ------------------------------------------------------------------ steps
+
+    def _step(self, deployment: Deployment) -> None:
+        current = self.work.get(deployment.pk)
+        kind = "stop" if deployment.status == S.STOPPING else "follow"
+        if current is not None and current.thread.is_alive():
+            if current.kind == kind and current.token == deployment.start_token:
+                return
+            current.stop.set()  # a stop request (or a new start) ends the follower
+            if current.kind == "follow" and kind == "stop":
+                current.thread.join(timeout=2)
+            else:
+                return
+        target = self._stop_engine if kind == "stop" else self._follow
+        stop = threading.Event()
+        thread = threading.Thread(target=self._guarded, args=(target, deployment, stop),
+                                  name=f"engine-{kind}-{deployment.pk}", daemon=True)
+        self.work[deployment.pk] = _Work(thread, stop, deployment.start_token, kind)
+        thread.start()
+
+    def _guarded(self, target: Any, deployment: Deployment, stop: threading.Event) -> None:
+        try:
+            target(deployment, stop)
+        except _Released:
+            log.info("deployment %s: lease lost; another agent follows it", deployment.pk)
+        except Exception:  # noqa: BLE001 - the next tick starts a new follower
+            log.exception("deployment %s: %s thread failed", deployment.pk, target.__name__)
+        finally:
+            db_connection.close()
+
+    def _follow(self, deployment: Deployment, stop: threading.Event) -> None:
+        sink = _FollowSink(deployment, self, stop)
+        if deployment.status == S.STARTING and not self._may_start(deployment, sink):
+            return
+        follower = EngineFollower(
+            self.runtime, _container_plan(deployment, deployment.image), sink,
+            status=deployment.status, cursor=Cursor.decode(deployment.log_cursor),
+            may_start=deployment.status == S.STARTING,
+            options=self.follow_options)
+        try:
+            follow(follower)
+        except EngineRuntimeError as exc:
+            if not stop.is_set():
+                sink.failed(start_failure(str(exc)), str(exc), [])
+
+    def _may_start(self, deployment: Deployment, sink: _FollowSink) -> bool:
+        """GPU access is detected, not assumed: no NVIDIA runtime, no GPU deployment."""
+        if not (settings.ENGINE_GPU_REQUESTS and deployment.gpus):
+            return True
+        facts = docker_facts(self.runtime)
+        if facts.get("nvidia", True):
+            return True
+        message = "this host's Docker has no NVIDIA runtime"
+        sink.failed(start_failure(message), message, [])
+        return False
+
+    def _stop_engine(self, deployment: Deployment, stop: threading.Event) -> None:
+        self.remove_engine(identity_of(deployment))
+        deployment_mark_stopped(deployment_id=deployment.pk)
+
+    def remove_engine(self, identity: Any) -> None:
+        self.runtime.stop(identity, timeout_s=settings.ENGINE_STOP_TIMEOUT_S)
+
+    # ------------------------------------------------------------------ builds and host
+
+    def _requeue_builds(self, now: Any) -> None:
+        """A build whose worker died (its lease ran out) is queued again."""
+        stale = now - timedelta(seconds=self.lease_s)
+        lost = Deployment.objects.filter(status__in=[S.QUEUED, S.BUILDING], updated_at__lt=stale)
+        lost = lost.filter(Q(build_lease_until__isnull=True) | Q(build_lease_until__lt=now))
+        for pk in lost.values_list("pk", flat=True):
+            renewed = Deployment.objects.filter(pk=pk).filter(
+                Q(build_lease_until__isnull=True) | Q(build_lease_until__lt=now)
+            ).update(build_lease_until=now + timedelta(seconds=self.lease_s * 4))
+            if renewed:
+                log.warning("deployment %s: its build has no live worker; queued again", pk)
+                events_append(deployment_id=pk, events=[(EventKind.STATUS, {
+                    "message": "the build's worker went away; the build was queued again"})])
+                _enqueue("worker.tasks.deploy", pk)
+
+    def _report_host(self, now: Any) -> None:
+        known = {(str(d.pk), d.start_token) for d in
+                 Deployment.objects.filter(status__in=OWNED_STATUSES)}
+        strays = []
+        for container in self.runtime.list_managed():
+            labels = container.labels or {}
+            key = (labels.get("appliance.deployment", ""), labels.get("appliance.start-token", ""))
+            if labels.get("appliance.instance") != instance_id() or key not in known:
+                strays.append({"name": container.name, "status": container.status,
+                               "labels": {k: v for k, v in labels.items()
+                                          if k.startswith("appliance.")}})
+        Host.objects.update_or_create(name=socket.gethostname(), defaults={
+            "agent_id": self.agent_id, "heartbeat_at": now,
+            "docker": docker_facts(self.runtime), "foreign_containers": strays})
+
+
+def agent_run_forever(stop: threading.Event | None = None) -> None:
+    """The engine agent's entry point (worker/agent.py)."""
+    EngineAgent(follow_options=FollowOptions(
+        ready_timeout_s=float(settings.ENGINE_READY_TIMEOUT_S))).run(
+        stop or threading.Event(), tick_s=settings.AGENT_TICK_S)
+
+
+def wait_for(pk: int, statuses: set[str], timeout_s: float) -> str:
+    """Poll a deployment's status until it is one of `statuses` (tests and the CLI)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status = Deployment.objects.values_list("status", flat=True).get(pk=pk)
+        if status in statuses or time.monotonic() > deadline:
+            return str(status)
+        time.sleep(0.2)
