@@ -4,6 +4,7 @@ pointed at the test database that pytest-django created."""
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import requests
 from django.db import connection
 
 ROOT = Path(__file__).resolve().parent.parent
+_SECRET_KEY = secrets.token_urlsafe(48)
 
 
 def free_port() -> int:
@@ -34,7 +36,8 @@ def process_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
         APPLIANCE_DATABASE_URL=test_database_url(),
-        APPLIANCE_SSE_KEEPALIVE_S="1",
+        # The web server refuses a known secret; a real one, as a user's install has.
+        APPLIANCE_SECRET_KEY=_SECRET_KEY,
         PYTHONUNBUFFERED="1",
         DJANGO_SETTINGS_MODULE="web.settings",
     )

@@ -33,7 +33,8 @@ fi
 
 if ! docker info >/dev/null 2>&1; then
   step "starting dockerd"
-  (setsid dockerd >"$log_dir/dockerd.log" 2>&1 &)
+  # live-restore: engines keep running while dockerd restarts (tests/worker/test_faults.py).
+  (setsid dockerd --live-restore >"$log_dir/dockerd.log" 2>&1 &)
   for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
   docker info >/dev/null 2>&1 || { tail -30 "$log_dir/dockerd.log"; exit 1; }
 fi
@@ -61,8 +62,13 @@ if ! "$pg_bin/pg_isready" -h 127.0.0.1 -p 5440 >/dev/null 2>&1; then
 fi
 export APPLIANCE_DATABASE_URL="${APPLIANCE_DATABASE_URL:-postgres://appliance@127.0.0.1:5440/appliance}"
 
-step "building local images (base image, test engine)"
+step "building local images (base, python, redis, postgres, test engine)"
 bash docker/base/make-base-image.sh
+# The panel image's own build (the compose test) downloads wheels through this machine's
+# TLS-intercepting proxy: its CA goes to the wheel stage only (docker/panel/Dockerfile).
+if [ -s /etc/ssl/certs/ca-certificates.crt ] && [ ! -s docker/panel/ca/ca.pem ]; then
+  cp /etc/ssl/certs/ca-certificates.crt docker/panel/ca/ca.pem
+fi
 docker build -q -t "${APPLIANCE_TEST_ENGINE_IMAGE:-appliance-test-engine:latest}" \
   --build-arg BASE_IMAGE="${APPLIANCE_BASE_IMAGE:-appliance-base:bookworm}" \
   -f docker/test-engine/Dockerfile docker >/dev/null

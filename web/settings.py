@@ -12,9 +12,13 @@ _FALSE = {"0", "false", "no", "off", ""}
 
 
 def env_str(name: str, default: str = "") -> str:
-    """A string from NAME, or from the file named by NAME_FILE (for secrets)."""
+    """A string from NAME, or from the file named by NAME_FILE (for secrets).
+
+    A non-empty NAME wins over NAME_FILE, so a value set in .env overrides a generated one.
+    """
+    value = os.environ.get(name, "")
     file_path = os.environ.get(f"{name}_FILE")
-    if file_path:
+    if not value and file_path:
         return Path(file_path).read_text().strip()
     return os.environ.get(name, default)
 
@@ -46,7 +50,9 @@ def env_list(name: str, default: str = "") -> list[str]:
 
 
 DEBUG = env_bool("APPLIANCE_DEBUG", False)
-SECRET_KEY = env_str("APPLIANCE_SECRET_KEY", "insecure-development-key-change-me")
+# A bare checkout runs with this; the web server refuses it unless DEBUG (web/security.py).
+DEVELOPMENT_SECRET_KEY = "insecure-development-key-change-me"
+SECRET_KEY = env_str("APPLIANCE_SECRET_KEY", DEVELOPMENT_SECRET_KEY)
 ALLOWED_HOSTS = env_list("APPLIANCE_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver")
 CSRF_TRUSTED_ORIGINS = env_list("APPLIANCE_CSRF_TRUSTED_ORIGINS", "")
 
@@ -109,21 +115,53 @@ def _database(url: str) -> dict[str, object]:
         raise ValueError(
             f"APPLIANCE_DATABASE_URL scheme {parsed.scheme!r} is not supported: use postgres://"
         )
+    # The password may come apart from the URL (a generated one, in a file).
+    password = env_str("APPLIANCE_DATABASE_PASSWORD", "") or unquote(parsed.password or "")
     return {
         "ENGINE": "django.db.backends.postgresql",
         "NAME": parsed.path.lstrip("/"),
         "USER": unquote(parsed.username or ""),
-        "PASSWORD": unquote(parsed.password or ""),
+        "PASSWORD": password,
         "HOST": parsed.hostname or "",
         "PORT": str(parsed.port or ""),
+        # Under ASGI each in-flight request runs its ORM work on its own thread, with its
+        # own connection: unbounded, they ran PostgreSQL out of connections. The pool
+        # bounds them per process (a request waits for a free one instead); it needs
+        # CONN_MAX_AGE 0, and close() hands a connection back to it.
         "CONN_MAX_AGE": 0,
+        # With the pool: an idle pooled connection is checked before use, so one that a
+        # database restart broke is replaced rather than failing a request.
+        "CONN_HEALTH_CHECKS": True,
+        "OPTIONS": _database_pool(),
     }
+
+
+def _database_pool() -> dict[str, object]:
+    """psycopg's pool (Django's OPTIONS["pool"]); APPLIANCE_DB_POOL_MAX_SIZE=0 turns it off.
+
+    The size is per process (panel, worker, agent; the agent keeps one per engine it
+    follows): their sum must stay below the server's max_connections (100 by default).
+    """
+    max_size = env_int("APPLIANCE_DB_POOL_MAX_SIZE", 20)
+    if max_size <= 0:
+        return {}
+    return {"pool": {
+        "min_size": min(max_size, env_int("APPLIANCE_DB_POOL_MIN_SIZE", 2)),
+        "max_size": max_size,
+        # How long a request waits for a free connection before it fails.
+        "timeout": float(env_int("APPLIANCE_DB_POOL_TIMEOUT_S", 10)),
+        # An idle connection above min_size is closed after this long (one at a time).
+        "max_idle": float(env_int("APPLIANCE_DB_POOL_MAX_IDLE_S", 60)),
+    }}
 
 
 DATABASES = {"default": _database(_DATABASE_URL)}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env_str("APPLIANCE_REDIS_URL", "redis://127.0.0.1:6379/0")
+# redis-py's own default for a reply (5 s). A blocking read (the SSE live feed's XREAD,
+# SSE_KEEPALIVE_S long) gets this much on top of its block time, never less.
+REDIS_SOCKET_TIMEOUT_S = env_int("APPLIANCE_REDIS_SOCKET_TIMEOUT_S", 5)
 CELERY_BROKER_URL = REDIS_URL
 CELERY_TASK_ALWAYS_EAGER = env_bool("APPLIANCE_CELERY_EAGER", False)
 CELERY_TASK_ACKS_LATE = True

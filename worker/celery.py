@@ -27,7 +27,8 @@ app.conf.update(
     broker_transport_options={"visibility_timeout": 4 * 3600},
     # Separate queues: a stop never waits behind image builds. A worker with no -Q
     # consumes both.
-    task_queues=[Queue("control"), Queue("builds")],
+    task_queues=[Queue("control", routing_key="control"),
+                 Queue("builds", routing_key="builds")],
     task_default_queue="control",
     task_routes={"worker.tasks.deploy": {"queue": "builds"},
                  "worker.tasks.stop": {"queue": "control"}},

@@ -132,7 +132,9 @@ def _local_git_dir(url: str | None) -> Path | None:
 
 
 def _git(repo: Path, *args: str) -> bytes:
-    proc = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, check=False)
+    # safe.directory: a source mounted into the worker belongs to another user there.
+    proc = subprocess.run(["git", "-c", "safe.directory=*", "-C", str(repo), *args],
+                          capture_output=True, check=False)
     if proc.returncode != 0:
         raise BuildError(f"git {' '.join(args)} in {repo}: {proc.stderr.decode().strip()}")
     return proc.stdout

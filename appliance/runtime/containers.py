@@ -9,20 +9,18 @@ No Django, no Celery: plain dataclasses in and out.
 
 from __future__ import annotations
 
-import codecs
-import itertools
 import re
-import struct
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import docker.errors
 from docker.client import DockerClient, from_env
 from docker.models.containers import Container
 from docker.types import DeviceRequest
-from docker.utils.socket import frames_iter
+
+from appliance.runtime.logstream import LogLine, attach_frames, lines_of, log_frames
 
 LABEL_DEPLOYMENT = "appliance.deployment"
 LABEL_MANAGED = "appliance.managed"
@@ -31,9 +29,6 @@ LABEL_START = "appliance.start-token"
 NAME_PREFIX = "appliance-engine-"
 # A container in one of these states is (or is about to be) the deployment's engine.
 LIVE_STATES = frozenset({"created", "running", "restarting", "paused"})
-STREAM_NAMES: dict[int, Literal["stdout", "stderr"]] = {1: "stdout", 2: "stderr"}
-
-StreamName = Literal["stdout", "stderr"]
 
 
 class EngineRuntimeError(RuntimeError):
@@ -99,42 +94,12 @@ def _identity(target: str | Identity) -> Identity:
     return target if isinstance(target, Identity) else Identity(str(target))
 
 
-@dataclass(frozen=True)
-class LogLine:
-    """One output line of an engine container, from the stream it was written to.
-
-    `text` is a whole line without its "\\n"; tqdm's "\\r" updates stay inside it.
-    `partial` lines (only with follow_logs(partials=True)) are the pieces of a line still
-    being written (a progress bar redrawing with "\\r"), yielded as they arrive so
-    progress is live; the whole line follows, non-partial, once its "\\n" arrives.
-    Store only non-partial lines.
-    """
-
-    stream: StreamName
-    text: str
-    partial: bool = False
-    ts_ns: int | None = None  # Docker's timestamp of the line (follow_logs(timestamps=True))
-
-
 def container_name(deployment_id: str, instance_id: str = "", start_token: str = "") -> str:
     """Deterministic container name; characters Docker rejects become '-'."""
     safe = re.sub(r"[^a-zA-Z0-9_.-]", "-", str(deployment_id))
     if not instance_id:
         return f"{NAME_PREFIX}{safe}"
     return f"{NAME_PREFIX}{instance_id[:8]}-{safe}-{start_token[:8]}"
-
-
-def parse_docker_ts(text: str) -> int:
-    """Docker's RFC 3339 timestamp with up to 9 fraction digits -> Unix nanoseconds."""
-    import calendar
-
-    day, _, rest = text.partition("T")
-    clock = rest.rstrip("Z")
-    whole, _, frac = clock.partition(".")
-    y, mo, d = (int(x) for x in day.split("-"))
-    h, mi, s = (int(x) for x in whole.split(":"))
-    seconds = calendar.timegm((y, mo, d, h, mi, s, 0, 0, 0))
-    return seconds * 1_000_000_000 + int((frac + "000000000")[:9])
 
 
 class EngineRuntime:
@@ -213,6 +178,27 @@ class EngineRuntime:
                 raise EngineRuntimeError(f"cannot stop {container.name}: {exc}") from exc
         return bool(containers)
 
+    def ensure_network(self, name: str) -> Any:
+        """The engines' own network, made once; it outlives the appliance's containers so
+        that `docker compose down` leaves running engines (and their network) alone."""
+        try:
+            return self.client.networks.get(name)
+        except docker.errors.NotFound:
+            return self.client.networks.create(name, driver="bridge",
+                                               labels={LABEL_MANAGED: "1"})
+
+    def join_network(self, network: Any, container_ref: str) -> bool:
+        """Connect a container (id or name) to the network; False when it is no container."""
+        try:
+            container = self.client.containers.get(container_ref)
+        except docker.errors.NotFound:
+            return False
+        network.reload()
+        if container.id in {c.id for c in network.containers}:
+            return True
+        network.connect(container)
+        return True
+
     def exit_state(self, container: Container) -> dict[str, Any]:
         """Docker's account of how the container ended: exit code, OOM kill, error."""
         try:
@@ -239,16 +225,15 @@ class EngineRuntime:
         written from now on arrives as written, the unterminated pieces of a line
         yielded as partial LogLines for live progress; whole lines come either way.
         """
-        splitter = _LineSplitter(partials)
         if partials:
             container.reload()  # a container just run still says "created"
         live = partials and since is None and container.status == "running" and not timestamps
-        frames = (self._attach_frames(container) if live
-                  else self._log_frames(container, since, timestamps))
-        lines = (line for stream_id, data in frames
-                 for line in splitter.feed(STREAM_NAMES.get(stream_id, "stdout"), data))
-        for line in itertools.chain(lines, splitter.flush()):
-            yield _with_timestamp(line) if timestamps else line
+        try:
+            frames = (attach_frames(self.client.api, container.id) if live
+                      else log_frames(self.client.api, container.id, since, timestamps))
+            yield from lines_of(frames, partials, timestamps)
+        except docker.errors.APIError as exc:
+            raise EngineRuntimeError(f"cannot follow {container.name}: {exc}") from exc
 
     # ------------------------------------------------------------------ internals
 
@@ -330,110 +315,6 @@ class EngineRuntime:
             f"container {container.name} has no published port for {container_port}/tcp "
             f"(status {container.status}); was it started with a network instead?"
         )
-
-    def _log_frames(
-        self, container: Container, since: float | None, timestamps: bool = False
-    ) -> Iterator[tuple[int, bytes]]:
-        """Raw (stream id, bytes) frames of `docker logs --follow` (a non-tty container).
-
-        docker-py's public logs() drops the stream id of each frame and attach() cannot
-        start at `since`, so this issues the same request and keeps the ids. Like
-        docker-py's logs(), it turns the socket timeout off: a quiet engine (a long
-        weight load) is not an error.
-        """
-        api = self.client.api
-        params: dict[str, Any] = {"stdout": 1, "stderr": 1, "follow": 1,
-                                  "timestamps": int(timestamps)}
-        if since is not None:
-            params["since"] = f"{since:.6f}"
-        try:
-            response = api._get(api._url("/containers/{0}/logs", container.id),
-                                params=params, stream=True)
-            api._raise_for_status(response)
-        except docker.errors.APIError as exc:
-            raise EngineRuntimeError(f"cannot follow logs of {container.name}: {exc}") from exc
-        api._disable_socket_timeout(api._get_raw_response_socket(response))
-        try:
-            yield from _read_frames(response.raw)
-        finally:
-            response.close()
-
-    def _attach_frames(self, container: Container) -> Iterator[tuple[int, bytes]]:
-        """`docker attach` with logs: the live stdio as written, not line-buffered."""
-        api = self.client.api
-        params = {"logs": 1, "stdout": 1, "stderr": 1, "stream": 1}
-        try:
-            response = api._post(api._url("/containers/{0}/attach", container.id),
-                                 headers={"Connection": "Upgrade", "Upgrade": "tcp"},
-                                 params=params, stream=True)
-            api._raise_for_status(response)
-        except docker.errors.APIError as exc:
-            raise EngineRuntimeError(f"cannot attach to {container.name}: {exc}") from exc
-        sock = api._get_raw_response_socket(response)
-        api._disable_socket_timeout(sock)
-        try:
-            yield from _read_socket_frames(sock)
-        finally:
-            response.close()
-
-
-def _read_socket_frames(sock: Any) -> Iterator[tuple[int, bytes]]:
-    for stream_id, data in frames_iter(sock, False):
-        if data:
-            yield int(stream_id), bytes(data)
-
-
-def _read_frames(raw: Any) -> Iterator[tuple[int, bytes]]:
-    """Docker's multiplexed log stream: 8-byte header (stream id, size), then the payload."""
-    while True:
-        header = raw.read(8)
-        if len(header) < 8:
-            return
-        stream_id, length = struct.unpack(">BxxxL", header)
-        data = raw.read(length) if length else b""
-        if length and not data:
-            return
-        if data:
-            yield stream_id, data
-
-
-class _LineSplitter:
-    """Splits each stream's bytes on "\\n" (not "\\r"), decoding UTF-8 incrementally."""
-
-    def __init__(self, partials: bool = False) -> None:
-        self._partials = partials
-        self._pending: dict[StreamName, str] = {"stdout": "", "stderr": ""}
-        self._decoders = {s: codecs.getincrementaldecoder("utf-8")("replace") for s in
-                          self._pending}
-
-    def feed(self, stream: StreamName, data: bytes) -> Iterator[LogLine]:
-        text = self._decoders[stream].decode(data)
-        pieces = (self._pending[stream] + text).split("\n")
-        self._pending[stream] = pieces.pop()
-        for line in pieces:
-            yield LogLine(stream, line)
-        tail = text.rsplit("\n", 1)[-1]
-        if tail and self._partials:
-            yield LogLine(stream, tail, partial=True)
-
-    def flush(self) -> Iterator[LogLine]:
-        for stream, rest in self._pending.items():
-            rest += self._decoders[stream].decode(b"", final=True)
-            if rest:
-                yield LogLine(stream, rest)
-            self._pending[stream] = ""
-
-
-def _with_timestamp(line: LogLine) -> LogLine:
-    """Split Docker's `<RFC 3339 time> ` prefix off a line read with timestamps."""
-    stamp, sep, text = line.text.partition(" ")
-    if not sep or not stamp[:4].isdigit():
-        return line
-    try:
-        return LogLine(line.stream, text, line.partial, parse_docker_ts(stamp))
-    except ValueError:
-        return line
-
 
 def docker_run_kwargs(plan: ContainerPlan) -> dict[str, Any]:
     """The docker-py `containers.run` arguments for a plan (pure; shown in dry runs)."""

@@ -1,16 +1,26 @@
 #!/bin/sh
-# web: migrate, create roles and the first admin once, serve ASGI on :8000.
-# worker: the Celery worker with the supervisor beat embedded.
+# One image, four roles (compose.yaml):
+#   init    make the install's secrets once (secret key, database password) in the volume
+#   web     refuse known secrets, migrate, create roles and the first admin once, serve ASGI
+#   worker  the Celery worker: image builds (queue builds) and stops (queue control)
+#   agent   the engine agent: owns this host's engine containers from start to exit
 set -eu
 case "${1:-web}" in
+  init)
+    exec python3 -m web.initsecrets "${APPLIANCE_SECRETS_DIR:-/var/lib/appliance/secrets}"
+    ;;
   web)
+    python3 -c "import django; django.setup(); from web.security import require_production_secrets as r; r()"
     python3 manage.py migrate --noinput
     python3 manage.py bootstrap
     exec uvicorn web.asgi:application --host 0.0.0.0 --port 8000 --proxy-headers
     ;;
   worker)
-    exec celery -A worker.celery worker -B --loglevel INFO --concurrency "${APPLIANCE_WORKER_CONCURRENCY:-4}" \
-      --schedule /tmp/celerybeat-schedule
+    exec celery -A worker.celery worker --loglevel INFO -Q control,builds \
+      --concurrency "${APPLIANCE_WORKER_CONCURRENCY:-4}"
+    ;;
+  agent)
+    exec python3 -m worker.agent
     ;;
   *)
     exec "$@"

@@ -1,32 +1,343 @@
-"""compose.yaml is read by docker-compose (v1.29 here; v2 reads the same file)."""
+"""The product as shipped: compose.yaml, the panel image and production defaults, run with
+docker-compose (v1.29 here; v2 reads the same file), driven from Chromium.
+
+Local base images (docker/base/make-base-image.sh) stand in for the registry's; the engine
+image is built by the appliance's worker from a site recipe whose SGLang source is the
+test engine's package (CI cannot fetch SGLang). Nothing here is tuned for the test beyond
+what a user on a machine without GPUs would set in .env.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import re
 import shutil
 import subprocess
+import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import requests
 import yaml
+from playwright.sync_api import Page, expect, sync_playwright
+
+import docker
+from tests.servers import free_port
+from tests.site_recipes import commit_all
 
 ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "artifacts"
+CHROMIUM = os.environ.get("APPLIANCE_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--disable-quic",
+]
+PROJECT = "appliance-e2e"
+LOCAL_IMAGES = {
+    "APPLIANCE_PYTHON_IMAGE": "appliance-python:bookworm",
+    "APPLIANCE_REDIS_IMAGE": "appliance-redis:bookworm",
+    "APPLIANCE_POSTGRES_IMAGE": "appliance-postgres:bookworm",
+}
+PANEL_IMAGE = "sd-appliance:e2e"
+COMPOSE = shutil.which("docker-compose")
 
 
-@pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose not installed")
-def test_docker_compose_accepts_the_file_and_keeps_the_engine_network_and_socket() -> None:
+def test_docker_compose_accepts_the_file_and_keeps_engines_off_the_database_network() -> None:
+    if COMPOSE is None:
+        pytest.skip("docker-compose not installed")
     result = subprocess.run(
-        ["docker-compose", "-f", "compose.yaml", "config"],
-        cwd=ROOT, capture_output=True, text=True, check=False,
-        env={"PATH": "/usr/local/bin:/usr/bin:/bin", "APPLIANCE_PYTHON_IMAGE": "local/python:3"},
+        [COMPOSE, "-f", "compose.yaml", "config"], cwd=ROOT, capture_output=True, text=True,
+        check=False, env={"PATH": "/usr/local/bin:/usr/bin:/bin",
+                          "APPLIANCE_PYTHON_IMAGE": "local/python:3"},
     )
     assert result.returncode == 0, result.stderr
     config = yaml.safe_load(result.stdout)
-    assert set(config["services"]) == {"web", "worker", "redis", "postgres"}
-    assert config["networks"]["default"]["name"] == "appliance"
-    worker = config["services"]["worker"]
-    assert "/var/run/docker.sock:/var/run/docker.sock" in str(worker["volumes"])
-    assert worker["environment"]["APPLIANCE_ENGINE_NETWORK"] == "appliance"
-    web = config["services"]["web"]
-    assert web["build"]["args"]["PYTHON_IMAGE"] == "local/python:3"
-    published = web["ports"][0]
+    services = config["services"]
+    assert set(services) == {"init", "web", "worker", "agent", "redis", "postgres"}
+    for name in ("postgres", "redis", "web"):
+        assert services[name]["healthcheck"]["test"], f"{name} has a health check"
+    for name in ("web", "worker", "agent"):
+        assert services[name]["depends_on"]["postgres"]["condition"] == "service_healthy"
+        assert services[name]["restart"] == "unless-stopped"
+    assert services["worker"]["depends_on"]["web"]["condition"] == "service_healthy"
+    # Engines never join the network that holds Redis and PostgreSQL.
+    assert services["agent"]["environment"]["APPLIANCE_ENGINE_NETWORK"] == "appliance-engines"
+    assert "internal" in services["postgres"]["networks"]
+    assert "appliance-engines" not in config.get("networks", {})
+    assert "/var/run/docker.sock:/var/run/docker.sock" in str(services["agent"]["volumes"])
+    assert "/var/run/docker.sock" not in str(services["web"].get("volumes"))
+    assert services["web"]["build"]["args"]["PYTHON_IMAGE"] == "local/python:3"
+    published = services["web"]["ports"][0]
     assert "127.0.0.1" in str(published) and "8000" in str(published)
+    # No built-in secret: generated once into the secrets volume.
+    env = services["web"]["environment"]
+    assert env["APPLIANCE_SECRET_KEY"] == ""
+    assert env["APPLIANCE_SECRET_KEY_FILE"].startswith("/var/lib/appliance/secrets/")
+    assert "appliance@postgres" in env["APPLIANCE_DATABASE_URL"]
+    assert ":" not in env["APPLIANCE_DATABASE_URL"].split("@")[0].removeprefix("postgres://")
+    example = (ROOT / ".env.example").read_text()
+    for name in ("APPLIANCE_ENGINE_GPU_REQUESTS", "APPLIANCE_ENGINE_EXTRA_ENV",
+                 "APPLIANCE_CA_BUNDLE", "APPLIANCE_MODELS_DIR", "APPLIANCE_PANEL_PORT",
+                 "APPLIANCE_POSTGRES_IMAGE", "APPLIANCE_REDIS_IMAGE", "APPLIANCE_PYTHON_IMAGE"):
+        assert f"#{name}=" in example, f"{name} is documented in .env.example"
+
+
+# ---------------------------------------------------------------- the stack, for real
+
+
+class Stack:
+    """docker-compose for one project, with the .env a user on this machine would write."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.site = tmp / "site"
+        self.env_file = tmp / ".env"
+        (tmp / "models").mkdir()
+        self.values = {
+            **LOCAL_IMAGES,
+            "APPLIANCE_PANEL_IMAGE": PANEL_IMAGE,
+            "APPLIANCE_PANEL_PORT": str(self.port),
+            "APPLIANCE_CSRF_TRUSTED_ORIGINS": self.url,
+            "APPLIANCE_SITE_DIR": str(self.site),
+            "APPLIANCE_MODELS_DIR": str(tmp / "models"),
+            "APPLIANCE_ENGINE_NETWORK": f"{PROJECT}-engines",
+            "APPLIANCE_HOST_NAME": "e2e-host",
+            # No GPUs on this machine: the test engine runs without a GPU request.
+            "APPLIANCE_ENGINE_GPU_REQUESTS": "false",
+            # A slow load, so there is time to restart the worker and agent during it.
+            "APPLIANCE_ENGINE_EXTRA_ENV": "TEST_ENGINE_PACE_S=0.25,TEST_ENGINE_SHARDS=24",
+            "APPLIANCE_ENGINE_STOP_TIMEOUT_S": "5",
+            "APPLIANCE_CA_BUNDLE": "/etc/ssl/certs/ca-certificates.crt",
+        }
+        self.env_file.write_text("".join(f"{k}={v}\n" for k, v in self.values.items()))
+
+    def compose(self, *args: str, check: bool = True, timeout: float = 600) -> str:
+        done = subprocess.run(
+            [str(COMPOSE), "-p", PROJECT, "-f", str(ROOT / "compose.yaml"),
+             "--env-file", str(self.env_file), *args],
+            cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False,
+        )
+        if check and done.returncode != 0:
+            raise AssertionError(f"docker-compose {' '.join(args)}: rc {done.returncode}\n"
+                                 f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+        return done.stdout + done.stderr
+
+    def wait_healthy(self, timeout: float = 240) -> float:
+        started = time.monotonic()
+        while time.monotonic() - started < timeout:
+            try:
+                if requests.get(f"{self.url}/healthz", timeout=2).status_code == 200:
+                    return time.monotonic() - started
+            except requests.RequestException:
+                pass
+            time.sleep(1)
+        raise AssertionError("the panel never became healthy:\n" + self.compose("logs", "--tail",
+                                                                                 "60"))
+
+    def admin_password(self) -> str:
+        found = re.findall(r"Created admin account 'admin' with password '([^']+)'",
+                           self.compose("logs", "web"))
+        assert len(found) == 1, "the generated admin password is printed exactly once"
+        return found[0]
+
+    def api(self, token: str, path: str) -> Any:
+        response = requests.get(f"{self.url}/api{path}", timeout=10,
+                                headers={"Authorization": f"Token {token}"})
+        response.raise_for_status()
+        return response.json()
+
+
+def _site_recipe(site: Path) -> None:
+    """A small recipe on the local base whose SGLang source is the test engine's package."""
+    source = site / "sglang"
+    shutil.copytree(ROOT / "docker" / "test-engine" / "sglang", source / "python" / "sglang")
+    commit = commit_all(source, "test engine as an SGLang source tree")
+    (site / "recipes").mkdir(parents=True)
+    (site / "recipes" / "site-e2e.yaml").write_text(
+        "name: site-e2e\nbase_image: appliance-base:bookworm\n"
+        f"sglang:\n  git: /site/sglang\n  ref: {commit}\n  flags: sglang-0.5.23\n"
+        "patches: []\npip_extras: []\nbuild_args:\n  SGLANG_INSTALL_DEPS: '0'\n")
+
+
+def _cleanup(client: Any) -> None:
+    for container in client.containers.list(
+            all=True, filters={"label": "appliance.instance"}):
+        if container.name.startswith("appliance-engine-") and any(
+                n.startswith(f"{PROJECT}-engines") for n in
+                container.attrs["NetworkSettings"]["Networks"]):
+            container.remove(force=True)
+    for network in client.networks.list(names=[f"{PROJECT}-engines"]):
+        network.remove()
+    for image in client.images.list(filters={"label": "appliance.recipe=site-e2e"}):
+        client.images.remove(image.id, force=True)
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[Stack]:
+    if COMPOSE is None:
+        pytest.skip("docker-compose not installed")
+    client = docker.from_env()
+    missing = [tag for tag in LOCAL_IMAGES.values() if not client.images.list(name=tag)]
+    if missing:
+        pytest.skip(f"local base images missing ({', '.join(missing)}): run "
+                    "bash docker/base/make-base-image.sh")
+    stack = Stack(tmp_path)
+    _site_recipe(stack.site)
+    stack.compose("build", timeout=900)
+    try:
+        yield stack
+    finally:
+        (ARTIFACTS / "compose-logs.txt").parent.mkdir(exist_ok=True)
+        (ARTIFACTS / "compose-logs.txt").write_text(stack.compose("logs", check=False))
+        stack.compose("down", "-v", check=False)
+        _cleanup(client)
+
+
+@pytest.fixture
+def page() -> Iterator[Page]:
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        context = browser.new_context(viewport={"width": 1280, "height": 1000})
+        yield context.new_page()
+        browser.close()
+
+
+def _login(page: Page, url: str, password: str) -> None:
+    page.goto(f"{url}/")
+    page.fill("#id_username", "admin")
+    page.fill("#id_password", password)
+    page.click("#login")
+    expect(page.locator("h1")).to_have_text("Deployments")
+
+
+def _new_deployment(page: Page, url: str, name: str, self_check: bool) -> int:
+    page.goto(f"{url}/deployments/new/")
+    page.select_option("#id_recipe", "site-e2e")
+    page.fill("#id_name", name)
+    page.fill("#id_model_path", "/models/test")
+    page.select_option("#id_algorithm", "NONE")
+    page.fill("#id_drafter_path", "")
+    page.fill("#id_tp_size", "1")
+    page.fill("#id_gpu_ids", "0")
+    page.fill("#id_attention_backend", "")
+    if not self_check:
+        page.uncheck("#id_self_check")
+    page.check("#id_confirm_warnings")
+    page.click("#deploy")
+    expect(page.locator("h1")).to_have_text(name)
+    return int(page.url.rstrip("/").split("/")[-1])
+
+
+def _token(stack: Stack) -> str:
+    out = stack.compose("exec", "-T", "web", "python3", "manage.py", "drf_create_token", "admin")
+    return re.findall(r"token ([0-9a-f]{40})", out)[0]
+
+
+def _engine_lines(client: Any, name: str) -> list[str]:
+    """What the engine printed, stdout and stderr in the order Docker stored them."""
+    raw = client.containers.get(name).logs(stdout=True, stderr=True, timestamps=True)
+    lines = [line.split(" ", 1)[1] if " " in line else "" for line in raw.decode().split("\n")
+             if line]
+    return [line.rsplit("\r", 1)[-1] for line in lines]
+
+
+def _stored_lines(stack: Stack, token: str, pk: int) -> tuple[list[int], list[str]]:
+    seqs, texts = [], []
+    after = 0
+    while True:
+        events = stack.api(token, f"/deployments/{pk}/events/?after={after}&limit=1000")["results"]
+        if not events:
+            return seqs, texts
+        for event in events:
+            seqs.append(event["seq"])
+            if event["kind"] == "log":
+                texts.append(event["payload"]["text"])
+        after = events[-1]["seq"]
+
+
+def test_compose_up_runs_the_appliance_as_shipped(stack: Stack, page: Page) -> None:
+    client = docker.from_env()
+    started = time.monotonic()
+    stack.compose("up", "-d")
+    stack.wait_healthy()
+    up_to_healthy = time.monotonic() - started
+    password = stack.admin_password()
+    _login(page, stack.url, password)
+    ARTIFACTS.mkdir(exist_ok=True)
+
+    # 1. Built from the site recipe; the image's real GPU self-check runs and, with no GPU
+    #    here, stops the deployment in seconds, shown in the panel.
+    first = _new_deployment(page, stack.url, "e2e-checked", self_check=True)
+    expect(page.locator("#build-text")).to_contain_text("step", timeout=120_000)
+    expect(page.locator("#selfcheck")).to_be_visible(timeout=180_000)
+    expect(page.locator("#status")).to_have_text("failed", timeout=120_000)
+    expect(page.locator("#selfcheck-checks")).to_contain_text("nvml")
+    expect(page.locator("#log")).not_to_contain_text("gpu-check: {")
+    page.screenshot(path=str(ARTIFACTS / "compose-selfcheck-failed.png"), full_page=True)
+
+    # 2. The same recipe without the self-check: a cache hit, then phases, live.
+    created = time.monotonic()
+    second = _new_deployment(page, stack.url, "e2e-served", self_check=False)
+    expect(page.locator("#build-text")).to_contain_text("already built", timeout=60_000)
+    expect(page.locator("#status")).to_have_text("loading", timeout=60_000)
+    # The worker and the engine agent restart while the engine loads.
+    stack.compose("restart", "worker", "agent")
+    expect(page.locator("#status")).to_have_text("ready", timeout=180_000)
+    create_to_ready = time.monotonic() - created
+    expect(page.locator("#log")).to_contain_text("fired up and ready to roll")
+    page.screenshot(path=str(ARTIFACTS / "compose-ready.png"), full_page=True)
+
+    token = _token(stack)
+    detail = stack.api(token, f"/deployments/{second}/")
+    engines = client.containers.list(filters={"label": f"appliance.deployment={second}"})
+    assert len(engines) == 1, "one engine container, adopted after the restart"
+    assert engines[0].labels["appliance.start-token"]
+    seqs, stored = _stored_lines(stack, token, second)
+    assert seqs == list(range(1, len(seqs) + 1)), "a gap-free event log"
+    printed = _engine_lines(client, engines[0].name)
+    assert stored == printed[:len(stored)], "every line printed is stored once, in order"
+    assert len(stored) >= len(printed) - 5  # the last lines may still be on their way
+    assert detail["status"] == "ready"
+
+    # 3. down while the engine serves, up again: history kept, the engine adopted.
+    events_before = len(seqs)
+    engine_id = engines[0].id
+    down = subprocess.run([str(COMPOSE), "-p", PROJECT, "-f", str(ROOT / "compose.yaml"),
+                           "--env-file", str(stack.env_file), "down"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    assert down.returncode == 0, down.stderr
+    assert client.containers.get(engine_id).status == "running", "down leaves engines alone"
+    stack.compose("up", "-d")
+    stack.wait_healthy()
+    # The secret key was kept in its volume, so the browser's session is still good.
+    page.goto(f"{stack.url}/")
+    expect(page.locator("h1")).to_have_text("Deployments")
+    expect(page.locator(f"#deployment-{second} .status")).to_have_text("ready")
+    time.sleep(3)  # a few agent ticks
+    token = _token(stack)
+    assert stack.api(token, f"/deployments/{second}/")["status"] == "ready"
+    seqs_after, _ = _stored_lines(stack, token, second)
+    assert len(seqs_after) >= events_before
+    assert [c.id for c in client.containers.list(
+        filters={"label": f"appliance.deployment={second}"})] == [engine_id]
+    assert stack.api(token, f"/deployments/{first}/")["status"] == "failed"
+
+    # 4. Stop from the panel; the engine and its container go.
+    page.goto(f"{stack.url}/deployments/{second}/")
+    page.click("#stop")
+    expect(page.locator("#status")).to_have_text("stopped", timeout=60_000)
+    assert not client.containers.list(all=True,
+                                      filters={"label": f"appliance.deployment={second}"})
+
+    down = subprocess.run([str(COMPOSE), "-p", PROJECT, "-f", str(ROOT / "compose.yaml"),
+                           "--env-file", str(stack.env_file), "down", "-v"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    assert down.returncode == 0, down.stderr
+    timings = {"up_to_healthy_s": round(up_to_healthy, 1),
+               "create_to_ready_s": round(create_to_ready, 1)}
+    (ARTIFACTS / "compose-timings.json").write_text(json.dumps(timings))
+    print(f"compose timings: {timings}")

@@ -87,11 +87,19 @@ def _login(page: Page, url: str) -> None:
 def test_an_operator_deploys_watches_it_come_up_live_and_stops_it(operator, stack, page):  # type: ignore[no-untyped-def]
     _login(page, stack)
     page.click("text=New deployment")
+    # The form starts from the first recipe's own defaults (the baseline: no speculation) and
+    # choosing another recipe fills its algorithm and engine defaults.
+    expect(page.locator("#id_recipe")).to_have_value("kimi-k2.6-baseline")
+    expect(page.locator("#id_algorithm")).to_have_value("NONE")
+    expect(page.locator("#id_tree_budget")).to_have_value("")
     page.fill("#id_name", "kimi-ddtree")
     page.select_option("#id_recipe", "kimi-k2.6-ddtree")
+    expect(page.locator("#id_algorithm")).to_have_value("DDTREE")
+    expect(page.locator("#id_block_size")).to_have_value("8")
+    expect(page.locator("#id_tree_budget")).to_have_value("32")
+    expect(page.locator("#id_attention_backend")).to_have_value("fa3")
     page.fill("#id_model_path", "/models/Kimi-K2.6")
     page.fill("#id_drafter_path", "/models/Kimi-K2.6-DFlash")
-    page.select_option("#id_algorithm", "DDTREE")
     page.fill("#id_gpu_ids", "0,1,x")
     page.click("#deploy")
     # Bad input comes back inline, beside its field, and nothing was queued.
@@ -101,6 +109,7 @@ def test_an_operator_deploys_watches_it_come_up_live_and_stops_it(operator, stac
     page.click("#deploy")
 
     expect(page.locator("h1")).to_have_text("kimi-ddtree")
+    deployment_id = page.locator("#deployment-id").inner_text().lstrip("#")
     # Pre-flight ran before queueing: the patched recipe verifies 33 wide, drafts 8 wide.
     expect(page.locator("#preflight")).to_contain_text("ddtree-verify-width")
     expect(page.locator("#preflight")).to_contain_text("33")
@@ -118,6 +127,11 @@ def test_an_operator_deploys_watches_it_come_up_live_and_stops_it(operator, stac
     expect(page.locator("#log .stderr").first).to_be_visible()
     expect(page.locator("#status")).to_have_text("ready", timeout=60_000)
     expect(page.locator("#log")).to_contain_text("fired up and ready to roll")
+    # "Deployment ... queued." was true when it was made; beside "ready" it would not be.
+    expect(page.locator(".flash")).to_have_count(0)
+    # The self-check's JSON stream lines are the card's data: the log has a short line each.
+    expect(page.locator("#log")).to_contain_text("self-check: allreduce ok")
+    expect(page.locator("#log")).not_to_contain_text("gpu-check: {")
     for phase in ("building", "starting", "checking", "loading", "capturing"):
         expect(page.locator(f"#timeline li[data-phase={phase}]")).to_have_class("done")
     ARTIFACTS.mkdir(exist_ok=True)
@@ -125,8 +139,14 @@ def test_an_operator_deploys_watches_it_come_up_live_and_stops_it(operator, stac
 
     page.click("#stop")
     expect(page.locator("#status")).to_have_text("stopped", timeout=30_000)
+    expect(page.locator(".flash")).to_have_count(0)  # "Stopping ..." went with stopping
     page.goto(f"{stack}/")
-    expect(page.locator("table.list")).to_contain_text("stopped")
+    # The list names each deployment by id too, and when it was made, in UTC.
+    row = page.locator(f"#deployment-{deployment_id}")
+    expect(row).to_contain_text(f"#{deployment_id}")
+    expect(row).to_contain_text("kimi-ddtree")
+    expect(row).to_contain_text("stopped")
+    expect(row.locator("time")).to_contain_text(" UTC")
 
 
 def test_a_built_image_runs_the_real_self_check_and_the_panel_shows_why_it_stopped(  # type: ignore[no-untyped-def]
@@ -160,5 +180,7 @@ def test_a_built_image_runs_the_real_self_check_and_the_panel_shows_why_it_stopp
     # The build's own output is in the log too, before the container's first line.
     expect(page.locator("#log .build").first).to_contain_text("build step 1/")
     expect(page.locator("#log")).to_contain_text("appliance: no patches to apply")
+    expect(page.locator("#log")).to_contain_text("self-check: nvml-available FAILED")
+    expect(page.locator("#log")).not_to_contain_text("gpu-check: {")
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "detail-selfcheck-failed.png"), full_page=True)

@@ -15,7 +15,7 @@ from appliance.runtime.client import EngineClient
 from appliance.runtime.containers import EngineRuntime
 from tests.web.specs import spec
 from web.deployments import services
-from web.deployments.models import Deployment, DeploymentStatus
+from web.deployments.models import Deployment, DeploymentStatus, Host
 from worker import tasks
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
@@ -43,6 +43,16 @@ def _run(pk: int) -> str:
 def _container(deployment: Deployment):  # type: ignore[no-untyped-def]
     deployment.refresh_from_db()
     return docker.from_env().containers.get(services.identity_of(deployment).name)
+
+
+def _admin_client():  # type: ignore[no-untyped-def]
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    user = get_user_model().objects.create_superuser("root", "", "root-pass-12345")
+    client = Client()
+    client.force_login(user)
+    return client
 
 
 def _deployment(**changes) -> Deployment:  # type: ignore[no-untyped-def]
@@ -204,6 +214,14 @@ def test_a_container_with_our_labels_but_not_our_identity_is_never_adopted_or_st
         assert mine.id != impostor.id
         impostor.reload()
         assert impostor.status == "running"
+        # The agent reports it, and the panel shows it for what it is.
+        deadline = time.monotonic() + 10
+        while not any(c["name"] == impostor.name for h in Host.objects.all()
+                      for c in h.foreign_containers):
+            assert time.monotonic() < deadline, "the stray container is reported"
+            time.sleep(0.2)
+        page = _admin_client().get("/").content.decode()
+        assert impostor.name in page and "never adopted or stopped" in page
         services.deployment_request_stop(deployment=Deployment.objects.get(pk=pk))
         assert services.wait_for(pk, {S.STOPPED}, 30) == S.STOPPED
         impostor.reload()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+from collections.abc import Mapping
 from typing import Any
 
 from django import forms
@@ -34,19 +35,53 @@ def _recipe_choices() -> list[tuple[str, str]]:
     return [(name, name) for name in recipe_names()]
 
 
+def recipe_initial(engine_defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """The form values a recipe decides, from its engine_defaults.
+
+    Blank where the recipe sets nothing: a block size or tree budget left over from another
+    recipe would contradict this one's algorithm. The recipe's other defaults (parsers,
+    disable_overlap_schedule, ...) need no field: the server applies them under the spec.
+    """
+    initial: dict[str, Any] = {
+        "algorithm": str(engine_defaults.get("speculative_algorithm") or "NONE").upper(),
+        "block_size": engine_defaults.get("speculative_num_draft_tokens")
+        or engine_defaults.get("speculative_dflash_block_size"),
+        "tree_budget": engine_defaults.get("speculative_ddtree_budget"),
+        "attention_backend": engine_defaults.get("attention_backend") or "",
+    }
+    # The GPUs are the site's, not the recipe's: keep the form's unless the recipe says.
+    if engine_defaults.get("tp_size"):
+        initial["tp_size"] = engine_defaults["tp_size"]
+    return initial
+
+
+def recipe_defaults() -> dict[str, dict[str, Any]]:
+    """recipe_initial of every recipe that loads, by name (the page's script reads it too)."""
+    from .services import recipe_load, recipe_names
+
+    defaults: dict[str, dict[str, Any]] = {}
+    for name in recipe_names():
+        try:
+            defaults[name] = recipe_initial(recipe_load(name).engine_defaults)
+        except ValueError:
+            continue  # a broken site recipe: choosing it fills nothing, deploying says why
+    return defaults
+
+
 class DeploymentForm(forms.Form):
     name = forms.SlugField(max_length=63, help_text="Letters, digits and hyphens.")
     recipe = forms.ChoiceField(choices=_recipe_choices)
     model_path = forms.CharField(max_length=500, help_text="Path of the target model's weights.")
     drafter_path = forms.CharField(max_length=500, required=False,
                                    help_text="Path of the DFlash drafter (DFlash and DDTree).")
-    algorithm = forms.ChoiceField(choices=ALGORITHMS, initial="DDTREE")
-    block_size = forms.IntegerField(min_value=1, max_value=64, required=False, initial=8)
-    tree_budget = forms.IntegerField(min_value=1, max_value=512, required=False, initial=32)
+    # These four follow the chosen recipe (recipe_initial), so they have no fixed initial.
+    algorithm = forms.ChoiceField(choices=ALGORITHMS)
+    block_size = forms.IntegerField(min_value=1, max_value=64, required=False)
+    tree_budget = forms.IntegerField(min_value=1, max_value=512, required=False)
     tp_size = forms.IntegerField(min_value=1, max_value=64, initial=8, label="TP size")
     gpu_ids = forms.CharField(max_length=200, required=False, initial="0,1,2,3,4,5,6,7",
                               label="GPU ids", help_text="Comma-separated, e.g. 0,1,2,3.")
-    attention_backend = forms.CharField(max_length=40, required=False, initial="fa3")
+    attention_backend = forms.CharField(max_length=40, required=False)
     extra_args = forms.CharField(max_length=2000, required=False,
                                  label="Extra engine arguments",
                                  help_text="Further SGLang flags, e.g. --mem-fraction-static 0.85")
@@ -58,6 +93,16 @@ class DeploymentForm(forms.Form):
         required=False, label="Rebuild the engine image",
         help_text="Build without the cache even when this recipe's image exists.")
     confirm_warnings = forms.BooleanField(required=False, label="Deploy despite warnings")
+
+    def __init__(self, *args: Any, recipe: str | None = None, **kwargs: Any) -> None:
+        """recipe: the one to start from (the new page's ?recipe=); else the first listed."""
+        super().__init__(*args, **kwargs)
+        self.recipe_defaults = recipe_defaults()
+        if recipe not in self.recipe_defaults:
+            recipe = next(iter(self.recipe_defaults), None)
+        if recipe is not None:
+            # Explicit initial values (the caller's) still win over the recipe's.
+            self.initial = {"recipe": recipe, **self.recipe_defaults[recipe], **self.initial}
 
     def clean_gpu_ids(self) -> list[int]:
         raw = self.cleaned_data.get("gpu_ids") or ""

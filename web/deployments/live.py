@@ -4,6 +4,9 @@ The database is the record; the stream only carries new events to open SSE
 connections. Entry ids are `0-<seq>`, so a reader resumes from a sequence
 number directly, and a gap (a trimmed stream, or an entry that lost a race)
 is filled from the database.
+
+An entry's `data` is the event's JSON exactly as an SSE frame carries it and `kind`
+is the event's kind, so a reader frames an entry without decoding it.
 """
 
 from __future__ import annotations
@@ -11,9 +14,11 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterable
+from functools import cache
 from typing import Any
 
 import redis
+import redis.asyncio as aioredis
 from django.conf import settings
 
 log = logging.getLogger(__name__)
@@ -25,18 +30,24 @@ def stream_key(deployment_id: int) -> str:
     return f"appliance:deployment:{deployment_id}:events"
 
 
-def _client() -> redis.Redis:
-    return redis.Redis.from_url(settings.REDIS_URL)
+@cache
+def _client(url: str) -> redis.Redis:
+    """One client (and connection pool) per process: a publish costs no new connection."""
+    return redis.Redis.from_url(url, socket_timeout=settings.REDIS_SOCKET_TIMEOUT_S)
+
+
+def wire_json(event: dict[str, Any]) -> str:
+    return json.dumps(event, separators=(",", ":"))
 
 
 def publish(deployment_id: int, wire_events: Iterable[dict[str, Any]]) -> None:
     """Best effort: a failed publish loses nothing, readers fill gaps from the database."""
     try:
-        pipe = _client().pipeline(transaction=False)
+        pipe = _client(settings.REDIS_URL).pipeline(transaction=False)
         for event in wire_events:
             pipe.xadd(
                 stream_key(deployment_id),
-                {"data": json.dumps(event)},
+                {"data": wire_json(event), "kind": event["kind"]},
                 id=f"0-{event['seq']}",
                 maxlen=STREAM_MAXLEN,
                 approximate=True,
@@ -44,6 +55,15 @@ def publish(deployment_id: int, wire_events: Iterable[dict[str, Any]]) -> None:
         pipe.execute(raise_on_error=False)
     except redis.RedisError as exc:
         log.warning("live publish for deployment %s failed: %s", deployment_id, exc)
+
+
+def blocking_reader(block_s: float) -> aioredis.Redis:
+    """A client for XREAD BLOCK of block_s: its reply may take that long plus the usual
+    timeout (redis-py's default 5 s timeout, shorter than the block, cut every quiet read)."""
+    timeout = block_s + settings.REDIS_SOCKET_TIMEOUT_S
+    return aioredis.Redis.from_url(
+        settings.REDIS_URL, socket_timeout=timeout,
+        socket_connect_timeout=settings.REDIS_SOCKET_TIMEOUT_S, socket_keepalive=True)
 
 
 def seq_of(entry_id: bytes | str) -> int:

@@ -80,6 +80,8 @@ class Deployment(models.Model):
     start_token = models.CharField(max_length=32, blank=True, default="")
     agent_id = models.CharField(max_length=100, blank=True, default="")
     lease_until = models.DateTimeField(null=True, blank=True)
+    # The worker building the image (empty: queued for any worker) and its heartbeat.
+    build_owner = models.CharField(max_length=100, blank=True, default="")
     build_lease_until = models.DateTimeField(null=True, blank=True)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL

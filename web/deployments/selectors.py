@@ -6,7 +6,7 @@ from typing import Any
 
 from django.db.models import QuerySet
 
-from .models import Deployment, Event
+from .models import Deployment, Event, Host
 
 
 def deployment_list(*, status: str | None = None) -> QuerySet[Deployment]:
@@ -39,3 +39,8 @@ def deployment_summary(*, deployment: Deployment) -> dict[str, Any]:
         "last_seq": deployment.last_seq,
         "is_terminal": deployment.is_terminal,
     }
+
+
+def hosts_list() -> list[Host]:
+    """The GPU hosts whose engine agents reported, newest report first."""
+    return list(Host.objects.order_by("-heartbeat_at"))

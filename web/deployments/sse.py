@@ -1,29 +1,70 @@
 """Server-sent events for one deployment, under ASGI.
 
-Replays from the database (the record) after `Last-Event-ID`, then follows the
-Redis stream (the live channel); fills any gap from the database; sends
-keep-alive comments; ends after the deployment's terminal event.
+A stream replays from the database (the record) after `Last-Event-ID`, then follows
+the deployment's live feed; fills any gap from the database; sends a keep-alive comment
+after SSE_KEEPALIVE_S of quiet; ends after the deployment's terminal event.
+
+The live feed is one Redis reader per deployment and process (an asyncio task), shared
+by all its streams: it frames each event once and hands the bytes to every stream's
+backlog, so a stream's own cost per event is one write. A stream whose backlog passes
+BACKLOG_FRAMES (a slow client) is dropped from the feed and catches up from the database,
+then joins again.
+
+No stream holds a database connection while it waits: each read is one short call on a
+worker thread that hands its connection back (to the pool) before returning.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import json
-from collections.abc import AsyncIterator
-from typing import Any
+import logging
+import weakref
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
+from typing import Any, NamedTuple
 
+import redis
 import redis.asyncio as aioredis
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.db import connection
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 
 from . import live, selectors
-from .models import Deployment, Event
+from .models import Deployment
+
+log = logging.getLogger(__name__)
 
 REPLAY_PAGE = 500
+FEED_COUNT = 500  # entries per XREAD
+BACKLOG_FRAMES = 2000  # a stream further behind than this catches up from the database
+RECENT_FRAMES = 500  # what a feed keeps for streams that join it a little behind
+REDIS_RETRY_S = 1.0  # while Redis fails, a feed polls the database this often
+KEEPALIVE = b": keep-alive\n\n"
+
+
+class Frame(NamedTuple):
+    seq: int
+    data: bytes  # the whole SSE frame, encoded
+    end: bool
 
 
 def sse_frame(event: dict[str, Any]) -> str:
-    return f"id: {event['seq']}\ndata: {json.dumps(event, separators=(',', ':'))}\n\n"
+    return f"id: {event['seq']}\ndata: {live.wire_json(event)}\n\n"
+
+
+def _frame(event: dict[str, Any]) -> Frame:
+    return Frame(event["seq"], sse_frame(event).encode(), event.get("kind") == "end")
+
+
+def _entry_frame(seq: int, fields: dict[bytes, bytes]) -> Frame:
+    """A live entry as a frame; entries from before `kind` was published are decoded."""
+    kind = fields.get(b"kind")
+    if kind is None:
+        return _frame(json.loads(fields[b"data"]))
+    return Frame(seq, b"id: %d\ndata: %s\n\n" % (seq, fields[b"data"]), kind == b"end")
 
 
 def _start_seq(request: HttpRequest) -> int:
@@ -34,14 +75,15 @@ def _start_seq(request: HttpRequest) -> int:
         return 0
 
 
+# ------------------------------------------------------------------ the view
+
+
 async def deployment_event_stream(
     request: HttpRequest, pk: int
 ) -> HttpResponse | StreamingHttpResponse:
-    user = await request.auser()
-    if not user.is_authenticated:
-        return HttpResponse("Log in to follow a deployment.", status=401, content_type="text/plain")
-    if not await Deployment.objects.filter(pk=pk).aexists():
-        return HttpResponse("No such deployment.", status=404, content_type="text/plain")
+    refusal = await sync_to_async(_refusal)(request, pk)
+    if refusal is not None:
+        return refusal
     response = StreamingHttpResponse(
         _events(pk, _start_seq(request)), content_type="text/event-stream"
     )
@@ -50,73 +92,263 @@ async def deployment_event_stream(
     return response
 
 
-async def _from_db(pk: int, after: int, upto: int | None = None) -> list[Event]:
-    events = await sync_to_async(selectors.events_after)(
-        deployment_id=pk, after_seq=after, limit=REPLAY_PAGE
-    )
-    return [e for e in events if upto is None or e.seq <= upto]
-
-
-async def _events(pk: int, last: int) -> AsyncIterator[str]:
-    yield "retry: 2000\n\n"
-    state = {"last": last, "ended": False}
-    async for frame in _replay(pk, state):
-        yield frame
-    if state["ended"]:
-        return
-    client = aioredis.Redis.from_url(settings.REDIS_URL)
+def _refusal(request: HttpRequest, pk: int) -> HttpResponse | None:
+    """The session and the deployment, in one short stay on the request's connection."""
     try:
-        async for frame in _follow(pk, state, client):
-            yield frame
+        if not request.user.is_authenticated:
+            return HttpResponse(
+                "Log in to follow a deployment.", status=401, content_type="text/plain")
+        if not Deployment.objects.filter(pk=pk).exists():
+            return HttpResponse("No such deployment.", status=404, content_type="text/plain")
+        return None
     finally:
-        await client.aclose()
+        connection.close()
 
 
-async def _replay(pk: int, state: dict[str, Any], upto: int | None = None) -> AsyncIterator[str]:
-    while True:
-        events = await _from_db(pk, state["last"], upto)
-        for event in events:
-            yield sse_frame(event.to_wire())
-            state["last"] = event.seq
-            if event.kind == "end":
-                state["ended"] = True
+def _release_connection() -> None:
+    # Django hands the request's connection back only when the response ends, and not at
+    # all when a streaming body raises; a stream lasts hours, so it gives it back now.
+    connection.close()
+
+
+def _db_frames(pk: int, after: int, upto: int | None) -> list[Frame]:
+    """One page of the record after `after` (up to `upto`), framed; on a worker thread."""
+    try:
+        events = selectors.events_after(deployment_id=pk, after_seq=after, limit=REPLAY_PAGE)
+    finally:
+        connection.close()
+    return [_frame(e.to_wire()) for e in events if upto is None or e.seq <= upto]
+
+
+async def _from_db(pk: int, after: int, upto: int | None = None) -> list[Frame]:
+    # Off the request's thread: the default executor's few threads also cap how many
+    # streams read the database at once.
+    return await sync_to_async(_db_frames, thread_sensitive=False)(pk, after, upto)
+
+
+# ---------------------------------------------------------------- one stream
+
+
+class _Stream:
+    """One client's position: it sends each seq once, in order, up to the end."""
+
+    def __init__(self, pk: int, last: int) -> None:
+        self.pk = pk
+        self.last = last
+        self.ended = False
+
+    async def replay(self, upto: int | None = None) -> AsyncIterator[list[bytes]]:
+        """The record after `last` (up to `upto`), a page at a time."""
+        while not self.ended:
+            frames = await _from_db(self.pk, self.last, upto)
+            yield self.take(frames)
+            if len(frames) < REPLAY_PAGE:
                 return
-        if len(events) < REPLAY_PAGE:
+
+    def take(self, frames: list[Frame]) -> list[bytes]:
+        """Those of frames that come next, in order (the caller saw to any gap)."""
+        out = []
+        for frame in frames:
+            if self.ended or frame.seq <= self.last:
+                continue
+            out.append(frame.data)
+            self.last = frame.seq
+            self.ended = frame.end
+        return out
+
+    async def deliver(self, frames: list[Frame]) -> list[bytes]:
+        """Frames from the feed; a gap before one (a stream that joined behind the feed,
+        an entry that lost a race) is filled from the record first."""
+        out: list[bytes] = []
+        for frame in frames:
+            if not self.ended and frame.seq > self.last + 1:
+                async for page in self.replay(upto=frame.seq - 1):
+                    out.extend(page)
+            out.extend(self.take([frame]))
+        return out
+
+
+async def _events(pk: int, last: int) -> AsyncIterator[bytes]:
+    await sync_to_async(_release_connection)()
+    yield b"retry: 2000\n\n"
+    stream = _Stream(pk, last)
+    try:
+        while not stream.ended:
+            async for page in stream.replay():
+                if page:
+                    yield b"".join(page)
+            if stream.ended:
+                return
+            before = stream.last
+            async with aclosing(_follow(stream)) as live_frames:
+                async for data in live_frames:
+                    yield data
+            if stream.last == before:
+                await asyncio.sleep(REDIS_RETRY_S)  # a failing feed is not retried in a spin
+    except Exception:
+        # Ending the body cleanly lets the browser reconnect (Last-Event-ID) as after any
+        # end; an exception here would also skip Django's end-of-request cleanup.
+        log.exception("event stream of deployment %s failed", pk)
+
+
+async def _follow(stream: _Stream) -> AsyncGenerator[bytes, None]:
+    """Frames from the live feed until the end, or until the feed drops this stream."""
+    viewer = _feed_for(stream.pk, stream.last).attach(stream.last)
+    try:
+        while not stream.ended:
+            frames = await viewer.next_frames(max(1, settings.SSE_KEEPALIVE_S))
+            if frames is None:
+                return  # dropped: catch up from the record, then join again
+            data = await stream.deliver(frames) if frames else [KEEPALIVE]
+            if data:
+                yield b"".join(data)
+    finally:
+        viewer.detach()
+
+
+# ------------------------------------------------------------- the live feed
+
+
+class _Viewer:
+    """A stream's place in a feed: the frames it has yet to send, and a way to wake it."""
+
+    def __init__(self, feed: _Feed, frames: list[Frame]) -> None:
+        self.feed = feed
+        self.backlog = frames
+        self.dropped = False
+        self.waiter: asyncio.Future[None] | None = None
+
+    def push(self, frames: list[Frame]) -> None:
+        if len(self.backlog) + len(frames) > BACKLOG_FRAMES:
+            self.drop()
             return
+        self.backlog.extend(frames)
+        self.wake()
+
+    def drop(self) -> None:
+        self.dropped = True
+        self.feed.viewers.discard(self)
+        self.wake()
+
+    def wake(self) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    async def next_frames(self, keepalive_s: float) -> list[Frame] | None:
+        """The frames so far; [] after keepalive_s with none; None once dropped."""
+        if not self.backlog and not self.dropped:
+            self.waiter = asyncio.get_running_loop().create_future()
+            try:
+                async with asyncio.timeout(keepalive_s):
+                    await self.waiter
+            except TimeoutError:
+                return []
+            finally:
+                self.waiter = None
+        frames, self.backlog = self.backlog, []
+        return frames if frames or not self.dropped else None
+
+    def detach(self) -> None:
+        self.feed.detach(self)
 
 
-async def _follow(pk: int, state: dict[str, Any], client: aioredis.Redis) -> AsyncIterator[str]:
-    key = live.stream_key(pk)
-    block_ms = max(1, settings.SSE_KEEPALIVE_S) * 1000
-    while not state["ended"]:
-        reply: Any = await client.xread(
-            {key: f"0-{state['last']}"}, block=block_ms, count=200
-        )
+# The feeds of the running event loop (uvicorn runs one per process), by deployment.
+_feeds: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, _Feed]] = (
+    weakref.WeakKeyDictionary())
+
+
+def _feed_for(pk: int, last: int) -> _Feed:
+    feeds = _feeds.setdefault(asyncio.get_running_loop(), {})
+    feed = feeds.get(pk)
+    if feed is None:
+        feed = feeds[pk] = _Feed(pk, last, feeds)
+    return feed
+
+
+class _Feed:
+    """Reads one deployment's Redis stream for every stream of it in this process."""
+
+    def __init__(self, pk: int, last: int, feeds: dict[int, _Feed]) -> None:
+        self.pk = pk
+        self.last = last
+        self.feeds = feeds
+        self.viewers: set[_Viewer] = set()
+        self.recent: list[Frame] = []
+        # A context of its own: the feed outlives the request that started it.
+        self.task = asyncio.create_task(self._run(), context=contextvars.Context())
+
+    def attach(self, last: int) -> _Viewer:
+        """A new viewer, handed the recent frames after `last` it can use."""
+        viewer = _Viewer(self, [f for f in self.recent if f.seq > last])
+        self.viewers.add(viewer)
+        return viewer
+
+    def detach(self, viewer: _Viewer) -> None:
+        self.viewers.discard(viewer)
+        if not self.viewers:
+            self._close()
+
+    def _close(self) -> None:
+        if self.feeds.get(self.pk) is self:
+            del self.feeds[self.pk]
+        self.task.cancel()
+
+    async def _run(self) -> None:
+        client = live.blocking_reader(settings.SSE_KEEPALIVE_S)
+        try:
+            ended = False
+            while not ended:
+                frames = await self._next(client)
+                ended = any(f.end for f in frames)
+                self._fan_out(frames)
+        except Exception:
+            log.exception("live feed of deployment %s failed", self.pk)
+        finally:
+            self._close_after_end()
+            await client.aclose()
+
+    def _close_after_end(self) -> None:
+        """Streams still attached finish their backlog, then go on from the record."""
+        if self.feeds.get(self.pk) is self:
+            del self.feeds[self.pk]
+        for viewer in list(self.viewers):
+            viewer.drop()
+
+    async def _next(self, client: aioredis.Redis) -> list[Frame]:
+        """The next frames in seq order: from the live stream, else from the record."""
+        try:
+            reply: Any = await client.xread(
+                {live.stream_key(self.pk): f"0-{self.last}"},
+                block=max(1, settings.SSE_KEEPALIVE_S) * 1000, count=FEED_COUNT)
+        except redis.RedisError as exc:
+            log.warning("live feed of deployment %s: %s; reading the database", self.pk, exc)
+            await asyncio.sleep(REDIS_RETRY_S)
+            return await self._record()
         if not reply:
-            yield ": keep-alive\n\n"
-            # Anything that missed the live channel is still in the record.
-            async for frame in _replay(pk, state):
-                yield frame
-            continue
+            return await self._record()  # quiet: anything that missed the live channel
+        frames: list[Frame] = []
         for entry_id, fields in reply[0][1]:
-            async for frame in _deliver(pk, state, live.seq_of(entry_id), fields):
-                yield frame
-            if state["ended"]:
-                return
+            seq = live.seq_of(entry_id)
+            if seq > self.last + 1:  # the stream was trimmed or an entry lost a race
+                frames.extend(await self._record(upto=seq - 1))
+            if seq > self.last:
+                frames.append(_entry_frame(seq, fields))
+                self.last = seq
+        return frames
 
+    async def _record(self, upto: int | None = None) -> list[Frame]:
+        frames: list[Frame] = []
+        while True:
+            page = await _from_db(self.pk, self.last, upto)
+            frames.extend(page)
+            if page:
+                self.last = page[-1].seq
+            if len(page) < REPLAY_PAGE:
+                return frames
 
-async def _deliver(
-    pk: int, state: dict[str, Any], seq: int, fields: dict[bytes, bytes]
-) -> AsyncIterator[str]:
-    if seq <= state["last"]:
-        return
-    if seq > state["last"] + 1:  # the stream was trimmed or an entry lost a race
-        async for frame in _replay(pk, state, upto=seq - 1):
-            yield frame
-        if state["ended"] or seq <= state["last"]:
+    def _fan_out(self, frames: list[Frame]) -> None:
+        if not frames:
             return
-    event = json.loads(fields[b"data"])
-    yield sse_frame(event)
-    state["last"] = seq
-    if event.get("kind") == "end":
-        state["ended"] = True
+        self.recent = (self.recent + frames)[-RECENT_FRAMES:]
+        for viewer in list(self.viewers):
+            viewer.push(frames)

@@ -11,8 +11,13 @@ from django.views.decorators.http import require_POST
 
 from . import selectors, services
 from .forms import DeploymentForm
-from .models import Deployment
+from .models import Deployment, DeploymentStatus
 from .permissions import can_deploy, can_stop
+
+
+def _while(status: str) -> str:
+    """The CSS class of a flash that is true only while the deployment has this status."""
+    return f"while-{status}"
 
 
 @login_required
@@ -20,7 +25,8 @@ def deployment_list(request: HttpRequest) -> HttpResponse:
     return render(
         request,
         "deployments/list.html",
-        {"deployments": selectors.deployment_list()[:200], "can_deploy": can_deploy(request.user)},
+        {"deployments": selectors.deployment_list()[:200], "can_deploy": can_deploy(request.user),
+         "hosts": selectors.hosts_list()},
     )
 
 
@@ -28,7 +34,9 @@ def deployment_list(request: HttpRequest) -> HttpResponse:
 def deployment_new(request: HttpRequest) -> HttpResponse:
     if not can_deploy(request.user):
         raise PermissionDenied("You need the operator role to deploy.")
-    form = DeploymentForm(request.POST or None)
+    # ?recipe=NAME starts the form from that recipe's defaults (the page's script does the same
+    # when the choice changes); only listed recipe names are taken.
+    form = DeploymentForm(request.POST or None, recipe=request.GET.get("recipe"))
     findings: list[dict[str, str]] = []
     if request.method == "POST" and form.is_valid():
         try:
@@ -42,7 +50,10 @@ def deployment_new(request: HttpRequest) -> HttpResponse:
             form.add_service_errors(exc.errors)
             findings = [f.to_dict() for f in exc.findings]
         else:
-            messages.success(request, f"Deployment {deployment.name} queued.")
+            # Tagged with the status it reports: the detail page drops it once the live status
+            # moves on, so "queued" does not sit above a ready engine.
+            messages.success(request, f"Deployment {deployment.name} queued.",
+                             extra_tags=_while(deployment.status))
             return redirect("deployments:detail", pk=deployment.pk)
     status = 400 if request.method == "POST" else 200
     return render(
@@ -70,6 +81,8 @@ def deployment_stop(request: HttpRequest, pk: int) -> HttpResponse:
     if not can_stop(request.user):
         raise PermissionDenied("You need the operator role to stop deployments.")
     deployment = get_object_or_404(Deployment, pk=pk)
-    services.deployment_request_stop(deployment=deployment)
-    messages.info(request, f"Stopping {deployment.name}.")
+    deployment = services.deployment_request_stop(deployment=deployment)
+    # A queued deployment stops at once; say which happened.
+    verb = "Stopped" if deployment.status == DeploymentStatus.STOPPED else "Stopping"
+    messages.info(request, f"{verb} {deployment.name}.", extra_tags=_while(deployment.status))
     return redirect("deployments:detail", pk=pk)

@@ -25,6 +25,8 @@ from sglang.test_engine.config import make_config, parse_args
 from sglang.test_engine.output import emit
 from sglang.test_engine.phases import start_up
 from sglang.test_engine.server import Handler
+from sglang.test_engine.settings import FAIL
+from sglang.test_engine.tracebacks import model_missing_exit
 
 
 def on_sigterm(signum: int, frame: Any) -> None:
@@ -37,6 +39,8 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, on_sigterm)
     signal.signal(signal.SIGINT, on_sigterm)
     engine.CFG = make_config(parse_args(sys.argv[1:] if argv is None else argv))
+    if FAIL == "model-missing":
+        model_missing_exit(engine.CFG)  # before the HTTP server: nothing ever listens
     server = ThreadingHTTPServer((engine.CFG.args.host, engine.CFG.args.port), Handler)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()

@@ -11,20 +11,18 @@ def _runtime() -> Any:
     return EngineRuntime()
 
 
-_INSTANCE_ID: str | None = None
-
-
 def instance_id() -> str:
-    """This install's id, made once and kept in the database (cached per process)."""
-    global _INSTANCE_ID
-    if _INSTANCE_ID is None:
-        import secrets
+    """This install's id, made once and kept in the database.
 
-        from ..models import Installation
+    Read each time (one indexed row), not cached: a process must never carry the id of a
+    database that has since been reset into a new install.
+    """
+    import secrets
 
-        row = Installation.objects.order_by("pk").first()
-        if row is None:
-            row, _ = Installation.objects.get_or_create(pk=1, defaults={
-                "instance_id": secrets.token_hex(8)})
-        _INSTANCE_ID = row.instance_id
-    return _INSTANCE_ID
+    from ..models import Installation
+
+    row = Installation.objects.order_by("pk").first()
+    if row is None:
+        row, _ = Installation.objects.get_or_create(
+            pk=1, defaults={"instance_id": secrets.token_hex(8)})
+    return row.instance_id

@@ -52,6 +52,8 @@ from .hosts import docker_facts, start_failure
 log = logging.getLogger(__name__)
 S = DeploymentStatus
 OWNED_STATUSES = frozenset(RUNNING_STATUSES | {S.STOPPING})
+QUEUED_GRACE_S = 600  # a queued deployment waits this long behind others before a re-queue
+REQUEUE_GRACE_S = 30  # after a re-queue, how long a worker has to take the build
 
 
 def default_agent_id() -> str:
@@ -99,11 +101,11 @@ class _FollowSink:
         return deployment_mark_ready(deployment_id=self.pk, engine_url=engine_url)
 
     def failed(self, diagnosis: Diagnosis, message: str, last_lines: list[str]) -> None:
-        done = deployment_mark_failed(
+        # The container goes first, so a deployment seen failed has no engine left.
+        self.agent.remove_engine(self.identity)
+        deployment_mark_failed(
             deployment_id=self.pk, diagnosis=diagnosis.to_dict(), last_lines=last_lines,
             message=message, sources=RUNNING_STATUSES)
-        if done:
-            self.agent.remove_engine(self.identity)
 
     def keep_following(self) -> bool:
         return not self.stop.is_set()
@@ -242,15 +244,16 @@ class EngineAgent:
     # ------------------------------------------------------------------ builds and host
 
     def _requeue_builds(self, now: Any) -> None:
-        """A build whose worker died (its lease ran out) is queued again."""
-        stale = now - timedelta(seconds=self.lease_s)
-        lost = Deployment.objects.filter(status__in=[S.QUEUED, S.BUILDING], updated_at__lt=stale)
-        lost = lost.filter(Q(build_lease_until__isnull=True) | Q(build_lease_until__lt=now))
-        for pk in lost.values_list("pk", flat=True):
-            renewed = Deployment.objects.filter(pk=pk).filter(
-                Q(build_lease_until__isnull=True) | Q(build_lease_until__lt=now)
-            ).update(build_lease_until=now + timedelta(seconds=self.lease_s * 4))
-            if renewed:
+        """A build whose worker died (its lease ran out) is queued again; so is a deployment
+        queued long ago that no worker took (its message lost with a broker's data)."""
+        expired = Q(build_lease_until__isnull=True) | Q(build_lease_until__lt=now)
+        building = Q(status=S.BUILDING, build_lease_until__lt=now)
+        forgotten = Q(status=S.QUEUED, updated_at__lt=now - timedelta(seconds=QUEUED_GRACE_S))
+        for pk in Deployment.objects.filter(building | forgotten).filter(expired).values_list(
+                "pk", flat=True):
+            # The lease set here keeps the next ticks from queueing it again meanwhile.
+            if Deployment.objects.filter(pk=pk).filter(expired).update(
+                    build_owner="", build_lease_until=now + timedelta(seconds=REQUEUE_GRACE_S)):
                 log.warning("deployment %s: its build has no live worker; queued again", pk)
                 events_append(deployment_id=pk, events=[(EventKind.STATUS, {
                     "message": "the build's worker went away; the build was queued again"})])
@@ -259,11 +262,12 @@ class EngineAgent:
     def _report_host(self, now: Any) -> None:
         known = {(str(d.pk), d.start_token) for d in
                  Deployment.objects.filter(status__in=OWNED_STATUSES)}
+        mine = instance_id()
         strays = []
         for container in self.runtime.list_managed():
             labels = container.labels or {}
             key = (labels.get("appliance.deployment", ""), labels.get("appliance.start-token", ""))
-            if labels.get("appliance.instance") != instance_id() or key not in known:
+            if labels.get("appliance.instance") != mine or key not in known:
                 strays.append({"name": container.name, "status": container.status,
                                "labels": {k: v for k, v in labels.items()
                                           if k.startswith("appliance.")}})
@@ -272,8 +276,25 @@ class EngineAgent:
             "docker": docker_facts(self.runtime), "foreign_containers": strays})
 
 
+def join_engine_network(runtime: EngineRuntime) -> None:
+    """Under compose: make the engine network and put this agent on it.
+
+    Engines sit on their own network, apart from Redis and PostgreSQL (engines run model
+    code with trust_remote_code); the agent reaches them there by container name. The web
+    service stays off it: it never talks to engines (connecting a running container to a
+    network also briefly drops its published port).
+    """
+    if not settings.ENGINE_NETWORK:
+        return
+    network = runtime.ensure_network(settings.ENGINE_NETWORK)
+    if runtime.join_network(network, socket.gethostname()):
+        log.info("engine network %s joined", settings.ENGINE_NETWORK)
+    # else: not in a container (a host install); engines publish on loopback instead
+
+
 def agent_run_forever(stop: threading.Event | None = None) -> None:
     """The engine agent's entry point (worker/agent.py)."""
+    join_engine_network(EngineRuntime())
     EngineAgent(follow_options=FollowOptions(
         ready_timeout_s=float(settings.ENGINE_READY_TIMEOUT_S))).run(
         stop or threading.Event(), tick_s=settings.AGENT_TICK_S)

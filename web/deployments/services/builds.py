@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import socket
 import threading
 from datetime import timedelta
 from pathlib import Path
@@ -39,17 +41,22 @@ BUILD_LEASE_S = 6.0  # a build with no heartbeat this long is queued again (engi
 def build_claim(pk: int) -> bool:
     """Take the deployment's build; False when a live worker already builds it."""
     now = timezone.now()
+    free = Q(build_owner="") | Q(build_lease_until__isnull=True) | Q(build_lease_until__lt=now)
     return bool(Deployment.objects.filter(pk=pk, status__in=[S.QUEUED, S.BUILDING]).filter(
-        Q(build_lease_until__isnull=True) | Q(build_lease_until__lt=now)
-    ).update(build_lease_until=now + timedelta(seconds=BUILD_LEASE_S)))
+        free).update(build_owner=_worker_id(), build_lease_until=now + timedelta(
+            seconds=BUILD_LEASE_S)))
 
 
-def _heartbeat(pk: int, finished: threading.Event) -> None:
+def _worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
+
+
+def _heartbeat(pk: int, owner: str, finished: threading.Event) -> None:
     try:
         while not finished.wait(BUILD_LEASE_S / 3):
             until = timezone.now() + timedelta(seconds=BUILD_LEASE_S)
-            Deployment.objects.filter(pk=pk, status__in=[S.QUEUED, S.BUILDING]).update(
-                build_lease_until=until)
+            Deployment.objects.filter(pk=pk, status__in=[S.QUEUED, S.BUILDING],
+                                      build_owner=owner).update(build_lease_until=until)
     finally:
         db_connection.close()
 
@@ -57,7 +64,8 @@ def _heartbeat(pk: int, finished: threading.Event) -> None:
 def _ensure_image(deployment: Deployment) -> str | None:
     """An image tag to run, building it from the recipe when no override is configured."""
     finished = threading.Event()
-    beat = threading.Thread(target=_heartbeat, args=(deployment.pk, finished), daemon=True,
+    beat = threading.Thread(target=_heartbeat, args=(deployment.pk, _worker_id(), finished),
+                            daemon=True,
                             name=f"build-lease-{deployment.pk}")
     beat.start()
     try:
@@ -132,7 +140,7 @@ def _run_build(deployment: Deployment, cancel: threading.Event) -> BuildResult:
     def on_event(event: Any) -> None:
         events_append(deployment_id=pk, events=[(EventKind.BUILD, event.to_dict())])
 
-    ca_bundle = Path(settings.BUILD_CA_BUNDLE) if settings.BUILD_CA_BUNDLE else None
+    ca_bundle = _ca_bundle()
     return build_image(
         plan_build(recipe_load(deployment.recipe), ca_bundle=ca_bundle),
         client=_runtime().client,
@@ -140,6 +148,14 @@ def _run_build(deployment: Deployment, cancel: threading.Event) -> BuildResult:
         cancel=cancel,
         on_event=on_event,
     )
+
+
+def _ca_bundle() -> Path | None:
+    """The proxy CA for download steps; compose mounts /dev/null there when none is set."""
+    path = Path(settings.BUILD_CA_BUNDLE) if settings.BUILD_CA_BUNDLE else None
+    if path is None or not path.is_file() or path.stat().st_size == 0:
+        return None
+    return path
 
 
 def _build_stopped(pk: int) -> _BuildStopped:

@@ -187,7 +187,7 @@ def deployment_mark_building(*, deployment_id: int) -> bool:
 def deployment_mark_starting(*, deployment_id: int, image: str, start_token: str = "") -> bool:
     return _transition(
         deployment_id, sources=[S.QUEUED, S.BUILDING], target=S.STARTING, phase="start",
-        image=image, start_token=start_token, build_lease_until=None,
+        image=image, start_token=start_token, build_owner="", build_lease_until=None,
     )
 
 

@@ -28,6 +28,16 @@
       const stop = document.getElementById("stop");
       if (stop) stop.disabled = true;
     }
+    dropStaleFlashes(status);
+  }
+
+  // A flash tagged while-<status> ("Deployment x queued.") reports the status of the moment it
+  // was made; once the live status is another one it would contradict the badge, so it goes.
+  function dropStaleFlashes(status) {
+    document.querySelectorAll(".flash").forEach(function (flash) {
+      const tag = Array.from(flash.classList).find(function (c) { return c.indexOf("while-") === 0; });
+      if (tag && tag !== "while-" + status) flash.remove();
+    });
   }
 
   function bar(id, done, total, text) {
@@ -68,7 +78,28 @@
     showProgress(progress);
   }
 
+  // The self-check's stream lines ("gpu-check: {json}") are data for the self-check card, which
+  // shows them already; in the log they become one short line each, or nothing.
+  const checkPrefix = "gpu-check: {";
+  function selfcheckLine(text) {
+    let e;
+    try {
+      e = JSON.parse(text.slice(text.indexOf(checkPrefix) + checkPrefix.length - 1));
+    } catch (err) {
+      return text;  // not the stream's JSON after all: show it as it came
+    }
+    switch (e.event) {
+      case "check": return "self-check: " + e.id + " " + (e.ok ? "ok" : "FAILED: " + (e.message || ""));
+      case "report": return "self-check: " + (e.ok ? "passed" : "FAILED") + " in " + e.elapsed_s + " s";
+      default: return null;  // begin, gpus, ...: the card has them
+    }
+  }
+
   function appendLog(text, stream) {
+    if (typeof text === "string" && text.indexOf(checkPrefix) >= 0) {
+      text = selfcheckLine(text);
+      if (text === null) return;
+    }
     const line = document.createElement("span");
     line.className = "line" + (stream === "stderr" || stream === "build" ? " " + stream : "");
     line.textContent = text + "\n";

@@ -134,3 +134,22 @@ def load_exit_traceback(cfg: Config, shard: int) -> str:
         "safetensors_rust.SafetensorError: Error while deserializing header: "
         f"MetadataIncompleteBuffer (file {path})",
     )
+
+
+def model_missing_exit(cfg: Config) -> None:
+    """An engine that exits at once: transformers cannot find the model's config.json (the
+    message transformers' configuration_utils prints when launch_server reads the config)."""
+    path = cfg.args.model_path
+    frames = [
+        (f"{SITE}/sglang/launch_server.py", 29, "<module>", "server_args = prepare_server_args("
+         "sys.argv[1:])"),
+        (f"{SRT}/server_args.py", 4702, "prepare_server_args",
+         "return ServerArgs.from_cli_args(raw_args)"),
+        (f"{SITE}/transformers/configuration_utils.py", 721, "_get_config_dict",
+         "resolved_config_file = cached_file("),
+    ]
+    error = (f"OSError: {path} does not appear to have a file named config.json. Checkout "
+             f"'https://huggingface.co/{path}/tree/None' for available files.")
+    sys.stderr.write(traceback_text(frames, error) + "\n")
+    sys.stderr.flush()
+    os._exit(1)

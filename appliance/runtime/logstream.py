@@ -1,0 +1,156 @@
+"""An engine container's output as lines: Docker's multiplexed frames, split and decoded.
+
+stdout and stderr are kept apart; with timestamps each line carries Docker's time of it
+(the engine agent's cursor); with partials the unterminated pieces of a line (a tqdm bar
+redrawing with "\\r") come as they are written, for live progress.
+"""
+
+from __future__ import annotations
+
+import codecs
+import itertools
+import struct
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from docker.utils.socket import frames_iter
+
+StreamName = Literal["stdout", "stderr"]
+STREAM_NAMES: dict[int, StreamName] = {1: "stdout", 2: "stderr"}
+
+
+@dataclass(frozen=True)
+class LogLine:
+    """One output line of an engine container, from the stream it was written to.
+
+    `text` is a whole line without its "\\n"; tqdm's "\\r" updates stay inside it.
+    `partial` lines (only with follow_logs(partials=True)) are the pieces of a line still
+    being written (a progress bar redrawing with "\\r"), yielded as they arrive so
+    progress is live; the whole line follows, non-partial, once its "\\n" arrives.
+    Store only non-partial lines.
+    """
+
+    stream: StreamName
+    text: str
+    partial: bool = False
+    ts_ns: int | None = None  # Docker's timestamp of the line (follow_logs(timestamps=True))
+
+
+def parse_docker_ts(text: str) -> int:
+    """Docker's RFC 3339 timestamp with up to 9 fraction digits -> Unix nanoseconds."""
+    import calendar
+
+    day, _, rest = text.partition("T")
+    clock = rest.rstrip("Z")
+    whole, _, frac = clock.partition(".")
+    y, mo, d = (int(x) for x in day.split("-"))
+    h, mi, s = (int(x) for x in whole.split(":"))
+    seconds = calendar.timegm((y, mo, d, h, mi, s, 0, 0, 0))
+    return seconds * 1_000_000_000 + int((frac + "000000000")[:9])
+
+
+def lines_of(frames: Iterable[tuple[int, bytes]], partials: bool = False,
+             timestamps: bool = False) -> Iterator[LogLine]:
+    """Frames (stream id, bytes) -> lines, each stream split on "\\n" on its own."""
+    splitter = _LineSplitter(partials)
+    lines = (line for stream_id, data in frames
+             for line in splitter.feed(STREAM_NAMES.get(stream_id, "stdout"), data))
+    for line in itertools.chain(lines, splitter.flush()):
+        yield _with_timestamp(line) if timestamps else line
+
+
+def log_frames(
+api: Any, container_id: str, since: float | None, timestamps: bool = False
+) -> Iterator[tuple[int, bytes]]:
+    """Raw (stream id, bytes) frames of `docker logs --follow` (a non-tty container).
+
+    docker-py's public logs() drops the stream id of each frame and attach() cannot
+    start at `since`, so this issues the same request and keeps the ids. Like
+    docker-py's logs(), it turns the socket timeout off: a quiet engine (a long
+    weight load) is not an error.
+    """
+    params: dict[str, Any] = {"stdout": 1, "stderr": 1, "follow": 1,
+                              "timestamps": int(timestamps)}
+    if since is not None:
+        params["since"] = f"{since:.6f}"
+    response = api._get(api._url("/containers/{0}/logs", container_id),
+                        params=params, stream=True)
+    api._raise_for_status(response)  # an APIError: the caller says which container
+    api._disable_socket_timeout(api._get_raw_response_socket(response))
+    try:
+        yield from _read_frames(response.raw)
+    finally:
+        response.close()
+
+def attach_frames(api: Any, container_id: str) -> Iterator[tuple[int, bytes]]:
+    """`docker attach` with logs: the live stdio as written, not line-buffered."""
+    params = {"logs": 1, "stdout": 1, "stderr": 1, "stream": 1}
+    response = api._post(api._url("/containers/{0}/attach", container_id),
+                         headers={"Connection": "Upgrade", "Upgrade": "tcp"},
+                         params=params, stream=True)
+    api._raise_for_status(response)
+    sock = api._get_raw_response_socket(response)
+    api._disable_socket_timeout(sock)
+    try:
+        yield from _read_socket_frames(sock)
+    finally:
+        response.close()
+
+
+def _read_socket_frames(sock: Any) -> Iterator[tuple[int, bytes]]:
+    for stream_id, data in frames_iter(sock, False):
+        if data:
+            yield int(stream_id), bytes(data)
+
+
+def _read_frames(raw: Any) -> Iterator[tuple[int, bytes]]:
+    """Docker's multiplexed log stream: 8-byte header (stream id, size), then the payload."""
+    while True:
+        header = raw.read(8)
+        if len(header) < 8:
+            return
+        stream_id, length = struct.unpack(">BxxxL", header)
+        data = raw.read(length) if length else b""
+        if length and not data:
+            return
+        if data:
+            yield stream_id, data
+
+
+class _LineSplitter:
+    """Splits each stream's bytes on "\\n" (not "\\r"), decoding UTF-8 incrementally."""
+
+    def __init__(self, partials: bool = False) -> None:
+        self._partials = partials
+        self._pending: dict[StreamName, str] = {"stdout": "", "stderr": ""}
+        self._decoders = {s: codecs.getincrementaldecoder("utf-8")("replace") for s in
+                          self._pending}
+
+    def feed(self, stream: StreamName, data: bytes) -> Iterator[LogLine]:
+        text = self._decoders[stream].decode(data)
+        pieces = (self._pending[stream] + text).split("\n")
+        self._pending[stream] = pieces.pop()
+        for line in pieces:
+            yield LogLine(stream, line)
+        tail = text.rsplit("\n", 1)[-1]
+        if tail and self._partials:
+            yield LogLine(stream, tail, partial=True)
+
+    def flush(self) -> Iterator[LogLine]:
+        for stream, rest in self._pending.items():
+            rest += self._decoders[stream].decode(b"", final=True)
+            if rest:
+                yield LogLine(stream, rest)
+            self._pending[stream] = ""
+
+
+def _with_timestamp(line: LogLine) -> LogLine:
+    """Split Docker's `<RFC 3339 time> ` prefix off a line read with timestamps."""
+    stamp, sep, text = line.text.partition(" ")
+    if not sep or not stamp[:4].isdigit():
+        return line
+    try:
+        return LogLine(line.stream, text, line.partial, parse_docker_ts(stamp))
+    except ValueError:
+        return line

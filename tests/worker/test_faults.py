@@ -1,0 +1,339 @@
+"""Faults survived with nothing lost: real processes (engine agent, Celery worker,
+redis-server, PostgreSQL, dockerd) killed and restarted around real engine containers.
+
+Every case checks the same three things: the deployment carries on (or ends as it
+should), there is one engine container, and every line the container printed is stored
+exactly once and in order (compared with Docker's own log of the container).
+docs/reliability.md has the table of these cases and their outcomes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test import override_settings
+
+import docker
+from tests.servers import celery_worker, engine_agent, free_port
+from tests.web.specs import spec
+from web.deployments import services
+from web.deployments.models import Deployment, DeploymentStatus
+from worker import tasks
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
+S = DeploymentStatus
+SLOW = {"TEST_ENGINE_PACE_S": "0.15", "TEST_ENGINE_SHARDS": "16"}
+
+
+@pytest.fixture
+def engine_env(test_engine_image: str) -> Iterator[dict[str, str]]:  # noqa: F811
+    """The settings a GPU-less host running the test engine has, for this process and the
+    agent and worker processes the tests start."""
+    extra = ",".join(f"{k}={v}" for k, v in SLOW.items())
+    env = {"APPLIANCE_ENGINE_IMAGE": test_engine_image, "APPLIANCE_ENGINE_GPU_REQUESTS": "0",
+           "APPLIANCE_ENGINE_EXTRA_ENV": extra, "APPLIANCE_ENGINE_STOP_TIMEOUT_S": "5",
+           "APPLIANCE_ENGINE_READY_TIMEOUT_S": "120"}
+    with override_settings(ENGINE_IMAGE=test_engine_image, ENGINE_GPU_REQUESTS=False,
+                           ENGINE_EXTRA_ENV=SLOW, ENGINE_STOP_TIMEOUT_S=5):
+        yield env
+    client = docker.from_env()
+    for container in client.containers.list(all=True, filters={"label": "appliance.deployment"}):
+        container.remove(force=True)
+
+
+def _deployment(**changes: Any) -> Deployment:
+    return services.deployment_create(data=spec(**changes), confirm_warnings=True)
+
+
+def _wait(pk: int, statuses: set[str], timeout_s: float = 60) -> str:
+    status = services.wait_for(pk, statuses, timeout_s)
+    assert status in statuses, f"deployment {pk} is {status}, not {statuses}"
+    return status
+
+
+def _printed(pk: int) -> list[str]:
+    """What the engine printed, stdout and stderr in Docker's order ("\\r" updates folded)."""
+    deployment = Deployment.objects.get(pk=pk)
+    container = docker.from_env().containers.get(services.identity_of(deployment).name)
+    raw = container.logs(stdout=True, stderr=True, timestamps=True).decode()
+    lines = [line.split(" ", 1)[1] if " " in line else "" for line in raw.split("\n") if line]
+    return [line.rsplit("\r", 1)[-1] for line in lines]
+
+
+def _stored(pk: int) -> list[str]:
+    deployment = Deployment.objects.get(pk=pk)
+    return [e.payload["text"] for e in deployment.events.filter(kind="log").order_by("seq")]
+
+
+def _assert_every_line_once(pk: int, settle_s: float = 5) -> None:
+    deadline = time.monotonic() + settle_s
+    while True:
+        printed, stored = _printed(pk), _stored(pk)
+        if stored == printed or time.monotonic() > deadline:
+            break
+        time.sleep(0.3)
+    assert len(stored) == len(printed), (len(stored), len(printed))
+    assert stored == printed, "every printed line stored exactly once, in order"
+    seqs = list(Deployment.objects.get(pk=pk).events.order_by("seq")
+                .values_list("seq", flat=True))
+    assert seqs == list(range(1, len(seqs) + 1)), "a gap-free event log"
+
+
+def _engines(pk: int) -> list[Any]:
+    return docker.from_env().containers.list(all=True,
+                                             filters={"label": f"appliance.deployment={pk}"})
+
+
+# ---------------------------------------------------------------- the engine agent
+
+
+@pytest.mark.parametrize("phase", ["starting", "checking", "loading", "capturing", "ready",
+                                   "stopping"])
+def test_an_agent_killed_in_any_phase_is_replaced_and_no_line_is_lost_or_doubled(
+        engine_env: dict[str, str], tmp_path: Path, phase: str) -> None:
+    deployment = _deployment()
+    pk = deployment.pk
+    tasks.deploy.apply(args=[pk]).get()
+    with engine_agent(tmp_path / "agent-1.log", **engine_env) as first:
+        if phase == "stopping":
+            _wait(pk, {S.READY}, 90)
+            services.deployment_request_stop(deployment=Deployment.objects.get(pk=pk))
+        else:
+            _wait(pk, {phase}, 90)
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    restarted = time.monotonic()
+    with engine_agent(tmp_path / "agent-2.log", **engine_env):
+        if phase == "stopping":
+            _wait(pk, {S.STOPPED}, 30)
+            assert time.monotonic() - restarted < 10
+            assert not _engines(pk)
+            return
+        after = _next_status(phase)
+        _wait(pk, {after, S.READY}, 10 + 60)
+        assert _seconds_to_progress(pk, restarted) < 10, "it carries on within 10 s"
+        _wait(pk, {S.READY}, 90)
+        assert len(_engines(pk)) == 1, "one engine container, adopted"
+        _assert_every_line_once(pk)
+
+
+def _next_status(phase: str) -> str:
+    order = ["starting", "checking", "loading", "capturing", "ready"]
+    return order[min(order.index(phase) + 1, len(order) - 1)]
+
+
+def _seconds_to_progress(pk: int, since: float) -> float:
+    """Seconds from `since` (monotonic) to the first event stored after it."""
+    newest = Deployment.objects.get(pk=pk).events.order_by("-seq").first()
+    assert newest is not None
+    age = time.time() - newest.ts.timestamp()
+    return max(0.0, (time.monotonic() - since) - age)
+
+
+def test_a_new_agent_takes_over_an_engine_only_when_the_old_lease_has_expired(
+        engine_env: dict[str, str], tmp_path: Path) -> None:
+    deployment = _deployment()
+    pk = deployment.pk
+    tasks.deploy.apply(args=[pk]).get()
+    with engine_agent(tmp_path / "a.log", APPLIANCE_AGENT_ID="agent@a", **engine_env) as a:
+        _wait(pk, {S.LOADING}, 60)
+        a.send_signal(signal.SIGKILL)
+        a.wait()
+    killed = time.monotonic()
+    with engine_agent(tmp_path / "b.log", APPLIANCE_AGENT_ID="agent@b", **engine_env):
+        _wait(pk, {S.READY}, 120)
+        row = Deployment.objects.get(pk=pk)
+        assert row.agent_id == "agent@b"
+        assert time.monotonic() - killed >= 10, "not before the 15 s lease ran out"
+        assert len(_engines(pk)) == 1
+        _assert_every_line_once(pk)
+
+
+# ---------------------------------------------------------------- the Celery worker
+
+
+def test_a_worker_killed_while_building_is_replaced_and_the_build_carries_on(
+        engine_env: dict[str, str], tmp_path: Path) -> None:
+    from tests.site_recipes import engine_source_repo, write_recipe
+
+    recipes = tmp_path / "recipes"
+    write_recipe(recipes, "site-fault", engine_source_repo(tmp_path))
+    env = {**engine_env, "APPLIANCE_ENGINE_IMAGE": "", "APPLIANCE_RECIPES_DIR": str(recipes),
+           "APPLIANCE_ENGINE_GPU_CHECK": "0"}
+    data = spec(name="built-fault", recipe="site-fault", self_check=False)
+    data["engine"] = {"model_path": "/models/test", "tp_size": 1,
+                      "speculative_algorithm": "NONE"}
+    with override_settings(RECIPES_DIR=str(recipes)), \
+            engine_agent(tmp_path / "agent.log", **env):
+        with celery_worker(tmp_path / "worker-1.log", **env) as first:
+            pk = services.deployment_create(data=data, confirm_warnings=True,
+                                            rebuild_image=True).pk
+            _wait(pk, {S.BUILDING}, 60)
+            _wait_event(pk, "build_step", 60)
+            first.send_signal(signal.SIGKILL)
+            first.wait()
+        with celery_worker(tmp_path / "worker-2.log", **env):
+            _wait(pk, {S.READY}, 180)
+        assert len(_engines(pk)) == 1
+        _assert_every_line_once(pk)
+    client = docker.from_env()
+    for container in _engines(pk):
+        container.remove(force=True)
+    for image in client.images.list(filters={"label": "appliance.recipe=site-fault"}):
+        client.images.remove(image.id, force=True)
+
+
+def _wait_event(pk: int, build_kind: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not Deployment.objects.get(pk=pk).events.filter(
+            kind="build", payload__kind=build_kind).exists():
+        assert time.monotonic() < deadline, f"no {build_kind} event"
+        time.sleep(0.2)
+
+
+def test_a_stop_is_carried_out_within_3_s_behind_a_backlog_of_50_queued_deployments(
+        engine_env: dict[str, str], tmp_path: Path) -> None:
+    ready = _deployment(name="serving")
+    tasks.deploy.apply(args=[ready.pk]).get()
+    with engine_agent(tmp_path / "agent.log", **engine_env):
+        _wait(ready.pk, {S.READY}, 90)
+        for i in range(50):  # queued for a worker that is busy elsewhere (none runs here)
+            _deployment(name=f"backlog-{i}")
+        asked = time.monotonic()
+        services.deployment_request_stop(deployment=Deployment.objects.get(pk=ready.pk))
+        _wait(ready.pk, {S.STOPPED}, 10)
+        took = time.monotonic() - asked
+    assert took < 3, f"the stop took {took:.1f} s"
+    assert not _engines(ready.pk)
+
+
+# ---------------------------------------------------------------- Redis, PostgreSQL, dockerd
+
+
+@contextmanager
+def _redis_server(tmp_path: Path, port: int) -> Iterator[subprocess.Popen[bytes]]:
+    """A redis-server of this test's own, persisting to an append-only file as compose's."""
+    proc = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--appendonly", "yes",
+         "--dir", str(tmp_path), "--save", ""], stdout=subprocess.DEVNULL)
+    for _ in range(50):
+        if subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True,
+                          check=False).stdout.strip() == b"PONG":
+            break
+        time.sleep(0.1)
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_a_redis_restart_keeps_the_worker_and_agent_up_and_loses_no_queued_task(
+        engine_env: dict[str, str], tmp_path: Path) -> None:
+    from celery import Celery
+
+    port = free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    env = {**engine_env, "APPLIANCE_REDIS_URL": url}
+    broker = Celery(broker=url)
+
+    def queue_deploy(pk: int) -> None:  # what deployment_create enqueues, on this broker
+        broker.send_task("worker.tasks.deploy", args=[pk], queue="builds")
+
+    with _redis_server(tmp_path, port):
+        # A task queued while no worker runs survives a Redis restart (append-only file).
+        waiting = _deployment(name="queued-across-restart")
+        queue_deploy(waiting.pk)
+        subprocess.run(["redis-cli", "-p", str(port), "shutdown"], check=False,
+                       capture_output=True)
+    with _redis_server(tmp_path, port), \
+            celery_worker(tmp_path / "worker.log", **env) as worker, \
+            engine_agent(tmp_path / "agent.log", **env) as agent:
+        _wait(waiting.pk, {S.READY}, 120)
+        subprocess.run(["redis-cli", "-p", str(port), "shutdown"], check=False,
+                       capture_output=True)
+        time.sleep(9)  # Redis is away for 9 s, as in the report
+        with _redis_server(tmp_path, port):
+            time.sleep(2)
+            assert worker.poll() is None, "the worker survived the Redis restart"
+            assert agent.poll() is None, "the agent survived the Redis restart"
+            after = _deployment(name="queued-after-restart")
+            queue_deploy(after.pk)
+            _wait(after.pk, {S.READY}, 120)
+            services.deployment_request_stop(deployment=Deployment.objects.get(pk=waiting.pk))
+            _wait(waiting.pk, {S.STOPPED}, 30)
+            _assert_every_line_once(after.pk)
+
+
+def _pg_ctl(*args: str) -> None:
+    pg_bin = sorted(Path("/usr/lib/postgresql").glob("*/bin"))[-1]
+    data = "/var/lib/appliance-test/pgdata"
+    # Output to the server's log file: the restarted server would hold a pipe open forever.
+    log = "/var/lib/appliance-test/postgres.log"
+    subprocess.run(["su", "postgres", "-c",
+                    f"{pg_bin}/pg_ctl -D {data} -l {log} {' '.join(args)}"],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
+
+
+@pytest.mark.skipif(not Path("/var/lib/appliance-test/pgdata").exists() or os.geteuid() != 0,
+                    reason="needs the test script's own PostgreSQL server")
+def test_a_postgresql_restart_is_retried_and_no_event_is_written_twice(
+        engine_env: dict[str, str], tmp_path: Path) -> None:
+    deployment = _deployment()
+    pk = deployment.pk
+    tasks.deploy.apply(args=[pk]).get()
+    with engine_agent(tmp_path / "agent.log", **engine_env) as agent:
+        _wait(pk, {S.LOADING}, 60)
+        connection.close()
+        _pg_ctl("restart", "-m", "fast", "-w")
+        connection.close()
+        _wait(pk, {S.READY}, 120)
+        assert agent.poll() is None
+        assert len(_engines(pk)) == 1
+        _assert_every_line_once(pk)
+
+
+@pytest.mark.skipif(shutil.which("dockerd") is None or os.geteuid() != 0,
+                    reason="needs a dockerd this test may restart")
+def test_a_dockerd_restart_marks_nothing_failed_and_following_resumes(
+        engine_env: dict[str, str], tmp_path: Path) -> None:
+    client = docker.from_env()
+    if not client.info().get("LiveRestoreEnabled"):
+        pytest.skip("dockerd runs without --live-restore (tests/setup-and-run.sh enables it)")
+    deployment = _deployment()
+    pk = deployment.pk
+    tasks.deploy.apply(args=[pk]).get()
+    with engine_agent(tmp_path / "agent.log", **engine_env) as agent:
+        _wait(pk, {S.LOADING}, 60)
+        _restart_dockerd(tmp_path)
+        _wait(pk, {S.READY}, 120)
+        assert agent.poll() is None
+        assert len(_engines(pk)) == 1
+        _assert_every_line_once(pk)
+
+
+def _restart_dockerd(tmp_path: Path) -> None:
+    pid = int(Path("/var/run/docker.pid").read_text())
+    args = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
+    os.kill(pid, signal.SIGTERM)
+    for _ in range(100):
+        if not Path(f"/proc/{pid}").exists():
+            break
+        time.sleep(0.1)
+    log = (tmp_path / "dockerd.log").open("w")
+    subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    for _ in range(100):
+        if subprocess.run(["docker", "info"], capture_output=True, check=False).returncode == 0:
+            return
+        time.sleep(0.2)
+    raise AssertionError("dockerd did not come back")
