@@ -209,6 +209,16 @@ def append_end(pk: int) -> None:
     services.events_append(deployment_id=pk, events=[("end", {"status": "stopped"})])
 
 
+def drop_live_stream(pk: int) -> None:
+    """The bench deployment's Redis stream, which nothing reads any more."""
+    import redis
+    from django.conf import settings
+
+    from web.deployments import live
+
+    redis.Redis.from_url(settings.REDIS_URL).delete(live.stream_key(pk))
+
+
 def one_round(args: argparse.Namespace, url: str, cookie: str, pg: kit.PgConnections,
               baseline: int) -> Round:
     """Viewers of a fresh deployment come, watch, and leave; then the sessions settle."""
@@ -217,6 +227,7 @@ def one_round(args: argparse.Namespace, url: str, cookie: str, pg: kit.PgConnect
                 leave=args.leave)
     viewers, peak, appender_rc = asyncio.run(scenario(args, plan, pk, pg))
     after = kit.settle(pg, baseline, args.settle)
+    drop_live_stream(pk)
     return Round(viewers, plan.last_seq, peak, after, appender_rc)
 
 

@@ -165,6 +165,20 @@ def test_a_failing_engine_fails_the_deployment_with_a_diagnosis(engine, agent, m
     assert EngineRuntime().find(services.identity_of(deployment)) is None
 
 
+def test_an_engine_that_exits_at_once_is_diagnosed_from_its_own_output(engine, agent):  # type: ignore[no-untyped-def]
+    deployment = _deployment(self_check=False)
+    with _with_failure(engine, "model-missing"):
+        assert _run(deployment.pk) == S.FAILED
+    deployment.refresh_from_db()
+    assert deployment.diagnosis["cause"] == "model-not-found"
+    assert "config.json" in deployment.diagnosis["fix"]
+    phases = _events(deployment, "phase")
+    assert "exited with code 1 before it was ready" in phases[-1]["message"]
+    assert any("does not appear to have a file named config.json" in line
+               for line in deployment.last_lines)
+    assert EngineRuntime().find(services.identity_of(deployment)) is None
+
+
 def test_the_width_crash_names_block_size_and_budget_plus_one(engine, agent):  # type: ignore[no-untyped-def]
     deployment = _deployment()
     with _with_failure(engine, "ddtree-width"):
@@ -249,3 +263,35 @@ def test_the_agent_ships_decode_stats_and_fails_an_engine_that_dies_while_servin
     assert services.wait_for(deployment.pk, {S.FAILED}, 20) == S.FAILED
     deployment.refresh_from_db()
     assert "signal 9" in deployment.diagnosis["summary"] or "killed" in str(deployment.diagnosis)
+
+
+def test_gpus_on_a_host_whose_docker_has_no_nvidia_runtime_fail_before_anything_starts(engine, agent):  # type: ignore[no-untyped-def]
+    # This machine's Docker has no NVIDIA runtime (`docker info` lists runc only).
+    deployment = _deployment()
+    with override_settings(ENGINE_GPU_REQUESTS=True):
+        assert _run(deployment.pk) == S.FAILED
+    deployment.refresh_from_db()
+    assert deployment.diagnosis["cause"] == "no-gpu-runtime"
+    assert "nvidia-ctk" in deployment.diagnosis["fix"]
+    assert "no NVIDIA runtime" in deployment.diagnosis["summary"]
+    assert not _engines_of(deployment), "nothing was started"
+
+
+def test_once_the_agent_reported_the_host_pre_flight_refuses_gpus_it_cannot_give(engine, agent):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + 10
+    while not Host.objects.exists():
+        assert time.monotonic() < deadline, "the agent reports its host"
+        time.sleep(0.2)
+    host = Host.objects.get()
+    assert host.docker["nvidia"] is False and "runc" in host.docker["runtimes"]
+    with override_settings(ENGINE_GPU_REQUESTS=True), \
+            pytest.raises(services.DeploymentInputError) as refused:
+        _deployment(name="wants-gpus")
+    message = " ".join(refused.value.errors["gpus"])
+    assert "this host's Docker has no NVIDIA runtime" in message and "nvidia-ctk" in message
+    assert _deployment(name="test-engine").status == S.QUEUED  # no GPU request: fine
+
+
+def _engines_of(deployment: Deployment) -> list:  # type: ignore[type-arg]
+    return docker.from_env().containers.list(
+        all=True, filters={"label": f"appliance.deployment={deployment.pk}"})

@@ -304,11 +304,12 @@ class _Feed:
         except Exception:
             log.exception("live feed of deployment %s failed", self.pk)
         finally:
-            self._close_after_end()
+            self._retire()
             await client.aclose()
 
-    def _close_after_end(self) -> None:
-        """Streams still attached finish their backlog, then go on from the record."""
+    def _retire(self) -> None:
+        """After the end (or a failure): streams still attached send their backlog, then
+        go on from the record (and a new feed, if the end was not among it)."""
         if self.feeds.get(self.pk) is self:
             del self.feeds[self.pk]
         for viewer in list(self.viewers):

@@ -56,6 +56,11 @@ QUEUED_GRACE_S = 600  # a queued deployment waits this long behind others before
 REQUEUE_GRACE_S = 30  # after a re-queue, how long a worker has to take the build
 
 
+# With Django's connection pool, close() hands the connection back instead of ending it.
+_OPTIONS: Any = settings.DATABASES["default"].get("OPTIONS") or {}
+_POOLED = "pool" in _OPTIONS
+
+
 def default_agent_id() -> str:
     return settings.AGENT_ID or f"agent@{socket.gethostname()}"
 
@@ -92,6 +97,8 @@ class _FollowSink:
             deployment_set_progress(
                 deployment_id=self.pk, progress=self.progress if changed else None,
                 decode_stats=decode, log_cursor=cursor.encode() if cursor else None)
+        if _POOLED:
+            db_connection.close()  # back to the pool: one follower per engine, many engines
 
     def advance(self, status: str) -> bool:
         step = ADVANCE.get(status)
@@ -101,6 +108,7 @@ class _FollowSink:
         return deployment_mark_ready(deployment_id=self.pk, engine_url=engine_url)
 
     def failed(self, diagnosis: Diagnosis, message: str, last_lines: list[str]) -> None:
+        log.warning("deployment %s: %s (%s)", self.pk, message, diagnosis.cause)
         # The container goes first, so a deployment seen failed has no engine left.
         self.agent.remove_engine(self.identity)
         deployment_mark_failed(
