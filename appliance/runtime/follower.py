@@ -247,12 +247,16 @@ class EngineFollower:
     def _drain(self, reader: _Reader, partials: _Reader | None) -> None:
         """Take what arrived in one batch window and ship it with its cursor."""
         batch: list[LogLine] = []
-        until = time.monotonic() + self.options.batch_s
+        # Wait up to batch_s for a first line, then take what is already there: a quiet
+        # engine's line ships at once, and a busy one's batches grow while a write runs.
+        timeout: float | None = self.options.batch_s
         while len(batch) < self.options.batch_lines:
             try:
-                item = reader.queue.get(timeout=max(0.0, until - time.monotonic()))
+                item = (reader.queue.get(timeout=timeout) if timeout is not None
+                        else reader.queue.get_nowait())
             except queue.Empty:
                 break
+            timeout = None
             if item is None:
                 self.state.ended = True
                 break

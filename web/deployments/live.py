@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import logging
+import queue
+import threading
 from collections.abc import Iterable
 from functools import cache
 from typing import Any
@@ -55,6 +57,36 @@ def publish(deployment_id: int, wire_events: Iterable[dict[str, Any]]) -> None:
         pipe.execute(raise_on_error=False)
     except redis.RedisError as exc:
         log.warning("live publish for deployment %s failed: %s", deployment_id, exc)
+
+
+class _Publisher(threading.Thread):
+    """Publishes on its own thread, in order: a writer (the engine agent storing tens of
+    thousands of lines a second) never waits on Redis. A publish still pending when the
+    process ends is not lost: readers fill gaps from the database."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True, name="live-publisher")
+        # Bounded: if Redis falls behind, writers wait (back-pressure) instead of memory growing.
+        self.queue: queue.Queue[tuple[int, list[dict[str, Any]]]] = queue.Queue(maxsize=1000)
+
+    def run(self) -> None:
+        while True:
+            deployment_id, wire = self.queue.get()
+            publish(deployment_id, wire)
+
+
+_publisher: _Publisher | None = None
+_publisher_lock = threading.Lock()
+
+
+def publish_later(deployment_id: int, wire_events: list[dict[str, Any]]) -> None:
+    """publish() on the process's publisher thread (started on first use)."""
+    global _publisher
+    with _publisher_lock:
+        if _publisher is None or not _publisher.is_alive():
+            _publisher = _Publisher()
+            _publisher.start()
+    _publisher.queue.put((deployment_id, wire_events))
 
 
 def blocking_reader(block_s: float) -> aioredis.Redis:
