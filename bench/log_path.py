@@ -1,12 +1,13 @@
-"""The log path, engine line to stored event: latency at a steady rate, and the sustained
-rate, compared with `docker logs -f` reading the same container.
+"""The log path, engine line to stored event and to an SSE client: latency at a steady rate,
+and the sustained rate, compared with `docker logs -f` reading the same container.
 
 A container on the local base image prints numbered lines, each carrying the time it
 was printed. The engine agent's real follower (appliance.runtime.follower) with the real
 database sink (web/deployments/services/agent.py) follows it into PostgreSQL, exactly as
-in production. Figures: lines stored per second, latency from print to commit (p50, p99;
-the event row's insert time), lost, duplicated and reordered lines, and the same
-container read by `docker logs -f` for the ratio.
+in production; a panel started like the image's (uvicorn) streams the events to an SSE
+client. Figures: lines stored per second, latency from print to commit (p50, p99; the
+event row's insert time) and from print to the SSE client's receipt, lost, duplicated
+and reordered lines, and the same container read by `docker logs -f` for the ratio.
 
     .venv/bin/python bench/log_path.py \
         --database-url postgres://appliance@127.0.0.1:5440/appliance_logbench \
@@ -16,7 +17,6 @@ container read by `docker logs -f` for the ratio.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import subprocess
 import sys
@@ -46,26 +46,39 @@ time.sleep(1)
 """
 
 
-def setup_django(database_url: str) -> None:
-    import psycopg
+class SseClient(threading.Thread):
+    """Reads the deployment's event stream as a browser does; notes when each line came."""
 
-    name = database_url.rsplit("/", 1)[1]
-    admin = database_url.rsplit("/", 1)[0] + "/postgres"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
-        if not exists:
-            conn.execute(f'CREATE DATABASE "{name}"')
-    os.environ["APPLIANCE_DATABASE_URL"] = database_url
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "web.settings")
-    import django
+    def __init__(self, url: str, cookie: str, pk: int) -> None:
+        super().__init__(daemon=True)
+        self.url, self.cookie, self.pk = url, cookie, pk
+        self.latencies_ms: list[float] = []
+        self.seqs: list[int] = []
+        self.connected = threading.Event()
 
-    django.setup()
-    from django.core.management import call_command
+    def run(self) -> None:
+        import json
 
-    call_command("migrate", verbosity=0)
+        import requests
+
+        with requests.get(f"{self.url}/deployments/{self.pk}/events/stream/", stream=True,
+                          headers={"Cookie": self.cookie}, timeout=120) as response:
+            self.connected.set()
+            for raw in response.iter_lines(decode_unicode=True):
+                if not raw.startswith("data: "):
+                    continue
+                event = json.loads(raw[6:])
+                text = (event.get("payload") or {}).get("text", "")
+                if event["kind"] == "log" and text.startswith("line seq="):
+                    printed = int(text.split()[2].split("=")[1]) / 1e9
+                    self.latencies_ms.append((time.time() - printed) * 1000)
+                    self.seqs.append(int(text.split()[1].split("=")[1]))
+                if event["kind"] == "end":
+                    return
 
 
-def follow_run(image: str, n: int, rate: float) -> dict[str, float]:
+def follow_run(image: str, n: int, rate: float, panel_url: str = "",
+               cookie: str = "") -> dict[str, float]:
     """Start the printer as a deployment's engine and follow it with the agent's follower."""
     from appliance.runtime.containers import ContainerPlan, EngineRuntime
     from appliance.runtime.follower import EngineFollower, FollowOptions, follow
@@ -79,6 +92,11 @@ def follow_run(image: str, n: int, rate: float) -> dict[str, float]:
     plan = ContainerPlan(deployment_id=str(deployment.pk), image=image,
                          argv=["python3", "-c", PRINTER, str(n), str(rate)],
                          instance_id="bench", start_token=deployment.start_token)
+    client = None
+    if panel_url:
+        client = SseClient(panel_url, cookie, deployment.pk)
+        client.start()
+        client.connected.wait(10)
     sink = _FollowSink(deployment, agent, threading.Event())
     sink.identity = plan.identity
     agent.remove_engine = lambda identity: None  # type: ignore[method-assign] # keep it
@@ -88,6 +106,14 @@ def follow_run(image: str, n: int, rate: float) -> dict[str, float]:
     follow(follower)
     container = EngineRuntime().find(plan.identity)
     figures = _figures(deployment.pk, n, started)
+    if client is not None:
+        client.join(timeout=60)
+        figures["sse_received"] = len(client.seqs)
+        figures["sse_lost"] = n - len(set(client.seqs))
+        figures["sse_reordered"] = sum(1 for a, b in zip(client.seqs, client.seqs[1:],
+                                                          strict=False) if b < a)
+        figures["sse_latency_p50_ms"] = statistics.median(client.latencies_ms)
+        figures["sse_latency_p99_ms"] = _p99(client.latencies_ms)
     figures["docker_logs_f_lines_per_s"] = _docker_logs_rate(container.id, n)
     container.remove(force=True)
     deployment.delete()
@@ -138,19 +164,24 @@ def _docker_logs_rate(container_id: str, n: int) -> float:
 
 
 def main() -> None:
+    from bench import _loadkit
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--database-url", required=True)
+    _loadkit.add_common_args(parser)
     parser.add_argument("--image", default="appliance-base:bookworm")
     parser.add_argument("--rate", type=float, default=1000.0)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--flood", type=int, default=200_000, help="lines printed unpaced")
     args = parser.parse_args()
-    setup_django(args.database_url)
-    print("command:", " ".join(sys.argv))
-    steady = follow_run(args.image, int(args.rate * args.seconds), args.rate)
-    print(f"steady {args.rate:.0f} lines/s for {args.seconds:.0f} s:", _fmt(steady))
-    flood = follow_run(args.image, args.flood, 0)
-    print(f"flood {args.flood} lines unpaced:", _fmt(flood))
+    _loadkit.setup_django(args)
+    print("command:", _loadkit.command_line())
+    _loadkit.bench_user()
+    with _loadkit.panel(args, Path("/tmp/log-path-panel.log")) as url:
+        cookie = _loadkit.login_cookie(url)
+        steady = follow_run(args.image, int(args.rate * args.seconds), args.rate, url, cookie)
+        print(f"steady {args.rate:.0f} lines/s for {args.seconds:.0f} s:", _fmt(steady))
+        flood = follow_run(args.image, args.flood, 0, url, cookie)
+        print(f"flood {args.flood} lines unpaced:", _fmt(flood))
     ratio = flood["stored_lines_per_s"] / flood["docker_logs_f_lines_per_s"]
     print(f"sustained store rate / docker logs rate on the same container: {ratio:.2f}")
 

@@ -9,10 +9,12 @@ docs/reliability.md has the table of these cases and their outcomes.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,11 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 from django.db import connection
 from django.test import override_settings
 
 import docker
-from tests.servers import celery_worker, engine_agent, free_port
+from tests.servers import celery_worker, engine_agent, free_port, panel_server
 from tests.web.specs import spec
 from web.deployments import services
 from web.deployments.models import Deployment, DeploymentStatus
@@ -239,7 +242,7 @@ def _redis_server(tmp_path: Path, port: int) -> Iterator[subprocess.Popen[bytes]
 
 
 def test_a_redis_restart_keeps_the_worker_and_agent_up_and_loses_no_queued_task(
-        engine_env: dict[str, str], tmp_path: Path) -> None:
+        engine_env: dict[str, str], tmp_path: Path, operator: Any) -> None:
     from celery import Celery
 
     port = free_port()
@@ -258,8 +261,10 @@ def test_a_redis_restart_keeps_the_worker_and_agent_up_and_loses_no_queued_task(
                        capture_output=True)
     with _redis_server(tmp_path, port), \
             celery_worker(tmp_path / "worker.log", **env) as worker, \
-            engine_agent(tmp_path / "agent.log", **env) as agent:
+            engine_agent(tmp_path / "agent.log", **env) as agent, \
+            panel_server(tmp_path / "web.log", **env) as url:
         _wait(waiting.pk, {S.READY}, 120)
+        viewer = _SseViewer(url, waiting.pk)  # a browser watching across the restart
         subprocess.run(["redis-cli", "-p", str(port), "shutdown"], check=False,
                        capture_output=True)
         time.sleep(9)  # Redis is away for 9 s, as in the report
@@ -273,6 +278,46 @@ def test_a_redis_restart_keeps_the_worker_and_agent_up_and_loses_no_queued_task(
             services.deployment_request_stop(deployment=Deployment.objects.get(pk=waiting.pk))
             _wait(waiting.pk, {S.STOPPED}, 30)
             _assert_every_line_once(after.pk)
+            viewer.join(timeout=30)
+            end = Deployment.objects.get(pk=waiting.pk).events.get(kind="end").seq
+            assert viewer.seqs == list(range(1, end + 1)), \
+                "the SSE client resumed across the restart with nothing missing or doubled"
+
+
+class _SseViewer(threading.Thread):
+    """An SSE client of the panel that reconnects with Last-Event-ID, as a browser does."""
+
+    def __init__(self, url: str, pk: int) -> None:
+        super().__init__(daemon=True)
+        self.url, self.pk, self.seqs = url, pk, []  # type: ignore[var-annotated]
+        self.session = _login(url)
+        self.start()
+
+    def run(self) -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            headers = {"Last-Event-ID": str(self.seqs[-1])} if self.seqs else {}
+            try:
+                with self.session.get(f"{self.url}/deployments/{self.pk}/events/stream/",
+                                      headers=headers, stream=True, timeout=30) as resp:
+                    for raw in resp.iter_lines(decode_unicode=True):
+                        if raw.startswith("data: "):
+                            event = json.loads(raw[6:])
+                            self.seqs.append(event["seq"])
+                            if event["kind"] == "end":
+                                return
+            except requests.RequestException:
+                time.sleep(1)
+
+
+def _login(url: str) -> requests.Session:
+    session = requests.Session()
+    page = session.get(f"{url}/login/", timeout=10)
+    token = page.text.split('name="csrfmiddlewaretoken" value="', 1)[1].split('"', 1)[0]
+    session.post(f"{url}/login/", data={"username": "otto", "password": "operator-pass-1",
+                                        "csrfmiddlewaretoken": token},
+                 headers={"Referer": f"{url}/login/"}, timeout=10)
+    return session
 
 
 def _pg_ctl(*args: str) -> None:
