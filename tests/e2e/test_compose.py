@@ -78,6 +78,12 @@ def test_docker_compose_accepts_the_file_and_keeps_engines_off_the_database_netw
     assert env["APPLIANCE_SECRET_KEY_FILE"].startswith("/var/lib/appliance/secrets/")
     assert "appliance@postgres" in env["APPLIANCE_DATABASE_URL"]
     assert ":" not in env["APPLIANCE_DATABASE_URL"].split("@")[0].removeprefix("postgres://")
+    gpu = subprocess.run(
+        [COMPOSE, "-f", "compose.yaml", "-f", "docker/compose.gpu.yaml", "config"], cwd=ROOT,
+        capture_output=True, text=True, check=False, env={"PATH": "/usr/local/bin:/usr/bin:/bin"})
+    assert gpu.returncode == 0, gpu.stderr
+    devices = yaml.safe_load(gpu.stdout)["services"]["agent"]["deploy"]["resources"]
+    assert devices["reservations"]["devices"][0]["capabilities"] == ["utility"]
     example = (ROOT / ".env.example").read_text()
     for name in ("APPLIANCE_ENGINE_GPU_REQUESTS", "APPLIANCE_ENGINE_EXTRA_ENV",
                  "APPLIANCE_CA_BUNDLE", "APPLIANCE_MODELS_DIR", "APPLIANCE_PANEL_PORT",

@@ -284,6 +284,10 @@ def test_once_the_agent_reported_the_host_pre_flight_refuses_gpus_it_cannot_give
         time.sleep(0.2)
     host = Host.objects.get()
     assert host.docker["nvidia"] is False and "runc" in host.docker["runtimes"]
+    # No NVML here: the panel says so rather than showing zeros.
+    assert host.gpu_telemetry["available"] is False and host.gpu_telemetry["gpus"] == []
+    page = _admin_client().get("/").content.decode()
+    assert "no GPU telemetry on this host" in page and "no NVIDIA runtime" in page
     with override_settings(ENGINE_GPU_REQUESTS=True), \
             pytest.raises(services.DeploymentInputError) as refused:
         _deployment(name="wants-gpus")

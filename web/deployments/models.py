@@ -170,6 +170,8 @@ class Host(models.Model):
     heartbeat_at = models.DateTimeField()
     docker = models.JSONField(default=dict, blank=True)
     foreign_containers = models.JSONField(default=list, blank=True)
+    # The last NVML snapshot (appliance.runtime.gpu_telemetry): available, reason, gpus.
+    gpu_telemetry = models.JSONField(default=dict, blank=True)
 
     def __str__(self) -> str:
         return self.name

@@ -32,6 +32,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from appliance.logs.causes import Diagnosis
+from appliance.runtime import gpu_telemetry
 from appliance.runtime.containers import EngineRuntime, EngineRuntimeError
 from appliance.runtime.follower import Cursor, EngineFollower, Events, FollowOptions, follow
 
@@ -281,7 +282,8 @@ class EngineAgent:
                                           if k.startswith("appliance.")}})
         Host.objects.update_or_create(name=socket.gethostname(), defaults={
             "agent_id": self.agent_id, "heartbeat_at": now,
-            "docker": docker_facts(self.runtime), "foreign_containers": strays})
+            "docker": docker_facts(self.runtime), "foreign_containers": strays,
+            "gpu_telemetry": gpu_telemetry.collect().to_dict()})
 
 
 def join_engine_network(runtime: EngineRuntime) -> None:
