@@ -64,30 +64,29 @@ def panel_server(log_path: Path, **env: str) -> Iterator[str]:
 
 @contextmanager
 def celery_worker(log_path: Path, **env: str) -> Iterator[subprocess.Popen[bytes]]:
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "worker.celery", "worker", "--pool", "threads",
-             "--concurrency", "4", "--loglevel", "INFO", "--without-heartbeat",
-             "--without-gossip", "--without-mingle"],
-            cwd=ROOT, env=process_env(**env), stdout=log, stderr=subprocess.STDOUT,
-        )
-        try:
-            _wait_log(log_path, "ready.", proc)
-            yield proc
-        finally:
-            _end(proc)
+    argv = ["-m", "celery", "-A", "worker.celery", "worker", "--pool", "threads",
+            "--concurrency", "4", "--loglevel", "INFO", "--without-heartbeat",
+            "--without-gossip", "--without-mingle"]
+    with _process(argv, log_path, "ready.", env) as proc:
+        yield proc
 
 
 @contextmanager
 def engine_agent(log_path: Path, **env: str) -> Iterator[subprocess.Popen[bytes]]:
     """The engine agent as the compose service runs it: `python3 -m worker.agent`."""
+    with _process(["-m", "worker.agent"], log_path, "engine agent", env) as proc:
+        yield proc
+
+
+@contextmanager
+def _process(argv: list[str], log_path: Path, ready_line: str,
+             env: dict[str, str]) -> Iterator[subprocess.Popen[bytes]]:
+    """A Python process of the appliance on the test database, ready once its log says so."""
     with log_path.open("w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "worker.agent"],
-            cwd=ROOT, env=process_env(**env), stdout=log, stderr=subprocess.STDOUT,
-        )
+        proc = subprocess.Popen([sys.executable, *argv], cwd=ROOT, env=process_env(**env),
+                                stdout=log, stderr=subprocess.STDOUT)
         try:
-            _wait_log(log_path, "engine agent", proc)
+            _wait_log(log_path, ready_line, proc)
             yield proc
         finally:
             _end(proc)

@@ -10,7 +10,6 @@ what a user on a machine without GPUs would set in .env.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -22,7 +21,7 @@ from typing import Any
 import pytest
 import requests
 import yaml
-from playwright.sync_api import Page, expect, sync_playwright
+from playwright.sync_api import Page, expect
 
 import docker
 from tests.servers import free_port
@@ -30,11 +29,6 @@ from tests.site_recipes import commit_all
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "artifacts"
-CHROMIUM = os.environ.get("APPLIANCE_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--disable-quic",
-]
 PROJECT = "appliance-e2e"
 LOCAL_IMAGES = {
     "APPLIANCE_PYTHON_IMAGE": "appliance-python:bookworm",
@@ -202,14 +196,6 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
         stack.compose("down", "-v", check=False)
         _cleanup(client)
 
-
-@pytest.fixture
-def page() -> Iterator[Page]:
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        context = browser.new_context(viewport={"width": 1280, "height": 1000})
-        yield context.new_page()
-        browser.close()
 
 
 def _login(page: Page, url: str, password: str) -> None:

@@ -4,14 +4,13 @@
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
 from django.conf import settings
-from playwright.sync_api import Page, expect, sync_playwright
+from playwright.sync_api import Page, expect
 
 import docker
 from tests.servers import celery_worker, engine_agent, panel_server
@@ -21,11 +20,6 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker, pytes
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "artifacts"
-CHROMIUM = os.environ.get("APPLIANCE_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--disable-quic",
-]
 
 
 @contextlib.contextmanager
@@ -65,15 +59,6 @@ def building_stack(tmp_path: Path):  # type: ignore[no-untyped-def]
     client = docker.from_env()
     for image in client.images.list(filters={"label": "appliance.recipe=site-test-engine"}):
         client.images.remove(image.id, force=True)
-
-
-@pytest.fixture
-def page():  # type: ignore[no-untyped-def]
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        context = browser.new_context(viewport={"width": 1280, "height": 1000})
-        yield context.new_page()
-        browser.close()
 
 
 def _login(page: Page, url: str) -> None:
