@@ -82,12 +82,16 @@ def _admin_dsn(url: str) -> str:
 def bench_user() -> tuple[Any, str]:
     """A user with the viewer's rights and an API token."""
     from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import Group, Permission
     from rest_framework.authtoken.models import Token
 
     user, made = get_user_model().objects.get_or_create(username=BENCH_USER)
     if made:
         user.set_password(BENCH_PASSWORD)
         user.save()
+    viewer, _ = Group.objects.get_or_create(name="viewer")
+    viewer.permissions.add(Permission.objects.get(codename="view_deployment"))
+    user.groups.add(viewer)
     token, _ = Token.objects.get_or_create(user=user)
     return user, token.key
 

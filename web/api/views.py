@@ -12,7 +12,7 @@ from rest_framework.response import Response
 
 from web.deployments import selectors, services
 from web.deployments.models import Deployment
-from web.deployments.permissions import can_deploy, can_stop
+from web.deployments.permissions import can_deploy, can_stop, can_view
 
 from .serializers import (
     DeploymentCreateSerializer,
@@ -23,11 +23,11 @@ from .serializers import (
 
 
 class CanOperate(permissions.BasePermission):
-    message = "You need the operator role to deploy or stop deployments."
+    message = "You need the viewer role to read deployments, the operator role to deploy or stop."
 
     def has_permission(self, request: Request, view: Any) -> bool:
         if request.method in permissions.SAFE_METHODS:
-            return True
+            return can_view(request.user)
         if getattr(view, "action", None) == "stop":
             return can_stop(request.user)
         return can_deploy(request.user)

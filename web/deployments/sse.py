@@ -34,6 +34,7 @@ from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 
 from . import live, selectors
 from .models import Deployment
+from .permissions import can_view
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +99,9 @@ def _refusal(request: HttpRequest, pk: int) -> HttpResponse | None:
         if not request.user.is_authenticated:
             return HttpResponse(
                 "Log in to follow a deployment.", status=401, content_type="text/plain")
+        if not can_view(request.user):
+            return HttpResponse("You need the viewer role to follow a deployment.",
+                                status=403, content_type="text/plain")
         if not Deployment.objects.filter(pk=pk).exists():
             return HttpResponse("No such deployment.", status=404, content_type="text/plain")
         return None

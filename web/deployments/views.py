@@ -12,7 +12,7 @@ from django.views.decorators.http import require_POST
 from . import selectors, services
 from .forms import DeploymentForm
 from .models import Deployment, DeploymentStatus
-from .permissions import can_deploy, can_stop
+from .permissions import can_deploy, can_stop, can_view
 
 
 def _while(status: str) -> str:
@@ -20,8 +20,15 @@ def _while(status: str) -> str:
     return f"while-{status}"
 
 
+def _require_view(request: HttpRequest) -> None:
+    if not can_view(request.user):
+        raise PermissionDenied("You need the viewer role (or operator) to see deployments; "
+                               "ask an admin to add you to a group.")
+
+
 @login_required
 def deployment_list(request: HttpRequest) -> HttpResponse:
+    _require_view(request)
     return render(
         request,
         "deployments/list.html",
@@ -63,6 +70,7 @@ def deployment_new(request: HttpRequest) -> HttpResponse:
 
 @login_required
 def deployment_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    _require_view(request)
     deployment = get_object_or_404(Deployment, pk=pk)
     return render(
         request,

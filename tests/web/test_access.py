@@ -1,0 +1,60 @@
+"""Who reads what: an anonymous visitor and a logged-in user with no role read no
+deployment and no API schema; a viewer reads; only an operator deploys and stops."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+
+from web.deployments import services
+
+from .specs import spec
+
+# transaction=True: the SSE view hands its connection back (closes it) as in production.
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def nobody(django_user_model):  # type: ignore[no-untyped-def]
+    return django_user_model.objects.create_user(username="nemo", password="nobody-pass-1")
+
+
+def _client(user=None) -> Client:  # type: ignore[no-untyped-def]
+    client = Client()
+    if user is not None:
+        client.force_login(user)
+    return client
+
+
+def _reads(pk: int) -> list[str]:
+    return ["/", f"/deployments/{pk}/", f"/deployments/{pk}/events/stream/",
+            "/api/deployments/", f"/api/deployments/{pk}/", f"/api/deployments/{pk}/events/",
+            f"/api/deployments/{pk}/summary/"]
+
+
+def test_a_logged_in_user_with_no_role_reads_no_deployment(nobody) -> None:  # type: ignore[no-untyped-def]
+    pk = services.deployment_create(data=spec(), confirm_warnings=True).pk
+    client = _client(nobody)
+    for path in _reads(pk):
+        response = client.get(path)
+        assert response.status_code == 403, path
+        assert "kimi" not in response.content.decode(errors="replace").lower(), path
+
+
+def test_a_viewer_reads_every_deployment_page_but_cannot_deploy_or_stop(viewer) -> None:  # type: ignore[no-untyped-def]
+    pk = services.deployment_create(data=spec(), confirm_warnings=True).pk
+    client = _client(viewer)
+    for path in _reads(pk):
+        if path.endswith("/stream/"):
+            continue  # a stream that never ends; tests/web/test_sse.py covers it live
+        assert client.get(path).status_code == 200, path
+    assert client.post("/api/deployments/", spec(name="x"),
+                       content_type="application/json").status_code == 403
+    assert client.post(f"/api/deployments/{pk}/stop/").status_code == 403
+
+
+def test_the_api_schema_and_docs_need_a_login(viewer) -> None:  # type: ignore[no-untyped-def]
+    anonymous = _client()
+    for path in ("/api/schema/", "/api/docs/"):
+        assert anonymous.get(path).status_code in {401, 403}, path
+        assert _client(viewer).get(path).status_code == 200, path
