@@ -133,35 +133,6 @@ def _base_type(hint: Any) -> tuple[type, bool]:
     return hint, False
 
 
-def json_schema() -> dict[str, Any]:
-    """JSON Schema of a deployment spec, for the panel form and the API docs."""
-    names = {int: "integer", float: "number", bool: "boolean", str: "string"}
-    engine_props: dict[str, Any] = {}
-    defaults = EngineOptions()
-    for name, hint in _engine_types().items():
-        base, nullable = _base_type(hint)
-        kind: Any = [names[base], "null"] if nullable else names[base]
-        engine_props[name] = {"type": kind, "default": getattr(defaults, name),
-                              "x-flag": flag_for(name)}
-    engine_props["speculative_algorithm"]["enum"] = list(SPECULATIVE_ALGORITHMS)
-    return {
-        "type": "object",
-        "additionalProperties": False,
-        "required": ["name", "recipe", "gpus"],
-        "properties": {
-            "name": {"type": "string", "pattern": DEPLOYMENT_NAME.pattern},
-            "recipe": {"type": "string"},
-            "gpus": {"type": "array", "items": {"type": "integer", "minimum": 0},
-                     "uniqueItems": True, "minItems": 1},
-            "engine": {"type": "object", "additionalProperties": False,
-                       "properties": engine_props},
-            "extra_args": {"type": "array", "items": {"type": "string"}},
-            "env": {"type": "object", "additionalProperties": {"type": "string"}},
-            "secrets": {"type": "array", "items": {"type": "string"}},
-        },
-    }
-
-
 # ---------------------------------------------------------------- validation
 
 def _unknown_key_error(path: str, key: str, valid: list[str]) -> FieldError:
@@ -333,6 +304,20 @@ TOP_LEVEL_KEYS = ["name", "recipe", "gpus", "engine", "extra_args", "env", "secr
                   "self_check"]
 
 
+def _nul_errors(value: Any, where: str) -> list[FieldError]:
+    """A NUL character in any text: no path, flag or environment value may hold one (the
+    database refuses it, and argv and env strings end at it)."""
+    if isinstance(value, str):
+        return ([FieldError(where or "spec", "contains a NUL character (\\x00)",
+                            "remove the NUL character")] if "\x00" in value else [])
+    if isinstance(value, Mapping):
+        return [e for k, v in value.items() for e in
+                _nul_errors(k, where or "spec") + _nul_errors(v, f"{where}.{k}".lstrip("."))]
+    if isinstance(value, list | tuple):
+        return [e for i, v in enumerate(value) for e in _nul_errors(v, f"{where}[{i}]")]
+    return []
+
+
 def spec_from_dict(data: Mapping[str, Any],
                    engine_defaults: Mapping[str, Any] | None = None) -> DeploymentSpec:
     """Validate a spec; raise SpecError listing every field error at once.
@@ -342,7 +327,7 @@ def spec_from_dict(data: Mapping[str, Any],
     if not isinstance(data, Mapping):
         raise SpecError([FieldError("", "a spec must be a mapping",
                                     "write name:, recipe:, gpus:, engine: keys")])
-    errors = _check_keys(data, TOP_LEVEL_KEYS, "")
+    errors = _check_keys(data, TOP_LEVEL_KEYS, "") + _nul_errors(data, "")
     name, errs = _name_from(data)
     errors += errs
     recipe, errs = _recipe_from(data)

@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 
 from appliance.engine.launch import launch_args
+from appliance.engine.schema import json_schema
 from appliance.engine.spec import (
     DeploymentSpec,
     EngineOptions,
     SpecError,
-    json_schema,
     load_spec,
     spec_from_dict,
     spec_to_dict,

@@ -7,6 +7,7 @@ import pytest
 from django.test import Client
 
 from web.deployments import services
+from web.deployments.models import Deployment
 
 from .specs import spec
 
@@ -58,3 +59,41 @@ def test_the_api_schema_and_docs_need_a_login(viewer) -> None:  # type: ignore[n
     for path in ("/api/schema/", "/api/docs/"):
         assert anonymous.get(path).status_code in {401, 403}, path
         assert _client(viewer).get(path).status_code == 200, path
+
+
+@pytest.mark.parametrize(("field", "where"), [
+    ("model_path", "engine.model_path"), ("speculative_draft_model_path",
+                                          "engine.speculative_draft_model_path")])
+def test_a_nul_byte_is_a_field_error_not_a_500_and_nothing_is_stored(
+        operator, field: str, where: str) -> None:  # type: ignore[no-untyped-def]
+    data = spec(name="nul")
+    data["engine"][field] = "/models/K\x00imi"
+    response = _client(operator).post("/api/deployments/",
+                                      {"spec": data, "confirm_warnings": True},
+                                      content_type="application/json")
+    assert response.status_code == 400
+    body = response.json()
+    assert any("NUL" in message for message in body[where]), body
+    assert not Deployment.objects.filter(name="nul").exists()
+
+
+@pytest.mark.parametrize("bad", ["env", "extra_args"])
+def test_a_nul_byte_in_env_or_extra_args_is_refused_naming_the_item(operator, bad: str) -> None:  # type: ignore[no-untyped-def]
+    data = spec(name="nul2")
+    if bad == "env":
+        data["env"] = {"NCCL_DEBUG": "IN\x00FO"}
+        where = "env.NCCL_DEBUG"
+    else:
+        data["extra_args"] = ["--log-level", "in\x00fo"]
+        where = "extra_args[1]"
+    response = _client(operator).post("/api/deployments/",
+                                      {"spec": data, "confirm_warnings": True},
+                                      content_type="application/json")
+    assert response.status_code == 400 and where in response.json(), response.json()
+
+
+def test_an_unknown_status_filter_is_a_400_naming_the_choices(viewer) -> None:  # type: ignore[no-untyped-def]
+    for value in ("\x00", "runing"):
+        response = _client(viewer).get("/api/deployments/", {"status": value})
+        assert response.status_code == 400
+        assert "ready" in " ".join(response.json()["status"])

@@ -7,11 +7,12 @@ from typing import Any
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, permissions, status, viewsets
 from rest_framework.decorators import action, api_view, permission_classes
+from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from web.deployments import selectors, services
-from web.deployments.models import Deployment
+from web.deployments.models import Deployment, DeploymentStatus
 from web.deployments.permissions import can_deploy, can_stop, can_view
 
 from .serializers import (
@@ -40,7 +41,11 @@ class DeploymentViewSet(
     permission_classes = [permissions.IsAuthenticated, CanOperate]
 
     def get_queryset(self) -> Any:
-        return selectors.deployment_list(status=self.request.query_params.get("status"))
+        wanted = self.request.query_params.get("status")
+        if wanted and wanted not in DeploymentStatus.values:
+            raise ValidationError({"status": [
+                f"Unknown status; use one of: {', '.join(DeploymentStatus.values)}."]})
+        return selectors.deployment_list(status=wanted)
 
     @extend_schema(request=DeploymentCreateSerializer, responses={201: DeploymentSerializer})
     def create(self, request: Request) -> Response:
