@@ -280,7 +280,10 @@ class EngineAgent:
                 strays.append({"name": container.name, "status": container.status,
                                "labels": {k: v for k, v in labels.items()
                                           if k.startswith("appliance.")}})
-        Host.objects.update_or_create(name=socket.gethostname(), defaults={
+        # Named after the agent (agent@<host>), not the container: a recreated agent
+        # container is the same host, not a new row.
+        host = self.agent_id.split("@", 1)[-1]
+        Host.objects.update_or_create(name=host, defaults={
             "agent_id": self.agent_id, "heartbeat_at": now,
             "docker": docker_facts(self.runtime), "foreign_containers": strays,
             "gpu_telemetry": gpu_telemetry.collect().to_dict()})
@@ -311,7 +314,7 @@ def agent_run_forever(stop: threading.Event | None = None) -> None:
 
 
 def wait_for(pk: int, statuses: set[str], timeout_s: float) -> str:
-    """Poll a deployment's status until it is one of `statuses` (tests and the CLI)."""
+    """Poll a deployment's status until it is one of `statuses` (the tests use it)."""
     deadline = time.monotonic() + timeout_s
     while True:
         status = Deployment.objects.values_list("status", flat=True).get(pk=pk)
