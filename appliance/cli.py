@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -145,31 +146,68 @@ def cmd_build(args: argparse.Namespace) -> int:
     """Build (or find) a recipe's engine image, streaming each step; Ctrl-C cancels."""
     from docker.client import from_env
 
+    from appliance.images.build import image_id
     from appliance.images.plan import BuildError, plan_build
 
+    client = from_env()
     try:
         recipe = load_recipe(args.recipe)
-        plan = plan_build(recipe, ca_bundle=args.ca_bundle)
+        plan = plan_build(recipe, ca_bundle=args.ca_bundle,
+                          base_id=image_id(client, recipe.base_image))
     except RecipeError as exc:
         return _bad_input(exc.errors, args.text)
     except BuildError as exc:
-        return _bad_input([FieldError("recipe.patches", str(exc), "fix the patch entry")],
-                          args.text)
-    client = from_env()
+        return _bad_input([FieldError("recipe", str(exc), "fix the recipe's source, lock or "
+                                      "patch entry")], args.text)
     if args.plan:
-        return _print_plan(client, plan, args.text)
+        return _print_plan(client, recipe, plan, args.text)
     return _build_outcome(_run_build(client, plan, args), args.text)
 
 
-def _print_plan(client: Any, plan: Any, text: bool) -> int:
+def _print_plan(client: Any, recipe: Any, plan: Any, text: bool) -> int:
+    """What the build would use: the values, not just their names (the CA bundle aside)."""
     from appliance.images.build import image_exists
 
     exists = image_exists(client, plan.tag)
-    names = sorted(k for k in plan.buildargs if not k.startswith("APPLIANCE_CA_PEM"))
-    if text:
-        print(f"{plan.tag} ({'built' if exists else 'not built'})")
-    else:
-        _emit({"tag": plan.tag, "exists": exists, "buildargs": names})
+    args = {k: v for k, v in sorted(plan.buildargs.items()) if not k.startswith("APPLIANCE_CA")}
+    src = recipe.sglang
+    source = {"pip": src.pip, "git": src.git, "archive": src.archive, "ref": src.ref,
+              "key": recipe.source_key, "flags": recipe.flag_list_name}
+    data = {"tag": plan.tag, "exists": exists, "base_image": recipe.base_image,
+            "base_image_id": plan.labels.get("appliance.base-image-id"),
+            "source": {k: v for k, v in source.items() if v},
+            "patches": list(recipe.patches),
+            "lock": str(recipe.lock_path) if recipe.lock_path else None, "buildargs": args}
+    if not text:
+        _emit(data)
+        return EXIT_OK
+    print(f"{plan.tag} ({'built' if exists else 'not built'})")
+    for key in ("base_image", "base_image_id", "source", "patches", "lock", "buildargs"):
+        print(f"  {key}: {data[key]}")
+    return EXIT_OK
+
+
+def cmd_lock(args: argparse.Namespace) -> int:
+    """Write a recipe's lock from the pip reports of an image built without one."""
+    from docker.client import from_env
+
+    from appliance.images.lock import LockError, lock_text, reports_from_image
+
+    recipe = load_recipe(args.recipe)
+    out = args.out or (recipe.lock_path or Path(f"{recipe.name}.lock.txt"))
+    try:
+        text = lock_text(reports_from_image(from_env(), args.image),
+                         header=f"{recipe.name}: made by `appliance lock` from {args.image}\n"
+                                f"SGLang source {recipe.source_key}; install with "
+                                "pip install --require-hashes --no-deps -r",
+                         index_url=None if args.no_index_hashes else args.index_url)
+    except LockError as exc:
+        return _bad_input([FieldError("image", str(exc), "build the recipe without a lock, "
+                                      "then run appliance lock on that image")], args.text)
+    Path(out).write_text(text)
+    count = len(re.findall(r"^\S+==", text, re.M))
+    print(f"{count} packages -> {out}") if args.text else _emit({"lock": str(out),
+                                                                  "packages": count})
     return EXIT_OK
 
 
@@ -257,8 +295,19 @@ def build_parser() -> argparse.ArgumentParser:
     cmd.add_argument("--no-cache", action="store_true", help="rebuild even when built")
     cmd.add_argument("--ca-bundle", type=Path, default=None,
                      help="PEM bundle of a TLS-intercepting proxy, for the download steps")
-    cmd.add_argument("--plan", action="store_true", help="print the tag and whether it exists")
+    cmd.add_argument("--plan", action="store_true",
+                     help="print the tag, whether it exists, and the values it builds with")
     cmd.set_defaults(func=cmd_build)
+    cmd = add("lock", "write a recipe's lock from an image built without one")
+    cmd.add_argument("recipe", help="recipe name or YAML file")
+    cmd.add_argument("--image", required=True, help="the resolved build's image tag")
+    cmd.add_argument("--out", type=Path, default=None, help="where to write (default: the "
+                     "recipe's lock path)")
+    cmd.add_argument("--index-url", default="https://pypi.org/simple",
+                     help="PEP 691 index whose file hashes are added for every pinned version")
+    cmd.add_argument("--no-index-hashes", action="store_true",
+                     help="only the hashes of the files the build installed")
+    cmd.set_defaults(func=cmd_lock)
     cmd = add("diagnose", "print the most likely failure cause of an engine log")
     cmd.add_argument("file", help="log file, or - for stdin")
     cmd.set_defaults(func=cmd_diagnose)

@@ -23,6 +23,15 @@ def available_flag_lists() -> list[str]:
     return sorted(p.name.removesuffix("-flags.txt") for p in DATA_DIR.glob("*-flags.txt"))
 
 
+def flag_list_for_commit(ref: str) -> str | None:
+    """The shipped flag list of a git commit: the file whose stem ends with its first 9 hex
+    digits (sglang-ddtree-433c58ed7-flags.txt), whatever the recipe is called."""
+    short = ref[:9]
+    files = DATA_DIR.glob(f"*-{short}-flags.txt")
+    matches = sorted(p.name.removesuffix("-flags.txt") for p in files)
+    return matches[0] if matches else None
+
+
 def flags_in_argv(argv: list[str]) -> list[tuple[int, str]]:
     """(index, flag) of every --flag in an argv list, with any =value stripped."""
     return [(i, item.split("=", 1)[0]) for i, item in enumerate(argv)

@@ -16,9 +16,10 @@ import yaml
 from appliance.engine.spec import FieldError, engine_field_names
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
-RECIPE_KEYS = ["name", "description", "base_image", "sglang", "patches", "pip_extras", "env",
-               "build_args", "engine_defaults"]
-SGLANG_KEYS = ["pip", "git", "ref", "base_version", "flags"]
+RECIPE_KEYS = ["name", "description", "base_image", "sglang", "patches", "lock", "pip_extras",
+               "env", "build_args", "engine_defaults"]
+SGLANG_KEYS = ["pip", "git", "archive", "ref", "base_version", "flags"]
+LOCKS_DIR = Path(__file__).parent / "locks"
 FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
 # ${VAR} or ${VAR:-default}: lets a site swap the base image without editing the recipe.
 ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -28,6 +29,9 @@ ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 class SGLangSource:
     pip: str | None = None
     git: str | None = None
+    # A local source archive (.tar.gz unpacking to sglang-<ref>/): the snapshots tests and
+    # offline sites build from. It holds the same commit as the git source it stands for.
+    archive: str | None = None
     ref: str | None = None
     # For a git source: the release it branched from, when the recipe knows it.
     base_version: str | None = None
@@ -47,17 +51,45 @@ class Recipe:
     engine_defaults: dict[str, Any] = field(default_factory=dict)
     description: str = ""
     path: Path | None = None
+    # Exact versions with hashes the build installs from (pip --require-hashes).
+    lock: str | None = None
 
     @property
     def sglang_version(self) -> str | None:
         return self.sglang.pip or self.sglang.base_version
 
     @property
+    def source_key(self) -> str | None:
+        """What SGLang knowledge is keyed by: the release, or the commit's first 9 hex digits.
+        A site recipe that pins the same source gets the same flag list and rules, whatever
+        its name, and whether it builds from git or from a local archive of that commit."""
+        if self.sglang.pip:
+            return self.sglang.pip
+        return self.sglang.ref[:9] if self.sglang.ref else None
+
+    @property
     def flag_list_name(self) -> str | None:
-        """The flag list file stem: explicit, else derived from the pip version."""
+        """The flag list file stem: explicit, else the one shipped for this source."""
         if self.sglang.flags:
             return self.sglang.flags
-        return f"sglang-{self.sglang.pip}" if self.sglang.pip else None
+        if self.sglang.pip:
+            return f"sglang-{self.sglang.pip}"
+        from appliance.engine.flags import flag_list_for_commit
+        return flag_list_for_commit(self.sglang.ref) if self.sglang.ref else None
+
+    def resolve_path(self, value: str) -> Path:
+        """A path the recipe names: absolute, or relative to the recipe file."""
+        path = Path(expand_env(value))
+        if path.is_absolute() or self.path is None:
+            return path
+        return Path(self.path).parent / path
+
+    @property
+    def lock_path(self) -> Path | None:
+        if not self.lock:
+            return None
+        local = self.resolve_path(self.lock)
+        return local if local.is_file() else LOCKS_DIR / self.lock
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -100,10 +132,11 @@ def _source(data: Any) -> tuple[SGLangSource, list[FieldError]]:
     errors = _unknown(data, SGLANG_KEYS, "sglang.")
     values = {k: str(v) for k, v in data.items() if k in SGLANG_KEYS and v is not None}
     src = SGLangSource(**values)
-    if bool(src.pip) == bool(src.git):
-        errors.append(FieldError("sglang", "give exactly one of pip or git",
-                                 "write pip: 0.5.23, or git: URL with ref: <commit>"))
-    if src.git and not (src.ref and FULL_SHA.match(src.ref)):
+    if sum(bool(x) for x in (src.pip, src.git, src.archive)) != 1:
+        errors.append(FieldError("sglang", "give exactly one of pip, git or archive",
+                                 "write pip: 0.5.23, or git: URL with ref: <commit>, or "
+                                 "archive: sglang-<commit>.tar.gz with ref: <commit>"))
+    if (src.git or src.archive) and not (src.ref and FULL_SHA.match(src.ref)):
         # The image tag is a hash of the recipe: a moving branch would make the cache lie.
         errors.append(FieldError("sglang.ref", f"a git source needs a full 40-hex commit, got "
                                  f"{src.ref!r}", "pin the commit: ref: <40 hex digits>"))
@@ -160,12 +193,17 @@ def recipe_from_dict(data: Mapping[str, Any], path: Path | None = None) -> Recip
     errors += errs
     defaults, errs = _engine_defaults(data.get("engine_defaults"))
     errors += errs
+    lock = data.get("lock")
+    if lock is not None and not (isinstance(lock, str) and lock.endswith(".txt")):
+        errors.append(FieldError("lock", f"must name a requirements file, got {lock!r}",
+                                 "write lock: <recipe>.lock.txt (made by `appliance lock`)"))
     if errors:
         raise RecipeError(errors)
     return Recipe(name=str(data["name"]), base_image=expand_env(str(data["base_image"])),
                   sglang=src, patches=patches, pip_extras=extras, env=env,
                   build_args=build_args, engine_defaults=defaults,
-                  description=str(data.get("description", "")), path=path)
+                  description=str(data.get("description", "")), path=path,
+                  lock=str(lock) if lock else None)
 
 
 def list_recipes() -> list[str]:

@@ -167,6 +167,16 @@ def _cancel_watch(
         done.wait(0.2)
 
 
+def image_id(client: Any, name: str) -> str | None:
+    """The local image's id (sha256:...), or None when the daemon does not have it."""
+    from docker.errors import ImageNotFound
+
+    try:
+        return str(client.images.get(name).id)
+    except ImageNotFound:
+        return None
+
+
 def image_exists(client: Any, tag: str) -> bool:
     import docker.errors
 

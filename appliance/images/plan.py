@@ -28,7 +28,6 @@ import io
 import json
 import os
 import re
-import subprocess
 import tarfile
 import zipfile
 from collections.abc import Mapping, Sequence
@@ -36,6 +35,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import yaml
+
+from appliance.images import sources
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 REPO_ROOT = PACKAGE_DIR.parent
@@ -87,7 +88,7 @@ def engine_repo() -> str:
 
 
 IMAGE_FIELDS = ("name", "base_image", "patches", "pip_extras", "env", "build_args")
-SOURCE_FIELDS = ("pip", "git", "ref")
+SOURCE_FIELDS = ("pip", "git", "ref")  # an archive stands for its git commit: same tag inputs
 
 
 def _recipe_dict(recipe: RecipeLike) -> dict[str, Any]:
@@ -123,29 +124,6 @@ def resolve_patch(entry: str, recipe: RecipeLike, patches_dir: Path = PATCHES_DI
     raise BuildError(f"patch {entry!r} is neither in the manifest ({known}) nor a file")
 
 
-def _local_git_dir(url: str | None) -> Path | None:
-    """A git source on this machine is archived into the build context (no network)."""
-    if not url:
-        return None
-    path = Path(url.removeprefix("file://"))
-    return path if path.is_absolute() and path.exists() else None
-
-
-def _git(repo: Path, *args: str) -> bytes:
-    # safe.directory: a source mounted into the worker belongs to another user there.
-    proc = subprocess.run(["git", "-c", "safe.directory=*", "-C", str(repo), *args],
-                          capture_output=True, check=False)
-    if proc.returncode != 0:
-        raise BuildError(f"git {' '.join(args)} in {repo}: {proc.stderr.decode().strip()}")
-    return proc.stdout
-
-
-def _local_source_files(repo: Path, ref: str | None) -> dict[str, bytes]:
-    commit = _git(repo, "rev-parse", "--verify", f"{ref or 'HEAD'}^{{commit}}").decode().strip()
-    return {"src/sglang.tar": _git(repo, "archive", "--format=tar", commit),
-            "src/sglang.ref": f"{repo}@{commit}\n".encode()}
-
-
 def _render_dockerfile(recipe: RecipeLike, extra_steps: Sequence[str]) -> bytes:
     text = (ENGINE_DIR / "Dockerfile").read_text()
     env_lines = [f"ENV {k}={json.dumps(v)}" for k, v in sorted(recipe.env.items())]
@@ -173,10 +151,34 @@ def _context_files(
     files |= {f"patches/{p.name}": p.read_bytes() for p in patches}
     if (PATCHES_DIR / "manifest.yaml").exists():
         files["patches/manifest.yaml"] = (PATCHES_DIR / "manifest.yaml").read_bytes()
-    local = _local_git_dir(recipe.sglang.git)
-    if local is not None:
-        files |= _local_source_files(local, recipe.sglang.ref)
+    files |= _source_files(recipe)
+    lock = recipe_lock_path(recipe)
+    files["lock/requirements.txt"] = lock.read_bytes() if lock is not None else b""
     return files
+
+
+def recipe_lock_path(recipe: RecipeLike) -> Path | None:
+    path: Path | None = getattr(recipe, "lock_path", None)
+    if path is not None and not path.is_file():
+        raise BuildError(f"the recipe's lock {path} does not exist; make it with "
+                         f"`appliance lock {recipe.name} --image <a resolved build>`")
+    return path
+
+
+def _source_files(recipe: RecipeLike) -> dict[str, bytes]:
+    """The SGLang tree for the build context when it is on this machine (a local git
+    repository or a source archive); a remote git source or a release is fetched in the build."""
+    src = recipe.sglang
+    try:
+        archive = getattr(src, "archive", None)
+        if archive:
+            resolve = getattr(recipe, "resolve_path", Path)
+            path = resolve(archive)
+            return sources.archive_source_files(path, src.ref or "")
+        local = sources.local_git_dir(src.git)
+        return sources.git_source_files(local, src.ref) if local is not None else {}
+    except sources.SourceError as exc:
+        raise BuildError(str(exc)) from exc
 
 
 def selfcheck_zipapp(package: Path) -> bytes:
@@ -200,6 +202,7 @@ def selfcheck_zipapp(package: Path) -> bytes:
 
 def _buildargs(recipe: RecipeLike, local_source: bool) -> dict[str, str]:
     src = recipe.sglang
+    base_version = getattr(src, "base_version", None) or "0.0.0"
     args = {
         "BASE_IMAGE": recipe.base_image or DEFAULT_BASE_IMAGE,
         "SGLANG_PIP": src.pip or "",
@@ -207,6 +210,9 @@ def _buildargs(recipe: RecipeLike, local_source: bool) -> dict[str, str]:
         "SGLANG_REF": src.ref or "",
         "PIP_EXTRAS": " ".join(recipe.pip_extras),
     }
+    if src.ref and not src.pip:
+        # A source tree without .git: setuptools-scm cannot read a version, so give it one.
+        args["SGLANG_SCM_VERSION"] = f"{base_version}+g{src.ref[:9]}"
     return args | dict(recipe.build_args)
 
 
@@ -228,19 +234,24 @@ def plan_build(
     patches_dir: Path = PATCHES_DIR,
     gpucheck: Path | None = SELFCHECK_PACKAGE,
     extra_steps: Sequence[str] = (),
+    base_id: str | None = None,
 ) -> BuildPlan:
     """Everything a build sends to the daemon, and the tag it will carry.
 
     extra_steps are Dockerfile lines placed after the SGLang install (site hooks; the
     tests use one to make a slow step to cancel). They are part of the tag.
+    base_id is the base image's id (sha256:...) where the daemon has it: a base image
+    re-pulled under the same name with other content then gives another tag.
     """
     patches = [resolve_patch(entry, recipe, patches_dir) for entry in recipe.patches]
     files = _context_files(recipe, patches, extra_steps, gpucheck)
-    args = _buildargs(recipe, _local_git_dir(recipe.sglang.git) is not None)
-    tag = _content_tag(recipe, files, args)
+    args = _buildargs(recipe, "src/sglang.tar" in files)
+    tag = _content_tag(recipe, files, args | ({"BASE_IMAGE_ID": base_id} if base_id else {}))
     if ca_bundle is not None:
         args |= ca_buildargs(Path(ca_bundle).read_text())
     labels = {"appliance.recipe": recipe.name, "appliance.content-tag": tag}
+    if base_id:
+        labels["appliance.base-image-id"] = base_id
     return BuildPlan(tag=tag, files=files, buildargs=args, labels=labels)
 
 

@@ -5,109 +5,27 @@ huggingface_hub, uvicorn and the NVIDIA container runtime really print (see
 tests/appliance/test_diagnosis.py for where each comes from). Each cause has a
 stable id, a summary, a fix, a priority (a specific root cause beats a generic
 symptom such as an NCCL error on the other ranks) and cheap substring needles
-that gate its matcher, so scanning a log stays fast.
+that gate its matcher, so scanning a log stays fast. The causes the DDTree sources
+raise are in appliance.logs.ddtree_causes; the Cause and Diagnosis types in
+appliance.logs.cause.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any
 
+from appliance.logs.cause import Cause, Diagnosis, Refiner
 from appliance.logs.context import ParseContext
+from appliance.logs.ddtree_causes import DDTREE_CAUSES
 
+__all__ = ["BY_PRIORITY", "CAUSES", "LINE_TRIGGERS", "SELFCHECK_CAUSE", "Cause", "Diagnosis",
+           "Refiner"]
 
-@dataclass(frozen=True)
-class Diagnosis:
-    cause: str
-    summary: str
-    fix: str
-    evidence: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "cause": self.cause,
-            "summary": self.summary,
-            "fix": self.fix,
-            "evidence": dict(self.evidence),
-        }
-
-
-Refiner = Callable[["Cause", str, "ParseContext | None"], "Diagnosis | None"]
-
-
-@dataclass(frozen=True)
-class Cause:
-    id: str
-    summary: str
-    fix: str
-    priority: int
-    needles: tuple[str, ...] = ()
-    refine: Refiner | None = None
-
-    def diagnosis(self, **evidence: Any) -> Diagnosis:
-        return Diagnosis(self.id, self.summary, self.fix, evidence)
-
-    def match(self, text: str, ctx: ParseContext | None) -> Diagnosis | None:
-        needle = next((n for n in self.needles if n in text), None)
-        if needle is None:
-            return None
-        if self.refine is None:
-            return self.diagnosis(matched=needle)
-        return self.refine(self, text, ctx)
-
-
-_SIZE_MISMATCH = re.compile(
-    r"The size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\) "
-    r"at non-singleton dimension (\d+)"
-)
 _DRIVER_FOUND = re.compile(r"found version (\d+)")
 _CUDA_REQ = re.compile(r"cuda>=([\d.]+)")
 _OOM_NEEDLES = ("CUDA out of memory", "OutOfMemoryError", "CUDA error: out of memory")
-# A graph replay copies the live batch into the captured buffers; these frames
-# say the mismatch came from there and not from a model bug.
-_REPLAY_FRAMES = ("cuda_graph_runner", "graph_runner.py", "in replay")
-
-
-def _per_request(size: int, width: int | None, bs: int | None) -> tuple[int | None, int | None]:
-    """Undo the batch factor in a replay size (rows = width * bs)."""
-    if width and size % width == 0:
-        return width, size // width
-    if bs and size % bs == 0:
-        return size // bs, bs
-    return None, None
-
-
-def _verify_width(cause: Cause, text: str, ctx: ParseContext | None) -> Diagnosis | None:
-    match = _SIZE_MISMATCH.search(text)
-    if match is None or not any(frame in text for frame in _REPLAY_FRAMES):
-        return None
-    a, b = int(match.group(1)), int(match.group(2))
-    captured, bs = _per_request(a, ctx.verify_width if ctx else None, None)
-    if captured is None and ctx is not None:
-        captured, bs = _per_request(a, None, ctx.last_bs)
-    if captured is None or bs is None or b % bs:
-        captured, fed, bs = a, b, None  # no batch factor known: report raw sizes
-    else:
-        fed = b // bs
-    evidence = {"size_a": a, "size_b": b, "bs": bs, "captured_width": captured, "fed_width": fed}
-    return Diagnosis(cause.id, _width_summary(captured, fed, bs), cause.fix, evidence)
-
-
-def _width_summary(captured: int, fed: int, bs: int | None) -> str:
-    at_bs = f" (rows {captured * bs} vs {fed * bs} at bs={bs})" if bs and bs > 1 else ""
-    if fed > captured:
-        return (
-            f"CUDA graph replay failed: the target verify graph was captured for {captured} "
-            f"tokens per request (block size) but DDTree verify feeds {fed} "
-            f"(budget {fed - 1} + 1){at_bs}."
-        )
-    return (
-        f"CUDA graph replay failed: the draft graph was captured for {captured} tokens per "
-        f"request (DDTree verify width, budget {captured - 1} + 1) but the DFlash draft feeds "
-        f"{fed} (block size){at_bs}."
-    )
 
 
 def _oom_in(phase: str, frames: tuple[str, ...]) -> Refiner:
@@ -161,15 +79,7 @@ SELFCHECK_CAUSE = Cause(
 )
 
 _CATALOGUE: Sequence[Cause] = (
-    Cause(
-        "ddtree-verify-width",
-        "CUDA graph replay failed: the verify graph width differs from the DDTree verify width.",
-        "Build with the patch ddtree-verify-graph-width (target verify graph width budget+1, "
-        "draft width block size), or set engine.disable_cuda_graph: true.",
-        100,
-        ("must match the size of tensor b",),
-        _verify_width,
-    ),
+    *DDTREE_CAUSES,
     Cause(
         "driver-too-old",
         "The NVIDIA driver is too old for the CUDA version of the engine image.",
@@ -285,6 +195,16 @@ _CATALOGUE: Sequence[Cause] = (
         "engine.cuda_graph_max_bs.",
         80,
         _OOM_NEEDLES,
+    ),
+    Cause(
+        "cuda-device-assert",
+        "A CUDA kernel failed a device-side assertion (typically an index out of range); the "
+        "CUDA context is unusable after it.",
+        "The 'Assertion ... failed' line before the traceback names the kernel; rerun with "
+        "CUDA_LAUNCH_BLOCKING=1 in the deployment's env for the real stack (the traceback may "
+        "point at a later call).",
+        75,
+        ("device-side assert triggered", "cudaErrorAssert"),
     ),
     Cause(
         "cuda-graph-capture-failed",

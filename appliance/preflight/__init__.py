@@ -2,17 +2,21 @@
 
 Each rule is a small function with a stable id (the key in RULES) and tests for firing and for
 staying quiet. Facts come from SGLang 0.5.23's argument handling (arg_groups/speculative_hook.py,
-speculative/dflash_utils.py) and from the DDTree PR #27509 source.
+speculative/dflash_utils.py) and from the DDTree sources (101cd5bd0, 398fc2c72, 433c58ed7 in
+../shared/sglang-src), keyed by the recipe's source, never its name (preflight.sources).
 
-Rules by concern: speculative (DDTree/DFLASH settings), parallelism (GPU count, tp/ep against the
-model, drafter vs target), model (custom code, context length, GPU memory) and arguments (unknown,
-duplicate and secret flags); context holds Finding, Context, the shared helpers and the readers of
-local checkpoint files. RULES below fixes the order run_preflight runs them in.
+Rules by concern: speculative (DDTree/DFLASH settings), ddtree (what depends on the SGLang
+source: verify width, the draft's attention backend, page size, overlap; the per-source facts are
+in sources), hardware (attention backends against the host's GPU architecture), parallelism (GPU
+count, tp/ep against the model, drafter vs target), model (custom code, context length, GPU
+memory) and arguments (unknown, duplicate and secret flags); context holds Finding, Context, the
+shared helpers and the readers of local checkpoint files. RULES below fixes the order
+run_preflight runs them in.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from appliance import selfcheck
@@ -36,6 +40,18 @@ from appliance.preflight.context import (
     read_weights_bytes,
     text_config,
 )
+from appliance.preflight.ddtree import (
+    VERIFY_WIDTH_PATCH,
+    rule_ddtree_draft_attention_backend,
+    rule_ddtree_overlap_schedule,
+    rule_ddtree_page_size,
+    rule_ddtree_verify_width,
+)
+from appliance.preflight.hardware import (
+    deployment_archs,
+    gpu_major,
+    rule_gpu_arch_attention_backend,
+)
 from appliance.preflight.model import (
     GIB,
     rule_context_length,
@@ -52,13 +68,10 @@ from appliance.preflight.speculative import (
     DFLASH_MAX_RUNNING_DEFAULT,
     NEEDS_DRAFT_MODEL,
     TREE_BACKENDS,
-    VERIFY_WIDTH_PATCH,
     rule_algorithm_in_source,
     rule_block_size_agreement,
     rule_cuda_graph_disabled,
     rule_ddtree_budget,
-    rule_ddtree_overlap_schedule,
-    rule_ddtree_verify_width,
     rule_dflash_dp_attention,
     rule_dflash_max_running_requests,
     rule_dflash_pipeline_parallel,
@@ -80,8 +93,10 @@ __all__ = [
     "Severity",
     "block_size",
     "ddtree_budget",
+    "deployment_archs",
     "drafter_block_size",
     "gpu_check_args",
+    "gpu_major",
     "has_errors",
     "is_mla",
     "read_config",
@@ -91,13 +106,16 @@ __all__ = [
     "rule_context_length",
     "rule_cuda_graph_disabled",
     "rule_ddtree_budget",
+    "rule_ddtree_draft_attention_backend",
     "rule_ddtree_overlap_schedule",
+    "rule_ddtree_page_size",
     "rule_ddtree_verify_width",
     "rule_dflash_dp_attention",
     "rule_dflash_max_running_requests",
     "rule_dflash_pipeline_parallel",
     "rule_drafter_matches_target",
     "rule_duplicate_flag",
+    "rule_gpu_arch_attention_backend",
     "rule_gpu_memory",
     "rule_parallel_gpu_count",
     "rule_secret_in_args",
@@ -115,6 +133,9 @@ RULES: dict[str, Callable[[Context], list[Finding]]] = {
     "ddtree-verify-width": rule_ddtree_verify_width,
     "ddtree-budget": rule_ddtree_budget,
     "tree-attention-backend": rule_tree_attention_backend,
+    "gpu-arch-attention-backend": rule_gpu_arch_attention_backend,
+    "ddtree-draft-attention-backend": rule_ddtree_draft_attention_backend,
+    "ddtree-page-size": rule_ddtree_page_size,
     "ddtree-overlap-schedule": rule_ddtree_overlap_schedule,
     "algorithm-in-source": rule_algorithm_in_source,
     "dflash-dp-attention": rule_dflash_dp_attention,
@@ -152,8 +173,13 @@ def run_preflight(spec: DeploymentSpec, *, recipe: Recipe | None = None,
                   drafter_config: dict[str, Any] | None = None,
                   gpu_memory_gb: float | None = None, read_local_configs: bool = True,
                   weights_bytes: int | None = None,
-                  drafter_weights_bytes: int | None = None) -> list[Finding]:
-    """Run every rule; with read_local_configs, fill in what the local checkpoints say."""
+                  drafter_weights_bytes: int | None = None,
+                  host_gpus: Sequence[Mapping[str, Any]] | None = None) -> list[Finding]:
+    """Run every rule; with read_local_configs, fill in what the local checkpoints say.
+
+    host_gpus is the host's GPU inventory (NVML entries with name, index and optionally
+    compute_capability); without it the GPU architecture rule stays quiet.
+    """
     found: list[Finding] = []
     e = spec.engine
     if read_local_configs:
@@ -168,7 +194,8 @@ def run_preflight(spec: DeploymentSpec, *, recipe: Recipe | None = None,
     ctx = Context(spec=spec, recipe=recipe, model=text_config(model_config),
                   drafter=drafter_config, gpu_memory_gb=gpu_memory_gb,
                   weights_bytes=weights_bytes, drafter_weights_bytes=drafter_weights_bytes,
-                  flags=load_flags(flag_list) if flag_list else None)
+                  flags=load_flags(flag_list) if flag_list else None,
+                  host_gpus=[dict(g) for g in host_gpus] if host_gpus is not None else None)
     for rule in RULES.values():
         found += rule(ctx)
     return found

@@ -42,6 +42,9 @@ class Context:
     weights_bytes: int | None = None
     drafter_weights_bytes: int | None = None
     flags: frozenset[str] | None = None
+    # The host's GPU inventory, one mapping per GPU as NVML reports it (Host.gpu_telemetry
+    # "gpus", the self-check's "gpus"): name, index, optionally compute_capability ("9.0").
+    host_gpus: list[dict[str, Any]] | None = None
     notes: list[Finding] = field(default_factory=list)
 
     @property

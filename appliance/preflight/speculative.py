@@ -1,4 +1,8 @@
-"""Speculative decoding rules: DDTree and DFLASH settings SGLang rejects or silently degrades."""
+"""Speculative decoding rules: DDTree and DFLASH settings SGLang rejects or silently degrades.
+
+The DDTree rules that depend on the source (verify width, draft backend, page size, overlap)
+are in appliance.preflight.ddtree.
+"""
 
 from __future__ import annotations
 
@@ -9,39 +13,16 @@ from appliance.preflight.context import (
     _finding,
     _version,
     block_size,
-    ddtree_budget,
     drafter_block_size,
     is_mla,
 )
+from appliance.preflight.sources import ddtree_source
 
-VERIFY_WIDTH_PATCH = "ddtree-verify-graph-width"
 # Attention backends that take a tree (custom) mask in target verify.
 TREE_BACKENDS = ("fa3", "triton", "flashinfer")
 DFLASH_DEFAULT_BLOCK = 16  # SGLang's fallback when neither flag nor drafter config says
 DFLASH_MAX_RUNNING_DEFAULT = 48  # _handle_dflash's cap when --max-running-requests is unset
 NEEDS_DRAFT_MODEL = ("EAGLE", "EAGLE3", "STANDALONE", "DFLASH", "DDTREE")
-
-
-def rule_ddtree_verify_width(ctx: Context) -> list[Finding]:
-    if ctx.algorithm != "DDTREE" or ctx.engine.disable_cuda_graph or ctx.recipe is None:
-        return []
-    block, budget = block_size(ctx), ddtree_budget(ctx)
-    if block is None or budget is None:
-        return []
-    if VERIFY_WIDTH_PATCH in ctx.recipe.patches:
-        return _finding("ddtree-verify-width", "info", "recipe",
-                        f"target verify CUDA graph width {budget + 1} (budget+1), draft graph "
-                        f"width {block} (block size), via the {VERIFY_WIDTH_PATCH} patch",
-                        "nothing to do")
-    return _finding(
-        "ddtree-verify-width", "error", "recipe",
-        f"recipe {ctx.recipe.name!r} lacks the {VERIFY_WIDTH_PATCH} patch: the target verify "
-        f"CUDA graph is captured at the block size ({block} tokens per request) but DDTree "
-        f"verifies budget+1 = {budget + 1}; replay fails with 'The size of tensor a ({block}) "
-        f"must match the size of tensor b ({budget + 1})' after the full model load "
-        "(newer SGLang silently falls back to eager verify instead)",
-        f"use a recipe with the {VERIFY_WIDTH_PATCH} patch (kimi-k2.6-ddtree), or set "
-        "engine.disable_cuda_graph: true and accept eager verify")
 
 
 def rule_ddtree_budget(ctx: Context) -> list[Finding]:
@@ -150,9 +131,10 @@ def rule_block_size_agreement(ctx: Context) -> list[Finding]:
     trained = drafter_block_size(ctx.drafter)
     if block and trained and block != trained:
         found += _drafter_disagreement(ctx, block, trained)
-    if block is None and ctx.algorithm == "DDTREE":
+    source = ddtree_source(ctx.recipe)
+    if block is None and ctx.algorithm == "DDTREE" and not (source and source.infers_block_size):
         found += _finding("block-size-agreement", "error", "engine.speculative_num_draft_tokens",
-                          "DDTREE needs an explicit block size: the PR source does not run "
+                          "DDTREE needs an explicit block size: this source does not run "
                           "DFLASH's argument handling that infers it from the drafter",
                           f"set speculative_num_draft_tokens: {trained or 8}")
     elif block is None:
@@ -184,15 +166,6 @@ def rule_cuda_graph_disabled(ctx: Context) -> list[Finding]:
     return _finding("cuda-graph-disabled", "warning", "engine.disable_cuda_graph",
                     "CUDA graphs are off: every draft and verify step runs eager, which loses "
                     "most of the speculative speed-up", "remove disable_cuda_graph")
-
-
-def rule_ddtree_overlap_schedule(ctx: Context) -> list[Finding]:
-    if ctx.algorithm != "DDTREE" or ctx.engine.disable_overlap_schedule:
-        return []
-    return _finding("ddtree-overlap-schedule", "error", "engine.disable_overlap_schedule",
-                    "DDTreeWorker raises 'DDTREE does not support overlap scheduling (spec v2)' "
-                    "and the PR source does not disable the overlap scheduler for DDTREE",
-                    "set disable_overlap_schedule: true")
 
 
 def rule_algorithm_in_source(ctx: Context) -> list[Finding]:

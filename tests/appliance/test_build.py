@@ -290,8 +290,12 @@ def test_the_build_command_streams_steps_then_skips_a_built_image_unless_no_cach
         kinds = [json.loads(line)["kind"] for line in forced.stdout.splitlines()]
         assert forced.returncode == 0 and "cache_hit" not in kinds
         assert kinds.count("build_step") == total and kinds[-1] == "built"
-        assert appliance("build", str(recipe), "--plan", "--text").stdout.strip() == \
-            f"{tag} (built)"
+        planned = appliance("build", str(recipe), "--plan", "--text").stdout.splitlines()
+        assert planned[0] == f"{tag} (built)"
+        # The plan shows the values it builds with, not only their names.
+        assert "  base_image: appliance-base:bookworm" in planned
+        assert any(line.startswith("  base_image_id: sha256:") for line in planned)
+        assert any(line.startswith("  source: ") and "'ref': " in line for line in planned)
     finally:
         remove_image(client, tag)
 

@@ -73,7 +73,8 @@ def test_launch_args_prints_the_engine_argv_and_env_as_json() -> None:
 def test_launch_args_applies_the_recipes_recommended_defaults() -> None:
     argv = json.loads(run("launch-args", str(FLAGSHIP)).stdout)["argv"]
     assert argv[argv.index("--reasoning-parser") + 1] == "kimi_k2"
-    assert "--disable-overlap-schedule" in argv
+    assert argv[argv.index("--page-size") + 1] == "1"
+    assert argv[argv.index("--attention-backend") + 1] == "fa3"
 
 
 def test_launch_args_text_is_one_command_line() -> None:

@@ -22,6 +22,17 @@ Where each failure message comes from:
 - silent eager verify: 0.5.23 decode_cuda_graph_runner.can_run falls back to eager when
   `spec_info.num_tokens_per_req != self.captured_req_width`; metrics_reporter prints
   `cuda graph: False`.
+- DDTree (101cd5bd0 from ../shared/sglang-src, file paths and lines of the fixtures are that
+  source's with ddtree-verify-graph-width applied, unpatched for ddtree_fa3_unpatched_capture):
+  the draft capture's `AttributeError: 'NoneType' object has no attribute 'page_table'`
+  (flashattention_backend.py forward_extend), unpatched fa3's `'FlashAttentionBackend' object
+  has no attribute 'target_verify_metadata_topk_normal'`, the verify input ids' `size of
+  tensor a (66) ... b (2)` from torch._foreach_copy_ in cuda_graph_buffer_registry.py, and
+  the tree mask's `where expected condition to be a boolean tensor, but got a tensor with dtype
+  BFloat16`, `torch.AcceleratorError: CUDA error: device-side assert triggered` (PyTorch's
+  text, after IndexKernel.cu's assertion lines) and triton's `expand(...)` rank error. Python
+  and PyTorch messages checked against torch 2.13 on CPU; appliance.logs.ddtree_causes says
+  where in each source they are raised.
 """
 
 from __future__ import annotations
@@ -71,6 +82,11 @@ def replay_error(a: int, b: int, ctx: ParseContext | None = None) -> Diagnosis |
         ("dflash_dp_attention.log", "dflash-dp-attention"),
         ("flashinfer_mla_tree.log", "flashinfer-mla-tree"),
         ("tokenizer_missing.log", "tokenizer-missing"),
+        ("ddtree_draft_fa3_capture.log", "ddtree-draft-flash-attention"),
+        ("ddtree_fa3_unpatched_capture.log", "ddtree-fa3-verify-metadata"),
+        ("ddtree_verify_input_ids.log", "ddtree-verify-input-ids"),
+        ("ddtree_tree_mask_where.log", "ddtree-tree-mask-format"),
+        ("ddtree_tree_mask_assert.log", "ddtree-tree-mask-format"),
     ],
 )
 def test_it_names_the_cause_of_each_catalogued_failure(fixture: str, cause: str) -> None:
@@ -224,3 +240,102 @@ def test_a_diagnosis_dict_has_cause_summary_fix_and_evidence() -> None:
     found = diagnose_file("port_in_use.log")
     assert found is not None
     assert set(found.to_dict()) == {"cause", "summary", "fix", "evidence"}
+
+
+# ---- DDTree sources (appliance.logs.ddtree_causes)
+
+SG = "/opt/sglang/python/sglang/srt"
+VERIFY = [
+    "Traceback (most recent call last):",
+    f'  File "{SG}/speculative/ddtree_worker.py", line 314, in forward_batch_generation',
+    "    batch_result = self.target_worker.forward_batch_generation(",
+    f'  File "{SG}/model_executor/cuda_graph_runner.py", line 1180, in replay',
+    "    self.replay_prepare(forward_batch, pp_proxy_tensors)",
+]
+
+
+def verify_error(frames: list[str], message: str) -> Diagnosis | None:
+    return match_error(message, [*VERIFY, *frames, message])
+
+
+def test_the_draft_capture_crash_names_the_draft_backend_as_the_fix() -> None:
+    found = diagnose_file("ddtree_draft_fa3_capture.log")
+    assert found is not None
+    assert found.evidence["path"] == "draft graph capture" and found.evidence["phase"] == "capture"
+    assert "speculative_draft_attention_backend: flashinfer" in found.fix
+
+
+def test_the_eager_draft_crash_on_the_missing_custom_mask_is_the_same_cause() -> None:
+    message = "TypeError: 'NoneType' object is not subscriptable"
+    frames = [f'  File "{SG}/layers/attention/flashattention_backend.py", line 595, in '
+              "init_forward_metadata", "    mask = forward_batch.spec_info.custom_mask["]
+    found = match_error(message, ["Traceback (most recent call last):", *frames, message])
+    assert found is not None and found.cause == "ddtree-draft-flash-attention"
+    assert found.evidence["path"] == "eager draft forward"
+
+
+def test_a_none_page_table_outside_flash_attention_is_not_blamed_on_the_draft() -> None:
+    message = "AttributeError: 'NoneType' object has no attribute 'page_table'"
+    frames = ['  File "/opt/sglang/python/sglang/srt/layers/attention/triton_backend.py", line 9']
+    assert match_error(message, ["Traceback (most recent call last):", *frames, message]) is None
+
+
+def test_unpatched_fa3_capture_points_at_the_width_patch() -> None:
+    found = diagnose_file("ddtree_fa3_unpatched_capture.log")
+    assert found is not None and "ddtree-verify-graph-width" in found.fix
+
+
+def test_verify_input_ids_never_set_read_one_token_per_request() -> None:
+    found = diagnose_file("ddtree_verify_input_ids.log")
+    assert found is not None
+    assert (found.evidence["captured_width"], found.evidence["fed_width"]) == (33, 1)
+    assert found.evidence["bs"] == 2 and "at bs=1" in found.summary
+
+
+def test_the_target_width_mismatch_through_the_buffer_registry_stays_a_width_fault() -> None:
+    found = verify_error([], MISMATCH.format(a=16, b=66))
+    assert found is not None and found.cause == "ddtree-verify-width"
+    assert (found.evidence["size_a"], found.evidence["size_b"]) == (16, 66)
+
+
+def test_the_tree_mask_diagnosis_names_what_each_backend_did() -> None:
+    where = diagnose_file("ddtree_tree_mask_where.log")
+    assert where is not None and "torch.where refuses a bfloat16 condition" in where.summary
+    asserted = diagnose_file("ddtree_tree_mask_assert.log")
+    assert asserted is not None and "device-side assert" in asserted.summary
+    assert "398fc2c72 or 433c58ed7" in asserted.fix
+
+
+def test_the_triton_mask_copy_error_is_the_tree_mask_format() -> None:
+    message = ("RuntimeError: expand(CUDABFloat16Type{[2, 33, 1090]}, size=[2]): the "
+               "number of sizes provided (1) must be greater or equal to the number of "
+               "dimensions in the tensor (3)")
+    frames = [f'  File "{SG}/layers/attention/triton_backend.py", line 420, in '
+              "_update_target_verify_buffers",
+              "    custom_mask[: spec_info.custom_mask.shape[0]] = spec_info.custom_mask"]
+    found = verify_error(frames, message)
+    assert found is not None and found.cause == "ddtree-tree-mask-format"
+    assert found.evidence["backend"] == "triton_backend" and "triton" in found.summary
+
+
+def test_a_device_side_assert_elsewhere_is_a_generic_kernel_assert() -> None:
+    message = "torch.AcceleratorError: CUDA error: device-side assert triggered"
+    lines = ["Traceback (most recent call last):",
+             f'  File "{SG}/layers/sampler.py", line 120, in forward',
+             "    batch_next_token_ids = torch.multinomial(probs, num_samples=1)", message,
+             "Search for `cudaErrorAssert' in https://docs.nvidia.com/cuda/cuda-runtime-api/"
+             "group__CUDART__TYPES.html for more information."]
+    found = match_error(message, lines)
+    assert found is not None and found.cause == "cuda-device-assert"
+    assert "CUDA_LAUNCH_BLOCKING=1" in found.fix
+
+
+def test_ddtree_v2_names_the_backend_that_cannot_verify_a_tree() -> None:
+    message = ("RuntimeError: DDTREE full-tree verify does not support target backend "
+               "sglang.srt.layers.attention.flashinfer_mla_backend.FlashInferMLAAttnBackend: "
+               "DDTree full-tree target verify needs either packed-mask support or FA "
+               "visibility metadata support.")
+    found = match_error(message, [message])
+    assert found is not None and found.cause == "ddtree-target-backend"
+    assert found.evidence["backend"].endswith("FlashInferMLAAttnBackend")
+    assert "triton" in found.fix

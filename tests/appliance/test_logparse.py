@@ -20,6 +20,10 @@ Where each format comes from (sglang wheels 0.4.6.post5, 0.5.11, 0.5.23):
   0.5.11 observability/scheduler_metrics_mixin.py, 0.5.23
   managers/scheduler_components/metrics_reporter.py report_decode_stats/report_prefill_stats.
 - `Scheduler hit an exception: {traceback}`: srt/managers/scheduler.py.
+- DDTree 101cd5bd0 (../shared/sglang-src): the old-style `Capture cuda graph begin/end` for
+  target and draft (model_executor/model_runner.py init_device_graphs), and PyTorch's CUDA
+  error block (`torch.AcceleratorError: CUDA error: ...` and its advice lines) after
+  IndexKernel.cu's device-side assertion lines.
 """
 
 from __future__ import annotations
@@ -223,6 +227,23 @@ def test_a_log_record_interleaved_in_a_traceback_is_still_parsed() -> None:
     parser.feed("KeyError: 'x'")
     assert [e.kind for e in interleaved] == ["weights_begin"]
     assert [e.fields["message"] for e in parser.finish()] == ["KeyError: 'x'"]
+
+
+def test_a_cuda_error_keeps_its_advice_lines_and_the_kernel_asserts_are_no_errors() -> None:
+    errors = kinds(events_of("ddtree_tree_mask_assert.log"), "error")
+    assert [e.fields["tp"] for e in errors] == [0, 1]
+    assert errors[0].fields["message"] == \
+        "torch.AcceleratorError: CUDA error: device-side assert triggered"
+    assert "For debugging consider passing CUDA_LAUNCH_BLOCKING=1" in errors[0].fields["traceback"]
+
+
+def test_the_pr_sources_target_and_draft_captures_are_old_style_captures() -> None:
+    events = events_of("ddtree_draft_fa3_capture.log")
+    assert len(kinds(events, "capture_begin")) == 16  # target then draft, 8 ranks each
+    assert len(kinds(events, "capture_end")) == 8  # the draft never finishes
+    (error, _) = kinds(events, "error")
+    assert error.fields["message"] == \
+        "AttributeError: 'NoneType' object has no attribute 'page_table'"
 
 
 def test_it_emits_a_diagnosis_after_the_error_it_explains() -> None:

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from appliance.engine.recipes import Recipe, load_recipe, recipe_from_dict
-from appliance.engine.spec import DeploymentSpec, spec_from_dict
-from appliance.preflight import RULES, Finding, has_errors, run_preflight
+from appliance.engine.spec import DeploymentSpec, SpecError, spec_from_dict
+from appliance.preflight import RULES, Finding, gpu_major, has_errors, run_preflight
 from tests.web.specs import DDTREE_SPEC
 
 GB = 1024**3
@@ -73,6 +73,27 @@ def engine(**overrides: Any) -> dict[str, Any]:
 def make_spec(gpus: int = 8, extra_args: list[str] | None = None, **overrides: Any) -> DeploymentSpec:
     return spec_from_dict({"name": "t", "recipe": "kimi-k2.6-ddtree", "gpus": list(range(gpus)),
                            "engine": engine(**overrides), "extra_args": extra_args or []})
+
+
+SOURCES = {"101": "101cd5bd02faab336ada94f78daada6288c1816e",
+           "398": "398fc2c7261af88b93b772ab1c9d6c4dba612745",
+           "433": "433c58ed70cd1dabe5a07a83da12f1513cd599ae",
+           "unknown": "0123456789abcdef0123456789abcdef01234567"}
+H200 = {"name": "NVIDIA H200", "uuid": "GPU-0"}
+B200 = {"name": "NVIDIA B200", "uuid": "GPU-1"}
+RTX_PRO = {"name": "NVIDIA RTX PRO 6000 Blackwell Server Edition", "uuid": "GPU-2"}
+
+
+def source_recipe(short: str, patches: list[str] | None = None) -> Recipe:
+    """A site recipe pinning one SGLang source by commit; its name says nothing of the source."""
+    return recipe_from_dict({"name": "site-ddtree", "base_image": "img",
+                             "sglang": {"git": "https://git.example/sglang", "ref": SOURCES[short]},
+                             "patches": patches or []})
+
+
+def host(*gpus: dict[str, Any], count: int = 8) -> list[dict[str, Any]]:
+    """A host inventory as NVML reports it: the given GPU model(s) at indices 0..count-1."""
+    return [{**gpus[i % len(gpus)], "index": i} for i in range(count)]
 
 
 def unpatched() -> Recipe:
@@ -233,9 +254,15 @@ def test_it_reads_the_block_size_nested_in_dflash_config() -> None:
     assert severities(findings, "block-size-agreement") == {"warning"}
 
 
-def test_it_requires_an_explicit_block_size_for_ddtree() -> None:
-    findings = check(make_spec(speculative_num_draft_tokens=None))
+def test_it_requires_an_explicit_block_size_for_ddtree_on_the_pr_source() -> None:
+    findings = check(make_spec(speculative_num_draft_tokens=None), recipe=source_recipe("101"))
     assert severities(findings, "block-size-agreement") == {"error"}
+
+
+def test_it_lets_a_source_that_reads_the_drafter_infer_the_ddtree_block_size() -> None:
+    for short in ("398", "433"):
+        findings = check(make_spec(speculative_num_draft_tokens=None), recipe=source_recipe(short))
+        assert severities(findings, "block-size-agreement") == {"info"}
 
 
 def test_it_stays_quiet_when_all_block_sizes_agree() -> None:
@@ -370,7 +397,7 @@ def test_it_accepts_ddtree_on_the_pr_source() -> None:
 
 def test_it_rejects_a_token_in_extra_args() -> None:
     token = "hf_" + "AbCdEfGhIjKlMnOpQrStUvWxYz12"
-    findings = check(make_spec(extra_args=["--log-level", "info", "--x", token]))
+    findings = check(make_spec(extra_args=["--schedule-policy", "lpm", "--x", token]))
     assert [f.field for f in by_rule(findings, "secret-in-args")] == ["extra_args[3]"]
 
 
@@ -411,10 +438,30 @@ def test_it_warns_that_speculation_without_cuda_graphs_runs_eager() -> None:
     assert not by_rule(check(make_spec()), "cuda-graph-disabled")
 
 
-def test_it_requires_the_overlap_scheduler_off_for_ddtree() -> None:
+def test_it_requires_the_overlap_scheduler_off_for_ddtree_on_the_pr_source() -> None:
     spec = make_spec(disable_overlap_schedule=False)
-    assert severities(check(spec), "ddtree-overlap-schedule") == {"error"}
-    assert not by_rule(check(make_spec()), "ddtree-overlap-schedule")
+    (finding,) = by_rule(check(spec, recipe=source_recipe("101")), "ddtree-overlap-schedule")
+    assert finding.severity == "error" and "DDTREE does not support overlap" in finding.message
+    assert not by_rule(check(make_spec(), recipe=source_recipe("101")), "ddtree-overlap-schedule")
+
+
+def test_it_notes_the_source_that_turns_the_overlap_scheduler_off_itself() -> None:
+    spec = make_spec(disable_overlap_schedule=False)
+    assert severities(check(spec, recipe=source_recipe("398")), "ddtree-overlap-schedule") == \
+        {"info"}
+
+
+def test_it_lets_ddtree_v2_overlap_and_notes_when_it_is_turned_off() -> None:
+    on = make_spec(disable_overlap_schedule=False)
+    assert not by_rule(check(on, recipe=source_recipe("433")), "ddtree-overlap-schedule")
+    assert severities(check(make_spec(), recipe=source_recipe("433")),
+                      "ddtree-overlap-schedule") == {"info"}
+
+
+def test_it_warns_about_overlap_on_a_ddtree_source_it_does_not_know() -> None:
+    spec = make_spec(disable_overlap_schedule=False)
+    assert severities(check(spec, recipe=source_recipe("unknown")),
+                      "ddtree-overlap-schedule") == {"warning"}
 
 
 def test_it_rejects_an_extra_arg_that_repeats_an_engine_field() -> None:
@@ -459,3 +506,149 @@ def test_it_only_warns_about_a_longer_context_when_the_override_env_is_set() -> 
 
 def test_it_stays_quiet_about_a_context_within_the_models_limit() -> None:
     assert not by_rule(check(make_spec(context_length=131072)), "context-length")
+
+
+# ---- rules keyed by the SGLang source (appliance.preflight.sources)
+
+def test_a_source_that_captures_budget_plus_one_needs_no_width_patch() -> None:
+    for short in ("398", "433"):
+        (finding,) = by_rule(check(make_spec(), recipe=source_recipe(short)), "ddtree-verify-width")
+        assert finding.severity == "info" and "width 33 (budget+1)" in finding.message
+
+
+def test_unpatched_pr_source_with_fa3_fails_at_capture_not_at_replay() -> None:
+    (finding,) = by_rule(check(make_spec(), recipe=source_recipe("101")), "ddtree-verify-width")
+    assert "no attribute 'target_verify_metadata_topk_normal'" in finding.message
+    (finding,) = by_rule(check(make_spec(attention_backend="triton"), recipe=unpatched()),
+                         "ddtree-verify-width")
+    assert "size of tensor a (8) must match the size of tensor b (33)" in finding.message
+
+
+def test_it_warns_that_an_unknown_source_has_an_unchecked_verify_width() -> None:
+    findings = check(make_spec(), recipe=source_recipe("unknown"))
+    assert severities(findings, "ddtree-verify-width") == {"warning"}
+
+
+def test_it_rejects_an_fa3_draft_on_the_pr_source_even_when_inherited() -> None:
+    patched = source_recipe("101", ["ddtree-verify-graph-width"])
+    (finding,) = by_rule(check(make_spec(), recipe=patched), "ddtree-draft-attention-backend")
+    assert finding.severity == "error"
+    assert finding.field == "engine.speculative_draft_attention_backend"
+    assert "'NoneType' object has no attribute 'page_table'" in finding.message
+    assert "taken from attention_backend" in finding.message and "flashinfer" in finding.fix
+    spec = make_spec(attention_backend="triton", speculative_draft_attention_backend="fa3")
+    assert severities(check(spec, recipe=patched), "ddtree-draft-attention-backend") == {"error"}
+
+
+@pytest.mark.parametrize("draft", ["flashinfer", "triton"])
+def test_it_accepts_a_non_flash_attention_draft_on_the_pr_source(draft: str) -> None:
+    spec = make_spec(speculative_draft_attention_backend=draft)
+    assert not by_rule(check(spec, recipe=source_recipe("101")), "ddtree-draft-attention-backend")
+
+
+def test_it_warns_when_the_pr_sources_draft_backend_is_left_to_sglang() -> None:
+    spec = make_spec(attention_backend=None)
+    findings = check(spec, recipe=source_recipe("101"))
+    assert severities(findings, "ddtree-draft-attention-backend") == {"warning"}
+
+
+def test_an_fa3_draft_is_fine_where_cascade_is_gated_by_role() -> None:
+    for short in ("398", "433"):
+        spec = make_spec(speculative_draft_attention_backend="fa3")
+        assert not by_rule(check(spec, recipe=source_recipe(short)),
+                           "ddtree-draft-attention-backend")
+
+
+def test_the_pr_source_breaks_verify_kv_with_pages_on_any_backend() -> None:
+    spec = make_spec(attention_backend="triton", page_size=16)
+    (finding,) = by_rule(check(spec, recipe=source_recipe("101")), "ddtree-page-size")
+    assert finding.severity == "error" and finding.field == "engine.page_size"
+    assert "allocator.alloc" in finding.message and "page_size: 1" in finding.fix
+    assert not by_rule(check(make_spec(page_size=1), recipe=source_recipe("101")),
+                       "ddtree-page-size")
+
+
+def test_ddtree_v2_flash_attention_needs_page_size_one_but_triton_does_not() -> None:
+    (finding,) = by_rule(check(make_spec(page_size=64), recipe=source_recipe("433")),
+                         "ddtree-page-size")
+    assert finding.severity == "error" and "requires page_size=1" in finding.message
+    assert "triton" in finding.fix
+    triton = make_spec(attention_backend="triton", page_size=64)
+    assert not by_rule(check(triton, recipe=source_recipe("433")), "ddtree-page-size")
+    unset = make_spec(attention_backend=None, page_size=64)
+    assert severities(check(unset, recipe=source_recipe("433")), "ddtree-page-size") == \
+        {"warning"}
+
+
+def test_the_ddtree_branch_accepts_pages_with_flash_attention() -> None:
+    spec = make_spec(page_size=64)
+    assert not by_rule(check(spec, recipe=source_recipe("398")), "ddtree-page-size")
+
+
+def test_the_flagship_spec_on_ddtree_v2_and_an_h200_host_has_no_errors_or_warnings() -> None:
+    findings = check(make_spec(), recipe=source_recipe("433"), host_gpus=host(H200))
+    assert not [f for f in findings if f.severity != "info"], findings
+
+
+# ---- gpu-arch-attention-backend
+
+@pytest.mark.parametrize(("name", "major"), [
+    ("NVIDIA H200", 9), ("NVIDIA H100 80GB HBM3", 9), ("NVIDIA GH200 480GB", 9),
+    ("NVIDIA B200", 10), ("NVIDIA GB200", 10), ("NVIDIA B300 SXM6 AC", 10),
+    ("NVIDIA RTX PRO 6000 Blackwell Workstation Edition", 12), ("NVIDIA GeForce RTX 5090", 12),
+    ("NVIDIA A100-SXM4-80GB", 8), ("NVIDIA L40S", 8), ("Some Future GPU", None),
+])
+def test_it_reads_the_architecture_from_the_nvml_name(name: str, major: int | None) -> None:
+    assert gpu_major({"name": name}) == major
+
+
+def test_a_reported_compute_capability_wins_over_the_name() -> None:
+    assert gpu_major({"name": "NVIDIA H200", "compute_capability": "12.0"}) == 12
+    assert gpu_major({"name": "x", "compute_capability": [10, 3]}) == 10
+
+
+def test_it_rejects_fa3_for_an_mla_model_on_blackwell_naming_the_backend_to_use() -> None:
+    for gpu in (B200, RTX_PRO):
+        (finding,) = by_rule(check(make_spec(), host_gpus=host(gpu)), "gpu-arch-attention-backend")
+        assert finding.severity == "error" and finding.field == "engine.attention_backend"
+        assert "FlashAttention v3 Backend requires SM>=80 and SM<=90" in finding.message
+        assert finding.fix.startswith("set attention_backend: triton")
+
+
+def test_it_offers_flashinfer_for_chain_speculation_on_blackwell_datacenter() -> None:
+    spec = make_spec(speculative_algorithm="DFLASH", speculative_ddtree_budget=None)
+    (finding,) = by_rule(check(spec, host_gpus=host(B200)), "gpu-arch-attention-backend")
+    assert "flashinfer" in finding.fix
+
+
+def test_it_rejects_sglangs_flashinfer_default_for_an_mla_tree_on_b200() -> None:
+    findings = check(make_spec(attention_backend=None), host_gpus=host(B200))
+    (finding,) = by_rule(findings, "gpu-arch-attention-backend")
+    assert finding.severity == "error" and "picks flashinfer" in finding.message
+    assert not by_rule(check(make_spec(attention_backend=None), host_gpus=host(RTX_PRO)),
+                       "gpu-arch-attention-backend")
+
+
+def test_it_checks_an_explicit_draft_backend_against_the_gpu() -> None:
+    spec = make_spec(attention_backend="triton", speculative_draft_attention_backend="fa3")
+    (finding,) = by_rule(check(spec, host_gpus=host(B200)), "gpu-arch-attention-backend")
+    assert finding.field == "engine.speculative_draft_attention_backend"
+
+
+def test_it_rejects_blackwell_only_backends_on_hopper() -> None:
+    spec = make_spec(speculative_algorithm="NONE", speculative_ddtree_budget=None,
+                     attention_backend="trtllm_mla")
+    (finding,) = by_rule(check(spec, host_gpus=host(H200)), "gpu-arch-attention-backend")
+    assert "Blackwell" in finding.message and "fa3" in finding.fix
+
+
+@pytest.mark.parametrize("backend", ["fa3", "triton"])
+def test_it_accepts_tree_backends_that_run_on_hopper(backend: str) -> None:
+    findings = check(make_spec(attention_backend=backend), host_gpus=host(H200))
+    assert not by_rule(findings, "gpu-arch-attention-backend")
+
+
+def test_it_looks_only_at_the_deployments_gpus_and_stays_quiet_without_an_inventory() -> None:
+    mixed = host(H200) + [{**B200, "index": 8}]
+    assert not by_rule(check(make_spec(), host_gpus=mixed), "gpu-arch-attention-backend")
+    assert not by_rule(check(make_spec()), "gpu-arch-attention-backend")

@@ -12,6 +12,7 @@ from appliance.engine.flags import load_flags
 from appliance.engine.recipes import RecipeError, list_recipes, load_recipe, recipe_from_dict
 
 DDTREE_PR_HEAD = "101cd5bd02faab336ada94f78daada6288c1816e"
+DDTREE_V2_HEAD = "433c58ed70cd1dabe5a07a83da12f1513cd599ae"
 
 
 def minimal() -> dict[str, Any]:
@@ -22,12 +23,25 @@ def test_it_ships_the_three_kimi_recipes() -> None:
     assert {"kimi-k2.6-baseline", "kimi-k2.6-dflash", "kimi-k2.6-ddtree"} <= set(list_recipes())
 
 
-def test_the_ddtree_recipe_pins_the_pr_head_and_carries_the_width_patch() -> None:
+def test_the_ddtree_recipe_pins_ddtree_v2_and_its_knowledge_follows_the_commit() -> None:
     recipe = load_recipe("kimi-k2.6-ddtree")
-    assert recipe.sglang.git == "https://github.com/sgl-project/sglang"
-    assert recipe.sglang.ref == DDTREE_PR_HEAD
-    assert recipe.patches == ["ddtree-verify-graph-width"]
+    assert recipe.sglang.git == "https://github.com/Rancy-Wang/sglang"
+    assert recipe.sglang.ref == DDTREE_V2_HEAD
+    assert recipe.patches == []
     assert recipe.engine_defaults["speculative_ddtree_budget"] == 32
+    assert recipe.source_key == DDTREE_V2_HEAD[:9]
+    assert recipe.flag_list_name == "sglang-ddtree-433c58ed7"
+
+
+def test_an_archive_source_needs_the_commit_it_holds() -> None:
+    data = minimal() | {"sglang": {"archive": "sglang-x.tar.gz"}}
+    with pytest.raises(RecipeError) as err:
+        recipe_from_dict(data)
+    assert [e.field for e in err.value.errors] == ["sglang.ref"]
+    both = minimal() | {"sglang": {"archive": "a.tar.gz", "git": "https://x", "ref": "a" * 40}}
+    with pytest.raises(RecipeError) as err:
+        recipe_from_dict(both)
+    assert "exactly one of pip, git or archive" in err.value.errors[0].message
 
 
 def test_the_pip_recipes_use_sglang_0_5_23() -> None:

@@ -75,7 +75,7 @@ def test_it_prints_sglang_startup_lines_in_order_on_stderr(run_test_engine):  # 
         "Loading safetensors checkpoint shards: 100% Completed | 8/8",
         "TP0] Load weight end. elapsed=",
         "TP0] KV Cache is allocated. dtype: torch.bfloat16, #tokens: ",
-        "TP0] Capture target verify CUDA graph begin. backend=full, num_tokens_per_req=8,",
+        "TP0] Capture target verify CUDA graph begin. backend=full, num_tokens_per_req=33,",
         "\rCapturing batches (bs=16 avail_mem=",
         "Capturing batches (bs=1 avail_mem=",
         "TP1] Capture target verify CUDA graph end. bs=[1, 2, 4, 8, 16], elapsed=",

@@ -132,18 +132,20 @@ def _watch_for_stop(pk: int, cancel: threading.Event, finished: threading.Event)
 
 def _run_build(deployment: Deployment, cancel: threading.Event) -> BuildResult:
     """Build the recipe's image, each build event appended to the deployment's log."""
-    from appliance.images.build import build_image
+    from appliance.images.build import build_image, image_id
     from appliance.images.plan import plan_build
 
     pk = deployment.pk
+    client = _runtime().client
+    recipe = recipe_load(deployment.recipe)
 
     def on_event(event: Any) -> None:
         events_append(deployment_id=pk, events=[(EventKind.BUILD, event.to_dict())])
 
     ca_bundle = _ca_bundle()
     return build_image(
-        plan_build(recipe_load(deployment.recipe), ca_bundle=ca_bundle),
-        client=_runtime().client,
+        plan_build(recipe, ca_bundle=ca_bundle, base_id=image_id(client, recipe.base_image)),
+        client=client,
         no_cache=deployment.rebuild_image,
         cancel=cancel,
         on_event=on_event,

@@ -52,13 +52,23 @@ def load_weights(cfg: Config, role: str) -> None:
     log_ranks(cfg, lambda r: load_end_line(model_type, STATE.weight_load_s, usage))
 
 
+def capture_width(cfg: Config, role: str) -> int:
+    """Tokens per request each role's graph is captured for, as the pinned DDTree source does
+    (target verify budget+1, draft the block). TEST_ENGINE_FAIL=ddtree-width is the bug this
+    product exists for (the PR head): both roles at the block size."""
+    if not cfg.speculative:
+        return 1
+    if role == "draft" or FAIL == "ddtree-width":
+        return cfg.block
+    return cfg.verify_width
+
+
 def capture(cfg: Config, role: str) -> None:
     """One CUDA-graph capture: begin (every rank), per-bs progress (rank 0), end."""
     if cfg.args.disable_cuda_graph:
         return
     kind = "verify" if cfg.speculative else "decode"
-    # The bug this product exists for: DFLASH and DDTREE both capture with the block size.
-    per_req = cfg.block if cfg.speculative else 1
+    per_req = capture_width(cfg, role)
     log_ranks(cfg, lambda r: capture_begin_line(role, kind, per_req))
     bar = Bar(len(cfg.capture_bs))
     avail = 20.11
