@@ -83,7 +83,8 @@ def bench_user() -> tuple[Any, str]:
     """A user with the viewer's rights and an API token."""
     from django.contrib.auth import get_user_model
     from django.contrib.auth.models import Group, Permission
-    from rest_framework.authtoken.models import Token
+
+    from web.accounts.tokens import token_create
 
     user, made = get_user_model().objects.get_or_create(username=BENCH_USER)
     if made:
@@ -92,8 +93,7 @@ def bench_user() -> tuple[Any, str]:
     viewer, _ = Group.objects.get_or_create(name="viewer")
     viewer.permissions.add(Permission.objects.get(codename="view_deployment"))
     user.groups.add(viewer)
-    token, _ = Token.objects.get_or_create(user=user)
-    return user, token.key
+    return user, token_create(username=BENCH_USER)[1]
 
 
 def bench_deployment(name: str) -> Any:

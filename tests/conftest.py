@@ -6,7 +6,6 @@ import pytest
 import redis
 from django.conf import settings
 from django.contrib.auth.models import Group, Permission
-from rest_framework.authtoken.models import Token
 
 from web.deployments.management.commands.bootstrap import ROLES
 
@@ -38,8 +37,11 @@ def viewer(django_user_model):  # type: ignore[no-untyped-def]
 
 @pytest.fixture
 def token_for():  # type: ignore[no-untyped-def]
+    """A hashed API token (web/accounts) for a user: the token itself, as shown once."""
+    from web.accounts.tokens import token_create
+
     def make(user):  # type: ignore[no-untyped-def]
-        return Token.objects.create(user=user).key
+        return token_create(username=user.username)[1]
 
     return make
 

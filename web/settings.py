@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from pathlib import Path
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -64,14 +65,19 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
+    # Only for web/accounts' migration, which hashes any plain tokens left from it.
     "rest_framework.authtoken",
+    "knox",
+    "axes",
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "web.deployments",
+    "web.accounts",
 ]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "web.limits.body_limit_middleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -79,6 +85,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as its docs ask: turns a lockout into the page that says why and for how long.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "web.urls"
@@ -167,6 +175,34 @@ CELERY_TASK_ALWAYS_EAGER = env_bool("APPLIANCE_CELERY_EAGER", False)
 CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 
+# Database sessions whose cookie must look like a session key (web/accounts/sessions.py).
+SESSION_ENGINE = "web.accounts.sessions"
+
+# Request bodies: a spec is a few KB; larger is refused with 413 (web/limits.py).
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("APPLIANCE_MAX_BODY_BYTES", 1024 * 1024)
+DATA_UPLOAD_MAX_NUMBER_FIELDS = 200
+
+# Login throttling (django-axes): after LOGIN_FAILURE_LIMIT wrong passwords for one username
+# from one address, that pair is refused for LOGIN_COOLOFF_MINUTES. Counters live in Redis.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+CACHES = {
+    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    "axes": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL,
+             "KEY_PREFIX": "appliance-axes"},
+}
+AXES_HANDLER = "axes.handlers.cache.AxesCacheHandler"
+AXES_CACHE = "axes"
+AXES_FAILURE_LIMIT = env_int("APPLIANCE_LOGIN_FAILURE_LIMIT", 5)
+AXES_COOLOFF_TIME = timedelta(minutes=env_int("APPLIANCE_LOGIN_COOLOFF_MINUTES", 15))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
+# The peer address only: a client-supplied X-Forwarded-For would pick its own counter.
+AXES_IPWARE_META_PRECEDENCE_ORDER = ("REMOTE_ADDR",)
+
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
@@ -188,14 +224,26 @@ WHITENOISE_USE_FINDERS = True
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        # Hashed API tokens (django-rest-knox); `manage.py apitoken` makes and revokes them.
+        "web.accounts.auth.HashedTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
+    "DEFAULT_PARSER_CLASSES": [
+        "web.api.parsers.BoundedJSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "DEFAULT_PAGINATION_CLASS": "web.api.pagination.BoundedPagination",
     "PAGE_SIZE": 100,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "web.api.exceptions.exception_handler",
+}
+_TOKEN_TTL_DAYS = env_int("APPLIANCE_API_TOKEN_TTL_DAYS", 365)
+REST_KNOX = {
+    "AUTH_HEADER_PREFIX": "Token",
+    "TOKEN_PREFIX": "sda_",
+    "TOKEN_TTL": timedelta(days=_TOKEN_TTL_DAYS) if _TOKEN_TTL_DAYS > 0 else None,
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Speculative-decoding appliance API",
@@ -216,6 +264,9 @@ AGENT_ID = env_str("APPLIANCE_AGENT_ID", "")
 AGENT_TICK_S = float(env_int("APPLIANCE_AGENT_TICK_MS", 1000)) / 1000
 SSE_KEEPALIVE_S = env_int("APPLIANCE_SSE_KEEPALIVE_S", 15)
 MODELS_DIR = env_str("APPLIANCE_MODELS_DIR", "")
+# Where the web process may read a model's config.json for pre-flight (the mount engines
+# see as /models); a spec's path elsewhere is never opened by the web process.
+MODEL_ROOTS = env_list("APPLIANCE_MODEL_ROOTS", "/models")
 # A folder of the site's own recipe files (<name>.yaml), offered beside the shipped ones.
 RECIPES_DIR = env_str("APPLIANCE_RECIPES_DIR", "")
 # Off only on hosts without an NVIDIA runtime (the test suite's machines).
@@ -226,10 +277,30 @@ BUILD_CA_BUNDLE = env_str("APPLIANCE_BUILD_CA_BUNDLE", "")
 BUILD_CANCEL_POLL_MS = env_int("APPLIANCE_BUILD_CANCEL_POLL_MS", 500)
 # The GPU self-check before the model load (a spec can opt out with self_check: false).
 ENGINE_GPU_CHECK = env_bool("APPLIANCE_ENGINE_GPU_CHECK", True)
+# The engine container's /dev/shm (NCCL and SGLang's shared-memory transport need a large
+# one; the host's IPC namespace is never shared), its process cap and memory cap (none when
+# empty: a 1T-parameter engine's host memory use is the operator's call).
+ENGINE_SHM_SIZE = env_str("APPLIANCE_ENGINE_SHM_SIZE", "32g")
+ENGINE_PIDS_LIMIT = env_int("APPLIANCE_ENGINE_PIDS_LIMIT", 8192)
+ENGINE_MEMORY_LIMIT = env_str("APPLIANCE_ENGINE_MEMORY_LIMIT", "")
+# The secret store: a spec's `secrets: [NAME]` is read from <ENGINE_SECRETS_DIR>/<NAME> (a
+# compose secret or mounted folder), else from the engine agent's environment as
+# APPLIANCE_ENGINE_SECRET_<NAME> (appliance/runtime/secrets.py).
+ENGINE_SECRETS_DIR = env_str("APPLIANCE_ENGINE_SECRETS_DIR", "/run/secrets/engine")
+# GPUs on the host when no agent has reported an inventory (0: unknown, not checked).
+GPU_COUNT = env_int("APPLIANCE_GPU_COUNT", 0)
 # Extra environment for every engine container (tests use it to pace the test engine).
 ENGINE_EXTRA_ENV = dict(
     item.split("=", 1) for item in env_list("APPLIANCE_ENGINE_EXTRA_ENV") if "=" in item
 )
+
+# Engine metrics and alerts (the engine agent's monitor; appliance/runtime/series.py).
+METRICS_INTERVAL_S = float(env_str("APPLIANCE_METRICS_INTERVAL_S", "2"))
+METRICS_RETENTION_DAYS = env_int("APPLIANCE_METRICS_RETENTION_DAYS", 7)
+# No progress for this long while loading weights or capturing CUDA graphs: a stall alert.
+ALERT_STALL_S = env_int("APPLIANCE_ALERT_STALL_S", 300)
+# The appliance's own /metrics (Prometheus): this bearer token, or a logged-in viewer.
+METRICS_TOKEN = env_str("APPLIANCE_METRICS_TOKEN", "")
 
 LOGGING = {
     "version": 1,

@@ -55,6 +55,13 @@ class HistogramSummary:
     p50: float | None = None
     p90: float | None = None
     p99: float | None = None
+    # The merged cumulative buckets (upper bound, count), +Inf last: a window's quantiles
+    # come from two snapshots' difference (window_summary). Not part of to_dict().
+    buckets: list[tuple[float, float]] = field(default_factory=list, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"count": self.count, "sum": self.sum, "mean": self.mean,
+                "p50": self.p50, "p90": self.p90, "p99": self.p99}
 
 
 @dataclass
@@ -76,7 +83,10 @@ class MetricsSnapshot:
     model_names: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        for name in HISTOGRAMS.values():
+            data[name] = getattr(self, name).to_dict()
+        return data
 
 
 def _leader(samples: Iterable[Sample]) -> list[Sample]:
@@ -137,12 +147,28 @@ def _histogram(samples: list[Sample], name: str) -> HistogramSummary:
             total += sample.value
         elif sample.name == f"{name}_count":
             count += sample.value
-    buckets = sorted(by_le.items())
-    summary = HistogramSummary(count=count, sum=total)
+    return _summary(sorted(by_le.items()), count, total)
+
+
+def _summary(buckets: list[tuple[float, float]], count: float, total: float) -> HistogramSummary:
+    summary = HistogramSummary(count=count, sum=total, buckets=buckets)
     summary.mean = total / count if count else None
     for attr, q in QUANTILES:
         setattr(summary, attr, histogram_quantile(q, buckets))
     return summary
+
+
+def window_summary(newer: HistogramSummary, older: HistogramSummary) -> HistogramSummary:
+    """The observations made between two snapshots of one cumulative histogram (what
+    Prometheus' rate() over the window gives): quantiles of recent requests only.
+
+    A counter that went down (the engine restarted) makes the window the newer alone.
+    """
+    before = dict(older.buckets)
+    if newer.count < older.count or any(before.get(le, 0.0) > n for le, n in newer.buckets):
+        return newer
+    buckets = [(le, n - before.get(le, 0.0)) for le, n in newer.buckets]
+    return _summary(buckets, newer.count - older.count, newer.sum - older.sum)
 
 
 def parse_metrics(text: str) -> MetricsSnapshot:

@@ -19,23 +19,22 @@ from typing import Any, Union
 
 import yaml
 
+from appliance.engine import bounds
+from appliance.engine.bounds import ENV_NAME as ENV_NAME
+from appliance.engine.bounds import SECRET_NAME as SECRET_NAME
+from appliance.engine.bounds import SECRET_VALUE as SECRET_VALUE
+from appliance.engine.errors import FieldError as FieldError
+from appliance.engine.errors import SpecError as SpecError
+from appliance.engine.extra_args import absorb, relocate
+
 SPECULATIVE_ALGORITHMS = ("NONE", "EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "DFLASH",
                           "DDTREE")
 # Algorithms whose verify runs the DFlash block drafter.
 DFLASH_FAMILY = ("DFLASH", "DDTREE")
 # Flags emitted even when they equal our default: the container must listen on them.
 ALWAYS_EMITTED = ("host", "port")
-SECRET_NAME = re.compile(
-    r"(TOKEN|SECRET|PASSWORD|PASSWD|API[_-]?KEY|ACCESS[_-]?KEY|PRIVATE[_-]?KEY|CREDENTIAL)",
-    re.IGNORECASE)
-# Known token shapes (HF, OpenAI-style, GitHub, AWS, Slack, JWT); a value of this shape is a
-# credential whatever the key is called.
-SECRET_VALUE = re.compile(
-    r"^(hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}|gh[pousr]_[A-Za-z0-9]{20,}|AKIA[0-9A-Z]{16}"
-    r"|xox[abpr]-[A-Za-z0-9-]{10,}|eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\..*)$"
-)
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-DEPLOYMENT_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+DEPLOYMENT_NAME = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+SECRET_NAME_FORM = re.compile(r"[A-Z_][A-Z0-9_]*")
 
 
 @dataclass
@@ -94,26 +93,15 @@ class DeploymentSpec:
     self_check: bool = True
 
 
-@dataclass(frozen=True)
-class FieldError:
-    field: str
-    message: str
-    fix: str
-
-    def to_dict(self) -> dict[str, str]:
-        return dataclasses.asdict(self)
-
-
-class SpecError(ValueError):
-    def __init__(self, errors: list[FieldError]) -> None:
-        self.errors = errors
-        super().__init__("; ".join(f"{e.field}: {e.message}" for e in errors))
-
-
 # ---------------------------------------------------------------- field introspection
 
 def _engine_types() -> dict[str, Any]:
     return typing.get_type_hints(EngineOptions)
+
+
+def engine_base_types() -> dict[str, type]:
+    """Each engine option's type without None: what its flag's value must be."""
+    return {k: _base_type(h)[0] for k, h in _engine_types().items()}
 
 
 def engine_field_names() -> list[str]:
@@ -160,35 +148,35 @@ def _coerce(value: Any, hint: Any, where: str) -> tuple[Any, FieldError | None]:
         if nullable:
             return None, None
         return None, FieldError(where, "must not be empty", f"give {_type_name(base)}")
-    ok = isinstance(value, base) and not (base is int and isinstance(value, bool))
     if base is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value), None
-    if not ok:
-        return None, FieldError(where, f"must be {_type_name(base)}, got {value!r}",
+        as_float = bounds.as_float(value)
+        if as_float is None:
+            return None, FieldError(where, f"is out of range ({len(str(value))} digits)",
+                                    "write an ordinary number")
+        return as_float, None
+    if not isinstance(value, base) or (base is int and isinstance(value, bool)):
+        shown = repr(value) if len(repr(value)) <= 60 else f"a {type(value).__name__}"
+        return None, FieldError(where, f"must be {_type_name(base)}, got {shown}",
                                 f"write {where.split('.')[-1]} as {_type_name(base)}")
     return value, None
 
 
+def _value_error(name: str, value: Any) -> FieldError | None:
+    """The bound a single engine value breaks: length, range, finiteness."""
+    where = f"engine.{name}"
+    if isinstance(value, str):
+        limit = bounds.MAX_PATH if name in bounds.PATH_FIELDS else bounds.MAX_TEXT
+        return bounds.length_error(value, where, limit)
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int):
+        return bounds.int_range_error(name, value, where)
+    return bounds.float_range_error(name, float(value), where)
+
+
 def _range_errors(engine: EngineOptions) -> list[FieldError]:
-    errors: list[FieldError] = []
-    for name in ("tp_size", "dp_size", "pp_size", "ep_size"):
-        if getattr(engine, name) < 1:
-            errors.append(FieldError(f"engine.{name}", "must be at least 1", f"set {name}: 1"))
-    for name in ("speculative_num_draft_tokens", "speculative_dflash_block_size",
-                 "cuda_graph_max_bs", "max_running_requests", "context_length", "page_size"):
-        value = getattr(engine, name)
-        if value is not None and value < 1:
-            errors.append(FieldError(f"engine.{name}", f"must be at least 1, got {value}",
-                                     f"set a positive {name} or leave it out"))
-    if not 1 <= engine.port <= 65535:
-        errors.append(FieldError("engine.port", f"port {engine.port} is out of range",
-                                 "use a port between 1 and 65535, e.g. 30000"))
-    frac = engine.mem_fraction_static
-    if frac is not None and not 0.0 < frac < 1.0:
-        errors.append(FieldError("engine.mem_fraction_static",
-                                 f"must be between 0 and 1, got {frac}",
-                                 "use a fraction such as 0.85"))
-    return errors
+    errors = [_value_error(f.name, getattr(engine, f.name)) for f in dataclasses.fields(engine)]
+    return [e for e in errors if e is not None]
 
 
 def _algorithm_error(engine: EngineOptions) -> FieldError | None:
@@ -198,7 +186,7 @@ def _algorithm_error(engine: EngineOptions) -> FieldError | None:
         return None
     close = difflib.get_close_matches(algo, SPECULATIVE_ALGORITHMS, n=1)
     hint = f"did you mean {close[0]!r}? " if close else ""
-    return FieldError("engine.speculative_algorithm", f"unknown algorithm {algo!r}",
+    return FieldError("engine.speculative_algorithm", f"unknown algorithm {algo[:40]!r}",
                       f"{hint}use one of {', '.join(SPECULATIVE_ALGORITHMS)}")
 
 
@@ -221,6 +209,7 @@ def _engine_from_dict(data: Any) -> tuple[EngineOptions, list[FieldError]]:
     engine = EngineOptions(**values)
     if not errors:
         errors += _range_errors(engine)
+    if not errors:
         algo_err = _algorithm_error(engine)
         errors += [algo_err] if algo_err else []
     if not engine.model_path:
@@ -233,22 +222,37 @@ def _gpus_from(data: Any) -> tuple[list[int], list[FieldError]]:
     if not isinstance(data, list) or not data:
         return [], [FieldError("gpus", "must be a non-empty list of GPU ids",
                                "write gpus: [0, 1, 2, 3, 4, 5, 6, 7]")]
-    if not all(isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in data):
-        return [], [FieldError("gpus", f"GPU ids must be non-negative integers, got {data!r}",
-                               "write gpus: [0, 1, 2, 3]")]
+    if len(data) > bounds.MAX_GPUS:
+        return [], [FieldError("gpus", f"lists {len(data)} GPUs; at most {bounds.MAX_GPUS}",
+                               "list the GPUs of this host the engine uses")]
+    if not all(isinstance(g, int) and not isinstance(g, bool)
+               and 0 <= g <= bounds.MAX_GPU_ID for g in data):
+        bad = [g for g in data if not isinstance(g, int) or not 0 <= g <= bounds.MAX_GPU_ID]
+        return [], [FieldError("gpus", f"GPU ids are integers from 0 to {bounds.MAX_GPU_ID}, "
+                               f"got {str(bad[:5])[:80]}", "write gpus: [0, 1, 2, 3]")]
     dupes = sorted({g for g in data if data.count(g) > 1})
     if dupes:
         return [], [FieldError("gpus", f"GPU ids listed twice: {dupes}", "list each GPU once")]
     return list(data), []
 
 
-def _str_list(data: Any, where: str, example: str) -> tuple[list[str], list[FieldError]]:
-    if data is None:
-        return [], []
-    if not isinstance(data, list) or not all(isinstance(a, str) for a in data):
-        return [], [FieldError(where, "must be a list of strings (one argv item each)",
-                               f"write {where}: {example}")]
-    return list(data), []
+def _env_item(key: Any, value: Any) -> tuple[str | None, FieldError | None]:
+    """(the value as a string, or why the entry is refused)."""
+    where = f"env.{str(key)[:bounds.MAX_ENV_NAME]}"
+    name_err = bounds.env_name_error(key, where) if isinstance(key, str) else \
+        FieldError(where, "is not a valid environment variable name", "use a string")
+    if name_err:
+        return None, name_err
+    if isinstance(value, bool) or not isinstance(value, str | int | float) or \
+            (isinstance(value, int) and abs(value) > 10**18):
+        shown = repr(value) if len(repr(value)) <= 60 else f"a {type(value).__name__}"
+        return None, FieldError(where, f"value must be a string, got {shown}",
+                                f'quote it: {key}: "..."')
+    text = str(value)
+    if SECRET_NAME.search(key) or SECRET_VALUE.match(text):
+        return None, FieldError(where, "looks like a secret; secrets never go in the spec",
+                                f"store it as a secret and list {key!r} under secrets:")
+    return text, bounds.length_error(text, where, bounds.MAX_ENV_VALUE)
 
 
 def _env_from(data: Any) -> tuple[dict[str, str], list[FieldError]]:
@@ -257,37 +261,46 @@ def _env_from(data: Any) -> tuple[dict[str, str], list[FieldError]]:
     if not isinstance(data, Mapping):
         return {}, [FieldError("env", "must be a mapping of names to strings",
                                "write env: {NCCL_DEBUG: WARN}")]
+    if len(data) > bounds.MAX_ENV:
+        return {}, [FieldError("env", f"has {len(data)} entries; at most {bounds.MAX_ENV}",
+                               "keep only the variables the engine needs")]
     errors: list[FieldError] = []
     env: dict[str, str] = {}
     for key, value in data.items():
-        where = f"env.{key}"
-        if not isinstance(key, str) or not ENV_NAME.match(key):
-            errors.append(FieldError(where, "is not a valid environment variable name",
-                                     "use letters, digits and underscores"))
-        elif not isinstance(value, str | int | float) or isinstance(value, bool):
-            errors.append(FieldError(where, f"value must be a string, got {value!r}",
-                                     f"quote it: {key}: \"{value}\""))
-        elif SECRET_NAME.search(key) or SECRET_VALUE.match(str(value)):
-            errors.append(FieldError(where, "looks like a secret; secrets never go in the spec",
-                                     f"store it as a secret and list {key!r} under secrets:"))
-        else:
-            env[key] = str(value)
+        text, err = _env_item(key, value)
+        if err:
+            errors.append(err)
+        elif text is not None:
+            env[key] = text
     return env, errors
 
 
-def _secret_names(data: Any) -> tuple[list[str], list[FieldError]]:
-    names, errors = _str_list(data, "secrets", "[HF_TOKEN]")
-    bad = [n for n in names if not ENV_NAME.match(n)]
-    if bad:
-        errors.append(FieldError("secrets", f"not environment variable names: {bad}",
-                                 "list secret names such as HF_TOKEN, never their values"))
+def _secret_names(data: Any, env: Mapping[str, str]) -> tuple[list[str], list[FieldError]]:
+    names, errors = bounds.str_list(data, "secrets", "[HF_TOKEN]",
+                              (bounds.MAX_SECRETS, bounds.MAX_ENV_NAME))
+    for name in names:
+        err = bounds.env_name_error(name, "secrets")
+        # Upper case only: the store's folder may sit beside lower-case files of its own.
+        if (err and not ENV_NAME.fullmatch(name)) or not SECRET_NAME_FORM.fullmatch(name):
+            err = FieldError("secrets", f"not an upper-case variable name: {name[:40]!r}",
+                             "list secret names such as HF_TOKEN, never their values")
+        errors += [err] if err else []
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        errors.append(FieldError("secrets", f"listed twice: {dupes}", "list each secret once"))
+    clash = sorted(set(names) & set(env))
+    if clash:
+        errors.append(FieldError("secrets", f"also set under env: {clash}",
+                                 "keep the name under secrets: and remove it from env"))
     return names, errors
 
 
 def _name_from(data: Mapping[str, Any]) -> tuple[str, list[FieldError]]:
     name = data.get("name")
-    if not isinstance(name, str) or not DEPLOYMENT_NAME.match(name):
-        return "", [FieldError("name", f"must be a lowercase DNS label, got {name!r}",
+    # fullmatch: `$` would also accept a trailing newline.
+    if not isinstance(name, str) or not DEPLOYMENT_NAME.fullmatch(name):
+        shown = repr(name) if len(repr(name)) <= 80 else "a long value"
+        return "", [FieldError("name", f"must be a lowercase DNS label, got {shown}",
                                "use lowercase letters, digits and dashes, e.g. kimi-ddtree")]
     return name, []
 
@@ -297,62 +310,59 @@ def _recipe_from(data: Mapping[str, Any]) -> tuple[str, list[FieldError]]:
     if not isinstance(recipe, str) or not recipe.strip():
         return "", [FieldError("recipe", "is required",
                                "name a recipe (e.g. kimi-k2.6-dflash) or a recipe file path")]
-    return recipe, []
+    err = bounds.length_error(recipe, "recipe", bounds.MAX_RECIPE)
+    return recipe, [err] if err else []
 
 
 TOP_LEVEL_KEYS = ["name", "recipe", "gpus", "engine", "extra_args", "env", "secrets",
                   "self_check"]
 
 
-def _nul_errors(value: Any, where: str) -> list[FieldError]:
-    """A NUL character in any text: no path, flag or environment value may hold one (the
-    database refuses it, and argv and env strings end at it)."""
-    if isinstance(value, str):
-        return ([FieldError(where or "spec", "contains a NUL character (\\x00)",
-                            "remove the NUL character")] if "\x00" in value else [])
-    if isinstance(value, Mapping):
-        return [e for k, v in value.items() for e in
-                _nul_errors(k, where or "spec") + _nul_errors(v, f"{where}.{k}".lstrip("."))]
-    if isinstance(value, list | tuple):
-        return [e for i, v in enumerate(value) for e in _nul_errors(v, f"{where}[{i}]")]
-    return []
+def _engine_and_args(data: Mapping[str, Any], engine_defaults: Mapping[str, Any] | None,
+                     ) -> tuple[EngineOptions, list[str], list[FieldError]]:
+    """The engine options, with the typed flags of extra_args among them, and the rest."""
+    extra, errors = bounds.str_list(data.get("extra_args"), "extra_args", '["--log-level", "info"]',
+                              (bounds.MAX_EXTRA_ARGS, bounds.MAX_ARG))
+    engine_data = data.get("engine")
+    if not isinstance(engine_data, Mapping | None):
+        engine, errs = _engine_from_dict(engine_data)
+        return engine, extra, errors + errs
+    explicit = dict(engine_data or {})
+    taken = absorb(extra, engine_base_types(), explicit)
+    engine, errs = _engine_from_dict({**(engine_defaults or {}), **explicit, **taken.values})
+    return engine, taken.rest, errors + taken.errors + relocate(errs, taken.origin)
 
 
 def spec_from_dict(data: Mapping[str, Any],
                    engine_defaults: Mapping[str, Any] | None = None) -> DeploymentSpec:
     """Validate a spec; raise SpecError listing every field error at once.
 
-    engine_defaults (a recipe's recommended options) apply where the spec sets nothing.
+    engine_defaults (a recipe's recommended options) apply where the spec sets nothing;
+    option flags in extra_args become engine options (appliance.engine.extra_args).
     """
     if not isinstance(data, Mapping):
         raise SpecError([FieldError("", "a spec must be a mapping",
                                     "write name:, recipe:, gpus:, engine: keys")])
-    errors = _check_keys(data, TOP_LEVEL_KEYS, "") + _nul_errors(data, "")
+    errors = _check_keys(data, TOP_LEVEL_KEYS, "") + bounds.text_errors(data, "")
     name, errs = _name_from(data)
-    errors += errs
-    recipe, errs = _recipe_from(data)
-    errors += errs
-    gpus, errs = _gpus_from(data.get("gpus"))
-    errors += errs
-    engine_data = data.get("engine")
-    if engine_defaults and isinstance(engine_data, Mapping | None):
-        engine_data = {**engine_defaults, **(engine_data or {})}
-    engine, errs = _engine_from_dict(engine_data)
-    errors += errs
-    extra, errs = _str_list(data.get("extra_args"), "extra_args", '["--log-level", "info"]')
-    errors += errs
-    env, errs = _env_from(data.get("env"))
-    errors += errs
-    secrets, errs = _secret_names(data.get("secrets"))
-    errors += errs
+    recipe, errs2 = _recipe_from(data)
+    gpus, errs3 = _gpus_from(data.get("gpus"))
+    engine, extra, errs4 = _engine_and_args(data, engine_defaults)
+    env, errs5 = _env_from(data.get("env"))
+    secrets, errs6 = _secret_names(data.get("secrets"), env)
+    errors += errs + errs2 + errs3 + errs4 + errs5 + errs6
     self_check = data.get("self_check", True)
     if not isinstance(self_check, bool):
         errors.append(FieldError("self_check", "must be true or false",
                                  "write self_check: true (the default) or false"))
-    if errors:
-        raise SpecError(errors)
-    return DeploymentSpec(name=name, recipe=recipe, gpus=gpus, engine=engine, extra_args=extra,
+    spec = DeploymentSpec(name=name, recipe=recipe, gpus=gpus, engine=engine, extra_args=extra,
                           env=env, secrets=secrets, self_check=bool(self_check))
+    size_err = None if errors else bounds.launch_size_error(
+        [*extra, *(f"{k}={v}" for k, v in env.items()),
+         *(v for v in vars(engine).values() if isinstance(v, str))])
+    if errors or size_err:
+        raise SpecError(errors + ([size_err] if size_err else []))
+    return spec
 
 
 def read_spec_file(path: str | Path) -> dict[str, Any]:

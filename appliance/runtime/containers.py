@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +21,7 @@ from docker.models.containers import Container
 from docker.types import DeviceRequest
 
 from appliance.runtime.logstream import LogLine, attach_frames, lines_of, log_frames
+from appliance.runtime.secrets import SecretMissingError, resolve_secrets
 
 LABEL_DEPLOYMENT = "appliance.deployment"
 LABEL_MANAGED = "appliance.managed"
@@ -54,8 +55,17 @@ class ContainerPlan:
     network: str | None = None
     publish_host: str = "127.0.0.1"
     volumes: dict[str, dict[str, str]] = field(default_factory=dict)
-    # None means ipc_mode="host", which SGLang's docs recommend over a sized /dev/shm.
-    shm_size: str | None = None
+    # The container's own /dev/shm, sized for NCCL and SGLang's shared-memory transport
+    # (SGLang's docs suggest the host's IPC namespace instead, which would let the engine,
+    # and any trust_remote_code model code in it, read and write every /dev/shm segment on
+    # the host, PostgreSQL's included).
+    shm_size: str = "32g"
+    pids_limit: int | None = 8192
+    mem_limit: str | None = None
+    # Secret names (the spec's `secrets:`): their values are read from the store
+    # (appliance.runtime.secrets) only when the container starts, never kept in the plan.
+    secrets: list[str] = field(default_factory=list)
+    secrets_dir: str = ""
     labels: dict[str, str] = field(default_factory=dict)
     # Identity (see the module docstring); empty in tests that start bare containers.
     instance_id: str = ""
@@ -253,8 +263,9 @@ class EngineRuntime:
 
     def _run(self, plan: ContainerPlan) -> Container:
         self._require_image(plan.image)
+        kwargs = start_kwargs(plan)
         try:
-            container = self.client.containers.run(**docker_run_kwargs(plan))
+            container = self.client.containers.run(**kwargs)
         except docker.errors.ImageNotFound as exc:
             raise ImageMissingError(_image_missing_message(plan.image)) from exc
         except docker.errors.APIError as exc:
@@ -330,20 +341,37 @@ def docker_run_kwargs(plan: ContainerPlan) -> dict[str, Any]:
         # An init as PID 1 forwards SIGTERM and reaps SGLang's worker processes; without
         # it a stop that lands before Python installs its handler waits the full timeout.
         "init": True,
+        # Its own IPC namespace (Docker's default) with a /dev/shm large enough for NCCL:
+        # never ipc_mode="host" (see ContainerPlan.shm_size).
+        "shm_size": plan.shm_size,
+        "security_opt": ["no-new-privileges:true"],
     }
+    if plan.pids_limit:
+        kwargs["pids_limit"] = plan.pids_limit
+    if plan.mem_limit:
+        kwargs["mem_limit"] = plan.mem_limit
     if plan.network:
+        # Reached by name on the engine network only; nothing is published on the host.
         kwargs["network"] = plan.network
     else:
         kwargs["ports"] = {f"{plan.container_port}/tcp": (plan.publish_host, None)}
-    if plan.shm_size:
-        kwargs["shm_size"] = plan.shm_size
-    else:
-        kwargs["ipc_mode"] = "host"
     if plan.gpus:
         kwargs["device_requests"] = [
             DeviceRequest(driver="nvidia", device_ids=[str(g) for g in plan.gpus],
                           capabilities=[["gpu"]])
         ]
+    return kwargs
+
+
+def start_kwargs(plan: ContainerPlan, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """docker_run_kwargs with the declared secrets' values in the environment, read from the
+    store now; EngineRuntimeError naming (never showing) a secret that cannot be had."""
+    kwargs = docker_run_kwargs(plan)
+    try:
+        kwargs["environment"].update(
+            resolve_secrets(plan.secrets, directory=plan.secrets_dir, environ=environ))
+    except SecretMissingError as exc:
+        raise EngineRuntimeError(f"cannot start {plan.identity.name}: {exc}") from None
     return kwargs
 
 

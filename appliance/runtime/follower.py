@@ -13,6 +13,7 @@ the database side.
 from __future__ import annotations
 
 import queue
+import re
 import threading
 import time
 from collections import deque
@@ -44,6 +45,9 @@ LAST_LINES = 60
 RESUME_OVERLAP_S = 1.0  # re-read this much before the cursor; the cursor drops repeats
 
 Events = list[tuple[str, dict[str, Any]]]
+# uvicorn's access line for a /metrics scrape (the agent's own, every 2 s, and any
+# Prometheus'): not stored, or it would be most of a quiet engine's log.
+SCRAPE_ACCESS = re.compile(r'^INFO:\s+\S+ - "GET /metrics HTTP/1\.[01]" 200\b')
 
 
 @dataclass(frozen=True)
@@ -284,6 +288,8 @@ class EngineFollower:
     def _events_for(self, batch: list[LogLine]) -> Events:
         events: Events = []
         for line in batch:
+            if SCRAPE_ACCESS.match(line.text):
+                continue
             shown = line.text.rsplit("\r", 1)[-1] if "\r" in line.text else line.text
             self.tail.append(shown)
             self.all_lines.append(line.text)

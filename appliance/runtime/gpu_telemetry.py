@@ -136,6 +136,43 @@ def collect(nvml: Any | None = None) -> Telemetry:
         _read(nvml.nvmlShutdown)
 
 
+_held: dict[str, Any] = {}  # NVML, initialised once for the process's quick readings
+
+
+def _held_nvml() -> Any | None:
+    """NVML kept open (nvmlInit is counted, so collect()'s own init/shutdown still pair up)."""
+    if "nvml" not in _held:
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            _held["nvml"] = pynvml
+        except Exception:  # noqa: BLE001 - no library or no driver: no readings, ever
+            _held["nvml"] = None
+    return _held["nvml"]
+
+
+def quick(indices: list[int], nvml: Any | None = None) -> list[list[float | None]]:
+    """[utilisation %, memory used GB, memory total GB] of the GPUs at `indices` (NVML
+    indices, as Docker's device requests name them): the monitor's per-scrape reading,
+    a few NVML calls per GPU, no NVLink sampling. [] without NVML."""
+    nvml = nvml or _held_nvml()
+    if nvml is None:
+        return []
+    rows: list[list[float | None]] = []
+    for index in indices:
+        handle = _read(functools.partial(nvml.nvmlDeviceGetHandleByIndex, index))
+        if handle is None:
+            rows.append([None, None, None])
+            continue
+        util = _read(functools.partial(nvml.nvmlDeviceGetUtilizationRates, handle))
+        memory = _read(functools.partial(nvml.nvmlDeviceGetMemoryInfo, handle))
+        rows.append([float(util.gpu) if util is not None else None,
+                     memory.used / 1e9 if memory is not None else None,
+                     memory.total / 1e9 if memory is not None else None])
+    return rows
+
+
 if __name__ == "__main__":
     json.dump(collect().to_dict(), sys.stdout, indent=1)
     print()

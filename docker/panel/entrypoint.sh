@@ -13,6 +13,10 @@ case "${1:-web}" in
     python3 -c "import django; django.setup(); from web.security import require_production_secrets as r; r()"
     python3 manage.py migrate --noinput
     python3 manage.py bootstrap
+    # prometheus-client's multiprocess mode (web/deployments/prom.py): every web worker
+    # writes its numbers here; emptied at each start, as the client's docs ask.
+    export PROMETHEUS_MULTIPROC_DIR="${PROMETHEUS_MULTIPROC_DIR:-/tmp/appliance-prometheus}"
+    mkdir -p "$PROMETHEUS_MULTIPROC_DIR" && rm -f "$PROMETHEUS_MULTIPROC_DIR"/*.db
     exec uvicorn web.asgi:application --host 0.0.0.0 --port 8000 --proxy-headers
     ;;
   worker)

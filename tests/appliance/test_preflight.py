@@ -465,8 +465,15 @@ def test_it_warns_about_overlap_on_a_ddtree_source_it_does_not_know() -> None:
 
 
 def test_it_rejects_an_extra_arg_that_repeats_an_engine_field() -> None:
-    (finding,) = by_rule(check(make_spec(extra_args=["--tp-size", "4"])), "duplicate-flag")
-    assert "engine.tp_size" in finding.fix
+    # An option flag in extra_args becomes the option (appliance.engine.extra_args), so the
+    # spec itself refuses one set both ways, naming both.
+    with pytest.raises(SpecError) as caught:
+        make_spec(extra_args=["--tp-size", "4"])
+    (error,) = caught.value.errors
+    assert error.field == "extra_args[0]" and "engine.tp_size" in error.message
+    twice = ["--schedule-policy", "lpm", "--schedule-policy", "fcfs"]
+    (finding,) = by_rule(check(make_spec(extra_args=twice)), "duplicate-flag")
+    assert finding.field == "extra_args[2]"
     assert not by_rule(check(make_spec(extra_args=["--log-level", "info"])), "duplicate-flag")
 
 

@@ -82,16 +82,27 @@ def test_the_container_name_is_deterministic_and_docker_safe() -> None:
     assert container_name("a b/c") == "appliance-engine-a-b-c"
 
 
-def test_named_gpus_become_a_device_request_and_ipc_is_host_by_default() -> None:
+def test_named_gpus_become_a_device_request_and_the_host_ipc_is_never_shared() -> None:
     kwargs = docker_run_kwargs(ContainerPlan("7", "img", ["x"], gpus=[0, 3]))
     (request,) = kwargs["device_requests"]
     assert request["DeviceIDs"] == ["0", "3"]
     assert request["Capabilities"] == [["gpu"]]
-    assert kwargs["ipc_mode"] == "host"
+    assert "ipc_mode" not in kwargs and kwargs["shm_size"] == "32g"
     assert kwargs["ports"] == {"30000/tcp": ("127.0.0.1", None)}
-    sized = docker_run_kwargs(ContainerPlan("7", "img", ["x"], shm_size="32g"))
-    assert sized["shm_size"] == "32g" and "ipc_mode" not in sized
-    assert "device_requests" not in sized
+    assert kwargs["pids_limit"] == 8192 and "mem_limit" not in kwargs
+    assert kwargs["security_opt"] == ["no-new-privileges:true"]
+    sized = docker_run_kwargs(ContainerPlan("7", "img", ["x"], shm_size="64g", mem_limit="900g",
+                                            pids_limit=None, network="engines"))
+    assert sized["shm_size"] == "64g" and sized["mem_limit"] == "900g"
+    assert "pids_limit" not in sized and "device_requests" not in sized
+    # On the engine network nothing is published on the host.
+    assert sized["network"] == "engines" and "ports" not in sized
+
+
+def test_secret_values_are_not_in_the_plan_or_its_run_arguments() -> None:
+    plan = ContainerPlan("7", "img", ["x"], env={"A": "1"}, secrets=["HF_TOKEN"],
+                         secrets_dir="/nonexistent")
+    assert docker_run_kwargs(plan)["environment"] == {"A": "1"}
 
 
 def test_it_starts_a_labelled_container_published_on_loopback_only(
@@ -106,7 +117,10 @@ def test_it_starts_a_labelled_container_published_on_loopback_only(
     host_config = container.attrs["HostConfig"]
     bindings = host_config["PortBindings"]["30000/tcp"]
     assert [b["HostIp"] for b in bindings] == ["127.0.0.1"]
-    assert host_config["IpcMode"] == "host"
+    # Its own IPC namespace (never the host's /dev/shm) with a /dev/shm sized for NCCL.
+    assert host_config["IpcMode"] in ("private", "shareable")
+    assert host_config["ShmSize"] == 32 * 1024**3
+    assert host_config["PidsLimit"] and host_config["PidsLimit"] > 0
     assert host_config["Init"] is True
     assert container.attrs["Mounts"][0]["RW"] is False
     assert container.attrs["Config"]["Cmd"] == plan.argv

@@ -155,8 +155,8 @@ def test_it_always_sets_host_port_and_metrics() -> None:
 
 def test_it_appends_extra_args_after_the_engine_flags() -> None:
     data = flagship()
-    data["extra_args"] = ["--log-level", "debug"]
-    assert launch_args(spec_from_dict(data)).argv[-2:] == ["--log-level", "debug"]
+    data["extra_args"] = ["--schedule-policy", "lpm"]
+    assert launch_args(spec_from_dict(data)).argv[-2:] == ["--schedule-policy", "lpm"]
 
 
 def test_it_allows_a_longer_context_for_the_dflash_family_only() -> None:

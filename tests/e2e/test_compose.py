@@ -24,6 +24,7 @@ import yaml
 from playwright.sync_api import Page, expect
 
 import docker
+from appliance.runtime.follower import SCRAPE_ACCESS
 from tests.servers import free_port
 from tests.site_recipes import commit_all
 
@@ -224,8 +225,8 @@ def _new_deployment(page: Page, url: str, name: str, self_check: bool) -> int:
 
 
 def _token(stack: Stack) -> str:
-    out = stack.compose("exec", "-T", "web", "python3", "manage.py", "drf_create_token", "admin")
-    return re.findall(r"token ([0-9a-f]{40})", out)[0]
+    out = stack.compose("exec", "-T", "web", "python3", "manage.py", "apitoken", "create", "admin")
+    return re.findall(r"(sda_[0-9a-f]{64})", out)[0]
 
 
 def _engine_lines(client: Any, name: str) -> list[str]:
@@ -233,7 +234,8 @@ def _engine_lines(client: Any, name: str) -> list[str]:
     raw = client.containers.get(name).logs(stdout=True, stderr=True, timestamps=True)
     lines = [line.split(" ", 1)[1] if " " in line else "" for line in raw.decode().split("\n")
              if line]
-    return [line.rsplit("\r", 1)[-1] for line in lines]
+    # The agent's own /metrics scrapes are not stored (appliance.runtime.follower).
+    return [line.rsplit("\r", 1)[-1] for line in lines if not SCRAPE_ACCESS.match(line)]
 
 
 def _stored_lines(stack: Stack, token: str, pk: int) -> tuple[list[int], list[str]]:

@@ -27,6 +27,7 @@ from django.db import connection
 from django.test import override_settings
 
 import docker
+from appliance.runtime.follower import SCRAPE_ACCESS
 from tests.servers import celery_worker, engine_agent, free_port, panel_server
 from tests.web.specs import spec
 from web.deployments import services
@@ -70,7 +71,8 @@ def _printed(pk: int) -> list[str]:
     container = docker.from_env().containers.get(services.identity_of(deployment).name)
     raw = container.logs(stdout=True, stderr=True, timestamps=True).decode()
     lines = [line.split(" ", 1)[1] if " " in line else "" for line in raw.split("\n") if line]
-    return [line.rsplit("\r", 1)[-1] for line in lines]
+    # The agent's own /metrics scrapes are not stored (appliance.runtime.follower).
+    return [line.rsplit("\r", 1)[-1] for line in lines if not SCRAPE_ACCESS.match(line)]
 
 
 def _stored(pk: int) -> list[str]:
@@ -303,6 +305,8 @@ class _SseViewer(threading.Thread):
                     for raw in resp.iter_lines(decode_unicode=True):
                         if raw.startswith("data: "):
                             event = json.loads(raw[6:])
+                            if "seq" not in event:
+                                continue  # a live metric point: no id, never replayed
                             self.seqs.append(event["seq"])
                             if event["kind"] == "end":
                                 return

@@ -5,7 +5,14 @@ from rest_framework.routers import DefaultRouter
 
 from . import views
 
-router = DefaultRouter()
+
+# No ".json" suffix routes: the API speaks JSON only, and the viewset's actions take no
+# format argument (a suffixed URL was a 500).
+class JSONRouter(DefaultRouter):
+    include_format_suffixes = False
+
+
+router = JSONRouter()
 router.register("deployments", views.DeploymentViewSet, basename="deployment")
 
 urlpatterns = [
@@ -14,7 +21,9 @@ urlpatterns = [
     # The schema names every endpoint and field: for logged-in users only.
     path("schema/", SpectacularAPIView.as_view(permission_classes=[IsAuthenticated]),
          name="schema"),
+    # GET only: its HTML renderer has no page for OPTIONS' metadata (a 500).
     path("docs/", SpectacularSwaggerView.as_view(url_name="schema",
-                                                 permission_classes=[IsAuthenticated]),
+                                                 permission_classes=[IsAuthenticated],
+                                                 http_method_names=["get", "head"]),
          name="docs"),
 ]

@@ -11,16 +11,21 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from appliance.runtime import series
 from web.deployments import selectors, services
 from web.deployments.models import Deployment, DeploymentStatus
 from web.deployments.permissions import can_deploy, can_stop, can_view
 
+from . import metrics
+from .pagination import bounded_int
 from .serializers import (
     DeploymentCreateSerializer,
     DeploymentSerializer,
     EventSerializer,
     PreflightSerializer,
 )
+
+MAX_SEQ = 2**63 - 1  # an event seq is a PostgreSQL bigint
 
 
 class CanOperate(permissions.BasePermission):
@@ -75,8 +80,8 @@ class DeploymentViewSet(
     @action(detail=True, methods=["get"])
     def events(self, request: Request, pk: str | None = None) -> Response:
         deployment = self.get_object()
-        after = _int_param(request, "after", 0, 0, None)
-        limit = _int_param(request, "limit", 500, 1, 1000)
+        after = bounded_int(request, "after", 0, 0, MAX_SEQ)
+        limit = bounded_int(request, "limit", 500, 1, 1000)
         events = selectors.events_after(deployment_id=deployment.pk, after_seq=after, limit=limit)
         next_after = events[-1].seq if len(events) == limit else None
         return Response(
@@ -88,21 +93,17 @@ class DeploymentViewSet(
     def summary(self, request: Request, pk: str | None = None) -> Response:
         return Response(selectors.deployment_summary(deployment=self.get_object()))
 
-
-def _int_param(request: Request, name: str, default: int, low: int, high: int | None) -> int:
-    from rest_framework.exceptions import ValidationError
-
-    raw = request.query_params.get(name)
-    if raw is None:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValidationError({name: [f"must be an integer, got {raw!r}"]}) from None
-    if value < low or (high is not None and value > high):
-        bound = f"between {low} and {high}" if high is not None else f"at least {low}"
-        raise ValidationError({name: [f"must be {bound}"]})
-    return value
+    @extend_schema(parameters=metrics.PARAMETERS, responses={200: metrics.MetricSeriesSerializer})
+    @action(detail=True, methods=["get"])
+    def metrics(self, request: Request, pk: str | None = None) -> Response:
+        """The engine's metric series (throughput, acceptance, requests, latency, GPUs)."""
+        deployment = self.get_object()
+        start, end, step = metrics.series_query(request)
+        points = selectors.metric_series(deployment_id=deployment.pk, start=start, end=end,
+                                         step=step)
+        return Response({"deployment": deployment.pk, "start": start.timestamp(),
+                         "end": end.timestamp(), "step": step, "units": series.UNITS,
+                         "points": [p.to_dict() for p in points]})
 
 
 @extend_schema(request=PreflightSerializer, responses={200: dict})

@@ -146,7 +146,8 @@ class DeploymentForm(forms.Form):
 
     def add_service_errors(self, errors: dict[str, list[str]]) -> None:
         for spec_field, messages in errors.items():
-            target = FIELD_OF_SPEC.get(spec_field)
+            # "extra_args[3]" lands beside the extra arguments, "gpus" beside the GPU ids.
+            target = FIELD_OF_SPEC.get(spec_field) or FIELD_OF_SPEC.get(spec_field.split("[")[0])
             for message in messages:
                 if target is None:
                     self.add_error(None, f"{spec_field}: {message}")

@@ -26,10 +26,16 @@ from django.conf import settings
 log = logging.getLogger(__name__)
 
 STREAM_MAXLEN = 5000
+POINTS_MAXLEN = 100  # a late stream gets later points only; the REST API has the rest
 
 
 def stream_key(deployment_id: int) -> str:
     return f"appliance:deployment:{deployment_id}:events"
+
+
+def points_key(deployment_id: int) -> str:
+    """Metric points: live only (the series table is their record), never events."""
+    return f"appliance:deployment:{deployment_id}:points"
 
 
 @cache
@@ -57,6 +63,16 @@ def publish(deployment_id: int, wire_events: Iterable[dict[str, Any]]) -> None:
         pipe.execute(raise_on_error=False)
     except redis.RedisError as exc:
         log.warning("live publish for deployment %s failed: %s", deployment_id, exc)
+
+
+def publish_point(deployment_id: int, point: dict[str, Any]) -> None:
+    """A metric point for open SSE streams (an event without a seq); best effort."""
+    try:
+        _client(settings.REDIS_URL).xadd(
+            points_key(deployment_id), {"data": wire_json({"kind": "point", "payload": point})},
+            maxlen=POINTS_MAXLEN, approximate=True)
+    except redis.RedisError as exc:
+        log.warning("live point for deployment %s failed: %s", deployment_id, exc)
 
 
 class _Publisher(threading.Thread):

@@ -6,10 +6,13 @@ conditional UPDATE; nothing here assigns status.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
 from django.db import models
+
+from appliance.runtime import series
 
 
 class DeploymentStatus(models.TextChoices):
@@ -62,6 +65,10 @@ class Deployment(models.Model):
     phase = models.CharField(max_length=32, blank=True, default="")
     progress = models.JSONField(default=dict, blank=True)
     decode_stats = models.JSONField(default=dict, blank=True)
+    # Alerts firing now, by id (appliance.runtime.alerts); each change is also an event.
+    alerts = models.JSONField(default=dict, blank=True)
+    # When each status was entered (ISO time): the phase durations Prometheus reads.
+    status_times = models.JSONField(default=dict, blank=True)
     diagnosis = models.JSONField(null=True, blank=True)
     last_lines = models.JSONField(default=list, blank=True)
     preflight = models.JSONField(default=list, blank=True)
@@ -122,6 +129,7 @@ class EventKind(models.TextChoices):
     SELFCHECK = "selfcheck"
     STATUS = "status"
     PREFLIGHT = "preflight"
+    ALERT = "alert"
     END = "end"
 
 
@@ -175,3 +183,54 @@ class Host(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class MetricPoint(models.Model):
+    """One point of a deployment's metric series (appliance.runtime.series.MetricPoint).
+
+    Points come at the scrape interval (resolution_s 2 by default); older ones are merged
+    into one per minute (resolution_s 60) and dropped after the retention. Live points
+    reach browsers over the live channel only, never as events.
+    """
+
+    deployment = models.ForeignKey(
+        Deployment, on_delete=models.CASCADE, related_name="metric_points")
+    ts = models.DateTimeField()
+    resolution_s = models.PositiveSmallIntegerField()
+    throughput = models.FloatField(null=True)
+    input_throughput = models.FloatField(null=True)
+    accept_len = models.FloatField(null=True)
+    accept_rate = models.FloatField(null=True)
+    running = models.FloatField(null=True)
+    queued = models.FloatField(null=True)
+    kv_usage = models.FloatField(null=True)
+    cache_hit_rate = models.FloatField(null=True)
+    cuda_graph = models.FloatField(null=True)
+    ttft_p50 = models.FloatField(null=True)
+    ttft_p90 = models.FloatField(null=True)
+    ttft_p99 = models.FloatField(null=True)
+    itl_p50 = models.FloatField(null=True)
+    itl_p90 = models.FloatField(null=True)
+    itl_p99 = models.FloatField(null=True)
+    e2e_p50 = models.FloatField(null=True)
+    e2e_p90 = models.FloatField(null=True)
+    e2e_p99 = models.FloatField(null=True)
+    # Per GPU of the deployment: [utilisation %, memory used GB, memory total GB].
+    gpus = models.JSONField(default=list, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["deployment", "ts"], name="metricpoint_deployment_ts")]
+
+    def __str__(self) -> str:
+        return f"{self.deployment_id}@{self.ts.isoformat()}"
+
+    def to_point(self) -> series.MetricPoint:
+        return series.MetricPoint(t=self.ts.timestamp(), gpus=self.gpus or [],
+                                  **{name: getattr(self, name) for name in series.SCALARS})
+
+    @classmethod
+    def of(cls, deployment_id: int, point: series.MetricPoint, resolution_s: int) -> MetricPoint:
+        gpus = [[None if v is None else round(v, 2) for v in row] for row in point.gpus]
+        return cls(deployment_id=deployment_id, resolution_s=resolution_s, gpus=gpus,
+                   ts=datetime.fromtimestamp(point.t, tz=UTC),
+                   **{name: getattr(point, name) for name in series.SCALARS})

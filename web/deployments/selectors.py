@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from django.db.models import QuerySet
 
-from .models import Deployment, Event, Host
+from appliance.runtime import series
+
+from .models import Deployment, Event, Host, MetricPoint
+
+MAX_SERIES_ROWS = 20_000  # a week of retention is about 12,000 rows
 
 
 def deployment_list(*, status: str | None = None) -> QuerySet[Deployment]:
@@ -35,10 +40,27 @@ def deployment_summary(*, deployment: Deployment) -> dict[str, Any]:
         "progress": deployment.progress,
         "decode_stats": deployment.decode_stats or None,
         "diagnosis": deployment.diagnosis,
+        "alerts": deployment.alerts or {},
+        "metrics": metric_latest(deployment_id=deployment.pk),
         "engine_url": deployment.engine_url,
         "last_seq": deployment.last_seq,
         "is_terminal": deployment.is_terminal,
     }
+
+
+def metric_series(*, deployment_id: int, start: datetime, end: datetime,
+                  step: float | None = None) -> list[series.MetricPoint]:
+    """The deployment's points in [start, end], merged into buckets of `step` seconds
+    (each stamped with its start) or as stored (2 s recent, 1 min older) without one."""
+    rows = MetricPoint.objects.filter(
+        deployment_id=deployment_id, ts__gte=start, ts__lte=end).order_by("ts")
+    points = [row.to_point() for row in rows[:MAX_SERIES_ROWS]]
+    return series.downsample(points, step) if step else points
+
+
+def metric_latest(*, deployment_id: int) -> dict[str, Any] | None:
+    row = MetricPoint.objects.filter(deployment_id=deployment_id).order_by("-ts").first()
+    return row.to_point().to_dict() if row is not None else None
 
 
 def hosts_list() -> list[Host]:

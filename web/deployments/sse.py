@@ -10,6 +10,9 @@ backlog, so a stream's own cost per event is one write. A stream whose backlog p
 BACKLOG_FRAMES (a slow client) is dropped from the feed and catches up from the database,
 then joins again.
 
+Metric points ride along (frames.py): the feed reads the deployment's points stream in
+the same XREAD and passes them on without an id; they are never replayed.
+
 No stream holds a database connection while it waits: each read is one short call on a
 worker thread that hands its connection back (to the pool) before returning.
 """
@@ -18,12 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import json
 import logging
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
-from typing import Any, NamedTuple
+from typing import Any
 
 import redis
 import redis.asyncio as aioredis
@@ -31,10 +33,14 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from django.views.decorators.http import require_safe
 
 from . import live, selectors
+from .frames import POINT, Frame, entry_frame, event_frame, point_frame
+from .frames import text as _text
 from .models import Deployment
 from .permissions import can_view
+from .prom import SSE_CLIENTS
 
 log = logging.getLogger(__name__)
 
@@ -46,39 +52,22 @@ REDIS_RETRY_S = 1.0  # while Redis fails, a feed polls the database this often
 KEEPALIVE = b": keep-alive\n\n"
 
 
-class Frame(NamedTuple):
-    seq: int
-    data: bytes  # the whole SSE frame, encoded
-    end: bool
-
-
-def sse_frame(event: dict[str, Any]) -> str:
-    return f"id: {event['seq']}\ndata: {live.wire_json(event)}\n\n"
-
-
-def _frame(event: dict[str, Any]) -> Frame:
-    return Frame(event["seq"], sse_frame(event).encode(), event.get("kind") == "end")
-
-
-def _entry_frame(seq: int, fields: dict[bytes, bytes]) -> Frame:
-    """A live entry as a frame; entries from before `kind` was published are decoded."""
-    kind = fields.get(b"kind")
-    if kind is None:
-        return _frame(json.loads(fields[b"data"]))
-    return Frame(seq, b"id: %d\ndata: %s\n\n" % (seq, fields[b"data"]), kind == b"end")
+MAX_SEQ = 2**63 - 1  # an event seq is a PostgreSQL bigint; Redis ids stop there too
 
 
 def _start_seq(request: HttpRequest) -> int:
-    raw = request.headers.get("Last-Event-ID") or request.GET.get("after") or "0"
-    try:
-        return max(0, int(raw))
-    except ValueError:
+    """Where a stream resumes: Last-Event-ID (or ?after=); one that is no seq (not a number,
+    negative, past any bigint) replays from the start instead of failing the stream."""
+    raw = (request.headers.get("Last-Event-ID") or request.GET.get("after") or "0").strip()
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 19 or int(raw) > MAX_SEQ:
         return 0
+    return int(raw)
 
 
 # ------------------------------------------------------------------ the view
 
 
+@require_safe
 async def deployment_event_stream(
     request: HttpRequest, pk: int
 ) -> HttpResponse | StreamingHttpResponse:
@@ -121,7 +110,7 @@ def _db_frames(pk: int, after: int, upto: int | None) -> list[Frame]:
         events = selectors.events_after(deployment_id=pk, after_seq=after, limit=REPLAY_PAGE)
     finally:
         connection.close()
-    return [_frame(e.to_wire()) for e in events if upto is None or e.seq <= upto]
+    return [event_frame(e.to_wire()) for e in events if upto is None or e.seq <= upto]
 
 
 async def _from_db(pk: int, after: int, upto: int | None = None) -> list[Frame]:
@@ -165,6 +154,10 @@ class _Stream:
         an entry that lost a race) is filled from the record first."""
         out: list[bytes] = []
         for frame in frames:
+            if frame.seq == POINT:
+                if not self.ended:
+                    out.append(frame.data)
+                continue
             if not self.ended and frame.seq > self.last + 1:
                 async for page in self.replay(upto=frame.seq - 1):
                     out.extend(page)
@@ -176,6 +169,7 @@ async def _events(pk: int, last: int) -> AsyncIterator[bytes]:
     await sync_to_async(_release_connection)()
     yield b"retry: 2000\n\n"
     stream = _Stream(pk, last)
+    SSE_CLIENTS.inc()
     try:
         while not stream.ended:
             async for page in stream.replay():
@@ -193,6 +187,8 @@ async def _events(pk: int, last: int) -> AsyncIterator[bytes]:
         # Ending the body cleanly lets the browser reconnect (Last-Event-ID) as after any
         # end; an exception here would also skip Django's end-of-request cleanup.
         log.exception("event stream of deployment %s failed", pk)
+    finally:
+        SSE_CLIENTS.dec()
 
 
 async def _follow(stream: _Stream) -> AsyncGenerator[bytes, None]:
@@ -278,6 +274,8 @@ class _Feed:
         self.feeds = feeds
         self.viewers: set[_Viewer] = set()
         self.recent: list[Frame] = []
+        self.point_id = "$"  # the last metric point read; set from the stream at start
+        self.checked_at = asyncio.get_running_loop().time()  # the record, while points flow
         # A context of its own: the feed outlives the request that started it.
         self.task = asyncio.create_task(self._run(), context=contextvars.Context())
 
@@ -300,6 +298,7 @@ class _Feed:
     async def _run(self) -> None:
         client = live.blocking_reader(settings.SSE_KEEPALIVE_S)
         try:
+            await self._start_points(client)
             ended = False
             while not ended:
                 frames = await self._next(client)
@@ -319,27 +318,53 @@ class _Feed:
         for viewer in list(self.viewers):
             viewer.drop()
 
+    async def _start_points(self, client: aioredis.Redis) -> None:
+        """Points from now on (the page loads earlier ones from the REST API)."""
+        try:
+            latest: Any = await client.xrevrange(live.points_key(self.pk), count=1)
+        except redis.RedisError:
+            return
+        self.point_id = _text(latest[0][0]) if latest else "0-0"
+
     async def _next(self, client: aioredis.Redis) -> list[Frame]:
-        """The next frames in seq order: from the live stream, else from the record."""
+        """The next frames in seq order: from the live stream, else from the record; metric
+        points (a stream of their own, read in the same call) go along as they come."""
         try:
             reply: Any = await client.xread(
-                {live.stream_key(self.pk): f"0-{self.last}"},
+                {live.stream_key(self.pk): f"0-{self.last}",
+                 live.points_key(self.pk): self.point_id},
                 block=max(1, settings.SSE_KEEPALIVE_S) * 1000, count=FEED_COUNT)
         except redis.RedisError as exc:
             log.warning("live feed of deployment %s: %s; reading the database", self.pk, exc)
             await asyncio.sleep(REDIS_RETRY_S)
             return await self._record()
-        if not reply:
-            return await self._record()  # quiet: anything that missed the live channel
-        frames: list[Frame] = []
-        for entry_id, fields in reply[0][1]:
+        events = [entries for key, entries in reply or [] if _text(key).endswith(":events")]
+        points = [entries for key, entries in reply or [] if _text(key).endswith(":points")]
+        frames = self._points(points[0]) if points else []
+        if not events:
+            if frames and not self._record_due():
+                return frames
+            # Quiet (or only points for a while): anything that missed the live channel.
+            return frames + await self._record()
+        for entry_id, fields in events[0]:
             seq = live.seq_of(entry_id)
             if seq > self.last + 1:  # the stream was trimmed or an entry lost a race
                 frames.extend(await self._record(upto=seq - 1))
             if seq > self.last:
-                frames.append(_entry_frame(seq, fields))
+                frames.append(entry_frame(seq, fields))
                 self.last = seq
         return frames
+
+    def _record_due(self) -> bool:
+        now = asyncio.get_running_loop().time()
+        if now - self.checked_at < max(1, settings.SSE_KEEPALIVE_S):
+            return False
+        self.checked_at = now
+        return True
+
+    def _points(self, entries: list[tuple[Any, dict[bytes, bytes]]]) -> list[Frame]:
+        self.point_id = _text(entries[-1][0])
+        return [point_frame(fields) for _, fields in entries]
 
     async def _record(self, upto: int | None = None) -> list[Frame]:
         frames: list[Frame] = []
@@ -354,6 +379,6 @@ class _Feed:
     def _fan_out(self, frames: list[Frame]) -> None:
         if not frames:
             return
-        self.recent = (self.recent + frames)[-RECENT_FRAMES:]
+        self.recent = (self.recent + [f for f in frames if f.seq != POINT])[-RECENT_FRAMES:]
         for viewer in list(self.viewers):
             viewer.push(frames)

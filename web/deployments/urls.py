@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import sse, views
+from . import prom, sse, views
 
 app_name = "deployments"
 
@@ -10,4 +10,6 @@ urlpatterns = [
     path("deployments/<int:pk>/", views.deployment_detail, name="detail"),
     path("deployments/<int:pk>/stop/", views.deployment_stop, name="stop"),
     path("deployments/<int:pk>/events/stream/", sse.deployment_event_stream, name="stream"),
+    # Prometheus (bearer token or a viewer's login; web/deployments/prom.py).
+    path("metrics", prom.prometheus_metrics, name="prometheus"),
 ]

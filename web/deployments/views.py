@@ -7,7 +7,7 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_POST, require_safe
 
 from . import selectors, services
 from .forms import DeploymentForm
@@ -27,6 +27,7 @@ def _require_view(request: HttpRequest) -> None:
 
 
 @login_required
+@require_safe
 def deployment_list(request: HttpRequest) -> HttpResponse:
     _require_view(request)
     return render(
@@ -69,6 +70,7 @@ def deployment_new(request: HttpRequest) -> HttpResponse:
 
 
 @login_required
+@require_safe
 def deployment_detail(request: HttpRequest, pk: int) -> HttpResponse:
     _require_view(request)
     deployment = get_object_or_404(Deployment, pk=pk)

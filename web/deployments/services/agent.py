@@ -11,6 +11,9 @@ step. Every step is idempotent, so a restarted agent simply runs the loop again.
   container and follows it from the stored cursor for its whole life; its batches and
   the cursor are written in one transaction, guarded by the lease, so no line is
   stored twice or lost when an agent dies.
+- Beside each follower a monitor thread (services/monitoring.py) scrapes the engine's
+  /metrics into the deployment's series once ready, and raises alerts (stalls, acceptance
+  collapse, silent eager decoding, KV pressure, an unreachable /metrics).
 - A stop request is carried out here (stop, remove, mark stopped), so it never waits
   behind image builds; a build whose worker died is queued again once its lease ends.
 """
@@ -49,12 +52,15 @@ from .deployments import (
 from .engines import _container_plan, _fold_progress, identity_of
 from .events import events_append
 from .hosts import docker_facts, start_failure
+from .metrics import metrics_prune
+from .monitoring import MonitorHandle, monitor_start
 
 log = logging.getLogger(__name__)
 S = DeploymentStatus
 OWNED_STATUSES = frozenset(RUNNING_STATUSES | {S.STOPPING})
 QUEUED_GRACE_S = 600  # a queued deployment waits this long behind others before a re-queue
 REQUEUE_GRACE_S = 30  # after a re-queue, how long a worker has to take the build
+PRUNE_EVERY_TICKS = 600  # metric series compaction and retention for every deployment
 
 
 # With Django's connection pool, close() hands the connection back instead of ending it.
@@ -79,6 +85,10 @@ class _FollowSink:
         self.agent = agent
         self.stop = stop
         self.progress: dict[str, Any] = dict(deployment.progress or {})
+        # The follower's view, read by the engine's monitor (services/monitoring.py).
+        self.status = str(deployment.status)
+        self.engine_url = deployment.engine_url
+        self.monitor: MonitorHandle | None = None
 
     def ship(self, events: Events, cursor: Cursor | None) -> None:
         decode = next((p for k, p in reversed(events)
@@ -98,14 +108,21 @@ class _FollowSink:
             deployment_set_progress(
                 deployment_id=self.pk, progress=self.progress if changed else None,
                 decode_stats=decode, log_cursor=cursor.encode() if cursor else None)
+        if self.monitor is not None:
+            self.monitor.observe(events)
         if _POOLED:
             db_connection.close()  # back to the pool: one follower per engine, many engines
 
     def advance(self, status: str) -> bool:
         step = ADVANCE.get(status)
-        return step(deployment_id=self.pk) if step else False
+        moved = step(deployment_id=self.pk) if step else False
+        if moved:
+            self.status = status
+        return moved
 
     def ready(self, engine_url: str) -> bool:
+        # The follower goes on as ready whatever the UPDATE says; so does its monitor.
+        self.engine_url, self.status = engine_url, "ready"
         return deployment_mark_ready(deployment_id=self.pk, engine_url=engine_url)
 
     def failed(self, diagnosis: Diagnosis, message: str, last_lines: list[str]) -> None:
@@ -165,6 +182,8 @@ class EngineAgent:
         self._requeue_builds(now)
         if self._ticks % 10 == 0:
             self._report_host(now)
+        if self._ticks % PRUNE_EVERY_TICKS == 0:
+            metrics_prune(now=time.time())
         self._ticks += 1
 
     def release_all(self) -> None:
@@ -226,11 +245,15 @@ class EngineAgent:
             status=deployment.status, cursor=Cursor.decode(deployment.log_cursor),
             may_start=deployment.status == S.STARTING,
             options=self.follow_options)
+        monitor = sink.monitor = monitor_start(deployment=deployment, followed=sink,
+                                               agent_id=self.agent_id, pooled=_POOLED)
         try:
             follow(follower)
         except EngineRuntimeError as exc:
             if not stop.is_set():
                 sink.failed(start_failure(str(exc)), str(exc), [])
+        finally:
+            monitor.stop()
 
     def _may_start(self, deployment: Deployment, sink: _FollowSink) -> bool:
         """GPU access is detected, not assumed: no NVIDIA runtime, no GPU deployment."""

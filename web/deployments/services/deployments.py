@@ -6,6 +6,7 @@ expected source states; zero rows updated means someone else won.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,8 +17,15 @@ from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import transaction
 from django.utils import timezone
 
+from appliance.engine.extra_args import absorb, original_field
 from appliance.engine.recipes import Recipe, RecipeError, list_recipes, load_recipe
-from appliance.engine.spec import DeploymentSpec, SpecError, spec_from_dict, spec_to_dict
+from appliance.engine.spec import (
+    DeploymentSpec,
+    SpecError,
+    engine_base_types,
+    spec_from_dict,
+    spec_to_dict,
+)
 from appliance.preflight import Finding, has_errors, run_preflight
 
 from ..models import (
@@ -27,7 +35,8 @@ from ..models import (
     EventKind,
 )
 from .events import events_append
-from .hosts import host_gpu_findings
+from .hosts import host_gpu_findings, host_gpu_inventory_findings
+from .modelfiles import local_model_facts
 
 S = DeploymentStatus
 
@@ -91,6 +100,16 @@ def _recipe_for(data: dict[str, Any]) -> Recipe | None:
         raise DeploymentInputError(errors={"recipe": [str(exc)]}) from None
 
 
+def _as_written(findings: list[Finding], data: dict[str, Any]) -> list[Finding]:
+    """Findings about extra_args items name them as the person wrote them: option flags
+    were taken out of the list (appliance.engine.extra_args) before the rules ran."""
+    raw = data.get("extra_args") if isinstance(data, dict) else None
+    if not isinstance(raw, list) or not all(isinstance(a, str) for a in raw):
+        return findings
+    rest_at = absorb(raw, engine_base_types(), ()).rest_at
+    return [dataclasses.replace(f, field=original_field(f.field, rest_at)) for f in findings]
+
+
 def deployment_validate(*, data: dict[str, Any]) -> tuple[DeploymentSpec, list[Finding]]:
     """Validate a spec under its recipe's engine defaults and run pre-flight.
 
@@ -101,8 +120,12 @@ def deployment_validate(*, data: dict[str, Any]) -> tuple[DeploymentSpec, list[F
         spec = spec_from_dict(data, engine_defaults=recipe.engine_defaults if recipe else None)
     except SpecError as exc:
         raise DeploymentInputError(errors=_spec_errors(exc)) from None
-    findings = run_preflight(spec, recipe=recipe)
+    # Only files under the model roots are read here (modelfiles.py), never a path as given.
+    findings = run_preflight(spec, recipe=recipe, read_local_configs=False,
+                             **local_model_facts(spec))
     findings += host_gpu_findings(gpus=list(spec.gpus), gpu_requests=settings.ENGINE_GPU_REQUESTS)
+    findings += host_gpu_inventory_findings(gpus=list(spec.gpus), configured=settings.GPU_COUNT)
+    findings = _as_written(findings, data)
     if has_errors(findings):
         errors: dict[str, list[str]] = {}
         for finding in findings:
@@ -168,16 +191,25 @@ def _enqueue(task_name: str, deployment_id: int) -> None:
 def _transition(
     deployment_id: int, *, sources: Iterable[str], target: str, message: str = "", **fields: Any
 ) -> bool:
+    now = timezone.now()
     with transaction.atomic():
         updated = Deployment.objects.filter(pk=deployment_id, status__in=list(sources)).update(
-            status=target, updated_at=timezone.now(), **fields
+            status=target, updated_at=now, **fields
         )
         if updated:
+            _note_status_time(deployment_id, target, now)
             events_append(
                 deployment_id=deployment_id,
                 events=[(EventKind.PHASE, {"status": target, "message": message})],
             )
     return bool(updated)
+
+
+def _note_status_time(deployment_id: int, status: str, now: Any) -> None:
+    """When each status began (the phase durations); the UPDATE before holds the row."""
+    times = Deployment.objects.values_list("status_times", flat=True).get(pk=deployment_id)
+    Deployment.objects.filter(pk=deployment_id).update(
+        status_times={**(times or {}), status: now.isoformat()})
 
 
 def deployment_mark_building(*, deployment_id: int) -> bool:

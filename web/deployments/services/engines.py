@@ -110,6 +110,12 @@ def _container_plan(deployment: Deployment, image: str) -> Any:
         volumes=volumes,
         instance_id=instance_id(),
         start_token=deployment.start_token,
+        shm_size=settings.ENGINE_SHM_SIZE,
+        pids_limit=settings.ENGINE_PIDS_LIMIT or None,
+        mem_limit=settings.ENGINE_MEMORY_LIMIT or None,
+        # Only this deployment's declared names; their values are read at container start.
+        secrets=list(launch.secrets),
+        secrets_dir=settings.ENGINE_SECRETS_DIR,
     )
 
 

@@ -39,6 +39,11 @@ START_ERRORS: tuple[tuple[tuple[str, ...], str, str, str], ...] = (
      "image-missing", "The engine image is not on this Docker engine.",
      "Build the image (deploy from a recipe, or `appliance build RECIPE`) or set "
      "APPLIANCE_ENGINE_IMAGE to an image that exists here (`docker images`)."),
+    (("is not in the secret store", "cannot be read from"),
+     "secret-missing", "A secret the spec declares is not in the secret store.",
+     "Put its value in a file named after it in the engine agent's secrets directory "
+     "(APPLIANCE_ENGINE_SECRETS_DIR, e.g. a compose secret), or set "
+     "APPLIANCE_ENGINE_SECRET_<NAME> in the agent's environment; then deploy again."),
     (("port is already allocated", "address already in use"),
      "port-in-use", "The engine's port is taken on this host.",
      "Stop what holds the port, or publish the engine on another one."),
@@ -93,3 +98,28 @@ def host_gpu_findings(*, gpus: list[int], gpu_requests: bool) -> list[Finding]:
                 f"{', '.join(hosts[0].docker.get('runtimes') or []) or 'none'}), so the "
                 "engine cannot be given GPUs.",
         fix=NO_NVIDIA_FIX)]
+
+
+def host_gpu_count(*, configured: int = 0) -> int | None:
+    """How many GPUs the host has: the agents' NVML inventory (the largest fresh one), else
+    the configured count (APPLIANCE_GPU_COUNT), else None (unknown)."""
+    fresh = timezone.now() - timedelta(seconds=HOST_FRESH_S)
+    counts = [len(h.gpu_telemetry.get("gpus") or [])
+              for h in Host.objects.filter(heartbeat_at__gte=fresh)
+              if (h.gpu_telemetry or {}).get("available")]
+    if counts:
+        return max(counts)
+    return configured if configured > 0 else None
+
+
+def host_gpu_inventory_findings(*, gpus: list[int], configured: int = 0) -> list[Finding]:
+    """Pre-flight: GPU ids the host does not have."""
+    count = host_gpu_count(configured=configured)
+    missing = [g for g in gpus if count is not None and g >= count]
+    if count is None or not missing:
+        return []
+    return [Finding(
+        rule="host-gpu-inventory", severity="error", field="gpus",
+        message=f"GPU ids {missing} are not on this host: it has {count} GPUs "
+                f"(ids 0 to {count - 1}).",
+        fix=f"list GPU ids from 0 to {count - 1}")]

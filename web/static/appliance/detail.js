@@ -108,11 +108,59 @@
     if (autoscroll.checked) logPane.scrollTop = logPane.scrollHeight;
   }
 
-  function showDecode(s) {
-    ["gen_throughput", "accept_len", "accept_rate", "running_req", "cuda_graph"].forEach(function (k) {
+  // The Decode card, from a decode log line or a scraped /metrics point (whichever is newer).
+  function num(v, digits) { return typeof v === "number" ? v.toFixed(digits) : null; }
+  function graphText(v) {
+    if (v === true || v === 1) return "yes";
+    if (v === false || v === 0) return "no (eager)";
+    return typeof v === "number" ? Math.round(v * 100) + " % of samples" : null;
+  }
+  function setDecode(values, source) {
+    Object.keys(values).forEach(function (k) {
       const el = document.getElementById("stat-" + k);
-      if (el && s[k] !== undefined && s[k] !== null) el.textContent = String(s[k]);
+      if (el && values[k] !== null) el.textContent = values[k];
     });
+    document.getElementById("decode-source").textContent = source;
+  }
+  let pointAt = 0;  // when the last /metrics point was taken (ms)
+  function showDecode(s) {
+    // A recent /metrics point wins: its throughput is over the whole interval, all requests.
+    if (Date.now() - pointAt < 10000) return;
+    const tput = num(s.gen_throughput, 1);
+    setDecode({gen_throughput: tput && tput + " tok/s", accept_len: num(s.accept_len, 2),
+      accept_rate: num(s.accept_rate, 2), running_req: num(s.running_req, 0),
+      cuda_graph: graphText(s.cuda_graph)}, "from the engine's last decode log line");
+  }
+  function showPoint(p) {
+    pointAt = p.t * 1000;
+    const tput = num(p.throughput, 1);
+    const when = new Date(p.t * 1000).toISOString().slice(11, 19);
+    setDecode({gen_throughput: tput && tput + " tok/s", accept_len: num(p.accept_len, 2) || "– (idle)",
+      accept_rate: num(p.accept_rate, 2) || "–", running_req: num(p.running, 0),
+      cuda_graph: graphText(p.cuda_graph)}, "from /metrics at " + when + " UTC");
+  }
+
+  // Alerts: one line per firing alert; an alert event adds or removes its line.
+  function showAlert(a) {
+    const list = document.getElementById("alert-list");
+    let li = list.querySelector('[data-alert="' + a.id + '"]');
+    if (a.state === "resolved") {
+      if (li) li.remove();
+    } else {
+      if (!li) {
+        li = document.createElement("li");
+        li.dataset.alert = a.id;
+        li.appendChild(document.createElement("b"));
+        li.appendChild(document.createElement("span")).className = "summary";
+        li.appendChild(document.createElement("i"));
+        list.appendChild(li);
+      }
+      li.className = "severity-" + a.severity;
+      li.children[0].textContent = a.id;
+      li.children[1].textContent = a.summary || "";
+      li.children[2].textContent = a.fix || "";
+    }
+    document.getElementById("alerts").hidden = list.children.length === 0;
   }
 
   function showDiagnosis(d) {
@@ -192,6 +240,8 @@
       case "phase": setStatus(p.status); break;
       case "progress": foldProgress(p); break;
       case "metric": if (p.kind === "decode_stats") showDecode(p); break;
+      case "point": showPoint(p); ApplianceCharts.push(p); break;
+      case "alert": showAlert(p); break;
       case "diagnosis": showDiagnosis(p); break;
       case "build": build(p); break;
       case "selfcheck": showSelfcheck(p); break;
@@ -203,6 +253,9 @@
   const summary = JSON.parse(document.getElementById("summary-data").textContent);
   setStatus(summary.status);
   if (summary.decode_stats) showDecode(summary.decode_stats);
+  if (summary.metrics) showPoint(summary.metrics);
+  ApplianceCharts.init();
+  ApplianceCharts.load(script.dataset.metrics + "?start=" + (Date.now() / 1000 - 15 * 60));
   const source = new EventSource(streamUrl);
   source.onopen = function () { conn.textContent = "live"; };
   source.onerror = function () { if (source.readyState !== 2) conn.textContent = "reconnecting…"; };

@@ -43,9 +43,23 @@ class State:
     e2e: Histogram = field(default_factory=Histogram)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
+    ready_at: float = 0.0
+    # SGLang reports acceptance over the steps since its last decode log line.
+    window_tokens: int = 0
+    window_steps: int = 0
+    last_accept: float = 0.0
+
     @property
     def avg_accept(self) -> float:
+        """Acceptance over the last decode-log window (the whole life before the first)."""
+        if self.last_accept:
+            return self.last_accept
         return self.accept_tokens / self.verify_steps if self.verify_steps else 0.0
+
+    def close_window(self) -> None:
+        if self.window_steps:
+            self.last_accept = self.window_tokens / self.window_steps
+        self.window_tokens = self.window_steps = 0
 
 
 # CFG is set once, by launch_server.main(); it is rebound there, so read it as engine.CFG.

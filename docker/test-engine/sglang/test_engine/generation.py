@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import random
+import threading
 import time
 from collections.abc import Iterator
 
 from sglang.test_engine.config import Config
 from sglang.test_engine.engine import STATE
 from sglang.test_engine.loglines import decode_line, prefill_line
-from sglang.test_engine.settings import ACCEPT_LEN, FAIL, TOKEN_S
+from sglang.test_engine.settings import (
+    ACCEPT_LEN,
+    COLLAPSE_AFTER_S,
+    COLLAPSED_ACCEPT_LEN,
+    FAIL,
+    TOKEN_S,
+    TRAFFIC,
+)
 from sglang.test_engine.tracebacks import ddtree_width_traceback, scheduler_crash
 
 WORDS = ("the", "draft", "tree", "verifies", "tokens", "in", "one", "forward", "pass", "and",
@@ -47,7 +55,11 @@ def generate(cfg: Config, prompt_tokens: int, max_tokens: int) -> Iterator[str]:
 def step_tokens(cfg: Config, rng: random.Random, left: int) -> int:
     if not cfg.speculative:
         return 1
-    accepted = max(1, min(cfg.block, round(rng.gauss(ACCEPT_LEN, 1.0))))
+    mean, spread = ACCEPT_LEN, 1.0
+    if FAIL == "accept-collapse" and STATE.ready_at and (
+            time.time() - STATE.ready_at > COLLAPSE_AFTER_S):
+        mean, spread = COLLAPSED_ACCEPT_LEN, 0.3  # the drafter stopped matching the target
+    accepted = max(1, min(cfg.block, round(rng.gauss(mean, spread))))
     return min(accepted, left)
 
 
@@ -58,12 +70,15 @@ def record_step(cfg: Config, n: int, gap: float, first: bool, since_start: float
         STATE.decode_steps += 1
         STATE.accept_tokens += n
         STATE.verify_steps += 1
+        STATE.window_tokens += n
+        STATE.window_steps += 1
         STATE.last_gen_throughput = n / gap if gap > 0 else 0.0
         if first:
             STATE.ttft.observe(since_start)
         else:
             STATE.itl.observe(gap / n)
         if STATE.decode_steps % cfg.decode_log_interval == 0:
+            STATE.close_window()
             decode_line(cfg)
 
 
@@ -75,3 +90,18 @@ def maybe_crash_on_first_request(cfg: Config) -> None:
             return
         STATE.first_request_seen = True
     scheduler_crash(cfg, ddtree_width_traceback(cfg))
+
+
+def start_traffic(cfg: Config) -> None:
+    """TEST_ENGINE_TRAFFIC clients that keep the engine decoding (charts, alerts)."""
+    for client in range(TRAFFIC):
+        threading.Thread(target=_client_loop, args=(cfg, client), daemon=True,
+                         name=f"traffic-{client}").start()
+
+
+def _client_loop(cfg: Config, client: int) -> None:
+    rng = random.Random(client)
+    while True:
+        for _ in generate(cfg, rng.randint(64, 512), rng.randint(32, 256)):
+            pass
+        time.sleep(rng.uniform(0.0, 0.3))

@@ -8,6 +8,7 @@ import time
 
 from sglang.test_engine.config import Config, server_args_dict
 from sglang.test_engine.engine import MAX_TOKENS_POOL, STATE
+from sglang.test_engine.generation import start_traffic
 from sglang.test_engine.loglines import (
     access_line,
     capture_begin_line,
@@ -17,7 +18,7 @@ from sglang.test_engine.loglines import (
     prefill_line,
 )
 from sglang.test_engine.output import Bar, emit, log, log_ranks
-from sglang.test_engine.settings import FAIL, PACE_S, SHARDS
+from sglang.test_engine.settings import FAIL, PACE_S, SHARDS, STALL_S
 from sglang.test_engine.tracebacks import (
     capture_oom_traceback,
     load_exit_traceback,
@@ -75,6 +76,8 @@ def capture(cfg: Config, role: str) -> None:
     for i, bs in enumerate(reversed(cfg.capture_bs)):
         bar.set_description(f"Capturing batches (bs={bs} avail_mem={avail:.2f} GB)")
         time.sleep(PACE_S)
+        if FAIL == "capture-stall" and role == "target" and i == 1:
+            time.sleep(STALL_S)  # quiet, as a hung NCCL or a stuck kernel is
         if FAIL == "capture-oom" and role == "target" and i == 1:
             bar.close()
             for rank in range(cfg.args.tp_size):
@@ -104,8 +107,10 @@ def start_up(cfg: Config) -> None:
                  "(Press CTRL+C to quit)"):
         emit(sys.stderr, f"INFO:     {line}\n")
     warm_up(cfg)
+    STATE.ready_at = time.time()
     STATE.ready = True
     log("The server is fired up and ready to roll!")
+    start_traffic(cfg)
 
 
 def warm_up(cfg: Config) -> None:

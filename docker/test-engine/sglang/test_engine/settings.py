@@ -23,3 +23,10 @@ SHARDS = int(env_float("TEST_ENGINE_SHARDS", 8))
 FAIL = os.environ.get("TEST_ENGINE_FAIL", "").strip()
 STYLE = os.environ.get("TEST_ENGINE_LOG_STYLE", "new").strip().lower()
 ACCEPT_LEN = env_float("TEST_ENGINE_ACCEPT_LEN", 4.87)
+# Synthetic requests the engine serves itself once ready (0: only real requests).
+TRAFFIC = int(env_float("TEST_ENGINE_TRAFFIC", 0))
+# accept-collapse: this long after ready, acceptance falls to COLLAPSED_ACCEPT_LEN.
+COLLAPSE_AFTER_S = env_float("TEST_ENGINE_COLLAPSE_AFTER_S", 20.0)
+COLLAPSED_ACCEPT_LEN = env_float("TEST_ENGINE_COLLAPSED_ACCEPT_LEN", 1.3)
+# capture-stall: how long the target's capture stops (then it goes on).
+STALL_S = env_float("TEST_ENGINE_STALL_S", 3600.0)

@@ -1,0 +1,45 @@
+"""SSE frames of a deployment's stream: events (with their seq as the id) and metric points.
+
+A frame is framed once, by the live feed, and its bytes go to every stream. A metric
+point has no id: it is live only (the series table is its record), so a browser's
+Last-Event-ID stays the last event's seq.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, NamedTuple
+
+from . import live
+
+POINT = -1  # the seq of a metric point's frame
+
+
+class Frame(NamedTuple):
+    seq: int  # POINT for a metric point: live only, no id, never replayed
+    data: bytes  # the whole SSE frame, encoded
+    end: bool
+
+
+def sse_frame(event: dict[str, Any]) -> str:
+    return f"id: {event['seq']}\ndata: {live.wire_json(event)}\n\n"
+
+
+def event_frame(event: dict[str, Any]) -> Frame:
+    return Frame(event["seq"], sse_frame(event).encode(), event.get("kind") == "end")
+
+
+def entry_frame(seq: int, fields: dict[bytes, bytes]) -> Frame:
+    """A live entry as a frame; entries from before `kind` was published are decoded."""
+    kind = fields.get(b"kind")
+    if kind is None:
+        return event_frame(json.loads(fields[b"data"]))
+    return Frame(seq, b"id: %d\ndata: %s\n\n" % (seq, fields[b"data"]), kind == b"end")
+
+
+def point_frame(fields: dict[bytes, bytes]) -> Frame:
+    return Frame(POINT, b"data: %s\n\n" % fields[b"data"], False)
+
+
+def text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
