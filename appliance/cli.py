@@ -78,7 +78,12 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     spec, recipe, recipe_errors = resolve_spec(args.spec)
     findings = [Finding("recipe", "error", "recipe", e.message, e.fix) for e in recipe_errors]
     if not recipe_errors:
-        findings += run_preflight(spec, recipe=recipe, gpu_memory_gb=args.gpu_memory_gb)
+        host = None
+        if args.gpu_name:  # the host's GPU model, for the architecture rules
+            count = max(spec.gpus, default=0) + 1
+            host = [{"index": i, "name": args.gpu_name} for i in range(count)]
+        findings += run_preflight(spec, recipe=recipe, gpu_memory_gb=args.gpu_memory_gb,
+                                  host_gpus=host)
     if args.text:
         for f in findings:
             print(f"{f.severity:<7} {f.rule} [{f.field}]: {f.message}\n        fix: {f.fix}")
@@ -285,6 +290,8 @@ def build_parser() -> argparse.ArgumentParser:
     cmd = add("preflight", "check a spec; exit 1 on any error finding")
     cmd.add_argument("spec", help="deployment spec YAML file")
     cmd.add_argument("--gpu-memory-gb", type=float, help="memory of one GPU, for gpu-memory")
+    cmd.add_argument("--gpu-name", help="the host's GPU model as nvidia-smi names it (e.g. "
+                     "'NVIDIA B200'), for the attention backend rules")
     cmd.set_defaults(func=cmd_preflight)
     cmd = add("parse-log", "print one JSON object per engine log event")
     cmd.add_argument("file", help="log file, or - for stdin")

@@ -17,3 +17,6 @@ class ParseContext:
     last_bs: int | None = None
     max_running_req: int = 0
     selfcheck_reported: bool = False
+    # Tokens per request each role's graph must be captured for (appliance.engine.widths),
+    # when the deployment's spec is known; a capture line that disagrees is a finding.
+    needed_widths: dict[str, int] | None = None

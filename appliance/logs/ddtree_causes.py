@@ -162,6 +162,16 @@ DDTREE_CAUSES: tuple[Cause, ...] = (
         _verify_input_ids,
     ),
     Cause(
+        "graph-width-mismatch",
+        "A verify CUDA graph is being captured at another width than this deployment verifies "
+        "per request: the first request will crash in graph replay (the size of tensor a "
+        "must match the size of tensor b) or verify eagerly, after the whole model load.",
+        "Stop it now: use a source that captures the DDTree target at budget+1 and the draft "
+        "at the block size (433c58ed7, the kimi-k2.6-ddtree recipe), or set "
+        "engine.disable_cuda_graph: true.",
+        90,
+    ),
+    Cause(
         "ddtree-verify-width",
         "CUDA graph replay failed: the verify graph width differs from the DDTree verify width.",
         "Build with the patch ddtree-verify-graph-width (target verify graph width budget+1, "

@@ -178,12 +178,14 @@ def _capture_event(match: re.Match[str], message: str) -> tuple[str, dict[str, A
     if match.group("event") == "begin":
         width = _NUM_TOKENS_PER_REQ.search(message)
         backend = _BACKEND.search(message)
-        return "capture_begin", {
+        begin = {
             **common,
             "num_tokens_per_req": int(width.group(1)) if width else None,
             "backend": backend.group(1) if backend else None,
             "avail_mem_gb": _float(_AVAIL_MEM, message),
         }
+        # Newer SGLang (the DFlash v2 runtime) lists the batch sizes on the begin line.
+        return "capture_begin", begin | ({"bs": bs} if bs is not None else {})
     return "capture_end", {
         **common,
         "elapsed_s": _float(_ELAPSED, message),

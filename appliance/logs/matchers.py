@@ -32,6 +32,16 @@ def match_line(message: str) -> Diagnosis | None:
     return None
 
 
+def match_capture(fields: dict[str, Any]) -> Diagnosis | None:
+    """graph-width-mismatch: a role's verify graph captured at another width than the spec
+    needs (DDTree's target at the block size instead of budget+1), seen at capture time."""
+    needed, captured = fields.get("needed_tokens_per_req"), fields.get("num_tokens_per_req")
+    if needed is None or captured is None or needed == captured:
+        return None
+    return CAUSES["graph-width-mismatch"].diagnosis(
+        role=fields.get("role"), captured_width=captured, needed_width=needed)
+
+
 def match_decode(stats: dict[str, Any], ctx: ParseContext | None = None) -> Diagnosis | None:
     """silent-eager-verify: speculative decode stats reporting `cuda graph: False`."""
     if stats.get("cuda_graph") is not False or stats.get("accept_len") is None:

@@ -7,7 +7,7 @@ what the log has said so far (appliance.logs.context) feeds the diagnoses
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,10 +50,11 @@ class _Pending:
 class LogParser:
     """Incremental parser: one raw output line in, the events it completes out."""
 
-    def __init__(self, include_all: bool = False) -> None:
+    def __init__(self, include_all: bool = False,
+                 needed_widths: Mapping[str, int] | None = None) -> None:
         self.include_all = include_all
         self.line = 0
-        self.context = ParseContext()
+        self.context = ParseContext(needed_widths=dict(needed_widths) if needed_widths else None)
         self._pending: _Pending | None = None
         self._diagnosed: set[str] = set()
 
@@ -105,6 +106,8 @@ class LogParser:
             self.context.capture_bs = fields["bs"]
             return events + self._unmatched(text, message)
         self._observe(kind, fields)
+        if kind == "capture_begin":
+            fields = self._with_needed_width(fields)
         events.append(LogEvent(self.line, kind, {**fields, **ranks}))
         events.extend(self._diagnose_event(kind, fields))
         return events
@@ -179,6 +182,8 @@ class LogParser:
         elif kind == "capture_begin":
             ctx.phase = "capture"
             self._observe_capture(fields)
+            if fields.get("bs"):
+                ctx.capture_bs = fields["bs"]
         elif kind == "capture_end":
             ctx.phase = "captured"
             if fields["bs"]:
@@ -205,7 +210,17 @@ class LogParser:
             elif fields.get("role") == "draft" and width:
                 ctx.draft_width = width
 
+    def _with_needed_width(self, fields: dict[str, Any]) -> dict[str, Any]:
+        """A verify capture's line with the width the spec needs for that role beside it."""
+        needed = self.context.needed_widths or {}
+        if fields.get("mode") != "verify" or fields.get("role") not in needed:
+            return fields
+        return {**fields, "needed_tokens_per_req": needed[fields["role"]]}
+
     def _diagnose_event(self, kind: str, fields: dict[str, Any]) -> list[LogEvent]:
+        if kind == "capture_begin":
+            found = diag.match_capture(self._with_needed_width(fields))
+            return self._diagnosis_event(found, self.line) if found else []
         if kind == "decode_stats":
             found = diag.match_decode(fields, self.context)
             return self._diagnosis_event(found, self.line) if found else []

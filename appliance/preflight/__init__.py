@@ -47,6 +47,10 @@ from appliance.preflight.ddtree import (
     rule_ddtree_page_size,
     rule_ddtree_verify_width,
 )
+from appliance.preflight.ddtree_graphs import (
+    rule_ddtree_fa_verify_inputs,
+    rule_ddtree_graph_width_only,
+)
 from appliance.preflight.hardware import (
     deployment_archs,
     gpu_major,
@@ -107,6 +111,8 @@ __all__ = [
     "rule_cuda_graph_disabled",
     "rule_ddtree_budget",
     "rule_ddtree_draft_attention_backend",
+    "rule_ddtree_fa_verify_inputs",
+    "rule_ddtree_graph_width_only",
     "rule_ddtree_overlap_schedule",
     "rule_ddtree_page_size",
     "rule_ddtree_verify_width",
@@ -137,6 +143,8 @@ RULES: dict[str, Callable[[Context], list[Finding]]] = {
     "ddtree-draft-attention-backend": rule_ddtree_draft_attention_backend,
     "ddtree-page-size": rule_ddtree_page_size,
     "ddtree-overlap-schedule": rule_ddtree_overlap_schedule,
+    "ddtree-graph-width": rule_ddtree_graph_width_only,
+    "ddtree-fa-verify": rule_ddtree_fa_verify_inputs,
     "algorithm-in-source": rule_algorithm_in_source,
     "dflash-dp-attention": rule_dflash_dp_attention,
     "dflash-pipeline-parallel": rule_dflash_pipeline_parallel,

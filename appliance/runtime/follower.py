@@ -17,7 +17,7 @@ import re
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -153,6 +153,7 @@ class EngineFollower:
         may_start: bool = True,
         options: FollowOptions | None = None,
         client_factory: Callable[[str], EngineClient] | None = None,
+        needed_widths: Mapping[str, int] | None = None,
     ) -> None:
         self.runtime = runtime
         self.plan = plan
@@ -161,7 +162,8 @@ class EngineFollower:
         self.options = options or FollowOptions()
         self.client_factory = client_factory or (lambda url: EngineClient(url, timeout=5.0))
         self.state = _State(status=status, cursor=cursor or Cursor())
-        self.parser = LogParser()
+        # The graph widths the spec needs per role: a capture at another width is a finding.
+        self.parser = LogParser(needed_widths=needed_widths)
         self.progress_parser = LogParser()  # for unfinished progress-bar pieces only
         self.tail: deque[str] = deque(maxlen=LAST_LINES)
         self.all_lines: deque[str] = deque(maxlen=2000)

@@ -192,3 +192,15 @@ def test_gpu_check_hands_its_own_arguments_to_the_gpu_check() -> None:
     result = run("gpu-check", "--max-bs", "0")
     assert result.returncode == 2
     assert json.loads(result.stdout)["ok"] is False
+
+
+def test_preflight_checks_the_attention_backend_against_a_named_gpu(tmp_path: Path) -> None:
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text("name: kimi\nrecipe: kimi-k2.6-ddtree\ngpus: [0, 1]\nengine:\n"
+                         "  model_path: /models/Kimi-K2.6\n  tp_size: 2\n"
+                         "  speculative_draft_model_path: /models/Kimi-K2.6-DFlash\n")
+    on_b200 = run("preflight", str(spec_file), "--gpu-name", "NVIDIA B200")
+    rules = {f["rule"]: f for f in json.loads(on_b200.stdout)["findings"]}
+    assert on_b200.returncode == 1 and rules["gpu-arch-attention-backend"]["severity"] == "error"
+    on_h200 = run("preflight", str(spec_file), "--gpu-name", "NVIDIA H200")
+    assert "gpu-arch-attention-backend" not in on_h200.stdout

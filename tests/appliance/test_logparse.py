@@ -281,3 +281,56 @@ def test_every_event_line_number_points_into_its_file(path: Path) -> None:
     events = events_of(path.name)
     assert events
     assert all(1 <= event.line <= total for event in events)
+
+
+# 433c58ed7's capture lines (model_executor/model_runner_components/cuda_graph_setup.py:311-315),
+# target first, then the draft (managers/scheduler.py:839-843), on every TP rank.
+DDTREE_V2_CAPTURE = [
+    "[2026-11-30 02:10:01 TP0] Capture target verify CUDA graph begin. backend=full, "
+    "num_tokens_per_req={target}, bs=[1, 2, 4, 8, 16, 24, 32, 40, 48], avail mem=31.20 GB",
+    "[2026-11-30 02:10:41 TP0] Capture target verify CUDA graph end. elapsed=40.12 s, "
+    "mem usage=3.05 GB, avail mem=28.15 GB.",
+    "[2026-11-30 02:10:42 TP0] Capture draft verify CUDA graph begin. backend=full, "
+    "num_tokens_per_req={draft}, bs=[1, 2, 4, 8, 16, 24, 32, 40, 48], avail mem=28.10 GB",
+]
+
+
+def _captures(target: int, draft: int, needed: dict[str, int] | None) -> list:
+    parser = LogParser(needed_widths=needed)
+    events = []
+    for line in DDTREE_V2_CAPTURE:
+        events += parser.feed(line.format(target=target, draft=draft))
+    return events
+
+
+def test_a_capture_line_carries_the_width_the_spec_needs_for_that_role() -> None:
+    events = _captures(33, 8, {"target": 33, "draft": 8})
+    begins = [e.fields for e in events if e.kind == "capture_begin"]
+    assert [(b["role"], b["num_tokens_per_req"], b["needed_tokens_per_req"]) for b in begins] \
+        == [("target", 33, 33), ("draft", 8, 8)]
+    assert begins[0]["mode"] == "verify"
+    assert not [e for e in events if e.kind == "diagnosis"]
+
+
+def test_a_width_that_disagrees_is_a_finding_at_capture_time() -> None:
+    """The PR head's bug: the target verify graph captured at the block size. The finding
+    comes with the capture line, minutes before the first request would crash."""
+    events = _captures(8, 8, {"target": 33, "draft": 8})
+    (found,) = [e.fields for e in events if e.kind == "diagnosis"]
+    assert found["cause"] == "graph-width-mismatch" and found["fatal"] is False
+    assert found["evidence"] == {"role": "target", "captured_width": 8, "needed_width": 33}
+    assert events.index(next(e for e in events if e.kind == "diagnosis")) == 1, \
+        "right after the target's capture line"
+
+
+def test_without_a_spec_the_parser_only_reports_what_it_saw() -> None:
+    events = _captures(8, 8, None)
+    assert not [e for e in events if e.kind == "diagnosis"]
+    assert "needed_tokens_per_req" not in events[0].fields
+
+
+def test_the_batch_sizes_on_a_v2_begin_line_are_the_captured_ones() -> None:
+    parser = LogParser()
+    parser.feed(DDTREE_V2_CAPTURE[0].format(target=33))
+    assert parser.context.capture_bs == [1, 2, 4, 8, 16, 24, 32, 40, 48]
+    assert parser.context.verify_width == 33

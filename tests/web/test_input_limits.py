@@ -132,6 +132,21 @@ def test_gpu_ids_the_host_lacks_are_refused(operator) -> None:  # type: ignore[n
     assert response.status_code == 201  # a stale report says nothing; no count is configured
 
 
+def test_the_hosts_gpu_architecture_reaches_pre_flight(operator) -> None:  # type: ignore[no-untyped-def]
+    """fa3 on Blackwell GPUs the agent reports: refused before anything is stored."""
+    blackwell = [{"index": i, "name": "NVIDIA B200", "compute_capability": "10.0"}
+                 for i in range(2)]
+    Host.objects.create(name="b", agent_id="a", heartbeat_at=timezone.now(),
+                        docker={"nvidia": True, "runtimes": ["nvidia", "runc"]},
+                        gpu_telemetry={"available": True, "gpus": blackwell})
+    response = _post(_client(operator), {"spec": spec(gpus=[0]), "confirm_warnings": True})
+    assert response.status_code == 400
+    assert "gpu-arch-attention-backend" in " ".join(response.json()["engine.attention_backend"])
+    response = _post(_client(operator), {"spec": spec(gpus=[0], engine__attention_backend="triton"),
+                                         "confirm_warnings": True})
+    assert response.status_code == 201, response.json()
+
+
 def test_extra_args_findings_name_the_item_as_written(operator) -> None:  # type: ignore[no-untyped-def]
     token = "hf_" + "AbCdEfGhIjKlMnOpQrStUvWxYz12"
     data = spec(extra_args=["--dp-size", "1", "--api-key", f" {token}"])

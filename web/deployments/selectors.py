@@ -7,6 +7,8 @@ from typing import Any
 
 from django.db.models import QuerySet
 
+from appliance.engine.spec import SpecError, spec_from_dict
+from appliance.engine.widths import needed_graph_widths
 from appliance.runtime import series
 
 from .models import Deployment, Event, Host, MetricPoint
@@ -45,7 +47,20 @@ def deployment_summary(*, deployment: Deployment) -> dict[str, Any]:
         "engine_url": deployment.engine_url,
         "last_seq": deployment.last_seq,
         "is_terminal": deployment.is_terminal,
+        "graph_widths": graph_widths(deployment=deployment),
     }
+
+
+def graph_widths(*, deployment: Deployment) -> list[dict[str, Any]]:
+    """Per role: the verify graph width the spec needs and what the engine captured (None
+    until its capture line). Empty where the spec's algorithm has no known widths."""
+    try:
+        needed = needed_graph_widths(spec_from_dict(deployment.spec).engine) or {}
+    except SpecError:  # a spec an older version stored: show nothing rather than fail
+        needed = {}
+    captured = (deployment.progress or {}).get("widths", {})
+    return [{"role": role, "needed": width, "captured": captured.get(role, {}).get("captured")}
+            for role, width in needed.items()]
 
 
 def metric_series(*, deployment_id: int, start: datetime, end: datetime,

@@ -34,6 +34,8 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from appliance.engine.spec import spec_from_dict
+from appliance.engine.widths import needed_graph_widths
 from appliance.logs.causes import Diagnosis
 from appliance.runtime import gpu_telemetry
 from appliance.runtime.containers import EngineRuntime, EngineRuntimeError
@@ -244,7 +246,8 @@ class EngineAgent:
             self.runtime, _container_plan(deployment, deployment.image), sink,
             status=deployment.status, cursor=Cursor.decode(deployment.log_cursor),
             may_start=deployment.status == S.STARTING,
-            options=self.follow_options)
+            options=self.follow_options,
+            needed_widths=needed_graph_widths(spec_from_dict(deployment.spec).engine))
         monitor = sink.monitor = monitor_start(deployment=deployment, followed=sink,
                                                agent_id=self.agent_id, pooled=_POOLED)
         try:

@@ -35,7 +35,7 @@ from ..models import (
     EventKind,
 )
 from .events import events_append
-from .hosts import host_gpu_findings, host_gpu_inventory_findings
+from .hosts import host_gpu_findings, host_gpu_inventory, host_gpu_inventory_findings
 from .modelfiles import local_model_facts
 
 S = DeploymentStatus
@@ -122,7 +122,7 @@ def deployment_validate(*, data: dict[str, Any]) -> tuple[DeploymentSpec, list[F
         raise DeploymentInputError(errors=_spec_errors(exc)) from None
     # Only files under the model roots are read here (modelfiles.py), never a path as given.
     findings = run_preflight(spec, recipe=recipe, read_local_configs=False,
-                             **local_model_facts(spec))
+                             host_gpus=host_gpu_inventory(), **local_model_facts(spec))
     findings += host_gpu_findings(gpus=list(spec.gpus), gpu_requests=settings.ENGINE_GPU_REQUESTS)
     findings += host_gpu_inventory_findings(gpus=list(spec.gpus), configured=settings.GPU_COUNT)
     findings = _as_written(findings, data)

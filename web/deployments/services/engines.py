@@ -44,6 +44,14 @@ def _fold_selfcheck(progress: dict[str, Any], event: dict[str, Any]) -> None:
                      checks=[{"id": c["id"], "ok": c["ok"]} for c in event.get("checks", [])])
 
 
+def _fold_width(progress: dict[str, Any], event: dict[str, Any]) -> None:
+    """Each role's captured verify width beside the width the spec needs."""
+    role, captured = event.get("role"), event.get("num_tokens_per_req")
+    if event.get("mode") == "verify" and role and captured:
+        progress.setdefault("widths", {})[role] = {
+            "captured": captured, "needed": event.get("needed_tokens_per_req")}
+
+
 def _fold_progress(progress: dict[str, Any], event: dict[str, Any]) -> bool:
     """Keep the latest shard and graph-capture progress for the detail page and the API."""
     kind = event.get("kind")
@@ -59,10 +67,12 @@ def _fold_progress(progress: dict[str, Any], event: dict[str, Any]) -> bool:
     elif kind == "kv_cache":
         progress["kv_cache_tokens"] = event.get("tokens")
     elif kind == "capture_begin":
+        _fold_width(progress, event)
         progress["capture"] = {
             "role": event.get("role"),
             "mode": event.get("mode"),
             "num_tokens_per_req": event.get("num_tokens_per_req"),
+            "needed_tokens_per_req": event.get("needed_tokens_per_req"),
             "bs": None,
             "done": 0,
             "total": None,

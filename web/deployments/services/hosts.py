@@ -100,6 +100,16 @@ def host_gpu_findings(*, gpus: list[int], gpu_requests: bool) -> list[Finding]:
         fix=NO_NVIDIA_FIX)]
 
 
+def host_gpu_inventory() -> list[dict[str, Any]] | None:
+    """The GPUs the freshest agent reports through NVML (name, index, compute capability
+    where known), for the pre-flight rules that depend on the GPU architecture; None when no
+    fresh agent has NVML."""
+    fresh = timezone.now() - timedelta(seconds=HOST_FRESH_S)
+    hosts = [h for h in Host.objects.filter(heartbeat_at__gte=fresh).order_by("-heartbeat_at")
+             if (h.gpu_telemetry or {}).get("available") and h.gpu_telemetry.get("gpus")]
+    return [dict(g) for g in hosts[0].gpu_telemetry["gpus"]] if hosts else None
+
+
 def host_gpu_count(*, configured: int = 0) -> int | None:
     """How many GPUs the host has: the agents' NVML inventory (the largest fresh one), else
     the configured count (APPLIANCE_GPU_COUNT), else None (unknown)."""

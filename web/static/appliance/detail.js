@@ -64,13 +64,26 @@
     }
   }
 
+  // The captured verify width per role beside what the spec needs; a difference is shown
+  // at once (the diagnosis card gets the finding from the log parser).
+  function showWidth(e) {
+    if (e.mode !== "verify" || !e.role || !e.num_tokens_per_req) return;
+    const row = document.querySelector('#capture-widths tr[data-role="' + e.role + '"]');
+    if (!row) return;
+    row.querySelector(".captured").textContent = e.num_tokens_per_req + " tokens/request";
+    row.classList.toggle("mismatch", String(e.num_tokens_per_req) !== row.dataset.needed);
+  }
+
   const progress = {};
   function foldProgress(e) {
     switch (e.kind) {
       case "weights_begin": progress.weights = {done: 0, total: null}; break;
       case "weights_progress": progress.weights = {done: e.done, total: e.total}; break;
       case "weights_end": progress.weights = Object.assign(progress.weights || {}, {finished: true, elapsed_s: e.elapsed_s}); break;
-      case "capture_begin": progress.capture = {role: e.role, mode: e.mode, num_tokens_per_req: e.num_tokens_per_req, done: 0, total: null}; break;
+      case "capture_begin":
+        progress.capture = {role: e.role, mode: e.mode, num_tokens_per_req: e.num_tokens_per_req, done: 0, total: null};
+        showWidth(e);
+        break;
       case "capture_progress": progress.capture = Object.assign(progress.capture || {}, {bs: e.bs, done: e.done, total: e.total, finished: false}); break;
       case "capture_end": progress.capture = Object.assign(progress.capture || {}, {finished: true}); break;
       default: return;
@@ -165,6 +178,8 @@
 
   function showDiagnosis(d) {
     document.getElementById("diagnosis").hidden = false;
+    // A finding seen before anything failed (a graph width that will not fit) is not a cause yet.
+    document.getElementById("diag-title").textContent = d.fatal === false ? "Finding" : "Why it failed";
     document.getElementById("diag-cause").textContent = d.cause || "";
     document.getElementById("diag-summary").textContent = d.summary || "";
     document.getElementById("diag-fix").textContent = d.fix || "";

@@ -1,0 +1,115 @@
+"""While an engine captures its CUDA graphs the detail page shows each role's captured verify
+width beside the width the spec needs (DDTree: target budget+1 = 33, draft the block, 8), and
+a width that disagrees is a finding at capture time, before the first request."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from django.conf import settings
+from playwright.sync_api import Page, expect
+
+import docker
+from tests.servers import celery_worker, engine_agent, panel_server
+from tests.web.specs import spec
+from web.deployments import services
+from web.deployments.models import Deployment
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker, pytest.mark.e2e]
+
+
+@contextlib.contextmanager
+def _stack(tmp_path: Path, image: str) -> Iterator[str]:
+    env = {"APPLIANCE_ENGINE_IMAGE": image, "APPLIANCE_ENGINE_GPU_REQUESTS": "0",
+           "APPLIANCE_ENGINE_EXTRA_ENV": "TEST_ENGINE_PACE_S=0.08,TEST_ENGINE_SHARDS=6",
+           "APPLIANCE_ENGINE_STOP_TIMEOUT_S": "5"}
+    redis.Redis.from_url(settings.REDIS_URL).flushdb()
+    with celery_worker(tmp_path / "worker.log", **env), \
+            engine_agent(tmp_path / "agent.log", **env), \
+            panel_server(tmp_path / "web.log", **env) as url:
+        yield url
+    for container in docker.from_env().containers.list(
+            all=True, filters={"label": "appliance.deployment"}):
+        container.remove(force=True)
+
+
+@pytest.fixture
+def deployments(operator, tmp_path: Path, test_engine_image: str,  # type: ignore[no-untyped-def]
+                settings) -> Iterator[tuple[str, int, int]]:
+    settings.ENGINE_GPU_REQUESTS = False
+    with _stack(tmp_path, test_engine_image) as url:
+        # Made before the page: Playwright's loop makes the ORM refuse afterwards.
+        right = services.deployment_create(data=spec(name="widths-right", self_check=False),
+                                           confirm_warnings=True).pk
+        wrong = services.deployment_create(
+            data=spec(name="widths-wrong", self_check=False,
+                      env={"TEST_ENGINE_FAIL": "ddtree-width"}),  # the PR head's capture
+            confirm_warnings=True).pk
+        yield url, right, wrong
+
+
+def _login(page: Page, url: str) -> None:
+    page.goto(f"{url}/")
+    page.fill("#id_username", "otto")
+    page.fill("#id_password", "operator-pass-1")
+    page.click("#login")
+    expect(page.locator("h1")).to_have_text("Deployments")
+
+
+def _row(page: Page, role: str):  # type: ignore[no-untyped-def]
+    return page.locator(f'#capture-widths tr[data-role="{role}"]')
+
+
+def test_captured_widths_show_beside_the_needed_ones_and_a_difference_is_found_at_once(  # type: ignore[no-untyped-def]
+        deployments, page):
+    url, right, wrong = deployments
+    _login(page, url)
+    page.goto(f"{url}/deployments/{right}/")
+    expect(_row(page, "target")).to_contain_text("33 tokens/request")
+    expect(_row(page, "target").locator(".captured")).to_have_text("33 tokens/request",
+                                                                   timeout=90_000)
+    expect(_row(page, "draft").locator(".captured")).to_have_text("8 tokens/request",
+                                                                  timeout=60_000)
+    expect(page.locator("#status")).to_have_text("ready", timeout=60_000)
+    expect(page.locator("#capture-widths tr.mismatch")).to_have_count(0)
+    expect(page.locator("#diagnosis")).to_be_hidden()
+
+    page.goto(f"{url}/deployments/{wrong}/")
+    target = _row(page, "target")
+    expect(target.locator(".captured")).to_have_text("8 tokens/request", timeout=90_000)
+    expect(target).to_have_class("mismatch")
+    # The test engine then crashes on its first request as the PR head does (its warm-up
+    # request comes within a second); the finding was stored with the capture line, first.
+    expect(page.locator("#status")).to_have_text("failed", timeout=60_000)
+    expect(page.locator("#diag-cause")).to_have_text("ddtree-verify-width")
+    diagnoses, capture_seq = _in_thread(_diagnoses_and_capture, wrong)
+    causes = [p["cause"] for _, p in diagnoses]
+    assert causes[0] == "graph-width-mismatch" and diagnoses[0][1]["fatal"] is False
+    assert "ddtree-verify-width" in causes[1:], causes
+    assert diagnoses[0][1]["evidence"] == {"role": "target", "captured_width": 8,
+                                           "needed_width": 33}
+    assert diagnoses[0][0] == capture_seq + 1, "the finding comes right after the capture line"
+
+
+def _diagnoses_and_capture(pk: int) -> tuple[list[tuple[int, dict]], int]:
+    from django.db import connection
+
+    try:
+        events = Deployment.objects.get(pk=pk).events
+        diagnoses = [(e.seq, e.payload) for e in events.filter(kind="diagnosis").order_by("seq")]
+        capture = events.filter(kind="progress", payload__kind="capture_begin").order_by("seq")[0]
+        return diagnoses, capture.seq
+    finally:
+        connection.close()  # this thread's own connection: the test database is dropped after
+
+
+def _in_thread(fn, *args):  # type: ignore[no-untyped-def]
+    """The ORM refuses calls from Playwright's event loop thread; a worker thread is fine."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(fn, *args).result()
