@@ -318,6 +318,9 @@ def build_parser() -> argparse.ArgumentParser:
     cmd = add("diagnose", "print the most likely failure cause of an engine log")
     cmd.add_argument("file", help="log file, or - for stdin")
     cmd.set_defaults(func=cmd_diagnose)
+    from appliance.bench.cli import add_parser as add_bench
+
+    add_bench(sub)
     # Listed for --help only: main() hands gpu-check's own arguments (--help, --gpus ...)
     # to the self-check untouched, which argparse.REMAINDER cannot do for a leading option.
     sub.add_parser("gpu-check", help="GPU self-check (inside the engine container); "

@@ -73,6 +73,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "web.deployments",
     "web.accounts",
+    "web.benchmarks",
 ]
 
 MIDDLEWARE = [

@@ -14,5 +14,6 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/", include("web.api.urls")),
     path("healthz", healthz, name="healthz"),
+    path("benchmarks/", include("web.benchmarks.urls")),
     path("", include("web.deployments.urls")),
 ]

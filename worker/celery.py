@@ -28,9 +28,11 @@ app.conf.update(
     # Separate queues: a stop never waits behind image builds. A worker with no -Q
     # consumes both.
     task_queues=[Queue("control", routing_key="control"),
-                 Queue("builds", routing_key="builds")],
+                 Queue("builds", routing_key="builds"),
+                 Queue("bench", routing_key="bench")],
     task_default_queue="control",
     task_routes={"worker.tasks.deploy": {"queue": "builds"},
-                 "worker.tasks.stop": {"queue": "control"}},
+                 "worker.tasks.stop": {"queue": "control"},
+                 "worker.tasks.benchmark": {"queue": "bench"}},
 )
 app.autodiscover_tasks(["worker"], related_name="tasks")

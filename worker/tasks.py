@@ -18,3 +18,11 @@ def stop(deployment_id: int) -> str:
     return services.deployment_stop(deployment_id=deployment_id)
 
 
+
+
+# A benchmark sweep: its own queue, so it neither waits behind image builds nor delays a stop.
+@app.task(name="worker.tasks.benchmark", acks_late=True)
+def benchmark(run_id: int) -> str:
+    from web.benchmarks import services as bench_services
+
+    return bench_services.benchmark_run(run_id=run_id)

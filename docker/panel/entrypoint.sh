@@ -20,7 +20,8 @@ case "${1:-web}" in
     exec uvicorn web.asgi:application --host 0.0.0.0 --port 8000 --proxy-headers
     ;;
   worker)
-    exec celery -A worker.celery worker --loglevel INFO -Q control,builds \
+    # control: stops; builds: image builds; bench: benchmark runs (worker/celery.py).
+    exec celery -A worker.celery worker --loglevel INFO -Q control,builds,bench \
       --concurrency "${APPLIANCE_WORKER_CONCURRENCY:-4}"
     ;;
   agent)

@@ -319,9 +319,12 @@ def test_ctrl_c_cancels_the_build_command_and_its_running_step(
 
     repo = engine_source_repo(tmp_path, slow_extra=True)
     recipe = write_recipe(tmp_path, "cli-slow", repo, extras=SLOW_EXTRAS, base_image=BASE_IMAGE)
+    # SIGINT as a terminal delivers it: a suite started in the background (`./test &`)
+    # ignores SIGINT, and a child inherits that, so Python would never see the Ctrl-C.
     proc = subprocess.Popen([sys.executable, "-m", "appliance", "build", str(recipe), "--text"],
                             stdout=subprocess.PIPE, text=True,
-                            cwd=Path(__file__).resolve().parents[2])
+                            cwd=Path(__file__).resolve().parents[2],
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
     def step_containers() -> list[Any]:
         return [c for c in client.api.containers(all=True)  # one call: no per-container race

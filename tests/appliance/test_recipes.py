@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -125,3 +126,14 @@ def test_it_suggests_a_shipped_recipe_for_a_misspelt_name() -> None:
     with pytest.raises(RecipeError) as info:
         load_recipe("kimi-k2.6-dtree")
     assert "kimi-k2.6-ddtree" in info.value.fix
+
+
+def test_every_shipped_recipe_installs_from_a_lock_of_hashed_pins() -> None:
+    for name in list_recipes():
+        recipe = load_recipe(name)
+        assert recipe.lock_path is not None and recipe.lock_path.is_file(), name
+        text = recipe.lock_path.read_text()
+        pins = dict(re.findall(r"^([a-z0-9.-]+)==(\S+) \\$", text, re.M))
+        assert len(pins) > 150 and text.count("--hash=sha256:") >= len(pins), name
+        if recipe.sglang.pip:
+            assert pins["sglang"] == recipe.sglang.pip, name

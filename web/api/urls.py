@@ -3,6 +3,8 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.routers import DefaultRouter
 
+from web.benchmarks.api import BenchmarkViewSet
+
 from . import views
 
 
@@ -14,6 +16,7 @@ class JSONRouter(DefaultRouter):
 
 router = JSONRouter()
 router.register("deployments", views.DeploymentViewSet, basename="deployment")
+router.register("benchmarks", BenchmarkViewSet, basename="benchmark")
 
 urlpatterns = [
     path("", include(router.urls)),

@@ -1,0 +1,53 @@
+"""A benchmark run: one or more ready deployments (A/B), the same prompts and levels each."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+
+class BenchmarkStatus(models.TextChoices):
+    QUEUED = "queued"
+    RUNNING = "running"
+    CANCELLING = "cancelling"
+    CANCELLED = "cancelled"
+    DONE = "done"
+    FAILED = "failed"
+
+
+ACTIVE_STATUSES = frozenset({BenchmarkStatus.QUEUED, BenchmarkStatus.RUNNING,
+                             BenchmarkStatus.CANCELLING})
+TERMINAL_STATUSES = frozenset({BenchmarkStatus.CANCELLED, BenchmarkStatus.DONE,
+                               BenchmarkStatus.FAILED})
+
+
+class BenchmarkRun(models.Model):
+    name = models.CharField(max_length=100, blank=True, default="")
+    status = models.CharField(max_length=16, choices=BenchmarkStatus.choices,
+                              default=BenchmarkStatus.QUEUED, db_index=True)
+    # levels, num_prompts, input_len, output_len, prompt_source, mode, warmup, seed,
+    # request_rate, baseline (a target name)
+    config = models.JSONField(default=dict)
+    # Uploaded prompts (JSONL or ShareGPT text), empty for the synthetic set.
+    prompts_text = models.TextField(blank=True, default="")
+    # Per deployment, taken at creation: id, name, spec, image, engine_url, algorithm.
+    targets = models.JSONField(default=list)
+    deployments = models.ManyToManyField("deployments.Deployment", related_name="benchmarks")
+    progress = models.JSONField(default=dict, blank=True)
+    results = models.JSONField(default=dict, blank=True)
+    error = models.TextField(blank=True, default="")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                                   on_delete=models.SET_NULL)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"benchmark #{self.pk} ({self.status})"
+
+    @property
+    def is_active(self) -> bool:
+        return self.status in ACTIVE_STATUSES

@@ -1,0 +1,170 @@
+"""Benchmark runs: create (validated, with a snapshot of each deployment), run (the Celery
+task's body), cancel. Rows change state only through conditional UPDATEs."""
+
+from __future__ import annotations
+
+import threading
+import traceback
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from appliance.bench import (
+    BenchOptions,
+    Progress,
+    PromptError,
+    Target,
+    load_prompts,
+    run_benchmark,
+    speedups,
+)
+from appliance.bench.runner import MODES, BenchCancelled
+from web.deployments.models import Deployment, DeploymentStatus
+
+from .models import BenchmarkRun, BenchmarkStatus
+
+MAX_LEVEL, MAX_PROMPTS, MAX_LEN = 1024, 10000, 131072
+POLL_S = 0.5
+
+
+class BenchmarkInputError(Exception):
+    def __init__(self, errors: dict[str, str]) -> None:
+        super().__init__("; ".join(f"{k}: {v}" for k, v in errors.items()))
+        self.errors = errors
+
+
+def target_name(deployment: Deployment) -> str:
+    return f"{deployment.name}#{deployment.pk}"
+
+
+def _snapshot(deployment: Deployment) -> dict[str, Any]:
+    return {"id": deployment.pk, "name": target_name(deployment), "spec": deployment.spec,
+            "image": deployment.image, "engine_url": deployment.engine_url,
+            "algorithm": deployment.algorithm, "recipe": deployment.recipe}
+
+
+def _ready_deployments(ids: list[int]) -> list[Deployment]:
+    if not 1 <= len(ids) <= 3 or len(set(ids)) != len(ids):
+        raise BenchmarkInputError({"deployments": "choose one, two or three deployments"})
+    found = {d.pk: d for d in Deployment.objects.filter(pk__in=ids)}
+    for pk in ids:
+        d = found.get(pk)
+        if d is None or d.status != DeploymentStatus.READY or not d.engine_url:
+            raise BenchmarkInputError({"deployments": f"deployment {pk} is not ready"})
+    return [found[pk] for pk in ids]
+
+
+def _check_config(config: dict[str, Any]) -> None:
+    levels = config["levels"]
+    if not levels or any(not 1 <= c <= MAX_LEVEL for c in levels):
+        raise BenchmarkInputError({"levels": f"concurrency levels from 1 to {MAX_LEVEL}"})
+    if config["mode"] not in MODES:
+        raise BenchmarkInputError({"mode": f"one of {', '.join(MODES)}"})
+    for key, top in (("num_prompts", MAX_PROMPTS), ("input_len", MAX_LEN),
+                     ("output_len", MAX_LEN)):
+        if not 1 <= config[key] <= top:
+            raise BenchmarkInputError({key: f"from 1 to {top}"})
+
+
+def _prompts(config: dict[str, Any], text: str) -> list[Any]:
+    try:
+        return load_prompts(source=config["prompt_source"], count=config["num_prompts"],
+                            input_len=config["input_len"], output_len=config["output_len"],
+                            seed=config["seed"], text=text)
+    except PromptError as exc:
+        raise BenchmarkInputError({exc.field: str(exc)}) from exc
+
+
+def benchmark_create(*, deployment_ids: list[int], config: dict[str, Any],
+                     prompts_text: str = "", baseline_id: int | None = None,
+                     name: str = "", user: Any = None) -> BenchmarkRun:
+    """`config`: levels, num_prompts, input_len, output_len, prompt_source, mode, warmup,
+    seed, request_rate. The baseline defaults to the last deployment chosen."""
+    deployments = _ready_deployments(deployment_ids)
+    _check_config(config)
+    _prompts(config, prompts_text)
+    base = baseline_id if baseline_id is not None else deployment_ids[-1]
+    if base not in deployment_ids:
+        raise BenchmarkInputError({"baseline": "the baseline must be one of the deployments"})
+    config = {**config, "baseline": target_name(next(d for d in deployments if d.pk == base))}
+    with transaction.atomic():
+        run = BenchmarkRun.objects.create(
+            name=name, config=config, prompts_text=prompts_text,
+            targets=[_snapshot(d) for d in deployments],
+            created_by=user if getattr(user, "is_authenticated", False) else None)
+        run.deployments.set(deployments)
+        transaction.on_commit(lambda: _enqueue(run.pk))
+    return run
+
+
+def _enqueue(run_id: int) -> None:
+    from worker.celery import app
+
+    app.send_task("worker.tasks.benchmark", args=[run_id])
+
+
+def benchmark_request_cancel(*, run: BenchmarkRun) -> BenchmarkRun:
+    """A queued run ends at once; a running one is asked to stop (its task polls)."""
+    BenchmarkRun.objects.filter(pk=run.pk, status=BenchmarkStatus.QUEUED).update(
+        status=BenchmarkStatus.CANCELLED, finished_at=timezone.now())
+    BenchmarkRun.objects.filter(pk=run.pk, status=BenchmarkStatus.RUNNING).update(
+        status=BenchmarkStatus.CANCELLING)
+    run.refresh_from_db()
+    return run
+
+
+def _finish(run_id: int, status: str, **fields: Any) -> None:
+    BenchmarkRun.objects.filter(pk=run_id, status__in=[
+        BenchmarkStatus.RUNNING, BenchmarkStatus.CANCELLING]).update(
+        status=status, finished_at=timezone.now(), **fields)
+
+
+def benchmark_run(*, run_id: int) -> str:
+    """The task's body: runs the sweep on a thread, saving progress and watching for a
+    cancel every POLL_S seconds (ORM calls stay on this thread, off the event loop)."""
+    if not BenchmarkRun.objects.filter(pk=run_id, status=BenchmarkStatus.QUEUED).update(
+            status=BenchmarkStatus.RUNNING, started_at=timezone.now()):
+        return "not queued"
+    run = BenchmarkRun.objects.get(pk=run_id)
+    progress, cancel = Progress(), threading.Event()
+    outcome: dict[str, Any] = {}
+    worker = threading.Thread(target=_sweep, args=(run, progress, cancel, outcome),
+                              name=f"benchmark-{run_id}", daemon=True)
+    worker.start()
+    while worker.is_alive():
+        worker.join(POLL_S)
+        BenchmarkRun.objects.filter(pk=run_id).update(progress=progress.snapshot())
+        if BenchmarkRun.objects.filter(pk=run_id, status=BenchmarkStatus.CANCELLING).exists():
+            cancel.set()
+    return _record(run, outcome, progress)
+
+
+def _sweep(run: BenchmarkRun, progress: Progress, cancel: threading.Event,
+           outcome: dict[str, Any]) -> None:
+    try:
+        config = run.config
+        targets = [Target(t["name"], t["engine_url"].rstrip("/")) for t in run.targets]
+        options = BenchOptions(levels=tuple(config["levels"]), warmup=config.get("warmup", 1),
+                               seed=config.get("seed", 0), mode=config["mode"],
+                               request_rate=config.get("request_rate"))
+        outcome["result"] = run_benchmark(targets, _prompts(config, run.prompts_text),
+                                          options, progress, cancel)
+    except BenchCancelled:
+        outcome["cancelled"] = True
+    except Exception:  # recorded on the row: the run failed, the worker goes on
+        outcome["error"] = traceback.format_exc()
+
+
+def _record(run: BenchmarkRun, outcome: dict[str, Any], progress: Progress) -> str:
+    if outcome.get("cancelled"):
+        _finish(run.pk, BenchmarkStatus.CANCELLED, progress=progress.snapshot())
+        return "cancelled"
+    if "error" in outcome:
+        _finish(run.pk, BenchmarkStatus.FAILED, error=outcome["error"][-4000:])
+        return "failed"
+    result = outcome["result"]
+    results = {**result.to_dict(), "baseline": run.config["baseline"],
+               "speedups": speedups(result, run.config["baseline"])}
+    _finish(run.pk, BenchmarkStatus.DONE, results=results, progress=progress.snapshot())
+    return "done"
