@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import redis
 from django.conf import settings
 from django.contrib.auth.models import Group, Permission
 
 from web.deployments.management.commands.bootstrap import ROLES
+
+# The suite's specs set the test engine's TEST_ENGINE_* knobs (appliance.engine.envkeys):
+# allowed here, in this process and in the panel, worker and agent processes it starts.
+os.environ["APPLIANCE_ENGINE_TEST_ENV"] = "1"
+
+
+@pytest.fixture(autouse=True)
+def _test_engine_env(settings):  # type: ignore[no-untyped-def]
+    settings.ENGINE_TEST_ENV = True
 
 
 def _role(name: str) -> Group:

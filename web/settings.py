@@ -288,6 +288,9 @@ ENGINE_MEMORY_LIMIT = env_str("APPLIANCE_ENGINE_MEMORY_LIMIT", "")
 # compose secret or mounted folder), else from the engine agent's environment as
 # APPLIANCE_ENGINE_SECRET_<NAME> (appliance/runtime/secrets.py).
 ENGINE_SECRETS_DIR = env_str("APPLIANCE_ENGINE_SECRETS_DIR", "/run/secrets/engine")
+# Whether a spec's env may set the test engine's TEST_ENGINE_* knobs (the test suite only;
+# appliance.engine.envkeys has the allowlist every spec's env keys are checked against).
+ENGINE_TEST_ENV = env_bool("APPLIANCE_ENGINE_TEST_ENV", False)
 # GPUs on the host when no agent has reported an inventory (0: unknown, not checked).
 GPU_COUNT = env_int("APPLIANCE_GPU_COUNT", 0)
 # Extra environment for every engine container (tests use it to pace the test engine).

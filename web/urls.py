@@ -15,5 +15,6 @@ urlpatterns = [
     path("api/", include("web.api.urls")),
     path("healthz", healthz, name="healthz"),
     path("benchmarks/", include("web.benchmarks.urls")),
+    path("account/", include("web.accounts.urls")),
     path("", include("web.deployments.urls")),
 ]

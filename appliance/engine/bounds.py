@@ -50,7 +50,8 @@ FLOAT_RANGES: dict[str, tuple[float, float]] = {"mem_fraction_static": (0.0, 1.0
 FLOAT_ABS_MAX = 1e300
 
 SECRET_NAME = re.compile(
-    r"(TOKEN|SECRET|PASSWORD|PASSWD|API[_-]?KEY|ACCESS[_-]?KEY|PRIVATE[_-]?KEY|CREDENTIAL)",
+    # TOKENIZERS_PARALLELISM and *_MAX_TOKENS are knobs, not credentials.
+    r"(TOKEN(?!IZER|S(?:_|$))|SECRET|PASSWORD|PASSWD|API[_-]?KEY|ACCESS[_-]?KEY|PRIVATE[_-]?KEY|CREDENTIAL)",
     re.IGNORECASE)
 # Known token shapes (HF, OpenAI-style, GitHub, AWS, Slack, JWT): a value holding one is a
 # credential whatever the key is called, however it is padded, quoted or prefixed.
@@ -196,3 +197,25 @@ def float_range_error(name: str, value: float, where: str) -> FieldError | None:
 def as_float(value: int) -> float | None:
     """An integer as a float, or None when it is beyond any sensible float."""
     return float(value) if abs(value) <= FLOAT_ABS_MAX else None
+
+
+# ---------------------------------------------------------------- /dev/shm
+
+SHM_SIZE = re.compile(r"([1-9][0-9]{0,6})([mgt])", re.IGNORECASE)
+SHM_MIN_BYTES = 64 * 2**20  # Docker's own default; NCCL wants far more with several GPUs
+SHM_MAX_BYTES = 2 * 2**40
+_SHM_UNIT = {"m": 2**20, "g": 2**30, "t": 2**40}
+
+
+def shm_size_from(data: Any) -> tuple[str | None, list[FieldError]]:
+    """The engine container's /dev/shm size ("32g"), None for the appliance's default
+    (APPLIANCE_ENGINE_SHM_SIZE), or why it is refused."""
+    if data is None:
+        return None, []
+    match = SHM_SIZE.fullmatch(data) if isinstance(data, str) else None
+    size = int(match[1]) * _SHM_UNIT[match[2].lower()] if match else 0
+    if not SHM_MIN_BYTES <= size <= SHM_MAX_BYTES:
+        shown = repr(data) if len(repr(data)) <= 40 else "a long value"
+        return None, [FieldError("shm_size", f"must be a size from 64m to 2t, got {shown}",
+                                 'write shm_size: "32g" (NCCL over 8 GPUs wants 16g or more)')]
+    return data.lower(), []

@@ -17,7 +17,7 @@ from appliance.engine.spec import FieldError, engine_field_names
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
 RECIPE_KEYS = ["name", "description", "base_image", "sglang", "patches", "lock", "pip_extras",
-               "env", "build_args", "engine_defaults"]
+               "env", "env_allow", "build_args", "engine_defaults"]
 SGLANG_KEYS = ["pip", "git", "archive", "ref", "base_version", "flags"]
 LOCKS_DIR = Path(__file__).parent / "locks"
 FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
@@ -47,6 +47,8 @@ class Recipe:
     patches: list[str] = field(default_factory=list)
     pip_extras: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    # Engine variables a spec may set beyond appliance.engine.envkeys' allowlist.
+    env_allow: list[str] = field(default_factory=list)
     build_args: dict[str, str] = field(default_factory=dict)
     engine_defaults: dict[str, Any] = field(default_factory=dict)
     description: str = ""
@@ -189,6 +191,8 @@ def recipe_from_dict(data: Mapping[str, Any], path: Path | None = None) -> Recip
     errors += errs
     env, errs = _str_map(data.get("env"), "env")
     errors += errs
+    env_allow, errs = _str_list(data.get("env_allow"), "env_allow")
+    errors += errs
     build_args, errs = _str_map(data.get("build_args"), "build_args")
     errors += errs
     defaults, errs = _engine_defaults(data.get("engine_defaults"))
@@ -201,7 +205,7 @@ def recipe_from_dict(data: Mapping[str, Any], path: Path | None = None) -> Recip
         raise RecipeError(errors)
     return Recipe(name=str(data["name"]), base_image=expand_env(str(data["base_image"])),
                   sglang=src, patches=patches, pip_extras=extras, env=env,
-                  build_args=build_args, engine_defaults=defaults,
+                  env_allow=env_allow, build_args=build_args, engine_defaults=defaults,
                   description=str(data.get("description", "")), path=path,
                   lock=str(lock) if lock else None)
 

@@ -91,6 +91,8 @@ class DeploymentSpec:
     secrets: list[str] = field(default_factory=list)
     # Run the GPU self-check (appliance.selfcheck) in the engine container before the load.
     self_check: bool = True
+    # The engine container's /dev/shm ("32g"); None: the appliance's APPLIANCE_ENGINE_SHM_SIZE.
+    shm_size: str | None = None
 
 
 # ---------------------------------------------------------------- field introspection
@@ -315,7 +317,7 @@ def _recipe_from(data: Mapping[str, Any]) -> tuple[str, list[FieldError]]:
 
 
 TOP_LEVEL_KEYS = ["name", "recipe", "gpus", "engine", "extra_args", "env", "secrets",
-                  "self_check"]
+                  "self_check", "shm_size"]
 
 
 def _engine_and_args(data: Mapping[str, Any], engine_defaults: Mapping[str, Any] | None,
@@ -350,13 +352,15 @@ def spec_from_dict(data: Mapping[str, Any],
     engine, extra, errs4 = _engine_and_args(data, engine_defaults)
     env, errs5 = _env_from(data.get("env"))
     secrets, errs6 = _secret_names(data.get("secrets"), env)
-    errors += errs + errs2 + errs3 + errs4 + errs5 + errs6
+    shm_size, errs7 = bounds.shm_size_from(data.get("shm_size"))
+    errors += errs + errs2 + errs3 + errs4 + errs5 + errs6 + errs7
     self_check = data.get("self_check", True)
     if not isinstance(self_check, bool):
         errors.append(FieldError("self_check", "must be true or false",
                                  "write self_check: true (the default) or false"))
     spec = DeploymentSpec(name=name, recipe=recipe, gpus=gpus, engine=engine, extra_args=extra,
-                          env=env, secrets=secrets, self_check=bool(self_check))
+                          env=env, secrets=secrets, self_check=bool(self_check),
+                          shm_size=shm_size)
     size_err = None if errors else bounds.launch_size_error(
         [*extra, *(f"{k}={v}" for k, v in env.items()),
          *(v for v in vars(engine).values() if isinstance(v, str))])

@@ -21,7 +21,7 @@ from docker.models.containers import Container
 from docker.types import DeviceRequest
 
 from appliance.runtime.logstream import LogLine, attach_frames, lines_of, log_frames
-from appliance.runtime.secrets import SecretMissingError, resolve_secrets
+from appliance.runtime.secrets import SecretMissingError, resolve_secrets, secrets_archive
 
 LABEL_DEPLOYMENT = "appliance.deployment"
 LABEL_MANAGED = "appliance.managed"
@@ -143,10 +143,9 @@ class EngineRuntime:
     def ensure_started(self, plan: ContainerPlan) -> Container:
         """Adopt the deployment's live container, or start one (removing an exited leftover)."""
         existing = self.find(plan.identity)
-        if existing is not None and existing.status in LIVE_STATES:
-            if existing.status == "created":
-                self._call(existing.start, f"start container {existing.name}")
-                existing.reload()
+        # A container never started may lack its secret files (the agent stopped between
+        # create and start): it is made again rather than started.
+        if existing is not None and existing.status in LIVE_STATES - {"created"}:
             return existing
         if existing is not None:
             self._remove(existing)
@@ -262,17 +261,28 @@ class EngineRuntime:
         return list(found)
 
     def _run(self, plan: ContainerPlan) -> Container:
+        """Create, put the secret files in, then start: no value is ever in the container's
+        configuration (`docker inspect`), only in files the entrypoint exports and removes."""
         self._require_image(plan.image)
-        kwargs = start_kwargs(plan)
+        archive = secrets_archive(secret_values(plan))
+        kwargs = docker_run_kwargs(plan)
+        del kwargs["detach"]
+        container = None
         try:
-            container = self.client.containers.run(**kwargs)
+            container = self.client.containers.create(**kwargs)
+            if archive:
+                container.put_archive("/", archive)
+            container.start()
         except docker.errors.ImageNotFound as exc:
             raise ImageMissingError(_image_missing_message(plan.image)) from exc
         except docker.errors.APIError as exc:
+            if container is not None:
+                self._remove(container)
             raise EngineRuntimeError(
                 f"cannot start the engine container {plan.identity.name} "
                 f"from image {plan.image}: {exc.explanation or exc}"
             ) from exc
+        container.reload()
         return container
 
     def _require_image(self, image: str) -> None:
@@ -363,16 +373,14 @@ def docker_run_kwargs(plan: ContainerPlan) -> dict[str, Any]:
     return kwargs
 
 
-def start_kwargs(plan: ContainerPlan, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """docker_run_kwargs with the declared secrets' values in the environment, read from the
-    store now; EngineRuntimeError naming (never showing) a secret that cannot be had."""
-    kwargs = docker_run_kwargs(plan)
+def secret_values(plan: ContainerPlan,
+                  environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The declared secrets' values, read from the store now (never kept in the plan);
+    EngineRuntimeError naming (never showing) a secret that cannot be had."""
     try:
-        kwargs["environment"].update(
-            resolve_secrets(plan.secrets, directory=plan.secrets_dir, environ=environ))
+        return resolve_secrets(plan.secrets, directory=plan.secrets_dir, environ=environ)
     except SecretMissingError as exc:
         raise EngineRuntimeError(f"cannot start {plan.identity.name}: {exc}") from None
-    return kwargs
 
 
 def _image_missing_message(image: str) -> str:

@@ -2,18 +2,25 @@
 
 A value comes from the file <directory>/<NAME> (a compose secret, a mounted folder), else
 from the starting process's environment as APPLIANCE_ENGINE_SECRET_<NAME>. It is read when
-the engine container starts and handed to that container's environment only: never to
-the spec, an event, a log line or the plan shown in a dry run. Names are upper case (the
+the engine container starts and put into that container, after it is created and before it
+starts, as the files /run/appliance/secrets/<NAME> (mode 0400); the image's entrypoint
+exports each as the variable <NAME> and removes the file before it runs the engine. So a
+value is never in the container's configuration (`docker inspect`), an image layer, the
+spec, an event, a log line or the plan shown in a dry run. Names are upper case (the
 spec checks it), so no name reaches the appliance's own lower-case secret files.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import re
+import tarfile
 from collections.abc import Mapping
 from pathlib import Path
 
+# Where the files land in the container (docker/engine/runtime/entrypoint.py reads them).
+CONTAINER_DIR = "run/appliance/secrets"
 # Not APPLIANCE_SECRET_: APPLIANCE_SECRET_KEY is the panel's own signing key.
 ENV_PREFIX = "APPLIANCE_ENGINE_SECRET_"
 MAX_SECRET_BYTES = 64 * 1024
@@ -68,3 +75,22 @@ def resolve_secrets(names: list[str], *, directory: str,
             f"(APPLIANCE_ENGINE_SECRETS_DIR) or set {ENV_PREFIX}<NAME> in the engine agent's "
             "environment")
     return values
+
+
+def secrets_archive(values: Mapping[str, str]) -> bytes:
+    """A tar for `put_archive("/", ...)`: CONTAINER_DIR (0700) with one 0400 file per
+    name, owned by root; empty bytes when there is nothing to put."""
+    if not values:
+        return b""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for path in ("run/appliance", CONTAINER_DIR):
+            folder = tarfile.TarInfo(path)
+            folder.type, folder.mode = tarfile.DIRTYPE, 0o755 if path == "run/appliance" else 0o700
+            tar.addfile(folder)
+        for name, value in sorted(values.items()):
+            data = value.encode("utf-8")
+            info = tarfile.TarInfo(f"{CONTAINER_DIR}/{name}")
+            info.size, info.mode = len(data), 0o400
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()

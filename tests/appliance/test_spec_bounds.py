@@ -149,3 +149,19 @@ def test_a_stored_spec_reads_back_the_same() -> None:
 
     first = spec_from_dict(spec(extra_args=["--dp-size", "2", "--schedule-policy", "lpm"]))
     assert spec_from_dict(spec_to_dict(first)) == first
+
+
+@pytest.mark.parametrize("size", ["64m", "32g", "32G", "2t", "512m"])
+def test_a_sized_dev_shm_is_accepted(size: str) -> None:
+    assert spec_from_dict(spec(shm_size=size)).shm_size == size.lower()
+
+
+@pytest.mark.parametrize("size", ["1m", "3t", "32", "32gb", "0g", "-1g", " 32g", "32g\n",
+                                  "9" * 4000 + "g", 32, None.__class__.__name__])
+def test_a_dev_shm_out_of_bounds_or_malformed_is_refused(size: object) -> None:
+    message = errors_of(spec(shm_size=size))["shm_size"]
+    assert "64m to 2t" in message
+
+
+def test_without_shm_size_the_appliances_default_applies() -> None:
+    assert spec_from_dict(spec()).shm_size is None

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Page, expect
 
-from tests.e2e.test_metrics_panel import _deploy, _login, _stack
+from tests.e2e.stack import login
+from tests.e2e.test_metrics_panel import _deploy, _stack
 from web.deployments.models import Deployment, DeploymentStatus
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker, pytest.mark.e2e]
@@ -38,7 +39,7 @@ def fast_and_slow(operator, tmp_path: Path, test_engine_image: str, settings):  
 
 def test_an_ab_benchmark_shows_the_speedup_and_charts(fast_and_slow, page: Page) -> None:  # type: ignore[no-untyped-def]
     url, fast, slow = fast_and_slow
-    _login(page, url)
+    login(page, url)
     page.goto(f"{url}/benchmarks/new/")
     page.check(f'input[name="deployments"][value="{fast}"]')
     page.check(f'input[name="deployments"][value="{slow}"]')

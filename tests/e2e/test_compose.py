@@ -229,6 +229,13 @@ def _token(stack: Stack) -> str:
     return re.findall(r"(sda_[0-9a-f]{64})", out)[0]
 
 
+def _reaches(engine: Any, host: str, port: int) -> bool:
+    """Whether a TCP connection from inside the engine container to host:port succeeds."""
+    probe = ("import socket,sys\ntry:\n socket.create_connection((sys.argv[1], int(sys.argv[2])),"
+             " timeout=3).close()\nexcept OSError:\n sys.exit(1)")
+    return engine.exec_run(["python3", "-c", probe, host, str(port)]).exit_code == 0
+
+
 def _engine_lines(client: Any, name: str) -> list[str]:
     """What the engine printed, stdout and stderr in the order Docker stored them."""
     raw = client.containers.get(name).logs(stdout=True, stderr=True, timestamps=True)
@@ -296,6 +303,8 @@ def test_compose_up_runs_the_appliance_as_shipped(stack: Stack, page: Page) -> N
     assert stored == printed[:len(stored)], "every line printed is stored once, in order"
     assert len(stored) >= len(printed) - 5  # the last lines may still be on their way
     assert detail["status"] == "ready"
+    # Engines are on the engine network only: no route to Redis or PostgreSQL.
+    assert not _reaches(engines[0], "redis", 6379) and not _reaches(engines[0], "postgres", 5432)
 
     # 3. down while the engine serves, up again: history kept, the engine adopted.
     events_before = len(seqs)

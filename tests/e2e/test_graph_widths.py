@@ -4,17 +4,13 @@ a width that disagrees is a finding at capture time, before the first request.""
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis
-from django.conf import settings
 from playwright.sync_api import Page, expect
 
-import docker
-from tests.servers import celery_worker, engine_agent, panel_server
+from tests.e2e.stack import appliance_stack, login
 from tests.web.specs import spec
 from web.deployments import services
 from web.deployments.models import Deployment
@@ -22,26 +18,14 @@ from web.deployments.models import Deployment
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker, pytest.mark.e2e]
 
 
-@contextlib.contextmanager
-def _stack(tmp_path: Path, image: str) -> Iterator[str]:
-    env = {"APPLIANCE_ENGINE_IMAGE": image, "APPLIANCE_ENGINE_GPU_REQUESTS": "0",
-           "APPLIANCE_ENGINE_EXTRA_ENV": "TEST_ENGINE_PACE_S=0.08,TEST_ENGINE_SHARDS=6",
-           "APPLIANCE_ENGINE_STOP_TIMEOUT_S": "5"}
-    redis.Redis.from_url(settings.REDIS_URL).flushdb()
-    with celery_worker(tmp_path / "worker.log", **env), \
-            engine_agent(tmp_path / "agent.log", **env), \
-            panel_server(tmp_path / "web.log", **env) as url:
-        yield url
-    for container in docker.from_env().containers.list(
-            all=True, filters={"label": "appliance.deployment"}):
-        container.remove(force=True)
-
-
 @pytest.fixture
 def deployments(operator, tmp_path: Path, test_engine_image: str,  # type: ignore[no-untyped-def]
                 settings) -> Iterator[tuple[str, int, int]]:
     settings.ENGINE_GPU_REQUESTS = False
-    with _stack(tmp_path, test_engine_image) as url:
+    env = {"APPLIANCE_ENGINE_IMAGE": test_engine_image, "APPLIANCE_ENGINE_GPU_REQUESTS": "0",
+           "APPLIANCE_ENGINE_EXTRA_ENV": "TEST_ENGINE_PACE_S=0.08,TEST_ENGINE_SHARDS=6",
+           "APPLIANCE_ENGINE_STOP_TIMEOUT_S": "5"}
+    with appliance_stack(tmp_path, env) as url:
         # Made before the page: Playwright's loop makes the ORM refuse afterwards.
         right = services.deployment_create(data=spec(name="widths-right", self_check=False),
                                            confirm_warnings=True).pk
@@ -52,14 +36,6 @@ def deployments(operator, tmp_path: Path, test_engine_image: str,  # type: ignor
         yield url, right, wrong
 
 
-def _login(page: Page, url: str) -> None:
-    page.goto(f"{url}/")
-    page.fill("#id_username", "otto")
-    page.fill("#id_password", "operator-pass-1")
-    page.click("#login")
-    expect(page.locator("h1")).to_have_text("Deployments")
-
-
 def _row(page: Page, role: str):  # type: ignore[no-untyped-def]
     return page.locator(f'#capture-widths tr[data-role="{role}"]')
 
@@ -67,7 +43,7 @@ def _row(page: Page, role: str):  # type: ignore[no-untyped-def]
 def test_captured_widths_show_beside_the_needed_ones_and_a_difference_is_found_at_once(  # type: ignore[no-untyped-def]
         deployments, page):
     url, right, wrong = deployments
-    _login(page, url)
+    login(page, url)
     page.goto(f"{url}/deployments/{right}/")
     expect(_row(page, "target")).to_contain_text("33 tokens/request")
     expect(_row(page, "target").locator(".captured")).to_have_text("33 tokens/request",

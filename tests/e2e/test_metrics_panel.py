@@ -13,12 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
-from django.conf import settings
 from playwright.sync_api import Page, expect
 
-import docker
-from tests.servers import celery_worker, engine_agent, panel_server
+from tests.e2e.stack import appliance_stack, login
 from tests.web.specs import spec
 from web.deployments import services
 
@@ -42,14 +39,8 @@ def _stack(tmp_path: Path, image: str) -> Iterator[str]:
         "APPLIANCE_METRICS_INTERVAL_S": "1",  # one point per second per series
         "APPLIANCE_ALERT_STALL_S": "4",
     }
-    redis.Redis.from_url(settings.REDIS_URL).flushdb()
-    with celery_worker(tmp_path / "worker.log", **env), \
-            engine_agent(tmp_path / "agent.log", **env), \
-            panel_server(tmp_path / "web.log", **env) as url:
+    with appliance_stack(tmp_path, env) as url:
         yield url
-    client = docker.from_env()
-    for container in client.containers.list(all=True, filters={"label": "appliance.deployment"}):
-        container.remove(force=True)
 
 
 @pytest.fixture
@@ -79,14 +70,6 @@ def eager_and_stalled(operator, stack: str, settings) -> tuple[int, int]:  # typ
             _deploy("stalled", TEST_ENGINE_FAIL="capture-stall"))
 
 
-def _login(page: Page, url: str) -> None:
-    page.goto(f"{url}/")
-    page.fill("#id_username", "otto")
-    page.fill("#id_password", "operator-pass-1")
-    page.click("#login")
-    expect(page.locator("h1")).to_have_text("Deployments")
-
-
 def _stats(page: Page) -> dict[str, Any]:
     return page.evaluate("ApplianceCharts.stats()")  # type: ignore[no-any-return]
 
@@ -98,7 +81,7 @@ def _alert(page: Page, alert_id: str) -> Any:
 def test_a_ready_deployment_charts_live_and_an_acceptance_collapse_alerts(  # type: ignore[no-untyped-def]
         stack, healthy_and_collapsing, page):
     healthy, collapsing = healthy_and_collapsing
-    _login(page, stack)
+    login(page, stack)
     page.goto(f"{stack}/deployments/{healthy}/")
     expect(page.locator("#status")).to_have_text("ready", timeout=90_000)
     expect(page.locator("#charts")).to_be_visible(timeout=20_000)
@@ -164,7 +147,7 @@ def _keeps_up_with_a_full_window(page: Page) -> None:
 def test_silent_eager_decoding_and_a_stalled_capture_alert_in_the_panel(  # type: ignore[no-untyped-def]
         stack, eager_and_stalled, page):
     eager, stalled = eager_and_stalled
-    _login(page, stack)
+    login(page, stack)
     page.goto(f"{stack}/deployments/{stalled}/")
     expect(page.locator("#status")).to_have_text("capturing", timeout=90_000)
     expect(_alert(page, "stall")).to_contain_text("No progress for", timeout=30_000)

@@ -3,35 +3,19 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis
-from django.conf import settings
-from playwright.sync_api import Page, expect
+from playwright.sync_api import expect
 
 import docker
-from tests.servers import celery_worker, engine_agent, panel_server
+from tests.e2e.stack import appliance_stack, login
 from tests.site_recipes import engine_source_repo, write_recipe
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker, pytest.mark.e2e]
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "artifacts"
-
-
-@contextlib.contextmanager
-def _stack(tmp_path: Path, env: dict[str, str]) -> Iterator[str]:
-    redis.Redis.from_url(settings.REDIS_URL).flushdb()  # no stale tasks from other tests
-    with celery_worker(tmp_path / "worker.log", **env), \
-            engine_agent(tmp_path / "agent.log", **env), \
-            panel_server(tmp_path / "web.log", **env) as url:
-        yield url
-    client = docker.from_env()
-    for container in client.containers.list(all=True, filters={"label": "appliance.deployment"}):
-        container.remove(force=True)
 
 
 @pytest.fixture
@@ -42,7 +26,7 @@ def stack(tmp_path: Path, test_engine_image: str):  # type: ignore[no-untyped-de
         "APPLIANCE_ENGINE_EXTRA_ENV": "TEST_ENGINE_PACE_S=0.06,TEST_ENGINE_SHARDS=12",
         "APPLIANCE_ENGINE_STOP_TIMEOUT_S": "5",
     }
-    with _stack(tmp_path, env) as url:
+    with appliance_stack(tmp_path, env) as url:
         yield url
 
 
@@ -54,23 +38,15 @@ def building_stack(tmp_path: Path):  # type: ignore[no-untyped-def]
     write_recipe(recipes, "site-test-engine", engine_source_repo(tmp_path))
     env = {"APPLIANCE_ENGINE_IMAGE": "", "APPLIANCE_RECIPES_DIR": str(recipes),
            "APPLIANCE_ENGINE_GPU_REQUESTS": "0", "APPLIANCE_ENGINE_STOP_TIMEOUT_S": "5"}
-    with _stack(tmp_path, env) as url:
+    with appliance_stack(tmp_path, env) as url:
         yield url
     client = docker.from_env()
     for image in client.images.list(filters={"label": "appliance.recipe=site-test-engine"}):
         client.images.remove(image.id, force=True)
 
 
-def _login(page: Page, url: str) -> None:
-    page.goto(f"{url}/")
-    page.fill("#id_username", "otto")
-    page.fill("#id_password", "operator-pass-1")
-    page.click("#login")
-    expect(page.locator("h1")).to_have_text("Deployments")
-
-
 def test_an_operator_deploys_watches_it_come_up_live_and_stops_it(operator, stack, page):  # type: ignore[no-untyped-def]
-    _login(page, stack)
+    login(page, stack)
     page.click("text=New deployment")
     # The form starts from the first recipe's own defaults (the baseline: no speculation) and
     # choosing another recipe fills its algorithm and engine defaults.
@@ -136,7 +112,7 @@ def test_an_operator_deploys_watches_it_come_up_live_and_stops_it(operator, stac
 
 def test_a_built_image_runs_the_real_self_check_and_the_panel_shows_why_it_stopped(  # type: ignore[no-untyped-def]
         operator, building_stack, page):
-    _login(page, building_stack)
+    login(page, building_stack)
     page.click("text=New deployment")
     page.fill("#id_name", "built-here")
     page.select_option("#id_recipe", "site-test-engine")

@@ -10,7 +10,7 @@ import pytest
 from django.core import serializers
 from django.test import Client, override_settings
 
-from appliance.runtime.containers import EngineRuntimeError, start_kwargs
+from appliance.runtime.containers import EngineRuntimeError, docker_run_kwargs, secret_values
 from appliance.runtime.secrets import ENV_PREFIX
 from web.deployments import services
 from web.deployments.models import Deployment, Event
@@ -39,9 +39,10 @@ def test_a_declared_secret_reaches_only_its_own_container(operator, tmp_path: Pa
         other = _create(client, name="without")
         plan = services._container_plan(declared, "img")
         assert plan.secrets == ["HF_TOKEN"] and PLANTED not in json.dumps(plan.env)
-        assert start_kwargs(plan)["environment"]["HF_TOKEN"] == PLANTED
-        assert "HF_TOKEN" not in start_kwargs(services._container_plan(other, "img"))[
-            "environment"]
+        assert secret_values(plan) == {"HF_TOKEN": PLANTED}
+        # Put into the container as a file, never its configuration (`docker inspect`).
+        assert PLANTED not in repr(docker_run_kwargs(plan))
+        assert secret_values(services._container_plan(other, "img")) == {}
 
 
 def test_the_store_falls_back_to_the_agents_environment(operator, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -49,11 +50,11 @@ def test_the_store_falls_back_to_the_agents_environment(operator, tmp_path: Path
     client.force_login(operator)
     with override_settings(ENGINE_SECRETS_DIR=str(tmp_path / "none")):
         plan = services._container_plan(_create(client, secrets=["HF_TOKEN"]), "img")
-    environment = start_kwargs(plan, environ={f"{ENV_PREFIX}HF_TOKEN": PLANTED})["environment"]
-    assert environment["HF_TOKEN"] == PLANTED
+    assert secret_values(plan, environ={f"{ENV_PREFIX}HF_TOKEN": PLANTED}) == {
+        "HF_TOKEN": PLANTED}
     # The panel's own APPLIANCE_SECRET_KEY is no engine secret.
     with pytest.raises(EngineRuntimeError):
-        start_kwargs(plan, environ={"APPLIANCE_SECRET_HF_TOKEN": PLANTED})
+        secret_values(plan, environ={"APPLIANCE_SECRET_HF_TOKEN": PLANTED})
 
 
 def test_a_missing_secret_fails_the_start_naming_it_and_the_fix(operator, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -62,7 +63,7 @@ def test_a_missing_secret_fails_the_start_naming_it_and_the_fix(operator, tmp_pa
     with override_settings(ENGINE_SECRETS_DIR=str(tmp_path)):
         plan = services._container_plan(_create(client, secrets=["HF_TOKEN"]), "img")
     with pytest.raises(EngineRuntimeError) as caught:
-        start_kwargs(plan, environ={})
+        secret_values(plan, environ={})
     diagnosis = start_failure(str(caught.value))
     assert "HF_TOKEN" in str(caught.value) and diagnosis.cause == "secret-missing"
 
@@ -74,7 +75,7 @@ def test_a_planted_secret_is_in_no_row_event_answer_or_stream(operator, viewer, 
     client.force_login(operator)
     with override_settings(ENGINE_SECRETS_DIR=str(tmp_path)):
         deployment = _create(client, secrets=["HF_TOKEN"])
-        start_kwargs(services._container_plan(deployment, "img"))
+        secret_values(services._container_plan(deployment, "img"))
     services.deployment_request_stop(deployment=deployment)
     dump = serializers.serialize("json", [*Deployment.objects.all(), *Event.objects.all()])
     assert PLANTED not in dump

@@ -62,6 +62,8 @@ def _kind(path: str) -> str:
         return "schema"  # any logged-in user: names endpoints and fields, no deployment
     if bare.startswith("api/preflight"):
         return "preflight"
+    if bare.startswith("account/"):
+        return "account"  # one's own API tokens: any role, never someone else's
     if bare.startswith(("api/deployments", "deployments/")) or bare in ("", "api/", "api.json"):
         return "deployments"
     return "other"
@@ -81,6 +83,8 @@ def _allowed(actor: str, kind: str, method: str, path: str) -> set[int]:
         return {200, 405}
     if kind == "preflight":
         return {200, 400, 405}
+    if kind == "account":
+        return {200, 405} if read else {200, 302, 400, 403, 405}
     if actor == "nobody":
         return {403, 405}
     if actor == "viewer":
@@ -111,6 +115,7 @@ def test_every_url_every_method_every_role(people) -> None:  # type: ignore[no-u
     paths = _paths(deployment.pk, people["viewer"].pk)
     assert len(paths) > 40 and "/api/deployments/" in paths
     wrong: list[str] = []
+    sent = 0
     for actor in ACTORS:
         session = _client(people[actor])
         for path in paths:
@@ -121,6 +126,9 @@ def test_every_url_every_method_every_role(people) -> None:  # type: ignore[no-u
                 kwargs = {"data": body, "content_type": "application/json"} if body is not None \
                     else {}
                 status = getattr(client, method)(path, **kwargs).status_code
+                sent += 1
                 if status >= 500 or status not in _allowed(actor, _kind(path), method, path):
                     wrong.append(f"{actor} {method.upper()} {path} -> {status}")
+    errors = sum(" -> 5" in w for w in wrong)
+    print(f"\nurl-walk: requests {sent}, 5xx {errors}, wrongly answered {len(wrong) - errors}")
     assert not wrong, "\n".join(wrong)

@@ -8,6 +8,8 @@ from typing import Any
 from knox.auth import TokenAuthentication
 from rest_framework import exceptions
 
+from web.accounts.models import TokenScope
+
 # A token is the prefix and 64 hex digits; anything much longer is not one of ours.
 MAX_TOKEN_LENGTH = 128
 _TOKEN = re.compile(rb"[A-Za-z0-9_-]+")
@@ -20,4 +22,9 @@ class HashedTokenAuthentication(TokenAuthentication):
         # Only a token's own characters reach the database (a NUL there is a DataError).
         if len(token) > MAX_TOKEN_LENGTH or not _TOKEN.fullmatch(token):
             raise exceptions.AuthenticationFailed("Invalid token.")
-        return super().authenticate_credentials(token)
+        user, auth_token = super().authenticate_credentials(token)
+        # The request may do what the token's role allows (web.deployments.permissions);
+        # the user row is loaded for this request only, so the mark goes no further.
+        user.token_role = TokenScope.objects.filter(token=auth_token).values_list(
+            "role", flat=True).first()
+        return user, auth_token

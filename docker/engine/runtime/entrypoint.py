@@ -8,16 +8,41 @@ application) runs first, with APPLIANCE_GPU_CHECK_ARGS
 (JSON list) as its arguments and --stream, so a bad GPU, driver, NCCL or graph width is
 found in seconds instead of after the model load, and every result reaches the panel as
 it happens. A failed check exits with its status and the engine never starts.
+
+Secrets come first: the engine agent puts each declared secret into the created container
+as the file /run/appliance/secrets/<NAME> (never as container configuration, which
+`docker inspect` shows); each becomes the variable <NAME> here, the file is removed, and
+APPLIANCE_SECRET_NAMES lists the names (never a value).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
 GPUCHECK = "/opt/appliance/selfcheck.pyz"
+SECRETS_DIR = "/run/appliance/secrets"
+_SECRET_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
+
+
+def load_secrets(directory: str = SECRETS_DIR) -> list[str]:
+    """Export each secret file as an environment variable of its name, then remove it."""
+    try:
+        names = sorted(n for n in os.listdir(directory) if _SECRET_NAME.fullmatch(n))
+    except FileNotFoundError:
+        return []
+    for name in names:
+        path = os.path.join(directory, name)
+        with open(path, encoding="utf-8") as handle:
+            os.environ[name] = handle.read()
+        os.remove(path)  # not left for `docker cp` or `docker export` of the container
+    if names:
+        os.environ["APPLIANCE_SECRET_NAMES"] = ",".join(names)
+        print(f"appliance: {len(names)} secret(s) set: {', '.join(names)}", flush=True)
+    return names
 
 
 def check_argv() -> list[str]:
@@ -44,6 +69,7 @@ def main(argv: list[str]) -> int:
     if not argv:
         print("usage: entrypoint.py <engine argv...>", file=sys.stderr)
         return 2
+    load_secrets()
     if os.environ.get("APPLIANCE_GPU_CHECK") == "1":
         rc = run_gpu_check()
         if rc != 0:

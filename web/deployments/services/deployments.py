@@ -17,6 +17,7 @@ from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import transaction
 from django.utils import timezone
 
+from appliance.engine.envkeys import env_key_errors
 from appliance.engine.extra_args import absorb, original_field
 from appliance.engine.recipes import Recipe, RecipeError, list_recipes, load_recipe
 from appliance.engine.spec import (
@@ -118,6 +119,10 @@ def deployment_validate(*, data: dict[str, Any]) -> tuple[DeploymentSpec, list[F
     recipe = _recipe_for(data)
     try:
         spec = spec_from_dict(data, engine_defaults=recipe.engine_defaults if recipe else None)
+        refused = env_key_errors(spec.env, declared=recipe.env_allow if recipe else (),
+                                 test_engine=settings.ENGINE_TEST_ENV)
+        if refused:
+            raise SpecError(refused)
     except SpecError as exc:
         raise DeploymentInputError(errors=_spec_errors(exc)) from None
     # Only files under the model roots are read here (modelfiles.py), never a path as given.

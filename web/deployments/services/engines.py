@@ -120,7 +120,7 @@ def _container_plan(deployment: Deployment, image: str) -> Any:
         volumes=volumes,
         instance_id=instance_id(),
         start_token=deployment.start_token,
-        shm_size=settings.ENGINE_SHM_SIZE,
+        shm_size=spec.shm_size or settings.ENGINE_SHM_SIZE,
         pids_limit=settings.ENGINE_PIDS_LIMIT or None,
         mem_limit=settings.ENGINE_MEMORY_LIMIT or None,
         # Only this deployment's declared names; their values are read at container start.

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -16,6 +18,13 @@ from sglang.test_engine.engine import MAX_TOKENS_POOL, STATE
 from sglang.test_engine.generation import generate
 from sglang.test_engine.loglines import access_line
 from sglang.test_engine.metrics import metrics_text
+
+
+def secrets_seen() -> dict[str, str]:
+    """Test engine only: the SHA-256 of each secret the entrypoint set (never a value), so
+    a test can tell the engine got the right value without the value leaving it."""
+    names = [n for n in os.environ.get("APPLIANCE_SECRET_NAMES", "").split(",") if n]
+    return {n: hashlib.sha256(os.environ.get(n, "").encode()).hexdigest() for n in names}
 
 
 def prompt_len(messages: Any) -> int:
@@ -117,7 +126,7 @@ class Handler(BaseHTTPRequestHandler):
             state["avg_spec_accept_length"] = STATE.avg_accept
         self.send_json(200, {**server_args_dict(engine.CFG), "version": __version__,
                              "max_total_num_tokens": MAX_TOKENS_POOL,
-                             "internal_states": [state]})
+                             "internal_states": [state], "secrets_seen": secrets_seen()})
 
     def metrics(self) -> None:
         if not engine.CFG.args.enable_metrics:

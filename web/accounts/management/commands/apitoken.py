@@ -1,6 +1,6 @@
 """API tokens from the command line: create (shown once), list, revoke.
 
-    manage.py apitoken create USERNAME [--days N]
+    manage.py apitoken create USERNAME [--role viewer|operator] [--days N]
     manage.py apitoken list [USERNAME]
     manage.py apitoken revoke KEY
 """
@@ -22,6 +22,8 @@ class Command(BaseCommand):
         sub = parser.add_subparsers(dest="action", required=True)
         create = sub.add_parser("create", help="a new token for a user, printed once")
         create.add_argument("username")
+        create.add_argument("--role", choices=["viewer", "operator"], default=None,
+                            help="what the token may do (default: the user's largest role)")
         create.add_argument("--days", type=int, default=None,
                             help="expires after this many days (0: never); default "
                                  "APPLIANCE_API_TOKEN_TTL_DAYS")
@@ -35,11 +37,14 @@ class Command(BaseCommand):
         if action == "create":
             try:
                 row, token = tokens.token_create(username=options["username"],
-                                                 ttl_days=options["days"])
+                                                 role=options["role"], ttl_days=options["days"])
             except get_user_model().DoesNotExist:
                 raise CommandError(f"no user {options['username']!r}") from None
+            except tokens.TokenRoleError as exc:
+                raise CommandError(str(exc)) from None
             self.stdout.write(token)
-            self.stderr.write(f"Token {row.token_key} for {row.user}; it is shown only now "
+            self.stderr.write(f"Token {row.token_key} ({row.scope.role}) for {row.user}; it "
+                              "is shown only now "
                               f"(expires {row.expiry or 'never'}).")
         elif action == "list":
             for row in tokens.token_list(username=options["username"]):

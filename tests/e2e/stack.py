@@ -1,0 +1,38 @@
+"""The real stack the browser tests drive: a Celery worker, the engine agent and the uvicorn
+panel as processes, over a flushed Redis; and logging in as the operator."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import redis
+from django.conf import settings
+from playwright.sync_api import Page, expect
+
+import docker
+from tests.servers import celery_worker, engine_agent, panel_server
+
+
+@contextlib.contextmanager
+def appliance_stack(tmp_path: Path, env: dict[str, str]) -> Iterator[str]:
+    """Worker, agent and panel with `env`; yields the panel's URL, then removes every engine
+    container the test started."""
+    redis.Redis.from_url(settings.REDIS_URL).flushdb()  # no stale tasks from other tests
+    with celery_worker(tmp_path / "worker.log", **env), \
+            engine_agent(tmp_path / "agent.log", **env), \
+            panel_server(tmp_path / "web.log", **env) as url:
+        yield url
+    client = docker.from_env()
+    for container in client.containers.list(all=True, filters={"label": "appliance.deployment"}):
+        container.remove(force=True)
+
+
+def login(page: Page, url: str, username: str = "otto",
+          password: str = "operator-pass-1") -> None:  # noqa: S107 (the test operator's)
+    page.goto(f"{url}/")
+    page.fill("#id_username", username)
+    page.fill("#id_password", password)
+    page.click("#login")
+    expect(page.locator("h1")).to_have_text("Deployments")
