@@ -242,3 +242,20 @@ def test_a_missing_image_is_named_with_how_to_build_it(
     plan = ContainerPlan(deployment_id, "appliance-no-such-image:never", ["true"])
     with pytest.raises(ImageMissingError, match="appliance-no-such-image:never.*docker build"):
         runtime.ensure_started(plan)
+
+
+def test_shell_metacharacters_reach_the_engine_verbatim_and_run_nowhere() -> None:
+    """argv and env are lists and a mapping end to end (spec -> launch argv -> Docker's
+    Cmd), so `$(...)`, `;` and backticks are data, never a shell command."""
+    from appliance.engine.launch import launch_args
+    from appliance.engine.spec import spec_from_dict
+    from tests.web.specs import spec
+
+    hostile = "x; touch /tmp/pwned `id` $(reboot) && echo"
+    launch = launch_args(spec_from_dict(spec(engine__served_model_name=hostile,
+                                             extra_args=["--schedule-policy", hostile])))
+    assert launch.argv.count(hostile) == 2 and launch.argv[0] == "python3"
+    kwargs = docker_run_kwargs(ContainerPlan(deployment_id="1", image="img", argv=launch.argv,
+                                             env={"SGLANG_X": hostile}))
+    assert kwargs["command"] == launch.argv and "entrypoint" not in kwargs
+    assert kwargs["environment"]["SGLANG_X"] == hostile
