@@ -50,8 +50,9 @@ def rule_ddtree_graph_width_only(ctx: Context) -> list[Finding]:
     if source is None or ctx.engine.disable_cuda_graph:
         return []
     found: list[Finding] = []
+    extra = _extra(ctx)
     for flag in NARROWING_FLAGS:
-        if flag in (extra := _extra(ctx)):
+        if flag in extra:
             found += _finding(
                 "ddtree-graph-width", "warning", f"extra_args[{extra[flag][0]}]",
                 f"{flag} verifies trees narrower than budget+1, but {source.short} captures the "

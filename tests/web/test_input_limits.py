@@ -9,11 +9,10 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-import requests
 from django.test import Client, RequestFactory, override_settings
 from django.utils import timezone
 
-from tests.servers import panel_server
+from tests.servers import login_session, panel_server
 from web.deployments import services
 from web.deployments.models import Deployment, Host
 from web.deployments.sse import _start_seq
@@ -101,12 +100,7 @@ def test_under_the_asgi_server_huge_ids_and_bodies_are_handled(tmp_path: Path, l
     deployment = services.deployment_create(data=spec(), confirm_warnings=True)
     services.deployment_request_stop(deployment=deployment)
     with panel_server(tmp_path / "uvicorn.log") as url:
-        session = requests.Session()
-        page = session.get(f"{url}/login/")
-        csrf = page.text.split('name="csrfmiddlewaretoken" value="', 1)[1].split('"', 1)[0]
-        session.post(f"{url}/login/", data={"username": "vera", "password": "viewer-pass-1",
-                                            "csrfmiddlewaretoken": csrf},
-                     headers={"Referer": f"{url}/login/"})
+        session = login_session(url, "vera", "viewer-pass-1")
         stream = f"{url}/deployments/{deployment.pk}/events/stream/"
         for last in (str(2**64), str(2**63), "not-a-number"):
             started = time.monotonic()

@@ -11,25 +11,12 @@ import pytest
 import requests
 from django.db import connection
 
-from tests.servers import panel_server
+from tests.servers import login_session, panel_server
 from web.deployments import services
 
 from .specs import spec
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def _session(url: str, username: str, password: str) -> requests.Session:
-    session = requests.Session()
-    page = session.get(f"{url}/login/")
-    token = page.text.split('name="csrfmiddlewaretoken" value="', 1)[1].split('"', 1)[0]
-    answer = session.post(
-        f"{url}/login/",
-        data={"username": username, "password": password, "csrfmiddlewaretoken": token},
-        headers={"Referer": f"{url}/login/"},
-    )
-    assert answer.status_code == 200 and "Log out" in answer.text
-    return session
 
 
 def _read_events(response: requests.Response, until_kind: str, limit_s: float = 20) -> tuple[list[dict], list[str]]:  # type: ignore[type-arg]
@@ -63,7 +50,7 @@ def test_it_refuses_an_anonymous_stream(server):  # type: ignore[no-untyped-def]
 def test_it_replays_then_streams_live_and_ends(server, operator):  # type: ignore[no-untyped-def]
     deployment = services.deployment_create(data=spec(), confirm_warnings=True)
     pk = deployment.pk
-    session = _session(server, "otto", "operator-pass-1")
+    session = login_session(server, "otto", "operator-pass-1")
     services.deployment_mark_starting(deployment_id=pk, image="img")
 
     def later() -> None:
@@ -89,7 +76,7 @@ def test_it_resumes_after_last_event_id_from_the_database(server, operator, live
     services.events_append(deployment_id=pk, events=[("log", {"text": f"l{i}"}) for i in range(5)])
     live_channel.delete(f"appliance:deployment:{pk}:events")  # the live channel lost everything
     services.deployment_request_stop(deployment=deployment)
-    session = _session(server, "otto", "operator-pass-1")
+    session = login_session(server, "otto", "operator-pass-1")
     headers = {"Last-Event-ID": "3"}
     with session.get(
         f"{server}/deployments/{pk}/events/stream/", stream=True, timeout=30, headers=headers
@@ -119,7 +106,7 @@ def test_a_quiet_stream_gets_keepalives_and_stays_open(server, operator):  # typ
     # (5 s): a stream quiet for longer must neither break nor miss the keep-alive.
     deployment = services.deployment_create(data=spec(), confirm_warnings=True)
     pk = deployment.pk
-    session = _session(server, "otto", "operator-pass-1")
+    session = login_session(server, "otto", "operator-pass-1")
     quiet_s = 21
 
     def later() -> None:
@@ -147,7 +134,7 @@ def test_open_streams_hold_no_database_connection(tmp_path, live_channel, operat
     token = token_for(operator)
     env = {"APPLIANCE_DB_POOL_MAX_SIZE": "2", "PGAPPNAME": "sse-pool-test"}
     with panel_server(tmp_path / "uvicorn.log", **env) as url:
-        session = _session(url, "otto", "operator-pass-1")
+        session = login_session(url, "otto", "operator-pass-1")
         streams = [session.get(f"{url}/deployments/{pk}/events/stream/", stream=True, timeout=30)
                    for _ in range(6)]
         lines = [s.iter_lines(decode_unicode=True) for s in streams]
@@ -180,7 +167,7 @@ def test_many_viewers_get_every_event_once_in_order_across_live_gaps(server, ope
 
     deployment = services.deployment_create(data=spec(), confirm_warnings=True)
     pk = deployment.pk
-    session = _session(server, "otto", "operator-pass-1")
+    session = login_session(server, "otto", "operator-pass-1")
     results: dict[int, list[int]] = {}
 
     def viewer(n: int, after: int) -> None:

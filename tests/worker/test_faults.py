@@ -28,7 +28,7 @@ from django.test import override_settings
 
 import docker
 from appliance.runtime.follower import SCRAPE_ACCESS
-from tests.servers import celery_worker, engine_agent, free_port, panel_server
+from tests.servers import celery_worker, engine_agent, free_port, login_session, panel_server
 from tests.web.specs import spec
 from web.deployments import services
 from web.deployments.models import Deployment, DeploymentStatus
@@ -292,7 +292,7 @@ class _SseViewer(threading.Thread):
     def __init__(self, url: str, pk: int) -> None:
         super().__init__(daemon=True)
         self.url, self.pk, self.seqs = url, pk, []  # type: ignore[var-annotated]
-        self.session = _login(url)
+        self.session = login_session(url, "otto", "operator-pass-1")
         self.start()
 
     def run(self) -> None:
@@ -312,16 +312,6 @@ class _SseViewer(threading.Thread):
                                 return
             except requests.RequestException:
                 time.sleep(1)
-
-
-def _login(url: str) -> requests.Session:
-    session = requests.Session()
-    page = session.get(f"{url}/login/", timeout=10)
-    token = page.text.split('name="csrfmiddlewaretoken" value="', 1)[1].split('"', 1)[0]
-    session.post(f"{url}/login/", data={"username": "otto", "password": "operator-pass-1",
-                                        "csrfmiddlewaretoken": token},
-                 headers={"Referer": f"{url}/login/"}, timeout=10)
-    return session
 
 
 def _pg_ctl(*args: str) -> None:

@@ -21,7 +21,13 @@ from django.conf import settings
 from django.test import override_settings
 
 import docker
-from tests.servers import celery_worker, engine_agent, panel_server, test_database_url
+from tests.servers import (
+    celery_worker,
+    engine_agent,
+    login_session,
+    panel_server,
+    test_database_url,
+)
 from tests.web.specs import spec
 from web.accounts.tokens import token_create
 from web.deployments import services
@@ -91,12 +97,7 @@ def _api_and_stream(url: str, pk: int) -> dict[str, str]:
              for path in ("/api/deployments/", f"/api/deployments/{pk}/",
                           f"/api/deployments/{pk}/events/?limit=1000",
                           f"/api/deployments/{pk}/summary/")}
-    session = requests.Session()
-    page = session.get(f"{url}/login/")
-    csrf = page.text.split('name="csrfmiddlewaretoken" value="', 1)[1].split('"', 1)[0]
-    session.post(f"{url}/login/", data={"username": "vera", "password": "viewer-pass-1",
-                                        "csrfmiddlewaretoken": csrf},
-                 headers={"Referer": f"{url}/login/"})
+    session = login_session(url, "vera", "viewer-pass-1")
     stream = session.get(f"{url}/deployments/{pk}/events/stream/", timeout=30)
     assert stream.status_code == 200 and "data:" in stream.text
     found["SSE stream"] = stream.text
