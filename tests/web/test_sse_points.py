@@ -10,11 +10,10 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from tests.servers import panel_server
+from tests.servers import login_session, panel_server
 from web.deployments import live, services
 
 from .specs import spec
-from .test_sse import _session
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -29,7 +28,7 @@ def test_points_arrive_live_without_ids_and_events_keep_their_order(server, oper
     deployment = services.deployment_create(data=spec(), confirm_warnings=True)
     pk = deployment.pk
     live.publish_point(pk, {"t": 1.0, "throughput": 1.0})  # before the stream: not replayed
-    session = _session(server, "otto", "operator-pass-1")
+    session = login_session(server, "otto", "operator-pass-1")
 
     def later() -> None:
         time.sleep(1.5)
