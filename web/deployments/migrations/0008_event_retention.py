@@ -1,0 +1,9 @@
+"""Reserved for a change in progress; its operations are filled in by that change."""
+
+from django.db import migrations
+
+
+class Migration(migrations.Migration):
+    dependencies = [("deployments", "0007_lifecycle")]
+
+    operations: list[migrations.operations.base.Operation] = []
