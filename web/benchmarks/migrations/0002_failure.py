@@ -6,4 +6,4 @@ from django.db import migrations
 class Migration(migrations.Migration):
     dependencies = [("benchmarks", "0001_initial")]
 
-    operations: list[migrations.operations.base.Operation] = []
+    operations = []  # type: ignore[var-annotated]

@@ -6,4 +6,4 @@ from django.db import migrations
 class Migration(migrations.Migration):
     dependencies = [("deployments", "0005_metrics")]
 
-    operations: list[migrations.operations.base.Operation] = []
+    operations = []  # type: ignore[var-annotated]

@@ -6,4 +6,4 @@ from django.db import migrations
 class Migration(migrations.Migration):
     dependencies = [("deployments", "0007_lifecycle")]
 
-    operations: list[migrations.operations.base.Operation] = []
+    operations = []  # type: ignore[var-annotated]
