@@ -9,6 +9,7 @@ import redis
 from django.conf import settings
 from django.contrib.auth.models import Group, Permission
 
+from tests.worktree import worktree_changes, worktree_check_enabled, worktree_snapshot
 from web.deployments.management.commands.bootstrap import ROLES
 
 # The suite's specs set the test engine's TEST_ENGINE_* knobs (appliance.engine.envkeys):
@@ -65,3 +66,24 @@ def live_channel():  # type: ignore[no-untyped-def]
     yield client
     for key in client.scan_iter("appliance:deployment:*"):
         client.delete(key)
+
+
+# The work tree guard (tests/worktree.py): under CI, a run that changed a tracked file fails.
+_WORKTREE = pytest.StashKey[dict[str, str]]()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if worktree_check_enabled():
+        session.config.stash[_WORKTREE] = worktree_snapshot()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    before = session.config.stash.get(_WORKTREE, None)
+    if before is None:
+        return
+    changed = worktree_changes(before=before, after=worktree_snapshot())
+    if changed:
+        session.config.get_terminal_writer().line(
+            "The test run changed tracked files (tests write under artifacts/ or tmp_path): "
+            + ", ".join(changed), red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -26,7 +26,8 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def test_database_url() -> str:
+def suite_database_url() -> str:
+    # Not named test_*: a module importing it would have pytest collect it as a test.
     db = connection.settings_dict
     password = f":{db['PASSWORD']}" if db.get("PASSWORD") else ""
     return f"postgres://{db['USER']}{password}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
@@ -35,7 +36,7 @@ def test_database_url() -> str:
 def process_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
-        APPLIANCE_DATABASE_URL=test_database_url(),
+        APPLIANCE_DATABASE_URL=suite_database_url(),
         # The web server refuses a known secret; a real one, as a user's install has.
         APPLIANCE_SECRET_KEY=_SECRET_KEY,
         PYTHONUNBUFFERED="1",

@@ -25,6 +25,7 @@ from playwright.sync_api import Page, expect
 
 import docker
 from appliance.runtime.follower import SCRAPE_ACCESS
+from tests.e2e.screenshots import screenshot_path
 from tests.servers import free_port
 from tests.site_recipes import commit_all
 
@@ -278,7 +279,7 @@ def test_compose_up_runs_the_appliance_as_shipped(stack: Stack, page: Page) -> N
     expect(page.locator("#status")).to_have_text("failed", timeout=120_000)
     expect(page.locator("#selfcheck-checks")).to_contain_text("nvml")
     expect(page.locator("#log")).not_to_contain_text("gpu-check: {")
-    page.screenshot(path=str(ARTIFACTS / "compose-selfcheck-failed.png"), full_page=True)
+    page.screenshot(path=screenshot_path("compose-selfcheck-failed.png"), full_page=True)
 
     # 2. The same recipe without the self-check: a cache hit, then phases, live.
     created = time.monotonic()
@@ -290,7 +291,7 @@ def test_compose_up_runs_the_appliance_as_shipped(stack: Stack, page: Page) -> N
     expect(page.locator("#status")).to_have_text("ready", timeout=180_000)
     create_to_ready = time.monotonic() - created
     expect(page.locator("#log")).to_contain_text("fired up and ready to roll")
-    page.screenshot(path=str(ARTIFACTS / "compose-ready.png"), full_page=True)
+    page.screenshot(path=screenshot_path("compose-ready.png"), full_page=True)
 
     token = _token(stack)
     detail = stack.api(token, f"/deployments/{second}/")

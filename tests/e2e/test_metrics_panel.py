@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 from playwright.sync_api import Page, expect
 
+from tests.e2e.screenshots import screenshot_path
 from tests.e2e.stack import appliance_stack, login
 from tests.web.specs import spec
 from web.deployments import services
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker, pytest.mark.e2e]
 
-ROOT = Path(__file__).resolve().parents[2]
 # Two clients of the engine's own (the pace, a step per 20 ms and a decode line per 40
 # steps, is the stack's: a spec's env refuses names that look like secrets, as *_TOKEN_S).
 TRAFFIC = {"TEST_ENGINE_TRAFFIC": "2"}
@@ -107,7 +107,7 @@ def test_a_ready_deployment_charts_live_and_an_acceptance_collapse_alerts(  # ty
     expect(page.locator(".chart .u-over").first).to_be_visible()
     expect(page.locator("#alerts")).to_be_hidden()
     page.wait_for_timeout(15_000)  # a fuller picture for the screenshot
-    page.screenshot(path=str(ROOT / "docs" / "metrics-ready.png"), full_page=True)
+    page.screenshot(path=screenshot_path("metrics-ready.png"), full_page=True)
     _keeps_up_with_a_full_window(page)
 
     page.goto(f"{stack}/deployments/{collapsing}/")

@@ -9,13 +9,11 @@ import pytest
 from playwright.sync_api import expect
 
 import docker
+from tests.e2e.screenshots import screenshot_path
 from tests.e2e.stack import appliance_stack, login
 from tests.site_recipes import engine_source_repo, write_recipe
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker, pytest.mark.e2e]
-
-ROOT = Path(__file__).resolve().parents[2]
-ARTIFACTS = ROOT / "artifacts"
 
 
 @pytest.fixture
@@ -95,8 +93,7 @@ def test_an_operator_deploys_watches_it_come_up_live_and_stops_it(operator, stac
     expect(page.locator("#log")).not_to_contain_text("gpu-check: {")
     for phase in ("building", "starting", "checking", "loading", "capturing"):
         expect(page.locator(f"#timeline li[data-phase={phase}]")).to_have_class("done")
-    ARTIFACTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / "detail-ready.png"), full_page=True)
+    page.screenshot(path=screenshot_path("detail-ready.png"), full_page=True)
 
     page.click("#stop")
     expect(page.locator("#status")).to_have_text("stopped", timeout=30_000)
@@ -143,5 +140,4 @@ def test_a_built_image_runs_the_real_self_check_and_the_panel_shows_why_it_stopp
     expect(page.locator("#log")).to_contain_text("appliance: no patches to apply")
     expect(page.locator("#log")).to_contain_text("self-check: nvml-available FAILED")
     expect(page.locator("#log")).not_to_contain_text("gpu-check: {")
-    ARTIFACTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / "detail-selfcheck-failed.png"), full_page=True)
+    page.screenshot(path=screenshot_path("detail-selfcheck-failed.png"), full_page=True)

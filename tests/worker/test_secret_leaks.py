@@ -26,7 +26,7 @@ from tests.servers import (
     engine_agent,
     login_session,
     panel_server,
-    test_database_url,
+    suite_database_url,
 )
 from tests.web.specs import spec
 from web.accounts.tokens import token_create
@@ -119,7 +119,7 @@ def _redis_values() -> dict[str, str]:
 
 
 def _everything_else(logs: Path) -> dict[str, str]:
-    dump = _run(["pg_dump", "--data-only", test_database_url()])
+    dump = _run(["pg_dump", "--data-only", suite_database_url()])
     found = {"pg_dump": dump, **_redis_values()}
     for log in sorted(logs.glob("*.log")):
         found[f"log {log.name}"] = log.read_text(errors="replace")
