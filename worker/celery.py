@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import logging
 import os
+from typing import Any
 
 import django
 from celery import Celery
+from celery.signals import worker_init
 from kombu import Queue
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "web.settings")
 django.setup()
 
 from django.conf import settings  # noqa: E402
+
+log = logging.getLogger(__name__)
 
 app = Celery("appliance")
 app.conf.update(
@@ -36,3 +41,23 @@ app.conf.update(
                  "worker.tasks.benchmark": {"queue": "bench"}},
 )
 app.autodiscover_tasks(["worker"], related_name="tasks")
+
+
+@worker_init.connect
+def join_engine_network_on_start(**_: Any) -> None:
+    """Benchmarks (queue bench) talk to engines by container name, so under compose the
+    worker joins the engine network as the agent does; Redis and PostgreSQL stay on
+    `internal`, where engines never are. A worker outside a container is a no-op.
+
+    Why here and not in a service of its own: each GPU host runs a worker beside its agent
+    (shared/DESIGN.md "Growing past one machine"); an engine network is a bridge local to
+    its host, so a benchmark runs on the worker of the host that holds its engines.
+    """
+    from appliance.runtime.containers import EngineRuntime
+    from web.deployments.services.agent import join_engine_network
+
+    try:
+        join_engine_network(EngineRuntime())
+    except Exception:  # no Docker: builds fail on their own; say why benchmarks will
+        log.exception("could not join the engine network %r: benchmarks cannot reach "
+                      "engines from this worker", settings.ENGINE_NETWORK)

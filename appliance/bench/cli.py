@@ -10,7 +10,7 @@ from pathlib import Path
 from appliance.bench.client import CHAT, COMPLETIONS
 from appliance.bench.metrics import LevelMetrics
 from appliance.bench.prompts import PromptError, load_prompts
-from appliance.bench.runner import BenchOptions, Target, run_benchmark
+from appliance.bench.runner import BenchOptions, BenchUnreachable, Target, run_benchmark
 
 
 def _levels(text: str) -> tuple[int, ...]:
@@ -68,7 +68,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     options = BenchOptions(levels=args.concurrency, warmup=args.warmup, seed=args.seed,
                            request_rate=args.request_rate, duration_s=args.duration)
     target = Target("server", args.url.rstrip("/"), args.model, args.endpoint)
-    result = run_benchmark([target], prompts, options)
+    try:
+        result = run_benchmark([target], prompts, options)
+    except BenchUnreachable as exc:
+        print(f"error  {exc}", file=sys.stderr)
+        return 1
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
     else:

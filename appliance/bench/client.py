@@ -139,6 +139,21 @@ async def server_accept_len(session: aiohttp.ClientSession, url: str) -> float |
     return float(value) if isinstance(value, int | float) else None
 
 
+class Unreachable(Exception):
+    """Nothing answers at the target's URL (DNS, refused, timed out): no request can run."""
+
+
+async def reach(session: aiohttp.ClientSession, url: str, timeout_s: float = 30.0) -> None:
+    """Raise Unreachable when no HTTP server answers at url; any HTTP answer will do (the
+    requests themselves report HTTP errors per request)."""
+    try:
+        async with session.get(url + "/v1/models",
+                               timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+            await resp.read()
+    except (aiohttp.ClientConnectionError, TimeoutError) as exc:
+        raise Unreachable(f"{type(exc).__name__}: {exc}"[:300]) from exc
+
+
 async def model_name(session: aiohttp.ClientSession, url: str) -> str:
     data = await get_json(session, url + "/v1/models") or {}
     models = data.get("data") or []

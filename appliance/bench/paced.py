@@ -3,6 +3,8 @@ the benchmark client itself (its accuracy test and its overhead benchmark).
 
 Each request's k-th token is sent at send + ttft + (k-1) * tpot on the event loop's clock
 (absolute deadlines, so pacing errors do not add up); usage comes in the last chunk.
+With `fail_every=n` every n-th generation request is answered HTTP 503 instead (1: all),
+for the benchmark's failure handling.
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ from typing import Any
 
 
 class PacedServer:
-    def __init__(self, *, ttft_s: float, tpot_s: float, accept_len: float | None = None):
+    def __init__(self, *, ttft_s: float, tpot_s: float, accept_len: float | None = None,
+                 fail_every: int = 0):
         self.ttft_s, self.tpot_s, self.accept_len = ttft_s, tpot_s, accept_len
+        self.fail_every, self.generations = fail_every, 0
         self.server: asyncio.base_events.Server | None = None
         self.port = 0
 
@@ -49,8 +53,18 @@ class PacedServer:
         elif path.startswith("/v1/models"):
             self._json(writer, {"data": [{"id": "paced"}]})
         else:
-            await self._stream(json.loads(body or b"{}"), writer)
+            self.generations += 1
+            if self.fail_every and self.generations % self.fail_every == 0:
+                self._unavailable(writer)
+            else:
+                await self._stream(json.loads(body or b"{}"), writer)
         await writer.drain()
+
+    @staticmethod
+    def _unavailable(writer: asyncio.StreamWriter) -> None:
+        raw = b"simulated overload"
+        writer.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(raw), raw))
 
     def _json(self, writer: asyncio.StreamWriter, data: Any) -> None:
         raw = json.dumps(data).encode()
@@ -82,14 +96,16 @@ class PacedServer:
         writer.write(b"%x\r\n%s\r\n" % (len(data), data))
 
 
-async def _main(ttft_s: float, tpot_s: float) -> None:
-    server = PacedServer(ttft_s=ttft_s, tpot_s=tpot_s)
+async def _main(ttft_s: float, tpot_s: float, fail_every: int = 0) -> None:
+    server = PacedServer(ttft_s=ttft_s, tpot_s=tpot_s, fail_every=fail_every)
     print(await server.start(), flush=True)
     await asyncio.Event().wait()
 
 
 if __name__ == "__main__":
-    # python -m appliance.bench.paced TTFT_S TPOT_S: prints its URL, serves until killed.
+    # python -m appliance.bench.paced TTFT_S TPOT_S [FAIL_EVERY]: prints its URL, serves
+    # until killed.
     import sys
 
-    asyncio.run(_main(float(sys.argv[1]), float(sys.argv[2])))
+    asyncio.run(_main(float(sys.argv[1]), float(sys.argv[2]),
+                      int(sys.argv[3]) if len(sys.argv) > 3 else 0))

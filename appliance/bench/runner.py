@@ -18,7 +18,15 @@ from typing import Any
 
 import aiohttp
 
-from appliance.bench.client import CHAT, RequestResult, model_name, send, server_accept_len
+from appliance.bench.client import (
+    CHAT,
+    RequestResult,
+    Unreachable,
+    model_name,
+    reach,
+    send,
+    server_accept_len,
+)
 from appliance.bench.metrics import LevelMetrics, level_metrics
 from appliance.bench.prompts import Prompt
 
@@ -28,6 +36,15 @@ MODES = ("back_to_back", "interleaved")
 
 class BenchCancelled(Exception):
     pass
+
+
+class BenchUnreachable(Exception):
+    """A target does not answer at all: the run stops before its first level, saying
+    which target, at which URL, and the connection error."""
+
+    def __init__(self, target: Target, error: str) -> None:
+        super().__init__(f"cannot reach {target.name} at {target.url}: {error}")
+        self.target, self.error = target, error
 
 
 @dataclass(frozen=True)
@@ -81,6 +98,22 @@ class RunResult:
     def to_dict(self) -> dict[str, Any]:
         return {"levels": [s.to_dict() for s in self.steps]}
 
+    @property
+    def failed_requests(self) -> int:
+        return sum(s.metrics.errors for s in self.steps)
+
+    @property
+    def every_request_failed(self) -> bool:
+        return bool(self.steps) and not any(s.metrics.completed for s in self.steps)
+
+    def first_error(self) -> str:
+        """The first failed request's error, with where it happened; empty when none."""
+        for step in self.steps:
+            if step.metrics.first_error:
+                return (f"{step.target}, concurrency {step.metrics.concurrency}: "
+                        f"{step.metrics.first_error}")
+        return ""
+
 
 def plan_steps(targets: Sequence[Target], levels: Sequence[int],
                mode: str) -> list[tuple[Target, int]]:
@@ -106,6 +139,8 @@ async def _run(targets: Sequence[Target], prompts: Sequence[Prompt], options: Be
     timeout = aiohttp.ClientTimeout(total=options.timeout_s)
     results = []
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        for target in targets:
+            await _reach(session, target)
         models = {t.name: t.model or await model_name(session, t.url) for t in targets}
         for index, (target, level) in enumerate(steps, 1):
             with progress.lock:
@@ -116,6 +151,13 @@ async def _run(targets: Sequence[Target], prompts: Sequence[Prompt], options: Be
                                    options, progress, cancel)
             results.append(StepResult(target.name, metrics))
     return RunResult(results)
+
+
+async def _reach(session: aiohttp.ClientSession, target: Target) -> None:
+    try:
+        await reach(session, target.url)
+    except Unreachable as exc:
+        raise BenchUnreachable(target, str(exc)) from exc
 
 
 async def _level(session: aiohttp.ClientSession, target: Target, model: str, level: int,

@@ -193,8 +193,17 @@ class EngineRuntime:
         try:
             return self.client.networks.get(name)
         except docker.errors.NotFound:
-            return self.client.networks.create(name, driver="bridge",
+            pass
+        # The agent and the worker both make it at start; older daemons (API < 1.44) allow
+        # two networks of one name unless asked to check, and then the loser takes the
+        # winner's.
+        try:
+            return self.client.networks.create(name, driver="bridge", check_duplicate=True,
                                                labels={LABEL_MANAGED: "1"})
+        except docker.errors.APIError as exc:
+            if exc.status_code != 409:
+                raise
+            return self.client.networks.get(name)
 
     def join_network(self, network: Any, container_ref: str) -> bool:
         """Connect a container (id or name) to the network; False when it is no container."""

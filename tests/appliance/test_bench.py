@@ -1,15 +1,24 @@
-"""Benchmark figures and prompt sources, without a server."""
+"""Benchmark figures and prompt sources, without a server; a target nobody answers at."""
 
 from __future__ import annotations
 
+import argparse
 import json
 
 import pytest
 
-from appliance.bench import PromptError, Target, load_prompts, plan_steps
+from appliance.bench import BenchOptions, PromptError, Target, load_prompts, plan_steps
+from appliance.bench.cli import cmd_bench
 from appliance.bench.client import RequestResult
 from appliance.bench.metrics import level_metrics, percentile
-from appliance.bench.runner import RunResult, StepResult, speedups
+from appliance.bench.runner import (
+    BenchUnreachable,
+    RunResult,
+    StepResult,
+    run_benchmark,
+    speedups,
+)
+from tests.servers import free_port
 
 
 def test_percentile_interpolates_as_numpy_does() -> None:
@@ -62,3 +71,21 @@ def test_speedup_is_throughput_and_tpot_against_the_baseline() -> None:
     assert rows[0]["throughput_ratio"] == pytest.approx(2.0)
     assert rows[0]["tpot_ratio"] == pytest.approx(2.0)
     assert rows[0]["verdict"] == "fast 2.00x faster than base at concurrency 1"
+
+
+def test_a_target_nobody_listens_at_stops_the_run_before_its_first_level() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    prompts = load_prompts(source="synthetic", count=2, input_len=4, output_len=4, seed=0)
+    with pytest.raises(BenchUnreachable) as caught:
+        run_benchmark([Target("a", url)], prompts, BenchOptions(levels=(1, 2)))
+    assert str(caught.value).startswith(f"cannot reach a at {url}: ClientConnectorError")
+
+
+def test_the_cli_says_which_url_it_cannot_reach(capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    args = argparse.Namespace(prompts=None, prompt_format="jsonl", num_prompts=2, input_len=4,
+                              output_len=4, seed=0, concurrency=(1,), warmup=0,
+                              request_rate=None, duration=None, url=url, model="",
+                              endpoint="/v1/chat/completions", json=False)
+    assert cmd_bench(args) == 1
+    assert f"error  cannot reach server at {url}: " in capsys.readouterr().err

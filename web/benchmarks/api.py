@@ -27,7 +27,7 @@ class BenchmarkRunSerializer(serializers.ModelSerializer[BenchmarkRun]):
     class Meta:
         model = BenchmarkRun
         fields = ["id", "name", "status", "config", "targets", "deployments", "progress",
-                  "results", "error", "created_at", "started_at", "finished_at"]
+                  "results", "error", "failed_requests", "created_at", "started_at", "finished_at"]
         read_only_fields = fields
 
 

@@ -35,7 +35,11 @@ class BenchmarkRun(models.Model):
     deployments = models.ManyToManyField("deployments.Deployment", related_name="benchmarks")
     progress = models.JSONField(default=dict, blank=True)
     results = models.JSONField(default=dict, blank=True)
+    # Why the run failed: a target nobody answers at, the first request error when every
+    # request failed, or an unexpected exception's traceback. Empty for a run that measured.
     error = models.TextField(blank=True, default="")
+    # Requests that failed over the whole run (per level: results.levels[].errors).
+    failed_requests = models.PositiveIntegerField(default=0)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
                                    on_delete=models.SET_NULL)
     created_at = models.DateTimeField(auto_now_add=True)

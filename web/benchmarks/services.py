@@ -19,7 +19,7 @@ from appliance.bench import (
     run_benchmark,
     speedups,
 )
-from appliance.bench.runner import MODES, BenchCancelled
+from appliance.bench.runner import MODES, BenchCancelled, BenchUnreachable, RunResult
 from web.deployments.models import Deployment, DeploymentStatus
 
 from .models import BenchmarkRun, BenchmarkStatus
@@ -152,6 +152,8 @@ def _sweep(run: BenchmarkRun, progress: Progress, cancel: threading.Event,
                                           options, progress, cancel)
     except BenchCancelled:
         outcome["cancelled"] = True
+    except BenchUnreachable as exc:  # no traceback: the message says it all
+        outcome["error"] = str(exc)
     except Exception:  # recorded on the row: the run failed, the worker goes on
         outcome["error"] = traceback.format_exc()
 
@@ -163,8 +165,14 @@ def _record(run: BenchmarkRun, outcome: dict[str, Any], progress: Progress) -> s
     if "error" in outcome:
         _finish(run.pk, BenchmarkStatus.FAILED, error=outcome["error"][-4000:])
         return "failed"
-    result = outcome["result"]
+    result: RunResult = outcome["result"]
     results = {**result.to_dict(), "baseline": run.config["baseline"],
                "speedups": speedups(result, run.config["baseline"])}
-    _finish(run.pk, BenchmarkStatus.DONE, results=results, progress=progress.snapshot())
-    return "done"
+    # Zero requests answered measures nothing: the run failed, with the first error, and
+    # keeps its per-level tables (errors counted) to show it.
+    failed = result.every_request_failed
+    _finish(run.pk, BenchmarkStatus.FAILED if failed else BenchmarkStatus.DONE,
+            results=results, progress=progress.snapshot(),
+            failed_requests=result.failed_requests,
+            error=f"every request failed; the first: {result.first_error()}" if failed else "")
+    return "failed" if failed else "done"

@@ -1,9 +1,16 @@
-"""Reserved for a change in progress; its operations are filled in by that change."""
+"""Benchmark failures: the count of failed requests per run (a run where every request
+failed ends `failed` with the first error in `error`)."""
 
-from django.db import migrations
+from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
     dependencies = [("benchmarks", "0001_initial")]
 
-    operations = []  # type: ignore[var-annotated]
+    operations = [
+        migrations.AddField(
+            model_name="benchmarkrun",
+            name="failed_requests",
+            field=models.PositiveIntegerField(default=0),
+        ),
+    ]

@@ -29,7 +29,13 @@
     document.getElementById("bench-status").textContent = run.status;
     const err = document.getElementById("bench-error");
     err.hidden = !run.error;
-    err.textContent = run.error ? run.error.split("\n").slice(-3).join(" ") : "";
+    // A traceback's last lines name the exception; a run's own message is one line.
+    err.textContent = run.error ? run.error.trim().split("\n").slice(-3).join(" ") : "";
+    const warn = document.getElementById("bench-warning");
+    const failed = run.failed_requests || 0;
+    warn.hidden = !failed || !!run.error;
+    warn.textContent = failed + " request" + (failed === 1 ? "" : "s") +
+      " failed; the levels with errors are marked below.";
   }
 
   function showTables(results) {
@@ -47,7 +53,7 @@
         fixed(m.output_throughput, 1), fixed(m.ttft_ms.mean, 1) + " / " + fixed(m.ttft_ms.p99, 1),
         fixed(m.tpot_ms.mean, 2) + " / " + fixed(m.tpot_ms.p99, 2),
         fixed(m.itl_ms.mean, 2) + " / " + fixed(m.itl_ms.p99, 2), fixed(m.e2e_ms.mean, 1),
-        fixed(accept, 2)]);
+        fixed(accept, 2), m.first_error || ""], m.errors ? "level-errors" : "");
     });
   }
 
