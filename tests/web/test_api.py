@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pytest
+import yaml
 from rest_framework.test import APIClient
 
 from web.deployments import services
@@ -128,3 +129,89 @@ def test_a_recipe_path_is_refused_over_the_api(operator, token_for):  # type: ig
     )
     assert response.status_code == 400
     assert "kimi-k2.6-ddtree" in response.json()["recipe"][0]
+
+
+def _post_yaml(api: APIClient, path: str, text: str):  # type: ignore[no-untyped-def]
+    return api.generic("POST", path, text.encode(), content_type="application/yaml")
+
+
+def test_a_spec_file_posted_as_yaml_creates_the_deployment(operator, token_for):  # type: ignore[no-untyped-def]
+    api = _client(token_for(operator))
+    response = _post_yaml(api, "/api/deployments/?confirm_warnings=true",
+                          yaml.safe_dump(spec(name="from-yaml")))
+    assert response.status_code == 201, response.json()
+    created = Deployment.objects.get(pk=response.json()["id"])
+    assert created.name == "from-yaml" and created.spec["engine"]["tp_size"] == 1
+
+
+def test_a_wrapped_spec_in_yaml_carries_its_own_flags(operator, token_for):  # type: ignore[no-untyped-def]
+    api = _client(token_for(operator))
+    text = yaml.safe_dump({"spec": spec(name="wrapped"), "confirm_warnings": True,
+                           "rebuild_image": True})
+    response = _post_yaml(api, "/api/deployments/", text)
+    assert response.status_code == 201, response.json()
+    assert response.json()["rebuild_image"] is True and response.json()["name"] == "wrapped"
+
+
+def test_a_bare_json_spec_is_taken_with_its_flags_from_the_query(operator, token_for):  # type: ignore[no-untyped-def]
+    api = _client(token_for(operator))
+    response = api.post("/api/deployments/?confirm_warnings=1&rebuild_image=yes", spec(name="bare"),
+                        format="json")
+    assert response.status_code == 201, response.json()
+    assert response.json()["name"] == "bare" and response.json()["rebuild_image"] is True
+    wrong = api.post("/api/deployments/?confirm_warnings=perhaps", spec(name="bare"),
+                     format="json")
+    assert wrong.status_code == 400 and "confirm_warnings" in wrong.json()
+
+
+def test_bad_yaml_is_a_400_naming_the_line_and_the_problem(operator, token_for):  # type: ignore[no-untyped-def]
+    api = _client(token_for(operator))
+    response = _post_yaml(api, "/api/deployments/", "name: x\nrecipe: [kimi\ngpus: [0]\n")
+    assert response.status_code == 400
+    detail = response.json()["detail"]
+    assert detail.startswith("YAML parse error - line 3, column 5: ") and "expected ','" in detail
+    assert Deployment.objects.count() == 0
+
+
+@pytest.mark.parametrize(("text", "problem"), [
+    ("- name: x\n", "The body must be a deployment spec"),
+    ("", "The body is empty"),
+    ("name: &n x\nrecipe: *n\n", "aliases (*name) are not accepted"),
+    ("name: x\ngpus: !!set {0: null}\n", "a set value, which JSON has no type for"),
+    ("name: x\n1: y\n", "a key that is not a string (1); quote it"),
+])
+def test_a_yaml_body_that_is_no_spec_is_a_400_that_says_why(operator, token_for, text, problem):  # type: ignore[no-untyped-def]
+    response = _post_yaml(_client(token_for(operator)), "/api/deployments/", text)
+    assert response.status_code == 400
+    assert problem in str(response.json())
+
+
+def test_a_date_like_yaml_value_stays_a_string(operator, token_for):  # type: ignore[no-untyped-def]
+    text = yaml.safe_dump(spec()).replace("name: kimi-ddtree", "name: 2026-01-12")
+    response = _post_yaml(_client(token_for(operator)), "/api/deployments/?confirm_warnings=1",
+                          text)
+    assert response.status_code == 201, response.json()
+    assert response.json()["name"] == "2026-01-12"
+
+
+def test_preflight_takes_a_bare_yaml_spec(operator, token_for):  # type: ignore[no-untyped-def]
+    response = _post_yaml(_client(token_for(operator)), "/api/preflight/",
+                          yaml.safe_dump(spec()))
+    assert response.status_code == 200, response.json()
+    assert any(f["rule"] == "ddtree-verify-width" for f in response.json()["findings"])
+
+
+def test_the_openapi_schema_documents_yaml_and_bare_spec_bodies(operator, client):  # type: ignore[no-untyped-def]
+    client.force_login(operator)
+    schema = client.get("/api/schema/", {"format": "json"}).json()
+    create = schema["paths"]["/api/deployments/"]["post"]
+    content = create["requestBody"]["content"]
+    assert set(content) >= {"application/json", "application/yaml"}
+    wrapped, bare = content["application/yaml"]["schema"]["oneOf"]
+    assert wrapped["required"] == ["spec"] and "confirm_warnings" in wrapped["properties"]
+    assert bare["required"] == ["name", "recipe", "gpus"]
+    assert "nullable" in str(bare) and "propertyNames" not in str(bare)
+    assert {p["name"] for p in create["parameters"]} >= {"confirm_warnings", "rebuild_image"}
+    assert "application/yaml" in create["description"]
+    preflight = schema["paths"]["/api/preflight/"]["post"]["requestBody"]["content"]
+    assert "application/yaml" in preflight

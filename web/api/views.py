@@ -6,7 +6,7 @@ from typing import Any
 
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, permissions, status, viewsets
-from rest_framework.decorators import action, api_view, permission_classes
+from rest_framework.decorators import action, api_view, parser_classes, permission_classes
 from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -18,6 +18,8 @@ from web.deployments.permissions import can_deploy, can_stop, can_view
 
 from . import metrics
 from .pagination import bounded_int
+from .parsers import SPEC_PARSERS, spec_body
+from .schema import CREATE_SCHEMA, spec_request
 from .serializers import (
     DeploymentCreateSerializer,
     DeploymentSerializer,
@@ -44,6 +46,7 @@ class DeploymentViewSet(
 ):
     serializer_class = DeploymentSerializer
     permission_classes = [permissions.IsAuthenticated, CanOperate]
+    parser_classes = SPEC_PARSERS
 
     def get_queryset(self) -> Any:
         wanted = self.request.query_params.get("status")
@@ -52,9 +55,9 @@ class DeploymentViewSet(
                 f"Unknown status; use one of: {', '.join(DeploymentStatus.values)}."]})
         return selectors.deployment_list(status=wanted)
 
-    @extend_schema(request=DeploymentCreateSerializer, responses={201: DeploymentSerializer})
+    @extend_schema(**CREATE_SCHEMA)
     def create(self, request: Request) -> Response:
-        body = DeploymentCreateSerializer(data=request.data)
+        body = DeploymentCreateSerializer(data=spec_body(request.data, request.query_params))
         body.is_valid(raise_exception=True)
         deployment = services.deployment_create(
             data=body.validated_data["spec"],
@@ -106,12 +109,14 @@ class DeploymentViewSet(
                          "points": [p.to_dict() for p in points]})
 
 
-@extend_schema(request=PreflightSerializer, responses={200: dict})
+@extend_schema(request=spec_request(flags=False), responses={200: dict})
 @api_view(["POST"])
+@parser_classes(SPEC_PARSERS)
 @permission_classes([permissions.IsAuthenticated])
 def preflight(request: Request) -> Response:
-    """Validate a spec and run the pre-flight rules without deploying."""
-    body = PreflightSerializer(data=request.data)
+    """Validate a spec and run the pre-flight rules without deploying (the same bodies as
+    creating a deployment: JSON or YAML, a bare spec or {"spec": ...})."""
+    body = PreflightSerializer(data=spec_body(request.data, {}))
     body.is_valid(raise_exception=True)
     spec, findings = services.deployment_validate(data=body.validated_data["spec"])
     return Response({"findings": [f.to_dict() for f in findings], "ok": True})
