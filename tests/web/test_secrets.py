@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_secrets_are_made_once_and_never_overwritten(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.delenv("APPLIANCE_SECRET_KEY", raising=False)
     monkeypatch.delenv("APPLIANCE_DB_PASSWORD", raising=False)
-    assert initsecrets.ensure(tmp_path) == ["secret_key", "db_password"]
+    assert initsecrets.ensure(tmp_path) == ["secret_key", "db_password", "admin_password"]
     key = (tmp_path / "secret_key").read_text()
     assert len(key.strip()) >= 64
     assert (tmp_path / "secret_key").stat().st_mode & 0o777 == 0o600
