@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import QuerySet
+from django.db.models import OuterRef, QuerySet, Subquery
 
 from appliance.engine.spec import SpecError, spec_from_dict
 from appliance.engine.widths import needed_graph_widths
 from appliance.runtime import series
 
-from .models import Deployment, Event, Host, MetricPoint
+from .models import Deployment, DeploymentStatus, Event, Host, MetricPoint
 
 MAX_SERIES_ROWS = 20_000  # a week of retention is about 12,000 rows
 
@@ -81,3 +82,54 @@ def metric_latest(*, deployment_id: int) -> dict[str, Any] | None:
 def hosts_list() -> list[Host]:
     """The GPU hosts whose engine agents reported, newest report first."""
     return list(Host.objects.order_by("-heartbeat_at"))
+
+
+# ------------------------------------------------------------------ the list page
+#
+# One query for the whole list, however long: the latest metric point of each row comes
+# from two correlated subqueries on the (deployment, ts) index, not a query per row.
+
+LIST_ROWS = 200
+THROUGHPUT_FRESH = timedelta(seconds=60)  # an older point is not "current" throughput
+_LIST_FIELDS = ("id", "name", "status", "algorithm", "recipe", "gpus", "created_at",
+                "ready_at", "engine_url")
+
+
+@dataclass(frozen=True)
+class DeploymentRow:
+    id: int
+    name: str
+    status: str
+    algorithm: str
+    recipe: str
+    gpus: list[int]
+    created_at: datetime
+    ready_at: datetime | None  # while ready: when it became ready
+    uptime_s: float | None  # while ready: seconds since ready_at
+    throughput: float | None  # while ready: output tok/s of a point under a minute old
+    throughput_at: datetime | None  # that point's time
+    endpoint: str  # while ready: the engine's address on the engines' network
+
+
+def deployment_list_rows(*, now: datetime, limit: int = LIST_ROWS) -> list[DeploymentRow]:
+    """The newest `limit` deployments with what the list shows of each, in one query."""
+    latest = MetricPoint.objects.filter(deployment=OuterRef("pk")).order_by("-ts")
+    rows = (Deployment.objects.only(*_LIST_FIELDS)
+            .annotate(point_throughput=Subquery(latest.values("throughput")[:1]),
+                      point_ts=Subquery(latest.values("ts")[:1]))[:limit])
+    return [_list_row(d, now) for d in rows]
+
+
+def _list_row(d: Deployment, now: datetime) -> DeploymentRow:
+    ready = d.status == DeploymentStatus.READY and d.ready_at is not None
+    point_ts: datetime | None = getattr(d, "point_ts", None)
+    fresh = ready and point_ts is not None and now - point_ts <= THROUGHPUT_FRESH
+    return DeploymentRow(
+        id=d.pk, name=d.name, status=d.status, algorithm=d.algorithm, recipe=d.recipe,
+        gpus=list(d.gpus or []), created_at=d.created_at,
+        ready_at=d.ready_at if ready else None,
+        uptime_s=max(0.0, (now - d.ready_at).total_seconds()) if ready and d.ready_at else None,
+        throughput=getattr(d, "point_throughput", None) if fresh else None,
+        throughput_at=point_ts if fresh else None,
+        endpoint=d.engine_url if ready else "",
+    )

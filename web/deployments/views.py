@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
 from django.views.decorators.http import require_POST, require_safe
 
 from . import selectors, services
 from .forms import DeploymentForm
+from .listing import row_texts
 from .models import Deployment, DeploymentStatus
 from .permissions import can_deploy, can_stop, can_view
+
+LIST_REFRESH_S = 5  # how often the list page asks for its rows again
 
 
 def _while(status: str) -> str:
@@ -33,9 +39,21 @@ def deployment_list(request: HttpRequest) -> HttpResponse:
     return render(
         request,
         "deployments/list.html",
-        {"deployments": selectors.deployment_list()[:200], "can_deploy": can_deploy(request.user),
-         "hosts": selectors.hosts_list()},
+        {"rows": _list_rows(), "refresh_s": LIST_REFRESH_S,
+         "can_deploy": can_deploy(request.user), "hosts": selectors.hosts_list()},
     )
+
+
+@login_required
+@require_safe
+def deployment_list_rows(request: HttpRequest) -> HttpResponse:
+    """The list's rows as JSON, for the page's refresh (list.js): one query however long."""
+    _require_view(request)
+    return JsonResponse({"deployments": _list_rows(), "refresh_s": LIST_REFRESH_S})
+
+
+def _list_rows() -> list[dict[str, Any]]:
+    return [row_texts(row) for row in selectors.deployment_list_rows(now=timezone.now())]
 
 
 @login_required
