@@ -133,6 +133,16 @@ class EventKind(models.TextChoices):
     END = "end"
 
 
+# What the detail page's log shows as lines (log lines, and markers for the others).
+LINE_KINDS = (EventKind.LOG, EventKind.BUILD, EventKind.PHASE, EventKind.STATUS,
+              EventKind.DIAGNOSIS, EventKind.ALERT)
+# The rare kinds (everything but log lines, stats and progress): a partial index serves a
+# filter on them, and retention never drops them (docs/events-retention.md).
+NOTABLE_KINDS = frozenset({EventKind.PHASE, EventKind.STATUS, EventKind.DIAGNOSIS,
+                           EventKind.ALERT, EventKind.BUILD, EventKind.SELFCHECK,
+                           EventKind.PREFLIGHT, EventKind.END})
+
+
 class Event(models.Model):
     """One thing that happened to a deployment; seq is gap-free per deployment."""
 
@@ -147,6 +157,10 @@ class Event(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["deployment", "seq"], name="event_seq_unique"),
         ]
+        # (deployment, seq) pages the log (the constraint's index); this one finds the rare
+        # kinds among a million log lines, and costs a write only for those rare rows.
+        indexes = [models.Index(fields=["deployment", "seq"], name="event_notable",
+                                condition=models.Q(kind__in=sorted(NOTABLE_KINDS)))]
 
     def __str__(self) -> str:
         return f"{self.deployment_id}#{self.seq} {self.kind}"

@@ -98,6 +98,10 @@ def deployment_detail(request: HttpRequest, pk: int) -> HttpResponse:
         {
             "deployment": deployment,
             "summary": selectors.deployment_summary(deployment=deployment),
+            # The page opens at the tail (the row read above says up to where) and its
+            # stream goes on from there; older lines come from deployment_events on demand.
+            "tail": [e.to_wire() for e in selectors.event_tail(
+                deployment_id=deployment.pk, last_seq=deployment.last_seq)],
             "can_stop": can_stop(request.user),
         },
     )

@@ -4,11 +4,8 @@
   const script = document.currentScript;
   const streamUrl = script.dataset.stream;
   const order = ["queued", "building", "starting", "checking", "loading", "capturing", "ready"];
-  const logPane = document.getElementById("log");
-  const autoscroll = document.getElementById("autoscroll");
   const statusEl = document.getElementById("status");
   const conn = document.getElementById("conn");
-  const maxLines = 5000;
 
   let furthest = -1;  // the last phase reached: a failure is shown where it happened
   function setStatus(status) {
@@ -91,36 +88,6 @@
     showProgress(progress);
   }
 
-  // The self-check's stream lines ("gpu-check: {json}") are data for the self-check card, which
-  // shows them already; in the log they become one short line each, or nothing.
-  const checkPrefix = "gpu-check: {";
-  function selfcheckLine(text) {
-    let e;
-    try {
-      e = JSON.parse(text.slice(text.indexOf(checkPrefix) + checkPrefix.length - 1));
-    } catch (err) {
-      return text;  // not the stream's JSON after all: show it as it came
-    }
-    switch (e.event) {
-      case "check": return "self-check: " + e.id + " " + (e.ok ? "ok" : "FAILED: " + (e.message || ""));
-      case "report": return "self-check: " + (e.ok ? "passed" : "FAILED") + " in " + e.elapsed_s + " s";
-      default: return null;  // begin, gpus, ...: the card has them
-    }
-  }
-
-  function appendLog(text, stream) {
-    if (typeof text === "string" && text.indexOf(checkPrefix) >= 0) {
-      text = selfcheckLine(text);
-      if (text === null) return;
-    }
-    const line = document.createElement("span");
-    line.className = "line" + (stream === "stderr" || stream === "build" ? " " + stream : "");
-    line.textContent = text + "\n";
-    logPane.appendChild(line);
-    while (logPane.childNodes.length > maxLines) logPane.removeChild(logPane.firstChild);
-    if (autoscroll.checked) logPane.scrollTop = logPane.scrollHeight;
-  }
-
   // The Decode card, from a decode log line or a scraped /metrics point (whichever is newer).
   function num(v, digits) { return typeof v === "number" ? v.toFixed(digits) : null; }
   function graphText(v) {
@@ -188,12 +155,8 @@
   function build(b) {
     if (b.kind === "build_step") {
       bar("build", b.step, b.total, "step " + b.step + " / " + b.total + ": " + (b.text || ""));
-      appendLog("build step " + b.step + "/" + b.total + ": " + (b.text || ""), "build");
     } else if (b.kind === "cache_hit" || b.kind === "built") {
       bar("build", 1, 1, b.text || "");
-      appendLog(b.text || "", "build");
-    } else if (b.kind === "build_log") {
-      appendLog(b.text || "", "build");
     }
   }
 
@@ -248,10 +211,10 @@
     }
   }
 
+  // The cards an event updates (the log pane takes its line, if it has one, apart).
   function handle(event) {
     const p = event.payload || {};
     switch (event.kind) {
-      case "log": appendLog(p.text, p.stream); break;
       case "phase": setStatus(p.status); break;
       case "progress": foldProgress(p); break;
       case "metric": if (p.kind === "decode_stats") showDecode(p); break;
@@ -266,18 +229,44 @@
   }
 
   const summary = JSON.parse(document.getElementById("summary-data").textContent);
+  // A failure is shown where it happened: the furthest phase this run reached.
+  const times = JSON.parse(document.getElementById("status-times").textContent) || {};
+  order.forEach(function (status, i) { if (times[status]) furthest = i; });
   setStatus(summary.status);
+  if (summary.progress) showProgress(summary.progress);
   if (summary.decode_stats) showDecode(summary.decode_stats);
   if (summary.metrics) showPoint(summary.metrics);
   ApplianceCharts.init();
   ApplianceCharts.load(script.dataset.metrics + "?start=" + (Date.now() / 1000 - 15 * 60));
-  const source = new EventSource(streamUrl);
-  source.onopen = function () { conn.textContent = "live"; };
-  source.onerror = function () { if (source.readyState !== 2) conn.textContent = "reconnecting…"; };
-  source.onmessage = function (msg) { handle(JSON.parse(msg.data)); };
-  logPane.addEventListener("wheel", function () {
-    // Scrolling up pauses auto-scroll; back at the bottom resumes it.
-    const atBottom = logPane.scrollHeight - logPane.scrollTop - logPane.clientHeight < 4;
-    autoscroll.checked = atBottom;
+  // The page opens at the tail (never the whole record): the last lines it carries, then
+  // live from their seq; older lines page in on demand (eventlog.js).
+  const lastSeq = Number(script.dataset.after) || 0;
+  const logForm = document.getElementById("log-filter");
+  ApplianceLog.init({
+    pane: document.getElementById("log"), url: script.dataset.history,
+    tail: JSON.parse(document.getElementById("log-tail").textContent), lastSeq: lastSeq,
+    autoscroll: document.getElementById("autoscroll"), note: document.getElementById("log-note"),
+    latest: document.getElementById("log-latest"), form: logForm,
   });
+  let source = null;
+  function follow() {
+    // A stopped or failed deployment's stream would carry nothing more (its end is in the tail).
+    if (summary.is_terminal) { conn.textContent = "ended"; return; }
+    source = new EventSource(streamUrl + "?after=" + lastSeq);
+    source.onopen = function () { conn.textContent = "live"; };
+    source.onerror = function () { if (source.readyState !== 2) conn.textContent = "reconnecting…"; };
+    source.onmessage = function (msg) {
+      const event = JSON.parse(msg.data);
+      ApplianceLog.live(event);
+      handle(event);
+    };
+  }
+  // The build and self-check cards show their steps: those rare events come in one request
+  // (the newest 200 up to the tail), before the live stream, so they never overwrite it.
+  const cardKinds = "build,selfcheck";
+  fetch(script.dataset.history + "?kind=" + cardKinds + "&limit=200&before=" + (lastSeq + 1))
+    .then(function (r) { return r.ok ? r.json() : {events: []}; })
+    .then(function (page) { page.events.forEach(handle); })
+    .catch(function () { /* the cards stay as the page drew them */ })
+    .finally(follow);
 })();
