@@ -2,24 +2,35 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 import redis
 from django.conf import settings
 from django.contrib.auth.models import Group, Permission
 
+from tests.models import write_models
 from tests.worktree import worktree_changes, worktree_check_enabled, worktree_snapshot
 from web.deployments.management.commands.bootstrap import ROLES
 
 # The suite's specs set the test engine's TEST_ENGINE_* knobs (appliance.engine.envkeys):
 # allowed here, in this process and in the panel, worker and agent processes it starts.
 os.environ["APPLIANCE_ENGINE_TEST_ENV"] = "1"
+# The model folders the suite's specs name (/models/<name>), real and small, outside the work
+# tree: pre-flight refuses a path with no checkpoint. Here and in the processes it starts.
+MODELS_ROOT = write_models(Path(tempfile.mkdtemp(prefix="appliance-models-")))
+atexit.register(shutil.rmtree, MODELS_ROOT, True)
+os.environ["APPLIANCE_MODEL_ROOTS"] = str(MODELS_ROOT)
 
 
 @pytest.fixture(autouse=True)
 def _test_engine_env(settings):  # type: ignore[no-untyped-def]
     settings.ENGINE_TEST_ENV = True
+    settings.MODEL_ROOTS = [str(MODELS_ROOT)]
 
 
 def _role(name: str) -> Group:

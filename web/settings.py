@@ -291,8 +291,14 @@ ENGINE_SECRETS_DIR = env_str("APPLIANCE_ENGINE_SECRETS_DIR", "/run/secrets/engin
 # Whether a spec's env may set the test engine's TEST_ENGINE_* knobs (the test suite only;
 # appliance.engine.envkeys has the allowlist every spec's env keys are checked against).
 ENGINE_TEST_ENV = env_bool("APPLIANCE_ENGINE_TEST_ENV", False)
-# GPUs on the host when no agent has reported an inventory (0: unknown, not checked).
-GPU_COUNT = env_int("APPLIANCE_GPU_COUNT", 0)
+# GPUs on the host when no agent has reported an NVML inventory: a spec's GPU ids must be
+# below it (never unbounded; the product is one 8-GPU server).
+GPU_COUNT = env_int("APPLIANCE_GPU_COUNT", 8)
+if GPU_COUNT < 1:
+    raise ValueError(f"APPLIANCE_GPU_COUNT={GPU_COUNT} must be at least 1 (the host's GPUs)")
+# The GPU host's name: the agent's Host row (agent@<name>) and the host its GPU leases are
+# taken on. One host for now; a deployment's own host comes with multi-host routing.
+HOST_NAME = env_str("APPLIANCE_HOST_NAME", "gpu-host")
 # Extra environment for every engine container (tests use it to pace the test engine).
 ENGINE_EXTRA_ENV = dict(
     item.split("=", 1) for item in env_list("APPLIANCE_ENGINE_EXTRA_ENV") if "=" in item

@@ -51,6 +51,13 @@ from appliance.preflight.ddtree_graphs import (
     rule_ddtree_fa_verify_inputs,
     rule_ddtree_graph_width_only,
 )
+from appliance.preflight.files import (
+    MODELS_MOUNT,
+    WEIGHT_SUFFIXES,
+    ModelFolder,
+    rule_model_files,
+    rule_secret_in_store,
+)
 from appliance.preflight.hardware import (
     deployment_archs,
     gpu_major,
@@ -87,13 +94,16 @@ __all__ = [
     "DFLASH_DEFAULT_BLOCK",
     "DFLASH_MAX_RUNNING_DEFAULT",
     "GIB",
+    "MODELS_MOUNT",
     "NEEDS_DRAFT_MODEL",
     "RULES",
     "SELF_CHECK_MAX_BS",
     "TREE_BACKENDS",
     "VERIFY_WIDTH_PATCH",
+    "WEIGHT_SUFFIXES",
     "Context",
     "Finding",
+    "ModelFolder",
     "Severity",
     "block_size",
     "ddtree_budget",
@@ -123,8 +133,10 @@ __all__ = [
     "rule_duplicate_flag",
     "rule_gpu_arch_attention_backend",
     "rule_gpu_memory",
+    "rule_model_files",
     "rule_parallel_gpu_count",
     "rule_secret_in_args",
+    "rule_secret_in_store",
     "rule_speculative_draft_model",
     "rule_tp_divides_model",
     "rule_tree_attention_backend",
@@ -136,6 +148,8 @@ __all__ = [
 
 
 RULES: dict[str, Callable[[Context], list[Finding]]] = {
+    "model-files": rule_model_files,
+    "secret-missing": rule_secret_in_store,
     "ddtree-verify-width": rule_ddtree_verify_width,
     "ddtree-budget": rule_ddtree_budget,
     "tree-attention-backend": rule_tree_attention_backend,
@@ -182,11 +196,15 @@ def run_preflight(spec: DeploymentSpec, *, recipe: Recipe | None = None,
                   gpu_memory_gb: float | None = None, read_local_configs: bool = True,
                   weights_bytes: int | None = None,
                   drafter_weights_bytes: int | None = None,
-                  host_gpus: Sequence[Mapping[str, Any]] | None = None) -> list[Finding]:
+                  host_gpus: Sequence[Mapping[str, Any]] | None = None,
+                  model_folders: Mapping[str, ModelFolder] | None = None,
+                  secret_names: Iterable[str] | None = None) -> list[Finding]:
     """Run every rule; with read_local_configs, fill in what the local checkpoints say.
 
     host_gpus is the host's GPU inventory (NVML entries with name, index and optionally
-    compute_capability); without it the GPU architecture rule stays quiet.
+    compute_capability); without it the GPU architecture rule stays quiet. model_folders
+    (model path field -> what the file system shows) and secret_names (the secret store's
+    names) feed the file rules; each stays quiet without its facts.
     """
     found: list[Finding] = []
     e = spec.engine
@@ -203,7 +221,9 @@ def run_preflight(spec: DeploymentSpec, *, recipe: Recipe | None = None,
                   drafter=drafter_config, gpu_memory_gb=gpu_memory_gb,
                   weights_bytes=weights_bytes, drafter_weights_bytes=drafter_weights_bytes,
                   flags=load_flags(flag_list) if flag_list else None,
-                  host_gpus=[dict(g) for g in host_gpus] if host_gpus is not None else None)
+                  host_gpus=[dict(g) for g in host_gpus] if host_gpus is not None else None,
+                  model_folders=dict(model_folders) if model_folders is not None else None,
+                  secret_names=frozenset(secret_names) if secret_names is not None else None)
     for rule in RULES.values():
         found += rule(ctx)
     return found

@@ -10,10 +10,13 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from appliance.engine.recipes import Recipe
 from appliance.engine.spec import DeploymentSpec, EngineOptions
+
+if TYPE_CHECKING:
+    from appliance.preflight.files import ModelFolder
 
 Severity = Literal["error", "warning", "info"]
 
@@ -45,6 +48,10 @@ class Context:
     # The host's GPU inventory, one mapping per GPU as NVML reports it (Host.gpu_telemetry
     # "gpus", the self-check's "gpus"): name, index, optionally compute_capability ("9.0").
     host_gpus: list[dict[str, Any]] | None = None
+    # What the file system shows of each model path field (appliance.preflight.files), and
+    # the names in the engine secret store; None: not looked at, those rules stay quiet.
+    model_folders: dict[str, ModelFolder] | None = None
+    secret_names: frozenset[str] | None = None
     notes: list[Finding] = field(default_factory=list)
 
     @property

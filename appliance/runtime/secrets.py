@@ -77,6 +77,26 @@ def resolve_secrets(names: list[str], *, directory: str,
     return values
 
 
+def secret_names_available(*, directory: str,
+                           environ: Mapping[str, str] | None = None) -> list[str]:
+    """The names the store holds (never a value): a non-empty file in the directory, or a
+    set APPLIANCE_ENGINE_SECRET_<NAME>. Pre-flight checks a spec's `secrets:` against it."""
+    environ = os.environ if environ is None else environ
+    names = {key.removeprefix(ENV_PREFIX) for key, value in environ.items()
+             if key.startswith(ENV_PREFIX) and value}
+    try:
+        entries = list(Path(directory).iterdir()) if directory else []
+    except OSError:
+        entries = []  # no store folder: only the environment's names
+    for entry in entries:
+        try:
+            if _NAME.fullmatch(entry.name) and entry.is_file() and entry.stat().st_size > 0:
+                names.add(entry.name)
+        except OSError:
+            continue  # unreadable entry: the start names it when it needs it
+    return sorted(n for n in names if _NAME.fullmatch(n))
+
+
 def secrets_archive(values: Mapping[str, str]) -> bytes:
     """A tar for `put_archive("/", ...)`: CONTAINER_DIR (0700) with one 0400 file per
     name, owned by root; empty bytes when there is nothing to put."""

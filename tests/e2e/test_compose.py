@@ -26,6 +26,7 @@ from playwright.sync_api import Page, expect
 import docker
 from appliance.runtime.follower import SCRAPE_ACCESS
 from tests.e2e.screenshots import screenshot_path
+from tests.models import CONFIGS, write_model
 from tests.servers import free_port
 from tests.site_recipes import commit_all
 
@@ -98,7 +99,8 @@ class Stack:
         self.url = f"http://127.0.0.1:{self.port}"
         self.site = tmp / "site"
         self.env_file = tmp / ".env"
-        (tmp / "models").mkdir()
+        # The folder the test deploys (/models/test): pre-flight reads it through web's mount.
+        write_model(tmp / "models" / "test", CONFIGS["test"])
         self.values = {
             **LOCAL_IMAGES,
             "APPLIANCE_PANEL_IMAGE": PANEL_IMAGE,

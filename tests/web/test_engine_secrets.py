@@ -36,7 +36,7 @@ def test_a_declared_secret_reaches_only_its_own_container(operator, tmp_path: Pa
     client.force_login(operator)
     with override_settings(ENGINE_SECRETS_DIR=str(tmp_path)):
         declared = _create(client, name="with-secret", secrets=["HF_TOKEN"])
-        other = _create(client, name="without")
+        other = _create(client, name="without", gpus=[1])
         plan = services._container_plan(declared, "img")
         assert plan.secrets == ["HF_TOKEN"] and PLANTED not in json.dumps(plan.env)
         assert secret_values(plan) == {"HF_TOKEN": PLANTED}
@@ -45,9 +45,12 @@ def test_a_declared_secret_reaches_only_its_own_container(operator, tmp_path: Pa
         assert secret_values(services._container_plan(other, "img")) == {}
 
 
-def test_the_store_falls_back_to_the_agents_environment(operator, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_the_store_falls_back_to_the_agents_environment(operator, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                                         monkeypatch) -> None:
     client = Client()
     client.force_login(operator)
+    # Pre-flight finds the name in the environment of this process (no agent reported).
+    monkeypatch.setenv(f"{ENV_PREFIX}HF_TOKEN", PLANTED)
     with override_settings(ENGINE_SECRETS_DIR=str(tmp_path / "none")):
         plan = services._container_plan(_create(client, secrets=["HF_TOKEN"]), "img")
     assert secret_values(plan, environ={f"{ENV_PREFIX}HF_TOKEN": PLANTED}) == {
@@ -60,8 +63,11 @@ def test_the_store_falls_back_to_the_agents_environment(operator, tmp_path: Path
 def test_a_missing_secret_fails_the_start_naming_it_and_the_fix(operator, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     client = Client()
     client.force_login(operator)
+    (tmp_path / "HF_TOKEN").write_text(PLANTED)
     with override_settings(ENGINE_SECRETS_DIR=str(tmp_path)):
         plan = services._container_plan(_create(client, secrets=["HF_TOKEN"]), "img")
+    # Gone after pre-flight passed (pre-flight refuses a spec whose secret is missing).
+    (tmp_path / "HF_TOKEN").unlink()
     with pytest.raises(EngineRuntimeError) as caught:
         secret_values(plan, environ={})
     diagnosis = start_failure(str(caught.value))

@@ -93,7 +93,7 @@ def test_the_container_plan_sizes_dev_shm_from_the_spec_else_the_setting(client:
 
     with override_settings(ENGINE_SHM_SIZE="48g"):
         assert plan_of(name="sized", shm_size="96g") == "96g"
-        assert plan_of(name="default") == "48g"
+        assert plan_of(name="default", gpus=[1]) == "48g"  # GPU 0 is leased to "sized"
     refused = client.post("/api/deployments/", {"spec": spec(shm_size="100t")},
                           content_type="application/json")
     assert refused.status_code == 400 and "64m to 2t" in refused.json()["shm_size"][0]

@@ -35,6 +35,7 @@ from .deployments import (
 from .engines import _container_plan as _container_plan  # the worker tests build a plan
 from .engines import deployment_run, deployment_stop, identity_of
 from .events import events_append
+from .leases import gpu_leases_acquire, gpu_leases_release
 
 __all__ = [
     "ADVANCE",
@@ -59,6 +60,8 @@ __all__ = [
     "deployment_stop",
     "deployment_validate",
     "events_append",
+    "gpu_leases_acquire",
+    "gpu_leases_release",
     "recipe_load",
     "recipe_names",
 ]

@@ -40,6 +40,7 @@ from appliance.logs.causes import Diagnosis
 from appliance.runtime import gpu_telemetry
 from appliance.runtime.containers import EngineRuntime, EngineRuntimeError
 from appliance.runtime.follower import Cursor, EngineFollower, Events, FollowOptions, follow
+from appliance.runtime.secrets import secret_names_available
 
 from ..models import RUNNING_STATUSES, Deployment, DeploymentStatus, EventKind, Host
 from ._shared import instance_id
@@ -312,7 +313,9 @@ class EngineAgent:
         Host.objects.update_or_create(name=host, defaults={
             "agent_id": self.agent_id, "heartbeat_at": now,
             "docker": docker_facts(self.runtime), "foreign_containers": strays,
-            "gpu_telemetry": gpu_telemetry.collect().to_dict()})
+            "gpu_telemetry": gpu_telemetry.collect().to_dict(),
+            # Names only: pre-flight refuses a spec whose secret this store lacks.
+            "secret_names": secret_names_available(directory=settings.ENGINE_SECRETS_DIR)})
 
 
 def join_engine_network(runtime: EngineRuntime) -> None:

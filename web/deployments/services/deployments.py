@@ -31,12 +31,19 @@ from appliance.preflight import Finding, has_errors, run_preflight
 
 from ..models import (
     ACTIVE_STATUSES,
+    TERMINAL_STATUSES,
     Deployment,
     DeploymentStatus,
     EventKind,
 )
 from .events import events_append
-from .hosts import host_gpu_findings, host_gpu_inventory, host_gpu_inventory_findings
+from .hosts import (
+    host_gpu_findings,
+    host_gpu_inventory,
+    host_gpu_inventory_findings,
+    host_secret_names,
+)
+from .leases import gpu_leases_acquire, gpu_leases_release
 from .modelfiles import local_model_facts
 
 S = DeploymentStatus
@@ -127,7 +134,8 @@ def deployment_validate(*, data: dict[str, Any]) -> tuple[DeploymentSpec, list[F
         raise DeploymentInputError(errors=_spec_errors(exc)) from None
     # Only files under the model roots are read here (modelfiles.py), never a path as given.
     findings = run_preflight(spec, recipe=recipe, read_local_configs=False,
-                             host_gpus=host_gpu_inventory(), **local_model_facts(spec))
+                             host_gpus=host_gpu_inventory(), **local_model_facts(spec),
+                             secret_names=host_secret_names(directory=settings.ENGINE_SECRETS_DIR))
     findings += host_gpu_findings(gpus=list(spec.gpus), gpu_requests=settings.ENGINE_GPU_REQUESTS)
     findings += host_gpu_inventory_findings(gpus=list(spec.gpus), configured=settings.GPU_COUNT)
     findings = _as_written(findings, data)
@@ -173,6 +181,8 @@ def deployment_create(
             rebuild_image=rebuild_image,
             created_by=user if user is not None and user.is_authenticated else None,  # type: ignore[misc]
         )
+        # In this transaction: a GPU another deployment holds rolls the row back (400).
+        gpu_leases_acquire(deployment=deployment)
         events_append(
             deployment_id=deployment.pk,
             events=[
@@ -203,6 +213,8 @@ def _transition(
         )
         if updated:
             _note_status_time(deployment_id, target, now)
+            if target in TERMINAL_STATUSES:
+                gpu_leases_release(deployment_id=deployment_id)  # ended: its GPUs are free
             events_append(
                 deployment_id=deployment_id,
                 events=[(EventKind.PHASE, {"status": target, "message": message})],

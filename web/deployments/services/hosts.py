@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from appliance.logs.causes import Diagnosis
 from appliance.preflight import Finding
+from appliance.runtime.secrets import secret_names_available
 
 from ..models import Host
 
@@ -110,26 +111,41 @@ def host_gpu_inventory() -> list[dict[str, Any]] | None:
     return [dict(g) for g in hosts[0].gpu_telemetry["gpus"]] if hosts else None
 
 
-def host_gpu_count(*, configured: int = 0) -> int | None:
-    """How many GPUs the host has: the agents' NVML inventory (the largest fresh one), else
-    the configured count (APPLIANCE_GPU_COUNT), else None (unknown)."""
+def host_gpu_count(*, configured: int) -> tuple[int, str]:
+    """How many GPUs the host has, and who says so: the agents' NVML inventory (the largest
+    fresh one), else the configured count (APPLIANCE_GPU_COUNT). Never unknown: an
+    unbounded GPU id would lease a GPU that does not exist."""
     fresh = timezone.now() - timedelta(seconds=HOST_FRESH_S)
-    counts = [len(h.gpu_telemetry.get("gpus") or [])
+    counts = [(len(h.gpu_telemetry.get("gpus") or []), h.name)
               for h in Host.objects.filter(heartbeat_at__gte=fresh)
               if (h.gpu_telemetry or {}).get("available")]
     if counts:
-        return max(counts)
-    return configured if configured > 0 else None
+        count, name = max(counts)
+        return count, f"NVML on {name}"
+    return configured, "APPLIANCE_GPU_COUNT"
 
 
-def host_gpu_inventory_findings(*, gpus: list[int], configured: int = 0) -> list[Finding]:
+def host_gpu_inventory_findings(*, gpus: list[int], configured: int) -> list[Finding]:
     """Pre-flight: GPU ids the host does not have."""
-    count = host_gpu_count(configured=configured)
-    missing = [g for g in gpus if count is not None and g >= count]
-    if count is None or not missing:
+    count, source = host_gpu_count(configured=configured)
+    missing = [g for g in gpus if g >= count]
+    if not missing:
         return []
+    have = f"ids 0 to {count - 1}" if count else "none"
     return [Finding(
         rule="host-gpu-inventory", severity="error", field="gpus",
-        message=f"GPU ids {missing} are not on this host: it has {count} GPUs "
-                f"(ids 0 to {count - 1}).",
-        fix=f"list GPU ids from 0 to {count - 1}")]
+        message=f"GPU ids {missing} are not on this host: it has {count} GPUs ({have}, "
+                f"per {source}).",
+        fix=f"list GPU ids from 0 to {count - 1} under gpus" if count else
+            "run the deployment on a host with GPUs")]
+
+
+def host_secret_names(*, directory: str) -> frozenset[str]:
+    """Secret names the engine secret store holds: what the fresh agents report (they read
+    the store), else what this process sees of it (a host install, the tests)."""
+    fresh = timezone.now() - timedelta(seconds=HOST_FRESH_S)
+    reports = list(Host.objects.filter(heartbeat_at__gte=fresh).values_list(
+        "secret_names", flat=True))
+    if reports:
+        return frozenset(name for names in reports for name in names or [])
+    return frozenset(secret_names_available(directory=directory))
