@@ -1,0 +1,166 @@
+"""A deployment with 1,000,000 stored events in a real browser: Chromium -> uvicorn panel ->
+PostgreSQL (and Redis for the live lines). The page opens at the tail, goes on live, and
+pages, filters and searches the history on the server; the figures are measured in the
+page (performance.now() around each action until the log's DOM changed) and printed."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+from django.db import connection
+from playwright.sync_api import Page, expect
+
+from tests.e2e.stack import login
+from tests.eventfill import PHASE_EVERY, WARN_EVERY, fill_events
+from tests.servers import panel_server
+from web.deployments import services
+from web.deployments.models import Event
+
+from ..web.specs import spec
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
+
+EVENTS = 1_000_000
+FIRST_PAINT_MS = 1000
+INTERACTION_MS = 100
+PAGES_BACK = 15  # 3,000 lines: past the pane's cap of 2,000
+HEAP_GROWTH_MB = 16
+
+# Resolves with the milliseconds from the action (run first) to the log's next DOM change.
+_TIMED = """async (action) => {
+  const pane = document.getElementById("log");
+  const changed = new Promise((done) => {
+    new MutationObserver((m, observer) => { observer.disconnect(); done(); })
+      .observe(pane, {childList: true});
+  });
+  const t0 = performance.now();
+  (new Function(action))();
+  await changed;
+  return performance.now() - t0;
+}"""
+_SCROLL_TOP = 'const p = document.getElementById("log"); p.scrollTop = 0;'
+_FILTER_PHASES = ('const k = document.getElementById("log-kind"); k.value = "phase";'
+                  ' k.dispatchEvent(new Event("change"));')
+_SEARCH = ('const f = document.getElementById("log-filter"); f.elements.kind.value = "";'
+           ' f.elements.q.value = "kv cache usage"; f.requestSubmit();')
+_CLEAR = ('const f = document.getElementById("log-filter"); f.elements.kind.value = "";'
+          ' f.elements.q.value = ""; f.requestSubmit();')
+
+
+@pytest.fixture
+def server(tmp_path: Path, live_channel) -> Iterator[str]:  # type: ignore[no-untyped-def]
+    with panel_server(tmp_path / "web.log") as url:
+        yield url
+
+
+@pytest.fixture
+def million(operator, server: str) -> tuple[int, int]:  # type: ignore[no-untyped-def]
+    """The deployment and its newest line's seq; made before the page (Playwright's loop
+    makes the ORM refuse afterwards)."""
+    pk = services.deployment_create(data=spec(name="busy"), confirm_warnings=True).pk
+    started = time.monotonic()
+    fill_events(deployment_id=pk, count=EVENTS)
+    print(f"\n{EVENTS:,} events stored in {time.monotonic() - started:.1f} s")
+    assert Event.objects.filter(deployment_id=pk).count() > EVENTS
+    newest = Event.objects.filter(deployment_id=pk, kind="log").order_by("-seq").first()
+    assert newest is not None
+    return pk, newest.seq
+
+
+def _heap_mb(cdp: Any) -> float:
+    cdp.send("HeapProfiler.collectGarbage")
+    metrics = {m["name"]: m["value"] for m in cdp.send("Performance.getMetrics")["metrics"]}
+    return float(metrics["JSHeapUsedSize"]) / 2**20
+
+
+def _lines(page: Page) -> dict[str, Any]:
+    return page.evaluate("ApplianceLog.stats()")  # type: ignore[no-any-return]
+
+
+def _append_live(pk: int, text: str) -> None:
+    """A live line from another thread (this one runs Playwright's loop)."""
+    def append() -> None:
+        try:
+            services.events_append(deployment_id=pk, events=[("log", {"text": text})])
+        finally:
+            connection.close()
+    thread = threading.Thread(target=append)
+    thread.start()
+    thread.join()
+
+
+def test_a_deployment_with_a_million_events_opens_at_the_tail_and_pages_back_fast(  # type: ignore[no-untyped-def]
+        million, server, page):
+    pk, newest = million
+    login(page, server)
+    cdp = page.context.new_cdp_session(page)
+    cdp.send("Performance.enable")
+
+    started = time.monotonic()
+    page.goto(f"{server}/deployments/{pk}/")
+    expect(page.locator("#log .line").last).to_have_attribute("data-seq", str(newest))
+    wall_ms = (time.monotonic() - started) * 1000
+    paint = page.evaluate("""() => ({
+      tail: performance.getEntriesByName("log-tail")[0].startTime,
+      fcp: (performance.getEntriesByName("first-contentful-paint")[0] || {}).startTime,
+      html: performance.getEntriesByType("navigation")[0].responseEnd })""")
+    expect(page.locator("#conn")).to_have_text("live")
+    stats = _lines(page)
+    assert stats["lines"] == 500 and stats["attached"]
+
+    heap_before = _heap_mb(cdp)
+    back = [page.evaluate(_TIMED, _SCROLL_TOP) for _ in range(PAGES_BACK)]
+    stats = _lines(page)
+    heap_after = _heap_mb(cdp)
+    # Fifteen pages back: the pane holds its cap, the oldest line shown is 3,500 lines back.
+    assert stats["lines"] <= 2000 and not stats["attached"]
+    assert stats["first"] < EVENTS - 6000
+
+    phases_ms = page.evaluate(_TIMED, _FILTER_PHASES)
+    markers = page.locator("#log .line")
+    expect(markers.first).to_contain_text("── ready: marker")
+    assert markers.count() == EVENTS // PHASE_EVERY
+
+    search_ms = page.evaluate(_TIMED, _SEARCH)
+    found = page.locator("#log .line")
+    expect(found.last).to_contain_text("WARNING: KV cache usage high")
+    assert found.count() >= 20000 // WARN_EVERY - 1
+    expect(page.locator("#log-note")).to_contain_text("searched back to #")
+
+    # Back to everything: the newest lines again, and live from there.
+    clear_ms = page.evaluate(_TIMED, _CLEAR)
+    _append_live(pk, "a live line after a million")
+    expect(page.locator("#log .line").last).to_have_text("a live line after a million")
+
+    # The download streams from the first byte on (the whole log is 100+ MB of text).
+    session = requests.Session()
+    for cookie in page.context.cookies():
+        session.cookies.set(cookie["name"], cookie["value"])
+    t0 = time.monotonic()
+    with session.get(f"{server}/deployments/{pk}/log.txt", stream=True, timeout=30) as got:
+        first = next(got.iter_content(64 * 1024))
+        first_byte_ms = (time.monotonic() - t0) * 1000
+    assert got.status_code == 200 and got.headers["Content-Type"].startswith("text/plain")
+    assert b"#1 " in first
+
+    print(f"first paint: log tail drawn {paint['tail']:.0f} ms after navigation start "
+          f"(first contentful paint {paint['fcp']:.0f} ms, HTML in {paint['html']:.0f} ms; "
+          f"{wall_ms:.0f} ms as Playwright saw it)")
+    print(f"scroll back, {PAGES_BACK} pages of 200 lines: median {sorted(back)[len(back) // 2]:.1f}"
+          f" ms, max {max(back):.1f} ms")
+    print(f"filter by kind (phase, {EVENTS // PHASE_EVERY} among {EVENTS:,}): {phases_ms:.1f} ms;"
+          f" text search (first window): {search_ms:.1f} ms; back to all: {clear_ms:.1f} ms")
+    print(f"JS heap: {heap_before:.1f} MB before, {heap_after:.1f} MB after {PAGES_BACK} pages "
+          f"back ({stats['lines']} lines in the pane)")
+    print(f"download: first 64 KiB after {first_byte_ms:.0f} ms")
+    assert paint["tail"] < FIRST_PAINT_MS and paint["fcp"] < FIRST_PAINT_MS
+    assert max(back) < INTERACTION_MS
+    assert phases_ms < INTERACTION_MS and search_ms < INTERACTION_MS and clear_ms < INTERACTION_MS
+    assert heap_after - heap_before < HEAP_GROWTH_MB
+    assert first_byte_ms < 1000
