@@ -12,7 +12,9 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from tests.e2e.stack import login
-from tests.e2e.test_metrics_panel import _deploy, _stack
+from tests.e2e.test_metrics_panel import _stack
+from tests.web.specs import spec
+from web.deployments import services
 from web.deployments.models import Deployment, DeploymentStatus
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker, pytest.mark.e2e]
@@ -27,12 +29,18 @@ def _wait_ready(*pks: int, timeout: float = 120) -> None:
     raise AssertionError(f"not ready: {list(Deployment.objects.values_list('name', 'status'))}")
 
 
+def _deploy(name: str, gpu: int, **env: str) -> int:
+    """Each on its own GPU: two deployments never hold the same one (GPU leases)."""
+    data = spec(name=name, env=env, self_check=False, gpus=[gpu])
+    return services.deployment_create(data=data, confirm_warnings=True).pk
+
+
 @pytest.fixture
 def fast_and_slow(operator, tmp_path: Path, test_engine_image: str, settings):  # type: ignore[no-untyped-def]
     settings.ENGINE_GPU_REQUESTS = False
     with _stack(tmp_path, test_engine_image) as url:
-        fast = _deploy("fast", TEST_ENGINE_ACCEPT_LEN="6")
-        slow = _deploy("slow", TEST_ENGINE_ACCEPT_LEN="2")
+        fast = _deploy("fast", 0, TEST_ENGINE_ACCEPT_LEN="6")
+        slow = _deploy("slow", 1, TEST_ENGINE_ACCEPT_LEN="2")
         _wait_ready(fast, slow)  # before the page: Playwright's loop makes the ORM refuse
         yield url, fast, slow
 
