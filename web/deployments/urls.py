@@ -7,6 +7,7 @@ app_name = "deployments"
 urlpatterns = [
     path("", views.deployment_list, name="list"),
     path("deployments/new/", views.deployment_new, name="new"),
+    path("hosts/", views.host_list, name="hosts"),
     path("deployments/rows/", views.deployment_list_rows, name="list-rows"),
     path("deployments/<int:pk>/", views.deployment_detail, name="detail"),
     path("deployments/<int:pk>/stop/", views.deployment_stop, name="stop"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
@@ -85,6 +86,16 @@ def deployment_new(request: HttpRequest) -> HttpResponse:
     return render(
         request, "deployments/new.html", {"form": form, "findings": findings}, status=status
     )
+
+
+@login_required
+@require_safe
+def host_list(request: HttpRequest) -> HttpResponse:
+    """Each GPU host's GPUs and the deployment that holds each (its GPU lease)."""
+    _require_view(request)
+    board = selectors.hosts_gpu_board(lease_host=settings.HOST_NAME,
+                                      configured_count=settings.GPU_COUNT)
+    return render(request, "deployments/hosts.html", {"board": board})
 
 
 @login_required
