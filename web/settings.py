@@ -288,6 +288,13 @@ ENGINE_MEMORY_LIMIT = env_str("APPLIANCE_ENGINE_MEMORY_LIMIT", "")
 # compose secret or mounted folder), else from the engine agent's environment as
 # APPLIANCE_ENGINE_SECRET_<NAME> (appliance/runtime/secrets.py).
 ENGINE_SECRETS_DIR = env_str("APPLIANCE_ENGINE_SECRETS_DIR", "/run/secrets/engine")
+# The same folder as the host sees it (compose mounts it at ENGINE_SECRETS_DIR): fix texts
+# name this one, the place a person puts a secret's file.
+ENGINE_SECRETS_HOST_DIR = env_str("APPLIANCE_ENGINE_SECRETS_HOST_DIR", "./engine-secrets")
+# A spec's restart policy (appliance/engine/restart.py): the first wait before the agent
+# starts an engine that died while serving, doubling up to the cap (seconds).
+RESTART_BACKOFF_S = env_int("APPLIANCE_RESTART_BACKOFF_S", 10)
+RESTART_BACKOFF_MAX_S = env_int("APPLIANCE_RESTART_BACKOFF_MAX_S", 300)
 # Whether a spec's env may set the test engine's TEST_ENGINE_* knobs (the test suite only;
 # appliance.engine.envkeys has the allowlist every spec's env keys are checked against).
 ENGINE_TEST_ENV = env_bool("APPLIANCE_ENGINE_TEST_ENV", False)

@@ -1,11 +1,17 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponseRedirect, JsonResponse
+from django.templatetags.static import static
 from django.urls import include, path
 
 
 def healthz(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"ok": True})
+
+
+def favicon(request: HttpRequest) -> HttpResponseRedirect:
+    """Browsers and tools that ask /favicon.ico without reading the page's <link rel=icon>."""
+    return HttpResponseRedirect(static("appliance/favicon.svg"))
 
 
 urlpatterns = [
@@ -14,6 +20,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/", include("web.api.urls")),
     path("healthz", healthz, name="healthz"),
+    path("favicon.ico", favicon, name="favicon"),
     path("benchmarks/", include("web.benchmarks.urls")),
     path("account/", include("web.accounts.urls")),
     path("", include("web.deployments.urls")),

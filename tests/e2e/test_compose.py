@@ -335,6 +335,7 @@ def test_compose_up_runs_the_appliance_as_shipped(stack: Stack, page: Page) -> N
     # 4. Stop from the panel; the engine and its container go.
     page.goto(f"{stack.url}/deployments/{second}/")
     page.click("#stop")
+    page.click("#confirm")  # the confirm page names it and warns that reloading takes minutes
     expect(page.locator("#status")).to_have_text("stopped", timeout=60_000)
     assert not client.containers.list(all=True,
                                       filters={"label": f"appliance.deployment={second}"})

@@ -97,6 +97,12 @@ class Deployment(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
     ready_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
+    # Lifecycle (services/lifecycle.py): the current run (each start of the engine is one:
+    # the deploy, a Restart, a restart by the spec's policy), how many times the policy has
+    # restarted it since the last deploy or Restart, and not before when the next start.
+    run = models.PositiveIntegerField(default=1)
+    restarts = models.PositiveIntegerField(default=0)
+    restart_not_before = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -172,6 +178,37 @@ class Event(models.Model):
             "kind": self.kind,
             "payload": self.payload,
         }
+
+
+class Run(models.Model):
+    """One start of a deployment's engine; its events are those from first_seq up to the next
+    run's first_seq. Run 1 is written when a second run begins (services/lifecycle.py)."""
+
+    class Reason(models.TextChoices):
+        DEPLOY = "deploy"
+        RESTART = "restart"  # a person pressed Restart (panel or API)
+        POLICY = "policy"  # the spec's restart policy, after the engine died while serving
+
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="runs")
+    number = models.PositiveIntegerField()
+    reason = models.CharField(max_length=16, choices=Reason.choices)
+    first_seq = models.PositiveBigIntegerField()
+    started_at = models.DateTimeField()
+    started_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    # How it ended (the deployment's status then) and the diagnosis, once a later run began.
+    outcome = models.CharField(max_length=16, blank=True, default="")
+    diagnosis = models.JSONField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["deployment", "number"]
+        constraints = [
+            models.UniqueConstraint(fields=["deployment", "number"], name="run_number_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.deployment_id} run {self.number}"
 
 
 class Installation(models.Model):

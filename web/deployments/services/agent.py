@@ -55,6 +55,7 @@ from .deployments import (
 from .engines import _container_plan, _fold_progress, identity_of
 from .events import events_append
 from .hosts import docker_facts, start_failure
+from .lifecycle import deployment_restart_after_death
 from .metrics import metrics_prune
 from .monitoring import MonitorHandle, monitor_start
 
@@ -85,6 +86,7 @@ class _FollowSink:
     def __init__(self, deployment: Deployment, agent: EngineAgent, stop: threading.Event) -> None:
         self.pk = deployment.pk
         self.identity = identity_of(deployment)
+        self.start_token = deployment.start_token
         self.agent = agent
         self.stop = stop
         self.progress: dict[str, Any] = dict(deployment.progress or {})
@@ -132,6 +134,11 @@ class _FollowSink:
         log.warning("deployment %s: %s (%s)", self.pk, message, diagnosis.cause)
         # The container goes first, so a deployment seen failed has no engine left.
         self.agent.remove_engine(self.identity)
+        # Died while serving: the spec's restart policy may start it again (lifecycle.py).
+        if self.status == S.READY and deployment_restart_after_death(
+                deployment_id=self.pk, start_token=self.start_token,
+                diagnosis=diagnosis.to_dict(), message=message):
+            return
         deployment_mark_failed(
             deployment_id=self.pk, diagnosis=diagnosis.to_dict(), last_lines=last_lines,
             message=message, sources=RUNNING_STATUSES)
@@ -222,6 +229,8 @@ class EngineAgent:
                 current.thread.join(timeout=2)
             else:
                 return
+        if kind == "follow" and _waiting_to_restart(deployment):
+            return
         target = self._stop_engine if kind == "stop" else self._follow
         stop = threading.Event()
         thread = threading.Thread(target=self._guarded, args=(target, deployment, stop),
@@ -316,6 +325,13 @@ class EngineAgent:
             "gpu_telemetry": gpu_telemetry.collect().to_dict(),
             # Names only: pre-flight refuses a spec whose secret this store lacks.
             "secret_names": secret_names_available(directory=settings.ENGINE_SECRETS_DIR)})
+
+
+def _waiting_to_restart(deployment: Deployment) -> bool:
+    """The restart policy's wait before the engine's next start has not run out yet."""
+    not_before = deployment.restart_not_before
+    return (deployment.status == S.STARTING and not_before is not None
+            and timezone.now() < not_before)
 
 
 def join_engine_network(runtime: EngineRuntime) -> None:

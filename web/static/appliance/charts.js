@@ -13,6 +13,22 @@
   function pct(v) { return v === null || v === undefined ? null : v * 100; }
   function at(p, key) { return p[key] === undefined ? null : p[key]; }
 
+  // Times read as the rest of the page does: 24-hour UTC (uPlot's own axis is 12-hour local).
+  function two(n) { return n < 10 ? "0" + n : String(n); }
+  function utcClock(t, seconds) {
+    const d = new Date(t * 1000);
+    const hm = two(d.getUTCHours()) + ":" + two(d.getUTCMinutes());
+    return seconds ? hm + ":" + two(d.getUTCSeconds()) : hm;
+  }
+  function utcStamp(t) { return new Date(t * 1000).toISOString().slice(0, 19).replace("T", " ") + " UTC"; }
+  // Tick labels: HH:MM, with seconds when ticks are under a minute apart, the date at midnight.
+  function utcTicks(splits, incr) {
+    return splits.map(function (t) {
+      if (incr >= 86400 || (t % 86400 === 0 && incr >= 60)) return new Date(t * 1000).toISOString().slice(5, 10);
+      return utcClock(t, incr < 60);
+    });
+  }
+
   // What each chart draws: its series (a label and how to read a point) and its title's text.
   const CHARTS = [
     {id: "throughput", title: "Output throughput", unit: "tok/s",
@@ -73,14 +89,20 @@
   const state = {points: [], charts: {}, dirty: false, stats: {pushes: 0, drawMs: 0, maxDrawMs: 0, draws: 0}};
 
   function plotOptions(chart, width) {
-    const series = [{}].concat(chart.series.map(function (s, i) {
+    const time = {label: "UTC", value: function (u, t) { return t === null || t === undefined ? "–" : utcStamp(t); }};
+    const series = [time].concat(chart.series.map(function (s, i) {
       return {label: s.label, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: false,
         value: function (u, v) { return v === null || v === undefined ? "–" : v.toFixed(2); }};
     }));
     return {width: width, height: 170, series: series, legend: {show: true, live: false},
       cursor: {drag: {x: false, y: false}},
       scales: {x: {time: true}, y: {range: function (u, lo, hi) { return [Math.min(0, lo || 0), Math.max(hi || 1, 1e-9) * 1.1]; }}},
-      axes: [{stroke: "#6b7480", grid: {stroke: "#eef0f3"}},
+      // Splits at whole UTC minutes and hours, whatever the browser's zone.
+      tzDate: function (t) { return uPlot.tzDate(new Date(t * 1000), "Etc/UTC"); },
+      axes: [{stroke: "#6b7480", grid: {stroke: "#eef0f3"}, values: function (u, splits, i, space, incr) {
+               chart.ticks = utcTicks(splits, incr);  // what was drawn, for ApplianceCharts.ticks
+               return chart.ticks;
+             }},
              {label: chart.unit, stroke: "#6b7480", grid: {stroke: "#eef0f3"}, size: 56}]};
   }
 
@@ -210,6 +232,10 @@
 
   window.ApplianceCharts = {
     init: init, push: push, load: load,
+    ticks: function (id) {
+      const chart = CHARTS.find(function (c) { return c.id === id; });
+      return chart && chart.ticks ? chart.ticks.slice() : [];
+    },
     stats: function () { return Object.assign({points: state.points.length}, state.stats); },
   };
 })();
