@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from appliance.engine import bounds
+from appliance.engine import bounds, restart
 from appliance.engine.spec import (
     DEPLOYMENT_NAME,
     SPECULATIVE_ALGORITHMS,
@@ -66,5 +66,9 @@ def json_schema() -> dict[str, Any]:
                                              "pattern": _NO_CONTROL}},
             "secrets": _strings(bounds.MAX_SECRETS, bounds.MAX_ENV_NAME),
             "self_check": {"type": "boolean", "default": True},
+            "restart": {"type": "object", "additionalProperties": False, "properties": {
+                "policy": {"type": "string", "enum": list(restart.POLICIES), "default": "never"},
+                "max_restarts": {"type": "integer", "minimum": 0,
+                                 "maximum": restart.MAX_RESTARTS_LIMIT, "default": 5}}},
         },
     }

@@ -26,6 +26,7 @@ from appliance.engine.bounds import SECRET_VALUE as SECRET_VALUE
 from appliance.engine.errors import FieldError as FieldError
 from appliance.engine.errors import SpecError as SpecError
 from appliance.engine.extra_args import absorb, relocate
+from appliance.engine.restart import RestartPolicy, restart_from
 
 SPECULATIVE_ALGORITHMS = ("NONE", "EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "DFLASH",
                           "DDTREE")
@@ -93,6 +94,8 @@ class DeploymentSpec:
     self_check: bool = True
     # The engine container's /dev/shm ("32g"); None: the appliance's APPLIANCE_ENGINE_SHM_SIZE.
     shm_size: str | None = None
+    # Start the engine again after it died while serving (appliance.engine.restart); opt-in.
+    restart: RestartPolicy = field(default_factory=RestartPolicy)
 
 
 # ---------------------------------------------------------------- field introspection
@@ -317,7 +320,7 @@ def _recipe_from(data: Mapping[str, Any]) -> tuple[str, list[FieldError]]:
 
 
 TOP_LEVEL_KEYS = ["name", "recipe", "gpus", "engine", "extra_args", "env", "secrets",
-                  "self_check", "shm_size"]
+                  "self_check", "shm_size", "restart"]
 
 
 def _engine_and_args(data: Mapping[str, Any], engine_defaults: Mapping[str, Any] | None,
@@ -353,14 +356,15 @@ def spec_from_dict(data: Mapping[str, Any],
     env, errs5 = _env_from(data.get("env"))
     secrets, errs6 = _secret_names(data.get("secrets"), env)
     shm_size, errs7 = bounds.shm_size_from(data.get("shm_size"))
-    errors += errs + errs2 + errs3 + errs4 + errs5 + errs6 + errs7
+    restart, errs8 = restart_from(data.get("restart"))
+    errors += errs + errs2 + errs3 + errs4 + errs5 + errs6 + errs7 + errs8
     self_check = data.get("self_check", True)
     if not isinstance(self_check, bool):
         errors.append(FieldError("self_check", "must be true or false",
                                  "write self_check: true (the default) or false"))
     spec = DeploymentSpec(name=name, recipe=recipe, gpus=gpus, engine=engine, extra_args=extra,
                           env=env, secrets=secrets, self_check=bool(self_check),
-                          shm_size=shm_size)
+                          shm_size=shm_size, restart=restart)
     size_err = None if errors else bounds.launch_size_error(
         [*extra, *(f"{k}={v}" for k, v in env.items()),
          *(v for v in vars(engine).values() if isinstance(v, str))])

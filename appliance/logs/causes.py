@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from appliance.logs.cause import Cause, Diagnosis, Refiner
@@ -37,9 +38,19 @@ def _oom_in(phase: str, frames: tuple[str, ...]) -> Refiner:
         evidence: dict[str, Any] = {"phase": ctx.phase if ctx else None}
         if ctx is not None and ctx.last_bs is not None and phase == "capture":
             evidence["bs"] = ctx.last_bs
-        return cause.diagnosis(**evidence)
+        found = cause.diagnosis(**evidence)
+        limit = _lower_max_bs(evidence.get("bs")) if phase == "capture" else None
+        return replace(found, patch={"engine.cuda_graph_max_bs": limit}) if limit else found
 
     return refine
+
+
+def _lower_max_bs(failed_bs: int | None) -> int | None:
+    """A graph batch limit below the batch size whose capture ran out of memory (SGLang
+    captures the largest first); 16 when the log did not say which; none below 1."""
+    if failed_bs is None:
+        return 16
+    return failed_bs // 2 or None
 
 
 def _driver(cause: Cause, text: str, ctx: ParseContext | None) -> Diagnosis | None:
@@ -62,6 +73,7 @@ def _nccl(cause: Cause, text: str, ctx: ParseContext | None) -> Diagnosis | None
             CAUSES["shm-too-small"].summary,
             CAUSES["shm-too-small"].fix,
             {"via": "nccl"},
+            CAUSES["shm-too-small"].patch,
         )
     return cause.diagnosis(timeout="Watchdog caught collective operation timeout" in text)
 
@@ -97,8 +109,9 @@ _CATALOGUE: Sequence[Cause] = (
     Cause(
         "model-not-found",
         "The model path is not a local model directory and not a valid Hugging Face repo id.",
-        "Check engine.model_path: mount the weights into the container at that path "
-        "(read-only) and make sure config.json is there.",
+        "Check Model path in the form (spec key engine.model_path): it must name a folder "
+        "under the models folder (/models in the engine, APPLIANCE_MODELS_DIR on the host) "
+        "with config.json in it.",
         95,
         (
             "does not appear to have a file named config.json",
@@ -110,15 +123,17 @@ _CATALOGUE: Sequence[Cause] = (
     Cause(
         "trust-remote-code",
         "The model ships custom code (Kimi K2.6 does) and trust_remote_code is off.",
-        "Set engine.trust_remote_code: true.",
+        "Set engine.trust_remote_code: true in the spec (the panel's form always sets it).",
         95,
         ("contains custom code which must be executed", "trust_remote_code=True"),
+        patch={"engine.trust_remote_code": True},
     ),
     Cause(
         "tokenizer-missing",
         "The tokenizer could not be loaded from the model directory.",
         "Make sure the tokenizer files (tiktoken.model, tokenizer_config.json) are in the "
-        "model directory, or set engine.tokenizer_path; Kimi's tokenizer also needs "
+        "model directory, or add --tokenizer-path PATH to Extra engine arguments (spec key "
+        "engine.tokenizer_path); Kimi's tokenizer also needs "
         "trust_remote_code and the tiktoken package.",
         94,
         ("Can't load tokenizer", "No module named 'tiktoken'"),
@@ -126,31 +141,37 @@ _CATALOGUE: Sequence[Cause] = (
     Cause(
         "port-in-use",
         "A port the engine needs is already in use on the host.",
-        "Stop what holds the port (an old engine container?) or set engine.port to a free port.",
+        "Stop what holds the port (an old engine container: `docker ps`), or add --port N "
+        "(a free port) to Extra engine arguments (spec key engine.port).",
         95,
         ("ddress already in use", "is not available in", "[Errno 98]"),
     ),
     Cause(
         "dflash-dp-attention",
         "DFlash does not run with DP attention (0.5.23 allows it only with --enable-dp-lm-head).",
-        "Set engine.enable_dp_attention: false, or on SGLang 0.5.23 add --enable-dp-lm-head.",
+        "Remove --enable-dp-attention from Extra engine arguments (spec key "
+        "engine.enable_dp_attention: false), or on SGLang 0.5.23 add --enable-dp-lm-head there.",
         95,
         (
             "DFLASH speculative decoding does not support dp attention",
             "DFLASH with dp attention",
         ),
+        patch={"engine.enable_dp_attention": False},
     ),
     Cause(
         "dflash-pipeline-parallel",
         "DFlash supports only pp_size == 1.",
-        "Set engine.pp_size: 1 and use tensor parallelism over the GPUs.",
+        "Remove --pp-size from Extra engine arguments (spec key engine.pp_size: 1) and spread "
+        "the model with TP size over the GPUs.",
         95,
         ("DFLASH speculative decoding only supports pp_size == 1",),
+        patch={"engine.pp_size": 1},
     ),
     Cause(
         "draft-model-missing",
         "DFlash/DDTree needs a draft model path.",
-        "Set engine.speculative_draft_model_path to the DFlash drafter directory.",
+        "Fill in Drafter path in the form (spec key engine.speculative_draft_model_path) with "
+        "the DFlash drafter's folder under the models folder.",
         95,
         ("requires setting --speculative-draft-model-path",),
     ),
@@ -158,15 +179,18 @@ _CATALOGUE: Sequence[Cause] = (
         "flashinfer-mla-tree",
         "FlashInfer's MLA backend supports only chain (topk=1) speculative decoding; a tree "
         "verify needs a tree mask.",
-        "Set engine.attention_backend: fa3 (Hopper) or triton for Kimi/DeepSeek (MLA) models.",
+        "Set Attention backend in the form to fa3 (Hopper) or triton (spec key "
+        "engine.attention_backend) for Kimi/DeepSeek (MLA) models.",
         95,
         ("Flashinfer MLA only supports topk=1",),
+        patch={"engine.attention_backend": "fa3"},
     ),
     Cause(
         "cuda-oom-capture",
         "CUDA ran out of memory while capturing CUDA graphs.",
-        "Lower engine.cuda_graph_max_bs (e.g. 16) or engine.mem_fraction_static "
-        "(e.g. 0.8) to leave room for the graphs.",
+        "Lower the CUDA-graph batch limit: add --cuda-graph-max-bs 16 to Extra engine "
+        "arguments (spec key engine.cuda_graph_max_bs), or --mem-fraction-static 0.8 "
+        "(engine.mem_fraction_static) to leave room for the graphs.",
         90,
         _OOM_NEEDLES,
         _oom_in("capture", ("Capture cuda graph failed", "def capture", "in capture")),
@@ -174,8 +198,8 @@ _CATALOGUE: Sequence[Cause] = (
     Cause(
         "cuda-oom-load",
         "CUDA ran out of memory while loading the model weights.",
-        "The weights do not fit on the GPUs: use more GPUs (tp_size), a quantized checkpoint, "
-        "or make sure no other process holds GPU memory.",
+        "The weights do not fit on the GPUs: use more GPUs (GPU ids and TP size in the form), "
+        "a quantized checkpoint, or make sure no other process holds GPU memory (nvidia-smi).",
         90,
         _OOM_NEEDLES,
         _oom_in("load", ("load_model", "load_weights", "weight_utils")),
@@ -183,16 +207,18 @@ _CATALOGUE: Sequence[Cause] = (
     Cause(
         "kv-pool-too-small",
         "No memory is left for the KV cache after the weights.",
-        "Raise engine.mem_fraction_static, lower context_length or max_running_requests, "
-        "or use more GPUs.",
+        "Raise --mem-fraction-static (e.g. 0.9), or lower --context-length or "
+        "--max-running-requests, in Extra engine arguments (spec keys engine.mem_fraction_static, "
+        "engine.context_length, engine.max_running_requests), or use more GPUs.",
         85,
         ("Not enough memory. Please try to increase --mem-fraction-static", "leaves no room"),
     ),
     Cause(
         "cuda-oom-runtime",
         "CUDA ran out of memory while serving.",
-        "Lower engine.mem_fraction_static, engine.max_running_requests or "
-        "engine.cuda_graph_max_bs.",
+        "Lower --mem-fraction-static, --max-running-requests or --cuda-graph-max-bs in "
+        "Extra engine arguments (spec keys engine.mem_fraction_static, "
+        "engine.max_running_requests, engine.cuda_graph_max_bs).",
         80,
         _OOM_NEEDLES,
     ),
@@ -201,32 +227,35 @@ _CATALOGUE: Sequence[Cause] = (
         "A CUDA kernel failed a device-side assertion (typically an index out of range); the "
         "CUDA context is unusable after it.",
         "The 'Assertion ... failed' line before the traceback names the kernel; rerun with "
-        "CUDA_LAUNCH_BLOCKING=1 in the deployment's env for the real stack (the traceback may "
-        "point at a later call).",
+        "CUDA_LAUNCH_BLOCKING=1 under env: in the spec (the form's More spec keys) for the real "
+        "stack (the traceback may point at a later call).",
         75,
         ("device-side assert triggered", "cudaErrorAssert"),
     ),
     Cause(
         "cuda-graph-capture-failed",
         "CUDA graph capture failed (not for lack of memory).",
-        "Retry with engine.disable_cuda_graph: true to confirm, then report the traceback; "
-        "lowering engine.cuda_graph_max_bs sometimes avoids it.",
+        "Redeploy with --disable-cuda-graph in Extra engine arguments (spec key "
+        "engine.disable_cuda_graph) to confirm, then report the traceback; a lower "
+        "--cuda-graph-max-bs sometimes avoids it.",
         70,
         ("Capture cuda graph failed",),
     ),
     Cause(
         "shm-too-small",
         "The container's shared memory (/dev/shm) is too small for NCCL and the scheduler.",
-        "Run the engine container with --ipc host (the appliance default) or a large "
-        "--shm-size (e.g. 32g).",
+        "Give the engine a larger /dev/shm: shm_size: \"64g\" in the spec (the form's More "
+        "spec keys), or APPLIANCE_ENGINE_SHM_SIZE for every engine.",
         60,
         ("Bus error", "Error while creating shared memory segment", "No space left on device"),
+        patch={"shm_size": "64g"},
     ),
     Cause(
         "nccl-failure",
         "A NCCL collective failed between the GPUs.",
-        "Check that all GPUs of the deployment are visible and healthy (gpu-check), that the "
-        "container runs with --ipc host, and retry with NCCL_DEBUG=INFO in the env for details.",
+        "Check that all GPUs of the deployment are visible and healthy (`appliance "
+        "gpu-check`, or keep the GPU self-check on), and redeploy with NCCL_DEBUG: INFO under "
+        "env: in the spec (the form's More spec keys) for details.",
         50,
         (
             "NCCL error",
@@ -243,8 +272,9 @@ _CATALOGUE: Sequence[Cause] = (
         "silent-eager-verify",
         "Speculative decoding runs without CUDA graphs (decode stats say cuda graph: False): "
         "the verify width differs from the captured graph, so SGLang falls back to eager.",
-        "Build with the patch ddtree-verify-graph-width so the target verify graph is captured "
-        "at width budget+1; check sglang:is_cuda_graph after the fix.",
+        "Deploy with the kimi-k2.6-ddtree recipe (its source captures the target verify graph "
+        "at budget+1), or a recipe with the patch ddtree-verify-graph-width; the CUDA graph "
+        "figure on this page then says True.",
         40,
         (),
         _eager_verify_refine,

@@ -167,8 +167,8 @@ DDTREE_CAUSES: tuple[Cause, ...] = (
         "per request: the first request will crash in graph replay (the size of tensor a "
         "must match the size of tensor b) or verify eagerly, after the whole model load.",
         "Stop it now: use a source that captures the DDTree target at budget+1 and the draft "
-        "at the block size (433c58ed7, the kimi-k2.6-ddtree recipe), or set "
-        "engine.disable_cuda_graph: true.",
+        "at the block size (433c58ed7, the kimi-k2.6-ddtree recipe), or add "
+        "--disable-cuda-graph to Extra engine arguments (spec key engine.disable_cuda_graph).",
         90,
     ),
     Cause(
@@ -176,7 +176,8 @@ DDTREE_CAUSES: tuple[Cause, ...] = (
         "CUDA graph replay failed: the verify graph width differs from the DDTree verify width.",
         "Build with the patch ddtree-verify-graph-width (target verify graph width budget+1, "
         f"draft width block size), use a source that captures budget+1 ({NEWER_SOURCES}), or "
-        "set engine.disable_cuda_graph: true.",
+        "add --disable-cuda-graph to Extra engine arguments (spec key "
+        "engine.disable_cuda_graph).",
         100,
         ("must match the size of tensor b",),
         _verify_width,
@@ -187,11 +188,13 @@ DDTREE_CAUSES: tuple[Cause, ...] = (
         "attention on whenever spec_algorithm.is_ddtree(), which is true for the draft runner "
         "too, and the draft has no tree metadata ('NoneType' object has no attribute "
         "'page_table' while capturing its graph).",
-        "Set engine.speculative_draft_attention_backend: flashinfer (or triton) and keep fa3 "
-        f"for the target, or use a source that gates cascade by role ({NEWER_SOURCES}).",
+        "Add --speculative-draft-attention-backend flashinfer (or triton) to Extra engine "
+        "arguments (spec key engine.speculative_draft_attention_backend) and keep fa3 for the "
+        f"target, or use a source that gates cascade by role ({NEWER_SOURCES}).",
         100,
         ("object has no attribute 'page_table'", "'NoneType' object is not subscriptable"),
         _draft_flash_attention,
+        patch={"engine.speculative_draft_attention_backend": "flashinfer"},
     ),
     Cause(
         "ddtree-fa3-verify-metadata",
@@ -217,10 +220,12 @@ DDTREE_CAUSES: tuple[Cause, ...] = (
         "ddtree-target-backend",
         "The target's attention backend cannot verify a DDTree tree (433c58ed7 verifies trees "
         "with FlashAttention fa3/fa4, FlashInfer for non-MLA models, and triton).",
-        "Set engine.attention_backend: fa3 on Hopper, or triton (MLA models on Blackwell: "
-        "triton; FlashInfer's MLA backend verifies chains only).",
+        "Set Attention backend in the form (spec key engine.attention_backend) to fa3 on "
+        "Hopper, or triton (MLA models on Blackwell: triton; FlashInfer's MLA backend verifies "
+        "chains only).",
         95,
         ("DDTREE full-tree verify does not support target backend",),
         _target_backend,
+        patch={"engine.attention_backend": "fa3"},
     ),
 )

@@ -37,6 +37,7 @@ def diagnose(lines: Iterable[str]) -> Diagnosis | None:
                 event.fields["summary"],
                 event.fields["fix"],
                 {**event.fields["evidence"], "line": event.line},
+                event.fields.get("patch"),
             )
             priority = CAUSES[found.cause].priority
             candidates.append(_Candidate(event.line, event.fields["fatal"], priority, found))

@@ -60,7 +60,8 @@ class AlertRules:
 FIXES = {
     "accept-collapse": "The drafter stopped predicting the target: check that the prompts match "
                        "the drafter's training domain, the draft model path and the block size; "
-                       "restart the deployment if it followed an engine fault.",
+                       "if it followed an engine fault, Stop the deployment and press "
+                       "Restart on its page.",
     "stall": "The engine may be hung: read its last log lines and the GPUs' utilisation "
              "(NCCL and disk reads hang quietly); stop and redeploy if it does not move.",
     "kv-high": "Requests queue or are retracted: lower --max-running-requests or the context "

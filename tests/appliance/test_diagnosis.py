@@ -262,7 +262,8 @@ def test_the_draft_capture_crash_names_the_draft_backend_as_the_fix() -> None:
     found = diagnose_file("ddtree_draft_fa3_capture.log")
     assert found is not None
     assert found.evidence["path"] == "draft graph capture" and found.evidence["phase"] == "capture"
-    assert "speculative_draft_attention_backend: flashinfer" in found.fix
+    assert "--speculative-draft-attention-backend flashinfer" in found.fix
+    assert found.patch == {"engine.speculative_draft_attention_backend": "flashinfer"}
 
 
 def test_the_eager_draft_crash_on_the_missing_custom_mask_is_the_same_cause() -> None:

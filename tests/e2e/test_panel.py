@@ -95,9 +95,14 @@ def test_an_operator_deploys_watches_it_come_up_live_and_stops_it(operator, stac
         expect(page.locator(f"#timeline li[data-phase={phase}]")).to_have_class("done")
     page.screenshot(path=screenshot_path("detail-ready.png"), full_page=True)
 
-    page.click("#stop")
+    page.click("#stop")  # a confirm page first: reloading the model takes minutes
+    expect(page.locator("#confirm-stop")).to_contain_text("kimi-ddtree")
+    expect(page.locator("#confirm-stop")).to_contain_text("takes minutes")
+    page.click("#confirm")
     expect(page.locator("#status")).to_have_text("stopped", timeout=30_000)
     expect(page.locator(".flash")).to_have_count(0)  # "Stopping ..." went with stopping
+    expect(page.locator("#restart")).to_be_visible()  # the badge's status shows the actions
+    expect(page.locator("#stop")).to_be_hidden()
     page.goto(f"{stack}/")
     # The list names each deployment by id too, and when it was made, in UTC.
     row = page.locator(f"#deployment-{deployment_id}")

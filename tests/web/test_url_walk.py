@@ -88,10 +88,13 @@ def _allowed(actor: str, kind: str, method: str, path: str) -> set[int]:
     if actor == "nobody":
         return {403, 405}
     if actor == "viewer":
-        return {200, 404, 405} if read and "/new/" not in path else {403, 405}
+        # The new form and the Stop and Delete confirm pages are an operator's.
+        action_page = "/new/" in path or (path.startswith("/deployments/")
+                                          and path.endswith(("/stop/", "/delete/")))
+        return {200, 404, 405} if read and not action_page else {403, 405}
     if read:
         return {200, 404, 405}
-    return {200, 201, 202, 302, 400, 403, 404, 405}
+    return {200, 201, 202, 204, 302, 400, 403, 404, 405}
 
 
 def _client(user: User | None) -> Client:

@@ -1,4 +1,5 @@
-"""The REST API: deployments, stop, paged events, a status summary, pre-flight."""
+"""The REST API: deployments, stop, restart, delete, clone, runs, paged events, a status
+summary, pre-flight."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from appliance.logs.cause import spec_patched
 from appliance.runtime import series
 from web.deployments import selectors, services
 from web.deployments.models import Deployment, DeploymentStatus
-from web.deployments.permissions import can_deploy, can_stop, can_view
+from web.deployments.permissions import can_delete, can_deploy, can_stop, can_view
+from web.deployments.services import lifecycle
 
 from . import metrics
 from .pagination import bounded_int
@@ -31,18 +34,23 @@ MAX_SEQ = 2**63 - 1  # an event seq is a PostgreSQL bigint
 
 
 class CanOperate(permissions.BasePermission):
-    message = "You need the viewer role to read deployments, the operator role to deploy or stop."
+    message = ("You need the viewer role to read deployments, the operator role to deploy, "
+               "stop, restart or delete.")
 
     def has_permission(self, request: Request, view: Any) -> bool:
+        action = getattr(view, "action", None)
         if request.method in permissions.SAFE_METHODS:
-            return can_view(request.user)
-        if getattr(view, "action", None) == "stop":
+            return can_view(request.user)  # clone too: the spec, as the deployment shows it
+        if action in ("stop", "restart"):
             return can_stop(request.user)
+        if action == "destroy":
+            return can_delete(request.user)
         return can_deploy(request.user)
 
 
 class DeploymentViewSet(
-    mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet[Deployment]
+    mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.DestroyModelMixin,
+    viewsets.GenericViewSet[Deployment],
 ):
     serializer_class = DeploymentSerializer
     permission_classes = [permissions.IsAuthenticated, CanOperate]
@@ -73,10 +81,43 @@ class DeploymentViewSet(
         deployment = services.deployment_request_stop(deployment=self.get_object())
         return Response(DeploymentSerializer(deployment).data, status=status.HTTP_202_ACCEPTED)
 
+    @extend_schema(request=None, responses={202: DeploymentSerializer})
+    @action(detail=True, methods=["post"])
+    def restart(self, request: Request, pk: str | None = None) -> Response:
+        """Start a stopped or failed deployment again: same spec, same id, a new run."""
+        deployment = lifecycle.deployment_restart(deployment_id=self.get_object().pk,
+                                                  user=request.user)
+        return Response(DeploymentSerializer(deployment).data, status=status.HTTP_202_ACCEPTED)
+
+    def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        """Delete a stopped or failed deployment with its events, runs and metric series."""
+        lifecycle.deployment_delete(deployment_id=self.get_object().pk)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(
+        parameters=[OpenApiParameter("fix", bool, description="Apply the diagnosis' fix.")],
+        responses={200: dict})
+    @action(detail=True, methods=["get"])
+    def clone(self, request: Request, pk: str | None = None) -> Response:
+        """This deployment's spec to deploy again (POST it to /api/deployments/); with
+        ?fix=true the diagnosis' fix applied, and the patch that did it."""
+        deployment = self.get_object()
+        fixable = (deployment.diagnosis or {}).get("patch") or {}
+        patch = fixable if request.query_params.get("fix") in ("1", "true") else {}
+        spec = spec_patched(deployment.spec, patch) if patch else deployment.spec
+        return Response({"spec": spec, "patch": patch, "fixable": bool(fixable)})
+
+    @extend_schema(responses={200: dict})
+    @action(detail=True, methods=["get"])
+    def runs(self, request: Request, pk: str | None = None) -> Response:
+        """Each start of the engine with the seqs of its events (first_seq..last_seq)."""
+        return Response({"results": selectors.deployment_runs(deployment=self.get_object())})
+
     @extend_schema(
         parameters=[
             OpenApiParameter("after", int, description="Only events with seq greater than this."),
             OpenApiParameter("limit", int, description="At most this many (1-1000)."),
+            OpenApiParameter("run", int, description="Only this run's events (see runs/)."),
         ],
         responses={200: EventSerializer(many=True)},
     )
@@ -85,8 +126,13 @@ class DeploymentViewSet(
         deployment = self.get_object()
         after = bounded_int(request, "after", 0, 0, MAX_SEQ)
         limit = bounded_int(request, "limit", 500, 1, 1000)
-        events = selectors.events_after(deployment_id=deployment.pk, after_seq=after, limit=limit)
-        next_after = events[-1].seq if len(events) == limit else None
+        last = MAX_SEQ
+        if "run" in request.query_params:
+            run = _run_of(deployment, bounded_int(request, "run", 1, 1, 2**31 - 1))
+            after, last = max(after, run["first_seq"] - 1), run["last_seq"]
+        events = [e for e in selectors.events_after(
+            deployment_id=deployment.pk, after_seq=after, limit=limit) if e.seq <= last]
+        next_after = events[-1].seq if len(events) == limit and events[-1].seq < last else None
         return Response(
             {"results": EventSerializer(events, many=True).data, "next_after": next_after}
         )
@@ -107,6 +153,14 @@ class DeploymentViewSet(
         return Response({"deployment": deployment.pk, "start": start.timestamp(),
                          "end": end.timestamp(), "step": step, "units": series.UNITS,
                          "points": [p.to_dict() for p in points]})
+
+
+def _run_of(deployment: Deployment, number: int) -> dict[str, Any]:
+    run = next((r for r in selectors.deployment_runs(deployment=deployment)
+                if r["number"] == number), None)
+    if run is None:
+        raise ValidationError({"run": [f"{deployment.name} has runs 1 to {deployment.run}."]})
+    return run
 
 
 @extend_schema(request=spec_request(flags=False), responses={200: dict})

@@ -6,6 +6,7 @@ import shlex
 from collections.abc import Mapping
 from typing import Any
 
+import yaml
 from django import forms
 
 ALGORITHMS = [("NONE", "None (autoregressive)"), ("DFLASH", "DFlash"), ("DDTREE", "DDTree")]
@@ -26,7 +27,13 @@ FIELD_OF_SPEC = {
     "engine.attention_backend": "attention_backend",
     "self_check": "self_check",
     "confirm_warnings": "confirm_warnings",
+    "env": "more_spec",
+    "secrets": "more_spec",
+    "shm_size": "more_spec",
+    "restart": "more_spec",
 }
+# Spec keys the form has no input of its own for: they are written in More spec keys.
+MORE_SPEC_KEYS = ("env", "secrets", "shm_size", "restart")
 
 
 def _recipe_choices() -> list[tuple[str, str]]:
@@ -92,6 +99,11 @@ class DeploymentForm(forms.Form):
     rebuild_image = forms.BooleanField(
         required=False, label="Rebuild the engine image",
         help_text="Build without the cache even when this recipe's image exists.")
+    more_spec = forms.CharField(
+        required=False, max_length=4000, label="More spec keys (YAML)",
+        widget=forms.Textarea(attrs={"rows": 4, "spellcheck": "false"}),
+        help_text="env, secrets, shm_size and restart as in a spec file, e.g. "
+                  "restart: {policy: on-failure, max_restarts: 5}")
     confirm_warnings = forms.BooleanField(required=False, label="Deploy despite warnings")
 
     def __init__(self, *args: Any, recipe: str | None = None, **kwargs: Any) -> None:
@@ -118,6 +130,21 @@ class DeploymentForm(forms.Form):
         except ValueError as exc:
             raise forms.ValidationError(f"Could not split the arguments: {exc}.") from None
 
+    def clean_more_spec(self) -> dict[str, Any]:
+        raw = self.cleaned_data.get("more_spec") or ""
+        try:
+            more = yaml.safe_load(raw) if raw.strip() else {}
+        except yaml.YAMLError as exc:
+            raise forms.ValidationError(f"Not valid YAML: {str(exc)[:200]}") from None
+        if not isinstance(more, dict):
+            raise forms.ValidationError("Write a mapping, e.g. restart: {policy: on-failure}.")
+        unknown = sorted(str(k)[:40] for k in more if k not in MORE_SPEC_KEYS)
+        if unknown:
+            raise forms.ValidationError(
+                f"Unknown key {', '.join(unknown)}: this box takes {', '.join(MORE_SPEC_KEYS)}; "
+                "the other keys have their own fields above.")
+        return more
+
     def to_spec(self) -> dict[str, Any]:
         data = self.cleaned_data
         engine: dict[str, Any] = {
@@ -130,9 +157,9 @@ class DeploymentForm(forms.Form):
             engine["speculative_draft_model_path"] = data.get("drafter_path") or None
             engine["speculative_num_draft_tokens"] = data.get("block_size")
         if data["algorithm"] == "DDTREE":
+            # Overlap scheduling is the recipe's call: 433c58ed7 runs DDTree with it (its V2
+            # worker), a recipe on a source that refuses it sets disable_overlap_schedule.
             engine["speculative_ddtree_budget"] = data.get("tree_budget")
-            # The DDTree source's worker refuses the overlap scheduler (pre-flight says so too).
-            engine["disable_overlap_schedule"] = True
         if data.get("attention_backend"):
             engine["attention_backend"] = data["attention_backend"]
         return {
@@ -142,6 +169,7 @@ class DeploymentForm(forms.Form):
             "engine": {k: v for k, v in engine.items() if v is not None},
             "extra_args": data["extra_args"],
             "self_check": bool(data.get("self_check")),
+            **(data.get("more_spec") or {}),
         }
 
     def add_service_errors(self, errors: dict[str, list[str]]) -> None:

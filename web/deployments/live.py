@@ -75,6 +75,14 @@ def publish_point(deployment_id: int, point: dict[str, Any]) -> None:
         log.warning("live point for deployment %s failed: %s", deployment_id, exc)
 
 
+def forget(deployment_id: int) -> None:
+    """Drop a deleted deployment's live streams; best effort (they are trimmed anyway)."""
+    try:
+        _client(settings.REDIS_URL).delete(stream_key(deployment_id), points_key(deployment_id))
+    except redis.RedisError as exc:
+        log.warning("dropping deployment %s's live streams failed: %s", deployment_id, exc)
+
+
 class _Publisher(threading.Thread):
     """Publishes on its own thread, in order: a writer (the engine agent storing tens of
     thousands of lines a second) never waits on Redis. A publish still pending when the

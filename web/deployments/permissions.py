@@ -1,4 +1,5 @@
-"""Who may do what. Named actors: a viewer reads, an operator deploys and stops, an admin all.
+"""Who may do what. Named actors: a viewer reads, an operator deploys, stops, restarts and
+deletes ended deployments, an admin all.
 
 Roles are Django permissions on the Deployment model, so new roles are groups, not code.
 A request made with an API token scoped to a role (web.accounts) has at most that role's
@@ -12,12 +13,14 @@ from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 VIEW_PERMISSION = "deployments.view_deployment"
 DEPLOY_PERMISSION = "deployments.add_deployment"
 STOP_PERMISSION = "deployments.change_deployment"
+DELETE_PERMISSION = "deployments.delete_deployment"
 
 
 # What each role a token can be scoped to grants.
 ROLE_PERMISSIONS = {
     "viewer": frozenset({VIEW_PERMISSION}),
-    "operator": frozenset({VIEW_PERMISSION, DEPLOY_PERMISSION, STOP_PERMISSION}),
+    "operator": frozenset({VIEW_PERMISSION, DEPLOY_PERMISSION, STOP_PERMISSION,
+                           DELETE_PERMISSION}),
 }
 
 
@@ -35,6 +38,11 @@ def can_deploy(user: AbstractBaseUser | AnonymousUser) -> bool:
 
 def can_stop(user: AbstractBaseUser | AnonymousUser) -> bool:
     return _has(user, STOP_PERMISSION)
+
+
+def can_delete(user: AbstractBaseUser | AnonymousUser) -> bool:
+    """Delete a stopped or failed deployment with its log (an operator's, an admin's)."""
+    return _has(user, DELETE_PERMISSION)
 
 
 def can_view(user: AbstractBaseUser | AnonymousUser) -> bool:

@@ -22,6 +22,7 @@ from .models import (
     Event,
     Host,
     MetricPoint,
+    Run,
 )
 
 MAX_SERIES_ROWS = 20_000  # a week of retention is about 12,000 rows
@@ -239,6 +240,41 @@ def _list_row(d: Deployment, now: datetime) -> DeploymentRow:
         throughput_at=point_ts if fresh else None,
         endpoint=d.engine_url if ready else "",
     )
+
+
+# ------------------------------------------------------------------ lifecycle
+
+
+def deployment_load_seconds(*, deployment: Deployment) -> float | None:
+    """How long its last start took to be ready (starting to ready), for the Stop warning."""
+    times = deployment.status_times or {}
+    try:
+        began = datetime.fromisoformat(times["starting"])
+        ready = datetime.fromisoformat(times["ready"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return (ready - began).total_seconds() if ready >= began else None
+
+
+def deployment_runs(*, deployment: Deployment) -> list[dict[str, Any]]:
+    """Each start of the engine, oldest first, with the seqs of its events (first_seq to
+    last_seq); run 1 is implied (seq 1 on) until a second run writes it."""
+    runs = list(Run.objects.filter(deployment=deployment).select_related("started_by"))
+    if not runs:
+        runs = [Run(deployment=deployment, number=1, reason=Run.Reason.DEPLOY, first_seq=1,
+                    started_at=deployment.created_at, started_by=deployment.created_by)]
+    rows = []
+    for i, run in enumerate(runs):
+        current = run.number == deployment.run
+        last = runs[i + 1].first_seq - 1 if i + 1 < len(runs) else deployment.last_seq
+        rows.append({
+            "number": run.number, "reason": run.reason, "first_seq": run.first_seq,
+            "last_seq": last, "started_at": run.started_at.isoformat(),
+            "started_by": run.started_by.get_username() if run.started_by else None,
+            "outcome": deployment.status if current else run.outcome,
+            "current": current,
+            "diagnosis": deployment.diagnosis if current else run.diagnosis})
+    return rows
 
 
 @dataclass(frozen=True)

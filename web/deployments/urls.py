@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import history_views, prom, sse, views
+from . import history_views, lifecycle_views, prom, sse, views
 
 app_name = "deployments"
 
@@ -10,7 +10,11 @@ urlpatterns = [
     path("hosts/", views.host_list, name="hosts"),
     path("deployments/rows/", views.deployment_list_rows, name="list-rows"),
     path("deployments/<int:pk>/", views.deployment_detail, name="detail"),
-    path("deployments/<int:pk>/stop/", views.deployment_stop, name="stop"),
+    path("deployments/<int:pk>/stop/", lifecycle_views.deployment_stop, name="stop"),
+    path("deployments/<int:pk>/restart/", lifecycle_views.deployment_restart, name="restart"),
+    path("deployments/<int:pk>/delete/", lifecycle_views.deployment_delete, name="delete"),
+    path("deployments/<int:pk>/runs/<int:number>/log.txt", lifecycle_views.deployment_run_log,
+         name="run-log"),
     path("deployments/<int:pk>/events/stream/", sse.deployment_event_stream, name="stream"),
     path("deployments/<int:pk>/events/", history_views.deployment_events, name="events"),
     path("deployments/<int:pk>/log.txt", history_views.deployment_log_download, name="log"),

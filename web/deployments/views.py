@@ -11,13 +11,14 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
-from django.views.decorators.http import require_POST, require_safe
+from django.views.decorators.http import require_safe
 
 from . import selectors, services
 from .forms import DeploymentForm
+from .lifecycle_views import form_source
 from .listing import row_texts
-from .models import Deployment, DeploymentStatus
-from .permissions import can_deploy, can_stop, can_view
+from .models import Deployment
+from .permissions import can_delete, can_deploy, can_stop, can_view
 
 LIST_REFRESH_S = 5  # how often the list page asks for its rows again
 
@@ -62,8 +63,12 @@ def deployment_new(request: HttpRequest) -> HttpResponse:
     if not can_deploy(request.user):
         raise PermissionDenied("You need the operator role to deploy.")
     # ?recipe=NAME starts the form from that recipe's defaults (the page's script does the same
-    # when the choice changes); only listed recipe names are taken.
-    form = DeploymentForm(request.POST or None, recipe=request.GET.get("recipe"))
+    # when the choice changes); only listed recipe names are taken. ?from=<id> fills it from
+    # that deployment's spec (Clone), &fix=1 with its diagnosis' fix applied (Redeploy).
+    source = form_source(request)
+    form = DeploymentForm(request.POST or None,
+                          recipe=source.initial["recipe"] if source else request.GET.get("recipe"),
+                          initial=source.initial if source else None)
     findings: list[dict[str, str]] = []
     if request.method == "POST" and form.is_valid():
         try:
@@ -84,7 +89,8 @@ def deployment_new(request: HttpRequest) -> HttpResponse:
             return redirect("deployments:detail", pk=deployment.pk)
     status = 400 if request.method == "POST" else 200
     return render(
-        request, "deployments/new.html", {"form": form, "findings": findings}, status=status
+        request, "deployments/new.html", {"form": form, "findings": findings, "source": source},
+        status=status,
     )
 
 
@@ -114,18 +120,8 @@ def deployment_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "tail": [e.to_wire() for e in selectors.event_tail(
                 deployment_id=deployment.pk, last_seq=deployment.last_seq)],
             "can_stop": can_stop(request.user),
+            "can_deploy": can_deploy(request.user),
+            "can_delete": can_delete(request.user),
+            "runs": selectors.deployment_runs(deployment=deployment),
         },
     )
-
-
-@login_required
-@require_POST
-def deployment_stop(request: HttpRequest, pk: int) -> HttpResponse:
-    if not can_stop(request.user):
-        raise PermissionDenied("You need the operator role to stop deployments.")
-    deployment = get_object_or_404(Deployment, pk=pk)
-    deployment = services.deployment_request_stop(deployment=deployment)
-    # A queued deployment stops at once; say which happened.
-    verb = "Stopped" if deployment.status == DeploymentStatus.STOPPED else "Stopping"
-    messages.info(request, f"{verb} {deployment.name}.", extra_tags=_while(deployment.status))
-    return redirect("deployments:detail", pk=pk)

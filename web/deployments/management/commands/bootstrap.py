@@ -21,7 +21,7 @@ from django.core.management.base import BaseCommand
 from web.settings import env_str
 
 ROLES = {
-    "operator": ["add_deployment", "change_deployment", "view_deployment"],
+    "operator": ["add_deployment", "change_deployment", "delete_deployment", "view_deployment"],
     "viewer": ["view_deployment"],
 }
 

@@ -1,0 +1,133 @@
+"""Panel pages for a deployment's lifecycle: confirm and stop, restart, delete, and the
+deployment a new-deployment form is filled from (Clone, Redeploy with the fix).
+
+Every one works without JavaScript: Stop and Delete are a confirm page with a form.
+The services (services/lifecycle.py, services/deployments.py) do the work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST, require_safe
+
+from appliance.engine.recipes import RecipeError
+
+from . import selectors, services
+from .clone import FilledForm, form_from_deployment
+from .models import Deployment, DeploymentStatus
+from .permissions import can_delete, can_deploy, can_stop, can_view
+from .services import lifecycle
+
+
+def _confirm(request: HttpRequest, deployment: Deployment, *, action: str,
+             status: int = 200) -> HttpResponse:
+    return render(request, "deployments/confirm.html", {
+        "deployment": deployment, "action": action,
+        "load_s": selectors.deployment_load_seconds(deployment=deployment)}, status=status)
+
+
+@login_required
+def deployment_stop(request: HttpRequest, pk: int) -> HttpResponse:
+    """GET: the confirm page; POST with confirm=yes: stop (a queued one stops at once)."""
+    if not can_stop(request.user):
+        raise PermissionDenied("You need the operator role to stop deployments.")
+    deployment = get_object_or_404(Deployment, pk=pk)
+    if request.method != "POST" or request.POST.get("confirm") != "yes":
+        return _confirm(request, deployment, action="stop")
+    deployment = services.deployment_request_stop(deployment=deployment)
+    verb = "Stopped" if deployment.status == DeploymentStatus.STOPPED else "Stopping"
+    messages.info(request, f"{verb} {deployment.name}.",
+                  extra_tags=f"while-{deployment.status}")
+    return redirect("deployments:detail", pk=pk)
+
+
+@login_required
+@require_POST
+def deployment_restart(request: HttpRequest, pk: int) -> HttpResponse:
+    if not can_stop(request.user):
+        raise PermissionDenied("You need the operator role to restart deployments.")
+    get_object_or_404(Deployment, pk=pk)
+    try:
+        deployment = lifecycle.deployment_restart(deployment_id=pk, user=request.user)
+    except services.DeploymentInputError as exc:
+        for field, texts in exc.errors.items():
+            for text in texts:
+                messages.error(request, f"Restart refused ({field}): {text}")
+        return redirect("deployments:detail", pk=pk)
+    messages.success(request, f"Restarted {deployment.name}: run {deployment.run} queued.",
+                     extra_tags=f"while-{deployment.status}")
+    return redirect("deployments:detail", pk=pk)
+
+
+@login_required
+def deployment_delete(request: HttpRequest, pk: int) -> HttpResponse:
+    """GET: the confirm page; POST with confirm=yes: delete with its events and series."""
+    if not can_delete(request.user):
+        raise PermissionDenied("You need the operator role to delete deployments.")
+    deployment = get_object_or_404(Deployment, pk=pk)
+    if request.method != "POST" or request.POST.get("confirm") != "yes":
+        return _confirm(request, deployment, action="delete")
+    try:
+        lifecycle.deployment_delete(deployment_id=pk)
+    except services.DeploymentInputError as exc:
+        for texts in exc.errors.values():
+            for text in texts:
+                messages.error(request, text)
+        return redirect("deployments:detail", pk=pk)
+    messages.success(request, f"Deleted {deployment.name} (#{pk}) with its log and metrics.")
+    return redirect("deployments:list")
+
+
+def form_source(request: HttpRequest) -> FilledForm | None:
+    """The deployment a new form is filled from (?from=<id>), with its diagnosis' fix
+    applied when asked (&fix=1); None without ?from=."""
+    raw = request.GET.get("from")
+    if raw is None:
+        return None
+    if not raw.isdigit() or not (can_view(request.user) and can_deploy(request.user)):
+        raise Http404("No such deployment to start from.")
+    deployment = get_object_or_404(Deployment, pk=int(raw))
+    patch = (deployment.diagnosis or {}).get("patch") if request.GET.get("fix") == "1" else None
+    try:
+        defaults = services.recipe_load(deployment.recipe).engine_defaults
+    except (RecipeError, ValueError):
+        defaults = {}  # the recipe is gone or broken: the form says so when deploying
+    return form_from_deployment(deployment.spec, engine_defaults=defaults, patch=patch)
+
+
+RUN_LOG_PAGE = 5000  # lines per database read of a run's log
+
+
+@login_required
+@require_safe
+def deployment_run_log(request: HttpRequest, pk: int, number: int) -> StreamingHttpResponse:
+    """One run's lines as text (its seqs first..last), a keyset page at a time."""
+    if not can_view(request.user):
+        raise PermissionDenied("You need the viewer role (or operator) to see deployments.")
+    deployment = get_object_or_404(Deployment, pk=pk)
+    run = next((r for r in selectors.deployment_runs(deployment=deployment)
+                if r["number"] == number), None)
+    if run is None:
+        raise Http404(f"{deployment.name} has no run {number}.")
+    response = StreamingHttpResponse(_run_lines(pk, run["first_seq"], run["last_seq"]),
+                                     content_type="text/plain; charset=utf-8")
+    response["Content-Disposition"] = (
+        f'attachment; filename="{deployment.name}-{pk}-run{number}.log"')
+    return response
+
+
+def _run_lines(pk: int, first: int, last: int) -> Iterator[bytes]:
+    after = first - 1
+    while after < last:
+        page = [e for e in selectors.event_log_page(deployment_id=pk, after=after,
+                                                    limit=RUN_LOG_PAGE) if e.seq <= last]
+        if not page:
+            return
+        yield "".join(selectors.event_log_line(e) for e in page).encode()
+        after = page[-1].seq
