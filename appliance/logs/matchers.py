@@ -86,7 +86,8 @@ def selfcheck_crashed(rc: int) -> Diagnosis:
         SELFCHECK_CAUSE.id,
         f"The GPU self-check exited with code {rc} before printing its report.",
         "Read the self-check's output above; a missing /opt/appliance/selfcheck.pyz means the "
-        "image was not built by the appliance (rebuild it), a crash means a broken "
-        "driver or CUDA install.",
+        "image was not built by the appliance (a fixed APPLIANCE_ENGINE_IMAGE made elsewhere): "
+        "use one made by `appliance build RECIPE`, or untick the GPU self-check; a crash means "
+        "a broken driver or CUDA install.",
         {"rc": rc},
     )

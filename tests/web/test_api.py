@@ -215,3 +215,16 @@ def test_the_openapi_schema_documents_yaml_and_bare_spec_bodies(operator, client
     assert "application/yaml" in create["description"]
     preflight = schema["paths"]["/api/preflight/"]["post"]["requestBody"]["content"]
     assert "application/yaml" in preflight
+
+
+def test_a_rebuild_is_refused_where_the_panel_runs_a_fixed_image(operator, token_for, settings):  # type: ignore[no-untyped-def]
+    settings.ENGINE_IMAGE = "engine:fixed"
+    api = _client(token_for(operator))
+    refused = api.post("/api/deployments/", {"spec": spec(), "confirm_warnings": True,
+                                             "rebuild_image": True}, format="json")
+    assert refused.status_code == 400
+    assert "fixed image engine:fixed" in refused.json()["rebuild_image"][0]
+    assert not Deployment.objects.exists()
+    created = api.post("/api/deployments/", {"spec": spec(), "confirm_warnings": True},
+                       format="json")
+    assert created.status_code == 201 and created.json()["rebuild_image"] is False

@@ -164,3 +164,16 @@ def test_the_queued_flash_is_tagged_so_the_detail_page_drops_it_when_the_status_
     assert 'class="flash success while-queued"' in page or 'class="flash while-queued success"' in page
     # Shown once: the next visit of the page has no flash at all.
     assert 'class="flash' not in operator_client.get(response.request["PATH_INFO"]).content.decode()
+
+
+def test_a_fixed_image_hides_the_rebuild_choice_and_the_form_still_deploys(  # type: ignore[no-untyped-def]
+        operator_client, settings):
+    assert "Rebuild the engine image" in operator_client.get(reverse("deployments:new")).content.decode()
+    settings.ENGINE_IMAGE = "engine:fixed"  # nothing is built: a rebuild cannot apply
+    page = operator_client.get(reverse("deployments:new")).content.decode()
+    assert "Rebuild the engine image" not in page and 'name="rebuild_image"' not in page
+    values = _rendered(operator_client, "kimi-k2.6-ddtree").values
+    data = {**_typed_in(values), "confirm_warnings": "on", "rebuild_image": "on"}
+    response = operator_client.post(reverse("deployments:new"), data)
+    assert response.status_code == 302, response.content.decode()[:2000]
+    assert Deployment.objects.get().rebuild_image is False

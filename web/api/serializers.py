@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from rest_framework import serializers
 
 from web.deployments.models import Deployment, Event
@@ -27,8 +28,17 @@ class DeploymentCreateSerializer(serializers.Serializer[Any]):
     )
     confirm_warnings = serializers.BooleanField(default=False)
     rebuild_image = serializers.BooleanField(
-        default=False, help_text="Build the engine image without the cache even when it exists."
+        default=False, help_text="Build the engine image without the cache even when it exists "
+        "(refused where the panel runs a fixed image, APPLIANCE_ENGINE_IMAGE)."
     )
+
+    def validate_rebuild_image(self, value: bool) -> bool:
+        if value and settings.ENGINE_IMAGE:
+            raise serializers.ValidationError(
+                f"This panel runs the fixed image {settings.ENGINE_IMAGE} "
+                "(APPLIANCE_ENGINE_IMAGE) and builds nothing: leave rebuild_image out, or unset "
+                "APPLIANCE_ENGINE_IMAGE to build images from the recipes.")
+        return value
 
 
 class PreflightSerializer(serializers.Serializer[Any]):

@@ -8,6 +8,7 @@ from typing import Any
 
 import yaml
 from django import forms
+from django.conf import settings
 
 ALGORITHMS = [("NONE", "None (autoregressive)"), ("DFLASH", "DFlash"), ("DDTREE", "DDTree")]
 
@@ -109,12 +110,20 @@ class DeploymentForm(forms.Form):
     def __init__(self, *args: Any, recipe: str | None = None, **kwargs: Any) -> None:
         """recipe: the one to start from (the new page's ?recipe=); else the first listed."""
         super().__init__(*args, **kwargs)
+        if settings.ENGINE_IMAGE:
+            # This panel runs one fixed image (APPLIANCE_ENGINE_IMAGE) and builds nothing.
+            del self.fields["rebuild_image"]
         self.recipe_defaults = recipe_defaults()
         if recipe not in self.recipe_defaults:
             recipe = next(iter(self.recipe_defaults), None)
         if recipe is not None:
             # Explicit initial values (the caller's) still win over the recipe's.
             self.initial = {"recipe": recipe, **self.recipe_defaults[recipe], **self.initial}
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        cleaned.setdefault("rebuild_image", False)  # no field with a fixed image
+        return cleaned
 
     def clean_gpu_ids(self) -> list[int]:
         raw = self.cleaned_data.get("gpu_ids") or ""
