@@ -314,6 +314,15 @@ ENGINE_EXTRA_ENV = dict(
 # Engine metrics and alerts (the engine agent's monitor; appliance/runtime/series.py).
 METRICS_INTERVAL_S = float(env_str("APPLIANCE_METRICS_INTERVAL_S", "2"))
 METRICS_RETENTION_DAYS = env_int("APPLIANCE_METRICS_RETENTION_DAYS", 7)
+# The event log's retention (docs/events-retention.md): decode/prefill stats lines are folded
+# into the metric series after EVENTS_STATS_KEEP_HOURS, other log lines go after
+# EVENTS_RETENTION_DAYS; what a diagnosis needs (errors, tracebacks, phases, diagnoses, the
+# first and last lines of each run) is kept as long as the deployment.
+EVENTS_RETENTION_DAYS = env_int("APPLIANCE_EVENTS_RETENTION_DAYS", 30)
+EVENTS_STATS_KEEP_HOURS = env_int("APPLIANCE_EVENTS_STATS_KEEP_HOURS", 24)
+if EVENTS_RETENTION_DAYS < 1 or EVENTS_STATS_KEEP_HOURS < 1:
+    raise ValueError("APPLIANCE_EVENTS_RETENTION_DAYS and APPLIANCE_EVENTS_STATS_KEEP_HOURS must "
+                     "be at least 1 (days and hours of the event log to keep)")
 # No progress for this long while loading weights or capturing CUDA graphs: a stall alert.
 ALERT_STALL_S = env_int("APPLIANCE_ALERT_STALL_S", 300)
 # The appliance's own /metrics (Prometheus): this bearer token, or a logged-in viewer.

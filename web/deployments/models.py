@@ -82,6 +82,9 @@ class Deployment(models.Model):
         max_length=40, blank=True, default="", help_text="Unix time of the last shipped output."
     )
     last_seq = models.PositiveBigIntegerField(default=0)
+    # Retention (services/retention.py): log lines up to this seq were sorted into kept and
+    # dropped by age already; the next pass starts here.
+    log_pruned_seq = models.PositiveBigIntegerField(default=0)
     # Engine identity and ownership (the engine agent): a token per start, and the lease
     # of the one agent that follows the engine; another takes over only an expired lease.
     start_token = models.CharField(max_length=32, blank=True, default="")

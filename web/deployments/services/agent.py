@@ -58,6 +58,7 @@ from .hosts import docker_facts, start_failure
 from .lifecycle import deployment_restart_after_death
 from .metrics import metrics_prune
 from .monitoring import MonitorHandle, monitor_start
+from .retention import events_prune_in_background
 
 log = logging.getLogger(__name__)
 S = DeploymentStatus
@@ -194,6 +195,7 @@ class EngineAgent:
             self._report_host(now)
         if self._ticks % PRUNE_EVERY_TICKS == 0:
             metrics_prune(now=time.time())
+            events_prune_in_background()  # the event log's retention, off this loop
         self._ticks += 1
 
     def release_all(self) -> None:
