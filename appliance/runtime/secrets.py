@@ -69,11 +69,12 @@ def resolve_secrets(names: list[str], *, directory: str,
         else:
             missing.append(name)
     if missing:
-        where = f"a file {directory}/<NAME>" if directory else "a secrets directory"
+        # Named as the host sees the store: compose mounts ./engine-secrets at `directory`.
         raise SecretMissingError(
-            f"secret {', '.join(missing)} is not in the secret store: put it in {where} "
-            f"(APPLIANCE_ENGINE_SECRETS_DIR) or set {ENV_PREFIX}<NAME> in the engine agent's "
-            "environment")
+            f"secret {', '.join(missing)} is not in the secret store: put it in the file "
+            f"./engine-secrets/<NAME> on the host (APPLIANCE_ENGINE_SECRETS_HOST_DIR; the "
+            f"agent reads it at {directory or 'APPLIANCE_ENGINE_SECRETS_DIR'}) or set "
+            f"{ENV_PREFIX}<NAME> in the engine agent's environment")
     return values
 
 

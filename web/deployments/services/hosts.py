@@ -42,9 +42,9 @@ START_ERRORS: tuple[tuple[tuple[str, ...], str, str, str], ...] = (
      "APPLIANCE_ENGINE_IMAGE to an image that exists here (`docker images`)."),
     (("is not in the secret store", "cannot be read from"),
      "secret-missing", "A secret the spec declares is not in the secret store.",
-     "Put its value in a file named after it in the engine agent's secrets directory "
-     "(APPLIANCE_ENGINE_SECRETS_DIR, e.g. a compose secret), or set "
-     "APPLIANCE_ENGINE_SECRET_<NAME> in the agent's environment; then deploy again."),
+     "Put its value in the file ./engine-secrets/<NAME> on the host (the folder "
+     "APPLIANCE_ENGINE_SECRETS_HOST_DIR names; compose mounts it into the agent), or set "
+     "APPLIANCE_ENGINE_SECRET_<NAME> in the agent's environment; then press Restart."),
     (("port is already allocated", "address already in use"),
      "port-in-use", "The engine's port is taken on this host.",
      "Stop what holds the port, or publish the engine on another one."),
