@@ -164,3 +164,57 @@ def test_a_deployment_with_a_million_events_opens_at_the_tail_and_pages_back_fas
     assert phases_ms < INTERACTION_MS and search_ms < INTERACTION_MS and clear_ms < INTERACTION_MS
     assert heap_after - heap_before < HEAP_GROWTH_MB
     assert first_byte_ms < 1000
+
+
+@pytest.fixture
+def failed_while_loading(operator, server: str) -> int:  # type: ignore[no-untyped-def]
+    """A deployment that built, passed its self-check and failed loading weights, with 3,000
+    lines after the self-check: none of its card events is in the page's tail."""
+    pk = services.deployment_create(data=spec(name="loadfail"), confirm_warnings=True).pk
+    services.deployment_mark_building(deployment_id=pk)
+    services.events_append(deployment_id=pk, events=[
+        ("build", {"kind": "cache_hit", "text": "using the configured image test:1"})])
+    services.deployment_mark_starting(deployment_id=pk, image="test:1")
+    services.deployment_mark_checking(deployment_id=pk)
+    services.events_append(deployment_id=pk, events=[
+        ("selfcheck", {"kind": "selfcheck_begin", "gpus": [0, 1], "roles": []}),
+        ("selfcheck", {"kind": "selfcheck_check", "id": "nvml-available", "ok": True,
+                       "message": "NVML answers"}),
+        ("selfcheck", {"kind": "selfcheck_report", "ok": True, "elapsed_s": 3.5,
+                       "allreduce": {}})])
+    services.deployment_mark_loading(deployment_id=pk)
+    services.deployment_set_progress(deployment_id=pk, progress={
+        "weights": {"done": 5, "total": 12, "finished": False}})
+    services.events_append(deployment_id=pk, events=[
+        ("log", {"stream": "stdout", "text": f"loading shard {i}"}) for i in range(3000)])
+    services.deployment_mark_failed(
+        deployment_id=pk, last_lines=["oom"],
+        diagnosis={"cause": "oom-load", "summary": "out of memory loading weights",
+                   "fix": "use more GPUs"})
+    return pk
+
+
+def test_a_page_opened_later_draws_its_cards_without_replaying_the_log(  # type: ignore[no-untyped-def]
+        failed_while_loading, server, page):
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    login(page, server)
+    page.goto(f"{server}/deployments/{failed_while_loading}/")
+    expect(page.locator("#conn")).to_have_text("ended", timeout=15_000)  # nothing more comes
+    assert errors == []
+    expect(page.locator("#status")).to_have_text("failed")
+    # The timeline marks where it failed (the status times on the row).
+    expect(page.locator("#timeline li[data-phase=loading]")).to_have_class("failed")
+    expect(page.locator("#timeline li[data-phase=checking]")).to_have_class("done")
+    # Weights from the summary; build and self-check from their own rare events.
+    expect(page.locator("#weights-text")).to_have_text("shard 5 / 12")
+    expect(page.locator("#build-text")).to_contain_text("using the configured image test:1")
+    expect(page.locator("#selfcheck-text")).to_contain_text("passed in 3.5 s")
+    expect(page.locator("#selfcheck-checks .check-ok")).to_have_count(1)
+    # The log's tail ends with the failure's markers; its start is a scroll away.
+    expect(page.locator("#log .line.marker").last).to_contain_text("diagnosis oom-load")
+    assert _lines(page)["lines"] == 500
+    expect(page.locator("#log")).not_to_contain_text("loading shard 2400\n")
+    page.locator("#log").evaluate("p => { p.scrollTop = 0; }")
+    expect(page.locator("#log")).to_contain_text("loading shard 2400\n")
+    assert _lines(page)["lines"] == 700
