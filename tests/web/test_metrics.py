@@ -3,9 +3,11 @@ GET /api/deployments/<id>/metrics/ (range, step, schema)."""
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
+from django.test import Client
 from rest_framework.test import APIClient
 
 from appliance.runtime import series
@@ -86,7 +88,7 @@ def test_alert_changes_are_kept_on_the_row_and_as_events(deployment) -> None:  #
     assert deployment_apply_alerts(deployment_id=deployment.pk, alerts=[firing])
     deployment.refresh_from_db()
     assert deployment.alerts["stall"]["summary"].startswith("No progress")
-    assert "since" in deployment.alerts["stall"]
+    assert "raised_at" in deployment.alerts["stall"]
     resolved = Alert("stall", "resolved", "warning", "The engine moved on (ready).")
     deployment_apply_alerts(deployment_id=deployment.pk, alerts=[resolved])
     deployment.refresh_from_db()
@@ -160,3 +162,37 @@ def test_each_status_change_notes_when_it_began_for_the_phase_durations(deployme
     deployment.refresh_from_db()
     assert set(deployment.status_times) == {"building", "starting"}
     assert deployment.status_times["building"] <= deployment.status_times["starting"]
+
+
+def test_each_alert_says_when_it_was_raised_and_cleared(deployment, viewer, token_for) -> None:  # type: ignore[no-untyped-def]
+    stall = Alert("stall", "firing", "warning", "No progress for 300 s while loading.",
+                  fix="Read its last log lines.")
+    deployment_apply_alerts(deployment_id=deployment.pk, alerts=[stall])
+    deployment_apply_alerts(deployment_id=deployment.pk, alerts=[
+        Alert("kv-high", "firing", "warning", "KV cache usage is 97%.")])
+    deployment_apply_alerts(deployment_id=deployment.pk, alerts=[
+        Alert("stall", "resolved", "warning", "The engine moved on (ready).")])
+    events = {(e.payload["id"], e.payload["state"]): e for e in Event.objects.filter(
+        deployment=deployment, kind="alert")}
+    raised = events["stall", "firing"].payload["raised_at"]
+    assert events["stall", "resolved"].payload["raised_at"] == raised
+    assert events["stall", "resolved"].payload["cleared_at"] > raised
+
+    body = _client(viewer, token_for).get(f"/api/deployments/{deployment.pk}/summary/").json()
+    assert set(body["alerts"]) == {"kv-high"} and body["alerts"]["kv-high"]["raised_at"]
+    firing, cleared = body["alert_history"]  # firing first, then cleared
+    assert (firing["id"], firing["state"], firing["cleared_at"]) == ("kv-high", "firing", None)
+    assert cleared["id"] == "stall" and cleared["state"] == "resolved"
+    assert cleared["summary"] == "No progress for 300 s while loading."
+    assert cleared["cleared_summary"] == "The engine moved on (ready)."
+    assert cleared["raised_at"] < cleared["cleared_at"]
+
+    client = Client()
+    client.force_login(viewer)
+    page = client.get(f"/deployments/{deployment.pk}/").content.decode()
+    when = re.findall(r'data-alert="(\w[\w-]*)".*?<span class="when">(.*?)</span>', page)
+    assert [w[0] for w in when] == ["kv-high", "stall"]
+    assert re.fullmatch(r"raised \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", when[0][1]), when
+    assert re.fullmatch(r"raised .* UTC · cleared \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC: "
+                        r"The engine moved on \(ready\)\.", when[1][1]), when
+    assert 'class="severity-warning cleared" data-alert="stall"' in page

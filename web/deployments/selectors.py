@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db.models import OuterRef, QuerySet, Subquery
@@ -20,6 +20,7 @@ from .models import (
     Deployment,
     DeploymentStatus,
     Event,
+    EventKind,
     Host,
     MetricPoint,
     Run,
@@ -150,13 +151,59 @@ def deployment_summary(*, deployment: Deployment) -> dict[str, Any]:
         "progress": deployment.progress,
         "decode_stats": deployment.decode_stats or None,
         "diagnosis": deployment.diagnosis,
-        "alerts": deployment.alerts or {},
+        "alerts": deployment.alerts or {},  # firing now, by id, each with its raised_at
+        "alert_history": deployment_alerts(deployment_id=deployment.pk),
         "metrics": metric_latest(deployment_id=deployment.pk),
         "engine_url": deployment.engine_url,
         "last_seq": deployment.last_seq,
         "is_terminal": deployment.is_terminal,
         "graph_widths": graph_widths(deployment=deployment),
     }
+
+
+ALERT_EVENTS = 200  # the newest alert events read for the page; alerts change seldom
+
+
+def deployment_alerts(*, deployment_id: int) -> list[dict[str, Any]]:
+    """Each alert's latest occurrence: firing ones first, then cleared ones, newest first;
+    each with when it was raised and, if it was, cleared (ISO times, UTC). Read from the
+    alert events on the event_notable index, so a long log costs nothing here."""
+    rows = Event.objects.filter(deployment_id=deployment_id, kind=EventKind.ALERT)
+    latest: dict[str, dict[str, Any]] = {}
+    for event in rows.order_by("-seq")[:ALERT_EVENTS]:
+        p = event.payload or {}
+        alert_id = str(p.get("id", ""))
+        seen = latest.get(alert_id)
+        if seen is None:
+            latest[alert_id] = _occurrence(p, event.ts)
+        elif seen["state"] == "resolved" and p.get("state") == "firing" and not seen["summary"]:
+            # The raise of a cleared alert: its summary and fix are the ones to show.
+            seen.update(summary=p.get("summary", ""), fix=p.get("fix", ""),
+                        raised_at=seen["raised_at"] or _when(p.get("raised_at")) or event.ts)
+    alerts = list(latest.values())
+    alerts.sort(key=lambda a: a["cleared_at"] or a["raised_at"] or _EPOCH, reverse=True)
+    return sorted(alerts, key=lambda a: a["state"] != "firing")
+
+
+_EPOCH = datetime.fromtimestamp(0, tz=UTC)
+
+
+def _when(value: Any) -> datetime | None:
+    try:
+        return datetime.fromisoformat(str(value)) if value else None
+    except ValueError:
+        return None
+
+
+def _occurrence(p: dict[str, Any], ts: datetime) -> dict[str, Any]:
+    firing = p.get("state") == "firing"
+    return {"id": p.get("id", ""), "severity": p.get("severity", ""),
+            "state": "firing" if firing else "resolved",
+            "summary": p.get("summary", "") if firing else "",
+            "fix": p.get("fix", "") if firing else "",
+            "raised_at": _when(p.get("raised_at")) or (ts if firing else None),
+            "cleared_at": None if firing else _when(p.get("cleared_at")) or ts,
+            "cleared_summary": "" if firing else p.get("summary", "")}
 
 
 def graph_widths(*, deployment: Deployment) -> list[dict[str, Any]]:

@@ -7,13 +7,15 @@ appliance/runtime/series.py. Points go to browsers over the live channel only: t
 event log stays a record of what happened, not a scrape log.
 
 Alerts (appliance.runtime.alerts) are kept twice: the firing ones on the deployment row
-(the panel's first paint, Prometheus), every change as an `alert` event.
+(Prometheus, the engine monitor's restart), every change as an `alert` event carrying
+raised_at (and cleared_at): the panel shows each alert's latest raise and clear from those.
 """
 
 from __future__ import annotations
 
 import math
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import transaction
@@ -82,13 +84,22 @@ def deployment_apply_alerts(*, deployment_id: int, alerts: list[Alert],
         if firing is None:
             return False
         firing = dict(firing)
-        since = timezone.now().isoformat()
+        now = timezone.now().isoformat()
+        events = []
         for alert in alerts:
+            # Each event says when its alert was raised (and cleared): the page and the API
+            # show both without pairing events up.
             if alert.state == "firing":
-                firing[alert.id] = {**alert.to_dict(), "since": since}
+                firing[alert.id] = {**alert.to_dict(), "raised_at": now}
+                events.append((EventKind.ALERT, firing[alert.id]))
             else:
-                firing.pop(alert.id, None)
+                raised = firing.pop(alert.id, {})
+                events.append((EventKind.ALERT, {**alert.to_dict(), "cleared_at": now,
+                                                 "raised_at": _raised_at(raised)}))
         Deployment.objects.filter(pk=deployment_id).update(alerts=firing)
-        events_append(deployment_id=deployment_id,
-                      events=[(EventKind.ALERT, alert.to_dict()) for alert in alerts])
+        events_append(deployment_id=deployment_id, events=events)
     return True
+
+
+def _raised_at(entry: dict[str, Any]) -> str | None:
+    return entry.get("raised_at") or entry.get("since")  # "since": rows an older version wrote

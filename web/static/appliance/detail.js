@@ -120,25 +120,32 @@
       cuda_graph: graphText(p.cuda_graph)}, "from /metrics at " + when + " UTC");
   }
 
-  // Alerts: one line per firing alert; an alert event adds or removes its line.
-  function showAlert(a) {
+  // Alerts: one line per alert id, its latest raise (and clear), as the server renders them;
+  // a cleared alert keeps its line, marked cleared, so the page says when it happened.
+  function utcText(iso) { return new Date(iso).toISOString().slice(0, 19).replace("T", " ") + " UTC"; }
+  function showAlert(a, ts) {
     const list = document.getElementById("alert-list");
     let li = list.querySelector('[data-alert="' + a.id + '"]');
+    if (!li) {
+      li = document.createElement("li");
+      li.dataset.alert = a.id;
+      li.appendChild(document.createElement("b"));
+      li.appendChild(document.createElement("span")).className = "summary";
+      li.appendChild(document.createElement("i"));
+      li.appendChild(document.createElement("span")).className = "when";
+      list.insertBefore(li, list.firstChild);
+    }
+    const raised = a.raised_at || (a.state === "resolved" ? null : ts);
+    li.className = "severity-" + a.severity + (a.state === "resolved" ? " cleared" : "");
+    li.children[0].textContent = a.id;
     if (a.state === "resolved") {
-      if (li) li.remove();
+      li.children[2].textContent = "";
+      li.children[3].textContent = (raised ? "raised " + utcText(raised) + " · " : "") +
+        "cleared " + utcText(a.cleared_at || ts) + (a.summary ? ": " + a.summary : "");
     } else {
-      if (!li) {
-        li = document.createElement("li");
-        li.dataset.alert = a.id;
-        li.appendChild(document.createElement("b"));
-        li.appendChild(document.createElement("span")).className = "summary";
-        li.appendChild(document.createElement("i"));
-        list.appendChild(li);
-      }
-      li.className = "severity-" + a.severity;
-      li.children[0].textContent = a.id;
       li.children[1].textContent = a.summary || "";
       li.children[2].textContent = a.fix || "";
+      li.children[3].textContent = "raised " + utcText(raised);
     }
     document.getElementById("alerts").hidden = list.children.length === 0;
   }
@@ -219,7 +226,7 @@
       case "progress": foldProgress(p); break;
       case "metric": if (p.kind === "decode_stats") showDecode(p); break;
       case "point": showPoint(p); ApplianceCharts.push(p); break;
-      case "alert": showAlert(p); break;
+      case "alert": showAlert(p, event.ts); break;
       case "diagnosis": showDiagnosis(p); break;
       case "build": build(p); break;
       case "selfcheck": showSelfcheck(p); break;
