@@ -13,19 +13,23 @@ from playwright.sync_api import Page, expect
 
 import docker
 from tests.servers import celery_worker, engine_agent, panel_server
+from web.deployments.services.engines import instance_id
 
 
 @contextlib.contextmanager
 def appliance_stack(tmp_path: Path, env: dict[str, str]) -> Iterator[str]:
     """Worker, agent and panel with `env`; yields the panel's URL, then removes every engine
-    container the test started."""
+    container the test started: this install's alone (its instance id), so the engines of a
+    compose run or of another database's tests beside it are left alone."""
     redis.Redis.from_url(settings.REDIS_URL).flushdb()  # no stale tasks from other tests
+    mine = instance_id()
     with celery_worker(tmp_path / "worker.log", **env), \
             engine_agent(tmp_path / "agent.log", **env), \
             panel_server(tmp_path / "web.log", **env) as url:
         yield url
     client = docker.from_env()
-    for container in client.containers.list(all=True, filters={"label": "appliance.deployment"}):
+    for container in client.containers.list(all=True, filters={
+            "label": ["appliance.deployment", f"appliance.instance={mine}"]}):
         container.remove(force=True)
 
 
