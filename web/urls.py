@@ -3,12 +3,14 @@ from django.contrib.auth import views as auth_views
 from django.http import HttpRequest, HttpResponseRedirect, JsonResponse
 from django.templatetags.static import static
 from django.urls import include, path
+from django.views.decorators.http import require_safe
 
 
 def healthz(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"ok": True})
 
 
+@require_safe
 def favicon(request: HttpRequest) -> HttpResponseRedirect:
     """Browsers and tools that ask /favicon.ico without reading the page's <link rel=icon>."""
     return HttpResponseRedirect(static("appliance/favicon.svg"))

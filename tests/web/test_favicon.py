@@ -34,3 +34,7 @@ def test_every_page_names_the_icon(viewer) -> None:  # type: ignore[no-untyped-d
         link = re.search(r'<link rel="icon" href="([^"]+)" type="image/svg\+xml">', page)
         assert link, page[:500]
         assert client.get(link.group(1)).status_code == 200
+
+
+def test_favicon_ico_only_answers_reads() -> None:
+    assert Client().post("/favicon.ico").status_code == 405

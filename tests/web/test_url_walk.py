@@ -21,8 +21,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 METHODS = ("get", "head", "options", "post", "put", "patch", "delete")
 ACTORS = ("anonymous", "nobody", "viewer", "operator", "admin")
-# Answered to anyone: the login pages, the health check.
-PUBLIC = {"login/", "logout/", "healthz", "admin/login/"}
+# Answered to anyone: the login pages, the health check, the icon.
+PUBLIC = {"login/", "logout/", "healthz", "admin/login/", "favicon.ico"}
 # The Prometheus scrape endpoint is for the monitoring system, not for people.
 SCRAPE = {"metrics"}
 
