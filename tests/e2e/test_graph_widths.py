@@ -30,7 +30,7 @@ def deployments(operator, tmp_path: Path, test_engine_image: str,  # type: ignor
         right = services.deployment_create(data=spec(name="widths-right", self_check=False),
                                            confirm_warnings=True).pk
         wrong = services.deployment_create(
-            data=spec(name="widths-wrong", self_check=False,
+            data=spec(name="widths-wrong", self_check=False, gpus=[1],  # GPU 0 is leased
                       env={"TEST_ENGINE_FAIL": "ddtree-width"}),  # the PR head's capture
             confirm_warnings=True).pk
         yield url, right, wrong

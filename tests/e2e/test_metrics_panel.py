@@ -49,8 +49,9 @@ def stack(tmp_path: Path, test_engine_image: str) -> Iterator[str]:
         yield url
 
 
-def _deploy(name: str, **env: str) -> int:
-    data = spec(name=name, env=env, self_check=False)
+def _deploy(name: str, gpu: int = 0, **env: str) -> int:
+    # Each on its own GPU: a GPU another live deployment holds is refused (GPU leases).
+    data = spec(name=name, env=env, self_check=False, gpus=[gpu])
     return services.deployment_create(data=data, confirm_warnings=True).pk
 
 
@@ -59,7 +60,7 @@ def _deploy(name: str, **env: str) -> int:
 def healthy_and_collapsing(operator, stack: str, settings) -> tuple[int, int]:  # type: ignore[no-untyped-def]
     settings.ENGINE_GPU_REQUESTS = False  # as the stack's processes run
     return (_deploy("healthy", **TRAFFIC),
-            _deploy("collapsing", TEST_ENGINE_FAIL="accept-collapse",
+            _deploy("collapsing", 1, TEST_ENGINE_FAIL="accept-collapse",
                     TEST_ENGINE_COLLAPSE_AFTER_S="25", **TRAFFIC))
 
 
@@ -67,7 +68,7 @@ def healthy_and_collapsing(operator, stack: str, settings) -> tuple[int, int]:  
 def eager_and_stalled(operator, stack: str, settings) -> tuple[int, int]:  # type: ignore[no-untyped-def]
     settings.ENGINE_GPU_REQUESTS = False
     return (_deploy("eager", TEST_ENGINE_FAIL="ddtree-eager", **TRAFFIC),
-            _deploy("stalled", TEST_ENGINE_FAIL="capture-stall"))
+            _deploy("stalled", 1, TEST_ENGINE_FAIL="capture-stall"))
 
 
 def _stats(page: Page) -> dict[str, Any]:

@@ -57,8 +57,8 @@ def _run(pk: int) -> str:
 
 
 def _baseline(recipe: str, name: str, self_check: bool = True,
-              rebuild_image: bool = False) -> Deployment:
-    data = spec(name=name, recipe=recipe, self_check=self_check)
+              rebuild_image: bool = False, gpu: int = 0) -> Deployment:
+    data = spec(name=name, recipe=recipe, self_check=self_check, gpus=[gpu])
     data["engine"] = {"model_path": "/models/Kimi-K2.6", "tp_size": 1,
                       "trust_remote_code": True, "speculative_algorithm": "NONE"}
     return services.deployment_create(data=data, confirm_warnings=True,
@@ -100,7 +100,8 @@ def test_a_built_image_runs_the_real_self_check_first_and_the_next_deployment_hi
     assert phases == ["building", "starting", "loading", "capturing", "ready"]
 
     # Asked to rebuild, the same recipe builds again, layer cache off, to the same tag.
-    third = _baseline(site_recipe, "built-3", self_check=False, rebuild_image=True)
+    # GPU 0 is leased to built-2, which is still ready.
+    third = _baseline(site_recipe, "built-3", self_check=False, rebuild_image=True, gpu=1)
     assert _run(third.pk) == S.READY
     third.refresh_from_db()
     builds = [e.payload for e in third.events.filter(kind="build").order_by("seq")]

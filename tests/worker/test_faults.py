@@ -207,13 +207,14 @@ def _wait_event(pk: int, build_kind: str, timeout_s: float) -> None:
 
 
 def test_a_stop_is_carried_out_within_3_s_behind_a_backlog_of_50_queued_deployments(
-        engine_env: dict[str, str], tmp_path: Path) -> None:
+        engine_env: dict[str, str], tmp_path: Path, settings) -> None:  # type: ignore[no-untyped-def]
+    settings.GPU_COUNT = 64  # a host with a GPU for each queued deployment (GPU leases)
     ready = _deployment(name="serving")
     tasks.deploy.apply(args=[ready.pk]).get()
     with engine_agent(tmp_path / "agent.log", **engine_env):
         _wait(ready.pk, {S.READY}, 90)
         for i in range(50):  # queued for a worker that is busy elsewhere (none runs here)
-            _deployment(name=f"backlog-{i}")
+            _deployment(name=f"backlog-{i}", gpus=[i + 1])
         asked = time.monotonic()
         services.deployment_request_stop(deployment=Deployment.objects.get(pk=ready.pk))
         _wait(ready.pk, {S.STOPPED}, 10)
@@ -274,7 +275,7 @@ def test_a_redis_restart_keeps_the_worker_and_agent_up_and_loses_no_queued_task(
             time.sleep(2)
             assert worker.poll() is None, "the worker survived the Redis restart"
             assert agent.poll() is None, "the agent survived the Redis restart"
-            after = _deployment(name="queued-after-restart")
+            after = _deployment(name="queued-after-restart", gpus=[1])  # GPU 0: "waiting"
             queue_deploy(after.pk)
             _wait(after.pk, {S.READY}, 120)
             services.deployment_request_stop(deployment=Deployment.objects.get(pk=waiting.pk))
