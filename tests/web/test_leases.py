@@ -65,9 +65,8 @@ def test_a_stopped_deployment_takes_its_gpus_again_through_acquire() -> None:
     services.deployment_request_stop(deployment=first)  # queued: stopped at once
     other = _create(name="other", gpus=[2])
     first.refresh_from_db()
-    with pytest.raises(services.DeploymentInputError) as caught:
-        with transaction.atomic():
-            services.gpu_leases_acquire(deployment=first)
+    with pytest.raises(services.DeploymentInputError) as caught, transaction.atomic():
+        services.gpu_leases_acquire(deployment=first)
     assert f"#{other.pk} 'other'" in caught.value.errors["gpus"][0]
     services.deployment_request_stop(deployment=other)
     services.gpu_leases_acquire(deployment=first)
