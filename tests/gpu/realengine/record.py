@@ -1,0 +1,290 @@
+"""Start the real SGLang engine once and record everything it says and serves.
+
+    python3 tests/gpu/realengine/record.py RUN OUTDIR   (RUN: a name in runs.RUNS)
+
+Writes OUTDIR/RUN/:
+- engine.log: stdout and stderr, each line prefixed with its arrival time as `docker logs -t`
+  prints it (RFC 3339, nanoseconds, Z), so the agent's own follower code reads it unchanged;
+- metrics.jsonl: /metrics every 2 s from the start to the stop, through idle, load and idle
+  again ({"t", "phase", "status", "text"});
+- server_info.json, models.json; sse_completions.txt and sse_chat.txt: the raw bytes of
+  streamed OpenAI responses, each network chunk as {"t", "data"} on a line;
+- probe.json: the losslessness prompts at temperature 0 with return_logprob and top-2
+  log-probs (/generate, sequential), with each answer's meta_info;
+- bench.json: `appliance bench` at each concurrency level, with its wall-clock window;
+- run.json: argv, env, the substitutions and why, the self-check, timings, exit status.
+Stdlib and the checkout's `appliance` package only (the GPU host's python runs it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parents[2]))
+
+from runs import PROBE_PROMPTS, RUNS, Run  # noqa: E402
+from substitutions import Launch, launch  # noqa: E402
+
+PORT = 30000
+BASE = f"http://127.0.0.1:{PORT}"
+READY = "The server is fired up and ready to roll"
+SCRAPE_S = 2.0
+IDLE_S = 8.0
+
+
+def docker_stamp(now: float) -> str:
+    moment = datetime.fromtimestamp(now, UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{int((now % 1) * 1e9):09d}Z"
+
+
+class Engine:
+    """The engine process, its timestamped output and its flags as they appear."""
+
+    def __init__(self, plan: Launch, env: dict[str, str], folder: Path) -> None:
+        self.folder = folder
+        self.lines: list[str] = []
+        self.started = time.time()
+        self.proc = subprocess.Popen(plan.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     env=env, cwd="/tmp", start_new_session=True)
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        with open(self.folder / "engine.log", "w", encoding="utf-8") as log:
+            for raw in self.proc.stdout:
+                line = raw.decode("utf-8", "replace").rstrip("\n")
+                log.write(f"{docker_stamp(time.time())} {line}\n")
+                log.flush()
+                self.lines.append(line)
+
+    def seen(self, text: str) -> bool:
+        return any(text in line for line in self.lines)
+
+    def wait_for(self, text: str, timeout: float) -> bool:
+        end = time.time() + timeout
+        while time.time() < end and self.proc.poll() is None:
+            if self.seen(text):
+                return True
+            time.sleep(0.25)
+        return self.seen(text)
+
+    def stop(self) -> int | None:
+        for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 15)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.proc.wait(timeout=wait)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        time.sleep(1)
+        # What is left of the engine's own process group (scheduler, detokenizer).
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.reader.join(timeout=10)
+        return self.proc.returncode
+
+
+class Scraper(threading.Thread):
+    """/metrics every SCRAPE_S seconds, tagged with the phase the driver is in."""
+
+    def __init__(self, folder: Path) -> None:
+        super().__init__(daemon=True)
+        self.phase = "starting"
+        self.halt = threading.Event()
+        self.path = folder / "metrics.jsonl"
+
+    def run(self) -> None:
+        with open(self.path, "w", encoding="utf-8") as out:
+            while not self.halt.is_set():
+                tick = time.time()
+                status, text = get_text("/metrics", timeout=1.5)
+                out.write(json.dumps({"t": docker_stamp(tick), "phase": self.phase, "status": status,
+                                      "text": text if status == 200 else ""}) + "\n")
+                out.flush()
+                self.halt.wait(max(0.0, SCRAPE_S - (time.time() - tick)))
+
+
+def get_text(path: str, timeout: float = 30) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(BASE + path, timeout=timeout) as response:
+            return response.status, response.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode("utf-8", "replace")
+    except OSError as exc:
+        return 0, f"{type(exc).__name__}: {exc}"
+
+
+def post_json(path: str, body: dict[str, Any], timeout: float = 120) -> tuple[int, Any]:
+    request = urllib.request.Request(BASE + path, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode("utf-8", "replace")
+    except (OSError, ValueError) as exc:
+        return 0, f"{type(exc).__name__}: {exc}"
+
+
+def stream_raw(path: str, body: dict[str, Any], out: Path) -> None:
+    """The response's bytes as they arrive, one network read a line, with its time."""
+    request = urllib.request.Request(BASE + path, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with open(out, "w", encoding="utf-8") as sink:
+        try:
+            with urllib.request.urlopen(request, timeout=120) as response:
+                sink.write(json.dumps({"status": response.status,
+                                       "headers": dict(response.headers.items())}) + "\n")
+                while chunk := response.read1(65536):
+                    sink.write(json.dumps({"t": docker_stamp(time.time()),
+                                           "data": chunk.decode("utf-8", "replace")}) + "\n")
+        except OSError as exc:
+            sink.write(json.dumps({"error": f"{type(exc).__name__}: {exc}"}) + "\n")
+
+
+def served_model() -> str:
+    status, text = get_text("/v1/models")
+    try:
+        return str(json.loads(text)["data"][0]["id"]) if status == 200 else "default"
+    except (ValueError, KeyError, IndexError):
+        return "default"
+
+
+def probe(folder: Path) -> None:
+    """Each prompt with the top-2 log-probs; where the engine refuses them (433c58ed7's DFLASH
+    and DDTREE answer 400 "does not support return_logprob yet"), the refusal is kept and the
+    prompt is sent again without them: the baseline's log-probs judge where outputs part."""
+    answers = []
+    for prompt in PROBE_PROMPTS:
+        began = time.time()
+        sampling = {"temperature": 0, "max_new_tokens": 64, "ignore_eos": True}
+        status, body = post_json("/generate", {"text": prompt, "return_logprob": True,
+                                               "top_logprobs_num": 2, "sampling_params": sampling})
+        answer = {"prompt": prompt, "logprobs": status == 200}
+        if status != 200:
+            answer["refused"] = {"status": status, "body": body}
+            status, body = post_json("/generate", {"text": prompt, "sampling_params": sampling})
+        answer.update(status=status, s=round(time.time() - began, 3), response=body)
+        answers.append(answer)
+    (folder / "probe.json").write_text(json.dumps(answers))
+
+
+def bench(folder: Path, levels: tuple[int, ...]) -> None:
+    results = []
+    for level in levels:
+        began = time.time()
+        done = subprocess.run(
+            [sys.executable, "-m", "appliance", "bench", "--url", BASE, "--concurrency", str(level),
+             "--num-prompts", str(max(8, 2 * level)), "--input-len", "128", "--output-len", "64",
+             "--endpoint", "/v1/completions", "--warmup", "1", "--json"],
+            capture_output=True, text=True, cwd=HERE.parents[2], timeout=240, check=False)
+        results.append({"concurrency": level, "start": docker_stamp(began),
+                        "end": docker_stamp(time.time()), "rc": done.returncode,
+                        "json": _json_or_none(done.stdout), "stderr": done.stderr[-4000:]})
+    (folder / "bench.json").write_text(json.dumps(results, indent=1))
+
+
+def _json_or_none(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def serve_and_record(run: Run, folder: Path, scraper: Scraper) -> None:
+    scraper.phase = "idle"
+    time.sleep(IDLE_S)
+    scraper.phase = "load"
+    for path, name in (("/get_server_info", "server_info.json"), ("/v1/models", "models.json")):
+        status, text = get_text(path)
+        (folder / name).write_text(text if status == 200 else json.dumps({"status": status, "text": text}))
+    model = served_model()
+    stream_raw("/v1/completions", {"model": model, "prompt": PROBE_PROMPTS[1], "max_tokens": 48,
+                                   "temperature": 0, "ignore_eos": True, "stream": True,
+                                   "stream_options": {"include_usage": True}},
+               folder / "sse_completions.txt")
+    stream_raw("/v1/chat/completions", {
+        "model": model, "max_tokens": 48, "temperature": 0, "stream": True,
+        "stream_options": {"include_usage": True},
+        "messages": [{"role": "user", "content": "Say hello in three words."}]},
+        folder / "sse_chat.txt")
+    probe(folder)
+    bench(folder, run.bench_levels)
+    scraper.phase = "idle-after"
+    time.sleep(IDLE_S)
+
+
+def self_check(plan: Launch, env: dict[str, str], folder: Path) -> dict[str, Any]:
+    """The image runs the appliance's GPU self-check before the engine: so does the rig."""
+    began = time.time()
+    done = subprocess.run([sys.executable, "-m", "appliance.selfcheck", *plan.gpu_check, "--stream"],
+                          capture_output=True, text=True, env=env, cwd=HERE.parents[2],
+                          timeout=180, check=False)
+    (folder / "selfcheck.stream").write_text(done.stdout)
+    return {"rc": done.returncode, "s": round(time.time() - began, 1), "stderr": done.stderr[-2000:]}
+
+
+def record(run: Run, out: Path, models: str, pythonpath: str, deadline: float) -> dict[str, Any]:
+    folder = out / run.name
+    folder.mkdir(parents=True, exist_ok=True)
+    plan = launch(run.example, models, spec_overrides=run.spec_overrides,
+                  argv_overrides=run.argv_overrides, drop_flags=run.drop_flags)
+    env = {**os.environ, **plan.env, "PYTHONPATH": pythonpath, "PYTHONUNBUFFERED": "1"}
+    info: dict[str, Any] = {"run": run.name, "about": run.about, "argv": plan.argv,
+                            "env_added": plan.env, "changes": plan.changes,
+                            "source": run.source, "expect": run.expect}
+    if run.self_check:
+        info["self_check"] = self_check(plan, env, folder)
+    engine = Engine(plan, env, folder)
+    scraper = Scraper(folder)
+    scraper.start()
+    budget = min(run.start_timeout, deadline - time.time() - 45)
+    if run.expect == "ready":
+        ready = engine.wait_for(READY, budget)
+        info["ready_s"] = round(time.time() - engine.started, 1) if ready else None
+        if ready and run.serve:
+            serve_and_record(run, folder, scraper)
+    else:
+        engine.wait_for(run.stop_after or "\0never", budget)
+        info["ready_s"] = round(time.time() - engine.started, 1) if engine.seen(READY) else None
+    info["exited_by_itself"] = engine.proc.poll()
+    scraper.phase = "stopping"
+    info["returncode"] = engine.stop()
+    scraper.halt.set()
+    scraper.join(timeout=5)
+    info["total_s"] = round(time.time() - engine.started, 1)
+    (folder / "run.json").write_text(json.dumps(info, indent=1))
+    return info
+
+
+def main() -> None:
+    name, out = sys.argv[1], Path(sys.argv[2])
+    run = RUNS[name]
+    deadline = float(os.environ.get("RIG_DEADLINE", time.time() + 600))
+    stash = Path(os.environ["RIG_STASH"])
+    pythonpath = ":".join(str(stash / part).format(**run.paths) for part in run.pythonpath)
+    info = record(run, out, str(stash / "models"), pythonpath, deadline)
+    print(f"[{name}] ready={info['ready_s']} rc={info['returncode']} total={info['total_s']} s",
+          flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""The rig's runs: what each starts, changes and expects, and the prompts it sends."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+S433 = "sglang-433c58ed70cd1dabe5a07a83da12f1513cd599ae"
+S101 = "sglang-101cd5bd02faab336ada94f78daada6288c1816e"
+TRITON = {"--attention-backend": "triton"}
+NO_SPECULATION = {"engine.speculative_algorithm": "NONE", "engine.speculative_draft_model_path": None,
+                  "engine.speculative_num_draft_tokens": None, "engine.speculative_ddtree_budget": None}
+CAPTURED = "Capture draft verify CUDA graph end"
+
+
+@dataclass(frozen=True)
+class Run:
+    name: str
+    about: str
+    example: str  # "ddtree" | "dflash": examples/kimi-<example>.yaml
+    source: str = S433
+    spec_overrides: dict[str, object] = field(default_factory=dict)
+    argv_overrides: dict[str, str | None] = field(default_factory=dict)
+    drop_flags: tuple[str, ...] = ()
+    expect: str = "ready"  # "ready" | "failure"
+    serve: bool = True  # after ready: idle, requests, bench, idle
+    stop_after: str | None = None  # a failure run stops once this text appears (or on exit)
+    start_timeout: float = 420
+    bench_levels: tuple[int, ...] = (1, 8, 32)
+    self_check: bool = True
+
+    @property
+    def paths(self) -> dict[str, str]:
+        return {"src": f"{self.source}/python"}
+
+    @property
+    def pythonpath(self) -> tuple[str, ...]:
+        if self.source == S101:
+            # 101cd5bd0 imports moe_fused_gate (sglang-kernel 0.4.3) and flashinfer.gemm.
+            return ("stubs101", "site101", "site", "stubs", "{src}")
+        return ("site", "stubs", "{src}")
+
+
+def _runs(*runs: Run) -> dict[str, Run]:
+    return {run.name: run for run in runs}
+
+
+RUNS = _runs(
+    Run("ddtree_triton", "DDTREE (budget 32, block 8) with triton, the Blackwell path", "ddtree",
+        argv_overrides=TRITON),
+    Run("dflash_triton", "DFLASH (block 8) with triton", "dflash", argv_overrides=TRITON,
+        self_check=False),
+    Run("base_triton", "no speculation, the autoregressive baseline, triton", "ddtree",
+        spec_overrides=NO_SPECULATION, argv_overrides=TRITON, self_check=False),
+    # The losslessness probe alone (the first runs' speculative probes were refused log-probs).
+    Run("ddtree_probe", "DDTREE triton: the probe prompts, no bench", "ddtree",
+        argv_overrides=TRITON, bench_levels=()),
+    Run("dflash_probe", "DFLASH triton: the probe prompts, no bench", "dflash",
+        argv_overrides=TRITON, bench_levels=(), self_check=False),
+    # Failures, each recorded for the diagnosis catalogue.
+    Run("ddtree101_triton", "101cd5bd0 (the PR head) crashes at the target verify capture",
+        "ddtree", source=S101, argv_overrides={**TRITON, "--disable-overlap-schedule": None},
+        expect="failure", start_timeout=200, self_check=False),
+    Run("missing_model", "the model path does not exist", "ddtree", argv_overrides=TRITON,
+        spec_overrides={"engine.model_path": "/models/Kimi-K2.7-typo"}, expect="failure",
+        start_timeout=120, self_check=False),
+    Run("drafter_hidden_mismatch", "a drafter trained for a target of hidden size 384",
+        "ddtree", argv_overrides=TRITON, expect="failure", start_timeout=200, self_check=False,
+        spec_overrides={"engine.speculative_draft_model_path": "{models}/tiny-kimi-dflash-h384"}),
+    Run("capture_oom", "CUDA-graph capture out of memory (mem_fraction_static 0.97)", "ddtree",
+        argv_overrides=TRITON, spec_overrides={"engine.mem_fraction_static": 0.97},
+        expect="failure", start_timeout=240, self_check=False),
+    # The drafter's own backend stays triton: left to its default it is flashinfer, which the
+    # rig does not carry (the first try failed on the stub, not on the tree).
+    Run("tree_backend_unsupported", "DDTREE on a target backend that cannot verify a tree",
+        "ddtree", argv_overrides={"--attention-backend": "torch_native",
+                                  "--speculative-draft-attention-backend": "triton"},
+        expect="failure", start_timeout=240, self_check=False),
+    Run("kv_too_small", "no memory left for the KV cache (mem_fraction_static 0.001)", "ddtree",
+        argv_overrides=TRITON, spec_overrides={"engine.mem_fraction_static": 0.001},
+        expect="failure", start_timeout=150, self_check=False),
+    # Memory calibration: capture at other batch-size limits and context lengths, then stop.
+    Run("ddtree_triton_bs16", "DDTREE triton, cuda_graph_max_bs 16", "ddtree",
+        argv_overrides=TRITON, spec_overrides={"engine.cuda_graph_max_bs": 16}, serve=False,
+        start_timeout=200, self_check=False),
+    Run("ddtree_triton_ctx32k", "DDTREE triton, context_length 32768", "ddtree",
+        argv_overrides=TRITON, spec_overrides={"engine.context_length": 32768}, serve=False,
+        start_timeout=200, self_check=False),
+    Run("dflash_triton_bs16", "DFLASH triton, cuda_graph_max_bs 16", "dflash",
+        argv_overrides=TRITON, spec_overrides={"engine.cuda_graph_max_bs": 16}, serve=False,
+        start_timeout=200, self_check=False),
+)
+
+# Real prompts of several kinds (prose, code, lists, numbers, repetition) written for this
+# rig; at temperature 0 with the top-2 log-probs they show where two runs part and how close
+# the baseline's top two were there.
+PROBE_PROMPTS = (
+    "The quick brown fox",
+    "Once upon a time, in a land far away, there lived a",
+    "def fibonacci(n):\n    ",
+    "Speculative decoding with a draft tree verifies many tokens at once. ",
+    "0123456789 abcdefghij ",
+    "Kimi K2 is a mixture-of-experts model with multi-head latent attention. " * 3,
+    "SELECT name, count(*) FROM deployments WHERE status = 'ready' GROUP BY",
+    "1, 1, 2, 3, 5, 8, 13, 21,",
+    "Dear operator,\nThe engine finished loading its weights and",
+    "[BOS]<|im_user|>user<|im_middle|>What is a draft tree?<|im_end|><|im_assistant|>",
+    "for (int i = 0; i < n; ++i) {",
+    "A B C D E F G H I J K L M N O P",
+)
