@@ -39,6 +39,7 @@ LOCAL_IMAGES = {
     "APPLIANCE_POSTGRES_IMAGE": "appliance-postgres:bookworm",
 }
 PANEL_IMAGE = "sd-appliance:e2e"
+ADMIN_PASSWORD = r"Admin account 'admin' password: '([^']+)'"
 COMPOSE = shutil.which("docker-compose")
 
 
@@ -66,6 +67,14 @@ def test_docker_compose_accepts_the_file_and_keeps_engines_off_the_database_netw
     assert "appliance-engines" not in config.get("networks", {})
     assert "/var/run/docker.sock:/var/run/docker.sock" in str(services["agent"]["volumes"])
     assert "/var/run/docker.sock" not in str(services["web"].get("volumes"))
+    # The models folder is a long-syntax bind (never made by Docker when it is missing).
+    for name in ("web", "worker"):
+        models = [v for v in services[name]["volumes"]
+                  if isinstance(v, dict) and v.get("target") == "/models"]
+        assert models == [{"type": "bind", "source": "/models", "target": "/models",
+                           "read_only": True}], services[name]["volumes"]
+    assert services["web"]["environment"]["APPLIANCE_ADMIN_PASSWORD_FILE"] == \
+        "/var/lib/appliance/secrets/admin_password"
     assert services["web"]["build"]["args"]["PYTHON_IMAGE"] == "local/python:3"
     published = services["web"]["ports"][0]
     assert "127.0.0.1" in str(published) and "8000" in str(published)
@@ -86,6 +95,26 @@ def test_docker_compose_accepts_the_file_and_keeps_engines_off_the_database_netw
                  "APPLIANCE_CA_BUNDLE", "APPLIANCE_MODELS_DIR", "APPLIANCE_PANEL_PORT",
                  "APPLIANCE_POSTGRES_IMAGE", "APPLIANCE_REDIS_IMAGE", "APPLIANCE_PYTHON_IMAGE"):
         assert f"#{name}=" in example, f"{name} is documented in .env.example"
+
+
+def test_compose_refuses_to_start_when_the_models_folder_is_missing(tmp_path: Path) -> None:
+    if COMPOSE is None:
+        pytest.skip("docker-compose not installed")
+    missing = tmp_path / "no-models-here"
+    project = f"{PROJECT}-nomodels"
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "APPLIANCE_MODELS_DIR": str(missing),
+           # Any local image: the container is refused before anything in it runs.
+           "APPLIANCE_PANEL_IMAGE": LOCAL_IMAGES["APPLIANCE_PYTHON_IMAGE"]}
+    try:
+        done = subprocess.run([COMPOSE, "-p", project, "-f", "compose.yaml", "run", "--rm",
+                               "--no-deps", "web", "true"], cwd=ROOT, capture_output=True,
+                              text=True, timeout=120, check=False, env=env)
+    finally:
+        subprocess.run([COMPOSE, "-p", project, "-f", "compose.yaml", "down", "-v"], cwd=ROOT,
+                       capture_output=True, timeout=120, check=False, env=env)
+    assert done.returncode != 0
+    assert f"bind source path does not exist: {missing}" in done.stdout + done.stderr
+    assert not missing.exists(), "Docker made no empty folder in its place"
 
 
 # ---------------------------------------------------------------- the stack, for real
@@ -143,9 +172,9 @@ class Stack:
                                                                                  "60"))
 
     def admin_password(self) -> str:
-        found = re.findall(r"Created admin account 'admin' with password '([^']+)'",
-                           self.compose("logs", "web"))
-        assert len(found) == 1, "the generated admin password is printed exactly once"
+        """From the web start log, where it stays until the admin first logs in."""
+        found = re.findall(ADMIN_PASSWORD, self.compose("logs", "web"))
+        assert found and len(set(found)) == 1, "the kept admin password is in the start log"
         return found[0]
 
     def api(self, token: str, path: str) -> Any:
@@ -209,7 +238,7 @@ def _login(page: Page, url: str, password: str) -> None:
     expect(page.locator("h1")).to_have_text("Deployments")
 
 
-def _new_deployment(page: Page, url: str, name: str, self_check: bool) -> int:
+def _new_deployment(page: Page, url: str, name: str, self_check: bool, gpu: str = "0") -> int:
     page.goto(f"{url}/deployments/new/")
     page.select_option("#id_recipe", "site-e2e")
     page.fill("#id_name", name)
@@ -217,7 +246,7 @@ def _new_deployment(page: Page, url: str, name: str, self_check: bool) -> int:
     page.select_option("#id_algorithm", "NONE")
     page.fill("#id_drafter_path", "")
     page.fill("#id_tp_size", "1")
-    page.fill("#id_gpu_ids", "0")
+    page.fill("#id_gpu_ids", gpu)
     page.fill("#id_attention_backend", "")
     if not self_check:
         page.uncheck("#id_self_check")
@@ -262,6 +291,47 @@ def _stored_lines(stack: Stack, token: str, pk: int) -> tuple[list[int], list[st
         after = events[-1]["seq"]
 
 
+def _wait_status(stack: Stack, token: str, pk: int, status: str, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while (now := stack.api(token, f"/deployments/{pk}/")["status"]) != status:
+        assert time.monotonic() < deadline, f"deployment {pk} is {now}, not {status}"
+        time.sleep(1)
+
+
+def _benchmark(page: Page, stack: Stack, token: str, a: int, b: int) -> list[dict[str, Any]]:
+    """Benchmarks -> New -> Run, as a user; short outputs and few prompts keep it seconds."""
+    page.goto(f"{stack.url}/benchmarks/new/")
+    page.check(f'input[name="deployments"][value="{a}"]')
+    page.check(f'input[name="deployments"][value="{b}"]')
+    page.select_option("#id_baseline", str(b))
+    page.fill("#id_levels", "1,2")
+    page.fill("#id_num_prompts", "4")
+    page.fill("#id_input_len", "16")
+    page.fill("#id_output_len", "16")
+    page.click("#run-benchmark")
+    expect(page.locator("h1")).to_have_text(re.compile(r"Benchmark #\d+"))
+    status = page.locator("#bench-status")
+    expect(status).to_have_text(re.compile("^(done|failed|cancelled)$"), timeout=120_000)
+    assert status.inner_text() == "done", page.locator("#bench-error").inner_text()
+    expect(page.locator("#speedup-table tbody tr")).to_have_count(2)
+    expect(page.locator("#bench-error")).to_be_hidden()
+    expect(page.locator("#bench-warning")).to_be_hidden()
+    page.screenshot(path=screenshot_path("compose-benchmark.png"), full_page=True)
+    run = stack.api(token, f"/benchmarks/{page.url.rstrip('/').split('/')[-1]}/")
+    assert run["status"] == "done" and run["error"] == "" and run["failed_requests"] == 0
+    levels = run["results"]["levels"]
+    assert len(levels) == 4, "two deployments, two levels each"
+    for level in levels:
+        assert (level["completed"], level["errors"]) == (4, 0), level
+        assert level["output_throughput"] > 0 and level["tpot_ms"]["mean"] > 0, level
+        assert level["total_output_tokens"] == 4 * 16, level
+    return [{"target": m["target"], "concurrency": m["concurrency"],
+             "output_tok_s": round(m["output_throughput"], 1),
+             "req_s": round(m["request_throughput"], 2),
+             "tpot_ms": round(m["tpot_ms"]["mean"], 2), "ttft_ms": round(m["ttft_ms"]["mean"], 1)}
+            for m in levels]
+
+
 def test_compose_up_runs_the_appliance_as_shipped(stack: Stack, page: Page) -> None:
     client = docker.from_env()
     started = time.monotonic()
@@ -294,6 +364,8 @@ def test_compose_up_runs_the_appliance_as_shipped(stack: Stack, page: Page) -> N
     create_to_ready = time.monotonic() - created
     expect(page.locator("#log")).to_contain_text("fired up and ready to roll")
     page.screenshot(path=screenshot_path("compose-ready.png"), full_page=True)
+    # A second one to benchmark against, on its own GPU (leases), loading meanwhile.
+    third = _new_deployment(page, stack.url, "e2e-served-b", self_check=False, gpu="1")
 
     token = _token(stack)
     detail = stack.api(token, f"/deployments/{second}/")
@@ -308,6 +380,8 @@ def test_compose_up_runs_the_appliance_as_shipped(stack: Stack, page: Page) -> N
     assert detail["status"] == "ready"
     # Engines are on the engine network only: no route to Redis or PostgreSQL.
     assert not _reaches(engines[0], "redis", 6379) and not _reaches(engines[0], "postgres", 5432)
+
+    _wait_status(stack, token, third, "ready")
 
     # 3. down while the engine serves, up again: history kept, the engine adopted.
     events_before = len(seqs)
@@ -331,6 +405,12 @@ def test_compose_up_runs_the_appliance_as_shipped(stack: Stack, page: Page) -> N
     assert [c.id for c in client.containers.list(
         filters={"label": f"appliance.deployment={second}"})] == [engine_id]
     assert stack.api(token, f"/deployments/{first}/")["status"] == "failed"
+    # The admin has logged in: the new web container no longer prints the password.
+    assert not re.search(ADMIN_PASSWORD, stack.compose("logs", "web"))
+
+    # 3b. A benchmark between the two, from the panel, by the worker the new `up` made
+    #     (it joined the engine network at start): real figures, no errors.
+    figures = _benchmark(page, stack, token, second, third)
 
     # 4. Stop from the panel; the engine and its container go.
     page.goto(f"{stack.url}/deployments/{second}/")
@@ -345,6 +425,6 @@ def test_compose_up_runs_the_appliance_as_shipped(stack: Stack, page: Page) -> N
                           cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
     assert down.returncode == 0, down.stderr
     timings = {"up_to_healthy_s": round(up_to_healthy, 1),
-               "create_to_ready_s": round(create_to_ready, 1)}
+               "create_to_ready_s": round(create_to_ready, 1), "benchmark": figures}
     (ARTIFACTS / "compose-timings.json").write_text(json.dumps(timings))
     print(f"compose timings: {timings}")
