@@ -110,16 +110,13 @@ def ensure_base_image(client: DockerClient) -> None:
 
 
 def build_test_engine_image(client: DockerClient) -> str:
-    """Build the test engine image with the low-level build API (layer cache keeps it fast)."""
+    """Build the test engine image with its own script (docker/test-engine/build.sh: the
+    docker/ context plus the real-engine recordings it replays; layer cache keeps it fast)."""
     ensure_base_image(client)
-    errors: list[str] = []
-    for chunk in client.api.build(path=str(TEST_ENGINE_DIR.parent), tag=TEST_ENGINE_IMAGE,
-                                  dockerfile="test-engine/Dockerfile", rm=True,
-                                  buildargs={"BASE_IMAGE": BASE_IMAGE}, decode=True):
-        if "error" in chunk:
-            errors.append(str(chunk["error"]))
-    if errors:
-        raise RuntimeError(f"building {TEST_ENGINE_IMAGE} failed: {' '.join(errors)}")
+    done = subprocess.run(["bash", str(TEST_ENGINE_DIR / "build.sh"), TEST_ENGINE_IMAGE,
+                           BASE_IMAGE], cwd=REPO, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"building {TEST_ENGINE_IMAGE} failed: {done.stderr[-2000:]}")
     return TEST_ENGINE_IMAGE
 
 

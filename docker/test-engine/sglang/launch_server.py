@@ -24,8 +24,10 @@ from sglang.test_engine import engine
 from sglang.test_engine.config import make_config, parse_args
 from sglang.test_engine.output import emit
 from sglang.test_engine.phases import start_up
+from sglang.test_engine.replay import Replay, load, resolve
+from sglang.test_engine.replay_server import ReplayServer
 from sglang.test_engine.server import Handler
-from sglang.test_engine.settings import FAIL
+from sglang.test_engine.settings import FAIL, REPLAY, REPLAY_MAX_GAP_S, REPLAY_SPEED
 from sglang.test_engine.tracebacks import model_missing_exit
 
 
@@ -39,12 +41,35 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, on_sigterm)
     signal.signal(signal.SIGINT, on_sigterm)
     engine.CFG = make_config(parse_args(sys.argv[1:] if argv is None else argv))
+    if REPLAY:
+        replay_main()
     if FAIL == "model-missing":
         model_missing_exit(engine.CFG)  # before the HTTP server: nothing ever listens
     server = ThreadingHTTPServer((engine.CFG.args.host, engine.CFG.args.port), Handler)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
     start_up(engine.CFG)
+    while True:
+        time.sleep(3600)
+
+
+def replay_main() -> None:
+    """TEST_ENGINE_REPLAY: play a recording of the real engine (sglang/test_engine/replay.py);
+    of the launch flags only --host and --port count."""
+    replay = Replay(load(resolve(REPLAY)), REPLAY_SPEED, REPLAY_MAX_GAP_S)
+
+    def on_stop(signum: int, frame: Any) -> None:
+        replay.shut_down()
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, on_stop)
+    signal.signal(signal.SIGINT, on_stop)
+    # Where a user meets it (the deployment's log), the replay says what it is.
+    emit(sys.stdout, f"test engine (a simulator, not SGLang): replaying the recording {REPLAY} "
+                     f"at {REPLAY_SPEED:g}x, gaps capped at {REPLAY_MAX_GAP_S:g} s (0: none)\n")
+    server = ReplayServer((engine.CFG.args.host, engine.CFG.args.port), replay)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    replay.run()
     while True:
         time.sleep(3600)
 

@@ -30,3 +30,8 @@ COLLAPSE_AFTER_S = env_float("TEST_ENGINE_COLLAPSE_AFTER_S", 20.0)
 COLLAPSED_ACCEPT_LEN = env_float("TEST_ENGINE_COLLAPSED_ACCEPT_LEN", 1.3)
 # capture-stall: how long the target's capture stops (then it goes on).
 STALL_S = env_float("TEST_ENGINE_STALL_S", 3600.0)
+# Replay mode: a recording folder (relative to the image's recordings, or absolute), how
+# many times faster than recorded it plays, and the longest any one gap may last (0: no cap).
+REPLAY = os.environ.get("TEST_ENGINE_REPLAY", "").strip()
+REPLAY_SPEED = max(env_float("TEST_ENGINE_REPLAY_SPEED", 1.0), 0.001)
+REPLAY_MAX_GAP_S = env_float("TEST_ENGINE_REPLAY_MAX_GAP_S", 0.0)
