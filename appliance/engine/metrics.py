@@ -10,6 +10,24 @@ so one sample per DP group is kept (tp_rank 0 when present); counts and
 throughputs are summed over DP groups, ratios averaged, and the CUDA-graph
 flag is true only when every group runs graphs. Histograms are merged bucket
 by bucket and their quantiles estimated as Prometheus' histogram_quantile does.
+
+The pinned DDTree source (433c58ed7, recorded in tests/fixtures/real-engine/) reports
+more than 0.5.23 and some of it differently; the recording wins:
+- `sglang:cuda_graph_passes_total{mode=decode_cuda_graph|decode_none|prefill_...}` counts
+  forward passes by whether they replayed a CUDA graph: the truthful graph signal (the
+  series takes its rate). `sglang:is_cuda_graph` is declared there but nothing assigns it
+  (observability/metrics_collector.py:139): it read 0.0 on every scrape of a graphed run.
+- `sglang:spec_verify_calls_total` counts verify steps of finished requests (with
+  generation_tokens_total and num_requests_total, at each request's end): accept length
+  over a window is (generated tokens - requests) / verify calls, each request's first
+  token coming from its prefill, which is the server's own avg_spec_accept_length.
+- `sglang:token_usage` is rounded to 2 places (pool_stats_observer.py:124), so it reads
+  0.0 with 21,426 of 23,473,287 tokens in use; `full_token_usage` (with `swa_token_usage`
+  and `mamba_usage`, whose maximum SGLang rounds) is the unrounded figure.
+- `sglang:realtime_tokens_total{mode=decode|prefill_compute|prefill_cache}` counts tokens as
+  each batch runs, while prompt_ and generation_tokens_total count a request's tokens
+  when it finishes (a request decoding across a scrape shows there only at its end).
+- no `weight_load_duration_seconds`; `engine_load_weights_time` read 0.0 there.
 """
 
 from __future__ import annotations
@@ -34,10 +52,27 @@ AVERAGED_GAUGES = {
     "cache_hit_rate": "cache_hit_rate",
     "spec_accept_length": "spec_accept_length",
     "spec_accept_rate": "spec_accept_rate",
+    "full_token_usage": "full_token_usage",
+    "swa_token_usage": "swa_token_usage",
+    "mamba_usage": "mamba_usage",
 }
 COUNTERS = {
     "prompt_tokens_total": "prompt_tokens_total",
     "generation_tokens_total": "generation_tokens_total",
+    "spec_verify_calls_total": "spec_verify_calls_total",
+    "num_requests_total": "num_requests_total",
+}
+# sglang:cuda_graph_passes_total's decode modes (metrics_collector.py
+# increment_decode_cuda_graph_pass); prefill passes run eagerly unless piecewise graphs are
+# on, so they say nothing about the decode/verify graphs.
+REALTIME_MODES = {
+    "decode": "realtime_decode_tokens_total",
+    "prefill_compute": "realtime_prefill_tokens_total",
+    "prefill_cache": "realtime_prefill_tokens_total",
+}
+GRAPH_PASS_MODES = {
+    "decode_cuda_graph": "decode_graph_passes_total",
+    "decode_none": "decode_eager_passes_total",
 }
 HISTOGRAMS = {
     "time_to_first_token_seconds": "ttft",
@@ -70,6 +105,9 @@ class MetricsSnapshot:
     num_queue_reqs: float | None = None
     gen_throughput: float | None = None
     token_usage: float | None = None
+    full_token_usage: float | None = None
+    swa_token_usage: float | None = None
+    mamba_usage: float | None = None
     cache_hit_rate: float | None = None
     spec_accept_length: float | None = None
     spec_accept_rate: float | None = None
@@ -77,6 +115,12 @@ class MetricsSnapshot:
     weight_load_duration_seconds: float | None = None
     prompt_tokens_total: float | None = None
     generation_tokens_total: float | None = None
+    spec_verify_calls_total: float | None = None
+    num_requests_total: float | None = None
+    realtime_decode_tokens_total: float | None = None
+    realtime_prefill_tokens_total: float | None = None
+    decode_graph_passes_total: float | None = None
+    decode_eager_passes_total: float | None = None
     ttft: HistogramSummary = field(default_factory=HistogramSummary)
     itl: HistogramSummary = field(default_factory=HistogramSummary)
     e2e: HistogramSummary = field(default_factory=HistogramSummary)
@@ -87,6 +131,14 @@ class MetricsSnapshot:
         for name in HISTOGRAMS.values():
             data[name] = getattr(self, name).to_dict()
         return data
+
+    @property
+    def kv_usage(self) -> float | None:
+        """KV pool usage 0-1: SGLang's token_usage before its rounding to 2 places, where
+        the engine reports the pools' own figures; token_usage otherwise."""
+        pools = [u for u in (self.full_token_usage, self.swa_token_usage, self.mamba_usage)
+                 if u is not None]
+        return max(pools) if self.full_token_usage is not None else self.token_usage
 
 
 def _leader(samples: Iterable[Sample]) -> list[Sample]:
@@ -197,8 +249,23 @@ def _fill_counters(snapshot: MetricsSnapshot, samples: dict[str, list[Sample]]) 
         family = samples.get(key.removesuffix("_total"), [])
         values = [s.value for s in _leader(family) if s.name.endswith("_total")]
         setattr(snapshot, attr, sum(values) if values else None)
+    _fill_by_mode(snapshot, samples.get("cuda_graph_passes", []), GRAPH_PASS_MODES)
+    _fill_by_mode(snapshot, samples.get("realtime_tokens", []), REALTIME_MODES)
     graph = _group_by_dp(_leader(samples.get("is_cuda_graph", [])))
     if graph:
         snapshot.is_cuda_graph = all(values[0] >= 1 for values in graph.values())
     loads = [s.value for s in samples.get("weight_load_duration_seconds", [])]
     snapshot.weight_load_duration_seconds = max(loads) if loads else None
+
+
+def _fill_by_mode(snapshot: MetricsSnapshot, family: list[Sample],
+                  modes: dict[str, str]) -> None:
+    """A counter labelled by mode, summed into attributes over modes and DP groups. A
+    labelled counter shows a mode only once it counted, so a present family makes an
+    absent mode 0."""
+    totals = [s for s in _leader(family) if s.name.endswith("_total")]
+    if not totals:
+        return
+    for attr in set(modes.values()):
+        wanted = {mode for mode, a in modes.items() if a == attr}
+        setattr(snapshot, attr, sum(s.value for s in totals if s.labels.get("mode") in wanted))

@@ -6,9 +6,14 @@ event per change, not one per scrape.
 
 - accept-collapse: the acceptance length falls well below its own baseline (a slow
   moving average of the points before), for a few points in a row.
-- silent-eager: speculative decode lines say `cuda graph: False` (the log parser's
-  silent-eager-verify diagnosis, which already allows batches above the largest
-  captured size); resolves after several graph-backed decode lines.
+- silent-eager: decode passes run without CUDA graphs. From /metrics: the points' graph
+  share (decode passes that replayed a graph, sglang:cuda_graph_passes_total) below
+  eager_share for eager_points points in a row, batches above the largest captured size
+  excepted; resolves after as many points at eager_recover or above. From the log: the
+  parser's silent-eager-verify diagnosis (speculative decode lines saying `cuda graph:
+  False`); resolves after several graph-backed decode lines. A point without a share
+  (no decode pass since the last scrape: idle) changes nothing. Off for an engine started
+  with CUDA graphs disabled (expect_cuda_graph).
 - stall: no progress (engine output other than HTTP access lines, progress bars,
   phases) for `stall_s` while loading weights or capturing CUDA graphs.
 - kv-high: KV token usage above 95 %.
@@ -55,6 +60,10 @@ class AlertRules:
     kv_clear: float = 0.90
     unreachable_after: int = 3
     eager_clear_lines: int = 5
+    expect_cuda_graph: bool = True  # False: the spec disables graphs, eager is no fault
+    eager_share: float = 0.5  # fires below this share of decode passes on graphs ...
+    eager_recover: float = 0.9  # ... and resolves at or above this one
+    eager_points: int = 3  # consecutive points with decode passes either way
 
 
 FIXES = {
@@ -68,6 +77,10 @@ FIXES = {
                "length, raise --mem-fraction-static, or spread the model over more GPUs.",
     "metrics-unreachable": "Check that the engine is alive and runs with --enable-metrics; "
                            "charts and alerts resume when /metrics answers.",
+    "silent-eager": "The engine decodes without its CUDA graphs: check the capture lines of "
+                    "the log (each role's width and batch sizes) against the spec; a DDTree "
+                    "target must capture its verify graph at budget+1 (the kimi-k2.6-ddtree "
+                    "recipe's source does), and batches above cuda_graph_max_bs run eagerly.",
 }
 SEVERITY = {"metrics-unreachable": "critical"}
 
@@ -84,6 +97,11 @@ class AlertWatch:
         self.low_run = self.high_run = 0
         self.failures = 0
         self.graph_lines = 0
+        self.eager_run = self.graph_run = 0
+        # Who raised silent-eager (log | metrics): only the same source clears it, so a log
+        # saying "cuda graph: True" never clears what the pass counters still show.
+        self.eager_by = ""  # unknown for an alert still firing from before: either clears
+        self.max_captured_bs = 0  # the largest batch size seen in capture progress
         self.last_activity = now
         self.status = ""
 
@@ -110,6 +128,7 @@ class AlertWatch:
         self.failures = 0
         out += self._acceptance(point.accept_len)
         out += self._kv(point.kv_usage)
+        out += self._graph_share(point)
         return out
 
     def scrape_failed(self, error: str) -> list[Alert]:
@@ -127,8 +146,11 @@ class AlertWatch:
             if _is_progress(kind, payload):
                 self.last_activity = now
                 out += self._resolve("stall", "The engine is making progress again.")
+            if kind == "progress" and payload.get("kind") == "capture_progress":
+                self.max_captured_bs = max(self.max_captured_bs, int(payload.get("bs") or 0))
             if kind == "diagnosis" and payload.get("cause") == "silent-eager-verify":
                 self.graph_lines = 0
+                self.eager_by = self.eager_by or "log"
                 out += self._fire("silent-eager", str(payload.get("summary", "")),
                                   str(payload.get("fix", "")),
                                   **(payload.get("evidence") or {}))
@@ -192,14 +214,38 @@ class AlertWatch:
             return self._resolve("kv-high", f"KV cache usage is down to {usage:.0%}.")
         return []
 
+    def _graph_share(self, point: MetricPoint) -> list[Alert]:
+        share, rules = point.cuda_graph, self.rules
+        above = bool(self.max_captured_bs and point.running
+                     and point.running > self.max_captured_bs)
+        if share is None or not rules.expect_cuda_graph or above:
+            return []  # no decode pass, graphs off on purpose, or eager by design
+        self.eager_run = self.eager_run + 1 if share < rules.eager_share else 0
+        self.graph_run = self.graph_run + 1 if share >= rules.eager_recover else 0
+        if self.eager_run >= rules.eager_points:
+            self.eager_by = self.eager_by or "metrics"
+            return self._fire(
+                "silent-eager", f"The engine decodes eagerly: {share:.0%} of its decode passes "
+                f"ran on CUDA graphs since the last scrape, under {rules.eager_share:.0%} for "
+                f"{self.eager_run} scrapes in a row (sglang:cuda_graph_passes_total).",
+                cuda_graph_share=round(share, 3), running=point.running)
+        if self.graph_run >= rules.eager_points and self.eager_by != "log":
+            return self._resolve_eager(f"{share:.0%} of the decode passes run on CUDA graphs "
+                                       "again.", cuda_graph_share=round(share, 3))
+        return []
+
     def _decode(self, stats: dict[str, Any]) -> list[Alert]:
         if stats.get("accept_len") is None or stats.get("cuda_graph") is not True:
             self.graph_lines = 0
             return []
         self.graph_lines += 1
-        if self.graph_lines < self.rules.eager_clear_lines:
+        if self.graph_lines < self.rules.eager_clear_lines or self.eager_by == "metrics":
             return []
-        return self._resolve("silent-eager", "Speculative decoding runs on CUDA graphs again.")
+        return self._resolve_eager("Speculative decoding runs on CUDA graphs again.")
+
+    def _resolve_eager(self, summary: str, **evidence: Any) -> list[Alert]:
+        self.eager_by = ""
+        return self._resolve("silent-eager", summary, **evidence)
 
 
 def _is_progress(kind: str, payload: dict[str, Any]) -> bool:

@@ -58,12 +58,14 @@ class EngineMonitor:
         active_alerts: list[str] | None = None,
         client_factory: Callable[[str, float], EngineClient] | None = None,
         gpu_reader: GpuReader | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.sink = sink
         self.gpus = list(gpus or [])
         self.options = options or MonitorOptions()
         self.client_factory = client_factory or (lambda url, t: EngineClient(url, timeout=t))
         self.gpu_reader = gpu_reader or gpu_telemetry.quick
+        self.clock = clock  # a point's time (a replay of a recording passes the recorded one)
         self.deriver = Deriver()
         self.watch = AlertWatch(self.options.rules, active_alerts or [], time.monotonic())
         self.lock = threading.Lock()  # observe() runs on the follower's thread
@@ -113,7 +115,7 @@ class EngineMonitor:
             self.client = None
             with self.lock:
                 return None, self.watch.scrape_failed(str(exc))
-        point = self.deriver.derive(time.time(), parse_metrics(text), self.gpu_reader(self.gpus))
+        point = self.deriver.derive(self.clock(), parse_metrics(text), self.gpu_reader(self.gpus))
         self.scrape_s = time.perf_counter() - started
         self.sink.store(point)
         with self.lock:

@@ -5,11 +5,20 @@ acceptance length and rate, running and queued requests, KV token usage, whether
 CUDA graphs are in use, latency percentiles, and the deployment's GPUs (NVML).
 
 Derivation (`Deriver`): throughputs are rates of SGLang's token counters between two
-scrapes (its `gen_throughput` gauge keeps the last logged batch's value while idle);
+scrapes (its `gen_throughput` gauge keeps the last logged batch's value while idle): the
+per-batch realtime_tokens_total where the engine has it, else the tokens of finished
+requests (prompt_/generation_tokens_total, which show a long request only at its end);
 latency percentiles come from the histograms' difference over the last
 LATENCY_WINDOW_S, so they describe recent requests, not the engine's whole life.
 Acceptance is reported only while the engine decodes (SGLang's gauge keeps its last
-value when idle; an idle engine has no acceptance to speak of).
+value when idle; an idle engine has no acceptance to speak of): tokens per verify call of
+the requests that finished since the last scrape, where the engine counts verify calls
+(their generated tokens less each one's first, which its prefill made), else the gauge.
+The CUDA-graph share is the decode passes that replayed a graph over all decode passes
+since the last scrape (sglang:cuda_graph_passes_total): None when no decode pass ran, never
+a 0 for an idle engine. SGLang's is_cuda_graph gauge speaks of one batch and, on the pinned
+DDTree source, of none (it reads 0.0 throughout a graphed run); it stands in only for an
+engine without the pass counters, and only while it decodes.
 
 Storage is bounded (web/deployments/services/metrics.py keeps it): points at the scrape
 interval for the last RAW_KEEP_S, then one point per ROLLUP_STEP_S (`downsample`: the
@@ -65,7 +74,7 @@ class MetricPoint:
     queued: float | None = None
     kv_usage: float | None = None
     cache_hit_rate: float | None = None
-    cuda_graph: float | None = None  # 1 graphs, 0 eager; a rollup's mean is the share
+    cuda_graph: float | None = None  # share of decode passes on graphs 0-1; None: no pass
     ttft_p50: float | None = None
     ttft_p90: float | None = None
     ttft_p99: float | None = None
@@ -92,6 +101,40 @@ def _rate(newer: float | None, older: float | None, dt: float) -> float | None:
     return (newer - older) / dt
 
 
+def _delta(newer: float | None, older: float | None) -> float | None:
+    return _rate(newer, older, 1.0)
+
+
+def _graph_passes(snap: MetricsSnapshot, older: MetricsSnapshot | None
+                  ) -> tuple[float, float] | None:
+    """(graph-backed, all) decode passes since the older scrape; None without counters."""
+    if older is None:
+        return None
+    graph = _delta(snap.decode_graph_passes_total, older.decode_graph_passes_total)
+    eager = _delta(snap.decode_eager_passes_total, older.decode_eager_passes_total)
+    return None if graph is None or eager is None else (graph, graph + eager)
+
+
+def _graph_share(snap: MetricsSnapshot, passes: tuple[float, float] | None,
+                 decoding: bool) -> float | None:
+    if snap.decode_graph_passes_total is not None:
+        return passes[0] / passes[1] if passes and passes[1] else None
+    if snap.is_cuda_graph is None or not decoding:  # an older engine: the batch's gauge
+        return None
+    return 1.0 if snap.is_cuda_graph else 0.0
+
+
+def _accept_len(snap: MetricsSnapshot, older: MetricsSnapshot | None) -> float | None:
+    """Tokens per verify call of the requests finished since the older scrape: their
+    generated tokens less one each (the first comes from the prefill, no verify step)."""
+    if older is None:
+        return None
+    verify = _delta(snap.spec_verify_calls_total, older.spec_verify_calls_total)
+    tokens = _delta(snap.generation_tokens_total, older.generation_tokens_total)
+    finished = _delta(snap.num_requests_total, older.num_requests_total) or 0.0
+    return (tokens - finished) / verify if verify and tokens and tokens > finished else None
+
+
 class Deriver:
     """Turns successive /metrics snapshots of one engine into points."""
 
@@ -106,14 +149,16 @@ class Deriver:
         while len(self.history) > 2 and self.history[1][0] <= t - self.window_s:
             self.history.popleft()
         point = MetricPoint(t=t, running=snap.num_running_reqs, queued=snap.num_queue_reqs,
-                            kv_usage=snap.token_usage, cache_hit_rate=snap.cache_hit_rate,
+                            kv_usage=snap.kv_usage, cache_hit_rate=snap.cache_hit_rate,
                             gpus=gpus or [])
-        decoding = self._throughputs(point, snap, previous)
-        if decoding and snap.spec_accept_length:  # 0 or absent: no speculative decoding
-            point.accept_len = snap.spec_accept_length
-            point.accept_rate = snap.spec_accept_rate
-        if snap.is_cuda_graph is not None:
-            point.cuda_graph = 1.0 if snap.is_cuda_graph else 0.0
+        older = previous[1] if previous else None
+        passes = _graph_passes(snap, older)
+        decoding = self._throughputs(point, snap, previous) or bool(passes and passes[1])
+        # None, or the gauge's 0 and no verify calls counted: no speculative decoding
+        accept = (_accept_len(snap, older) or snap.spec_accept_length) if decoding else None
+        if accept:
+            point.accept_len, point.accept_rate = accept, snap.spec_accept_rate
+        point.cuda_graph = _graph_share(snap, passes, decoding)
         self._latencies(point, snap)
         return point
 
@@ -123,10 +168,15 @@ class Deriver:
         running = snap.num_running_reqs or 0.0
         if previous is not None:
             dt = point.t - previous[0]
-            point.throughput = _rate(snap.generation_tokens_total,
-                                     previous[1].generation_tokens_total, dt)
-            point.input_throughput = _rate(snap.prompt_tokens_total,
-                                           previous[1].prompt_tokens_total, dt)
+            older = previous[1]
+            point.throughput = _rate(snap.realtime_decode_tokens_total,
+                                     older.realtime_decode_tokens_total, dt) \
+                if snap.realtime_decode_tokens_total is not None else \
+                _rate(snap.generation_tokens_total, older.generation_tokens_total, dt)
+            point.input_throughput = _rate(snap.realtime_prefill_tokens_total,
+                                           older.realtime_prefill_tokens_total, dt) \
+                if snap.realtime_prefill_tokens_total is not None else \
+                _rate(snap.prompt_tokens_total, older.prompt_tokens_total, dt)
         if point.throughput is None and snap.generation_tokens_total is None:
             # No counter to take a rate of: the gauge, which is stale while idle.
             point.throughput = snap.gen_throughput if running else 0.0

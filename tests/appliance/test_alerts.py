@@ -108,3 +108,39 @@ def test_a_watch_started_with_firing_alerts_does_not_fire_them_again() -> None:
     watch.tick("loading", 0.0)
     assert watch.tick("loading", 5.0) == []
     assert [a.state for a in watch.tick("ready", 6.0)] == ["resolved"]
+
+
+def _shares(watch: AlertWatch, shares: list[float | None], running: float = 4.0
+            ) -> list[tuple[str, str]]:
+    out = []
+    for i, share in enumerate(shares):
+        point = MetricPoint(t=i, cuda_graph=share, running=running)
+        out += [(a.id, a.state) for a in watch.point(point)]
+    return out
+
+
+def test_silent_eager_fires_from_the_pass_counters_share_and_resolves_on_graphs() -> None:
+    watch = AlertWatch(AlertRules(eager_points=3))
+    # Idle windows (no decode pass: no share) neither count nor break a run.
+    assert _shares(watch, [1.0, None, 0.2, None, 0.1]) == []
+    assert _shares(watch, [0.0]) == [("silent-eager", "firing")]
+    assert _shares(watch, [0.0, 1.0, 0.95]) == []
+    assert _shares(watch, [1.0]) == [("silent-eager", "resolved")]
+
+
+def test_no_silent_eager_when_the_spec_turned_graphs_off_or_batches_exceed_the_captured(
+        ) -> None:
+    off = AlertWatch(AlertRules(eager_points=1, expect_cuda_graph=False))
+    assert _shares(off, [0.0, 0.0]) == []
+    big = AlertWatch(AlertRules(eager_points=1))
+    big.events([("progress", {"kind": "capture_progress", "bs": 48})], 0.0)
+    assert _shares(big, [0.0, 0.0], running=64.0) == []  # above bs 48: eager by design
+    assert _shares(big, [0.0], running=32.0) == [("silent-eager", "firing")]
+
+
+def test_graph_backed_log_lines_do_not_clear_what_the_pass_counters_still_show() -> None:
+    watch = AlertWatch(AlertRules(eager_points=1, eager_clear_lines=1))
+    assert _shares(watch, [0.0]) == [("silent-eager", "firing")]
+    graph = {"kind": "decode_stats", "accept_len": 1.1, "cuda_graph": True}
+    assert watch.events([("metric", graph)] * 3, 1.0) == []
+    assert _shares(watch, [1.0]) == [("silent-eager", "resolved")]

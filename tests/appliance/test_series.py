@@ -84,6 +84,8 @@ def test_an_idle_engine_reports_no_acceptance_and_zero_throughput(tp8_text: str)
     point = deriver.derive(102.0, parse_metrics(idle))
     assert point.throughput == 0.0
     assert point.accept_len is None and point.accept_rate is None
+    # is_cuda_graph speaks of the last batch: idle, there is no graph share to report.
+    assert point.cuda_graph is None
 
 
 def test_a_counter_that_went_back_means_a_restarted_engine_not_a_negative_rate(

@@ -33,10 +33,13 @@ class Followed(Protocol):
     engine_url: str
 
 
-def monitor_options() -> MonitorOptions:
+def monitor_options(*, disable_cuda_graph: bool = False) -> MonitorOptions:
+    """The settings' interval and stall limit; an engine deployed with CUDA graphs disabled
+    decodes eagerly on purpose, so the silent-eager alert stays off for it."""
     interval = settings.METRICS_INTERVAL_S
-    return MonitorOptions(interval_s=interval, timeout_s=min(interval, 5.0),
-                          rules=AlertRules(stall_s=float(settings.ALERT_STALL_S)))
+    rules = AlertRules(stall_s=float(settings.ALERT_STALL_S),
+                       expect_cuda_graph=not disable_cuda_graph)
+    return MonitorOptions(interval_s=interval, timeout_s=min(interval, 5.0), rules=rules)
 
 
 class _MonitorSink:
@@ -109,7 +112,8 @@ def monitor_start(*, deployment: Deployment, followed: Followed, agent_id: str,
     sink = _MonitorSink(deployment.pk, followed, agent_id, pooled)
     gpus = [int(g) for g in deployment.gpus or [] if str(g).isdigit()]
     monitor = EngineMonitor(sink, gpus=gpus if settings.ENGINE_GPU_REQUESTS else [],
-                            options=monitor_options(),
+                            options=monitor_options(disable_cuda_graph=bool(
+                                deployment.engine_options.get("disable_cuda_graph"))),
                             active_alerts=list((deployment.alerts or {}).keys()))
     handle = MonitorHandle(monitor, deployment.pk)
     handle.thread.start()
