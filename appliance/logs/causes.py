@@ -20,6 +20,7 @@ from typing import Any
 from appliance.logs.cause import Cause, Diagnosis, Refiner
 from appliance.logs.context import ParseContext
 from appliance.logs.ddtree_causes import DDTREE_CAUSES
+from appliance.logs.recorded_causes import RECORDED_CAUSES
 
 __all__ = ["BY_PRIORITY", "CAUSES", "LINE_TRIGGERS", "SELFCHECK_CAUSE", "Cause", "Diagnosis",
            "Refiner"]
@@ -92,6 +93,7 @@ SELFCHECK_CAUSE = Cause(
 
 _CATALOGUE: Sequence[Cause] = (
     *DDTREE_CAUSES,
+    *RECORDED_CAUSES,
     Cause(
         "driver-too-old",
         "The NVIDIA driver is too old for the CUDA version of the engine image.",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -20,3 +20,8 @@ class ParseContext:
     # Tokens per request each role's graph must be captured for (appliance.engine.widths),
     # when the deployment's spec is known; a capture line that disagrees is a finding.
     needed_widths: dict[str, int] | None = None
+    # Per rank (its log prefix): how many weight loads began and ended and KV pools were
+    # allocated. SGLang loads and allocates for the target first, then for the drafter.
+    loads_begun: dict[tuple[tuple[str, int], ...], int] = field(default_factory=dict)
+    loads_ended: dict[tuple[tuple[str, int], ...], int] = field(default_factory=dict)
+    kv_pools: dict[tuple[tuple[str, int], ...], int] = field(default_factory=dict)

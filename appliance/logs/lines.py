@@ -208,7 +208,7 @@ def classify(message: str) -> tuple[str, dict[str, Any]] | None:
         return _classify_capture(message)
     if first in ("g", "a"):
         return _classify_selfcheck(message)
-    if first == "L":
+    if first in ("L", "M"):
         return _classify_load(message)
     if "KV Cache is allocated" in message or "KV cache allocated" in message:
         return _kv_cache(message)
@@ -268,7 +268,9 @@ def _classify_load(message: str) -> tuple[str, dict[str, Any]] | None:
             "model_type": model_type.group(1) if model_type else None,
             "quant": quant.group(1) if quant else None,
         }
-    if message.startswith("Loading ") and "shards" in message:
+    # "Loading safetensors checkpoint shards" (0.5.23); 433c58ed7 prints "Multi-thread
+    # loading shards: 100% Completed | 1/1 [...]" (tests/fixtures/real-engine).
+    if message.startswith(("Loading ", "Multi-thread loading")) and "shards" in message:
         count = _TQDM_COUNT.search(message)
         if count:
             return "weights_progress", {"done": int(count.group(1)), "total": int(count.group(2))}

@@ -24,6 +24,9 @@ from appliance.logs.lines import (
     split_prefix,
 )
 
+# Lines that belong to one model of a deployment: the target's or the drafter's.
+_MODEL_KINDS = frozenset({"weights_begin", "weights_end", "kv_cache"})
+
 
 @dataclass
 class LogEvent:
@@ -105,6 +108,8 @@ class LogParser:
         if kind == "capture_bs":
             self.context.capture_bs = fields["bs"]
             return events + self._unmatched(text, message)
+        if kind in _MODEL_KINDS:
+            fields = self._with_model(kind, fields, ranks)
         self._observe(kind, fields)
         if kind == "capture_begin":
             fields = self._with_needed_width(fields)
@@ -209,6 +214,21 @@ class LogParser:
                 ctx.verify_width = width
             elif fields.get("role") == "draft" and width:
                 ctx.draft_width = width
+
+    def _with_model(self, kind: str, fields: dict[str, Any],
+                    ranks: dict[str, int]) -> dict[str, Any]:
+        """Whose load or KV pool a line is: the first on a rank is the target's, a later one
+        the drafter's (the real 433c58ed7 log: target load, draft load, target KV with
+        `KV size`, draft KV with `K size`/`V size`; tests/fixtures/real-engine)."""
+        ctx, rank = self.context, tuple(sorted(ranks.items()))
+        counts = {"weights_begin": ctx.loads_begun, "weights_end": ctx.loads_ended,
+                  "kv_cache": ctx.kv_pools}[kind]
+        seen = counts.get(rank, 0)
+        counts[rank] = seen + 1
+        model = "draft" if seen or fields.get("draft") else "target"
+        if kind == "kv_cache":
+            return {**fields, "model": model, "draft": model == "draft"}
+        return {**fields, "model": model}
 
     def _with_needed_width(self, fields: dict[str, Any]) -> dict[str, Any]:
         """A verify capture's line with the width the spec needs for that role beside it."""
