@@ -27,6 +27,7 @@ class RequestResult:
     input_len: int = 0
     token_source: str = "requested"  # usage | requested | chunks
     accept_len: float | None = None  # from per-request meta_info, where the server sends it
+    text: str = ""  # the chunks' text (or chat deltas' content / reasoning_content), joined
 
 
 def payload(endpoint: str, model: str, prompt: Prompt) -> dict[str, Any]:
@@ -61,6 +62,7 @@ class _Stream:
         self.usage: dict[str, Any] = {}
         self.meta: dict[str, Any] = {}
         self.finish = ""
+        self.texts: list[str] = []
 
     def feed(self, data: dict[str, Any], now: float) -> None:
         if isinstance(data.get("usage"), dict):
@@ -70,8 +72,10 @@ class _Stream:
             self.meta = meta
         for choice in data.get("choices") or []:
             self.finish = choice.get("finish_reason") or self.finish
-        if not _chunk_text(data):
+        text = _chunk_text(data)
+        if not text:
             return
+        self.texts.append(text)
         if self.chunks == 0:
             self.ttft = now - self.start
         else:
@@ -91,7 +95,7 @@ def _finish(stream: _Stream, prompt: Prompt, result: RequestResult) -> None:
     verify = stream.meta.get("spec_verify_ct")
     if isinstance(verify, int) and verify > 0:
         result.accept_len = stream.meta.get("completion_tokens", result.output_len) / verify
-    result.ttft, result.itl = stream.ttft, stream.itl
+    result.ttft, result.itl, result.text = stream.ttft, stream.itl, "".join(stream.texts)
     result.ok = stream.chunks > 0
     result.error = "" if result.ok else "the response carried no text"
 
