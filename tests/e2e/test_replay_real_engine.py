@@ -1,0 +1,112 @@
+"""A deployment on the replay of the real engine's DDTree run (433c58ed7, triton, one H200;
+tests/fixtures/real-engine): the test engine prints what SGLang printed and serves the
+/metrics it served, on a clock 4x faster with no gap over 2 s (a 137 s cold start in about
+18 s). The detail page must read the real output right: the phases up to ready, the
+captured widths 33 (target verify) and 8 (draft), charts with points, and no alert or
+diagnosis, though the real engine's `sglang:is_cuda_graph` gauge reads 0 once idle."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.sync_api import Page, expect
+
+from tests.e2e.screenshots import screenshot_path
+from tests.e2e.stack import appliance_stack, login
+from tests.web.specs import spec
+from web.deployments import services
+from web.deployments.models import Deployment
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker, pytest.mark.e2e]
+
+RUN = "433c58ed7/ddtree_triton"
+RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "real-engine" / RUN / "engine.log"
+REPLAY_ENV = f"TEST_ENGINE_REPLAY={RUN},TEST_ENGINE_REPLAY_SPEED=4,TEST_ENGINE_REPLAY_MAX_GAP_S=2"
+
+
+def _last_replayed_line() -> str:
+    """The recording's last line before the recorder stopped the engine."""
+    with open(RECORDED, encoding="utf-8", newline="\n") as log:
+        lines = [row.rstrip("\n")[31:] for row in log]
+    stop = next(i for i, line in enumerate(lines) if "SIGTERM received" in line)
+    return lines[stop - 1]
+
+
+@pytest.fixture
+def replayed(operator, tmp_path: Path, test_engine_image: str,  # type: ignore[no-untyped-def]
+             settings) -> Iterator[tuple[str, int]]:
+    settings.ENGINE_GPU_REQUESTS = False
+    env = {"APPLIANCE_ENGINE_IMAGE": test_engine_image, "APPLIANCE_ENGINE_GPU_REQUESTS": "0",
+           "APPLIANCE_ENGINE_EXTRA_ENV": REPLAY_ENV, "APPLIANCE_ENGINE_STOP_TIMEOUT_S": "5",
+           "APPLIANCE_METRICS_INTERVAL_S": "1"}
+    # The recorded run's own settings: DDTREE budget 32, block 8, triton, overlap scheduler.
+    data = spec(name="real-ddtree-replay", self_check=False, engine__attention_backend="triton")
+    data["engine"].pop("disable_overlap_schedule")
+    with appliance_stack(tmp_path, env) as url:
+        # Made before the page: Playwright's loop makes the ORM refuse afterwards.
+        yield url, services.deployment_create(data=data, confirm_warnings=True).pk
+
+
+def _row(page: Page, role: str):  # type: ignore[no-untyped-def]
+    return page.locator(f'#capture-widths tr[data-role="{role}"]')
+
+
+def test_the_real_ddtree_run_replayed_reads_right_on_the_detail_page(  # type: ignore[no-untyped-def]
+        replayed, page):
+    url, pk = replayed
+    login(page, url)
+    page.goto(f"{url}/deployments/{pk}/")
+    expect(page.locator("#log")).to_contain_text("a simulator, not SGLang", timeout=60_000)
+    expect(_row(page, "target").locator(".captured")).to_have_text("33 tokens/request",
+                                                                   timeout=60_000)
+    expect(_row(page, "draft").locator(".captured")).to_have_text("8 tokens/request",
+                                                                  timeout=60_000)
+    expect(page.locator("#capture-widths tr.mismatch")).to_have_count(0)
+    expect(page.locator("#status")).to_have_text("ready", timeout=60_000)
+    for phase in ("starting", "loading", "capturing"):
+        expect(page.locator(f"#timeline li[data-phase={phase}]")).to_have_class("done")
+    expect(page.locator("#log")).to_contain_text("fired up and ready to roll")
+    # The recorded load (bench at 1, 8 and 32): the random drafter's real acceptance, about
+    # 1.1 tokens per step; then idle, and the charts hold the load's points.
+    expect(page.locator("#stat-accept_len")).to_have_text(re.compile(r"^1\.\d\d$"),
+                                                           timeout=30_000)
+    expect(page.locator("#log")).to_contain_text(_last_replayed_line(), timeout=60_000)
+    page.wait_for_timeout(6_000)  # idle scrapes: the gauge reads 0, the pass counters stand
+    assert page.evaluate("ApplianceCharts.stats()")["points"] >= 5
+    expect(page.locator("#stat-cuda_graph")).not_to_have_text("no (eager)")
+    expect(page.locator("#alerts")).to_be_hidden()
+    expect(page.locator("#diagnosis")).to_be_hidden()
+    page.screenshot(path=screenshot_path("replay-real-ddtree.png"), full_page=True)
+    stored = _in_thread(_stored, pk)
+    assert stored["alerts"] == [], stored["alerts"]
+    assert stored["diagnoses"] == [], stored["diagnoses"]
+    assert stored["busy_points"] > 0, "no point of the recorded load reached the series"
+    assert stored["status"] == "ready"
+
+
+def _stored(pk: int) -> dict[str, Any]:
+    from django.db import connection
+
+    try:
+        deployment = Deployment.objects.get(pk=pk)
+        events = deployment.events
+        return {
+            "status": deployment.status,
+            "alerts": [e.payload for e in events.filter(kind="alert")],
+            "diagnoses": [e.payload for e in events.filter(kind="diagnosis")],
+            "busy_points": deployment.metric_points.filter(throughput__gt=0).count(),
+        }
+    finally:
+        connection.close()  # this thread's own connection: the test database is dropped after
+
+
+def _in_thread(fn, *args):  # type: ignore[no-untyped-def]
+    """The ORM refuses calls from Playwright's event loop thread; a worker thread is fine."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(fn, *args).result()
