@@ -52,7 +52,7 @@ from .deployments import (
     deployment_mark_stopped,
     deployment_set_progress,
 )
-from .engines import _container_plan, _fold_progress, identity_of
+from .engines import _container_plan, identity_of, progress_fold
 from .events import events_append
 from .hosts import docker_facts, start_failure
 from .lifecycle import deployment_restart_after_death
@@ -102,7 +102,7 @@ class _FollowSink:
         changed = False
         for kind, payload in events:
             if kind in (EventKind.PROGRESS, EventKind.SELFCHECK):
-                changed = _fold_progress(self.progress, payload) or changed
+                changed = progress_fold(self.progress, payload) or changed
         with transaction.atomic():
             # The row lock taken here also orders this write after a takeover's claim.
             owned = Deployment.objects.select_for_update().filter(

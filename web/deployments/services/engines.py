@@ -52,18 +52,47 @@ def _fold_width(progress: dict[str, Any], event: dict[str, Any]) -> None:
             "captured": captured, "needed": event.get("needed_tokens_per_req")}
 
 
-def _fold_progress(progress: dict[str, Any], event: dict[str, Any]) -> bool:
+def _model_key(event: dict[str, Any]) -> str:
+    """The progress key of a weight load: the target's "weights", the drafter's its own."""
+    return "draft_weights" if event.get("model") == "draft" else "weights"
+
+
+def _fold_load(progress: dict[str, Any], event: dict[str, Any]) -> None:
+    """Each model's load time (every TP rank loads its part: the slowest is the load)."""
+    key = _model_key(event)
+    weights = progress.setdefault(key, {"done": None, "total": None})
+    elapsed = event.get("elapsed_s")
+    if weights.get("finished") and weights.get("elapsed_s") is not None and elapsed is not None:
+        elapsed = max(elapsed, weights["elapsed_s"])
+    weights.update(finished=True, elapsed_s=elapsed, model_type=event.get("model_type"),
+                   mem_usage_gb=event.get("mem_usage_gb"),
+                   ranks=weights.get("ranks", 0) + 1 if weights.get("finished") else 1)
+
+
+def _fold_capture(captures: list[dict[str, Any]], capture: dict[str, Any]) -> None:
+    """One entry per role, mode and width: the TP ranks print the same capture each."""
+    key = (capture.get("role"), capture.get("mode"), capture.get("num_tokens_per_req"))
+    for seen in captures:
+        if (seen.get("role"), seen.get("mode"), seen.get("num_tokens_per_req")) == key:
+            seen["ranks"] = seen.get("ranks", 1) + 1
+            seen["elapsed_s"] = max(seen.get("elapsed_s") or 0, capture.get("elapsed_s") or 0)
+            return
+    captures.append({**capture, "ranks": 1})
+
+
+def progress_fold(progress: dict[str, Any], event: dict[str, Any]) -> bool:
     """Keep the latest shard and graph-capture progress for the detail page and the API."""
     kind = event.get("kind")
     if kind in ("selfcheck_begin", "selfcheck_check", "selfcheck_report"):
         _fold_selfcheck(progress, event)
     elif kind == "weights_begin":
-        progress["weights"] = {"done": 0, "total": None, "finished": False}
+        progress["loading"] = _model_key(event)
+        progress[progress["loading"]] = {"done": 0, "total": None, "finished": False}
     elif kind == "weights_progress":
-        progress["weights"] = {"done": event["done"], "total": event["total"], "finished": False}
+        progress[progress.get("loading", "weights")] = {
+            "done": event["done"], "total": event["total"], "finished": False}
     elif kind == "weights_end":
-        weights = progress.setdefault("weights", {"done": None, "total": None})
-        weights.update(finished=True, elapsed_s=event.get("elapsed_s"))
+        _fold_load(progress, event)
     elif kind == "kv_cache":
         progress["kv_cache_tokens"] = event.get("tokens")
     elif kind == "capture_begin":
@@ -83,8 +112,9 @@ def _fold_progress(progress: dict[str, Any], event: dict[str, Any]) -> bool:
         capture.update(bs=event["bs"], done=event["done"], total=event["total"])
     elif kind == "capture_end":
         capture = progress.setdefault("capture", {})
-        capture.update(finished=True, elapsed_s=event.get("elapsed_s"))
-        progress.setdefault("captures", []).append(dict(capture))
+        capture.update(finished=True, elapsed_s=event.get("elapsed_s"),
+                       mem_usage_gb=event.get("mem_usage_gb"))
+        _fold_capture(progress.setdefault("captures", []), capture)
     else:
         return False
     return True

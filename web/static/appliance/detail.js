@@ -46,9 +46,13 @@
 
   function showProgress(p) {
     if (p.weights) {
-      const w = p.weights;
-      const text = w.finished ? "loaded" + (w.elapsed_s ? " in " + w.elapsed_s + " s" : "")
-        : "shard " + (w.done || 0) + " / " + (w.total || "?");
+      // The target's load and the drafter's are told apart: the drafter's short load
+      // must not read as the target's.
+      const w = p.weights, d = p.draft_weights;
+      const loaded = function (x) { return "loaded" + (x.elapsed_s != null ? " in " + x.elapsed_s + " s" : ""); };
+      let text = w.finished ? "target " + loaded(w)
+        : "target shard " + (w.done || 0) + " / " + (w.total || "?");
+      if (d) text += "; drafter " + (d.finished ? loaded(d) : "shard " + (d.done || 0) + " / " + (d.total || "?"));
       bar("weights", w.finished ? (w.total || 1) : w.done, w.total || 1, text);
     }
     if (p.capture) {
@@ -74,9 +78,16 @@
   const progress = {};
   function foldProgress(e) {
     switch (e.kind) {
-      case "weights_begin": progress.weights = {done: 0, total: null}; break;
-      case "weights_progress": progress.weights = {done: e.done, total: e.total}; break;
-      case "weights_end": progress.weights = Object.assign(progress.weights || {}, {finished: true, elapsed_s: e.elapsed_s}); break;
+      case "weights_begin":
+        progress.loading = e.model === "draft" ? "draft_weights" : "weights";
+        progress[progress.loading] = {done: 0, total: null};
+        break;
+      case "weights_progress": progress[progress.loading || "weights"] = {done: e.done, total: e.total}; break;
+      case "weights_end": {
+        const key = e.model === "draft" ? "draft_weights" : "weights";
+        progress[key] = Object.assign(progress[key] || {}, {finished: true, elapsed_s: e.elapsed_s});
+        break;
+      }
       case "capture_begin":
         progress.capture = {role: e.role, mode: e.mode, num_tokens_per_req: e.num_tokens_per_req, done: 0, total: null};
         showWidth(e);
