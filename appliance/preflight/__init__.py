@@ -58,6 +58,7 @@ from appliance.preflight.files import (
     rule_model_files,
     rule_secret_in_store,
 )
+from appliance.preflight.graph_memory import rule_graph_memory
 from appliance.preflight.hardware import (
     deployment_archs,
     gpu_major,
@@ -171,6 +172,7 @@ RULES: dict[str, Callable[[Context], list[Finding]]] = {
     "drafter-matches-target": rule_drafter_matches_target,
     "trust-remote-code": rule_trust_remote_code,
     "gpu-memory": rule_gpu_memory,
+    "graph-memory": rule_graph_memory,
     "context-length": rule_context_length,
     "unknown-flag": rule_unknown_flag,
     "duplicate-flag": rule_duplicate_flag,

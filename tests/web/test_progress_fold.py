@@ -50,3 +50,17 @@ def test_the_tp_ranks_copies_of_a_capture_fold_into_one() -> None:
     assert [(c["role"], c["ranks"]) for c in progress["captures"]] == [("target", 8), ("draft", 8)]
     assert progress["weights"]["ranks"] == 8 and progress["weights"]["elapsed_s"] == 0.26
     assert progress["draft_weights"]["ranks"] == 8
+
+
+def test_each_verify_graphs_real_memory_is_shown_beside_its_width() -> None:
+    from web.deployments.models import Deployment
+    from web.deployments.selectors import graph_widths
+
+    spec = {"name": "t", "recipe": "kimi-k2.6-ddtree", "gpus": [0],
+            "engine": {"model_path": "/models/m", "speculative_algorithm": "DDTREE",
+                       "speculative_draft_model_path": "/models/d",
+                       "speculative_num_draft_tokens": 8, "speculative_ddtree_budget": 32}}
+    progress = _folded([line.text for line in rec.lines("ddtree_triton")])
+    rows = graph_widths(deployment=Deployment(spec=spec, progress=progress))
+    assert rows == [{"role": "target", "needed": 33, "captured": 33, "mem_usage_gb": 10.0},
+                    {"role": "draft", "needed": 8, "captured": 8, "mem_usage_gb": 0.79}]

@@ -213,9 +213,12 @@ def graph_widths(*, deployment: Deployment) -> list[dict[str, Any]]:
         needed = needed_graph_widths(spec_from_dict(deployment.spec).engine) or {}
     except SpecError:  # a spec an older version stored: show nothing rather than fail
         needed = {}
-    captured = (deployment.progress or {}).get("widths", {})
-    return [{"role": role, "needed": width, "captured": captured.get(role, {}).get("captured")}
-            for role, width in needed.items()]
+    progress = deployment.progress or {}
+    captured = progress.get("widths", {})
+    memory = {c.get("role"): c.get("mem_usage_gb") for c in progress.get("captures", [])
+              if c.get("mode") == "verify"}
+    return [{"role": role, "needed": width, "captured": captured.get(role, {}).get("captured"),
+             "mem_usage_gb": memory.get(role)} for role, width in needed.items()]
 
 
 def metric_series(*, deployment_id: int, start: datetime, end: datetime,

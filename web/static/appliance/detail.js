@@ -75,6 +75,13 @@
     row.classList.toggle("mismatch", String(e.num_tokens_per_req) !== row.dataset.needed);
   }
 
+  // Each verify graph's memory as its capture line printed it.
+  function showGraphMemory(e) {
+    if (e.mode !== "verify" || !e.role || e.mem_usage_gb == null) return;
+    const cell = document.querySelector('#capture-widths tr[data-role="' + e.role + '"] .graph-mem');
+    if (cell) cell.textContent = e.mem_usage_gb + " GB";
+  }
+
   const progress = {};
   function foldProgress(e) {
     switch (e.kind) {
@@ -93,7 +100,10 @@
         showWidth(e);
         break;
       case "capture_progress": progress.capture = Object.assign(progress.capture || {}, {bs: e.bs, done: e.done, total: e.total, finished: false}); break;
-      case "capture_end": progress.capture = Object.assign(progress.capture || {}, {finished: true}); break;
+      case "capture_end":
+        progress.capture = Object.assign(progress.capture || {}, {finished: true});
+        showGraphMemory(e);
+        break;
       default: return;
     }
     showProgress(progress);
