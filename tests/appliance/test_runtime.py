@@ -167,7 +167,7 @@ def test_follow_logs_keeps_stderr_apart_and_carriage_returns_inside_lines(
     err = [line.text for line in lines if line.stream == "stderr"]
     out = [line.text for line in lines if line.stream == "stdout"]
     assert any("TP0] Load weight begin" in t for t in err)
-    shard = next(t for t in err if "Loading safetensors checkpoint shards" in t)
+    shard = next(t for t in err if "Multi-thread loading shards" in t)
     assert shard.startswith("\r") and shard.count("\r") == 9 and "\n" not in shard
     assert any('"GET /model_info HTTP/1.1" 200 OK' in t for t in out)
     assert not any("Load weight" in t for t in out)
@@ -184,7 +184,7 @@ def test_follow_logs_can_yield_progress_pieces_as_they_arrive(
     # hang-load stops mid-bar: the shard line never ends, only partial pieces show progress.
     pieces = collect_until(runtime.follow_logs(container, partials=True), "4/8", 20)
     partial = [p.text for p in pieces if p.partial]
-    assert any(p.startswith("\rLoading safetensors checkpoint shards:  50% Completed | 4/8")
+    assert any(p.startswith("\rMulti-thread loading shards:  50% Completed | 4/8")
                for p in partial)
     assert any("Load weight begin" in p.text and not p.partial for p in pieces)
 

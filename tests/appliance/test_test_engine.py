@@ -71,16 +71,22 @@ def test_it_prints_sglang_startup_lines_in_order_on_stderr(run_test_engine):  # 
         "server_args=ServerArgs(",
         "TP0] Load weight begin. avail mem=",
         "TP1] Load weight begin. avail mem=",
-        "\rLoading safetensors checkpoint shards:   0% Completed | 0/8",
-        "Loading safetensors checkpoint shards: 100% Completed | 8/8",
+        "\rMulti-thread loading shards:   0% Completed | 0/8",
+        "Multi-thread loading shards: 100% Completed | 8/8",
         "TP0] Load weight end. elapsed=",
+        # 433c58ed7's order: the drafter's weights, then both KV pools, then the graphs.
+        "TP0] Load weight end. elapsed=5.05 s, type=DFlashDraftModel,",
         "TP0] KV Cache is allocated. dtype: torch.bfloat16, #tokens: ",
-        "TP0] Capture target verify CUDA graph begin. backend=full, num_tokens_per_req=33,",
+        "TP0] Memory pool end. avail mem=",
+        "TP0] KV Cache is allocated. dtype: torch.bfloat16, #tokens: 1048576, K size: ",
+        "TP0] Capture target verify CUDA graph begin. backend=full, num_tokens_per_req=33, "
+        "bs=[1, 2, 4, 8, 16], avail mem=",
         "\rCapturing batches (bs=16 avail_mem=",
         "Capturing batches (bs=1 avail_mem=",
-        "TP1] Capture target verify CUDA graph end. bs=[1, 2, 4, 8, 16], elapsed=",
-        "TP0] Capture draft verify CUDA graph begin. backend=full, num_tokens_per_req=8,",
-        "TP0] Capture draft verify CUDA graph end. bs=[1, 2, 4, 8, 16]",
+        "TP1] Capture target verify CUDA graph end. elapsed=",
+        "TP0] Capture draft verify CUDA graph begin. backend=full, num_tokens_per_req=8, "
+        "bs=[1, 2, 4, 8, 16]",
+        "TP0] Capture draft verify CUDA graph end. elapsed=",
         "The server is fired up and ready to roll!",
     ])
     assert order == sorted(order)
@@ -93,11 +99,11 @@ def test_progress_bars_redraw_with_carriage_returns_inside_one_line(run_test_eng
     container = run_test_engine()
     wait_ready(container)
     shard_line = next(line for line in stderr_of(container).split("\n")
-                      if "Loading safetensors checkpoint shards" in line)
+                      if "Multi-thread loading shards" in line)
     updates = [u for u in shard_line.split("\r") if u]
     assert len(updates) == 9  # 0/8 .. 8/8
     assert re.fullmatch(
-        r"Loading safetensors checkpoint shards:  50% Completed \| 4/8 \[\d\d:\d\d<\d\d:\d\d, "
+        r"Multi-thread loading shards:  50% Completed \| 4/8 \[\d\d:\d\d<\d\d:\d\d, "
         r"\s*[\d.]+s/it\]", updates[4].rstrip())
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from sglang.test_engine import engine
 from sglang.test_engine.config import make_config, parse_args
-from sglang.test_engine.output import emit
+from sglang.test_engine.output import emit, uvicorn_line
 from sglang.test_engine.phases import start_up
 from sglang.test_engine.replay import Replay, load, resolve
 from sglang.test_engine.replay_server import ReplayServer
@@ -33,7 +33,7 @@ from sglang.test_engine.tracebacks import model_missing_exit
 
 def on_sigterm(signum: int, frame: Any) -> None:
     """PID 1 in a container ignores SIGTERM unless handled: exit promptly like uvicorn does."""
-    emit(sys.stderr, "INFO:     Shutting down\n")
+    uvicorn_line(sys.stderr, "Shutting down")
     os._exit(0)
 
 

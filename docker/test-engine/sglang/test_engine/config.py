@@ -91,25 +91,27 @@ def make_config(args: argparse.Namespace) -> Config:
 
 
 def server_args_dict(cfg: Config) -> dict[str, Any]:
+    """The fields the test engine knows, in the order 433c58ed7's ServerArgs prints them
+    (tests/appliance/test_test_engine_shapes.py holds the order against the recordings)."""
     a = cfg.args
     return {
         "model_path": a.model_path,
-        "served_model_name": cfg.model_name,
+        "trust_remote_code": a.trust_remote_code,
+        "context_length": a.context_length,
+        "mem_fraction_static": a.mem_fraction_static or 0.88,
+        "max_running_requests": cfg.max_running,
         "tp_size": a.tp_size,
         "dp_size": a.dp_size,
+        "host": a.host,
+        "port": a.port,
+        "served_model_name": cfg.model_name,
+        "enable_metrics": a.enable_metrics,
+        "decode_log_interval": cfg.decode_log_interval,
+        "attention_backend": a.attention_backend,
+        "cuda_graph_max_bs_decode": max(cfg.capture_bs),
+        "disable_cuda_graph": a.disable_cuda_graph,
         "speculative_algorithm": None if cfg.algo == "NONE" else cfg.algo,
         "speculative_draft_model_path": a.speculative_draft_model_path,
         "speculative_num_draft_tokens": cfg.block if cfg.speculative else None,
         "speculative_ddtree_budget": cfg.budget if cfg.algo == "DDTREE" else None,
-        "attention_backend": a.attention_backend,
-        "cuda_graph_max_bs": max(cfg.capture_bs),
-        "disable_cuda_graph": a.disable_cuda_graph,
-        "mem_fraction_static": a.mem_fraction_static or 0.88,
-        "context_length": a.context_length,
-        "max_running_requests": cfg.max_running,
-        "decode_log_interval": cfg.decode_log_interval,
-        "trust_remote_code": a.trust_remote_code,
-        "enable_metrics": a.enable_metrics,
-        "host": a.host,
-        "port": a.port,
     }

@@ -6,8 +6,8 @@ import sys
 
 from sglang.test_engine.config import Config
 from sglang.test_engine.engine import MAX_TOKENS_POOL, STATE
-from sglang.test_engine.output import emit, log
-from sglang.test_engine.settings import FAIL, STYLE
+from sglang.test_engine.output import log, uvicorn_line
+from sglang.test_engine.settings import FAIL, QUANT, STYLE
 
 
 def load_end_line(model_type: str, elapsed: float, usage: float) -> str:
@@ -15,24 +15,33 @@ def load_end_line(model_type: str, elapsed: float, usage: float) -> str:
     if STYLE == "old":
         return (f"Load weight end. type={model_type}, dtype=torch.bfloat16, "
                 f"avail mem={avail:.2f} GB, mem usage={usage:.2f} GB.")
-    quant = "quant=fp8, " if model_type != "DFlashDraftModel" else ""
+    # SGLang names the quantization only for a quantized checkpoint (model_config's
+    # get_quantization_config_log_str); the recorded tiny model has none.
+    quant = f"quant={QUANT}, " if QUANT and model_type != "DFlashDraftModel" else ""
     return (f"Load weight end. elapsed={elapsed:.2f} s, type={model_type}, {quant}"
             f"avail mem={avail:.2f} GB, mem usage={usage:.2f} GB.")
 
 
-def kv_cache_line() -> str:
+def kv_cache_line(role: str = "target") -> str:
     if STYLE == "old":
         return f"KV Cache is allocated. #tokens: {MAX_TOKENS_POOL}, KV size: 35.12 GB"
+    if role == "draft":  # the drafter's pool is an MHA one: K and V apart (433c58ed7)
+        return (f"KV Cache is allocated. dtype: torch.bfloat16, #tokens: {MAX_TOKENS_POOL}, "
+                "K size: 1.12 GB, V size: 1.12 GB")
     return (f"KV Cache is allocated. dtype: torch.bfloat16, #tokens: {MAX_TOKENS_POOL}, "
             "KV size: 35.12 GB")
 
 
-def capture_begin_line(role: str, kind: str, per_req: int) -> str:
+def memory_pool_end_line(avail: float) -> str:
+    return f"Memory pool end. avail mem={avail:.2f} GB"
+
+
+def capture_begin_line(cfg: Config, role: str, kind: str, per_req: int) -> str:
     if STYLE == "old":
         what = "draft cuda graph" if role == "draft" else "cuda graph"
         return f"Capture {what} begin. This can take up to several minutes. avail mem=20.11 GB"
     return (f"Capture {role} {kind} CUDA graph begin. backend=full, "
-            f"num_tokens_per_req={per_req}, avail mem=20.11 GB")
+            f"num_tokens_per_req={per_req}, bs={cfg.capture_bs}, avail mem=20.11 GB")
 
 
 def capture_end_line(cfg: Config, role: str, kind: str, avail: float) -> str:
@@ -42,15 +51,15 @@ def capture_end_line(cfg: Config, role: str, kind: str, avail: float) -> str:
         what = "draft cuda graph" if role == "draft" else "cuda graph"
         return (f"Capture {what} end. Time elapsed: {elapsed:.2f} s. "
                 f"mem usage={usage:.2f} GB. avail mem={avail:.2f} GB.")
-    return (f"Capture {role} {kind} CUDA graph end. bs={cfg.capture_bs}, "
+    return (f"Capture {role} {kind} CUDA graph end. "
             f"elapsed={elapsed:.2f} s, mem usage={usage:.2f} GB, avail mem={avail:.2f} GB.")
 
 
 def access_line(method: str, path: str, status: int, client: str = "127.0.0.1:41234") -> None:
     """uvicorn's access log: its own handler on stdout."""
     phrase = {200: "OK", 404: "Not Found", 503: "Service Unavailable", 400: "Bad Request"}
-    emit(sys.stdout, f'INFO:     {client} - "{method} {path} HTTP/1.1" {status} '
-                     f'{phrase.get(status, "")}\n')
+    uvicorn_line(sys.stdout, f'{client} - "{method} {path} HTTP/1.1" {status} '
+                             f'{phrase.get(status, "")}')
 
 
 def prefill_line(new_tokens: int, running: int) -> None:

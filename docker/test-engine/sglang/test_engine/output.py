@@ -24,11 +24,22 @@ def emit(stream: Any, text: str) -> None:
 
 
 def log(msg: str, rank: int | None = None, pace: bool = True) -> None:
-    """One logging line as SGLang's configure_logger formats it (stderr)."""
-    prefix = f" TP{rank}" if rank is not None else ""
+    """One logging line as SGLang's configure_logger formats it (stderr). The scheduler's
+    ` TPn` is there only when tp_size > 1 (433c58ed7 scheduler.py; the recordings at TP1
+    have none)."""
+    from sglang.test_engine import engine  # set by launch_server.main() before any line
+
+    shown = rank is not None and engine.CFG.args.tp_size > 1
+    prefix = f" TP{rank}" if shown else ""
     emit(sys.stderr, f"[{now_str()}{prefix}] {msg}\n")
     if pace:
         time.sleep(PACE_S)
+
+
+def uvicorn_line(stream: Any, msg: str) -> None:
+    """uvicorn's own lines with SGLang's format (utils/common.py set_uvicorn_logging_configs:
+    `[%(asctime)s] %(levelprefix)s ...`): startup on stderr, access on stdout."""
+    emit(stream, f"[{now_str()}] INFO:     {msg}\n")
 
 
 def log_ranks(cfg: Config, msg_for_rank: Any) -> None:

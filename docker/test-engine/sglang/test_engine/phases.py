@@ -15,10 +15,11 @@ from sglang.test_engine.loglines import (
     capture_end_line,
     kv_cache_line,
     load_end_line,
+    memory_pool_end_line,
     prefill_line,
 )
-from sglang.test_engine.output import Bar, emit, log, log_ranks
-from sglang.test_engine.settings import FAIL, PACE_S, SHARDS, STALL_S
+from sglang.test_engine.output import Bar, log, log_ranks, uvicorn_line
+from sglang.test_engine.settings import FAIL, PACE_S, SHARDS, STALL_S, STYLE
 from sglang.test_engine.tracebacks import (
     capture_oom_traceback,
     load_exit_traceback,
@@ -35,7 +36,10 @@ def load_weights(cfg: Config, role: str) -> None:
     """Load weight begin (every rank), shard progress (rank 0), Load weight end (every rank)."""
     log_ranks(cfg, lambda r: f"Load weight begin. avail mem={137.52 - 0.01 * r:.2f} GB")
     shards = SHARDS if role == "target" else 1
-    bar = Bar(shards, "Loading safetensors checkpoint shards", sglang_format=True)
+    # 433c58ed7 loads with its multi-thread iterator by default (enable_multithread_load).
+    desc = ("Loading safetensors checkpoint shards" if STYLE == "old"
+            else "Multi-thread loading shards")
+    bar = Bar(shards, desc, sglang_format=True)
     for i in range(shards):
         time.sleep(PACE_S)
         if FAIL == "hang-load" and role == "target" and i == shards // 2:
@@ -70,7 +74,7 @@ def capture(cfg: Config, role: str) -> None:
         return
     kind = "verify" if cfg.speculative else "decode"
     per_req = capture_width(cfg, role)
-    log_ranks(cfg, lambda r: capture_begin_line(role, kind, per_req))
+    log_ranks(cfg, lambda r: capture_begin_line(cfg, role, kind, per_req))
     bar = Bar(len(cfg.capture_bs))
     avail = 20.11
     for i, bs in enumerate(reversed(cfg.capture_bs)):
@@ -91,13 +95,27 @@ def capture(cfg: Config, role: str) -> None:
 
 
 def start_up(cfg: Config) -> None:
+    """SGLang 433c58ed7's order (tests/fixtures/real-engine): both models' weights, then
+    the target's KV pool and the drafter's, then the target's graphs and the drafter's."""
     print_server_args(cfg)
     load_weights(cfg, "target")
-    log_ranks(cfg, lambda r: kv_cache_line())
-    capture(cfg, "target")
-    if cfg.speculative:
-        load_weights(cfg, "draft")
-        capture(cfg, "draft")
+    if STYLE == "old":  # the older generation loads the drafter after the target's graphs
+        log_ranks(cfg, lambda r: kv_cache_line())
+        capture(cfg, "target")
+        if cfg.speculative:
+            load_weights(cfg, "draft")
+            capture(cfg, "draft")
+    else:
+        if cfg.speculative:
+            load_weights(cfg, "draft")
+        log_ranks(cfg, lambda r: kv_cache_line())
+        log_ranks(cfg, lambda r: memory_pool_end_line(63.08))
+        if cfg.speculative:
+            log_ranks(cfg, lambda r: kv_cache_line("draft"))
+            log_ranks(cfg, lambda r: memory_pool_end_line(20.11))
+        capture(cfg, "target")
+        if cfg.speculative:
+            capture(cfg, "draft")
     log(f"max_total_num_tokens={MAX_TOKENS_POOL}, chunked_prefill_size=8192, "
         f"max_prefill_tokens=16384, max_running_requests={cfg.max_running}, "
         f"context_len={cfg.context_len}, available_gpu_mem=18.62 GB", 0)
@@ -105,7 +123,7 @@ def start_up(cfg: Config) -> None:
                  "Application startup complete.",
                  f"Uvicorn running on http://{cfg.args.host}:{cfg.args.port} "
                  "(Press CTRL+C to quit)"):
-        emit(sys.stderr, f"INFO:     {line}\n")
+        uvicorn_line(sys.stderr, line)
     warm_up(cfg)
     STATE.ready_at = time.time()
     STATE.ready = True

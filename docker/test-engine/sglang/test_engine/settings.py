@@ -22,6 +22,8 @@ TOKEN_S = env_float("TEST_ENGINE_TOKEN_S", 0.002)
 SHARDS = int(env_float("TEST_ENGINE_SHARDS", 8))
 FAIL = os.environ.get("TEST_ENGINE_FAIL", "").strip()
 STYLE = os.environ.get("TEST_ENGINE_LOG_STYLE", "new").strip().lower()
+# A quantized target's method as `Load weight end` names it (e.g. fp8); empty: unquantized.
+QUANT = os.environ.get("TEST_ENGINE_MODEL_QUANT", "").strip()
 ACCEPT_LEN = env_float("TEST_ENGINE_ACCEPT_LEN", 4.87)
 # Synthetic requests the engine serves itself once ready (0: only real requests).
 TRAFFIC = int(env_float("TEST_ENGINE_TRAFFIC", 0))
