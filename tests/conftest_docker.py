@@ -30,8 +30,12 @@ REPO = Path(__file__).resolve().parent.parent
 TEST_ENGINE_DIR = REPO / "docker" / "test-engine"
 TEST_ENGINE_IMAGE = os.environ.get("APPLIANCE_TEST_ENGINE_IMAGE", "appliance-test-engine:latest")
 BASE_IMAGE = os.environ.get("APPLIANCE_BASE_IMAGE", "appliance-base:bookworm")
-# Every container a test starts carries this label, so teardown finds strays too.
+# Every container a test starts carries this label; its value names the test session, so
+# a session's teardown removes its own strays and never another session's containers (other
+# engineers' and CI jobs' test runs share this Docker engine).
 TEST_LABEL = "appliance.test"
+TEST_SESSION = uuid.uuid4().hex[:12]
+TEST_LABELS = {TEST_LABEL: TEST_SESSION}
 FAST_ENV = {"TEST_ENGINE_PACE_S": "0.01"}
 
 
@@ -81,8 +85,29 @@ def health_code(url: str) -> int:
         return 0
 
 
-def remove_labelled(client: DockerClient, label: str) -> None:
-    for container in client.containers.list(all=True, filters={"label": label}):
+def remove_labelled(client: DockerClient, label: str | list[str]) -> None:
+    """Remove the containers carrying every one of these labels (`key` or `key=value`)."""
+    for container in client.containers.list(all=True, filters={"label": label},
+                                            ignore_removed=True):
+        with contextlib.suppress(docker.errors.NotFound):
+            container.remove(force=True)
+
+
+def engines_of(instance: str, deployment: int | str | None = None) -> list[Container]:
+    """The engine containers the appliance started for this install (its instance id), any
+    state; of one deployment when given. Deployment ids repeat across the databases of
+    test runs beside this one, so a test never lists by the deployment label alone."""
+    labels = ["appliance.deployment", f"appliance.instance={instance}"]
+    if deployment is not None:
+        labels[0] = f"appliance.deployment={deployment}"
+    return list(from_env().containers.list(all=True, filters={"label": labels},
+                                           ignore_removed=True))
+
+
+def remove_engines(instance: str) -> None:
+    """Remove this install's engine containers, and no other install's: a test's teardown
+    must leave the engines of a compose run or another test session alone."""
+    for container in engines_of(instance):
         with contextlib.suppress(docker.errors.NotFound):
             container.remove(force=True)
 
@@ -96,7 +121,7 @@ def docker_client() -> Iterator[DockerClient]:
     except (docker.errors.DockerException, requests.RequestException) as exc:
         pytest.skip(f"no Docker daemon: {exc}")
     yield client
-    remove_labelled(client, TEST_LABEL)
+    remove_labelled(client, f"{TEST_LABEL}={TEST_SESSION}")  # this session's strays only
     client.close()
 
 
@@ -136,7 +161,7 @@ def run_test_engine(
     def run(argv: list[str] | None = None, env: dict[str, str] | None = None) -> Container:
         container = docker_client.containers.run(
             test_engine_image, command=argv or ddtree_argv(), detach=True,
-            environment={**FAST_ENV, **(env or {})}, labels={TEST_LABEL: "1"},
+            environment={**FAST_ENV, **(env or {})}, labels=dict(TEST_LABELS),
             ports={"30000/tcp": ("127.0.0.1", None)},
         )
         started.append(container)

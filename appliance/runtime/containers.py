@@ -263,8 +263,11 @@ class EngineRuntime:
         return [c for c in found if LABEL_INSTANCE not in (c.labels or {})]
 
     def _by_label(self, label: str | list[str]) -> list[Container]:
+        # docker-py lists ids, then inspects each: a container removed in between (a stop,
+        # another install's cleanup) is skipped, not a NotFound that ends the agent's tick.
         try:
-            found = self.client.containers.list(all=True, filters={"label": label})
+            found = self.client.containers.list(all=True, filters={"label": label},
+                                                ignore_removed=True)
         except docker.errors.APIError as exc:
             raise EngineRuntimeError(f"cannot list containers ({label}): {exc}") from exc
         return list(found)

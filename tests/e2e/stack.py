@@ -11,7 +11,7 @@ import redis
 from django.conf import settings
 from playwright.sync_api import Page, expect
 
-import docker
+from tests.conftest_docker import remove_engines
 from tests.servers import celery_worker, engine_agent, panel_server
 from web.deployments.services.engines import instance_id
 
@@ -27,10 +27,7 @@ def appliance_stack(tmp_path: Path, env: dict[str, str]) -> Iterator[str]:
             engine_agent(tmp_path / "agent.log", **env), \
             panel_server(tmp_path / "web.log", **env) as url:
         yield url
-    client = docker.from_env()
-    for container in client.containers.list(all=True, filters={
-            "label": ["appliance.deployment", f"appliance.instance={mine}"]}):
-        container.remove(force=True)
+    remove_engines(mine)
 
 
 def login(page: Page, url: str, username: str = "otto",

@@ -16,11 +16,13 @@ from django.conf import settings
 from django.test import override_settings
 
 import docker
+from tests.conftest_docker import engines_of
 from tests.servers import celery_worker, engine_agent, panel_server
 from tests.site_recipes import SLOW_EXTRAS, engine_source_repo, write_recipe
 from tests.web.specs import spec
 from web.deployments import services
 from web.deployments.models import Deployment, DeploymentStatus
+from web.deployments.services.engines import instance_id
 from worker import tasks
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
@@ -142,8 +144,7 @@ def test_a_patch_that_does_not_apply_fails_the_deployment_naming_patch_file_and_
     assert deployment.last_lines and any("FAILED" in line for line in deployment.last_lines)
     phases = [e.payload["status"] for e in deployment.events.filter(kind="phase").order_by("seq")]
     assert phases == ["building", "failed"]
-    assert not deployment.image and not docker.from_env().containers.list(
-        all=True, filters={"label": f"appliance.deployment={deployment.pk}"})
+    assert not deployment.image and not engines_of(instance_id(), deployment.pk)
 
 
 def _wait(what: str, check: Any, limit_s: float = 120) -> Any:

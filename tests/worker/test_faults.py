@@ -28,10 +28,12 @@ from django.test import override_settings
 
 import docker
 from appliance.runtime.follower import SCRAPE_ACCESS
+from tests.conftest_docker import engines_of, remove_engines
 from tests.servers import celery_worker, engine_agent, free_port, login_session, panel_server
 from tests.web.specs import spec
 from web.deployments import services
 from web.deployments.models import Deployment, DeploymentStatus
+from web.deployments.services.engines import instance_id
 from worker import tasks
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
@@ -50,9 +52,7 @@ def engine_env(test_engine_image: str) -> Iterator[dict[str, str]]:  # noqa: F81
     with override_settings(ENGINE_IMAGE=test_engine_image, ENGINE_GPU_REQUESTS=False,
                            ENGINE_EXTRA_ENV=SLOW, ENGINE_STOP_TIMEOUT_S=5):
         yield env
-    client = docker.from_env()
-    for container in client.containers.list(all=True, filters={"label": "appliance.deployment"}):
-        container.remove(force=True)
+    remove_engines(instance_id())  # this database's engines only, never another run's
 
 
 def _deployment(**changes: Any) -> Deployment:
@@ -95,8 +95,7 @@ def _assert_every_line_once(pk: int, settle_s: float = 5) -> None:
 
 
 def _engines(pk: int) -> list[Any]:
-    return docker.from_env().containers.list(all=True,
-                                             filters={"label": f"appliance.deployment={pk}"})
+    return engines_of(instance_id(), pk)
 
 
 # ---------------------------------------------------------------- the engine agent

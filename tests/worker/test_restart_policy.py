@@ -10,11 +10,12 @@ import pytest
 from django.test import override_settings
 
 import docker
-from tests.conftest_docker import wait_for
+from tests.conftest_docker import remove_engines, wait_for
 from tests.web.specs import spec
 from web.deployments import selectors, services
 from web.deployments.models import Deployment, DeploymentStatus
 from web.deployments.services import lifecycle
+from web.deployments.services.engines import instance_id
 from worker import tasks
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
@@ -30,9 +31,7 @@ def engine(test_engine_image: str) -> Iterator[dict[str, str]]:  # noqa: F811
                            ENGINE_STOP_TIMEOUT_S=5, RESTART_BACKOFF_S=1,
                            RESTART_BACKOFF_MAX_S=2):
         yield env
-    client = docker.from_env()
-    for container in client.containers.list(all=True, filters={"label": "appliance.deployment"}):
-        container.remove(force=True)
+    remove_engines(instance_id())  # this database's engines only, never another run's
 
 
 def _container_name(pk: int) -> str:

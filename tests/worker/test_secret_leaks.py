@@ -21,6 +21,7 @@ from django.conf import settings
 from django.test import override_settings
 
 import docker
+from tests.conftest_docker import remove_engines
 from tests.servers import (
     celery_worker,
     engine_agent,
@@ -32,6 +33,7 @@ from tests.web.specs import spec
 from web.accounts.tokens import token_create
 from web.deployments import services
 from web.deployments.models import Deployment, DeploymentStatus
+from web.deployments.services.engines import instance_id
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
 S = DeploymentStatus
@@ -58,9 +60,7 @@ def stack(test_engine_image: str, tmp_path: Path) -> Iterator[dict[str, Any]]:  
             celery_worker(tmp_path / "worker.log", **env), \
             engine_agent(tmp_path / "agent.log", **env):
         yield {"url": url, "logs": tmp_path}
-    client = docker.from_env()
-    for container in client.containers.list(all=True, filters={"label": "appliance.deployment"}):
-        container.remove(force=True)
+    remove_engines(instance_id())  # this database's engines only, never another run's
 
 
 def _engine_port(container: Any) -> str:

@@ -13,9 +13,11 @@ from django.test import override_settings
 import docker
 from appliance.runtime.client import EngineClient
 from appliance.runtime.containers import EngineRuntime
+from tests.conftest_docker import engines_of, remove_engines
 from tests.web.specs import spec
 from web.deployments import services
 from web.deployments.models import Deployment, DeploymentStatus, Host
+from web.deployments.services.engines import instance_id
 from worker import tasks
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
@@ -29,9 +31,7 @@ def engine(test_engine_image: str) -> Iterator[dict[str, str]]:  # noqa: F811
                            ENGINE_EXTRA_ENV=env, ENGINE_READY_TIMEOUT_S=90,
                            ENGINE_STOP_TIMEOUT_S=5):
         yield env
-    client = docker.from_env()
-    for container in client.containers.list(all=True, filters={"label": "appliance.deployment"}):
-        container.remove(force=True)
+    remove_engines(instance_id())  # this database's engines only, never another run's
 
 
 def _run(pk: int) -> str:
@@ -211,7 +211,7 @@ def test_a_restarted_agent_adopts_the_running_container_instead_of_starting_anot
     first = EngineRuntime().ensure_started(plan)
     agent.paused.clear()
     assert services.wait_for(pk, {S.READY, S.FAILED}, 60) == S.READY
-    running = docker.from_env().containers.list(filters={"label": f"appliance.deployment={pk}"})
+    running = [c for c in engines_of(instance_id(), pk) if c.status == "running"]
     assert [c.id for c in running] == [first.id]
 
 
@@ -297,5 +297,4 @@ def test_once_the_agent_reported_the_host_pre_flight_refuses_gpus_it_cannot_give
 
 
 def _engines_of(deployment: Deployment) -> list:  # type: ignore[type-arg]
-    return docker.from_env().containers.list(
-        all=True, filters={"label": f"appliance.deployment={deployment.pk}"})
+    return engines_of(instance_id(), deployment.pk)
