@@ -86,6 +86,7 @@ def test_weight_loads_are_told_apart_by_model() -> None:
 CAPTURES = {
     # run: [(role, mode, width, elapsed_s, mem_usage_gb, batch sizes)], as printed
     "ddtree_triton": [("target", "verify", 33, 32.68, 10.0, 23), ("draft", "verify", 8, 30.62, 0.79, 23)],
+    "ddtree_fa3": [("target", "verify", 33, 30.9, 2.39, 23), ("draft", "verify", 8, 29.96, 0.24, 23)],
     "dflash_triton": [("target", "verify", 8, 6.47, 2.45, 23), ("draft", "verify", 8, 3.1, 0.79, 23)],
     "base_triton": [("target", "decode", 1, 8.48, 1.67, 36)],
     "ddtree_triton_bs16": [("target", "verify", 33, 1.85, 3.47, 12), ("draft", "verify", 8, 0.98, 0.29, 12)],
@@ -111,7 +112,7 @@ def test_a_captures_printed_time_matches_the_time_between_its_lines(run: str) ->
 
 
 @pytest.mark.parametrize("run", ["ddtree_triton", "dflash_triton", "base_triton", "ddtree_probe",
-                                 "dflash_probe", "ddtree_triton_bs16", "ddtree_triton_ctx32k",
+                                 "dflash_probe", "ddtree_fa3", "ddtree_triton_bs16", "ddtree_triton_ctx32k",
                                  "dflash_triton_bs16"])
 def test_ready_is_found_once_in_every_run_that_came_up(run: str) -> None:
     assert len(rec.of_kind(run, "ready")) == 1
@@ -142,7 +143,7 @@ def test_prefill_lines_say_no_graph_and_that_is_not_a_finding() -> None:
 
 
 @pytest.mark.parametrize("run", ["ddtree_triton", "dflash_triton", "base_triton",
-                                 "ddtree_probe", "dflash_probe"])
+                                 "ddtree_probe", "dflash_probe", "ddtree_fa3"])
 def test_a_healthy_run_and_its_stop_give_no_diagnosis(run: str) -> None:
     # Its stop prints SGLang's real shutdown: "Subprocess scheduler_0 (pid=..) crashed with
     # exit code -15. Triggering SIGQUIT for cleanup..." after SIGTERM: not a failure.

@@ -23,6 +23,10 @@ export RIG_STASH=$stash RIG_DEADLINE=$(( $(date +%s) + ${RIG_BUDGET_S:-3600} ))
 t0=$SECONDS
 echo "rig $phase $(date -u +%FT%TZ); stash: $(ls "$stash" | tr '\n' ' ')"
 
+# fa3's kernels (flash_ops, 1.1 GB) travel apart, sliced to bf16 sm_90 and xz'd (57 MiB):
+# `fa3-stash` keeps the carried file for the next call on a warm machine.
+if [ -f "$carry/flash_ops.slim.so.xz" ]; then mkdir -p "$stash/fa3" && cp "$carry/flash_ops.slim.so.xz" "$stash/fa3/"; fi
+if [ "$phase" = fa3-stash ]; then ls -la "$stash/fa3"; exit 0; fi
 unpack() {  # archive, marker
   [ -f "$stash/$2.ok" ] && return 0
   [ -f "$1" ] || return 1
@@ -43,6 +47,9 @@ for commit in 433c58ed70cd1dabe5a07a83da12f1513cd599ae 101cd5bd02faab336ada94f78
     fi
   done
 done
+if [ -f "$stash/fa3/flash_ops.slim.so.xz" ] && [ ! -f "$stash/site/sgl_kernel/flash_ops.abi3.so" ]; then
+  xz -dc "$stash/fa3/flash_ops.slim.so.xz" > "$stash/site/sgl_kernel/flash_ops.abi3.so"
+fi
 if [ ! -f "$stash/models.ok" ]; then
   PYTHONPATH="$stash/site" python3 tests/gpu/realengine/models.py "$stash/models" && touch "$stash/models.ok"
 fi
@@ -59,6 +66,7 @@ case "$phase" in
   record) runs="ddtree_triton dflash_triton base_triton" ;;
   failures) runs="ddtree101_triton missing_model kv_too_small tree_backend_unsupported drafter_hidden_mismatch capture_oom ddtree_triton_bs16 dflash_triton_bs16 ddtree_triton_ctx32k" ;;
   all) runs="ddtree_triton dflash_triton base_triton ddtree101_triton missing_model kv_too_small tree_backend_unsupported drafter_hidden_mismatch capture_oom ddtree_triton_bs16 dflash_triton_bs16 ddtree_triton_ctx32k" ;;
+  fa3) runs="ddtree_fa3 dflash_fa3" ;;
   probe) runs="ddtree_probe dflash_probe ddtree_triton_ctx32k tree_backend_unsupported" ;;
   *) runs="$*" ;;
 esac

@@ -51,6 +51,12 @@ RUNS = _runs(
         self_check=False),
     Run("base_triton", "no speculation, the autoregressive baseline, triton", "ddtree",
         spec_overrides=NO_SPECULATION, argv_overrides=TRITON, self_check=False),
+    # fa3, the recipe's backend on Hopper: the product's argv unchanged but for the model
+    # paths (flash_ops sliced to its bf16 sm_90 kernels so that it travels; README.md).
+    Run("ddtree_fa3", "DDTREE with fa3 and page size 1, exactly as the recipe", "ddtree",
+        bench_levels=(1, 8, 32)),
+    Run("dflash_fa3", "DFLASH with the product's argv (the engine's default backend)", "dflash",
+        self_check=False, bench_levels=(1, 8, 32)),
     # The losslessness probe alone (the first runs' speculative probes were refused log-probs).
     Run("ddtree_probe", "DDTREE triton: the probe prompts, no bench", "ddtree",
         argv_overrides=TRITON, bench_levels=()),
