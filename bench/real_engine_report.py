@@ -72,7 +72,7 @@ def ready_split(run: str) -> None:
 
 def lossless() -> None:
     base = [a["response"] for a in rec.json_file("base_triton", "probe.json")]
-    for run in ("ddtree_probe", "dflash_probe"):
+    for run in ("ddtree_probe", "dflash_probe", "ddtree_fa3"):  # fa3 against triton's base
         cand = [a["response"] for a in rec.json_file(run, "probe.json")]
         found = [first_divergence(b["output_ids"], b["meta_info"]["output_top_logprobs"],
                                   c["output_ids"]) for b, c in zip(base, cand, strict=True)]

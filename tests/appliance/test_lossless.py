@@ -26,7 +26,8 @@ def test_speculative_runs_refuse_logprobs_so_the_baseline_judges() -> None:
 
 
 @pytest.mark.parametrize(("run", "identical", "near_ties"), [("ddtree_probe", 6, 6),
-                                                             ("dflash_probe", 5, 7)])
+                                                             ("dflash_probe", 5, 7),
+                                                             ("ddtree_fa3", 5, 7)])
 def test_every_real_divergence_is_a_near_tie(run: str, identical: int, near_ties: int) -> None:
     verdicts = []
     for base, cand in zip(_answers("base_triton"), _answers(run), strict=True):
