@@ -26,6 +26,8 @@ class Histogram:
 @dataclass
 class State:
     ready: bool = False
+    # SGLang's uvicorn starts after the graphs are captured: no access line comes before.
+    http_up: bool = False
     running: int = 0
     queued: int = 0
     decode_steps: int = 0

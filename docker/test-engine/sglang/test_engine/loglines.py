@@ -56,7 +56,11 @@ def capture_end_line(cfg: Config, role: str, kind: str, avail: float) -> str:
 
 
 def access_line(method: str, path: str, status: int, client: str = "127.0.0.1:41234") -> None:
-    """uvicorn's access log: its own handler on stdout."""
+    """uvicorn's access log: its own handler on stdout. Before uvicorn's startup lines the
+    real engine has no HTTP server at all (the recordings show no request before them), so
+    the stand-in, which answers 503 from the start, logs none of those requests."""
+    if not STATE.http_up:
+        return
     phrase = {200: "OK", 404: "Not Found", 503: "Service Unavailable", 400: "Bad Request"}
     uvicorn_line(sys.stdout, f'{client} - "{method} {path} HTTP/1.1" {status} '
                              f'{phrase.get(status, "")}')

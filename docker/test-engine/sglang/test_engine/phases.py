@@ -124,6 +124,7 @@ def start_up(cfg: Config) -> None:
                  f"Uvicorn running on http://{cfg.args.host}:{cfg.args.port} "
                  "(Press CTRL+C to quit)"):
         uvicorn_line(sys.stderr, line)
+    STATE.http_up = True
     warm_up(cfg)
     STATE.ready_at = time.time()
     STATE.ready = True
