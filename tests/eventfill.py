@@ -44,3 +44,20 @@ def fill_events(*, deployment_id: int, count: int, step_s: float = 0.07) -> int:
         cursor.execute(f"ANALYZE {Event._meta.db_table}")
     Deployment.objects.filter(pk=deployment_id).update(last_seq=last)
     return last
+
+
+def fill_sql(*, deployment_id: int, count: int, step_s: float = 0.07) -> str:
+    """The same fill as one psql script, for a database this process does not connect to
+    (compose's PostgreSQL, through `docker-compose exec -T postgres psql`). It claims its seqs
+    as events_append does (last_seq moved in the same statement, the row locked meanwhile), so
+    a live agent appending to the deployment interleaves safely. Prints the seq of the newest
+    event a log pane shows (a log line or a phase)."""
+    claim = "(SELECT last_seq FROM claim)"
+    insert = _FILL % {"pk": int(deployment_id), "first": f"{claim} - {int(count) - 1}",
+                      "last": claim, "step": float(step_s)}
+    deployments = Deployment._meta.db_table
+    return (f"WITH claim AS (UPDATE {deployments} SET last_seq = last_seq + {int(count)} "
+            f"WHERE {Deployment._meta.pk.column} = {int(deployment_id)} RETURNING last_seq),\n"
+            f"filled AS ({insert.strip()}\nRETURNING seq, kind)\n"
+            "SELECT max(seq) FROM filled WHERE kind <> 'metric';\n"
+            f"ANALYZE {Event._meta.db_table};\n")
