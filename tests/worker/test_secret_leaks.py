@@ -127,7 +127,9 @@ def _everything_else(logs: Path) -> dict[str, str]:
 
 
 def test_a_planted_secret_reaches_its_engine_and_no_event_row_log_key_or_layer(
-        stack: dict[str, Any], planted: str, viewer) -> None:  # type: ignore[no-untyped-def]
+        planted: str, stack: dict[str, Any], viewer) -> None:  # type: ignore[no-untyped-def]
+    # planted first: the agent reports the store's names at its start, and pre-flight
+    # refuses a secret the fresh agents do not report.
     pk = services.deployment_create(data=spec(secrets=["HF_TOKEN"]), confirm_warnings=True).pk
     assert services.wait_for(pk, {S.READY, S.FAILED}, 150) == S.READY
     places = _container_checks(pk, planted)
