@@ -220,7 +220,7 @@ def test_a_page_opened_later_draws_its_cards_without_replaying_the_log(  # type:
     expect(page.locator("#timeline li[data-phase=loading]")).to_have_class("failed")
     expect(page.locator("#timeline li[data-phase=checking]")).to_have_class("done")
     # Weights from the summary; build and self-check from their own rare events.
-    expect(page.locator("#weights-text")).to_have_text("shard 5 / 12")
+    expect(page.locator("#weights-text")).to_have_text("target shard 5 / 12")
     expect(page.locator("#build-text")).to_contain_text("using the configured image test:1")
     expect(page.locator("#selfcheck-text")).to_contain_text("passed in 3.5 s")
     expect(page.locator("#selfcheck-checks .check-ok")).to_have_count(1)
