@@ -42,7 +42,7 @@ class MetricPointSerializer(serializers.Serializer[dict[str, Any]]):
     queued = _value("requests")
     kv_usage = _value("ratio 0-1")
     cache_hit_rate = _value("ratio 0-1")
-    cuda_graph = _value("share of samples on CUDA graphs, 0-1")
+    cuda_graph = _value("share of decode passes on CUDA graphs, 0-1 (null without passes)")
     ttft_p50 = _value("s")
     ttft_p90 = _value("s")
     ttft_p99 = _value("s")

@@ -114,7 +114,7 @@
   function graphText(v) {
     if (v === true || v === 1) return "yes";
     if (v === false || v === 0) return "no (eager)";
-    return typeof v === "number" ? Math.round(v * 100) + " % of samples" : null;
+    return typeof v === "number" ? Math.round(v * 100) + " % of decode passes" : null;
   }
   function setDecode(values, source) {
     Object.keys(values).forEach(function (k) {
