@@ -1,0 +1,329 @@
+"""`appliance verify`: does a speculative server (A) give its baseline's (B) tokens?
+
+Each prompt goes to SGLang's native `/generate` of both servers at temperature 0 with
+`ignore_eos`, so both answer the same number of tokens. Only B is asked for log-probs (top 2):
+SGLang's speculative servers answer 400 "does not support return_logprob yet" (433c58ed7,
+DDTREE and DFLASH, tests/fixtures/real-engine). A is asked for them too, since a server that
+gives them costs nothing more; after its first refusal it is asked without them. The outputs are
+compared by `first_divergence`: a part at a near-tie is bf16 noise, one at a clear margin a
+failure. Prompts go one at a time: a batch changes bf16 outputs even without speculation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from appliance.bench.lossless import NEAR_TIE_GAP, first_divergence
+
+# The prompts the real-engine probe measured NEAR_TIE_GAP on (tests/gpu/realengine/runs.py,
+# written for this project): prose, code, SQL, numbers, a letter, Kimi's chat template.
+BUILTIN_PROMPTS = (
+    "The quick brown fox",
+    "Once upon a time, in a land far away, there lived a",
+    "def fibonacci(n):\n    ",
+    "Speculative decoding with a draft tree verifies many tokens at once. ",
+    "0123456789 abcdefghij ",
+    "Kimi K2 is a mixture-of-experts model with multi-head latent attention. " * 3,
+    "SELECT name, count(*) FROM deployments WHERE status = 'ready' GROUP BY",
+    "1, 1, 2, 3, 5, 8, 13, 21,",
+    "Dear operator,\nThe engine finished loading its weights and",
+    "[BOS]<|im_user|>user<|im_middle|>What is a draft tree?<|im_end|><|im_assistant|>",
+    "for (int i = 0; i < n; ++i) {",
+    "A B C D E F G H I J K L M N O P",
+)
+SHOWN_TOKENS = 12  # of each continuation, from the first divergence
+TIMEOUT_S = 600.0  # one answer; a cold Triton compile takes minutes
+
+
+class VerifyError(Exception):
+    """A usage error: exit 2 with this message (bad URL, prompts file, unreachable server)."""
+
+
+@dataclass
+class Side:
+    ids: list[int]
+    text: str | None  # the answer's text from the first divergence, where it is known
+    text_from: str = "token"  # or "character": from the first character the texts differ at
+
+
+@dataclass
+class PromptResult:
+    index: int
+    prompt: str
+    verdict: str  # identical | near-tie | failure | unknown
+    position: int | None = None
+    gap: float | None = None
+    candidate_in_top2: bool | None = None
+    a: Side | None = None
+    b: Side | None = None
+
+
+@dataclass
+class VerifyResult:
+    a_url: str
+    b_url: str
+    threshold: float
+    max_tokens: int
+    a_logprobs: str  # "given" or the refusal, as A answered it
+    prompts: list[PromptResult] = field(default_factory=list)
+
+    @property
+    def identical(self) -> int:
+        return sum(p.verdict == "identical" for p in self.prompts)
+
+    @property
+    def near_ties(self) -> int:
+        return sum(p.verdict == "near-tie" for p in self.prompts)
+
+    @property
+    def failures(self) -> int:
+        # A part where B gave no log-probs cannot be shown to be noise: it counts against.
+        return sum(p.verdict in ("failure", "unknown") for p in self.prompts)
+
+    @property
+    def passed(self) -> bool:
+        return self.failures == 0
+
+    def to_dict(self) -> dict[str, Any]:
+        total = len(self.prompts)
+        return {"a": self.a_url, "b": self.b_url, "threshold": self.threshold,
+                "max_tokens": self.max_tokens, "a_logprobs": self.a_logprobs,
+                "prompts": [asdict(p) for p in self.prompts],
+                "total": total, "identical": self.identical,
+                "match_rate": self.identical / total if total else None,
+                "near_ties": self.near_ties, "failures": self.failures,
+                "passed": self.passed}
+
+
+# ---------------------------------------------------------------- input
+
+def check_url(url: str, flag: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise VerifyError(f"{flag}: {url!r} is not an http(s) URL; give the server's base "
+                          "URL, e.g. http://127.0.0.1:30000")
+    return url.rstrip("/")
+
+
+def prompts_from_jsonl(path: Path) -> list[str]:
+    """One {"prompt": "..."} per line; blank lines are skipped."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise VerifyError(f"--prompts: cannot read {path}: {exc}") from exc
+    prompts = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise VerifyError(f"--prompts: {path} line {number} is not JSON ({exc.msg}); "
+                              'write one {"prompt": "..."} per line') from exc
+        if not isinstance(item, dict) or not isinstance(item.get("prompt"), str):
+            raise VerifyError(f'--prompts: {path} line {number} has no "prompt" string; '
+                              'write one {"prompt": "..."} per line')
+        prompts.append(item["prompt"])
+    if not prompts:
+        raise VerifyError(f"--prompts: {path} holds no prompt")
+    return prompts
+
+
+# ---------------------------------------------------------------- the servers
+
+def generate_body(prompt: str, *, max_tokens: int, logprobs: bool) -> dict[str, Any]:
+    body: dict[str, Any] = {"text": prompt, "sampling_params": {
+        "temperature": 0, "max_new_tokens": max_tokens, "ignore_eos": True}}
+    if logprobs:
+        # Per-token text lets the continuations be shown as text, not only as ids.
+        body.update(return_logprob=True, top_logprobs_num=2, return_text_in_logprobs=True)
+    return body
+
+
+def _refuses_logprobs(status: int, body: str) -> bool:
+    return status == 400 and "logprob" in body
+
+
+async def _post(session: aiohttp.ClientSession, url: str,
+                body: dict[str, Any]) -> tuple[int, str]:
+    try:
+        async with session.post(url + "/generate", json=body) as resp:
+            return resp.status, await resp.text()
+    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        raise VerifyError(f"{url} is unreachable: {exc or type(exc).__name__}; is the server "
+                          "up and the URL its base URL?") from exc
+
+
+def _answer(url: str, status: int, text: str, prompt_index: int) -> dict[str, Any]:
+    if status != 200:
+        raise VerifyError(f"{url}/generate answered HTTP {status} for prompt {prompt_index}: "
+                          f"{text[:300]}")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise VerifyError(f"{url}/generate answered prompt {prompt_index} with no JSON; is it "
+                          "an SGLang server?") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("output_ids"), list):
+        raise VerifyError(f"{url}/generate answered prompt {prompt_index} without "
+                          "output_ids; is it an SGLang server?")
+    return data
+
+
+class _Candidate:
+    """A, asked for log-probs until it first refuses them."""
+
+    def __init__(self, url: str) -> None:
+        self.url, self.logprobs, self.refusal = url, True, ""
+
+    async def generate(self, session: aiohttp.ClientSession, prompt: str, index: int, *,
+                       max_tokens: int) -> dict[str, Any]:
+        if self.logprobs:
+            status, text = await _post(session, self.url, generate_body(
+                prompt, max_tokens=max_tokens, logprobs=True))
+            if not _refuses_logprobs(status, text):
+                return _answer(self.url, status, text, index)
+            self.logprobs, self.refusal = False, f"HTTP {status}: {text[:300]}"
+        status, text = await _post(session, self.url, generate_body(
+            prompt, max_tokens=max_tokens, logprobs=False))
+        return _answer(self.url, status, text, index)
+
+
+async def _baseline(session: aiohttp.ClientSession, url: str, prompt: str, index: int, *,
+                    max_tokens: int) -> dict[str, Any]:
+    status, text = await _post(session, url, generate_body(prompt, max_tokens=max_tokens,
+                                                           logprobs=True))
+    if _refuses_logprobs(status, text):
+        raise VerifyError(f"--b {url} refuses log-probs ({text[:200]}); the baseline judges "
+                          "each divergence, so give a server without speculation as --b")
+    data = _answer(url, status, text, index)
+    if not (data.get("meta_info") or {}).get("output_top_logprobs"):
+        raise VerifyError(f"--b {url} gave no output_top_logprobs; give an SGLang server "
+                          "that serves return_logprob as --b")
+    return data
+
+
+# ---------------------------------------------------------------- comparing
+
+def _continuation(answer: dict[str, Any], shared: str, position: int, text_from: str) -> Side:
+    """From `position` on: ids, and the text after the shared prefix `shared`."""
+    ids = [int(i) for i in answer["output_ids"][position:position + SHOWN_TOKENS]]
+    text = answer.get("text")
+    if not isinstance(text, str) or not text.startswith(shared):
+        return Side(ids, None, text_from)
+    return Side(ids, text[len(shared):], text_from)
+
+
+def _shared_text(baseline: dict[str, Any], candidate: dict[str, Any],
+                 position: int) -> tuple[str, str]:
+    """The text both answers share, and where it ends: at the divergent token where B gave
+    per-token texts, else at the first character the two texts differ at."""
+    tokens = (baseline.get("meta_info") or {}).get("output_token_logprobs") or []
+    texts = [t[2] if len(t) > 2 else None for t in tokens[:position]]
+    if len(texts) == position and all(isinstance(t, str) for t in texts):
+        return "".join(str(t) for t in texts), "token"
+    a, b = str(candidate.get("text") or ""), str(baseline.get("text") or "")
+    return os.path.commonprefix([a, b]), "character"
+
+
+def compare(index: int, prompt: str, candidate: dict[str, Any], baseline: dict[str, Any], *,
+            threshold: float) -> PromptResult:
+    top = baseline["meta_info"]["output_top_logprobs"]
+    found = first_divergence(baseline["output_ids"], top, candidate["output_ids"],
+                             threshold=threshold)
+    result = PromptResult(index, prompt, found.verdict, found.position, found.gap,
+                          found.candidate_in_top2)
+    if found.position is not None:
+        shared, text_from = _shared_text(baseline, candidate, found.position)
+        result.a = _continuation(candidate, shared, found.position, text_from)
+        result.b = _continuation(baseline, shared, found.position, text_from)
+    return result
+
+
+async def verify(*, a_url: str, b_url: str, prompts: Sequence[str], max_tokens: int,
+                 threshold: float) -> VerifyResult:
+    candidate = _Candidate(a_url)
+    results = []
+    timeout = aiohttp.ClientTimeout(total=TIMEOUT_S)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        for index, prompt in enumerate(prompts, 1):
+            # A and B at once (two servers), but one prompt at a time on each.
+            a, b = await asyncio.gather(
+                candidate.generate(session, prompt, index, max_tokens=max_tokens),
+                _baseline(session, b_url, prompt, index, max_tokens=max_tokens))
+            results.append(compare(index, prompt, a, b, threshold=threshold))
+    return VerifyResult(a_url, b_url, threshold, max_tokens,
+                        "given" if candidate.logprobs else candidate.refusal, results)
+
+
+# ---------------------------------------------------------------- the command
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    cmd = sub.add_parser("verify", help="check a speculative server (A) gives its baseline's "
+                         "(B) tokens at temperature 0; exit 1 on a divergence at a clear margin")
+    cmd.add_argument("--a", required=True, help="the speculative server's base URL")
+    cmd.add_argument("--b", required=True, help="the baseline's base URL (no speculation: it "
+                     "must give log-probs)")
+    cmd.add_argument("--prompts", type=Path, help='JSONL, one {"prompt": "..."} per line '
+                     f"(default: {len(BUILTIN_PROMPTS)} built-in prompts)")
+    cmd.add_argument("--max-tokens", type=int, default=64, help="tokens per answer")
+    cmd.add_argument("--threshold", type=float, default=NEAR_TIE_GAP,
+                     help="top-2 log-prob gap at or under which a divergence is a near-tie "
+                     f"(default {NEAR_TIE_GAP}: 4x the largest measured on the real engine)")
+    cmd.add_argument("--json", action="store_true", help="the whole result as JSON")
+    cmd.set_defaults(func=cmd_verify)
+
+
+def _side(side: Side | None) -> str:
+    if side is None:
+        return "-"
+    text = "" if side.text is None else f"  text {json.dumps(side.text[:60])}"
+    return f"ids {side.ids}{text}"
+
+
+def print_text(result: VerifyResult) -> None:
+    if result.a_logprobs != "given":
+        print(f"A gives no log-probs ({result.a_logprobs}); B's log-probs judge each divergence")
+    for p in result.prompts:
+        head = f"{p.index:>3} {p.verdict:<9}"
+        if p.position is None:
+            print(f"{head} {p.prompt[:60]!r}")
+            continue
+        gap = "-" if p.gap is None else f"{p.gap:.4f}"
+        print(f"{head} at token {p.position}, B's top-2 gap {gap}: {p.prompt[:60]!r}")
+        print(f"      A: {_side(p.a)}\n      B: {_side(p.b)}")
+        if p.a is not None and p.a.text_from == "character":
+            print("      (text from the first character the two texts differ at)")
+    total = len(result.prompts)
+    print(f"match rate {result.identical}/{total}, near-ties {result.near_ties}, failures "
+          f"{result.failures} (threshold {result.threshold})")
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    try:
+        a_url, b_url = check_url(args.a, "--a"), check_url(args.b, "--b")
+        if args.max_tokens < 1:
+            raise VerifyError("--max-tokens must be a positive integer")
+        if args.threshold < 0:
+            raise VerifyError("--threshold must be 0 or more")
+        prompts = prompts_from_jsonl(args.prompts) if args.prompts else list(BUILTIN_PROMPTS)
+        result = asyncio.run(verify(a_url=a_url, b_url=b_url, prompts=prompts,
+                                    max_tokens=args.max_tokens, threshold=args.threshold))
+    except VerifyError as exc:
+        print(f"error  {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        print_text(result)
+    return 0 if result.passed else 1
