@@ -214,3 +214,30 @@ def test_a_baseline_that_refuses_logprobs_is_a_usage_error() -> None:
         done = verify("--a", a.url, "--b", b.url)
     assert done.returncode == 2
     assert "give a server without speculation as --b" in done.stderr
+
+
+def test_where_b_gives_each_tokens_text_the_continuations_start_at_the_divergent_token(
+        tmp_path: Path) -> None:
+    # The recorded B was not asked for token texts; here each token's text is made "<id> "
+    # on both sides (answer text = the tokens' texts joined), as return_text_in_logprobs gives.
+    def spelled(answer: dict[str, Any], *, texts: bool) -> dict[str, Any]:
+        out = copy.deepcopy(answer)
+        ids = out["response"]["output_ids"]
+        out["response"]["text"] = "".join(f"{i} " for i in ids)
+        if texts:
+            logprobs = out["response"]["meta_info"]["output_token_logprobs"]
+            for entry, token in zip(logprobs, ids, strict=True):
+                entry[2] = f"{token} "
+        return out
+
+    with generate_server([spelled(CAND[0], texts=False)], logprobs=False) as a, \
+            generate_server([spelled(BASE[0], texts=True)], logprobs=True) as b:
+        path = tmp_path / "one.jsonl"
+        path.write_text(json.dumps({"prompt": BASE[0]["prompt"]}) + "\n")
+        done = verify("--a", a.url, "--b", b.url, "--prompts", str(path), "--json")
+    assert done.returncode == 0, done.stderr
+    first = json.loads(done.stdout)["prompts"][0]
+    a_ids, b_ids = (r[0]["response"]["output_ids"][33:] for r in (CAND, BASE))
+    assert first["a"]["text"] == "".join(f"{i} " for i in a_ids)
+    assert first["b"]["text"] == "".join(f"{i} " for i in b_ids)
+    assert first["a"]["text_from"] == "token"
