@@ -25,9 +25,11 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from appliance.bench.lossless import NEAR_TIE_GAP, first_divergence
+from appliance.bench.prompts import PromptError, from_jsonl
 
-# The prompts the real-engine probe measured NEAR_TIE_GAP on (tests/gpu/realengine/runs.py,
-# written for this project): prose, code, SQL, numbers, a letter, Kimi's chat template.
+# Written for this project, and the prompts the real-engine rig probes with
+# (tests/gpu/realengine/runs.py), so NEAR_TIE_GAP was measured on them: prose, code, SQL,
+# numbers, a letter, Kimi's chat template.
 BUILTIN_PROMPTS = (
     "The quick brown fox",
     "Once upon a time, in a land far away, there lived a",
@@ -117,24 +119,17 @@ def check_url(url: str, flag: str) -> str:
 
 
 def prompts_from_jsonl(path: Path) -> list[str]:
-    """One {"prompt": "..."} per line; blank lines are skipped."""
+    """The bench's prompt file format (appliance.bench.prompts.from_jsonl): one
+    {"prompt": "..."} or a bare JSON string per line; blank lines are skipped."""
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise VerifyError(f"--prompts: cannot read {path}: {exc}") from exc
-    prompts = []
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise VerifyError(f"--prompts: {path} line {number} is not JSON ({exc.msg}); "
-                              'write one {"prompt": "..."} per line') from exc
-        if not isinstance(item, dict) or not isinstance(item.get("prompt"), str):
-            raise VerifyError(f'--prompts: {path} line {number} has no "prompt" string; '
-                              'write one {"prompt": "..."} per line')
-        prompts.append(item["prompt"])
+    try:
+        prompts = [p.text for p in from_jsonl(text, output_len=1)]
+    except PromptError as exc:
+        raise VerifyError(f'--prompts: {path} {exc}; write one {{"prompt": "..."}} per '
+                          "line") from exc
     if not prompts:
         raise VerifyError(f"--prompts: {path} holds no prompt")
     return prompts

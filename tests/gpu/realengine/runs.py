@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from appliance.bench.verify import BUILTIN_PROMPTS
+
 S433 = "sglang-433c58ed70cd1dabe5a07a83da12f1513cd599ae"
 S101 = "sglang-101cd5bd02faab336ada94f78daada6288c1816e"
 TRITON = {"--attention-backend": "triton"}
@@ -96,20 +98,6 @@ RUNS = _runs(
         start_timeout=200, self_check=False),
 )
 
-# Real prompts of several kinds (prose, code, lists, numbers, repetition) written for this
-# rig; at temperature 0 with the top-2 log-probs they show where two runs part and how close
-# the baseline's top two were there.
-PROBE_PROMPTS = (
-    "The quick brown fox",
-    "Once upon a time, in a land far away, there lived a",
-    "def fibonacci(n):\n    ",
-    "Speculative decoding with a draft tree verifies many tokens at once. ",
-    "0123456789 abcdefghij ",
-    "Kimi K2 is a mixture-of-experts model with multi-head latent attention. " * 3,
-    "SELECT name, count(*) FROM deployments WHERE status = 'ready' GROUP BY",
-    "1, 1, 2, 3, 5, 8, 13, 21,",
-    "Dear operator,\nThe engine finished loading its weights and",
-    "[BOS]<|im_user|>user<|im_middle|>What is a draft tree?<|im_end|><|im_assistant|>",
-    "for (int i = 0; i < n; ++i) {",
-    "A B C D E F G H I J K L M N O P",
-)
+# The product's own verify prompts: at temperature 0 with the top-2 log-probs they show where
+# two runs part and how close the baseline's top two were there.
+PROBE_PROMPTS = BUILTIN_PROMPTS
