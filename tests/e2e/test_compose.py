@@ -28,6 +28,9 @@ from playwright.sync_api import Page, expect
 import docker
 from appliance.runtime.follower import SCRAPE_ACCESS
 from tests.conftest_docker import TEST_SESSION, engines_of
+from tests.e2e.logpane import FIRST_PAINT_MS, INTERACTION_MS
+from tests.e2e.logpane import SCROLL_TOP as _SCROLL_TOP
+from tests.e2e.logpane import TIMED as _TIMED
 from tests.e2e.screenshots import screenshot_path
 from tests.eventfill import fill_sql
 from tests.models import CONFIGS, write_model
@@ -51,22 +54,7 @@ COMPOSE = shutil.which("docker-compose")
 # A busy deployment's log (about 15 events/s: 1,000,000 is under a day) and the detail page's
 # limits on it (issue 20), measured in the browser under compose.
 EVENTS = 1_000_000
-FIRST_PAINT_MS = 1000
-INTERACTION_MS = 100
 PAGES_BACK = 5
-# Resolves with the milliseconds from the action to the log pane's next DOM change.
-_TIMED = """async (action) => {
-  const pane = document.getElementById("log");
-  const changed = new Promise((done) => {
-    new MutationObserver((m, observer) => { observer.disconnect(); done(); })
-      .observe(pane, {childList: true});
-  });
-  const t0 = performance.now();
-  (new Function(action))();
-  await changed;
-  return performance.now() - t0;
-}"""
-_SCROLL_TOP = 'const p = document.getElementById("log"); p.scrollTop = 0;'
 
 
 def test_docker_compose_accepts_the_file_and_keeps_engines_off_the_database_network() -> None:

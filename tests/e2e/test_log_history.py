@@ -16,6 +16,9 @@ import requests
 from django.db import connection
 from playwright.sync_api import Page, expect
 
+from tests.e2e.logpane import FIRST_PAINT_MS, INTERACTION_MS
+from tests.e2e.logpane import SCROLL_TOP as _SCROLL_TOP
+from tests.e2e.logpane import TIMED as _TIMED
 from tests.e2e.stack import login
 from tests.eventfill import PHASE_EVERY, WARN_EVERY, fill_events
 from tests.servers import panel_server
@@ -27,25 +30,10 @@ from ..web.specs import spec
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
 
 EVENTS = 1_000_000
-FIRST_PAINT_MS = 1000
-INTERACTION_MS = 100
 PAGES_BACK = 15  # 3,000 lines: past the pane's cap of 2,000
 HEAP_GROWTH_MB = 16
 REPEATS = 3  # filter, search: the median of these (the machine is shared: one can be preempted)
 
-# Resolves with the milliseconds from the action (run first) to the log's next DOM change.
-_TIMED = """async (action) => {
-  const pane = document.getElementById("log");
-  const changed = new Promise((done) => {
-    new MutationObserver((m, observer) => { observer.disconnect(); done(); })
-      .observe(pane, {childList: true});
-  });
-  const t0 = performance.now();
-  (new Function(action))();
-  await changed;
-  return performance.now() - t0;
-}"""
-_SCROLL_TOP = 'const p = document.getElementById("log"); p.scrollTop = 0;'
 _FILTER_PHASES = ('const k = document.getElementById("log-kind"); k.value = "phase";'
                   ' k.dispatchEvent(new Event("change"));')
 _SEARCH = ('const f = document.getElementById("log-filter"); f.elements.kind.value = "";'
