@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The real-engine rig: runs the real SGLang DDTree engine on this GPU host and records it.
-#   bash tests/gpu/real-engine.sh [record|failures|all|RUN...]      (default: all)
+#   bash tests/gpu/real-engine.sh [record|failures|all|fa3|probe|verify|bigload|RUN...]  (default: all)
 # record: DDTREE, DFLASH and no speculation (triton), served, benchmarked and probed.
 # failures: 101cd5bd0's crash, the recorded failure cases and the memory-calibration captures.
 # Packages come at the flagship lock's versions: from $RIG_CARRY/site*.tar.xz (made by
@@ -53,6 +53,11 @@ fi
 if [ ! -f "$stash/models.ok" ]; then
   PYTHONPATH="$stash/site" python3 tests/gpu/realengine/models.py "$stash/models" && touch "$stash/models.ok"
 fi
+case " $* " in *bigload*)
+  if [ ! -f "$stash/big.ok" ]; then
+    PYTHONPATH="$stash/site" python3 tests/gpu/realengine/models.py "$stash/models" --big && touch "$stash/big.ok"
+  fi ;;
+esac
 echo "packages, sources, models: $((SECONDS - t0)) s"
 if [ ! -f "$stash/env.ok" ]; then
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -68,6 +73,8 @@ case "$phase" in
   all) runs="ddtree_triton dflash_triton base_triton ddtree101_triton missing_model kv_too_small tree_backend_unsupported drafter_hidden_mismatch capture_oom ddtree_triton_bs16 dflash_triton_bs16 ddtree_triton_ctx32k" ;;
   fa3) runs="ddtree_fa3 dflash_fa3" ;;
   probe) runs="ddtree_probe dflash_probe ddtree_triton_ctx32k tree_backend_unsupported" ;;
+  verify) runs="verify_ddtree_base" ;;
+  bigload) runs="bigload_triton" ;;
   *) runs="$*" ;;
 esac
 for run in $runs; do

@@ -13,6 +13,9 @@ Writes, each with a character tokenizer built locally with `tokenizers` (no hub)
   block 8, target_layer_ids [0, 1], mask token <|MASK|>.
 - tiny-kimi-dflash-h384: the same drafter with hidden size 384 (a drafter for another
   target), for the recorded mismatch failure.
+- big-kimi (only with --big): the same architecture at hidden 1024, 8 layers, 64 routed
+  experts of inner size 2048 (5.7 GB bf16, one shard per layer as real checkpoints come), for
+  the load-time measurement; random on the GPU (seeded), not hashed.
 
 Deterministic: fixed seeds on a CPU generator, so a GPU host rebuilds the same bytes instead
 of carrying them (the sha256 printed is the check).
@@ -118,9 +121,26 @@ class Init:
         weight = torch.randn(rows, cols, generator=self.generator) * (gain / cols ** 0.5)
         return weight.to(torch.bfloat16)
 
+    def embed(self, rows: int, cols: int) -> torch.Tensor:
+        return torch.randn(rows, cols, generator=self.generator).to(torch.bfloat16)
+
     @staticmethod
     def const(n: int, value: float = 1.0) -> torch.Tensor:
         return torch.full((n,), value, dtype=torch.bfloat16)
+
+
+class Shapes(Init):
+    """The same tensors' names and shapes with no data (meta tensors): big-kimi's plan."""
+
+    def linear(self, rows: int, cols: int, gain: float = 1.0) -> torch.Tensor:
+        return torch.empty(rows, cols, dtype=torch.bfloat16, device="meta")
+
+    def embed(self, rows: int, cols: int) -> torch.Tensor:
+        return torch.empty(rows, cols, dtype=torch.bfloat16, device="meta")
+
+    @staticmethod
+    def const(n: int, value: float = 1.0) -> torch.Tensor:
+        return torch.empty(n, dtype=torch.bfloat16, device="meta")
 
 
 def mlp(init: Init, prefix: str, hidden: int, inner: int) -> dict[str, torch.Tensor]:
@@ -157,12 +177,11 @@ def moe(init: Init, prefix: str, c: dict[str, Any]) -> dict[str, torch.Tensor]:
     return weights
 
 
-def target_weights(c: dict[str, Any]) -> dict[str, torch.Tensor]:
-    init = Init(1234)
+def target_weights(c: dict[str, Any], init: Init | None = None) -> dict[str, torch.Tensor]:
+    init = init or Init(1234)
     hidden = c["hidden_size"]
     # A large head gain: confident logits, so bf16 kernel noise rarely flips a greedy argmax.
-    weights = {"model.embed_tokens.weight": torch.randn(
-                   c["vocab_size"], hidden, generator=init.generator).to(torch.bfloat16),
+    weights = {"model.embed_tokens.weight": init.embed(c["vocab_size"], hidden),
                "model.norm.weight": init.const(hidden),
                "lm_head.weight": init.linear(c["vocab_size"], hidden, gain=4.0)}
     for layer in range(c["num_hidden_layers"]):
@@ -214,9 +233,59 @@ def write_model(folder: Path, config: dict[str, Any], weights: dict[str, torch.T
           f"{path.stat().st_size / 1e6:.1f} MB, sha256 {digest}")
 
 
+def big_config(vocab: dict[str, int]) -> dict[str, Any]:
+    return {**target_config(vocab), "hidden_size": 1024, "intermediate_size": 4096,
+            "num_hidden_layers": 8, "n_routed_experts": 64, "moe_intermediate_size": 2048}
+
+
+def write_big(folder: Path) -> None:
+    """big-kimi: tensors made on the GPU where there is one (fast), saved a shard per layer."""
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = write_tokenizer(folder)
+    config = big_config(vocab)
+    (folder / "config.json").write_text(json.dumps(config, indent=1))
+    (folder / "generation_config.json").write_text(json.dumps(
+        {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"],
+         "do_sample": False}, indent=1))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    generator = torch.Generator(device=device).manual_seed(4321)
+    shapes = {name: tensor.shape for name, tensor in target_weights(config, Shapes(0)).items()}
+    layers = config["num_hidden_layers"]
+    shards: dict[str, list[str]] = {f"model-{i + 1:05d}-of-{layers + 1:05d}.safetensors": []
+                                    for i in range(layers + 1)}
+    files = list(shards)
+    for name in shapes:
+        index = int(name.split(".")[2]) if name.startswith("model.layers.") else layers
+        shards[files[index]].append(name)
+    weight_map, total = {}, 0
+    for file, members in shards.items():
+        tensors = {}
+        for name in members:
+            shape = shapes[name]
+            if name.endswith("e_score_correction_bias"):
+                bias = torch.zeros(shape, dtype=torch.float32)
+                bias[: config["num_experts_per_tok"]] = 8.0
+                tensors[name] = bias
+            elif len(shape) == 1:
+                tensors[name] = torch.ones(shape, dtype=torch.bfloat16)
+            else:
+                scale = 1.0 / shape[1] ** 0.5
+                tensors[name] = (torch.randn(shape, generator=generator, device=device) * scale
+                                 ).to(torch.bfloat16).cpu()
+            weight_map[name] = file
+            total += tensors[name].numel() * tensors[name].element_size()
+        save_file(tensors, str(folder / file), metadata={"format": "pt"})
+    (folder / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
+    print(f"{folder.name}: {len(weight_map)} tensors in {len(files)} shards, {total / 1e9:.2f} GB")
+
+
 def main() -> None:
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
+    if "--big" in sys.argv[2:]:
+        write_big(out / "big-kimi")
+        return
     probe = out / "tiny-kimi"
     probe.mkdir(exist_ok=True)
     vocab = write_tokenizer(probe)

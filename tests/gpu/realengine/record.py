@@ -12,6 +12,10 @@ Writes OUTDIR/RUN/:
 - probe.json: the losslessness prompts at temperature 0 with return_logprob and top-2
   log-probs (/generate, sequential), with each answer's meta_info;
 - bench.json: `appliance bench` at each concurrency level, with its wall-clock window;
+- verify.json (runs with a companion): `appliance verify --json`, this engine against the
+  companion's (its own log in companion/engine.log);
+- load_predict.json (predict_load runs): the product's read rate and load-time prediction for
+  the model folder from a cold page cache, and the rig's own timed read as a cross-check;
 - run.json: argv, env, the substitutions and why, the self-check, timings, exit status.
 Stdlib and the checkout's `appliance` package only (the GPU host's python runs it).
 """
@@ -36,7 +40,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parents[2]))
 
-from runs import PROBE_PROMPTS, RUNS, Run  # noqa: E402
+from runs import COMPANION_PORT, PROBE_PROMPTS, RUNS, Run  # noqa: E402
 from substitutions import Launch, launch  # noqa: E402
 
 PORT = 30000
@@ -209,6 +213,68 @@ def _json_or_none(text: str) -> Any:
         return None
 
 
+def verify_against_companion(folder: Path) -> None:
+    """The product's losslessness check, this engine (A) against the companion (B)."""
+    began = time.time()
+    done = subprocess.run(
+        [sys.executable, "-m", "appliance", "verify", "--a", BASE,
+         "--b", f"http://127.0.0.1:{COMPANION_PORT}", "--json"],
+        capture_output=True, text=True, cwd=HERE.parents[2], timeout=400, check=False)
+    (folder / "verify.json").write_text(json.dumps({
+        "rc": done.returncode, "s": round(time.time() - began, 1),
+        "json": _json_or_none(done.stdout), "stdout": done.stdout[-20000:] if
+        _json_or_none(done.stdout) is None else "", "stderr": done.stderr[-4000:]}, indent=1))
+
+
+def evict(folder: Path) -> dict[str, Any]:
+    """Drop the folder's files from the page cache: fadvise DONTNEED per file (any user), and
+    the kernel's drop_caches where this root may write it."""
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+    try:
+        os.sync()
+        Path("/proc/sys/vm/drop_caches").write_text("1\n")
+        dropped = True
+    except OSError:
+        dropped = False
+    return {"fadvise": True, "drop_caches": dropped}
+
+
+def timed_read(folder: Path) -> dict[str, Any]:
+    """The rig's cross-check: every weight file read once in 16 MiB reads, cold."""
+    total, began = 0, time.time()
+    for path in sorted(folder.glob("*.safetensors")):
+        with open(path, "rb", buffering=0) as handle:
+            while chunk := handle.read(16 << 20):
+                total += len(chunk)
+    seconds = time.time() - began
+    return {"bytes": total, "s": round(seconds, 3), "gb_per_s": round(total / seconds / 1e9, 3)}
+
+
+def predict_load(folder: Path, model: Path) -> None:
+    """Before the engine starts: the product's read rate and prediction, then the rig's read,
+    each from a cold page cache; evicted once more so the engine reads the disk too."""
+    result: dict[str, Any] = {"model": str(model), "files": {
+        p.name: p.stat().st_size for p in sorted(model.iterdir()) if p.is_file()}}
+    for name, argv in (("read_rate", ["store", "read-rate", str(model), "--json"]),
+                       ("predict", ["store", "predict", str(model), "--json"])):
+        result[f"evict_before_{name}"] = evict(model)
+        done = subprocess.run([sys.executable, "-m", "appliance", *argv], capture_output=True,
+                              text=True, cwd=HERE.parents[2], timeout=180, check=False)
+        result[name] = {"argv": argv, "rc": done.returncode, "json": _json_or_none(done.stdout),
+                        "stdout": done.stdout[-4000:], "stderr": done.stderr[-4000:]}
+    result["evict_before_timed_read"] = evict(model)
+    result["timed_read"] = timed_read(model)
+    result["evict_before_engine"] = evict(model)
+    (folder / "load_predict.json").write_text(json.dumps(result, indent=1))
+
+
 def serve_and_record(run: Run, folder: Path, scraper: Scraper) -> None:
     scraper.phase = "idle"
     time.sleep(IDLE_S)
@@ -227,6 +293,8 @@ def serve_and_record(run: Run, folder: Path, scraper: Scraper) -> None:
         "messages": [{"role": "user", "content": "Say hello in three words."}]},
         folder / "sse_chat.txt")
     probe(folder)
+    if run.companion:
+        verify_against_companion(folder)
     bench(folder, run.bench_levels)
     scraper.phase = "idle-after"
     time.sleep(IDLE_S)
@@ -253,6 +321,19 @@ def record(run: Run, out: Path, models: str, pythonpath: str, deadline: float) -
                             "source": run.source, "expect": run.expect}
     if run.self_check:
         info["self_check"] = self_check(plan, env, folder)
+    companion = None
+    if run.companion:
+        other = RUNS[run.companion]
+        (folder / "companion").mkdir(exist_ok=True)
+        other_plan = launch(other.example, models, spec_overrides=other.spec_overrides,
+                            argv_overrides=other.argv_overrides, drop_flags=other.drop_flags)
+        info["companion"] = {"run": other.name, "argv": other_plan.argv,
+                             "changes": other_plan.changes}
+        companion = Engine(other_plan, {**env, **other_plan.env}, folder / "companion")
+        up = companion.wait_for(READY, min(other.start_timeout, deadline - time.time() - 200))
+        info["companion"]["ready_s"] = round(time.time() - companion.started, 1) if up else None
+    if run.predict_load:
+        predict_load(folder, Path(str(run.spec_overrides["engine.model_path"]).format(models=models)))
     engine = Engine(plan, env, folder)
     scraper = Scraper(folder)
     scraper.start()
@@ -268,6 +349,8 @@ def record(run: Run, out: Path, models: str, pythonpath: str, deadline: float) -
     info["exited_by_itself"] = engine.proc.poll()
     scraper.phase = "stopping"
     info["returncode"] = engine.stop()
+    if companion is not None:
+        info["companion"]["returncode"] = companion.stop()
     scraper.halt.set()
     scraper.join(timeout=5)
     info["total_s"] = round(time.time() - engine.started, 1)

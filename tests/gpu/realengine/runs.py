@@ -12,6 +12,7 @@ TRITON = {"--attention-backend": "triton"}
 NO_SPECULATION = {"engine.speculative_algorithm": "NONE", "engine.speculative_draft_model_path": None,
                   "engine.speculative_num_draft_tokens": None, "engine.speculative_ddtree_budget": None}
 CAPTURED = "Capture draft verify CUDA graph end"
+COMPANION_PORT = 30001
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,12 @@ class Run:
     start_timeout: float = 420
     bench_levels: tuple[int, ...] = (1, 8, 32)
     self_check: bool = True
+    # Another run started first on COMPANION_PORT and kept up while this one serves: after
+    # the probe, `appliance verify` runs this engine (A) against it (B).
+    companion: str | None = None
+    # Before the engine starts: the product's read-rate and load-time prediction on the
+    # model's folder, page cache evicted first (issue 23's predicted against measured).
+    predict_load: bool = False
 
     @property
     def paths(self) -> dict[str, str]:
@@ -64,6 +71,20 @@ RUNS = _runs(
         argv_overrides=TRITON, bench_levels=()),
     Run("dflash_probe", "DFLASH triton: the probe prompts, no bench", "dflash",
         argv_overrides=TRITON, bench_levels=(), self_check=False),
+    # The losslessness check as the product runs it: `appliance verify` between DDTREE (A) and
+    # the baseline (B), both up at once on the one GPU (memory split between them).
+    Run("base_companion", "no speculation, triton: the baseline B for verify_ddtree_base",
+        "ddtree", spec_overrides={**NO_SPECULATION, "engine.mem_fraction_static": 0.3},
+        argv_overrides={**TRITON, "--port": "30001"}, serve=False, self_check=False),
+    Run("verify_ddtree_base", "DDTREE triton (A) verified against no speculation (B)", "ddtree",
+        spec_overrides={"engine.mem_fraction_static": 0.45}, argv_overrides=TRITON,
+        bench_levels=(), self_check=False, companion="base_companion"),
+    # A model of several GB (big-kimi, 5.7 GB in 8 shards): its load time predicted by the
+    # product from size and the disk's measured read rate, then measured from the real log.
+    Run("bigload_triton", "no speculation, triton, big-kimi from a cold page cache", "ddtree",
+        spec_overrides={**NO_SPECULATION, "engine.model_path": "{models}/big-kimi"},
+        argv_overrides=TRITON, serve=False, self_check=False, predict_load=True,
+        start_timeout=300),
     # Failures, each recorded for the diagnosis catalogue.
     Run("ddtree101_triton", "101cd5bd0 (the PR head) crashes at the target verify capture",
         "ddtree", source=S101, argv_overrides={**TRITON, "--disable-overlap-schedule": None},
