@@ -324,6 +324,9 @@ def build_parser() -> argparse.ArgumentParser:
     from appliance.bench.verify import add_parser as add_verify
 
     add_verify(sub)
+    from appliance.store.loadtime import add_parser as add_store
+
+    add_store(sub)
     # Listed for --help only: main() hands gpu-check's own arguments (--help, --gpus ...)
     # to the self-check untouched, which argparse.REMAINDER cannot do for a leading option.
     sub.add_parser("gpu-check", help="GPU self-check (inside the engine container); "

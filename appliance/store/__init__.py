@@ -1,0 +1,1 @@
+"""The model store's plain logic (no Django): disk read rate, load-time prediction."""

@@ -1,0 +1,153 @@
+"""The weight-load time you can predict: a model's bytes on disk over its root's read rate.
+
+The engine reads every weight file once at load (each TP rank its part, from the same
+page cache), so the disk's sequential rate bounds the load from below; a load far slower
+than the disk (the seed's 590 GB in 390 s is 1.5 GB/s) points at the loader, not the disk.
+Also the `appliance store read-rate|predict` commands, which need no Django.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from appliance.store.diskrate import (
+    DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_SECONDS,
+    DEFAULT_THREADS,
+    WEIGHT_SUFFIXES,
+    ReadRate,
+    ReadRateError,
+    measure_read_rate,
+)
+
+GB = 1e9
+
+
+def weights_bytes_on_disk(model_dir: str | os.PathLike[str]) -> int:
+    """The bytes of a checkpoint's weight files (flat, as Hugging Face keeps them)."""
+    folder = Path(model_dir)
+    if not folder.is_dir():
+        raise ReadRateError(f"{folder}: no such folder")
+    return sum(p.stat().st_size for p in folder.iterdir()
+               if p.name.endswith(WEIGHT_SUFFIXES) and p.is_file())
+
+
+def load_seconds(*, weights_bytes: int, rate_gbps: float) -> float | None:
+    """Seconds to read weights_bytes at rate_gbps; None when there is no rate to go by."""
+    if rate_gbps <= 0:
+        return None
+    return weights_bytes / GB / rate_gbps
+
+
+@dataclass(frozen=True)
+class LoadPrediction:
+    model_dir: str
+    weights_bytes: int
+    rate_gbps: float
+    seconds: float | None
+    rate: ReadRate | None = None  # the measurement made for it, when none was given
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model_dir": self.model_dir, "weights_bytes": self.weights_bytes,
+                "weights_gb": round(self.weights_bytes / GB, 3),
+                "rate_gbps": round(self.rate_gbps, 3),
+                "seconds": round(self.seconds, 1) if self.seconds is not None else None,
+                "rate": self.rate.to_dict() if self.rate else None}
+
+
+def predict_load(model_dir: str | os.PathLike[str], *, rate_gbps: float | None = None,
+                 max_bytes: int = DEFAULT_MAX_BYTES,
+                 max_seconds: float = DEFAULT_MAX_SECONDS) -> LoadPrediction:
+    """Expected load seconds of a model folder; without a rate, its own disk is measured."""
+    size = weights_bytes_on_disk(model_dir)
+    rate = None
+    if rate_gbps is None:
+        rate = measure_read_rate(model_dir, max_bytes=max_bytes, max_seconds=max_seconds)
+        rate_gbps = rate.gbps
+    return LoadPrediction(model_dir=str(model_dir), weights_bytes=size, rate_gbps=rate_gbps,
+                          seconds=load_seconds(weights_bytes=size, rate_gbps=rate_gbps),
+                          rate=rate)
+
+
+def describe_load(*, weights_bytes: int, rate_gbps: float | None) -> str:
+    """One line for the panel and pre-flight: size, rate and the expected time."""
+    seconds = load_seconds(weights_bytes=weights_bytes, rate_gbps=rate_gbps or 0)
+    if seconds is None:
+        return f"{weights_bytes / GB:.2f} GB of weights; the disk's read rate is not measured"
+    return (f"{weights_bytes / GB:.2f} GB of weights at {rate_gbps:.2f} GB/s: about "
+            f"{_duration(seconds)} to read")
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes} min {rest:02d} s"
+
+
+# ---------------------------------------------------------------- command line
+
+EXIT_OK, EXIT_FAILED = 0, 1
+
+
+def _print(data: dict[str, Any], text: str, as_text: bool) -> None:
+    print(text if as_text else json.dumps(data, indent=2))
+
+
+def cmd_read_rate(args: argparse.Namespace) -> int:
+    try:
+        rate = measure_read_rate(args.path, max_bytes=int(args.max_gb * GB),
+                                 max_seconds=args.max_seconds, threads=args.threads,
+                                 direct=False if args.no_direct else None)
+    except ReadRateError as exc:
+        _print({"error": str(exc)}, f"error: {exc}", args.text)
+        return EXIT_FAILED
+    line = (f"{rate.gbps:.2f} GB/s: {rate.bytes_read / GB:.2f} GB in {rate.seconds:.2f} s "
+            f"from {len(rate.files)} files, {rate.threads} threads, {rate.method}")
+    _print(rate.to_dict(), line + (f"\n{rate.note}" if rate.note else ""), args.text)
+    return EXIT_OK
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    try:
+        found = predict_load(args.model_dir, rate_gbps=args.rate_gbps,
+                             max_bytes=int(args.max_gb * GB), max_seconds=args.max_seconds)
+    except ReadRateError as exc:
+        _print({"error": str(exc)}, f"error: {exc}", args.text)
+        return EXIT_FAILED
+    _print(found.to_dict(), describe_load(weights_bytes=found.weights_bytes,
+                                          rate_gbps=found.rate_gbps), args.text)
+    return EXIT_OK
+
+
+def add_parser(sub: Any) -> None:
+    """`appliance store read-rate <path>` and `appliance store predict <model dir>`."""
+    store = sub.add_parser("store", help="the model store: disk read rate, load-time prediction")
+    inner = store.add_subparsers(dest="store_command", required=True)
+    for name, help_text, target, func in (
+        ("read-rate", "sequential read rate of the weight files under a path (page cache "
+         "bypassed)", "path", cmd_read_rate),
+        ("predict", "expected weight-load seconds of a model folder from its size and a "
+         "read rate (measured on its disk unless --rate-gbps)", "model_dir", cmd_predict),
+    ):
+        cmd = inner.add_parser(name, help=help_text)
+        cmd.add_argument(target)
+        cmd.add_argument("--text", action="store_true", help="human-readable text, not JSON")
+        cmd.add_argument("--max-gb", type=float, default=DEFAULT_MAX_BYTES / GB,
+                         help="read at most this many GB (default %(default).1f)")
+        cmd.add_argument("--max-seconds", type=float, default=DEFAULT_MAX_SECONDS,
+                         help="read for at most this long (default %(default).0f)")
+        if name == "read-rate":
+            cmd.add_argument("--threads", type=int, default=DEFAULT_THREADS,
+                             help="reads in flight (default %(default)d)")
+            cmd.add_argument("--no-direct", action="store_true",
+                             help="drop the page cache with posix_fadvise instead of O_DIRECT")
+        else:
+            cmd.add_argument("--rate-gbps", type=float, default=None,
+                             help="use this read rate instead of measuring one")
+        cmd.set_defaults(func=func)

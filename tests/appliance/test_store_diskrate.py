@@ -1,0 +1,144 @@
+"""A root's read rate and the load time it predicts, measured on real files on this disk."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from appliance.store.diskrate import (
+    FADVISE,
+    MEMORY,
+    O_DIRECT,
+    ReadRateError,
+    filesystem_type,
+    measure_read_rate,
+)
+from appliance.store.loadtime import describe_load, load_seconds, predict_load
+
+ROOT = Path(__file__).resolve().parents[2]
+MIB = 1024**2
+SHM = Path("/dev/shm")
+
+
+def _model(folder: Path, shards: int = 3, size: int = 4 * MIB) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text('{"model_type": "llama"}')
+    for i in range(shards):
+        (folder / f"model-{i:05d}-of-{shards:05d}.safetensors").write_bytes(os.urandom(size))
+    return folder
+
+
+def test_it_reads_every_weight_file_bypassing_the_cache_with_o_direct(tmp_path: Path) -> None:
+    model = _model(tmp_path / "m")
+    rate = measure_read_rate(model, block=MIB)
+    assert rate.method == O_DIRECT and rate.note == ""
+    assert rate.bytes_read == 3 * 4 * MIB
+    assert sorted(Path(f).name for f in rate.files) == sorted(
+        p.name for p in model.glob("*.safetensors"))
+    assert rate.gbps > 0 and rate.to_dict()["gbps"] == round(rate.gbps, 3)
+
+
+def test_it_stops_at_the_byte_budget(tmp_path: Path) -> None:
+    rate = measure_read_rate(_model(tmp_path / "m"), block=MIB, max_bytes=2 * MIB, threads=2)
+    assert rate.bytes_read == 2 * MIB
+
+
+def test_it_reads_the_largest_weight_files_first(tmp_path: Path) -> None:
+    model = _model(tmp_path / "m", shards=1, size=MIB)
+    (model / "big.safetensors").write_bytes(os.urandom(3 * MIB))
+    rate = measure_read_rate(model, block=MIB, max_bytes=3 * MIB, threads=1)
+    assert [Path(f).name for f in rate.files] == ["big.safetensors"]
+
+
+def test_it_reads_a_file_whose_size_is_not_a_multiple_of_the_block(tmp_path: Path) -> None:
+    shard = tmp_path / "odd.safetensors"
+    shard.write_bytes(os.urandom(MIB + 12345))
+    rate = measure_read_rate(shard, block=MIB)
+    assert rate.bytes_read == MIB + 12345 and rate.method == O_DIRECT
+
+
+def test_it_drops_the_cache_with_fadvise_when_o_direct_is_not_used_and_says_so(
+        tmp_path: Path) -> None:
+    rate = measure_read_rate(_model(tmp_path / "m", shards=1, size=MIB), block=MIB,
+                             direct=False)
+    assert rate.method == FADVISE and "posix_fadvise(DONTNEED)" in rate.note
+    assert rate.bytes_read == MIB
+
+
+@pytest.mark.skipif(filesystem_type(SHM) != "tmpfs", reason="no tmpfs at /dev/shm")
+def test_it_says_a_root_in_ram_measures_memory_not_a_disk() -> None:
+    folder = SHM / f"diskrate-{os.getpid()}"
+    try:
+        _model(folder, shards=1, size=MIB)
+        rate = measure_read_rate(folder, block=MIB)
+        assert rate.method == MEMORY and "in RAM" in rate.note
+        assert rate.bytes_read == MIB
+    finally:
+        for p in folder.glob("*"):
+            p.unlink()
+        folder.rmdir()
+
+
+def test_it_knows_the_filesystem_of_a_path(tmp_path: Path) -> None:
+    assert filesystem_type(tmp_path / "not-yet") == filesystem_type(tmp_path) != ""
+
+
+def test_it_refuses_a_folder_without_weight_files_naming_it(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ReadRateError, match=f"{tmp_path}: no weight files"):
+        measure_read_rate(tmp_path)
+
+
+def test_it_refuses_a_block_the_page_size_does_not_divide(tmp_path: Path) -> None:
+    with pytest.raises(ReadRateError, match="multiple of"):
+        measure_read_rate(_model(tmp_path / "m"), block=1000)
+
+
+def test_the_load_time_is_the_size_over_the_rate() -> None:
+    assert load_seconds(weights_bytes=590 * 10**9, rate_gbps=1.5) == pytest.approx(393.3, 0.01)
+    assert load_seconds(weights_bytes=10**9, rate_gbps=0) is None
+    assert describe_load(weights_bytes=6 * 10**9, rate_gbps=2.0) == \
+        "6.00 GB of weights at 2.00 GB/s: about 3.0 s to read"
+    assert "not measured" in describe_load(weights_bytes=10**9, rate_gbps=None)
+
+
+def test_a_prediction_counts_the_weight_files_on_disk_and_measures_their_disk(
+        tmp_path: Path) -> None:
+    model = _model(tmp_path / "m")
+    given = predict_load(model, rate_gbps=0.5)
+    assert given.weights_bytes == 12 * MIB and given.rate is None
+    assert given.seconds == pytest.approx(12 * MIB / 1e9 / 0.5)
+    measured = predict_load(model)
+    assert measured.rate is not None and measured.rate.bytes_read == 12 * MIB
+    assert measured.rate_gbps == measured.rate.gbps
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "appliance", "store", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_the_read_rate_command_prints_the_measurement_as_json(tmp_path: Path) -> None:
+    done = _cli("read-rate", str(_model(tmp_path / "m")))
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["bytes_read"] == 12 * MIB and out["method"] == O_DIRECT and out["gbps"] > 0
+
+
+def test_the_predict_command_prints_the_expected_seconds(tmp_path: Path) -> None:
+    done = _cli("predict", str(_model(tmp_path / "m")), "--rate-gbps", "0.012", "--text")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "0.01 GB of weights at 0.01 GB/s: about 1.0 s to read"
+
+
+def test_the_commands_fail_with_a_message_on_a_missing_folder(tmp_path: Path) -> None:
+    for command in ("read-rate", "predict"):
+        done = _cli(command, str(tmp_path / "nope"))
+        assert done.returncode == 1
+        assert json.loads(done.stdout) == {"error": f"{tmp_path / 'nope'}: no such "
+                                           f"{'file or folder' if command == 'read-rate' else 'folder'}"}
