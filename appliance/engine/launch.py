@@ -41,7 +41,12 @@ def _engine_argv(engine: EngineOptions) -> list[str]:
 
 def launch_args(spec: DeploymentSpec) -> LaunchPlan:
     """The engine container's argv (a list, never a shell string) and environment."""
-    argv = ["python3", "-m", "sglang.launch_server", *_engine_argv(spec.engine), *spec.extra_args]
+    # Clients (and the gateway, which routes by the request's `model`) see the deployment's
+    # name unless the spec names the model otherwise; SGLang's default is the model path.
+    engine = spec.engine
+    if not engine.served_model_name:
+        engine = dataclasses.replace(engine, served_model_name=spec.name)
+    argv = ["python3", "-m", "sglang.launch_server", *_engine_argv(engine), *spec.extra_args]
     env = dict(spec.env)
     if spec.engine.speculative_algorithm in DFLASH_FAMILY:
         # The drafter config's max_position_embeddings is shorter than the target's; SGLang

@@ -1,0 +1,202 @@
+"""Reads for the gateway: where it is, what a deployment is called there, which keys may call
+it, and the lookups each proxied request makes (a key by its secret, a deployment by model).
+
+Public to other apps (CONTRACT21.md): gateway_base_url, served_model_name,
+api_keys_for_deployment, ApiKeyInfo.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.db.models import Q, Sum
+from django.http import HttpRequest
+
+from web.deployments.models import ACTIVE_STATUSES, Deployment, DeploymentStatus
+from web.gateway.models import ApiKey, ApiKeyUsage
+
+KEY_PREFIX = "sk-sd-"
+PREFIX_LENGTH = 8  # characters after KEY_PREFIX that name a key in lists
+
+
+@dataclass(frozen=True)
+class ApiKeyInfo:
+    """A key as lists show it: never the secret, only the prefix that names it."""
+
+    id: int
+    name: str
+    prefix: str  # e.g. "sk-sd-1a2b3c4d"
+    owner: str
+    all_deployments: bool
+    deployment_names: list[str]
+    rate_limit_per_minute: int | None
+    created_at: datetime
+    last_used_at: datetime | None
+    revoked_at: datetime | None
+    requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    @property
+    def scope(self) -> str:
+        return "all deployments" if self.all_deployments else ", ".join(
+            self.deployment_names) or "no deployment"
+
+
+@dataclass(frozen=True)
+class KeyGrant:
+    """What one request's key may do, read once per request by the proxy."""
+
+    id: int
+    owner_id: int
+    revoked: bool
+    all_deployments: bool
+    deployment_ids: frozenset[int] = field(default_factory=frozenset)
+    rate_limit_per_minute: int | None = None
+
+    def allows(self, deployment_id: int) -> bool:
+        return self.all_deployments or deployment_id in self.deployment_ids
+
+
+@dataclass(frozen=True)
+class Target:
+    """The deployment a request's `model` names."""
+
+    deployment_id: int
+    model: str
+    status: str
+    engine_url: str
+    created: int  # Unix time, for /v1/models
+
+    @property
+    def ready(self) -> bool:
+        return self.status == DeploymentStatus.READY and bool(self.engine_url)
+
+
+def gateway_base_url(*, request: HttpRequest) -> str:
+    """The OpenAI base URL clients use, on the panel's own origin (e.g. http://host:8000/v1)."""
+    return request.build_absolute_uri("/v1")
+
+
+def served_model_name(*, deployment: Deployment) -> str:
+    """The `model` a client names: the spec's served_model_name, else the deployment's name
+    (appliance.engine.launch passes the same to the engine as --served-model-name)."""
+    return str(deployment.engine_options.get("served_model_name") or deployment.name)
+
+
+def secret_digest(secret: str) -> str:
+    """Keys are 256-bit random, so one SHA-256 is enough (no stretching needed, as for
+    knox's tokens): a lookup by digest, the secret never stored."""
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def key_grant(*, secret: str) -> KeyGrant | None:
+    """The key a presented secret is, or None when it is no key of ours."""
+    if not secret.startswith(KEY_PREFIX) or len(secret) > 128:
+        return None
+    row = (ApiKey.objects.filter(digest=secret_digest(secret))
+           .values("id", "owner_id", "revoked_at", "all_deployments", "rate_limit_per_minute")
+           .first())
+    if row is None:
+        return None
+    ids: frozenset[int] = frozenset()
+    if not row["all_deployments"]:
+        ids = frozenset(ApiKey.deployments.through.objects.filter(
+            apikey_id=row["id"]).values_list("deployment_id", flat=True))
+    return KeyGrant(id=row["id"], owner_id=row["owner_id"], revoked=row["revoked_at"] is not None,
+                    all_deployments=row["all_deployments"], deployment_ids=ids,
+                    rate_limit_per_minute=row["rate_limit_per_minute"])
+
+
+def gateway_targets() -> list[Target]:
+    """Every active deployment as the gateway routes to it, newest first."""
+    rows = (Deployment.objects.filter(status__in=ACTIVE_STATUSES)
+            .order_by("-created_at", "-id")
+            .values("id", "name", "status", "engine_url", "spec__engine__served_model_name",
+                    "created_at"))
+    return [Target(deployment_id=r["id"],
+                   model=str(r["spec__engine__served_model_name"] or r["name"]),
+                   status=r["status"], engine_url=r["engine_url"],
+                   created=int(r["created_at"].timestamp())) for r in rows]
+
+
+def gateway_target(*, model: str) -> Target | None:
+    """The deployment serving `model`: a ready one first (the newest), else any active one
+    (the caller answers 503: not ready yet), else None (404)."""
+    named = [t for t in gateway_targets() if t.model == model]
+    ready = [t for t in named if t.ready]
+    candidates = ready or named
+    return candidates[0] if candidates else None
+
+
+def _infos(keys: list[ApiKey]) -> list[ApiKeyInfo]:
+    totals = {row["key_id"]: row for row in ApiKeyUsage.objects.filter(
+        key__in=keys).values("key_id").annotate(
+        requests_sum=Sum("requests"), prompt_sum=Sum("prompt_tokens"),
+        completion_sum=Sum("completion_tokens"))}
+    out = []
+    for key in keys:
+        usage: dict[str, Any] = dict(totals.get(key.id) or {})
+        out.append(ApiKeyInfo(
+            id=key.id, name=key.name, prefix=KEY_PREFIX + key.prefix, owner=str(key.owner),
+            all_deployments=key.all_deployments,
+            deployment_names=sorted({d.name for d in key.deployments.all()}),
+            rate_limit_per_minute=key.rate_limit_per_minute, created_at=key.created_at,
+            last_used_at=key.last_used_at, revoked_at=key.revoked_at,
+            requests=usage.get("requests_sum") or 0,
+            prompt_tokens=usage.get("prompt_sum") or 0,
+            completion_tokens=usage.get("completion_sum") or 0))
+    return out
+
+
+def apikey_list(*, owner: AbstractBaseUser | AnonymousUser | None = None,
+                include_revoked: bool = True) -> list[ApiKeyInfo]:
+    """Keys with their usage totals: one owner's, or everyone's when owner is None."""
+    keys = ApiKey.objects.select_related("owner").prefetch_related("deployments")
+    if owner is not None:
+        keys = keys.filter(owner_id=owner.pk)
+    if not include_revoked:
+        keys = keys.filter(revoked_at__isnull=True)
+    return _infos(list(keys))
+
+
+def apikey_get(*, key_id: int, owner: AbstractBaseUser | AnonymousUser | None = None
+               ) -> ApiKeyInfo | None:
+    keys = ApiKey.objects.filter(pk=key_id)
+    if owner is not None:
+        keys = keys.filter(owner_id=owner.pk)
+    found = _infos(list(keys.select_related("owner").prefetch_related("deployments")))
+    return found[0] if found else None
+
+
+def api_keys_for_deployment(*, user: AbstractBaseUser | AnonymousUser,
+                            deployment: Deployment) -> list[ApiKeyInfo]:
+    """The user's unrevoked keys that may call this deployment (never a secret)."""
+    if not user.is_authenticated:
+        return []
+    keys = (ApiKey.objects.filter(owner_id=user.pk, revoked_at__isnull=True)
+            .filter(Q(all_deployments=True) | Q(deployments=deployment)).distinct()
+            .select_related("owner").prefetch_related("deployments"))
+    return _infos(list(keys))
+
+
+@dataclass(frozen=True)
+class UsageRow:
+    deployment: str
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+    last_used_at: datetime | None
+
+
+def apikey_usage(*, key_id: int) -> list[UsageRow]:
+    """A key's usage per deployment."""
+    rows = (ApiKeyUsage.objects.filter(key_id=key_id).select_related("deployment")
+            .order_by("deployment__name", "deployment_id"))
+    return [UsageRow(deployment=r.deployment.name, requests=r.requests,
+                     prompt_tokens=r.prompt_tokens, completion_tokens=r.completion_tokens,
+                     last_used_at=r.last_used_at) for r in rows]

@@ -1,0 +1,130 @@
+"""Writes for the gateway: keys made (the secret returned once, only its digest kept) and
+revoked, usage counted from the engine's own numbers, and the per-key rate limit."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from django.contrib.auth import get_user_model
+from django.db import IntegrityError, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from web.deployments.models import Deployment
+from web.deployments.permissions import can_deploy
+from web.gateway.models import ApiKey, ApiKeyUsage
+from web.gateway.selectors import KEY_PREFIX, PREFIX_LENGTH, secret_digest
+
+MAX_NAME = 100
+MAX_RATE_LIMIT = 1_000_000
+
+
+class ApiKeyError(ValueError):
+    """Bad input for a key: `field` names what to fix, the message says how."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+@dataclass(frozen=True)
+class NewKey:
+    key: ApiKey
+    secret: str  # shown once to the person who made it; never stored
+
+
+def _new_secret() -> tuple[str, str]:
+    """(prefix, secret): the prefix is hex so it reads plainly in lists; the rest 256 bits."""
+    prefix = secrets.token_hex(PREFIX_LENGTH // 2)
+    return prefix, f"{KEY_PREFIX}{prefix}{secrets.token_urlsafe(32)}"
+
+
+def _checked(name: str, rate_limit_per_minute: int | None) -> str:
+    name = (name or "").strip()
+    if not name or len(name) > MAX_NAME:
+        raise ApiKeyError("name", f"give the key a name of 1 to {MAX_NAME} characters")
+    if rate_limit_per_minute is not None and not 1 <= rate_limit_per_minute <= MAX_RATE_LIMIT:
+        raise ApiKeyError("rate_limit_per_minute", "a rate limit is a whole number of "
+                          f"requests per minute from 1 to {MAX_RATE_LIMIT}, or empty for none")
+    return name
+
+
+def _scope(deployment_ids: Sequence[int] | None) -> list[Deployment]:
+    if deployment_ids is None:
+        return []
+    ids = sorted(set(deployment_ids))
+    found = list(Deployment.objects.filter(pk__in=ids))
+    missing = sorted(set(ids) - {d.pk for d in found})
+    if missing:
+        raise ApiKeyError("deployments", f"no deployment with id {missing[0]}: "
+                          "list existing deployment ids, or leave it empty for all")
+    if not found:
+        raise ApiKeyError("deployments", "name at least one deployment, or leave the "
+                          "scope as all deployments")
+    return found
+
+
+def apikey_create(*, owner_username: str, name: str, deployment_ids: Sequence[int] | None = None,
+                  rate_limit_per_minute: int | None = None) -> NewKey:
+    """A new key for an operator (or admin): deployment_ids None means all deployments."""
+    owner = get_user_model().objects.filter(username=owner_username).first()
+    if owner is None:
+        raise ApiKeyError("owner", f"no user {owner_username!r}")
+    if not can_deploy(owner):
+        raise ApiKeyError("owner", f"{owner_username} is not an operator: only operators and "
+                          "admins may call deployments, so only they hold keys")
+    name = _checked(name, rate_limit_per_minute)
+    scope = _scope(deployment_ids)
+    prefix, secret = _new_secret()
+    with transaction.atomic():
+        key = ApiKey.objects.create(name=name, owner=owner, prefix=prefix,
+                                    digest=secret_digest(secret),
+                                    all_deployments=deployment_ids is None,
+                                    rate_limit_per_minute=rate_limit_per_minute)
+        key.deployments.set(scope)
+    return NewKey(key=key, secret=secret)
+
+
+def apikey_revoke(*, prefix: str, owner_username: str | None = None) -> bool:
+    """Revoke the key named by its prefix (`sk-sd-1a2b3c4d` or `1a2b3c4d`), only the owner's
+    own when owner_username is given; False when there is no such unrevoked key."""
+    bare = prefix.removeprefix(KEY_PREFIX)[:PREFIX_LENGTH]
+    keys = ApiKey.objects.filter(prefix=bare, revoked_at__isnull=True)
+    if owner_username is not None:
+        keys = keys.filter(owner__username=owner_username)
+    return keys.update(revoked_at=timezone.now()) > 0
+
+
+def usage_record(*, key_id: int | None, user_id: int | None, deployment_id: int,
+                 prompt_tokens: int, completion_tokens: int) -> None:
+    """Count one request: per key and deployment, or per user for a session (key None)."""
+    now = timezone.now()
+    match = ({"key_id": key_id} if key_id is not None else {"key__isnull": True,
+                                                             "user_id": user_id})
+    bump = {"requests": F("requests") + 1, "last_used_at": now,
+            "prompt_tokens": F("prompt_tokens") + max(0, prompt_tokens),
+            "completion_tokens": F("completion_tokens") + max(0, completion_tokens)}
+    if key_id is not None:
+        ApiKey.objects.filter(pk=key_id).update(last_used_at=now)
+    rows = ApiKeyUsage.objects.filter(deployment_id=deployment_id, **match)
+    if rows.update(**bump):
+        return
+    try:
+        with transaction.atomic():
+            ApiKeyUsage.objects.create(
+                key_id=key_id, user_id=None if key_id is not None else user_id,
+                deployment_id=deployment_id, requests=1, last_used_at=now,
+                prompt_tokens=max(0, prompt_tokens),
+                completion_tokens=max(0, completion_tokens))
+    except IntegrityError:  # a concurrent first request made the row
+        rows.update(**bump)
+
+
+def rate_limit_key(*, key_id: int, now: float | None = None) -> tuple[str, int]:
+    """The Redis counter of a key's current one-minute window, and seconds until it ends."""
+    now = time.time() if now is None else now
+    window = int(now // 60)
+    return f"appliance:gateway:rate:{key_id}:{window}", max(1, (window + 1) * 60 - int(now))
