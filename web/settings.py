@@ -74,6 +74,7 @@ INSTALLED_APPS = [
     "web.deployments",
     "web.accounts",
     "web.benchmarks",
+    "web.gateway",
     "web.store",
 ]
 
