@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import history_views, lifecycle_views, prom, sse, views
+from . import history_views, lifecycle_views, playground_views, prom, sse, views
 
 app_name = "deployments"
 
@@ -10,6 +10,8 @@ urlpatterns = [
     path("hosts/", views.host_list, name="hosts"),
     path("deployments/rows/", views.deployment_list_rows, name="list-rows"),
     path("deployments/<int:pk>/", views.deployment_detail, name="detail"),
+    path("deployments/<int:pk>/playground/", playground_views.deployment_playground,
+         name="playground"),
     path("deployments/<int:pk>/stop/", lifecycle_views.deployment_stop, name="stop"),
     path("deployments/<int:pk>/restart/", lifecycle_views.deployment_restart, name="restart"),
     path("deployments/<int:pk>/delete/", lifecycle_views.deployment_delete, name="delete"),

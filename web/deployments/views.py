@@ -19,6 +19,7 @@ from .lifecycle_views import form_source
 from .listing import row_texts
 from .models import Deployment
 from .permissions import can_delete, can_deploy, can_stop, can_view
+from .playground_views import how_to_call
 
 LIST_REFRESH_S = 5  # how often the list page asks for its rows again
 
@@ -123,5 +124,6 @@ def deployment_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "can_deploy": can_deploy(request.user),
             "can_delete": can_delete(request.user),
             "runs": selectors.deployment_runs(deployment=deployment),
+            "call": how_to_call(request=request, deployment=deployment),
         },
     )
