@@ -90,6 +90,12 @@ from appliance.preflight.speculative import (
     rule_speculative_draft_model,
     rule_tree_attention_backend,
 )
+from appliance.preflight.store import (
+    StoreModel,
+    config_from_summary,
+    rule_load_time,
+    rule_model_store_state,
+)
 
 __all__ = [
     "DFLASH_DEFAULT_BLOCK",
@@ -106,7 +112,9 @@ __all__ = [
     "Finding",
     "ModelFolder",
     "Severity",
+    "StoreModel",
     "block_size",
+    "config_from_summary",
     "ddtree_budget",
     "deployment_archs",
     "drafter_block_size",
@@ -134,7 +142,9 @@ __all__ = [
     "rule_duplicate_flag",
     "rule_gpu_arch_attention_backend",
     "rule_gpu_memory",
+    "rule_load_time",
     "rule_model_files",
+    "rule_model_store_state",
     "rule_parallel_gpu_count",
     "rule_secret_in_args",
     "rule_secret_in_store",
@@ -150,6 +160,8 @@ __all__ = [
 
 RULES: dict[str, Callable[[Context], list[Finding]]] = {
     "model-files": rule_model_files,
+    "model-store-state": rule_model_store_state,
+    "load-time": rule_load_time,
     "secret-missing": rule_secret_in_store,
     "ddtree-verify-width": rule_ddtree_verify_width,
     "ddtree-budget": rule_ddtree_budget,
@@ -200,13 +212,15 @@ def run_preflight(spec: DeploymentSpec, *, recipe: Recipe | None = None,
                   drafter_weights_bytes: int | None = None,
                   host_gpus: Sequence[Mapping[str, Any]] | None = None,
                   model_folders: Mapping[str, ModelFolder] | None = None,
-                  secret_names: Iterable[str] | None = None) -> list[Finding]:
+                  secret_names: Iterable[str] | None = None,
+                  store_models: Mapping[str, StoreModel] | None = None) -> list[Finding]:
     """Run every rule; with read_local_configs, fill in what the local checkpoints say.
 
     host_gpus is the host's GPU inventory (NVML entries with name, index and optionally
     compute_capability); without it the GPU architecture rule stays quiet. model_folders
     (model path field -> what the file system shows) and secret_names (the secret store's
-    names) feed the file rules; each stays quiet without its facts.
+    names) feed the file rules; store_models (model path field -> what the model store
+    says) the store rules; each stays quiet without its facts.
     """
     found: list[Finding] = []
     e = spec.engine
@@ -225,7 +239,8 @@ def run_preflight(spec: DeploymentSpec, *, recipe: Recipe | None = None,
                   flags=load_flags(flag_list) if flag_list else None,
                   host_gpus=[dict(g) for g in host_gpus] if host_gpus is not None else None,
                   model_folders=dict(model_folders) if model_folders is not None else None,
-                  secret_names=frozenset(secret_names) if secret_names is not None else None)
+                  secret_names=frozenset(secret_names) if secret_names is not None else None,
+                  store_models=dict(store_models) if store_models is not None else None)
     for rule in RULES.values():
         found += rule(ctx)
     return found

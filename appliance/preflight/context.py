@@ -17,6 +17,7 @@ from appliance.engine.spec import DeploymentSpec, EngineOptions
 
 if TYPE_CHECKING:
     from appliance.preflight.files import ModelFolder
+    from appliance.preflight.store import StoreModel
 
 Severity = Literal["error", "warning", "info"]
 
@@ -52,6 +53,8 @@ class Context:
     # the names in the engine secret store; None: not looked at, those rules stay quiet.
     model_folders: dict[str, ModelFolder] | None = None
     secret_names: frozenset[str] | None = None
+    # What the model store says of each model path field it knows (preflight.store).
+    store_models: dict[str, StoreModel] | None = None
     notes: list[Finding] = field(default_factory=list)
 
     @property

@@ -11,6 +11,7 @@ import difflib
 from dataclasses import dataclass
 
 from appliance.preflight.context import Context, Finding, _finding
+from appliance.preflight.store import WAITING_STATES
 
 # Where engines see the models folder (compose mounts APPLIANCE_MODELS_DIR there, read-only).
 MODELS_MOUNT = "/models"
@@ -74,6 +75,9 @@ def rule_model_files(ctx: Context) -> list[Finding]:
     """Each model path names a checkpoint folder the engine will see (quiet when not told)."""
     found: list[Finding] = []
     for fld, folder in (ctx.model_folders or {}).items():
+        store = (ctx.store_models or {}).get(fld)
+        if store is not None and store.state in WAITING_STATES and folder.mounted:
+            continue  # still downloading: files are missing yet (model-downloading says so)
         found += _folder_finding(fld, folder)
     return found
 
