@@ -32,6 +32,11 @@ def prompt_len(messages: Any) -> int:
     return max(1, len(text.split()))
 
 
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "uvicorn"
@@ -87,7 +92,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802
         path = self.path.split("?", 1)[0]
-        routes = {"/v1/chat/completions": self.chat, "/generate": self.generate}
+        routes = {"/v1/chat/completions": self.chat, "/v1/completions": self.completion,
+                  "/generate": self.generate}
         routes.get(path, self.not_found)()
 
     def not_found(self) -> None:
@@ -147,7 +153,7 @@ class Handler(BaseHTTPRequestHandler):
         pieces = generate(engine.CFG, prompt_len(messages), max_tokens)
         rid = uuid.uuid4().hex
         if body.get("stream"):
-            self.stream_chat(rid, pieces, prompt_len(messages))
+            self.stream_chat(rid, pieces, prompt_len(messages), max_tokens, body)
             return
         text = "".join(pieces)
         self.send_json(200, {
@@ -158,13 +164,9 @@ class Handler(BaseHTTPRequestHandler):
             "usage": {"prompt_tokens": prompt_len(messages), "completion_tokens": max_tokens,
                       "total_tokens": prompt_len(messages) + max_tokens}})
 
-    def stream_chat(self, rid: str, pieces: Iterator[str], prompt_tokens: int) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Cache-Control", "no-cache")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
-        self.log_access(200)
+    def stream_chat(self, rid: str, pieces: Iterator[str], prompt_tokens: int,
+                    max_tokens: int, body: dict[str, Any]) -> None:
+        self.start_stream()
 
         def chunk(delta: dict[str, Any], finish: str | None) -> None:
             event = {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()),
@@ -177,8 +179,58 @@ class Handler(BaseHTTPRequestHandler):
         for piece in pieces:
             chunk({"content": piece}, None)
         chunk({}, "length")
+        self.end_stream(rid, "chat.completion.chunk", prompt_tokens, max_tokens, body)
+
+    def start_stream(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self.log_access(200)
+
+    def end_stream(self, rid: str, obj: str, prompt_tokens: int, completion_tokens: int,
+                   body: dict[str, Any]) -> None:
+        """As SGLang: with stream_options.include_usage, a last chunk with no choices and
+        the usage, before [DONE]."""
+        options = body.get("stream_options")
+        if isinstance(options, dict) and options.get("include_usage"):
+            event = {"id": rid, "object": obj, "created": int(time.time()),
+                     "model": engine.CFG.model_name, "choices": [],
+                     "usage": usage(prompt_tokens, completion_tokens)}
+            self.write_chunk(f"data: {json.dumps(event)}\n\n")
         self.write_chunk("data: [DONE]\n\n")
         self.wfile.write(b"0\r\n\r\n")
+
+    def completion(self) -> None:
+        """/v1/completions: a prompt in, text out, streamed or whole, with usage."""
+        if self.not_ready():
+            return
+        body = self.read_json()
+        prompt = body.get("prompt")
+        if not isinstance(prompt, str) or not prompt:
+            self.send_json(400, {"object": "error", "message": "prompt is required",
+                                 "type": "BadRequestError", "code": 400})
+            return
+        max_tokens = int(body.get("max_tokens") or 16)
+        pieces = generate(engine.CFG, prompt_len(prompt), max_tokens)
+        rid = uuid.uuid4().hex
+
+        def choice(text: str, finish: str | None) -> dict[str, Any]:
+            return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+
+        if not body.get("stream"):
+            self.send_json(200, {
+                "id": rid, "object": "text_completion", "created": int(time.time()),
+                "model": engine.CFG.model_name, "choices": [choice("".join(pieces), "length")],
+                "usage": usage(prompt_len(prompt), max_tokens)})
+            return
+        self.start_stream()
+        for piece in pieces:
+            event = {"id": rid, "object": "text_completion", "created": int(time.time()),
+                     "model": engine.CFG.model_name, "choices": [choice(piece, None)]}
+            self.write_chunk(f"data: {json.dumps(event)}\n\n")
+        self.end_stream(rid, "text_completion", prompt_len(prompt), max_tokens, body)
 
     def write_chunk(self, text: str) -> None:
         data = text.encode()
