@@ -272,6 +272,17 @@ MODELS_DIR = env_str("APPLIANCE_MODELS_DIR", "")
 MODEL_ROOTS = env_list("APPLIANCE_MODEL_ROOTS", "/models")
 # A folder of the site's own recipe files (<name>.yaml), offered beside the shipped ones.
 RECIPES_DIR = env_str("APPLIANCE_RECIPES_DIR", "")
+# The model store (web/store): downloads from this hub (huggingface_hub's HF_ENDPOINT), with
+# the engine secret store's HF_TOKEN; a download job holds its entry for STORE_LEASE_S past
+# its last progress write (a killed worker's entry is resumed once that runs out), and a
+# hub that does not answer is tried again STORE_RETRIES times, STORE_RETRY_S apart.
+HF_ENDPOINT = env_str("APPLIANCE_HF_ENDPOINT", "https://huggingface.co")
+STORE_HF_TOKEN_NAME = "HF_TOKEN"
+STORE_LEASE_S = env_int("APPLIANCE_STORE_LEASE_S", 30)
+STORE_PROGRESS_MS = env_int("APPLIANCE_STORE_PROGRESS_MS", 500)
+STORE_CHUNK_BYTES = env_int("APPLIANCE_STORE_CHUNK_BYTES", 1024 * 1024)
+STORE_RETRIES = env_int("APPLIANCE_STORE_RETRIES", 20)
+STORE_RETRY_S = env_int("APPLIANCE_STORE_RETRY_S", 30)
 # Off only on hosts without an NVIDIA runtime (the test suite's machines).
 ENGINE_GPU_REQUESTS = env_bool("APPLIANCE_ENGINE_GPU_REQUESTS", True)
 # PEM bundle of a TLS-intercepting proxy for image builds' download steps (appliance.images).

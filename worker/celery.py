@@ -38,7 +38,8 @@ app.conf.update(
     task_default_queue="control",
     task_routes={"worker.tasks.deploy": {"queue": "builds"},
                  "worker.tasks.stop": {"queue": "control"},
-                 "worker.tasks.benchmark": {"queue": "bench"}},
+                 "worker.tasks.benchmark": {"queue": "bench"},
+                 "worker.tasks.verification": {"queue": "bench"}},
 )
 app.autodiscover_tasks(["worker"], related_name="tasks")
 

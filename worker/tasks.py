@@ -26,3 +26,11 @@ def benchmark(run_id: int) -> str:
     from web.benchmarks import services as bench_services
 
     return bench_services.benchmark_run(run_id=run_id)
+
+
+# A losslessness check: the bench queue too (it talks to engines as a benchmark does).
+@app.task(name="worker.tasks.verification", acks_late=True)
+def verification(run_id: int) -> str:
+    from web.benchmarks import verification_services
+
+    return verification_services.verification_run(run_id=run_id)

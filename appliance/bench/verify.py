@@ -16,7 +16,7 @@ import asyncio
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from appliance.bench.lossless import NEAR_TIE_GAP, first_divergence
+from appliance.bench.lossless import NEAR_TIE_GAP, TOP_LOGPROBS, first_divergence
 from appliance.bench.prompts import PromptError, from_jsonl
 
 # Written for this project, and the prompts the real-engine rig probes with
@@ -44,6 +44,9 @@ BUILTIN_PROMPTS = (
     "for (int i = 0; i < n; ++i) {",
     "A B C D E F G H I J K L M N O P",
 )
+# The set shipped for the check (the twelve above and 24 MT-Bench questions, Apache-2.0):
+# its source and license in appliance/bench/data/README.md.
+SHIPPED_PROMPTS_FILE = Path(__file__).with_name("data") / "lossless-prompts.jsonl"
 SHOWN_TOKENS = 12  # of each continuation, from the first divergence
 TIMEOUT_S = 600.0  # one answer; a cold Triton compile takes minutes
 
@@ -57,6 +60,8 @@ class Side:
     ids: list[int]
     text: str | None  # the answer's text from the first divergence, where it is known
     text_from: str = "token"  # or "character": from the first character the texts differ at
+    # The divergent token's own text, where a per-token text names it (the panel marks it).
+    token_text: str | None = None
 
 
 @dataclass
@@ -67,6 +72,7 @@ class PromptResult:
     position: int | None = None
     gap: float | None = None
     candidate_in_top2: bool | None = None
+    candidate_gap: float | None = None  # B's top-1 minus A's token's log-prob, where B gave it
     a: Side | None = None
     b: Side | None = None
 
@@ -135,6 +141,12 @@ def prompts_from_jsonl(path: Path) -> list[str]:
     return prompts
 
 
+def shipped_prompts() -> list[str]:
+    """The built-in set: the default of `appliance verify` and of the panel's check."""
+    return [p.text for p in from_jsonl(SHIPPED_PROMPTS_FILE.read_text(encoding="utf-8"),
+                                       output_len=1)]
+
+
 # ---------------------------------------------------------------- the servers
 
 def generate_body(prompt: str, *, max_tokens: int, logprobs: bool) -> dict[str, Any]:
@@ -142,7 +154,8 @@ def generate_body(prompt: str, *, max_tokens: int, logprobs: bool) -> dict[str, 
         "temperature": 0, "max_new_tokens": max_tokens, "ignore_eos": True}}
     if logprobs:
         # Per-token text lets the continuations be shown as text, not only as ids.
-        body.update(return_logprob=True, top_logprobs_num=2, return_text_in_logprobs=True)
+        body.update(return_logprob=True, top_logprobs_num=TOP_LOGPROBS,
+                    return_text_in_logprobs=True)
     return body
 
 
@@ -237,26 +250,48 @@ def compare(index: int, prompt: str, candidate: dict[str, Any], baseline: dict[s
     found = first_divergence(baseline["output_ids"], top, candidate["output_ids"],
                              threshold=threshold)
     result = PromptResult(index, prompt, found.verdict, found.position, found.gap,
-                          found.candidate_in_top2)
+                          found.candidate_in_top2, found.candidate_gap)
     if found.position is not None:
         shared, text_from = _shared_text(baseline, candidate, found.position)
         result.a = _continuation(candidate, shared, found.position, text_from)
         result.b = _continuation(baseline, shared, found.position, text_from)
+        for side in (result.a, result.b):
+            side.token_text = _token_text(side, top, found.position)
     return result
 
 
+def _token_text(side: Side, top: list[Any], position: int) -> str | None:
+    """The divergent token's text: from B's top-2 there (B's own token, and A's where A took
+    B's second choice) when B gave per-token texts."""
+    if not side.ids or position >= len(top):
+        return None
+    text = next((e[2] for e in top[position] if len(e) > 2 and e[1] == side.ids[0]), None)
+    return text if isinstance(text, str) else None
+
+
+class VerifyCancelled(Exception):
+    """The caller's `cancelled()` said stop, between two prompts."""
+
+
 async def verify(*, a_url: str, b_url: str, prompts: Sequence[str], max_tokens: int,
-                 threshold: float) -> VerifyResult:
+                 threshold: float, on_prompt: Callable[[PromptResult], None] | None = None,
+                 cancelled: Callable[[], bool] | None = None) -> VerifyResult:
+    """`on_prompt` hears each prompt's result as it is judged (the panel's progress);
+    `cancelled` is asked before each prompt."""
     candidate = _Candidate(a_url)
     results = []
     timeout = aiohttp.ClientTimeout(total=TIMEOUT_S)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         for index, prompt in enumerate(prompts, 1):
+            if cancelled is not None and cancelled():
+                raise VerifyCancelled(f"cancelled before prompt {index}")
             # A and B at once (two servers), but one prompt at a time on each.
             a, b = await asyncio.gather(
                 candidate.generate(session, prompt, index, max_tokens=max_tokens),
                 _baseline(session, b_url, prompt, index, max_tokens=max_tokens))
             results.append(compare(index, prompt, a, b, threshold=threshold))
+            if on_prompt is not None:
+                on_prompt(results[-1])
     return VerifyResult(a_url, b_url, threshold, max_tokens,
                         "given" if candidate.logprobs else candidate.refusal, results)
 
@@ -270,7 +305,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     cmd.add_argument("--b", required=True, help="the baseline's base URL (no speculation: it "
                      "must give log-probs)")
     cmd.add_argument("--prompts", type=Path, help='JSONL, one {"prompt": "..."} per line '
-                     f"(default: {len(BUILTIN_PROMPTS)} built-in prompts)")
+                     "(default: the built-in set, appliance/bench/data/lossless-prompts.jsonl)")
     cmd.add_argument("--max-tokens", type=int, default=64, help="tokens per answer")
     cmd.add_argument("--threshold", type=float, default=NEAR_TIE_GAP,
                      help="top-2 log-prob gap at or under which a divergence is a near-tie "
@@ -311,7 +346,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
             raise VerifyError("--max-tokens must be a positive integer")
         if args.threshold < 0:
             raise VerifyError("--threshold must be 0 or more")
-        prompts = prompts_from_jsonl(args.prompts) if args.prompts else list(BUILTIN_PROMPTS)
+        prompts = prompts_from_jsonl(args.prompts) if args.prompts else shipped_prompts()
         result = asyncio.run(verify(a_url=a_url, b_url=b_url, prompts=prompts,
                                     max_tokens=args.max_tokens, threshold=args.threshold))
     except VerifyError as exc:

@@ -6,12 +6,15 @@ with their top-2 log-probs."""
 from __future__ import annotations
 
 import asyncio
+import atexit
 import copy
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,7 +25,7 @@ from typing import Any
 from aiohttp import web
 
 from appliance.bench.lossless import first_divergence
-from appliance.bench.verify import BUILTIN_PROMPTS
+from appliance.bench.verify import BUILTIN_PROMPTS, SHIPPED_PROMPTS_FILE, shipped_prompts
 from tests.appliance import real_engine as rec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,8 +76,16 @@ def generate_server(answers: list[dict[str, Any]], *, logprobs: bool) -> Iterato
         loop.close()
 
 
+# The recordings answer the twelve prompts they were made with (BUILTIN_PROMPTS, the first
+# twelve of the shipped set): the command is given those unless a test chooses others.
+RECORDED = Path(tempfile.mkdtemp(prefix="verify-cli-")) / "recorded.jsonl"
+RECORDED.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in BUILTIN_PROMPTS))
+atexit.register(shutil.rmtree, RECORDED.parent, True)
+
+
 def verify(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "appliance.cli", "verify", *args],
+    chosen = args if "--prompts" in args else (*args, "--prompts", str(RECORDED))
+    return subprocess.run([sys.executable, "-m", "appliance.cli", "verify", *chosen],
                           capture_output=True, text=True, cwd=ROOT, timeout=120)
 
 
@@ -92,6 +103,19 @@ def _recorded_parts() -> dict[int, tuple[int, float]]:
 
 def test_the_built_in_prompts_are_the_ones_the_threshold_was_measured_on() -> None:
     assert list(BUILTIN_PROMPTS) == [a["prompt"] for a in BASE] == [a["prompt"] for a in CAND]
+
+
+def test_the_shipped_set_opens_with_the_measured_prompts_and_adds_mt_bench_questions() -> None:
+    shipped = shipped_prompts()
+    assert shipped[:12] == list(BUILTIN_PROMPTS) and len(shipped) == 36
+    lines = [json.loads(line) for line in SHIPPED_PROMPTS_FILE.read_text().splitlines()]
+    assert [line["source"] for line in lines[12:]] == [
+        f"mt-bench:{q}" for q in (81, 84, 86, 96, 97, 99, 101, 104, 108, 111, 114, 118, 122,
+                                  125, 127, 134, 139, 140, 141, 142, 144, 151, 152, 156)]
+    assert len(set(shipped)) == 36  # no prompt twice
+    readme = (SHIPPED_PROMPTS_FILE.parent / "README.md").read_text()
+    assert "Apache License 2.0" in readme and "lm-sys/FastChat" in readme
+    assert "Apache License" in (SHIPPED_PROMPTS_FILE.parent / "LICENSE.Apache-2.0.txt").read_text()
 
 
 def test_ddtree_against_the_baseline_passes_with_the_real_near_ties_at_their_positions() -> None:

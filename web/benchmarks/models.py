@@ -55,3 +55,10 @@ class BenchmarkRun(models.Model):
     @property
     def is_active(self) -> bool:
         return self.status in ACTIVE_STATUSES
+
+
+# The losslessness check's run lives in its own module; imported here so Django finds it.
+from .verification_models import VerificationRun  # noqa: E402
+
+__all__ = ["ACTIVE_STATUSES", "TERMINAL_STATUSES", "BenchmarkRun", "BenchmarkStatus",
+           "VerificationRun"]

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import views
+from . import verification_views, views
 
 app_name = "benchmarks"
 
@@ -9,4 +9,11 @@ urlpatterns = [
     path("new/", views.benchmark_new, name="new"),
     path("<int:pk>/", views.benchmark_detail, name="detail"),
     path("<int:pk>/cancel/", views.benchmark_cancel, name="cancel"),
+    # The losslessness check (a speculative deployment against its baseline).
+    path("verifications/", verification_views.verification_list, name="verification-list"),
+    path("verifications/new/", verification_views.verification_new, name="verification-new"),
+    path("verifications/<int:pk>/", verification_views.verification_detail,
+         name="verification-detail"),
+    path("verifications/<int:pk>/cancel/", verification_views.verification_cancel,
+         name="verification-cancel"),
 ]

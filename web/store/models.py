@@ -61,6 +61,11 @@ class ModelEntry(models.Model):
     # Bytes per second over the last progress window, while downloading.
     rate_bps = models.FloatField(default=0.0)
     cancel_requested = models.BooleanField(default=False)
+    # The download job working on it: a job takes the entry only when the lease is free or
+    # ran out, so a second job (a redelivered message, a restarted worker) never writes
+    # beside it; a killed worker's lease runs out and the next job resumes.
+    lease_owner = models.CharField(max_length=100, blank=True, default="")
+    lease_until = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     started_at = models.DateTimeField(null=True, blank=True)

@@ -22,12 +22,13 @@ from typing import Any
 
 from sglang.test_engine import engine
 from sglang.test_engine.config import make_config, parse_args
+from sglang.test_engine.logits import DivergeError, parse_diverge
 from sglang.test_engine.output import emit, uvicorn_line
 from sglang.test_engine.phases import start_up
 from sglang.test_engine.replay import Replay, load, resolve
 from sglang.test_engine.replay_server import ReplayServer
 from sglang.test_engine.server import Handler
-from sglang.test_engine.settings import FAIL, REPLAY, REPLAY_MAX_GAP_S, REPLAY_SPEED
+from sglang.test_engine.settings import DIVERGE, FAIL, REPLAY, REPLAY_MAX_GAP_S, REPLAY_SPEED
 from sglang.test_engine.tracebacks import model_missing_exit
 
 
@@ -43,6 +44,11 @@ def main(argv: list[str] | None = None) -> None:
     engine.CFG = make_config(parse_args(sys.argv[1:] if argv is None else argv))
     if REPLAY:
         replay_main()
+    try:
+        engine.PLANTED = parse_diverge(DIVERGE)
+    except DivergeError as exc:  # a test's own mistake: said at once, before anything runs
+        emit(sys.stderr, f"test engine: {exc}\n")
+        sys.exit(2)
     if FAIL == "model-missing":
         model_missing_exit(engine.CFG)  # before the HTTP server: nothing ever listens
     server = ThreadingHTTPServer((engine.CFG.args.host, engine.CFG.args.port), Handler)

@@ -30,6 +30,8 @@ class Migration(migrations.Migration):
                 ('error', models.TextField(blank=True, default='')),
                 ('rate_bps', models.FloatField(default=0.0)),
                 ('cancel_requested', models.BooleanField(default=False)),
+                ('lease_owner', models.CharField(blank=True, default='', max_length=100)),
+                ('lease_until', models.DateTimeField(blank=True, null=True)),
                 ('created_at', models.DateTimeField(auto_now_add=True)),
                 ('updated_at', models.DateTimeField(auto_now=True)),
                 ('started_at', models.DateTimeField(blank=True, null=True)),

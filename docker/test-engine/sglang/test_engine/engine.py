@@ -6,6 +6,7 @@ import threading
 from dataclasses import dataclass, field
 
 from sglang.test_engine.config import Config
+from sglang.test_engine.logits import Planted
 from sglang.test_engine.settings import HIST_BUCKETS
 
 
@@ -64,6 +65,8 @@ class State:
         self.window_tokens = self.window_steps = 0
 
 
+# PLANTED: TEST_ENGINE_DIVERGE's divergences, parsed once by launch_server.main().
+PLANTED: tuple[Planted, ...] = ()
 # CFG is set once, by launch_server.main(); it is rebound there, so read it as engine.CFG.
 CFG: Config
 STATE = State()

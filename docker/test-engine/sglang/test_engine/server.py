@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from sglang import __version__
-from sglang.test_engine import engine
+from sglang.test_engine import engine, generate_api
 from sglang.test_engine.config import server_args_dict
 from sglang.test_engine.engine import MAX_TOKENS_POOL, STATE
 from sglang.test_engine.generation import generate
@@ -243,11 +243,13 @@ class Handler(BaseHTTPRequestHandler):
         body = self.read_json()
         params = body.get("sampling_params") or {}
         max_tokens = int(params.get("max_new_tokens") or 16)
+        if generate_api.refuses(body):
+            self.send_json(400, generate_api.LOGPROB_REFUSAL)
+            return
         prompt = body.get("text") or body.get("input_ids") or ""
         start = time.perf_counter()
-        text = "".join(generate(engine.CFG, prompt_len(prompt), max_tokens))
-        self.send_json(200, {"text": text, "meta_info": {
-            "id": uuid.uuid4().hex, "prompt_tokens": prompt_len(prompt),
-            "completion_tokens": max_tokens, "cached_tokens": 0,
-            "finish_reason": {"type": "length", "length": max_tokens},
-            "e2e_latency": time.perf_counter() - start}})
+        for _ in generate(engine.CFG, prompt_len(prompt), max_tokens):
+            pass  # the decode steps' time and counters; the tokens are the model's
+        self.send_json(200, generate_api.answer(
+            body, max_tokens=max_tokens, prompt_tokens=prompt_len(prompt),
+            latency_s=time.perf_counter() - start))

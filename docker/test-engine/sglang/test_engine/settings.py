@@ -34,6 +34,8 @@ COLLAPSED_ACCEPT_LEN = env_float("TEST_ENGINE_COLLAPSED_ACCEPT_LEN", 1.3)
 STALL_S = env_float("TEST_ENGINE_STALL_S", 3600.0)
 # Replay mode: a recording folder (relative to the image's recordings, or absolute), how
 # many times faster than recorded it plays, and the longest any one gap may last (0: no cap).
+# Divergences planted in /generate's output (sglang/test_engine/logits.py says the syntax).
+DIVERGE = os.environ.get("TEST_ENGINE_DIVERGE", "").strip()
 REPLAY = os.environ.get("TEST_ENGINE_REPLAY", "").strip()
 REPLAY_SPEED = max(env_float("TEST_ENGINE_REPLAY_SPEED", 1.0), 0.001)
 REPLAY_MAX_GAP_S = env_float("TEST_ENGINE_REPLAY_MAX_GAP_S", 0.0)

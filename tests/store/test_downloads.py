@@ -1,0 +1,190 @@
+"""Adding a model from the (local) hub: progress, verification, resume, refusals, cancel."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+from appliance.store.scan import MARKER, read_marker
+from tests.store.hubserver import HubServer
+from web.store import services
+from web.store.models import FileState, ModelEntry, ModelFile, ModelState
+
+pytestmark = pytest.mark.django_db(transaction=True)
+REPO = "acme/tiny-llama"
+SHARD = "model-00001-of-00002.safetensors"
+
+
+def _run(entry: ModelEntry, job: str = "job-1", attempt: int = 0) -> services.JobOutcome:
+    return services.model_download_run(entry_id=entry.pk, job_id=job, attempt=attempt)
+
+
+def _run_in_thread(entry: ModelEntry) -> threading.Thread:
+    def run() -> None:
+        try:
+            _run(entry)
+        finally:
+            connection.close()  # the thread's own connection, or the test database stays busy
+
+    job = threading.Thread(target=run)
+    job.start()
+    return job
+
+
+def _request(**kwargs) -> ModelEntry:  # type: ignore[no-untyped-def]
+    return services.model_download_request(repo_id=REPO, revision="main", **kwargs)
+
+
+def test_it_downloads_every_file_and_is_ready_only_once_verified(store_root: Path, hub: HubServer) -> None:
+    entry = _request()
+    assert entry.state == ModelState.DOWNLOADING and not entry.is_usable
+    assert _run(entry).state == ModelState.READY
+    entry.refresh_from_db()
+    repo = hub.state.repos[REPO]
+    assert entry.is_usable and entry.verified_at is not None
+    assert entry.commit == repo.commit and entry.size_bytes == sum(len(b) for b in repo.files.values())
+    assert entry.bytes_done == entry.size_bytes and entry.file_count == 4
+    assert entry.config["model_type"] == "llama" and entry.config["num_hidden_layers"] == 2
+    assert entry.kind == "target" and entry.engine_path == f"/models/{REPO}"
+    folder = store_root / REPO
+    for path, data in repo.files.items():
+        assert (folder / path).read_bytes() == data
+    files = {f.path: f for f in ModelFile.objects.filter(entry=entry)}
+    assert files[SHARD].sha256_expected == hashlib.sha256(repo.files[SHARD]).hexdigest()
+    assert files[SHARD].sha256_actual == files[SHARD].sha256_expected
+    assert files["config.json"].sha256_expected == ""  # a small git file: size only
+    assert {f.state for f in files.values()} == {FileState.READY}
+    assert read_marker(folder)["state"] == "ready"
+    assert not list(folder.rglob("*.incomplete"))
+
+
+def test_its_progress_shows_bytes_per_file_and_a_rate_while_it_downloads(store_root: Path, hub: HubServer) -> None:
+    hub.state.rate = 400_000  # two 256 KiB shards: about 1.3 s
+    entry = _request()
+    seen: list[tuple[int, int, float]] = []
+    job = _run_in_thread(entry)
+    while job.is_alive():
+        row = ModelEntry.objects.get(pk=entry.pk)
+        shard = ModelFile.objects.filter(entry=entry, path=SHARD).first()
+        if shard is not None:
+            seen.append((row.bytes_done, shard.bytes_done, row.rate_bps))
+        time.sleep(0.05)
+    job.join()
+    size = ModelEntry.objects.get(pk=entry.pk).size_bytes
+    middle = [s for s in seen if 0 < s[0] < size]
+    assert len(middle) >= 5, seen
+    assert [s[0] for s in middle] == sorted(s[0] for s in middle)  # never goes back
+    assert any(0 < s[1] < len(hub.state.repos[REPO].files[SHARD]) for s in middle)
+    assert any(100_000 < s[2] < 2_000_000 for s in middle)  # near the server's 400 kB/s
+
+
+def test_it_resumes_a_file_from_its_partial_bytes_with_a_ranged_get(store_root: Path, hub: HubServer) -> None:
+    data = hub.state.repos[REPO].files[SHARD]
+    folder = store_root / REPO
+    folder.mkdir(parents=True)
+    (folder / (SHARD + ".incomplete")).write_bytes(data[:100_000])  # a killed job's part
+    entry = _request()
+    assert _run(entry).state == ModelState.READY
+    assert hub.state.ranges(SHARD) == ["bytes=100000-"]
+    assert (folder / SHARD).read_bytes() == data
+
+
+def test_a_network_fault_mid_file_is_resumed_where_it_stopped(store_root: Path, hub: HubServer) -> None:
+    hub.state.drop_after = 50_000
+    entry = _request()
+    assert _run(entry).state == ModelState.READY
+    first = hub.state.ranges("config.json") + hub.state.ranges(SHARD)
+    resumed = [r for r in first if r]
+    assert resumed and all(int(r.split("=")[1].rstrip("-")) > 0 for r in resumed)
+
+
+def test_a_checksum_mismatch_fails_the_entry_naming_the_file(store_root: Path, hub: HubServer) -> None:
+    hub.state.corrupt = {SHARD}
+    entry = _request()
+    assert _run(entry).state == ModelState.FAILED
+    entry.refresh_from_db()
+    assert not entry.is_usable and SHARD in entry.error and "sha256" in entry.error
+    bad = ModelFile.objects.get(entry=entry, path=SHARD)
+    assert bad.state == FileState.FAILED and bad.sha256_actual != bad.sha256_expected
+    assert not (store_root / REPO / SHARD).exists()  # removed: the next try fetches it anew
+    hub.state.corrupt = set()
+    again = _request()
+    assert again.pk == entry.pk and _run(again, "job-2").state == ModelState.READY
+
+
+def test_a_cancel_stops_the_download_and_leaves_no_half_file(store_root: Path, hub: HubServer) -> None:
+    hub.state.rate = 100_000
+    entry = _request()
+    job = _run_in_thread(entry)
+    while not ModelFile.objects.filter(entry=entry, path=SHARD, bytes_done__gt=0).exists():
+        time.sleep(0.02)
+    services.model_download_cancel(entry_id=entry.pk)
+    job.join(timeout=10)
+    entry.refresh_from_db()
+    assert not job.is_alive() and entry.state == ModelState.CANCELLED
+    assert not list((store_root / REPO).rglob("*.incomplete"))
+    assert entry.bytes_done < entry.size_bytes
+
+
+def test_a_cancel_of_an_entry_no_job_holds_is_at_once(store_root: Path) -> None:
+    entry = _request()
+    assert services.model_download_cancel(entry_id=entry.pk).state == ModelState.CANCELLED
+
+
+def test_a_second_job_waits_for_the_first_ones_lease(store_root: Path, hub: HubServer) -> None:
+    entry = _request()
+    ModelEntry.objects.filter(pk=entry.pk).update(lease_owner="other",
+                                                  lease_until="2999-01-01T00:00:00Z")
+    outcome = _run(entry, "job-2")
+    assert outcome.state == "busy" and outcome.retry_in and outcome.retry_in > 0
+    assert not [r for r in hub.state.requests if "/resolve/" in r.path]
+
+
+def test_an_unreachable_hub_is_tried_again_then_marked_partial(store_root: Path, hub: HubServer, settings) -> None:  # type: ignore[no-untyped-def]
+    settings.HF_ENDPOINT = "http://127.0.0.1:9"  # nothing listens there
+    settings.STORE_RETRIES = 1
+    entry = _request()
+    first = _run(entry)
+    assert first.state == "retry" and ModelEntry.objects.get(pk=entry.pk).state == "downloading"
+    assert _run(entry, attempt=1).state == ModelState.PARTIAL
+    assert "did not answer" in ModelEntry.objects.get(pk=entry.pk).error
+
+
+def test_an_unknown_repo_fails_with_what_to_do(store_root: Path) -> None:
+    entry = services.model_download_request(repo_id="acme/nope", revision="main")
+    assert _run(entry).state == ModelState.FAILED
+    assert "no such repository" in ModelEntry.objects.get(pk=entry.pk).error
+
+
+def test_an_unknown_revision_fails_with_what_to_do(store_root: Path) -> None:
+    entry = services.model_download_request(repo_id=REPO, revision="v9")
+    assert _run(entry).state == ModelState.FAILED
+    assert "no such revision" in ModelEntry.objects.get(pk=entry.pk).error
+
+
+def test_bad_input_names_the_field_and_stores_nothing(store_root: Path) -> None:
+    with pytest.raises(services.StoreInputError) as bad:
+        services.model_download_request(repo_id="../etc", revision="main", root="/elsewhere",
+                                        relative_path="a/../../b")
+    assert set(bad.value.errors) == {"repo_id", "root", "path"}
+    assert not ModelEntry.objects.exists()
+
+
+def test_a_folder_holding_another_model_is_refused(store_root: Path, hub: HubServer) -> None:
+    entry = _request()
+    _run(entry)
+    with pytest.raises(services.StoreInputError) as bad:
+        _request()
+    assert "already holds" in bad.value.errors["path"]
+
+
+def test_the_marker_names_the_repo_and_commit_for_a_scan(store_root: Path, hub: HubServer) -> None:
+    _run(_request())
+    marker = read_marker(store_root / REPO)
+    assert marker["repo_id"] == REPO and marker["commit"] == hub.state.repos[REPO].commit
+    assert (store_root / REPO / MARKER).is_file()

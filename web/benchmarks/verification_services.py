@@ -1,0 +1,229 @@
+"""Losslessness checks: create (validated: a ready speculative candidate and a ready baseline
+without speculation of the same target model), run (the Celery task's body, on the bench
+queue), cancel. Rows change state only through conditional UPDATEs, as benchmark runs do."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import traceback
+from dataclasses import asdict
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from appliance.bench.lossless import NEAR_TIE_GAP
+from appliance.bench.prompts import PromptError, from_jsonl
+from appliance.bench.verify import (
+    PromptResult,
+    VerifyCancelled,
+    VerifyError,
+    shipped_prompts,
+    verify,
+)
+from web.deployments.models import Deployment, DeploymentStatus
+
+from .models import BenchmarkStatus
+from .services import BenchmarkInputError, target_name
+from .verification_models import VerificationRun
+
+PROMPT_SOURCES = ("builtin", "jsonl")
+MAX_TOKENS, MAX_PROMPTS, MAX_THRESHOLD = 4096, 1000, 100.0
+DEFAULT_MAX_TOKENS = 64
+POLL_S = 0.5
+
+
+def target_model(deployment: Deployment) -> str:
+    return str((deployment.spec.get("engine") or {}).get("model_path") or "")
+
+
+def _snapshot(deployment: Deployment) -> dict[str, Any]:
+    return {"id": deployment.pk, "name": target_name(deployment),
+            "model": target_model(deployment), "algorithm": deployment.algorithm,
+            "image": deployment.image, "engine_url": deployment.engine_url}
+
+
+def _ready(pk: int | None, field: str) -> Deployment:
+    deployment = Deployment.objects.filter(pk=pk).first() if pk is not None else None
+    if deployment is None:
+        raise BenchmarkInputError({field: f"choose a deployment (no deployment {pk})"})
+    if deployment.status != DeploymentStatus.READY or not deployment.engine_url:
+        raise BenchmarkInputError({field: f"deployment {target_name(deployment)} is "
+                                   f"{deployment.status}, not ready; choose a ready one"})
+    return deployment
+
+
+def _pair(candidate_id: int | None, baseline_id: int | None) -> tuple[Deployment, Deployment]:
+    candidate, baseline = _ready(candidate_id, "candidate"), _ready(baseline_id, "baseline")
+    if candidate.pk == baseline.pk:
+        raise BenchmarkInputError({"baseline": "choose a deployment other than the candidate"})
+    if candidate.algorithm == "NONE":
+        raise BenchmarkInputError({"candidate": f"{target_name(candidate)} runs no speculative "
+                                   "algorithm; choose the speculative deployment to check"})
+    if baseline.algorithm != "NONE":
+        raise BenchmarkInputError({"baseline": f"{target_name(baseline)} runs "
+                                   f"{baseline.algorithm}; the baseline judges each divergence "
+                                   "with its log-probs, so choose one without speculation"})
+    if target_model(candidate) != target_model(baseline):
+        raise BenchmarkInputError({"baseline": f"{target_name(baseline)} serves "
+                                   f"{target_model(baseline)!r}, the candidate "
+                                   f"{target_model(candidate)!r}; choose a baseline of the "
+                                   "same target model"})
+    return candidate, baseline
+
+
+def verification_prompts(*, source: str, text: str) -> list[str]:
+    if source == "builtin":
+        return shipped_prompts()
+    if source != "jsonl":
+        raise BenchmarkInputError({"prompt_source": f"one of {', '.join(PROMPT_SOURCES)}"})
+    try:
+        prompts = [p.text for p in from_jsonl(text, output_len=1)]
+    except PromptError as exc:
+        raise BenchmarkInputError({"prompts": f'{exc}; write one {{"prompt": "..."}} a line'}
+                                  ) from exc
+    if not 1 <= len(prompts) <= MAX_PROMPTS:
+        raise BenchmarkInputError({"prompts": f"holds {len(prompts)} prompts; give 1 to "
+                                   f"{MAX_PROMPTS}, one JSON line each"})
+    return prompts
+
+
+def _check_config(config: dict[str, Any]) -> None:
+    if not 1 <= config["max_tokens"] <= MAX_TOKENS:
+        raise BenchmarkInputError({"max_tokens": f"from 1 to {MAX_TOKENS}"})
+    if not 0 <= config["threshold"] <= MAX_THRESHOLD:
+        raise BenchmarkInputError({"threshold": f"a log-prob gap from 0 to {MAX_THRESHOLD:g} "
+                                   f"(default {NEAR_TIE_GAP})"})
+
+
+def verification_create(*, candidate_id: int | None, baseline_id: int | None,
+                        prompt_source: str = "builtin", prompts_text: str = "",
+                        max_tokens: int = DEFAULT_MAX_TOKENS, threshold: float = NEAR_TIE_GAP,
+                        name: str = "", user: Any = None) -> VerificationRun:
+    candidate, baseline = _pair(candidate_id, baseline_id)
+    config = {"max_tokens": max_tokens, "threshold": threshold, "prompt_source": prompt_source}
+    _check_config(config)
+    total = len(verification_prompts(source=prompt_source, text=prompts_text))
+    with transaction.atomic():
+        run = VerificationRun.objects.create(
+            name=name, config=config, candidate=candidate, baseline=baseline,
+            prompts_text=prompts_text if prompt_source == "jsonl" else "",
+            targets={"candidate": _snapshot(candidate), "baseline": _snapshot(baseline)},
+            progress={"done": 0, "total": total},
+            created_by=user if getattr(user, "is_authenticated", False) else None)
+        transaction.on_commit(lambda: _enqueue(run.pk))
+    return run
+
+
+def _enqueue(run_id: int) -> None:
+    from worker.celery import app
+
+    app.send_task("worker.tasks.verification", args=[run_id])
+
+
+def verification_request_cancel(*, run: VerificationRun) -> VerificationRun:
+    """A queued check ends at once; a running one stops before its next prompt."""
+    VerificationRun.objects.filter(pk=run.pk, status=BenchmarkStatus.QUEUED).update(
+        status=BenchmarkStatus.CANCELLED, finished_at=timezone.now())
+    VerificationRun.objects.filter(pk=run.pk, status=BenchmarkStatus.RUNNING).update(
+        status=BenchmarkStatus.CANCELLING)
+    run.refresh_from_db()
+    return run
+
+
+class _Progress:
+    """Per prompt, from the checking thread; read by the task's thread (ORM there only)."""
+
+    def __init__(self, total: int) -> None:
+        self.lock = threading.Lock()
+        self.total = total
+        self.prompts: list[dict[str, Any]] = []
+
+    def add(self, result: PromptResult) -> None:
+        with self.lock:
+            self.prompts.append(asdict(result))
+
+    def snapshot(self) -> dict[str, Any]:
+        with self.lock:
+            verdicts = [p["verdict"] for p in self.prompts]
+            return {"done": len(verdicts), "total": self.total,
+                    "identical": verdicts.count("identical"),
+                    "near_ties": verdicts.count("near-tie"),
+                    "failures": len(verdicts) - verdicts.count("identical")
+                    - verdicts.count("near-tie"),
+                    "prompts": list(self.prompts)}
+
+
+def verification_run(*, run_id: int) -> str:
+    """The task's body: the check runs on a thread; every POLL_S the row gets its progress
+    (each prompt's result as it is judged) and a cancel is looked for."""
+    if not VerificationRun.objects.filter(pk=run_id, status=BenchmarkStatus.QUEUED).update(
+            status=BenchmarkStatus.RUNNING, started_at=timezone.now()):
+        return "not queued"
+    run = VerificationRun.objects.get(pk=run_id)
+    outcome: dict[str, Any] = {}
+    cancel = threading.Event()
+    try:
+        prompts = verification_prompts(source=run.config.get("prompt_source", "builtin"),
+                                       text=run.prompts_text)
+    except BenchmarkInputError as exc:
+        return _record(run, {"error": str(exc)}, _Progress(0))
+    progress = _Progress(len(prompts))
+    worker = threading.Thread(target=_check, args=(run, prompts, progress, cancel, outcome),
+                              name=f"verification-{run_id}", daemon=True)
+    worker.start()
+    while worker.is_alive():
+        worker.join(POLL_S)
+        VerificationRun.objects.filter(pk=run_id).update(progress=progress.snapshot())
+        if VerificationRun.objects.filter(pk=run_id,
+                                          status=BenchmarkStatus.CANCELLING).exists():
+            cancel.set()
+    return _record(run, outcome, progress)
+
+
+def _check(run: VerificationRun, prompts: list[str], progress: _Progress,
+           cancel: threading.Event, outcome: dict[str, Any]) -> None:
+    targets, config = run.targets, run.config
+    try:
+        outcome["result"] = asyncio.run(verify(
+            a_url=targets["candidate"]["engine_url"].rstrip("/"),
+            b_url=targets["baseline"]["engine_url"].rstrip("/"), prompts=prompts,
+            max_tokens=config["max_tokens"], threshold=config["threshold"],
+            on_prompt=progress.add, cancelled=cancel.is_set))
+    except VerifyCancelled:
+        outcome["cancelled"] = True
+    except VerifyError as exc:  # an engine that cannot be reached or answers wrong: said
+        outcome["error"] = _named(str(exc), targets)
+    except Exception:  # recorded on the row: the check failed, the worker goes on
+        outcome["error"] = traceback.format_exc()
+
+
+def _named(message: str, targets: dict[str, Any]) -> str:
+    """VerifyError speaks of --a and --b and URLs; the panel's words are the deployments."""
+    for role, flag in (("candidate", "--a"), ("baseline", "--b")):
+        target = targets[role]
+        message = message.replace(f"{flag} ", f"the {role} ").replace(
+            target["engine_url"].rstrip("/"), f"{target['name']} ({target['engine_url']})")
+    return message
+
+
+def _finish(run_id: int, status: str, **fields: Any) -> None:
+    VerificationRun.objects.filter(pk=run_id, status__in=[
+        BenchmarkStatus.RUNNING, BenchmarkStatus.CANCELLING]).update(
+        status=status, finished_at=timezone.now(), **fields)
+
+
+def _record(run: VerificationRun, outcome: dict[str, Any], progress: _Progress) -> str:
+    if outcome.get("cancelled"):
+        _finish(run.pk, BenchmarkStatus.CANCELLED, progress=progress.snapshot())
+        return "cancelled"
+    if "error" in outcome:
+        _finish(run.pk, BenchmarkStatus.FAILED, progress=progress.snapshot(),
+                error=outcome["error"][-4000:])
+        return "failed"
+    results = outcome["result"].to_dict()
+    results.update(candidate=run.targets["candidate"]["name"],
+                   baseline=run.targets["baseline"]["name"])
+    _finish(run.pk, BenchmarkStatus.DONE, results=results, progress=progress.snapshot())
+    return "done"

@@ -1,0 +1,380 @@
+"""Adding a model from a Hugging Face hub: the request, the job, cancel, resume.
+
+The request makes the entry (state downloading) and, after commit, a job on the models
+queue. The job takes the entry's lease, pins the revision to a commit, refuses before a
+byte is written when what is left will not fit, downloads file by file (each resumes its
+own .incomplete part), then verifies every file's size and LFS sha256 and only then marks
+the entry ready. Progress goes to the rows every STORE_PROGRESS_MS; the same write renews
+the lease and reads the cancel flag. A killed worker's lease runs out and the job that
+model_downloads_resume queues at the next worker start goes on from the bytes on disk.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path, PurePosixPath
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from appliance.runtime.secrets import SecretMissingError, resolve_secrets
+from appliance.store import hub
+from appliance.store.config import config_summary, is_drafter, read_config_file
+from appliance.store.scan import PARTIAL_SUFFIX, write_marker
+
+from ..models import ACTIVE_STATES, FileState, ModelEntry, ModelFile, ModelKind, ModelSource
+from ..models import ModelState as S
+
+log = logging.getLogger(__name__)
+
+_REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?")
+_REVISION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,199}")
+_FOLDER_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+# An entry in one of these may be asked for again: the new job resumes what is on disk.
+_RETRYABLE = frozenset({S.PARTIAL, S.FAILED, S.CANCELLED})
+
+
+@dataclass
+class StoreInputError(Exception):
+    """Bad input: field -> what is wrong and how to fix it (a 400, a form error)."""
+
+    errors: dict[str, str] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        return "; ".join(f"{k}: {v}" for k, v in self.errors.items())
+
+
+# ------------------------------------------------------------------ the request
+
+def _folder_error(relative_path: str) -> str | None:
+    parts = PurePosixPath(relative_path).parts
+    if not parts or relative_path.startswith("/") or not all(
+            _FOLDER_PART.fullmatch(p) for p in parts):
+        return ("must be a folder below the root, like org/name (letters, digits, . _ -; "
+                "no '..', no leading /)")
+    return None
+
+
+def _checked(repo_id: str, revision: str, root: str, relative_path: str) -> dict[str, str]:
+    errors: dict[str, str] = {}
+    if not _REPO_ID.fullmatch(repo_id) or ".." in repo_id:
+        errors["repo_id"] = "must be a hub repository id like moonshotai/Kimi-K2.6"
+    if not _REVISION.fullmatch(revision) or ".." in revision:
+        errors["revision"] = "must be a branch, tag or commit of the repository, like main"
+    if root not in settings.MODEL_ROOTS:
+        errors["root"] = (f"must be one of the model roots: {', '.join(settings.MODEL_ROOTS)} "
+                          "(APPLIANCE_MODEL_ROOTS)")
+    problem = _folder_error(relative_path)
+    if problem:
+        errors["path"] = problem
+    return errors
+
+
+def _enqueue(entry_id: int) -> None:
+    from worker.celery import app
+
+    app.send_task("worker.model_tasks.model_download", args=[entry_id])
+
+
+def model_download_request(*, repo_id: str, revision: str = "main", root: str | None = None,
+                           relative_path: str | None = None) -> ModelEntry:
+    """A new entry (or a partial, failed or cancelled one again) and its download job."""
+    repo_id, revision = repo_id.strip(), (revision or "main").strip()
+    root = root or settings.MODEL_ROOTS[0]
+    relative_path = (relative_path or repo_id).strip().strip("/")
+    errors = _checked(repo_id, revision, root, relative_path)
+    if errors:
+        raise StoreInputError(errors)
+    with transaction.atomic():
+        entry = _entry_for_download(repo_id, revision, root, relative_path)
+        transaction.on_commit(lambda: _enqueue(entry.pk))
+    return entry
+
+
+def _entry_for_download(repo_id: str, revision: str, root: str, relative_path: str
+                        ) -> ModelEntry:
+    existing = ModelEntry.objects.select_for_update().filter(
+        root=root, relative_path=relative_path).first()
+    if existing is None:
+        try:
+            with transaction.atomic():
+                return ModelEntry.objects.create(
+                    root=root, relative_path=relative_path, source=ModelSource.HUB,
+                    repo_id=repo_id, revision=revision, state=S.DOWNLOADING)
+        except IntegrityError:  # a second request for the same folder won the insert
+            raise StoreInputError({"path": f"{relative_path} was just added by another "
+                                           "request"}) from None
+    if existing.state not in _RETRYABLE or existing.repo_id != repo_id:
+        raise StoreInputError({"path": f"{root}/{relative_path} already holds "
+                               f"{existing.repo_id or 'a model'} ({existing.state}): choose "
+                               "another folder"})
+    if existing.revision != revision:
+        existing.commit = ""  # another revision: pinned anew by the job
+        ModelFile.objects.filter(entry=existing).delete()
+    existing.revision, existing.state, existing.error = revision, S.DOWNLOADING, ""
+    existing.cancel_requested, existing.finished_at = False, None
+    existing.save()
+    return existing
+
+
+def model_download_cancel(*, entry_id: int) -> ModelEntry:
+    """Ask the job to stop; an entry no job holds now is cancelled at once."""
+    now = timezone.now()
+    ModelEntry.objects.filter(pk=entry_id, state__in=ACTIVE_STATES).update(
+        cancel_requested=True)
+    free = ModelEntry.objects.filter(pk=entry_id, state__in=ACTIVE_STATES,
+                                     cancel_requested=True).exclude(lease_until__gt=now)
+    if free.update(state=S.CANCELLED, finished_at=now, rate_bps=0,
+                   error="cancelled before a job took it"):
+        _remove_partials(ModelEntry.objects.get(pk=entry_id))
+    return ModelEntry.objects.get(pk=entry_id)
+
+
+def model_downloads_resume() -> list[int]:
+    """Queue a job for every entry a download was working on (called at worker start): a
+    job whose entry is still leased waits for the lease instead of writing beside it."""
+    ids = list(ModelEntry.objects.filter(state__in=ACTIVE_STATES, source=ModelSource.HUB)
+               .values_list("pk", flat=True))
+    for entry_id in ids:
+        _enqueue(entry_id)
+    return ids
+
+
+# ------------------------------------------------------------------ the job
+
+class LeaseLostError(hub.JobInterruptedError):
+    """Another job holds the entry now; this one stops writing at once."""
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    """What the task does next: nothing, or run again after `retry_in` seconds."""
+
+    state: str
+    retry_in: float | None = None
+
+
+def _claim(entry_id: int, job_id: str) -> float | None:
+    """Take the entry's lease; None when taken, else seconds until the holder's runs out."""
+    now = timezone.now()
+    until = now + timedelta(seconds=settings.STORE_LEASE_S)
+    taken = (ModelEntry.objects.filter(pk=entry_id, state__in=ACTIVE_STATES)
+             .exclude(lease_until__gt=now).update(lease_owner=job_id, lease_until=until,
+                                                  started_at=now))
+    if taken:
+        return None
+    entry = ModelEntry.objects.filter(pk=entry_id).first()
+    if entry is None or entry.state not in ACTIVE_STATES or entry.lease_until is None:
+        return -1.0  # nothing to do
+    return max((entry.lease_until - now).total_seconds(), 0.0) + 0.5
+
+
+def _release(entry_id: int, job_id: str, **fields: object) -> None:
+    ModelEntry.objects.filter(pk=entry_id, lease_owner=job_id).update(
+        lease_owner="", lease_until=None, **fields)
+
+
+def hf_token() -> str | None:
+    """HF_TOKEN from the engine secret store, or None (public repositories need none)."""
+    name = settings.STORE_HF_TOKEN_NAME
+    try:
+        return resolve_secrets([name], directory=settings.ENGINE_SECRETS_DIR)[name]
+    except SecretMissingError:
+        return None
+
+
+def model_download_run(*, entry_id: int, job_id: str, attempt: int = 0) -> JobOutcome:
+    """The models queue's job: one entry from wherever it stands to ready (or why not)."""
+    wait = _claim(entry_id, job_id)
+    if wait is not None:
+        return JobOutcome("busy" if wait >= 0 else "nothing", wait if wait >= 0 else None)
+    entry = ModelEntry.objects.get(pk=entry_id)
+    try:
+        return _run(entry, job_id)
+    except LeaseLostError:
+        return JobOutcome("lease-lost")
+    except hub.DownloadCancelledError:
+        _remove_partials(entry)
+        _release(entry_id, job_id, state=S.CANCELLED, finished_at=timezone.now(), rate_bps=0,
+                 error="cancelled")
+        return JobOutcome(S.CANCELLED)
+    except hub.HubUnreachableError as exc:
+        return _unreachable(entry, job_id, str(exc), attempt)
+    except hub.StoreError as exc:
+        _release(entry_id, job_id, state=S.FAILED, finished_at=timezone.now(), rate_bps=0,
+                 error=str(exc))
+        return JobOutcome(S.FAILED)
+    except OSError as exc:  # the disk, not the hub: a full or read-only root
+        _release(entry_id, job_id, state=S.PARTIAL, finished_at=timezone.now(), rate_bps=0,
+                 error=f"writing under {entry.root} failed: {exc.strerror or exc}")
+        return JobOutcome(S.PARTIAL)
+
+
+def _unreachable(entry: ModelEntry, job_id: str, message: str, attempt: int) -> JobOutcome:
+    if attempt >= settings.STORE_RETRIES:
+        _release(entry.pk, job_id, state=S.PARTIAL, finished_at=timezone.now(), rate_bps=0,
+                 error=f"{message}; gave up after {attempt} tries: add it again to resume")
+        return JobOutcome(S.PARTIAL)
+    _release(entry.pk, job_id, rate_bps=0,
+             error=f"{message}; trying again in {settings.STORE_RETRY_S} s")
+    return JobOutcome("retry", float(settings.STORE_RETRY_S))
+
+
+def _plan(entry: ModelEntry, token: str | None) -> hub.RepoPlan:
+    """The repo's files, pinned: a resumed job keeps the commit the first one found."""
+    plan = hub.repo_plan(repo_id=entry.repo_id, revision=entry.commit or entry.revision,
+                         endpoint=settings.HF_ENDPOINT, token=token)
+    if entry.commit and plan.commit != entry.commit:
+        raise hub.StoreError(f"{entry.repo_id}: the hub answered commit {plan.commit} for "
+                             f"the pinned {entry.commit}")
+    return hub.RepoPlan(repo_id=plan.repo_id, revision=entry.revision, commit=plan.commit,
+                        files=plan.files)
+
+
+def _record_plan(entry: ModelEntry, plan: hub.RepoPlan) -> dict[str, ModelFile]:
+    ModelEntry.objects.filter(pk=entry.pk).update(
+        commit=plan.commit, size_bytes=plan.total_bytes, file_count=len(plan.files))
+    wanted = {f.path: f for f in plan.files}
+    ModelFile.objects.filter(entry=entry).exclude(path__in=wanted).delete()
+    rows = {row.path: row for row in ModelFile.objects.filter(entry=entry)}
+    for path, remote in wanted.items():
+        if path not in rows:
+            rows[path] = ModelFile.objects.create(entry=entry, path=path,
+                                                  size_bytes=remote.size,
+                                                  sha256_expected=remote.sha256)
+    return rows
+
+
+def _folder(entry: ModelEntry) -> Path:
+    return Path(entry.root) / entry.relative_path
+
+
+def _run(entry: ModelEntry, job_id: str) -> JobOutcome:
+    token = hf_token()
+    plan = _plan(entry, token)
+    folder = _folder(entry)
+    shortfall = hub.disk_shortfall(folder=folder, plan=plan)
+    if shortfall:
+        raise hub.StoreError(shortfall)
+    rows = _record_plan(entry, plan)
+    write_marker(folder, hub.plan_to_marker(plan, S.DOWNLOADING))
+    ModelEntry.objects.filter(pk=entry.pk).update(state=S.DOWNLOADING, error="")
+    meter = _Progress(entry.pk, job_id, rows, plan)
+    for remote in plan.files:
+        meter.start(remote)
+        hub.file_download(plan=plan, file=remote, folder=folder, endpoint=settings.HF_ENDPOINT,
+                          token=token, progress=meter.update,
+                          chunk_bytes=settings.STORE_CHUNK_BYTES)
+        meter.finish(remote)
+    return _verify(entry, job_id, plan, rows, meter)
+
+
+def _verify(entry: ModelEntry, job_id: str, plan: hub.RepoPlan, rows: dict[str, ModelFile],
+            meter: _Progress) -> JobOutcome:
+    ModelEntry.objects.filter(pk=entry.pk).update(state=S.VERIFYING, rate_bps=0)
+    folder, problems = _folder(entry), []
+    for remote in plan.files:
+        row = rows[remote.path]
+        ModelFile.objects.filter(pk=row.pk).update(state=FileState.VERIFYING)
+        actual = hub.sha256_of(hub.safe_destination(folder, remote.path),
+                               progress=meter.heartbeat) if remote.sha256 else ""
+        problem = hub.file_problem(folder=folder, file=remote, actual_sha256=actual)
+        ModelFile.objects.filter(pk=row.pk).update(
+            sha256_actual=actual, state=FileState.FAILED if problem else FileState.READY,
+            error=problem or "")
+        if problem:
+            problems.append(problem)
+    return _conclude(entry, job_id, plan, problems)
+
+
+def _conclude(entry: ModelEntry, job_id: str, plan: hub.RepoPlan, problems: list[str]
+              ) -> JobOutcome:
+    folder, now = _folder(entry), timezone.now()
+    if problems:
+        write_marker(folder, hub.plan_to_marker(plan, S.FAILED))
+        _release(entry.pk, job_id, state=S.FAILED, finished_at=now,
+                 error="verification failed: " + "; ".join(problems)
+                 + ". Add the model again to download the failed files anew")
+        for remote in plan.files:  # a bad file is removed, so the next try fetches it anew
+            if any(p.startswith(remote.path + ":") for p in problems):
+                hub.safe_destination(folder, remote.path).unlink(missing_ok=True)
+        return JobOutcome(S.FAILED)
+    config = read_config_file(folder) or {}
+    write_marker(folder, hub.plan_to_marker(plan, S.READY))
+    _release(entry.pk, job_id, state=S.READY, finished_at=now, verified_at=now, rate_bps=0,
+             error="", config=config_summary(config),
+             kind=ModelKind.DRAFTER if is_drafter(config) else ModelKind.TARGET)
+    return JobOutcome(S.READY)
+
+
+def _remove_partials(entry: ModelEntry) -> None:
+    """A cancelled download leaves no half file behind (the whole ones stay for a retry)."""
+    folder = _folder(entry)
+    for row in ModelFile.objects.filter(entry=entry):
+        try:
+            dest = hub.safe_destination(folder, row.path)
+        except hub.StoreError:
+            continue
+        dest.with_name(dest.name + PARTIAL_SUFFIX).unlink(missing_ok=True)
+    ModelFile.objects.filter(entry=entry).exclude(state=FileState.READY).update(
+        bytes_done=0, state=FileState.PENDING)
+
+
+class _Progress:
+    """Progress of one job, written at most every STORE_PROGRESS_MS; each write renews the
+    lease (LeaseLostError when another job took it) and reads the cancel flag."""
+
+    def __init__(self, entry_id: int, job_id: str, rows: dict[str, ModelFile],
+                 plan: hub.RepoPlan) -> None:
+        self._entry_id, self._job, self._rows, self._plan = entry_id, job_id, rows, plan
+        self._meter = hub.RateMeter()
+        self._every = settings.STORE_PROGRESS_MS / 1000
+        self._last = 0.0
+        self._done_before = 0  # bytes of the files before the current one
+        self._current: hub.RemoteFile | None = None
+
+    def start(self, remote: hub.RemoteFile) -> None:
+        self._current = remote
+        ModelFile.objects.filter(pk=self._rows[remote.path].pk).update(
+            state=FileState.DOWNLOADING)
+
+    def finish(self, remote: hub.RemoteFile) -> None:
+        ModelFile.objects.filter(pk=self._rows[remote.path].pk).update(
+            bytes_done=remote.size, state=FileState.VERIFYING if remote.sha256 else
+            FileState.DOWNLOADING)
+        self._done_before += remote.size
+        self._write(remote.size, force=True)
+
+    def update(self, file_done: int) -> None:
+        self._write(file_done, force=False)
+
+    def heartbeat(self, _: int) -> None:
+        """While hashing: keep the lease, see a cancel."""
+        if time.monotonic() - self._last >= self._every:
+            self._last = time.monotonic()
+            self._renew({})
+
+    def _write(self, file_done: int, *, force: bool) -> None:
+        now = time.monotonic()
+        if not force and now - self._last < self._every:
+            return
+        self._last = now
+        total = self._done_before + (file_done if not force else 0)
+        self._meter.add(total)
+        if self._current is not None and not force:
+            ModelFile.objects.filter(pk=self._rows[self._current.path].pk).update(
+                bytes_done=file_done)
+        self._renew({"bytes_done": total, "rate_bps": self._meter.rate()})
+
+    def _renew(self, fields: dict[str, object]) -> None:
+        until = timezone.now() + timedelta(seconds=settings.STORE_LEASE_S)
+        if not ModelEntry.objects.filter(pk=self._entry_id, lease_owner=self._job).update(
+                lease_until=until, **fields):
+            raise LeaseLostError(self._entry_id)
+        if ModelEntry.objects.filter(pk=self._entry_id, cancel_requested=True).exists():
+            raise hub.DownloadCancelledError(self._entry_id)
