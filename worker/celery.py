@@ -8,7 +8,7 @@ from typing import Any
 
 import django
 from celery import Celery
-from celery.signals import worker_init
+from celery.signals import worker_init, worker_ready
 from kombu import Queue
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "web.settings")
@@ -34,14 +34,28 @@ app.conf.update(
     # consumes both.
     task_queues=[Queue("control", routing_key="control"),
                  Queue("builds", routing_key="builds"),
-                 Queue("bench", routing_key="bench")],
+                 Queue("bench", routing_key="bench"),
+                 Queue("models", routing_key="models")],
     task_default_queue="control",
     task_routes={"worker.tasks.deploy": {"queue": "builds"},
                  "worker.tasks.stop": {"queue": "control"},
                  "worker.tasks.benchmark": {"queue": "bench"},
-                 "worker.tasks.verification": {"queue": "bench"}},
+                 "worker.tasks.verification": {"queue": "bench"},
+                 # Model downloads (web/store): hours long, never ahead of a stop or a build.
+                 "worker.model_tasks.*": {"queue": "models"}},
 )
 app.autodiscover_tasks(["worker"], related_name="tasks")
+app.autodiscover_tasks(["worker"], related_name="model_tasks")
+
+
+@worker_ready.connect
+def resume_model_downloads(sender: Any = None, **_: Any) -> None:
+    """A worker killed mid-download left its entries downloading: queue their jobs again
+    (each waits for the dead job's lease to run out, then resumes from the bytes on disk).
+    Only a worker that consumes the models queue does it."""
+    consumer = getattr(sender, "app", app).amqp.queues.consume_from
+    if consumer is None or "models" in consumer:
+        app.send_task("worker.model_tasks.model_downloads_resume")
 
 
 @worker_init.connect
