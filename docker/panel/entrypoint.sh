@@ -20,8 +20,9 @@ case "${1:-web}" in
     exec uvicorn web.asgi:application --host 0.0.0.0 --port 8000 --proxy-headers
     ;;
   worker)
-    # control: stops; builds: image builds; bench: benchmark runs (worker/celery.py).
-    exec celery -A worker.celery worker --loglevel INFO -Q control,builds,bench \
+    # control: stops; builds: image builds; bench: benchmark runs; models: model downloads
+    # (worker/celery.py).
+    exec celery -A worker.celery worker --loglevel INFO -Q control,builds,bench,models \
       --concurrency "${APPLIANCE_WORKER_CONCURRENCY:-4}"
     ;;
   agent)
