@@ -82,11 +82,13 @@ def test_docker_compose_accepts_the_file_and_keeps_engines_off_the_database_netw
     assert "/var/run/docker.sock:/var/run/docker.sock" in str(services["agent"]["volumes"])
     assert "/var/run/docker.sock" not in str(services["web"].get("volumes"))
     # The models folder is a long-syntax bind (never made by Docker when it is missing).
-    for name in ("web", "worker"):
+    # Read-only but in the worker, whose model downloads write into it (web/store).
+    for name in ("web", "worker", "agent"):
         models = [v for v in services[name]["volumes"]
                   if isinstance(v, dict) and v.get("target") == "/models"]
-        assert models == [{"type": "bind", "source": "/models", "target": "/models",
-                           "read_only": True}], services[name]["volumes"]
+        mount = {"type": "bind", "source": "/models", "target": "/models"}
+        assert models == [mount if name == "worker" else {**mount, "read_only": True}], \
+            services[name]["volumes"]
     assert services["web"]["environment"]["APPLIANCE_ADMIN_PASSWORD_FILE"] == \
         "/var/lib/appliance/secrets/admin_password"
     assert services["web"]["build"]["args"]["PYTHON_IMAGE"] == "local/python:3"
