@@ -50,17 +50,49 @@ def wire_json(event: dict[str, Any]) -> str:
 
 def publish(deployment_id: int, wire_events: Iterable[dict[str, Any]]) -> None:
     """Best effort: a failed publish loses nothing, readers fill gaps from the database."""
+    publish_entries(deployment_id, [(e["seq"], e["kind"], wire_json(e)) for e in wire_events])
+
+
+# One script call adds a whole batch, entry by entry as XADD would (same ids, same fields,
+# so readers see no difference): redis-py packing one XADD command per event was most
+# of the live publisher's time (issue 22). The ids, kinds and data come as three joined
+# arguments (data is JSON, which has no raw newline), so the client packs three strings
+# per batch, not three per event. An entry whose id is not above the stream's last (it
+# lost a race) is skipped, as a failed XADD in a pipeline was.
+_ADD_ENTRIES = """
+local ids, kinds, datas = ARGV[2], ARGV[3], ARGV[4]
+local i, k, d = 1, 1, 1
+while i <= #ids do
+  local ie = string.find(ids, ' ', i, true) or (#ids + 1)
+  local ke = string.find(kinds, ' ', k, true) or (#kinds + 1)
+  local de = string.find(datas, '\\n', d, true) or (#datas + 1)
+  redis.pcall('XADD', KEYS[1], string.sub(ids, i, ie - 1), 'data', string.sub(datas, d, de - 1),
+              'kind', string.sub(kinds, k, ke - 1))
+  i, k, d = ie + 1, ke + 1, de + 1
+end
+redis.call('XTRIM', KEYS[1], 'MAXLEN', '~', ARGV[1])
+return 0
+"""
+_ENTRIES_PER_CALL = 5000  # keeps one call's size and Redis's pause for it small
+
+Entry = tuple[int, str, str]  # seq, kind, data (the event's JSON as an SSE frame carries it)
+
+
+@cache
+def _add_entries(url: str) -> Any:
+    return _client(url).register_script(_ADD_ENTRIES)
+
+
+def publish_entries(deployment_id: int, entries: list[Entry]) -> None:
+    """Add prepared entries to the deployment's stream, in order; best effort."""
     try:
-        pipe = _client(settings.REDIS_URL).pipeline(transaction=False)
-        for event in wire_events:
-            pipe.xadd(
-                stream_key(deployment_id),
-                {"data": wire_json(event), "kind": event["kind"]},
-                id=f"0-{event['seq']}",
-                maxlen=STREAM_MAXLEN,
-                approximate=True,
-            )
-        pipe.execute(raise_on_error=False)
+        script = _add_entries(settings.REDIS_URL)
+        for start in range(0, len(entries), _ENTRIES_PER_CALL):
+            chunk = entries[start:start + _ENTRIES_PER_CALL]
+            ids = " ".join([f"0-{seq}" for seq, _, _ in chunk])
+            kinds = " ".join([kind for _, kind, _ in chunk])
+            datas = "\n".join([data for _, _, data in chunk])
+            script(keys=[stream_key(deployment_id)], args=[STREAM_MAXLEN, ids, kinds, datas])
     except redis.RedisError as exc:
         log.warning("live publish for deployment %s failed: %s", deployment_id, exc)
 
@@ -91,12 +123,12 @@ class _Publisher(threading.Thread):
     def __init__(self) -> None:
         super().__init__(daemon=True, name="live-publisher")
         # Bounded: if Redis falls behind, writers wait (back-pressure) instead of memory growing.
-        self.queue: queue.Queue[tuple[int, list[dict[str, Any]]]] = queue.Queue(maxsize=1000)
+        self.queue: queue.Queue[tuple[int, list[Entry]]] = queue.Queue(maxsize=1000)
 
     def run(self) -> None:
         while True:
-            deployment_id, wire = self.queue.get()
-            publish(deployment_id, wire)
+            deployment_id, entries = self.queue.get()
+            publish_entries(deployment_id, entries)
 
 
 _publisher: _Publisher | None = None
@@ -105,12 +137,18 @@ _publisher_lock = threading.Lock()
 
 def publish_later(deployment_id: int, wire_events: list[dict[str, Any]]) -> None:
     """publish() on the process's publisher thread (started on first use)."""
+    publish_entries_later(deployment_id,
+                          [(e["seq"], e["kind"], wire_json(e)) for e in wire_events])
+
+
+def publish_entries_later(deployment_id: int, entries: list[Entry]) -> None:
+    """publish_entries() on the process's publisher thread (started on first use)."""
     global _publisher
     with _publisher_lock:
         if _publisher is None or not _publisher.is_alive():
             _publisher = _Publisher()
             _publisher.start()
-    _publisher.queue.put((deployment_id, wire_events))
+    _publisher.queue.put((deployment_id, entries))
 
 
 def blocking_reader(block_s: float) -> aioredis.Redis:

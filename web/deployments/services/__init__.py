@@ -34,7 +34,7 @@ from .deployments import (
 )
 from .engines import _container_plan as _container_plan  # the worker tests build a plan
 from .engines import deployment_run, deployment_stop, identity_of
-from .events import events_append
+from .events import events_append, events_append_batch
 from .leases import gpu_leases_acquire, gpu_leases_release
 
 __all__ = [
@@ -60,6 +60,7 @@ __all__ = [
     "deployment_stop",
     "deployment_validate",
     "events_append",
+    "events_append_batch",
     "gpu_leases_acquire",
     "gpu_leases_release",
     "recipe_load",

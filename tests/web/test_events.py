@@ -1,0 +1,101 @@
+"""The event log's writes (web/deployments/services/events.py) and their live entries."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from web.deployments import live, services
+from web.deployments.models import Event
+
+from .specs import spec
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+# Text COPY treats backslash, tab and newline specially; the JSON must come back exact.
+AWKWARD = ["plain", "back\\slash \\n not a newline", "tab\there", "new\nline", "quote \" it",
+           "ünïcödé ✓ 日本", "cr\rbar 50%|#####", "\\", "\\\\N", "\\."]
+
+
+def _deployment() -> int:
+    return services.deployment_create(data=spec(), confirm_warnings=True).pk
+
+
+def _entries(client, pk: int, count: int, limit_s: float = 10) -> list:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        entries = client.xrange(live.stream_key(pk))
+        if len(entries) >= count:
+            return entries
+        time.sleep(0.02)
+    return client.xrange(live.stream_key(pk))
+
+
+def _log(n: int) -> list[tuple[str, dict]]:
+    return [("log", {"stream": "stdout", "text": f"{AWKWARD[i % len(AWKWARD)]} {i}"})
+            for i in range(n)]
+
+
+@pytest.mark.parametrize("size", [3, services.events.COPY_MIN_ROWS + 7])
+def test_a_batch_comes_back_exactly_as_written_by_insert_or_copy(size, live_channel):  # type: ignore[no-untyped-def]
+    pk = _deployment()
+    before = Event.objects.filter(deployment_id=pk).count()
+    events = _log(size)
+    last = services.events_append_batch(deployment_id=pk, events=events)
+    stored = list(Event.objects.filter(deployment_id=pk, seq__gt=before).order_by("seq"))
+    assert [(e.kind, e.payload) for e in stored] == events
+    assert [e.seq for e in stored] == list(range(before + 1, last + 1))
+
+
+def test_each_live_entry_is_the_stored_events_wire_json(live_channel):  # type: ignore[no-untyped-def]
+    pk = _deployment()
+    before = Event.objects.filter(deployment_id=pk).count()
+    events = _log(120) + [("metric", {"kind": "decode_stats", "accept_len": 3.25, "ok": True})]
+    last = services.events_append_batch(deployment_id=pk, events=events)
+    entries = _entries(live_channel, pk, last)
+    stored = {e.seq: e for e in Event.objects.filter(deployment_id=pk)}
+    assert [live.seq_of(entry_id) for entry_id, _ in entries] == list(range(1, last + 1))
+    for entry_id, fields in entries[before:]:
+        row = stored[live.seq_of(entry_id)]
+        assert list(fields) == [b"data", b"kind"]
+        assert fields[b"kind"].decode() == row.kind
+        assert json.loads(fields[b"data"]) == row.to_wire()
+
+
+def test_events_append_returns_its_rows_whose_wire_json_is_the_live_data(live_channel):  # type: ignore[no-untyped-def]
+    pk = _deployment()
+    rows = services.events_append(deployment_id=pk, events=_log(60))
+    first = rows[0].seq
+    assert [r.seq for r in rows] == list(range(first, first + 60))
+    entries = dict(_entries(live_channel, pk, rows[-1].seq))
+    for row in rows:
+        assert entries[f"0-{row.seq}".encode()][b"data"].decode() == live.wire_json(row.to_wire())
+
+
+def test_seqs_stay_gap_free_across_batches_of_both_kinds(live_channel):  # type: ignore[no-untyped-def]
+    pk = _deployment()
+    services.events_append(deployment_id=pk, events=_log(2))
+    services.events_append_batch(deployment_id=pk, events=_log(80))
+    services.events_append_batch(deployment_id=pk, events=[])
+    services.events_append(deployment_id=pk, events=_log(1))
+    seqs = list(Event.objects.filter(deployment_id=pk).order_by("seq").values_list("seq", flat=True))
+    assert seqs == list(range(1, len(seqs) + 1))
+
+
+def test_a_batch_for_a_missing_deployment_is_refused_and_stores_nothing():  # type: ignore[no-untyped-def]
+    from web.deployments.models import Deployment
+
+    with pytest.raises(Deployment.DoesNotExist):
+        services.events_append_batch(deployment_id=987654, events=_log(3))
+    assert not Event.objects.filter(deployment_id=987654).exists()
+
+
+def test_a_live_entry_that_lost_a_race_is_skipped_and_the_rest_are_added(live_channel):  # type: ignore[no-untyped-def]
+    live.publish_entries(424242, [(5, "log", '{"seq":5}')])
+    live.publish_entries(424242, [(4, "log", '{"seq":4}'), (6, "log", '{"seq":6}'),
+                                  (7, "end", '{"seq":7}')])
+    entries = live_channel.xrange(live.stream_key(424242))
+    assert [(live.seq_of(i), f[b"kind"], f[b"data"]) for i, f in entries] == [
+        (5, b"log", b'{"seq":5}'), (6, b"log", b'{"seq":6}'), (7, b"end", b'{"seq":7}')]
