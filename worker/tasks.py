@@ -34,3 +34,12 @@ def verification(run_id: int) -> str:
     from web.benchmarks import verification_services
 
     return verification_services.verification_run(run_id=run_id)
+
+
+# A model root's read rate (issue 23): on the store's queue, beside the downloads, since
+# it reads the same disk; sent with queue="models" (services/loadtime.py).
+@app.task(name="worker.tasks.store_read_rate", acks_late=True)
+def store_read_rate(root: str) -> str:
+    from web.deployments.services import loadtime
+
+    return f"{loadtime.root_read_rate_measure(root=root).gbps:.3f} GB/s"

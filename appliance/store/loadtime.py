@@ -90,6 +90,55 @@ def _duration(seconds: float) -> str:
     return f"{minutes} min {rest:02d} s"
 
 
+def _loaded_bytes(estimate: dict[str, Any], done: dict[str, Any]) -> float | None:
+    """The bytes a finished load read: the checkpoint's, else what the log's mem usage
+    (GiB on each rank that printed it) adds up to."""
+    if estimate.get("bytes"):
+        return float(estimate["bytes"])
+    usage = done.get("mem_usage_gb")
+    return float(usage) * 2**30 * (done.get("ranks") or 1) if usage else None
+
+
+def load_report(*, estimate: dict[str, Any], progress: dict[str, Any]) -> dict[str, Any]:
+    """Per model ("weights", "draft_weights"): the expected load and, once the engine has
+    loaded it, the GB/s it reached and that rate's share of the disk's measured one.
+
+    estimate is Deployment.load_estimate (bytes, read_gbps, expected_s per model); progress
+    the folded weights events (finished, elapsed_s of the slowest rank, mem_usage_gb, ranks).
+    """
+    report: dict[str, Any] = {}
+    for key in ("weights", "draft_weights"):
+        expected, done = estimate.get(key) or {}, progress.get(key) or {}
+        row: dict[str, Any] = {k: expected.get(k) for k in ("bytes", "read_gbps", "expected_s")}
+        size, elapsed = _loaded_bytes(expected, done), done.get("elapsed_s")
+        if done.get("finished") and size and elapsed:
+            row["elapsed_s"] = elapsed
+            row["gbps"] = round(size / GB / elapsed, 3)
+            if expected.get("read_gbps"):
+                row["share"] = round(row["gbps"] / expected["read_gbps"], 3)
+        if any(v is not None for v in row.values()):
+            report[key] = row
+    return report
+
+
+def load_text(row: dict[str, Any]) -> str:
+    """One line of the Weights card for a load_report row (detail.js writes the same)."""
+    size, rate = row.get("bytes"), row.get("read_gbps")
+    if row.get("gbps") is not None:
+        text = f"read at {row['gbps']:.2f} GB/s in {row['elapsed_s']} s"
+        if row.get("share") is not None:
+            text += f": {100 * row['share']:.0f} % of the disk's measured {rate:.2f} GB/s"
+        if row.get("expected_s") is not None:
+            text += f" (expected {_duration(row['expected_s'])})"
+        return text
+    if size and rate:
+        return (f"expected load {_duration(row['expected_s'])}: {size / GB:.2f} GB at the "
+                f"disk's measured {rate:.2f} GB/s")
+    if size:
+        return f"{size / GB:.2f} GB to load; the disk's read rate is not measured yet"
+    return ""
+
+
 # ---------------------------------------------------------------- command line
 
 EXIT_OK, EXIT_FAILED = 0, 1

@@ -18,7 +18,7 @@ from appliance.store.diskrate import (
     filesystem_type,
     measure_read_rate,
 )
-from appliance.store.loadtime import describe_load, load_seconds, predict_load
+from appliance.store.loadtime import describe_load, load_report, load_seconds, predict_load
 
 ROOT = Path(__file__).resolve().parents[2]
 MIB = 1024**2
@@ -142,3 +142,22 @@ def test_the_commands_fail_with_a_message_on_a_missing_folder(tmp_path: Path) ->
         assert done.returncode == 1
         assert json.loads(done.stdout) == {"error": f"{tmp_path / 'nope'}: no such "
                                            f"{'file or folder' if command == 'read-rate' else 'folder'}"}
+
+
+def test_the_load_report_gives_the_engines_rate_and_its_share_of_the_disks() -> None:
+    estimate = {"weights": {"bytes": 6 * 10**9, "read_gbps": 2.0, "expected_s": 3.0}}
+    loading = load_report(estimate=estimate, progress={"weights": {"done": 1, "total": 4}})
+    assert loading == {"weights": {"bytes": 6 * 10**9, "read_gbps": 2.0, "expected_s": 3.0}}
+    # The real engine's line: "Load weight end. elapsed=4.00 s, ... mem usage=5.59 GB."
+    loaded = load_report(estimate=estimate, progress={"weights": {
+        "finished": True, "elapsed_s": 4.0, "mem_usage_gb": 5.59, "ranks": 1}})
+    assert loaded["weights"] == {"bytes": 6 * 10**9, "read_gbps": 2.0, "expected_s": 3.0,
+                                 "elapsed_s": 4.0, "gbps": 1.5, "share": 0.75}
+
+
+def test_without_an_estimate_the_rate_comes_from_the_logs_memory_use_on_every_rank() -> None:
+    # tests/fixtures/real-engine/433c58ed7: "elapsed=0.23 s, ... mem usage=0.12 GB" on TP0.
+    report = load_report(estimate={}, progress={"weights": {
+        "finished": True, "elapsed_s": 0.23, "mem_usage_gb": 0.12, "ranks": 2}})
+    assert report["weights"]["gbps"] == round(0.12 * 2**30 * 2 / 1e9 / 0.23, 3)
+    assert "share" not in report["weights"] and "draft_weights" not in report

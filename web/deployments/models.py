@@ -106,6 +106,9 @@ class Deployment(models.Model):
     run = models.PositiveIntegerField(default=1)
     restarts = models.PositiveIntegerField(default=0)
     restart_not_before = models.DateTimeField(null=True, blank=True)
+    # The expected weight load per model ("weights", "draft_weights"): bytes, the root's
+    # read rate and seconds (services/loadtime.py); the Weights card compares the real one.
+    load_estimate = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -313,3 +316,19 @@ class MetricPoint(models.Model):
         return cls(deployment_id=deployment_id, resolution_s=resolution_s, gpus=gpus,
                    ts=datetime.fromtimestamp(point.t, tz=UTC),
                    **{name: getattr(point, name) for name in series.SCALARS})
+
+
+class RootReadRate(models.Model):
+    """A model root's sequential read rate, page cache bypassed (appliance.store.diskrate):
+    what a model's expected load time is worked out from. The latest measurement per root."""
+
+    root = models.CharField(max_length=500, unique=True)
+    gbps = models.FloatField()
+    bytes_read = models.BigIntegerField()
+    seconds = models.FloatField()
+    method = models.CharField(max_length=20)
+    note = models.TextField(blank=True, default="")
+    measured_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.root}: {self.gbps:.2f} GB/s"

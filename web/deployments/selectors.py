@@ -13,6 +13,7 @@ from django.db.models.functions import Coalesce
 from appliance.engine.spec import SpecError, spec_from_dict
 from appliance.engine.widths import needed_graph_widths
 from appliance.runtime import series
+from appliance.store.loadtime import load_report, load_text
 
 from .models import (
     LINE_KINDS,
@@ -158,6 +159,10 @@ def deployment_summary(*, deployment: Deployment) -> dict[str, Any]:
         "last_seq": deployment.last_seq,
         "is_terminal": deployment.is_terminal,
         "graph_widths": graph_widths(deployment=deployment),
+        # Expected weight load, and the GB/s the engine reached against the disk's rate.
+        "load": (load := load_report(estimate=deployment.load_estimate or {},
+                                     progress=deployment.progress or {})),
+        "load_text": {key: load_text(row) for key, row in load.items()},
     }
 
 

@@ -44,6 +44,7 @@ from .hosts import (
     host_secret_names,
 )
 from .leases import gpu_leases_acquire, gpu_leases_release
+from .loadtime import load_estimate, root_read_rate_request, store_facts, unmeasured_roots
 from .modelfiles import local_model_facts
 
 S = DeploymentStatus
@@ -134,7 +135,8 @@ def deployment_validate(*, data: dict[str, Any]) -> tuple[DeploymentSpec, list[F
         raise DeploymentInputError(errors=_spec_errors(exc)) from None
     # Only files under the model roots are read here (modelfiles.py), never a path as given.
     findings = run_preflight(spec, recipe=recipe, read_local_configs=False,
-                             host_gpus=host_gpu_inventory(), **local_model_facts(spec),
+                             host_gpus=host_gpu_inventory(),
+                             **store_facts(spec, local_model_facts(spec)),
                              secret_names=host_secret_names(directory=settings.ENGINE_SECRETS_DIR))
     findings += host_gpu_findings(gpus=list(spec.gpus), gpu_requests=settings.ENGINE_GPU_REQUESTS)
     findings += host_gpu_inventory_findings(gpus=list(spec.gpus), configured=settings.GPU_COUNT)
@@ -178,6 +180,7 @@ def deployment_create(
             algorithm=spec.engine.speculative_algorithm,
             gpus=list(spec.gpus),
             preflight=[f.to_dict() for f in findings],
+            load_estimate=load_estimate(spec),
             rebuild_image=rebuild_image,
             created_by=user if user is not None and user.is_authenticated else None,  # type: ignore[misc]
         )
@@ -191,6 +194,8 @@ def deployment_create(
             ],
         )
         transaction.on_commit(lambda: _enqueue("worker.tasks.deploy", deployment.pk))
+        for root in unmeasured_roots(spec):  # the Weights card compares the load with it
+            root_read_rate_request(root=root)
     return deployment
 
 

@@ -15,12 +15,18 @@ from django.conf import settings
 
 from appliance.engine.spec import spec_from_dict
 from appliance.preflight import gpu_check_args
-from appliance.runtime.containers import Identity
+from appliance.runtime.containers import EngineRuntimeError, Identity
 
 from ..models import Deployment, DeploymentStatus
 from ._shared import _runtime, instance_id
 from .builds import _BuildStopped, _ensure_image, build_claim
 from .deployments import deployment_mark_starting, deployment_mark_stopped
+from .loadtime import (
+    MODEL_WAIT_POLL_S,
+    deployment_model_wait,
+    deployment_models_refused,
+    engine_model_mounts,
+)
 
 log = logging.getLogger(__name__)
 S = DeploymentStatus
@@ -131,9 +137,12 @@ def _container_plan(deployment: Deployment, image: str) -> Any:
 
     spec = spec_from_dict(deployment.spec)
     launch = launch_args(spec)
+    refused = deployment_models_refused(deployment=deployment)
+    if refused:  # never mounted: the agent fails the start before this (agent._may_start)
+        raise EngineRuntimeError(f"not verified in the model store: {', '.join(refused)}")
     volumes: dict[str, dict[str, str]] = {}
     if settings.MODELS_DIR:
-        volumes[str(settings.MODELS_DIR)] = {"bind": "/models", "mode": "ro"}
+        volumes = engine_model_mounts(argv=launch.argv, models_dir=str(settings.MODELS_DIR))
     env = {**launch.env, **settings.ENGINE_EXTRA_ENV}
     if spec.self_check and settings.ENGINE_GPU_CHECK:
         # The image's entrypoint runs appliance.selfcheck with these before the engine.
@@ -166,6 +175,12 @@ def deployment_run(*, deployment_id: int) -> str:
     host's engines starts the container, follows it to ready, and on for its whole life.
     """
     deployment = Deployment.objects.get(pk=deployment_id)
+    if deployment.status == S.QUEUED:
+        waited = deployment_model_wait(deployment_id=deployment_id)
+        if waited == "waiting":  # the download runs on: look again in a moment
+            _enqueue_later("worker.tasks.deploy", deployment_id, MODEL_WAIT_POLL_S)
+        if waited != "ready":
+            return waited
     if deployment.status not in {S.QUEUED, S.BUILDING} or not build_claim(deployment_id):
         return str(deployment.status)  # done already, or a live worker builds it
     try:
@@ -177,6 +192,12 @@ def deployment_run(*, deployment_id: int) -> str:
     deployment_mark_starting(deployment_id=deployment_id, image=image,
                              start_token=secrets.token_hex(8))
     return str(Deployment.objects.get(pk=deployment_id).status)
+
+
+def _enqueue_later(task_name: str, deployment_id: int, countdown: float) -> None:
+    from worker.celery import app
+
+    app.send_task(task_name, args=[deployment_id], countdown=countdown)
 
 
 def deployment_stop(*, deployment_id: int) -> str:

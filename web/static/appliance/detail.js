@@ -82,17 +82,53 @@
     if (cell) cell.textContent = e.mem_usage_gb + " GB";
   }
 
+  // The weight load's GB/s against the disk's measured rate (summary.load: bytes, read_gbps,
+  // expected_s per model); the same words as appliance.store.loadtime.load_text.
+  const loadStart = {};
+  let summaryLoad = {};
+  function duration(s) {
+    if (s < 60) return s.toFixed(1) + " s";
+    const r = Math.round(s);
+    return Math.floor(r / 60) + " min " + String(r % 60).padStart(2, "0") + " s";
+  }
+  function showRate(key, gbps, elapsed, live) {
+    const row = (summaryLoad || {})[key];
+    if (!row || !row.bytes) return;
+    let text = (live ? "reading at " + gbps.toFixed(2) + " GB/s so far"
+      : "read at " + gbps.toFixed(2) + " GB/s in " + elapsed + " s");
+    if (row.read_gbps) text += ": " + Math.round(100 * gbps / row.read_gbps) + " % of the disk's measured " + row.read_gbps.toFixed(2) + " GB/s";
+    if (row.expected_s != null) text += " (expected " + duration(row.expected_s) + ")";
+    const el = document.getElementById(key === "draft_weights" ? "draft-weights-rate" : "weights-rate");
+    el.textContent = (key === "draft_weights" ? "drafter: " : "") + text;
+    el.hidden = false;
+  }
+  function showDownload(e) {
+    const el = document.getElementById("model-download");
+    const pct = e.size_bytes ? " (" + Math.floor(100 * e.bytes_done / e.size_bytes) + " %)" : "";
+    el.textContent = "waiting for the model store: " + e.path + " is " + e.state + pct;
+    el.hidden = e.state === "ready";
+  }
+
   const progress = {};
   function foldProgress(e) {
     switch (e.kind) {
+      case "model_download": showDownload(e); return;
       case "weights_begin":
         progress.loading = e.model === "draft" ? "draft_weights" : "weights";
         progress[progress.loading] = {done: 0, total: null};
+        loadStart[progress.loading] = Date.now();
         break;
-      case "weights_progress": progress[progress.loading || "weights"] = {done: e.done, total: e.total}; break;
+      case "weights_progress": {
+        const key = progress.loading || "weights", row = (summaryLoad || {})[key];
+        progress[key] = {done: e.done, total: e.total};
+        const secs = (Date.now() - (loadStart[key] || Date.now())) / 1000;
+        if (row && row.bytes && e.total && secs > 0) showRate(key, row.bytes * e.done / e.total / 1e9 / secs, null, true);
+        break;
+      }
       case "weights_end": {
-        const key = e.model === "draft" ? "draft_weights" : "weights";
+        const key = e.model === "draft" ? "draft_weights" : "weights", row = (summaryLoad || {})[key];
         progress[key] = Object.assign(progress[key] || {}, {finished: true, elapsed_s: e.elapsed_s});
+        if (row && row.bytes && e.elapsed_s) showRate(key, row.bytes / 1e9 / e.elapsed_s, e.elapsed_s, false);
         break;
       }
       case "capture_begin":
@@ -257,6 +293,7 @@
   }
 
   const summary = JSON.parse(document.getElementById("summary-data").textContent);
+  summaryLoad = summary.load || {};
   // A failure is shown where it happened: the furthest phase this run reached.
   const times = JSON.parse(document.getElementById("status-times").textContent) || {};
   order.forEach(function (status, i) { if (times[status]) furthest = i; });

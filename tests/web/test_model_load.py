@@ -1,0 +1,203 @@
+"""Deployments and the model store: pre-flight on store entries, the expected load time from
+the root's measured read rate, the wait for a download, and what is mounted into an engine.
+
+The models are real folders under a real root (scanned by the store into real entries);
+the read rate is measured on them; a download still running is an entry in that state.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from django.test import Client
+from django.urls import reverse
+
+from tests.models import write_model
+from web.deployments import services
+from web.deployments.models import Deployment, EventKind, RootReadRate
+from web.deployments.services.loadtime import (
+    deployment_model_wait,
+    root_read_rate_measure,
+)
+from web.store.models import ModelEntry, ModelState
+from web.store.services.scan import model_store_scan
+
+from .specs import spec
+
+pytestmark = pytest.mark.django_db
+MIB = 1024**2
+
+
+@pytest.fixture
+def root(tmp_path: Path, settings):  # type: ignore[no-untyped-def]
+    """A root holding a 4 MiB target and a drafter; the store has scanned it."""
+    settings.MODEL_ROOTS = [str(tmp_path)]
+    target = write_model(tmp_path / "Kimi-K2.6", {"architectures": ["DeepseekV3ForCausalLM"],
+                                                  "model_type": "kimi_k2", "kv_lora_rank": 512})
+    (target / "model.safetensors").unlink()
+    (target / "model-00001-of-00001.safetensors").write_bytes(_safetensors(MIB))
+    write_model(tmp_path / "Kimi-K2.6-DFlash", {"architectures": ["DFlashDraftModel"],
+                                                "model_type": "qwen3"})
+    model_store_scan()
+    return tmp_path
+
+
+def _safetensors(values: int) -> bytes:
+    from tests.models import safetensors_bytes
+
+    return safetensors_bytes(values)
+
+
+def _entry(name: str) -> ModelEntry:
+    return ModelEntry.objects.get(relative_path=name)
+
+
+def _findings(deployment: Deployment, rule: str) -> list[dict[str, str]]:
+    return [f for f in deployment.preflight if f["rule"] == rule]
+
+
+def test_the_store_scanned_the_roots_real_folders_as_ready(root: Path) -> None:
+    assert {e.relative_path: e.state for e in ModelEntry.objects.all()} == {
+        "Kimi-K2.6": ModelState.READY, "Kimi-K2.6-DFlash": ModelState.READY}
+
+
+def test_a_roots_read_rate_is_measured_on_its_weight_files_and_kept(root: Path) -> None:
+    row = root_read_rate_measure(root=str(root))
+    assert row.bytes_read == sum(p.stat().st_size for p in root.rglob("*.safetensors"))
+    assert row.gbps > 0 and row.method == "o_direct"
+    again = root_read_rate_measure(root=str(root))
+    assert RootReadRate.objects.count() == 1 and again.measured_at >= row.measured_at
+
+
+def test_a_deployment_carries_its_expected_load_from_size_and_the_roots_rate(root: Path) -> None:
+    rate = root_read_rate_measure(root=str(root))
+    deployment = services.deployment_create(data=spec(), confirm_warnings=True)
+    size = _entry("Kimi-K2.6").size_bytes  # the store's entry: every file of the folder
+    assert size >= (root / "Kimi-K2.6" / "model-00001-of-00001.safetensors").stat().st_size
+    weights = deployment.load_estimate["weights"]
+    assert weights["bytes"] == size and weights["read_gbps"] == rate.gbps
+    assert weights["expected_s"] == pytest.approx(size / 1e9 / rate.gbps)
+    [target] = [f for f in _findings(deployment, "load-time")
+                if f["field"] == "engine.model_path"]
+    assert f"at {rate.gbps:.2f} GB/s" in target["message"]
+    assert "measured sequential read rate" in target["message"]
+
+
+def test_an_unmeasured_root_is_said_so_and_the_store_measures_it(root: Path) -> None:
+    deployment = services.deployment_create(data=spec(), confirm_warnings=True)
+    [target] = [f for f in _findings(deployment, "load-time")
+                if f["field"] == "engine.model_path"]
+    assert "not measured" in target["message"]
+    assert deployment.load_estimate["weights"]["read_gbps"] is None
+
+
+def test_a_partial_model_is_refused_naming_the_field(root: Path) -> None:
+    # Cut the drafter's weights short: the scan finds the file shorter than its header says.
+    shard = root / "Kimi-K2.6-DFlash" / "model.safetensors"
+    shard.write_bytes(shard.read_bytes()[:-4])
+    model_store_scan()
+    assert _entry("Kimi-K2.6-DFlash").state == ModelState.PARTIAL
+    with pytest.raises(services.DeploymentInputError) as caught:
+        services.deployment_validate(data=spec())
+    [message] = caught.value.errors["engine.speculative_draft_model_path"]
+    assert "is partial in the model store" in message and "[model-not-ready]" in message
+
+
+def test_a_failed_download_is_refused_with_its_error(root: Path) -> None:
+    ModelEntry.objects.filter(relative_path="Kimi-K2.6").update(
+        state=ModelState.FAILED, error="sha256 of model-00001-of-00001.safetensors differs")
+    with pytest.raises(services.DeploymentInputError) as caught:
+        services.deployment_validate(data=spec())
+    [message] = caught.value.errors["engine.model_path"]
+    assert "failed in the model store: sha256 of model-00001-of-00001.safetensors" in message
+
+
+def test_a_folder_in_a_root_the_store_has_not_listed_is_reported_unverified(root: Path) -> None:
+    write_model(root / "fresh")
+    _, findings = services.deployment_validate(data=spec(engine__model_path="/models/fresh"))
+    [info] = [f for f in findings if f.rule == "model-unverified"]
+    assert info.field == "engine.model_path" and info.severity == "info"
+
+
+def _downloading(name: str, done: int = 256 * MIB, size: int = 1024 * MIB) -> None:
+    ModelEntry.objects.filter(relative_path=name).update(
+        state=ModelState.DOWNLOADING, bytes_done=done, size_bytes=size)
+
+
+def test_a_downloading_model_waits_with_its_progress_instead_of_starting(root: Path) -> None:
+    (root / "Kimi-K2.6" / "config.json").unlink()  # not there yet mid-download
+    _downloading("Kimi-K2.6")
+    deployment = services.deployment_create(data=spec(), confirm_warnings=True)
+    assert "still downloading (25 %" in _findings(deployment, "model-downloading")[0]["message"]
+    assert deployment_model_wait(deployment_id=deployment.pk) == "waiting"
+    deployment.refresh_from_db()
+    assert (deployment.status, deployment.phase) == ("queued", "model_download")
+    assert deployment.progress["model_download"] == {
+        "path": "/models/Kimi-K2.6", "entry_id": _entry("Kimi-K2.6").pk,
+        "state": "downloading", "bytes_done": 256 * MIB, "size_bytes": 1024 * MIB,
+        "rate_bps": 0.0}
+    [event] = deployment.events.filter(kind=EventKind.PROGRESS)
+    assert event.payload["kind"] == "model_download"
+    # The same state and percent again writes no second event; a new percent does.
+    deployment_model_wait(deployment_id=deployment.pk)
+    _downloading("Kimi-K2.6", done=512 * MIB)
+    deployment_model_wait(deployment_id=deployment.pk)
+    assert deployment.events.filter(kind=EventKind.PROGRESS).count() == 2
+
+
+def test_a_verified_download_lets_the_deployment_go_on(root: Path) -> None:
+    _downloading("Kimi-K2.6")
+    deployment = services.deployment_create(data=spec(), confirm_warnings=True)
+    deployment_model_wait(deployment_id=deployment.pk)
+    ModelEntry.objects.filter(relative_path="Kimi-K2.6").update(state=ModelState.READY)
+    assert deployment_model_wait(deployment_id=deployment.pk) == "ready"
+    deployment.refresh_from_db()
+    assert deployment.progress["model_download"]["state"] == "ready"
+    assert deployment.load_estimate["weights"]["bytes"] == 1024 * MIB
+
+
+def test_a_download_that_fails_while_waiting_fails_the_deployment_clearly(root: Path) -> None:
+    _downloading("Kimi-K2.6-DFlash")
+    deployment = services.deployment_create(data=spec(), confirm_warnings=True)
+    ModelEntry.objects.filter(relative_path="Kimi-K2.6-DFlash").update(
+        state=ModelState.CANCELLED)
+    assert deployment_model_wait(deployment_id=deployment.pk) == "failed"
+    deployment.refresh_from_db()
+    assert deployment.status == "failed"
+    assert deployment.diagnosis["cause"] == "model-download-failed"
+    assert "/models/Kimi-K2.6-DFlash is cancelled" in deployment.diagnosis["summary"]
+
+
+def test_an_unverified_model_is_never_mounted_and_the_others_are_mounted_alone(
+        root: Path, settings) -> None:  # type: ignore[no-untyped-def]
+    settings.MODELS_DIR = "/srv/models"
+    write_model(root / "half-downloaded")
+    deployment = services.deployment_create(data=spec(), confirm_warnings=True)
+    plan = services._container_plan(deployment, "img")
+    assert plan.volumes == {
+        "/srv/models/Kimi-K2.6": {"bind": "/models/Kimi-K2.6", "mode": "ro"},
+        "/srv/models/Kimi-K2.6-DFlash": {"bind": "/models/Kimi-K2.6-DFlash", "mode": "ro"}}
+    ModelEntry.objects.filter(relative_path="Kimi-K2.6").update(state=ModelState.PARTIAL)
+    with pytest.raises(Exception, match=r"not verified in the model store: "
+                                        r"/models/Kimi-K2.6 \(partial\)"):
+        services._container_plan(deployment, "img")
+
+
+def test_the_weights_card_shows_the_expected_load_then_the_rate_reached(
+        root: Path, client: Client, admin) -> None:  # type: ignore[no-untyped-def]
+    RootReadRate.objects.create(root=str(root), gbps=2.0, bytes_read=1, seconds=1.0,
+                                method="o_direct", measured_at="2026-12-01T00:00:00Z")
+    deployment = services.deployment_create(data=spec(), confirm_warnings=True)
+    client.force_login(admin)
+    url = reverse("deployments:detail", args=[deployment.pk])
+    page = client.get(url).content.decode()
+    assert "expected load 0.0 s: 0.00 GB at the disk&#x27;s measured 2.00 GB/s" in page
+    # The engine's own line, folded as the agent folds it (the real 433c58ed7 shape).
+    size = deployment.load_estimate["weights"]["bytes"]
+    progress = {"weights": {"finished": True, "elapsed_s": 0.001, "mem_usage_gb": 0.12,
+                            "ranks": 1}}
+    Deployment.objects.filter(pk=deployment.pk).update(progress=progress)
+    page = client.get(url).content.decode()
+    gbps = size / 1e9 / 0.001
+    assert f"read at {gbps:.2f} GB/s in 0.001 s: {100 * gbps / 2.0:.0f} % of the disk" in page
