@@ -24,7 +24,7 @@ from typing import Any
 
 from aiohttp import web
 
-from appliance.bench.lossless import first_divergence
+from appliance.bench.lossless import TOP_LOGPROBS, first_divergence
 from appliance.bench.verify import BUILTIN_PROMPTS, SHIPPED_PROMPTS_FILE, shipped_prompts
 from tests.appliance import real_engine as rec
 
@@ -156,12 +156,12 @@ def test_the_text_report_shows_each_part_side_by_side() -> None:
     assert "match rate 6/12, near-ties 6, failures 0 (threshold 0.5)" in done.stdout
 
 
-def test_only_the_first_refusal_is_asked_of_a_and_b_is_asked_for_top_two() -> None:
+def test_only_the_first_refusal_is_asked_of_a_and_b_is_asked_for_its_top_log_probs() -> None:
     with generate_server(CAND, logprobs=False) as a, generate_server(BASE, logprobs=True) as b:
         assert verify("--a", a.url, "--b", b.url).returncode == 0
     a_seen, b_seen = a.seen, b.seen
     assert [bool(s.get("return_logprob")) for s in a_seen] == [True] + [False] * 12
-    assert all(s["return_logprob"] and s["top_logprobs_num"] == 2 for s in b_seen)
+    assert all(s["return_logprob"] and s["top_logprobs_num"] == TOP_LOGPROBS == 5 for s in b_seen)
     assert all(s["sampling_params"] == {"temperature": 0, "max_new_tokens": 64,
                                         "ignore_eos": True} for s in a_seen + b_seen)
 

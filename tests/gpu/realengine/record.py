@@ -43,6 +43,8 @@ sys.path.insert(0, str(HERE.parents[2]))
 from runs import COMPANION_PORT, PROBE_PROMPTS, RUNS, Run  # noqa: E402
 from substitutions import Launch, launch  # noqa: E402
 
+from appliance.bench.lossless import TOP_LOGPROBS  # noqa: E402
+
 PORT = 30000
 BASE = f"http://127.0.0.1:{PORT}"
 READY = "The server is fired up and ready to roll"
@@ -136,8 +138,9 @@ def get_text(path: str, timeout: float = 30) -> tuple[int, str]:
         return 0, f"{type(exc).__name__}: {exc}"
 
 
-def post_json(path: str, body: dict[str, Any], timeout: float = 120) -> tuple[int, Any]:
-    request = urllib.request.Request(BASE + path, data=json.dumps(body).encode(), method="POST",
+def post_json(path: str, body: dict[str, Any], timeout: float = 120,
+              base: str = BASE) -> tuple[int, Any]:
+    request = urllib.request.Request(base + path, data=json.dumps(body).encode(), method="POST",
                                      headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
@@ -172,7 +175,7 @@ def served_model() -> str:
         return "default"
 
 
-def probe(folder: Path) -> None:
+def probe(folder: Path, base: str = BASE, name: str = "probe.json", top: int = 2) -> None:
     """Each prompt with the top-2 log-probs; where the engine refuses them (433c58ed7's DFLASH
     and DDTREE answer 400 "does not support return_logprob yet"), the refusal is kept and the
     prompt is sent again without them: the baseline's log-probs judge where outputs part."""
@@ -181,14 +184,16 @@ def probe(folder: Path) -> None:
         began = time.time()
         sampling = {"temperature": 0, "max_new_tokens": 64, "ignore_eos": True}
         status, body = post_json("/generate", {"text": prompt, "return_logprob": True,
-                                               "top_logprobs_num": 2, "sampling_params": sampling})
+                                               "top_logprobs_num": top, "sampling_params": sampling},
+                                 base=base)
         answer = {"prompt": prompt, "logprobs": status == 200}
         if status != 200:
             answer["refused"] = {"status": status, "body": body}
-            status, body = post_json("/generate", {"text": prompt, "sampling_params": sampling})
+            status, body = post_json("/generate", {"text": prompt, "sampling_params": sampling},
+                                     base=base)
         answer.update(status=status, s=round(time.time() - began, 3), response=body)
         answers.append(answer)
-    (folder / "probe.json").write_text(json.dumps(answers))
+    (folder / name).write_text(json.dumps(answers))
 
 
 def bench(folder: Path, levels: tuple[int, ...]) -> None:
@@ -295,6 +300,9 @@ def serve_and_record(run: Run, folder: Path, scraper: Scraper) -> None:
     probe(folder)
     if run.companion:
         verify_against_companion(folder)
+        # B's own answers with as many log-probs as the check asks for: the tests re-judge.
+        probe(folder, base=f"http://127.0.0.1:{COMPANION_PORT}", name="probe_companion.json",
+              top=TOP_LOGPROBS)
     bench(folder, run.bench_levels)
     scraper.phase = "idle-after"
     time.sleep(IDLE_S)

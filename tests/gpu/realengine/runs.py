@@ -79,6 +79,12 @@ RUNS = _runs(
     Run("verify_ddtree_base", "DDTREE triton (A) verified against no speculation (B)", "ddtree",
         spec_overrides={"engine.mem_fraction_static": 0.45}, argv_overrides=TRITON,
         bench_levels=(), self_check=False, companion="base_companion"),
+    Run("base_fa3_companion", "no speculation, the engine's default backend (fa3): B for "
+        "verify_dflash_fa3", "dflash", spec_overrides={**NO_SPECULATION, "engine.mem_fraction_static": 0.3},
+        argv_overrides={"--port": "30001"}, serve=False, self_check=False),
+    Run("verify_dflash_fa3", "DFLASH on fa3 (A) verified against no speculation on fa3 (B)",
+        "dflash", spec_overrides={"engine.mem_fraction_static": 0.45}, bench_levels=(),
+        self_check=False, companion="base_fa3_companion"),
     # A model of several GB (big-kimi, 5.7 GB in 8 shards): its load time predicted by the
     # product from size and the disk's measured read rate, then measured from the real log.
     Run("bigload_triton", "no speculation, triton, big-kimi from a cold page cache", "ddtree",
