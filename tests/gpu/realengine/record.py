@@ -267,8 +267,8 @@ def predict_load(folder: Path, model: Path) -> None:
     each from a cold page cache; evicted once more so the engine reads the disk too."""
     result: dict[str, Any] = {"model": str(model), "files": {
         p.name: p.stat().st_size for p in sorted(model.iterdir()) if p.is_file()}}
-    for name, argv in (("read_rate", ["store", "read-rate", str(model), "--json"]),
-                       ("predict", ["store", "predict", str(model), "--json"])):
+    for name, argv in (("read_rate", ["store", "read-rate", str(model)]),
+                       ("predict", ["store", "predict", str(model)])):
         result[f"evict_before_{name}"] = evict(model)
         done = subprocess.run([sys.executable, "-m", "appliance", *argv], capture_output=True,
                               text=True, cwd=HERE.parents[2], timeout=180, check=False)
