@@ -4,6 +4,7 @@ from rest_framework.permissions import IsAuthenticated
 from rest_framework.routers import DefaultRouter
 
 from web.benchmarks.api import BenchmarkViewSet
+from web.store.api import ModelEntryViewSet
 from web.benchmarks.verification_api import VerificationViewSet
 
 from . import views
@@ -18,6 +19,7 @@ class JSONRouter(DefaultRouter):
 router = JSONRouter()
 router.register("deployments", views.DeploymentViewSet, basename="deployment")
 router.register("benchmarks", BenchmarkViewSet, basename="benchmark")
+router.register("models", ModelEntryViewSet, basename="model")
 router.register("verifications", VerificationViewSet, basename="verification")
 
 urlpatterns = [
