@@ -184,6 +184,8 @@ SESSION_ENGINE = "web.accounts.sessions"
 # Request bodies: a spec is a few KB; larger is refused with 413 (web/limits.py).
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("APPLIANCE_MAX_BODY_BYTES", 1024 * 1024)
 DATA_UPLOAD_MAX_NUMBER_FIELDS = 200
+# The gateway (/v1, web/gateway): a prompt of a long context is far larger than a spec.
+GATEWAY_MAX_BODY_BYTES = env_int("APPLIANCE_GATEWAY_MAX_BODY_BYTES", 32 * 1024 * 1024)
 
 # Login throttling (django-axes): after LOGIN_FAILURE_LIMIT wrong passwords for one username
 # from one address, that pair is refused for LOGIN_COOLOFF_MINUTES. Counters live in Redis.

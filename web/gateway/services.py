@@ -8,6 +8,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import redis
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
 from django.db.models import F
@@ -20,6 +22,9 @@ from web.gateway.selectors import KEY_PREFIX, PREFIX_LENGTH, secret_digest
 
 MAX_NAME = 100
 MAX_RATE_LIMIT = 1_000_000
+# Bumped at each revocation: the gateway's cached grants are good only at the epoch they were
+# read at (web/gateway/routing.py), so a revoked key stops at once in every panel process.
+KEYS_EPOCH = "appliance:gateway:keys-epoch"
 
 
 class ApiKeyError(ValueError):
@@ -95,7 +100,15 @@ def apikey_revoke(*, prefix: str, owner_username: str | None = None) -> bool:
     keys = ApiKey.objects.filter(prefix=bare, revoked_at__isnull=True)
     if owner_username is not None:
         keys = keys.filter(owner__username=owner_username)
-    return keys.update(revoked_at=timezone.now()) > 0
+    revoked = keys.update(revoked_at=timezone.now()) > 0
+    if revoked:
+        transaction.on_commit(_bump_epoch)
+    return revoked
+
+
+def _bump_epoch() -> None:
+    redis.Redis.from_url(settings.REDIS_URL,
+                         socket_timeout=settings.REDIS_SOCKET_TIMEOUT_S).incr(KEYS_EPOCH)
 
 
 def usage_record(*, key_id: int | None, user_id: int | None, deployment_id: int,

@@ -1,0 +1,364 @@
+"""The gateway's data plane: a thin ASGI pass-through in the panel's own uvicorn process.
+
+Only /v1/models, /v1/chat/completions and /v1/completions exist; everything else under /v1
+is a 404 here and never reaches an engine (SGLang's admin and internal routes, /generate,
+/flush_cache, /load_lora_adapter_from_tensors, /server_info, /metrics, stay unreachable).
+Streams pass through as the engine wrote them, event by event, in order; the engine's own
+usage (the body's `usage`, or a stream's last chunk) is counted per key and deployment.
+docs/gateway.md says why this and not sglang-router, with the measured overhead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import redis.asyncio as aioredis
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import connection
+
+from web.gateway import services
+from web.gateway.admission import (
+    NO_CREDENTIALS,
+    Caller,
+    Refusal,
+    models_for,
+    session_caller,
+    target_for,
+)
+from web.gateway.routing import routing
+from web.gateway.selectors import Target
+
+log = logging.getLogger(__name__)
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+ASGIApp = Callable[[Any, Any, Any], Awaitable[None]]
+
+ROUTES = {"/v1/models": "GET", "/v1/chat/completions": "POST", "/v1/completions": "POST"}
+GENERATIONS = frozenset({"/v1/chat/completions", "/v1/completions"})
+
+
+def with_gateway(django_app: ASGIApp) -> ASGIApp:
+    """The panel's ASGI app with /v1 answered here, before Django's middleware runs."""
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "") if scope["type"] == "http" else ""
+        if path == "/v1" or path.startswith("/v1/"):
+            await handle(scope, receive, send)
+        else:
+            await django_app(scope, receive, send)
+    return app
+
+
+# ------------------------------------------------------------------ shared clients, per loop
+
+_HTTP: dict[int, aiohttp.ClientSession] = {}
+
+
+def _http() -> aiohttp.ClientSession:
+    """One HTTP session per event loop: its connection pool to the engines stays warm."""
+    loop_id = id(asyncio.get_running_loop())
+    session = _HTTP.get(loop_id)
+    if session is None or session.closed:
+        session = _HTTP[loop_id] = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
+            # A generation may run for many minutes; only the connect is bounded.
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
+            auto_decompress=False)
+    return session
+
+
+# ------------------------------------------------------------------ responses
+
+async def _send_json(send: Send, status: int, body: Any,
+                     extra: list[tuple[bytes, bytes]] | None = None) -> None:
+    data = json.dumps(body).encode()
+    headers = [(b"content-type", b"application/json"),
+               (b"content-length", str(len(data)).encode()), *(extra or [])]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": data})
+
+
+async def _refuse(send: Send, refusal: Refusal) -> None:
+    extra = ([(b"retry-after", str(refusal.retry_after).encode())]
+             if refusal.retry_after is not None else [])
+    if refusal.status == 401:
+        extra.append((b"www-authenticate", b'Bearer realm="sd-appliance"'))
+    await _send_json(send, refusal.status, refusal.body(), extra)
+
+
+def _bad_request(message: str, param: str | None = None) -> Refusal:
+    return Refusal(400, message, "invalid_request_error", "invalid_request", param=param)
+
+
+# ------------------------------------------------------------------ the request
+
+def _credentials(scope: Scope) -> tuple[str | None, bool]:
+    """(the bearer secret or None, whether a cookie came): what admission has to go on."""
+    secret, cookie = None, False
+    for name, value in scope.get("headers", []):
+        if name == b"authorization":
+            kind, _, token = value.decode("latin-1").partition(" ")
+            secret = token.strip() if kind.lower() == "bearer" else ""
+        elif name == b"cookie":
+            cookie = True
+    return secret, cookie
+
+
+async def _read_body(receive: Receive) -> bytes | None:
+    """The whole request body, or None when it is over the gateway's limit."""
+    limit, chunks, size = settings.GATEWAY_MAX_BODY_BYTES, [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return b""
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
+def _parse(body: bytes) -> dict[str, Any] | Refusal:
+    try:
+        data = json.loads(body or b"null")
+    except (ValueError, UnicodeDecodeError):
+        return _bad_request("The request body is not JSON: send an OpenAI request object.")
+    if not isinstance(data, dict):
+        return _bad_request("The request body must be a JSON object.")
+    if not isinstance(data.get("model"), str) or not data["model"]:
+        return _bad_request("`model` is required: the deployment's served model name (GET "
+                            "/v1/models lists them).", param="model")
+    if "stream" in data and not isinstance(data["stream"], bool):
+        return _bad_request("`stream` must be true or false.", param="stream")
+    return data
+
+
+async def handle(scope: Scope, receive: Receive, send: Send) -> None:
+    path, method = scope["path"], scope["method"]
+    if path not in ROUTES:
+        await _refuse(send, Refusal(404, f"Unknown URL {path}: the gateway serves only "
+                                    f"{', '.join(sorted(ROUTES))}.", "invalid_request_error",
+                                    "unknown_url"))
+        return
+    if method != ROUTES[path]:
+        await _refuse(send, Refusal(405, f"{path} takes {ROUTES[path]}, not {method}.",
+                                    "invalid_request_error", "method_not_allowed"))
+        return
+    secret, cookie = _credentials(scope)
+    if secret is None and not cookie:
+        await _refuse(send, NO_CREDENTIALS)  # no database work for an anonymous call
+        return
+    if path == "/v1/models":
+        await _list_models(scope, send, secret)
+        return
+    body = await _read_body(receive)
+    if body is None:
+        await _refuse(send, Refusal(413, "The request body is over the gateway's limit "
+                                    f"({settings.GATEWAY_MAX_BODY_BYTES} bytes, "
+                                    "APPLIANCE_GATEWAY_MAX_BODY_BYTES).",
+                                    "invalid_request_error", "body_too_large"))
+        return
+    await _generate(scope, receive, send, path, secret, body)
+
+
+async def _caller(scope: Scope, secret: str | None) -> Caller | Refusal:
+    """The caller, rate limit included (a key's): a key by the cached path, a session by
+    Django's own session and CSRF checks."""
+    try:
+        if secret is None:
+            return await sync_to_async(session_caller, thread_sensitive=False)(scope=scope)
+        caller, used = await routing().key_caller(secret)
+    except aioredis.RedisError:
+        log.exception("the gateway's Redis is unreachable")
+        return Refusal(503, "The gateway cannot check keys right now (Redis is unreachable); "
+                       "try again shortly.", "service_unavailable", "gateway_unavailable")
+    limit = caller.key.rate_limit_per_minute if isinstance(caller, Caller) and caller.key else 0
+    if limit and used is not None and used > limit:
+        _, retry_after = services.rate_limit_key(key_id=caller.key.id)  # type: ignore[union-attr]
+        return Refusal(429, f"Rate limit reached: this key may make {limit} requests per "
+                       f"minute; retry in {retry_after} s.", "rate_limit_error",
+                       "rate_limit_exceeded", retry_after=retry_after)
+    return caller
+
+
+async def _list_models(scope: Scope, send: Send, secret: str | None) -> None:
+    caller = await _caller(scope, secret)
+    if isinstance(caller, Refusal):
+        await _refuse(send, caller)
+        return
+    targets = models_for(caller=caller, targets=await routing().targets())
+    await _send_json(send, 200, {"object": "list", "data": [
+        {"id": t.model, "object": "model", "created": t.created, "owned_by": "sd-appliance"}
+        for t in targets]})
+
+
+async def _generate(scope: Scope, receive: Receive, send: Send, path: str,
+                    secret: str | None, body: bytes) -> None:
+    caller = await _caller(scope, secret)  # before the body's own errors: 401 comes first
+    data = _parse(body)
+    target: Target | Refusal = caller if isinstance(caller, Refusal) else (
+        data if isinstance(data, Refusal) else target_for(
+            caller=caller, model=data["model"],
+            targets=await routing().targets(model=data["model"])))
+    if isinstance(target, Refusal):
+        await _refuse(send, target)
+        return
+    assert isinstance(caller, Caller) and isinstance(data, dict)
+    stream = bool(data.get("stream"))
+    tap = UsageTap(strip=stream and not _asked_usage(data))
+    if tap.strip:  # the engine tells usage only when asked; the client sees no difference
+        body = json.dumps({**data, "stream_options": {
+            **(data.get("stream_options") or {}), "include_usage": True}}).encode()
+    await _relay_watching(receive, send, target, path, body, stream, tap)
+    if not tap.started:
+        return  # the engine never answered (a 503 went out): nothing to count
+    await sync_to_async(_record_usage, thread_sensitive=False)(
+        key_id=caller.key.id if caller.key else None, user_id=caller.user_id,
+        deployment_id=target.deployment_id, prompt_tokens=tap.prompt_tokens,
+        completion_tokens=tap.completion_tokens)
+    await tap.finish(send)
+
+
+def _record_usage(**counts: Any) -> None:
+    try:
+        services.usage_record(**counts)
+    finally:
+        connection.close()  # off Django's request cycle: hand the connection back
+
+
+def _asked_usage(data: dict[str, Any]) -> bool:
+    options = data.get("stream_options")
+    return isinstance(options, dict) and bool(options.get("include_usage"))
+
+
+# ------------------------------------------------------------------ relaying
+
+@dataclass
+class UsageTap:
+    """Reads the engine's usage out of what passes, and (strip) drops the usage-only chunk
+    the gateway asked for on the client's behalf. Bytes pass unchanged otherwise: events go
+    out whole, as soon as their closing blank line has arrived."""
+
+    strip: bool
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    started: bool = False
+    _buffer: bytes = b""
+
+    def take_usage(self, usage: Any) -> None:
+        if isinstance(usage, dict):
+            self.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+            self.completion_tokens = int(usage.get("completion_tokens") or 0)
+
+    def feed(self, data: bytes) -> bytes:
+        self._buffer += data
+        end = self._buffer.rfind(b"\n\n")
+        if end < 0:
+            return b""
+        ready, self._buffer = self._buffer[:end + 2], self._buffer[end + 2:]
+        if b'"usage"' not in ready:
+            return ready
+        return b"".join(event + b"\n\n" for event in ready.split(b"\n\n")[:-1]
+                        if self._keep(event))
+
+    def _keep(self, event: bytes) -> bool:
+        payload = event.partition(b"data: ")[2]
+        if not payload.startswith(b"{"):
+            return True
+        try:
+            chunk = json.loads(payload)
+        except ValueError:
+            return True
+        if not isinstance(chunk, dict) or not isinstance(chunk.get("usage"), dict):
+            return True
+        self.take_usage(chunk["usage"])
+        return not (self.strip and chunk.get("choices") == [])
+
+    def hold(self, data: bytes) -> None:
+        self._buffer += data
+
+    def rest(self) -> bytes:
+        rest, self._buffer = self._buffer, b""
+        return rest
+
+    async def finish(self, send: Send) -> None:
+        """The response's end, sent after usage is recorded so a caller that reads usage
+        right after its response sees it counted."""
+        if self.started:
+            with contextlib.suppress(OSError):
+                await send({"type": "http.response.body", "body": self.rest()})
+
+
+async def _relay_watching(receive: Receive, send: Send, target: Target, path: str,
+                          body: bytes, stream: bool, tap: UsageTap) -> None:
+    """Relay, and stop the engine's work as soon as the client goes away."""
+    relay = asyncio.ensure_future(_relay(send, target, path, body, stream, tap))
+    gone = asyncio.ensure_future(_disconnected(receive))
+    await asyncio.wait({relay, gone}, return_when=asyncio.FIRST_COMPLETED)
+    for task in (relay, gone):
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    if relay.done() and not relay.cancelled() and relay.exception() is not None:
+        raise relay.exception()  # type: ignore[misc]
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _relay(send: Send, target: Target, path: str, body: bytes, stream: bool,
+                 tap: UsageTap) -> None:
+    url = target.engine_url.rstrip("/") + path
+    try:
+        async with _http().post(url, data=body, headers={
+                "Content-Type": "application/json"}) as upstream:
+            kind = upstream.headers.get("Content-Type", "application/json").encode()
+            if stream and upstream.status == 200:
+                await _relay_stream(send, upstream, kind, tap)
+            else:
+                await _relay_whole(send, upstream, kind, tap)
+    except aiohttp.ClientError as exc:
+        log.warning("engine %s unreachable: %s", target.engine_url, exc)
+        if not tap.started:
+            await _refuse(send, Refusal(503, "The deployment's engine did not answer; it may "
+                                        "be restarting. Try again shortly.",
+                                        "service_unavailable", "engine_unreachable"))
+
+
+async def _relay_stream(send: Send, upstream: aiohttp.ClientResponse, kind: bytes,
+                        tap: UsageTap) -> None:
+    await send({"type": "http.response.start", "status": 200, "headers": [
+        (b"content-type", kind), (b"cache-control", b"no-cache"),
+        (b"x-accel-buffering", b"no")]})
+    tap.started = True
+    async for data in upstream.content.iter_any():
+        out = tap.feed(data)
+        if out:
+            await send({"type": "http.response.body", "body": out, "more_body": True})
+    # the end (any unterminated tail) goes out in tap.finish, after usage is recorded
+
+
+async def _relay_whole(send: Send, upstream: aiohttp.ClientResponse, kind: bytes,
+                       tap: UsageTap) -> None:
+    data = await upstream.read()
+    if upstream.status == 200:
+        with contextlib.suppress(ValueError, AttributeError):
+            tap.take_usage(json.loads(data).get("usage"))
+    await send({"type": "http.response.start", "status": upstream.status, "headers": [
+        (b"content-type", kind), (b"content-length", str(len(data)).encode())]})
+    tap.started = True
+    tap.hold(data)  # sent by tap.finish, once usage is recorded
