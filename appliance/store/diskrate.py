@@ -31,6 +31,7 @@ DEFAULT_MAX_BYTES = 2 * 1024**3  # enough to pass any disk cache, short on a fas
 DEFAULT_MAX_SECONDS = 10.0
 DEFAULT_BLOCK = 16 * 1024**2  # a multiple of every logical block size O_DIRECT asks for
 DEFAULT_THREADS = 4
+FEW_BYTES = 64 * 1024**2  # below this a measurement says it is not a disk's rate
 MAX_FILES = 64  # the largest few are plenty; a 2,000-shard root is not listed whole
 
 O_DIRECT = "o_direct"
@@ -209,6 +210,10 @@ def measure_read_rate(path: str | os.PathLike[str], *, max_bytes: int = DEFAULT_
         seconds = time.monotonic() - start
     except OSError as exc:
         raise ReadRateError(f"{exc.filename or path}: {exc.strerror}") from None
+    if reader.read < FEW_BYTES:
+        note = " ".join(filter(None, [note, f"only {reader.read / 1e6:.1f} MB of weights to "
+                                      "read: the figure is mostly per-read overhead, not the "
+                                      "disk's rate"]))
     return ReadRate(path=str(path), bytes_read=reader.read, seconds=seconds,
                     method=method, threads=max(1, threads),
                     files=tuple(sorted(reader.used)), note=note)

@@ -36,8 +36,9 @@ def _model(folder: Path, shards: int = 3, size: int = 4 * MIB) -> Path:
 def test_it_reads_every_weight_file_bypassing_the_cache_with_o_direct(tmp_path: Path) -> None:
     model = _model(tmp_path / "m")
     rate = measure_read_rate(model, block=MIB)
-    assert rate.method == O_DIRECT and rate.note == ""
+    assert rate.method == O_DIRECT
     assert rate.bytes_read == 3 * 4 * MIB
+    assert "only 12.6 MB of weights to read" in rate.note  # too little to be a disk's rate
     assert sorted(Path(f).name for f in rate.files) == sorted(
         p.name for p in model.glob("*.safetensors"))
     assert rate.gbps > 0 and rate.to_dict()["gbps"] == round(rate.gbps, 3)

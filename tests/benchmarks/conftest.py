@@ -1,1 +1,0 @@
-from tests.conftest_docker import docker_client, test_engine_image  # noqa: F401

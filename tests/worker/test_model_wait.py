@@ -1,0 +1,99 @@
+"""A deployment whose model the store is still downloading waits, through the real worker.
+
+A real Celery worker and engine agent (processes, on the test database and Redis), the test
+engine in Docker, and store entries made by a real scan of the suite's model root. The
+download job itself is the store's (web/store); here its entry moves as a job moves it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.test import override_settings
+
+from tests.conftest_docker import engines_of, remove_engines
+from tests.servers import celery_worker, engine_agent
+from tests.web.specs import spec
+from web.deployments import services
+from web.deployments.models import Deployment, DeploymentStatus, EventKind
+from web.deployments.services.engines import instance_id
+from web.store.models import ModelEntry, ModelState
+from web.store.services.scan import model_store_scan
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
+S = DeploymentStatus
+FAST = {"TEST_ENGINE_PACE_S": "0.01", "TEST_ENGINE_SHARDS": "6"}
+GIB = 1024**3
+
+
+@pytest.fixture
+def stack(test_engine_image: str, tmp_path: Path) -> Iterator[None]:  # noqa: F811
+    """A worker and an agent on a GPU-less host running the test engine."""
+    extra = ",".join(f"{k}={v}" for k, v in FAST.items())
+    env = {"APPLIANCE_ENGINE_IMAGE": test_engine_image, "APPLIANCE_ENGINE_GPU_REQUESTS": "0",
+           "APPLIANCE_ENGINE_EXTRA_ENV": extra, "APPLIANCE_ENGINE_STOP_TIMEOUT_S": "5",
+           "APPLIANCE_ENGINE_READY_TIMEOUT_S": "120"}
+    with override_settings(ENGINE_IMAGE=test_engine_image, ENGINE_GPU_REQUESTS=False,
+                           ENGINE_EXTRA_ENV=FAST, ENGINE_STOP_TIMEOUT_S=5), \
+            engine_agent(tmp_path / "agent.log", **env), \
+            celery_worker(tmp_path / "worker.log", **env):
+        yield
+    remove_engines(instance_id())
+
+
+def _downloading(name: str, done: int) -> None:
+    ModelEntry.objects.filter(relative_path=name).update(
+        state=ModelState.DOWNLOADING, bytes_done=done, size_bytes=4 * GIB, verified_at=None)
+
+
+def _until(check: Any, what: str, timeout_s: float = 60) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while not (found := check()):
+        assert time.monotonic() < deadline, what
+        time.sleep(0.2)
+    return found
+
+
+def _download_events(pk: int) -> list[dict[str, Any]]:
+    return [e.payload for e in Deployment.objects.get(pk=pk).events.filter(
+        kind=EventKind.PROGRESS, payload__kind="model_download").order_by("seq")]
+
+
+def test_it_waits_for_the_download_then_starts_the_engine_once_verified(
+        stack: None) -> None:
+    model_store_scan()
+    _downloading("Kimi-K2.6", GIB)
+    pk = services.deployment_create(data=spec(), confirm_warnings=True).pk
+    _until(lambda: _download_events(pk), "the worker reports the download it waits for")
+    deployment = Deployment.objects.get(pk=pk)
+    assert (deployment.status, deployment.phase) == (S.QUEUED, "model_download")
+    assert deployment.progress["model_download"]["bytes_done"] == GIB
+    _downloading("Kimi-K2.6", 3 * GIB)  # the job moves on: the worker, polling, shows it
+    _until(lambda: any(e["bytes_done"] == 3 * GIB for e in _download_events(pk)),
+           "the progress follows the download")
+    assert not engines_of(instance_id(), pk), "no engine while the model downloads"
+    assert Deployment.objects.get(pk=pk).status == S.QUEUED
+    ModelEntry.objects.filter(relative_path="Kimi-K2.6").update(
+        state=ModelState.READY, bytes_done=4 * GIB)
+    assert services.wait_for(pk, {S.READY, S.FAILED}, 120) == S.READY
+    assert _download_events(pk)[-1]["state"] == "ready"
+    assert len(engines_of(instance_id(), pk)) == 1
+
+
+def test_a_download_that_fails_while_it_waits_fails_the_deployment_and_starts_nothing(
+        stack: None) -> None:
+    model_store_scan()
+    _downloading("Kimi-K2.6-DFlash", GIB)
+    pk = services.deployment_create(data=spec(), confirm_warnings=True).pk
+    _until(lambda: _download_events(pk), "the worker waits for the drafter")
+    ModelEntry.objects.filter(relative_path="Kimi-K2.6-DFlash").update(
+        state=ModelState.FAILED, error="sha256 of model.safetensors differs")
+    assert services.wait_for(pk, {S.READY, S.FAILED}, 30) == S.FAILED
+    deployment = Deployment.objects.get(pk=pk)
+    assert deployment.diagnosis["cause"] == "model-download-failed"
+    assert "sha256 of model.safetensors differs" in deployment.diagnosis["summary"]
+    assert not engines_of(instance_id(), pk)
