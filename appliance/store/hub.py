@@ -83,6 +83,12 @@ def _hub_error(exc: Exception, what: str) -> StoreError:
     if isinstance(exc, RepositoryNotFoundError):
         return StoreError(f"{what}: no such repository on the hub (or it is private: put a "
                           "token that may read it in the engine secret store as HF_TOKEN)")
+    status = getattr(getattr(exc, "response", None), "status_code", None)
+    if status in (401, 403):
+        return StoreError(f"{what}: the hub refused access (HTTP {status}): put a token that "
+                          "may read it in the engine secret store as HF_TOKEN")
+    if status == 404:
+        return StoreError(f"{what}: the hub has no such file (HTTP 404)")
     return HubUnreachableError(f"{what}: the hub did not answer ({type(exc).__name__}: "
                                f"{str(exc)[:300]})")
 
@@ -139,9 +145,17 @@ def disk_shortfall(*, folder: Path, plan: RepoPlan, free_bytes: int | None = Non
     free = shutil.disk_usage(probe).free if free_bytes is None else free_bytes
     if left <= free:
         return None
-    return (f"{plan.repo_id}@{plan.revision} needs {left / GB:.2f} GB more and "
-            f"{probe} has {free / GB:.2f} GB free: free space there or add the model to "
+    return (f"not enough disk space: {plan.repo_id}@{plan.revision} needs {human(left)} "
+            f"more and {probe} has {human(free)} free; free space there or add the model to "
             "another root (APPLIANCE_MODEL_ROOTS)")
+
+
+def human(size: int) -> str:
+    """Bytes as a person reads them (decimal units, as disks are sold)."""
+    for unit, factor in (("TB", 1000**4), ("GB", GB), ("MB", 1000**2), ("kB", 1000)):
+        if size >= factor:
+            return f"{size / factor:.2f} {unit}"
+    return f"{size} bytes"
 
 
 def _existing_parent(path: Path) -> Path:
