@@ -345,8 +345,7 @@ class _Progress:
 
     def finish(self, remote: hub.RemoteFile) -> None:
         ModelFile.objects.filter(pk=self._rows[remote.path].pk).update(
-            bytes_done=remote.size, state=FileState.VERIFYING if remote.sha256 else
-            FileState.DOWNLOADING)
+            bytes_done=remote.size, state=FileState.VERIFYING)  # whole: checked at the end
         self._done_before += remote.size
         self._write(remote.size, force=True)
 

@@ -1,0 +1,98 @@
+"""Issue 23's browser test, as a user: add a model from the (local) hub in the panel, watch
+its progress, kill the worker mid-file and see the download resume where it stopped, see it
+verified. The stack is real: the uvicorn panel and Celery workers as processes, Chromium."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import redis
+from django.conf import settings
+from playwright.sync_api import Page, expect
+
+from tests.e2e.stack import login
+from tests.servers import celery_worker, panel_server
+from tests.store.hubserver import HubServer, small_repo
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
+TOKEN = "hf_e2eTokenNeverShown0123456789"
+SHARD = "model-00001-of-00002.safetensors"
+
+
+def _cell(page: Page, path: str, column: int) -> str:
+    return page.locator(f'#files tr[data-path="{path}"] td').nth(column).inner_text()
+
+
+def _done(page: Page) -> int:
+    text = _cell(page, SHARD, 2)
+    return int(text) if text.isdigit() else 0
+
+
+def _env(tmp_path: Path, hub: HubServer) -> dict[str, str]:
+    root, secrets = tmp_path / "models", tmp_path / "engine-secrets"
+    root.mkdir()
+    secrets.mkdir()
+    (secrets / "HF_TOKEN").write_text(TOKEN)
+    return {"APPLIANCE_MODEL_ROOTS": str(root), "APPLIANCE_HF_ENDPOINT": hub.url,
+            "APPLIANCE_ENGINE_SECRETS_DIR": str(secrets), "APPLIANCE_STORE_LEASE_S": "2",
+            "APPLIANCE_STORE_PROGRESS_MS": "100", "APPLIANCE_STORE_CHUNK_BYTES": "16384"}
+
+
+def test_a_model_added_in_the_panel_resumes_after_a_worker_kill_and_is_verified(operator, page: Page, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    redis.Redis.from_url(settings.REDIS_URL).flushdb()  # no stale jobs from other tests
+    repo = small_repo(shard_bytes=1024 * 1024)
+    with HubServer(repo) as hub, contextlib.ExitStack() as stack:
+        hub.state.token, hub.state.rate = TOKEN, 250_000  # about 4 s per shard
+        env = _env(tmp_path, hub)
+        url = stack.enter_context(panel_server(tmp_path / "web.log", **env))
+        first = stack.enter_context(celery_worker(tmp_path / "worker-1.log", **env))
+        login(page, url)
+        page.click("nav >> text=Models")
+        expect(page.locator("h1")).to_have_text("Models")
+        page.fill("#repo-id", repo.repo_id)
+        page.click("#add-submit")
+        expect(page.locator("#entry-state")).to_have_text("downloading")
+        expect(page.locator("#usable")).to_have_text("not usable until verified")
+        # Progress, live: bytes of the shard, a rate and the time left.
+        page.wait_for_function(
+            """p => { const c = document.querySelector(`#files tr[data-path="${p}"] td.done`);
+                      return c && +c.textContent > 250000; }""", arg=SHARD, timeout=30_000)
+        expect(page.locator("#rate")).to_contain_text("/s")
+        expect(page.locator("#eta")).to_contain_text("s left")
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait()
+        before = _done(page)
+        part = Path(env["APPLIANCE_MODEL_ROOTS"]) / repo.repo_id / (SHARD + ".incomplete")
+        at_kill = part.stat().st_size
+        assert 0 < before <= at_kill < len(repo.files[SHARD])
+        page.screenshot(path=str(tmp_path / "store-killed.png"))
+        stack.enter_context(celery_worker(tmp_path / "worker-2.log", **env))
+        seen: list[int] = []
+        deadline = time.monotonic() + 60
+        while page.locator("#entry-state").inner_text() != "ready" and time.monotonic() < deadline:
+            seen.append(_done(page))
+            time.sleep(0.2)
+        expect(page.locator("#entry-state")).to_have_text("ready")
+        expect(page.locator("#usable")).to_have_text("usable by engines")
+        assert seen and min(seen) >= before  # it went on, never back to zero
+        assert hub.state.ranges(SHARD) == [None, f"bytes={at_kill}-"]
+        # The ORM is off limits beside Playwright's loop: the API, as the logged-in user.
+        (entry,) = page.request.get(f"{url}/api/models/").json()["results"]
+        files = {f["path"]: f for f in page.request.get(
+            f"{url}/api/models/{entry['id']}/").json()["files"]}
+        sha = files[SHARD]["sha256_expected"]
+        assert sha and files[SHARD]["sha256_actual"] == sha
+        assert _cell(page, SHARD, 4) == sha and _cell(page, SHARD, 3) == "ready"
+        page.screenshot(path=str(tmp_path / "store-ready.png"))
+        page.goto(f"{url}/models/")
+        row = page.locator(f"#model-{entry['id']}")
+        expect(row).to_contain_text("ready")
+        expect(row).to_contain_text("llama, 2 layers")
+        assert TOKEN not in page.content()
+    logs = "".join(p.read_text() for p in tmp_path.glob("*.log"))
+    assert TOKEN not in logs
