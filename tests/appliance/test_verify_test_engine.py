@@ -152,6 +152,10 @@ def test_a_baseline_answer_has_the_shape_the_real_baseline_recorded(engines) -> 
         "output_top_logprobs"]
     assert [t[1] for t in tokens] == answer["output_ids"] and len(tops) == 8
     assert all(len(top) == 2 and top[0][0] > top[1][0] and top[0][2] is None for top in tops)
+    five = requests.post(f"{engines()}/generate", json={**body, "top_logprobs_num": 5},
+                         timeout=10).json()["meta_info"]["output_top_logprobs"]
+    assert all(len(top) == 5 and [e[0] for e in top] == sorted((e[0] for e in top), reverse=True)
+               and len({e[1] for e in top}) == 5 for top in five)  # as verify asks (TOP_LOGPROBS)
     refused = requests.post(f"{engines(*DDTREE)}/generate", json=body, timeout=10)
     assert refused.status_code == 400
     assert refused.json() == {"error": {"message": "DFLASH speculative decoding does not "

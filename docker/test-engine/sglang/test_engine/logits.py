@@ -40,11 +40,15 @@ class Planted:
         return self.text in prompt
 
 
+TOP_K = 8  # the most log-probs per position the model gives (top_logprobs_num beyond: these)
+
+
 @dataclass(frozen=True)
 class Step:
-    """One output position: the model's top two (id, log-prob) and the token given."""
+    """One output position: the model's top TOP_K (id, log-prob), best first, and the token
+    given."""
 
-    top: tuple[tuple[int, float], tuple[int, float]]
+    top: tuple[tuple[int, float], ...]
     token: int
 
 
@@ -76,14 +80,18 @@ def _digest(seed: str, position: int) -> bytes:
     return hashlib.sha256(f"{seed}\0{position}".encode()).digest()
 
 
-def model_step(seed: str, position: int) -> tuple[tuple[int, float], tuple[int, float]]:
-    """The model's top two at `position` after the context `seed` stands for."""
+def model_step(seed: str, position: int) -> tuple[tuple[int, float], ...]:
+    """The model's top TOP_K at `position` after the context `seed` stands for: the top
+    two `gap` apart, each further one 0.75 below the one before."""
     h = _digest(seed, position)
     first = h[0] % len(VOCAB)
     second = (first + 1 + h[1] % (len(VOCAB) - 1)) % len(VOCAB)
     top1 = -(0.015625 + (h[2] % 48) / 64)  # a multiple of 1/64: exact in bf16 and float
     gap = NEAR_TIE_GAP if is_near_tie(position) else 1.5 + (h[3] % 40) / 16
-    return (first, top1), (second, top1 - gap)
+    rest = [t for t in (second + k for k in range(1, len(VOCAB))) if t % len(VOCAB) != first]
+    ids = [first, second, *(t % len(VOCAB) for t in rest[:TOP_K - 2])]
+    return tuple((t, top1 - (gap if i else 0.0) - 0.75 * max(i - 1, 0))
+                 for i, t in enumerate(ids))
 
 
 def planted_for(prompt: str, planted: tuple[Planted, ...]) -> Planted | None:
