@@ -24,9 +24,9 @@ from web.deployments.models import Deployment, DeploymentStatus
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker, pytest.mark.e2e]
 
 # Steps of 40 ms: an answer of 48 tokens streams for about half a second, long enough to see
-# the text grow before it ends. Background traffic keeps decode stats coming.
-ENGINE_ENV = ("TEST_ENGINE_PACE_S=0.03,TEST_ENGINE_SHARDS=6,TEST_ENGINE_TOKEN_S=0.04,"
-              "TEST_ENGINE_DECODE_LOG_INTERVAL=10")
+# the text grow before it ends. The pace of loading is each deployment's own (the stack's
+# extra env would win over a spec's).
+ENGINE_ENV = "TEST_ENGINE_SHARDS=6,TEST_ENGINE_TOKEN_S=0.04,TEST_ENGINE_DECODE_LOG_INTERVAL=10"
 
 
 def _deploy(name: str, gpu: int, **env: str) -> int:
@@ -52,10 +52,13 @@ def ready_and_stalled(operator, tmp_path: Path, test_engine_image: str,  # type:
            "APPLIANCE_ENGINE_EXTRA_ENV": ENGINE_ENV, "APPLIANCE_ENGINE_STOP_TIMEOUT_S": "5",
            "APPLIANCE_METRICS_INTERVAL_S": "1"}
     with appliance_stack(tmp_path, env) as url:
-        ready = _deploy("chatty", 0, TEST_ENGINE_ACCEPT_LEN="3", TEST_ENGINE_TRAFFIC="1")
-        stalled = _deploy("stalled", 1, TEST_ENGINE_FAIL="capture-stall")
-        _wait_status(ready, DeploymentStatus.READY)
-        _wait_status(stalled, DeploymentStatus.CAPTURING)
+        # chatty loads slowly (seconds), so its page is opened before it is ready; background
+        # traffic keeps its decode stats coming.
+        ready = _deploy("chatty", 0, TEST_ENGINE_ACCEPT_LEN="3", TEST_ENGINE_TRAFFIC="1",
+                        TEST_ENGINE_PACE_S="0.5")
+        stalled = _deploy("stalled", 1, TEST_ENGINE_FAIL="capture-stall",
+                          TEST_ENGINE_PACE_S="0.03")
+        _wait_status(ready, DeploymentStatus.LOADING)
         yield url, ready, stalled
 
 
@@ -69,7 +72,11 @@ def test_an_operator_chats_with_a_ready_deployment_and_sees_it_stream_with_its_f
     url, ready, stalled = ready_and_stalled
     login(page, url)
     page.goto(f"{url}/deployments/{ready}/")
-    # Its page says how to call it: the gateway's base URL, its model name, and no key yet.
+    # Its page says it will be callable once ready; when the live status turns ready, how to
+    # call it: the gateway's base URL, its model name, and no key of the operator's yet.
+    expect(page.locator("#call-not-ready")).to_be_visible()
+    expect(page.locator("#call-ready")).to_be_hidden()
+    expect(page.locator("#status")).to_have_text("ready", timeout=120_000)
     expect(page.locator("#call-ready")).to_be_visible()
     expect(page.locator("#call-not-ready")).to_be_hidden()
     expect(page.locator("#call-base-url")).to_have_text(f"{url}/v1")
@@ -139,8 +146,13 @@ def test_an_operator_chats_with_a_ready_deployment_and_sees_it_stream_with_its_f
     expect(page.locator("#pg-input-error")).to_contain_text("Temperature must be a number from 0 to 2")
     expect(page.locator("#pg-chat .answer")).to_have_count(2)
 
-    # Not ready: the gateway's 503 said plainly, in one line, no traceback.
-    page.goto(f"{url}/deployments/{stalled}/playground/")
+    # Not ready: its page says it will be callable once ready, and the gateway's 503 is said
+    # plainly in the playground, in one line, no traceback.
+    page.goto(f"{url}/deployments/{stalled}/")
+    expect(page.locator("#status")).to_have_text("capturing", timeout=60_000)
+    expect(page.locator("#call-not-ready")).to_contain_text("callable through the panel's")
+    expect(page.locator("#call-ready")).to_be_hidden()
+    page.click("#open-playground")
     expect(page.locator("#pg-not-ready")).to_contain_text("not ready")
     _send(page, "Are you there?")
     error = page.locator("#pg-error")
