@@ -1,0 +1,227 @@
+"""The gateway through the panel's uvicorn to a real test engine container: who gets in,
+what passes, what is counted, and what never reaches the engine."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import requests
+from openai import OpenAI
+
+from tests.servers import login_session
+from web.deployments.models import DeploymentStatus
+from web.gateway.models import ApiKeyUsage
+from web.gateway.services import apikey_revoke
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
+
+CHAT = {"model": "chatty", "max_tokens": 6, "messages": [{"role": "user", "content": "hi"}]}
+
+
+def bearer(secret: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {secret}"}
+
+
+def post(url: str, path: str, body: dict, headers: dict | None = None, **kw) -> requests.Response:  # type: ignore[no-untyped-def]
+    return requests.post(f"{url}{path}", json=body, headers=headers or {}, timeout=30, **kw)
+
+
+def error_of(response: requests.Response) -> dict:  # type: ignore[type-arg]
+    error = response.json()["error"]
+    assert set(error) >= {"message", "type", "code"}
+    return error
+
+
+def events(raw: bytes) -> list[str]:
+    return [e for e in raw.decode().split("\n\n") if e]
+
+
+def without_ids(event: str) -> str:
+    """An event with the fields each generation draws anew (id, created) taken out."""
+    return re.sub(r'"(id|created)": ("[0-9a-f]+"|\d+)', r'"\1": _', event)
+
+
+def test_it_refuses_a_call_without_a_key(panel, engine_for) -> None:  # type: ignore[no-untyped-def]
+    engine_for()
+    answer = post(panel, "/v1/chat/completions", CHAT)
+    assert answer.status_code == 401
+    assert error_of(answer)["code"] == "missing_api_key"
+    assert answer.headers["WWW-Authenticate"].startswith("Bearer")
+
+
+def test_it_refuses_a_wrong_key(panel, engine_for, operator, key_for) -> None:  # type: ignore[no-untyped-def]
+    engine_for()
+    real = key_for(operator)
+    for wrong in (real[:-1] + ("A" if real[-1] != "A" else "B"), "sk-sd-nothing", "x" * 500):
+        answer = post(panel, "/v1/chat/completions", CHAT, bearer(wrong))
+        assert answer.status_code == 401, wrong
+        assert error_of(answer)["code"] == "invalid_api_key"
+
+
+def test_it_refuses_a_key_once_revoked_even_right_after_a_good_call(panel, engine_for, operator, key_for) -> None:  # type: ignore[no-untyped-def]
+    engine_for()
+    secret = key_for(operator)
+    assert post(panel, "/v1/chat/completions", CHAT, bearer(secret)).status_code == 200
+    assert apikey_revoke(prefix=secret[:14])
+    answer = post(panel, "/v1/chat/completions", CHAT, bearer(secret))
+    assert answer.status_code == 403
+    assert error_of(answer)["code"] == "key_revoked"
+
+
+def test_it_refuses_a_deployment_outside_the_keys_scope(panel, engine_for, operator, key_for) -> None:  # type: ignore[no-untyped-def]
+    chatty, _ = engine_for()
+    other, _ = engine_for(name="other")
+    secret = key_for(operator, deployments=[other])
+    answer = post(panel, "/v1/chat/completions", CHAT, bearer(secret))
+    assert answer.status_code == 403
+    assert error_of(answer)["code"] == "model_not_allowed"
+    models = requests.get(f"{panel}/v1/models", headers=bearer(secret), timeout=10).json()
+    assert [m["id"] for m in models["data"]] == ["other"]
+    assert post(panel, "/v1/chat/completions", {**CHAT, "model": "other"},
+                bearer(secret)).status_code == 200
+
+
+def test_it_answers_404_for_an_unknown_model_and_503_for_one_not_ready(panel, engine_for, operator, key_for) -> None:  # type: ignore[no-untyped-def]
+    engine_for(name="loading-one", status=DeploymentStatus.LOADING)
+    secret = key_for(operator)
+    missing = post(panel, "/v1/chat/completions", {**CHAT, "model": "nobody"}, bearer(secret))
+    assert missing.status_code == 404
+    assert error_of(missing)["code"] == "model_not_found"
+    loading = post(panel, "/v1/chat/completions", {**CHAT, "model": "loading-one"},
+                   bearer(secret))
+    assert loading.status_code == 503
+    assert "loading" in error_of(loading)["message"]
+
+
+def test_it_names_a_bad_body_field(panel, engine_for, operator, key_for) -> None:  # type: ignore[no-untyped-def]
+    engine_for()
+    secret = key_for(operator)
+    no_model = post(panel, "/v1/chat/completions", {"messages": []}, bearer(secret))
+    assert no_model.status_code == 400 and error_of(no_model)["param"] == "model"
+    not_json = requests.post(f"{panel}/v1/completions", data=b"{nope", headers=bearer(secret),
+                             timeout=10)
+    assert not_json.status_code == 400 and "JSON" in error_of(not_json)["message"]
+
+
+def test_it_limits_a_keys_requests_per_minute(panel, engine_for, operator, key_for) -> None:  # type: ignore[no-untyped-def]
+    engine_for()
+    secret = key_for(operator, rate_limit_per_minute=2)
+    codes = [post(panel, "/v1/chat/completions", CHAT, bearer(secret)).status_code
+             for _ in range(2)]
+    limited = post(panel, "/v1/chat/completions", CHAT, bearer(secret))
+    assert codes == [200, 200]
+    assert limited.status_code == 429
+    assert error_of(limited)["code"] == "rate_limit_exceeded"
+    assert 1 <= int(limited.headers["Retry-After"]) <= 60
+    unlimited = key_for(operator)
+    assert post(panel, "/v1/chat/completions", CHAT, bearer(unlimited)).status_code == 200
+
+
+def test_a_stream_passes_the_engines_chunks_unchanged_and_in_order(panel, engine_for, operator, key_for) -> None:  # type: ignore[no-untyped-def]
+    _, engine = engine_for()
+    secret = key_for(operator)
+    body = {**CHAT, "stream": True, "max_tokens": 40, "stream_options": {"include_usage": True}}
+    direct = post(engine, "/v1/chat/completions", body, stream=True)
+    through = post(panel, "/v1/chat/completions", body, bearer(secret), stream=True)
+    assert through.status_code == 200
+    assert through.headers["Content-Type"].startswith("text/event-stream")
+    ours, theirs = events(through.raw.read()), events(direct.raw.read())
+    assert [without_ids(e) for e in ours] == [without_ids(e) for e in theirs]
+    assert ours[-1] == "data: [DONE]"
+    assert len({json.loads(e[6:])["id"] for e in ours[:-1]}) == 1  # one generation's chunks
+
+
+def test_a_stream_holds_no_usage_chunk_the_client_did_not_ask_for(panel, engine_for, operator, key_for) -> None:  # type: ignore[no-untyped-def]
+    _, engine = engine_for()
+    secret = key_for(operator)
+    body = {**CHAT, "stream": True, "max_tokens": 12}
+    direct = events(post(engine, "/v1/chat/completions", body).content)
+    through = events(post(panel, "/v1/chat/completions", body, bearer(secret)).content)
+    assert [without_ids(e) for e in through] == [without_ids(e) for e in direct]
+    assert all('"usage"' not in e for e in through)
+    usage = ApiKeyUsage.objects.get()
+    assert (usage.requests, usage.completion_tokens) == (1, 12)  # asked on the client's behalf
+
+
+def test_it_counts_the_engines_usage_per_key_and_deployment(panel, engine_for, operator, key_for) -> None:  # type: ignore[no-untyped-def]
+    chatty, engine = engine_for()
+    secret = key_for(operator)
+    whole = post(panel, "/v1/chat/completions", CHAT, bearer(secret)).json()["usage"]
+    post(panel, "/v1/completions", {"model": "chatty", "prompt": "one two three",
+                                    "max_tokens": 5}, bearer(secret))
+    post(panel, "/v1/chat/completions", {**CHAT, "stream": True, "max_tokens": 7},
+         bearer(secret))
+    usage = ApiKeyUsage.objects.get(deployment=chatty)
+    assert usage.requests == 3
+    assert usage.completion_tokens == whole["completion_tokens"] + 5 + 7
+    assert usage.prompt_tokens == whole["prompt_tokens"] * 2 + 3
+    assert usage.key.last_used_at is not None
+
+
+def test_engine_admin_and_internal_endpoints_are_unreachable(panel, engine_for, operator, key_for) -> None:  # type: ignore[no-untyped-def]
+    _, engine = engine_for()
+    secret = key_for(operator)
+    assert requests.get(f"{engine}/server_info", timeout=10).status_code == 200  # it has them
+    for method, path in [("POST", "/v1/generate"), ("POST", "/generate"),
+                         ("POST", "/flush_cache"), ("GET", "/server_info"),
+                         ("GET", "/v1/server_info"), ("POST", "/load_lora_adapter_from_tensors"),
+                         ("POST", "/v1/load_lora_adapter_from_tensors"), ("GET", "/v1/metrics"),
+                         ("GET", "/v1/../server_info"), ("GET", "/v1/models/../../metrics")]:
+        answer = requests.request(method, f"{panel}{path}", headers=bearer(secret),
+                                  json={"model": "chatty"}, timeout=10)
+        # 404/405 from the gateway or Django; /metrics is the panel's own (token: 401)
+        assert answer.status_code in (401, 404, 405), (path, answer.status_code)
+        assert "max_total_num_tokens" not in answer.text and "sglang:" not in answer.text
+    wrong_method = requests.get(f"{panel}/v1/chat/completions", headers=bearer(secret),
+                                timeout=10)
+    assert wrong_method.status_code == 405
+
+
+def test_models_lists_each_deployment_by_its_served_model_name(panel, engine_for, operator, key_for) -> None:  # type: ignore[no-untyped-def]
+    engine_for()  # no served_model_name: the deployment's name
+    _, engine = engine_for(name="kimi-ddtree", engine__served_model_name="kimi-chat")
+    secret = key_for(operator)
+    listed = requests.get(f"{panel}/v1/models", headers=bearer(secret), timeout=10).json()
+    assert sorted(m["id"] for m in listed["data"]) == ["chatty", "kimi-chat"]
+    # the engine was launched with it, so its own answers name the model the same way
+    assert requests.get(f"{engine}/v1/models", timeout=10).json()["data"][0]["id"] == "kimi-chat"
+    answer = post(panel, "/v1/chat/completions", {**CHAT, "model": "kimi-chat"}, bearer(secret))
+    assert answer.json()["model"] == "kimi-chat"
+
+
+def test_the_openai_client_streams_through_the_gateway(panel, engine_for, operator, key_for) -> None:  # type: ignore[no-untyped-def]
+    engine_for()
+    client = OpenAI(base_url=f"{panel}/v1", api_key=key_for(operator))
+    assert [m.id for m in client.models.list()] == ["chatty"]
+    stream = client.chat.completions.create(
+        model="chatty", messages=[{"role": "user", "content": "hi"}], max_tokens=9,
+        stream=True)
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert text.split() == ["the", "draft", "tree", "verifies", "tokens", "in", "one",
+                            "forward", "pass"]
+    with pytest.raises(Exception) as refused:
+        OpenAI(base_url=f"{panel}/v1", api_key="sk-sd-wrong").models.list()
+    assert getattr(refused.value, "status_code", None) == 401
+
+
+def test_an_operators_session_may_call_with_its_csrf_token(panel, engine_for, operator) -> None:  # type: ignore[no-untyped-def]
+    chatty, _ = engine_for()
+    session = login_session(panel, "otto", "operator-pass-1")
+    csrf = session.cookies["csrftoken"]
+    refused = session.post(f"{panel}/v1/chat/completions", json=CHAT, timeout=10)
+    assert refused.status_code == 403 and error_of(refused)["code"] == "csrf_failed"
+    answer = session.post(f"{panel}/v1/chat/completions", json=CHAT, timeout=30,
+                          headers={"X-CSRFToken": csrf, "Referer": f"{panel}/"})
+    assert answer.status_code == 200
+    usage = ApiKeyUsage.objects.get(deployment=chatty)
+    assert usage.key is None and usage.user == operator and usage.requests == 1
+
+
+def test_a_viewers_session_may_not_call(panel, engine_for, viewer) -> None:  # type: ignore[no-untyped-def]
+    engine_for()
+    session = login_session(panel, "vera", "viewer-pass-1")
+    answer = session.post(f"{panel}/v1/chat/completions", json=CHAT, timeout=10, headers={
+        "X-CSRFToken": session.cookies["csrftoken"], "Referer": f"{panel}/"})
+    assert answer.status_code == 403 and error_of(answer)["code"] == "role_required"
