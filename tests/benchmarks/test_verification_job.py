@@ -150,3 +150,22 @@ def test_a_check_whose_baseline_does_not_answer_fails_naming_it(operator, pair) 
     assert run.status == "failed"
     assert f"gone#{gone.pk} (http://127.0.0.1:9) is unreachable" in run.error
     assert "Traceback" not in run.error
+
+
+def test_a_running_check_cancelled_stops_before_its_next_prompt_keeping_those_judged(
+        operator, pair) -> None:  # type: ignore[no-untyped-def]
+    spec_pk, base_pk = pair
+    client = _api(operator)
+    # 4096 tokens an answer: seconds per prompt on the test engines, time to cancel.
+    r = client.post("/api/verifications/", {"candidate": spec_pk, "baseline": base_pk,
+                                            "max_tokens": 4096}, format="json")
+    assert r.status_code == 201, r.content
+    run_id = r.json()["id"]
+    wait_until(lambda: VerificationRun.objects.filter(
+        pk=run_id, progress__done__gte=1).exists(), 60, "one prompt judged")
+    assert client.post(f"/api/verifications/{run_id}/cancel/").json()["status"] == "cancelling"
+    run = _finished(run_id)
+    assert run.status == "cancelled" and run.results == {}
+    judged = run.progress["prompts"]
+    assert 1 <= run.progress["done"] == len(judged) < 36
+    assert judged[0]["prompt"] == FOX and judged[0]["verdict"] == "near-tie"
