@@ -201,3 +201,59 @@ def test_the_weights_card_shows_the_expected_load_then_the_rate_reached(
     page = client.get(url).content.decode()
     gbps = size / 1e9 / 0.001
     assert f"read at {gbps:.2f} GB/s in 0.001 s: {100 * gbps / 2.0:.0f} % of the disk" in page
+
+
+def test_a_deployment_names_its_models_by_store_entry(root: Path) -> None:
+    data = spec()
+    del data["engine"]["model_path"], data["engine"]["speculative_draft_model_path"]
+    data.update(model_entry=_entry("Kimi-K2.6").pk, drafter_entry=str(_entry(
+        "Kimi-K2.6-DFlash").pk))
+    deployment = services.deployment_create(data=data, confirm_warnings=True)
+    engine = deployment.spec["engine"]
+    assert (engine["model_path"], engine["speculative_draft_model_path"]) == (
+        "/models/Kimi-K2.6", "/models/Kimi-K2.6-DFlash")
+
+
+def test_an_entry_the_store_does_not_have_is_refused_naming_the_field(root: Path) -> None:
+    for bad in (999999, "x", True):
+        with pytest.raises(services.DeploymentInputError) as caught:
+            services.deployment_validate(data={**spec(), "model_entry": bad})
+        [message] = caught.value.errors["model_entry"]
+        assert "No model store entry" in message and "give the path instead" in message
+    assert Deployment.objects.count() == 0
+
+
+FORM = {"name": "from-store", "recipe": "kimi-k2.6-ddtree", "algorithm": "DDTREE",
+        "block_size": "8", "tree_budget": "32", "tp_size": "1", "gpu_ids": "0",
+        "attention_backend": "fa3", "more_spec": "", "extra_args": "",
+        "confirm_warnings": "on"}
+
+
+def test_the_form_offers_the_stores_models_with_their_expected_load_and_deploys_one(
+        root: Path, client: Client, admin) -> None:  # type: ignore[no-untyped-def]
+    RootReadRate.objects.create(root=str(root), gbps=1.5, bytes_read=1, seconds=1.0,
+                                method="o_direct", measured_at="2026-12-01T00:00:00Z")
+    client.force_login(admin)
+    url = reverse("deployments:new") + "?recipe=kimi-k2.6-ddtree"
+    page = client.get(url).content.decode()
+    target = _entry("Kimi-K2.6")
+    label = (f"/models/Kimi-K2.6 (ready): {target.size_bytes / 1e9:.2f} GB of weights at "
+             "1.50 GB/s: about 0.0 s to read")
+    assert f'<option value="{target.pk}">{label}</option>' in page
+    assert 'id="estimate-model_path"' in page and 'id="store-models"' in page
+    drafter = _entry("Kimi-K2.6-DFlash")
+    answer = client.post(url, {**FORM, "model_entry": str(target.pk),
+                               "drafter_entry": str(drafter.pk)})
+    assert answer.status_code == 302, answer.content.decode()[-3000:]
+    deployment = Deployment.objects.get(name="from-store")
+    assert deployment.spec["engine"]["model_path"] == "/models/Kimi-K2.6"
+    assert deployment.load_estimate["weights"]["read_gbps"] == 1.5
+
+
+def test_the_form_without_a_model_says_so_beside_the_path(
+        root: Path, client: Client, admin) -> None:  # type: ignore[no-untyped-def]
+    client.force_login(admin)
+    answer = client.post(reverse("deployments:new"), {**FORM, "drafter_path":
+                                                      "/models/Kimi-K2.6-DFlash"})
+    assert answer.status_code == 400
+    assert answer.context["form"].errors["model_path"]

@@ -19,6 +19,8 @@ FIELD_OF_SPEC = {
     "gpus": "gpu_ids",
     "extra_args": "extra_args",
     "engine.model_path": "model_path",
+    "model_entry": "model_entry",
+    "drafter_entry": "drafter_entry",
     "engine.speculative_draft_model_path": "drafter_path",
     "engine.speculative_algorithm": "algorithm",
     "engine.speculative_num_draft_tokens": "block_size",
@@ -41,6 +43,15 @@ def _recipe_choices() -> list[tuple[str, str]]:
     from .services import recipe_names
 
     return [(name, name) for name in recipe_names()]
+
+
+def _store_choices(kind: str) -> list[tuple[str, str]]:
+    """The store's entries of one kind, each labelled with its state and expected load."""
+    from .services.loadtime import store_model_options
+
+    none = "(none: give the path below)"
+    return [("", none)] + [(str(o["id"]), f"{o['path']} ({o['state']}): {o['estimate']}")
+                           for o in store_model_options() if o["kind"] == kind]
 
 
 def recipe_initial(engine_defaults: Mapping[str, Any]) -> dict[str, Any]:
@@ -79,7 +90,17 @@ def recipe_defaults() -> dict[str, dict[str, Any]]:
 class DeploymentForm(forms.Form):
     name = forms.SlugField(max_length=63, help_text="Letters, digits and hyphens.")
     recipe = forms.ChoiceField(choices=_recipe_choices)
-    model_path = forms.CharField(max_length=500, help_text="Path of the target model's weights.")
+    model_entry = forms.ChoiceField(
+        required=False, label="Model from the store",
+        choices=lambda: _store_choices("target"),
+        help_text="A model the store lists, with its expected weight-load time; or give its "
+                  "path below.")
+    model_path = forms.CharField(max_length=500, required=False,
+                                 help_text="Path of the target model's weights.")
+    drafter_entry = forms.ChoiceField(
+        required=False, label="Drafter from the store",
+        choices=lambda: _store_choices("drafter"),
+        help_text="A DFlash drafter the store lists; or give its path below.")
     drafter_path = forms.CharField(max_length=500, required=False,
                                    help_text="Path of the DFlash drafter (DFlash and DDTree).")
     # These four follow the chosen recipe (recipe_initial), so they have no fixed initial.
@@ -114,6 +135,10 @@ class DeploymentForm(forms.Form):
             # This panel runs one fixed image (APPLIANCE_ENGINE_IMAGE) and builds nothing.
             del self.fields["rebuild_image"]
         self.recipe_defaults = recipe_defaults()
+        from .services.loadtime import store_model_options
+
+        # The page's script shows the chosen model's expected load time from these.
+        self.store_options = store_model_options()
         if recipe not in self.recipe_defaults:
             recipe = next(iter(self.recipe_defaults), None)
         if recipe is not None:
@@ -171,7 +196,12 @@ class DeploymentForm(forms.Form):
             engine["speculative_ddtree_budget"] = data.get("tree_budget")
         if data.get("attention_backend"):
             engine["attention_backend"] = data["attention_backend"]
+        # A model chosen from the store is resolved to its path by the service.
+        entries = {"model_entry": data.get("model_entry")}
+        if data["algorithm"] != "NONE":
+            entries["drafter_entry"] = data.get("drafter_entry")
         return {
+            **{key: int(value) for key, value in entries.items() if value},
             "name": data["name"],
             "recipe": data["recipe"],
             "gpus": data["gpu_ids"],

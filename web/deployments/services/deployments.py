@@ -44,7 +44,13 @@ from .hosts import (
     host_secret_names,
 )
 from .leases import gpu_leases_acquire, gpu_leases_release
-from .loadtime import load_estimate, root_read_rate_request, store_facts, unmeasured_roots
+from .loadtime import (
+    deployment_entries_resolve,
+    load_estimate,
+    root_read_rate_request,
+    store_facts,
+    unmeasured_roots,
+)
 from .modelfiles import local_model_facts
 
 S = DeploymentStatus
@@ -124,6 +130,9 @@ def deployment_validate(*, data: dict[str, Any]) -> tuple[DeploymentSpec, list[F
 
     Raises DeploymentInputError naming each bad field, or the pre-flight errors.
     """
+    data, entry_errors = deployment_entries_resolve(data=data)  # models named by store entry
+    if entry_errors:
+        raise DeploymentInputError(errors=entry_errors)
     recipe = _recipe_for(data)
     try:
         spec = spec_from_dict(data, engine_defaults=recipe.engine_defaults if recipe else None)

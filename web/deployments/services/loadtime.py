@@ -24,7 +24,7 @@ from appliance.logs.cause import Diagnosis
 from appliance.preflight import MODELS_MOUNT, StoreModel, config_from_summary
 from appliance.preflight.store import UNUSABLE_STATES, WAITING_STATES
 from appliance.store.diskrate import ReadRateError, measure_read_rate
-from appliance.store.loadtime import load_seconds
+from appliance.store.loadtime import describe_load, load_seconds
 
 from ..models import Deployment, DeploymentStatus, EventKind, RootReadRate
 from .events import events_append
@@ -75,6 +75,60 @@ def _root_of(local: str | None) -> str | None:
         if local.startswith(top):
             return root
     return None
+
+
+# ---------------------------------------------------------------- models by store entry
+
+# A request may name a model by its store entry instead of its path (the form's choice).
+ENTRY_FIELDS = {"model_entry": "model_path", "drafter_entry": "speculative_draft_model_path"}
+
+
+def store_model_options() -> list[dict[str, Any]]:
+    """The store's entries as the deployment form offers them, each with its expected load."""
+    from web.store.selectors import model_entries_list
+
+    rates = {r.root: r.gbps for r in RootReadRate.objects.all()}
+    options = []
+    for entry in model_entries_list():
+        rate = rates.get(entry.root)
+        options.append({"id": entry.pk, "path": entry.engine_path, "kind": entry.kind,
+                        "state": entry.state, "bytes": entry.size_bytes, "read_gbps": rate,
+                        "estimate": describe_load(weights_bytes=entry.size_bytes,
+                                                  rate_gbps=rate)})
+    return options
+
+
+def _entry_path(value: Any) -> str | None:
+    from web.store.models import ModelEntry
+    from web.store.selectors import model_entry_get
+
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        return None
+    try:
+        return model_entry_get(entry_id=int(value)).engine_path
+    except (ValueError, ModelEntry.DoesNotExist):
+        return None
+
+
+def deployment_entries_resolve(*, data: Any) -> tuple[Any, dict[str, list[str]]]:
+    """The request with model_entry / drafter_entry turned into the engine's paths, and an
+    error per entry id the store does not have."""
+    if not isinstance(data, dict) or not any(key in data for key in ENTRY_FIELDS):
+        return data, {}
+    data, errors = dict(data), {}
+    engine = dict(data["engine"]) if isinstance(data.get("engine"), dict) else {}
+    for key, path_field in ENTRY_FIELDS.items():
+        value = data.pop(key, None)
+        if value in (None, ""):
+            continue
+        path = _entry_path(value)
+        if path is None:
+            errors[key] = [f"No model store entry {str(value)[:40]!r}: use the id of an entry "
+                           "the store lists (the store page), or give the path instead."]
+        else:
+            engine[path_field] = path
+    data["engine"] = engine
+    return data, errors
 
 
 # ---------------------------------------------------------------- store facts
@@ -262,7 +316,8 @@ def _below_models(value: str) -> str | None:
     return rest if rest not in ("", ".") else None
 
 
-__all__ = ["MODEL_WAIT_POLL_S", "ReadRateError", "deployment_model_wait",
+__all__ = ["ENTRY_FIELDS", "MODEL_WAIT_POLL_S", "ReadRateError", "deployment_entries_resolve",
+           "deployment_model_wait", "store_model_options",
            "deployment_models_refused", "engine_model_mounts", "load_estimate",
            "root_read_rate_for", "root_read_rate_measure",
            "root_read_rate_request", "store_facts", "store_models", "unmeasured_roots"]
