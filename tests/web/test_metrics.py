@@ -107,7 +107,10 @@ def test_an_agent_without_the_lease_records_no_alert(deployment) -> None:  # typ
 
 
 def test_the_summary_carries_the_latest_point_and_the_firing_alerts(deployment) -> None:  # type: ignore[no-untyped-def]
-    _store(deployment, NOW - 10, 10)
+    for i in range(5):  # as the engine monitor stores them: the row keeps the latest
+        metrics_store_point(deployment_id=deployment.pk, resolution_s=2,
+                            point=series.MetricPoint(t=NOW - 10 + 2 * i, throughput=300.0))
+    deployment.refresh_from_db()
     summary = selectors.deployment_summary(deployment=deployment)
     assert summary["metrics"]["t"] == NOW - 2 and summary["alerts"] == {}
 

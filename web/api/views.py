@@ -3,12 +3,17 @@ summary, pre-flight."""
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Callable
 from typing import Any
 
+from django.utils.cache import get_conditional_response, patch_cache_control
+from django.utils.http import quote_etag
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, permissions, status, viewsets
 from rest_framework.decorators import action, api_view, parser_classes, permission_classes
 from rest_framework.exceptions import ValidationError
+from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -61,7 +66,16 @@ class DeploymentViewSet(
         if wanted and wanted not in DeploymentStatus.values:
             raise ValidationError({"status": [
                 f"Unknown status; use one of: {', '.join(DeploymentStatus.values)}."]})
-        return selectors.deployment_list(status=wanted)
+        # The status reads carry the row's version: their ETag (conditional()).
+        return selectors.deployment_list(status=wanted,
+                                         versioned=self.action in ("retrieve", "summary"))
+
+    @extend_schema(responses={200: DeploymentSerializer, 304: None})
+    def retrieve(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        """One deployment. Send its ETag back as If-None-Match: 304 while it is unchanged."""
+        deployment = self.get_object()
+        return conditional(request, deployment, "detail",
+                           lambda: DeploymentSerializer(deployment).data)
 
     @extend_schema(**CREATE_SCHEMA)
     def create(self, request: Request) -> Response:
@@ -137,10 +151,14 @@ class DeploymentViewSet(
             {"results": EventSerializer(events, many=True).data, "next_after": next_after}
         )
 
-    @extend_schema(responses={200: dict})
+    @extend_schema(responses={200: dict, 304: None})
     @action(detail=True, methods=["get"])
     def summary(self, request: Request, pk: str | None = None) -> Response:
-        return Response(selectors.deployment_summary(deployment=self.get_object()))
+        """Status, progress, alerts, the latest metrics: the row alone (its writers keep it
+        current). Send its ETag back as If-None-Match: 304 while it is unchanged."""
+        deployment = self.get_object()
+        return conditional(request, deployment, "summary",
+                           lambda: selectors.deployment_summary(deployment=deployment))
 
     @extend_schema(parameters=metrics.PARAMETERS, responses={200: metrics.MetricSeriesSerializer})
     @action(detail=True, methods=["get"])
@@ -153,6 +171,28 @@ class DeploymentViewSet(
         return Response({"deployment": deployment.pk, "start": start.timestamp(),
                          "end": end.timestamp(), "step": step, "units": series.UNITS,
                          "points": [p.to_dict() for p in points]})
+
+
+def conditional(request: Request, deployment: Deployment, name: str,
+                body: Callable[[], Any]) -> Response:
+    """A representation of the deployment row with an ETag, or 304 Not Modified when the
+    request's If-None-Match has it (django.utils.cache). The ETag is the row's version, so
+    a 304 costs no serializing; without one (not PostgreSQL), a digest of the body."""
+    version = selectors.deployment_row_version(deployment=deployment)
+    data = body() if version is None else None
+    tag = (f"{name}-{deployment.pk}-{version}" if version is not None
+           else f"{name}-{hashlib.sha256(JSONRenderer().render(data)).hexdigest()[:32]}")
+    etag = quote_etag(tag)
+    unchanged = get_conditional_response(request, etag=etag)  # 304 (or 412 for If-Match)
+    if unchanged is not None:
+        response = Response(status=unchanged.status_code)
+    else:
+        response = Response(body() if data is None else data)
+    response["ETag"] = etag
+    # Per user (token or session), and always asked again: a client keeps the body and
+    # sends the ETag, never uses a stored copy unasked.
+    patch_cache_control(response, private=True, no_cache=True)
+    return response
 
 
 def _run_of(deployment: Deployment, number: int) -> dict[str, Any]:

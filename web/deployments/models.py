@@ -109,6 +109,14 @@ class Deployment(models.Model):
     # The expected weight load per model ("weights", "draft_weights"): bytes, the root's
     # read rate and seconds (services/loadtime.py); the Weights card compares the real one.
     load_estimate = models.JSONField(default=dict, blank=True)
+    # The status summary's derived parts, kept current by their writers so that a read is
+    # this row alone (selectors.deployment_summary, the API's ETag): the verify-graph widths
+    # the spec needs (None: worked out from the spec on read), each alert's latest raise and
+    # clear (services.metrics.deployment_apply_alerts), the newest metric point
+    # (services.metrics.metrics_store_point).
+    graph_needed = models.JSONField(null=True, blank=True)
+    alert_history = models.JSONField(default=list, blank=True)
+    latest_metrics = models.JSONField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]

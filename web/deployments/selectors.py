@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db.models import OuterRef, QuerySet, Subquery
+from django.db import connection
+from django.db.models import CharField, OuterRef, QuerySet, Subquery, Value
+from django.db.models.expressions import RawSQL
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Coalesce
 
@@ -30,11 +33,29 @@ from .models import (
 MAX_SERIES_ROWS = 20_000  # a week of retention is about 12,000 rows
 
 
-def deployment_list(*, status: str | None = None) -> QuerySet[Deployment]:
+def deployment_list(*, status: str | None = None, versioned: bool = False) -> QuerySet[Deployment]:
+    """versioned: each row with its `row_version` (deployment_row_version)."""
     deployments = Deployment.objects.all()
     if status:
         deployments = deployments.filter(status=status)
+    if versioned:
+        deployments = deployments.annotate(row_version=_row_version())
     return deployments
+
+
+def _row_version() -> RawSQL | Value:
+    # PostgreSQL's xmin: the transaction that wrote this version of the row. Every UPDATE
+    # writes a new version, so it changes with any change to the row and costs nothing to
+    # read; other databases have none.
+    if connection.vendor != "postgresql":
+        return Value(None, output_field=CharField())
+    return RawSQL(f'"{Deployment._meta.db_table}".xmin::text', (), output_field=CharField())
+
+
+def deployment_row_version(*, deployment: Deployment) -> str | None:
+    """A token that changes whenever the row does (None where the database has none): all a
+    representation made of this row alone needs for its ETag."""
+    return getattr(deployment, "row_version", None)
 
 
 def deployment_get(*, deployment_id: int) -> Deployment:
@@ -153,8 +174,9 @@ def deployment_summary(*, deployment: Deployment) -> dict[str, Any]:
         "decode_stats": deployment.decode_stats or None,
         "diagnosis": deployment.diagnosis,
         "alerts": deployment.alerts or {},  # firing now, by id, each with its raised_at
-        "alert_history": deployment_alerts(deployment_id=deployment.pk),
-        "metrics": metric_latest(deployment_id=deployment.pk),
+        # Kept on the row by their writers (services/metrics.py): no query here.
+        "alert_history": _alert_history(deployment),
+        "metrics": deployment.latest_metrics,
         "engine_url": deployment.engine_url,
         "last_seq": deployment.last_seq,
         "is_terminal": deployment.is_terminal,
@@ -171,20 +193,44 @@ ALERT_EVENTS = 200  # the newest alert events read for the page; alerts change s
 
 def deployment_alerts(*, deployment_id: int) -> list[dict[str, Any]]:
     """Each alert's latest occurrence: firing ones first, then cleared ones, newest first;
-    each with when it was raised and, if it was, cleared (ISO times, UTC). Read from the
+    each with when it was raised and, if it was, cleared (UTC datetimes). Read from the
     alert events on the event_notable index, so a long log costs nothing here."""
     rows = Event.objects.filter(deployment_id=deployment_id, kind=EventKind.ALERT)
+    return alerts_fold(events=((e.payload, e.ts) for e in rows.order_by("-seq")[:ALERT_EVENTS]))
+
+
+ALERT_TIMES = ("raised_at", "cleared_at")
+
+
+def alert_history_stored(*, deployment_id: int) -> list[dict[str, Any]]:
+    """deployment_alerts as Deployment.alert_history keeps it."""
+    return alerts_as_stored(history=deployment_alerts(deployment_id=deployment_id))
+
+
+def alerts_as_stored(*, history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """An alert history with its times as ISO text (a JSON column holds no datetimes)."""
+    return [{**a, **{k: a[k].isoformat() if a[k] else None for k in ALERT_TIMES}}
+            for a in history]
+
+
+def _alert_history(deployment: Deployment) -> list[dict[str, Any]]:
+    return [{**a, **{k: _when(a.get(k)) for k in ALERT_TIMES}}
+            for a in deployment.alert_history or []]
+
+
+def alerts_fold(*, events: Iterable[tuple[dict[str, Any], datetime]]) -> list[dict[str, Any]]:
+    """deployment_alerts from alert events (payload, time), newest first."""
     latest: dict[str, dict[str, Any]] = {}
-    for event in rows.order_by("-seq")[:ALERT_EVENTS]:
-        p = event.payload or {}
+    for p, ts in events:
+        p = p or {}
         alert_id = str(p.get("id", ""))
         seen = latest.get(alert_id)
         if seen is None:
-            latest[alert_id] = _occurrence(p, event.ts)
+            latest[alert_id] = _occurrence(p, ts)
         elif seen["state"] == "resolved" and p.get("state") == "firing" and not seen["summary"]:
             # The raise of a cleared alert: its summary and fix are the ones to show.
             seen.update(summary=p.get("summary", ""), fix=p.get("fix", ""),
-                        raised_at=seen["raised_at"] or _when(p.get("raised_at")) or event.ts)
+                        raised_at=seen["raised_at"] or _when(p.get("raised_at")) or ts)
     alerts = list(latest.values())
     alerts.sort(key=lambda a: a["cleared_at"] or a["raised_at"] or _EPOCH, reverse=True)
     return sorted(alerts, key=lambda a: a["state"] != "firing")
@@ -211,13 +257,21 @@ def _occurrence(p: dict[str, Any], ts: datetime) -> dict[str, Any]:
             "cleared_summary": "" if firing else p.get("summary", "")}
 
 
+def spec_graph_widths(*, spec: dict[str, Any]) -> dict[str, int]:
+    """The verify graph width per role a stored spec needs (Deployment.graph_needed); empty
+    where its algorithm has no known widths."""
+    try:
+        return needed_graph_widths(spec_from_dict(spec).engine) or {}
+    except SpecError:  # a spec an older version stored: show nothing rather than fail
+        return {}
+
+
 def graph_widths(*, deployment: Deployment) -> list[dict[str, Any]]:
     """Per role: the verify graph width the spec needs and what the engine captured (None
     until its capture line). Empty where the spec's algorithm has no known widths."""
-    try:
-        needed = needed_graph_widths(spec_from_dict(deployment.spec).engine) or {}
-    except SpecError:  # a spec an older version stored: show nothing rather than fail
-        needed = {}
+    needed = deployment.graph_needed
+    if needed is None:  # a row from before graph_needed (parsing the spec is the cost)
+        needed = spec_graph_widths(spec=deployment.spec)
     progress = deployment.progress or {}
     captured = progress.get("widths", {})
     memory = {c.get("role"): c.get("mem_usage_gb") for c in progress.get("captures", [])
@@ -234,11 +288,6 @@ def metric_series(*, deployment_id: int, start: datetime, end: datetime,
         deployment_id=deployment_id, ts__gte=start, ts__lte=end).order_by("ts")
     points = [row.to_point() for row in rows[:MAX_SERIES_ROWS]]
     return series.downsample(points, step) if step else points
-
-
-def metric_latest(*, deployment_id: int) -> dict[str, Any] | None:
-    row = MetricPoint.objects.filter(deployment_id=deployment_id).order_by("-ts").first()
-    return row.to_point().to_dict() if row is not None else None
 
 
 def hosts_list() -> list[Host]:

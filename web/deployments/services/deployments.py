@@ -27,6 +27,7 @@ from appliance.engine.spec import (
     spec_from_dict,
     spec_to_dict,
 )
+from appliance.engine.widths import needed_graph_widths
 from appliance.preflight import Finding, has_errors, run_preflight
 
 from ..models import (
@@ -190,6 +191,7 @@ def deployment_create(
             gpus=list(spec.gpus),
             preflight=[f.to_dict() for f in findings],
             load_estimate=load_estimate(spec),
+            graph_needed=needed_graph_widths(spec.engine) or {},
             rebuild_image=rebuild_image,
             created_by=user if user is not None and user.is_authenticated else None,  # type: ignore[misc]
         )

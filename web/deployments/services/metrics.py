@@ -26,6 +26,7 @@ from appliance.runtime.alerts import Alert
 
 from .. import live
 from ..models import Deployment, EventKind, MetricPoint
+from ..selectors import alert_history_stored
 from .events import events_append
 
 
@@ -35,7 +36,10 @@ def _at(t: float) -> datetime:
 
 def metrics_store_point(*, deployment_id: int, point: series.MetricPoint,
                         resolution_s: int) -> None:
-    MetricPoint.of(deployment_id, point, resolution_s).save()
+    """Store a point, keep it as the row's latest (the summary reads it there), publish it."""
+    with transaction.atomic():
+        MetricPoint.of(deployment_id, point, resolution_s).save()
+        Deployment.objects.filter(pk=deployment_id).update(latest_metrics=point.to_dict())
     live.publish_point(deployment_id, point.to_dict())
 
 
@@ -96,8 +100,10 @@ def deployment_apply_alerts(*, deployment_id: int, alerts: list[Alert],
                 raised = firing.pop(alert.id, {})
                 events.append((EventKind.ALERT, {**alert.to_dict(), "cleared_at": now,
                                                  "raised_at": _raised_at(raised)}))
-        Deployment.objects.filter(pk=deployment_id).update(alerts=firing)
         events_append(deployment_id=deployment_id, events=events)
+        # The summary's history, folded once here rather than on every read of it.
+        Deployment.objects.filter(pk=deployment_id).update(
+            alerts=firing, alert_history=alert_history_stored(deployment_id=deployment_id))
     return True
 
 
