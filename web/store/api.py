@@ -61,8 +61,10 @@ class ModelAddSerializer(serializers.Serializer[Any]):
     repo_id = serializers.CharField(max_length=200, help_text="a hub repository, org/name")
     revision = serializers.CharField(max_length=200, default="main",
                                      help_text="a branch, tag or commit")
-    root = serializers.CharField(max_length=500, required=False, allow_blank=True,
-                                 help_text="one of APPLIANCE_MODEL_ROOTS; default the first")
+    # Named as the setting names it; DRF's Field.root (the top serializer) is not used here.
+    root = serializers.CharField(  # type: ignore[assignment]
+        max_length=500, required=False, allow_blank=True,
+        help_text="one of APPLIANCE_MODEL_ROOTS; default the first")
     path = serializers.CharField(max_length=500, required=False, allow_blank=True,
                                  help_text="the folder below the root; default the repo id")
 
@@ -107,6 +109,8 @@ class ModelEntryViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin,
     @extend_schema(request=ModelAddSerializer, responses={202: ModelEntrySerializer})
     def create(self, request: Request) -> Response:
         """Add a model from the hub: a download job on the models queue."""
+        if not isinstance(request.data, dict):
+            raise ValidationError({"": ["send a JSON object: {repo_id, revision, root, path}"]})
         entry = entry_add(request.data)
         return Response(ModelEntrySerializer(entry).data, status=status.HTTP_202_ACCEPTED)
 
