@@ -257,3 +257,29 @@ def test_the_form_without_a_model_says_so_beside_the_path(
                                                       "/models/Kimi-K2.6-DFlash"})
     assert answer.status_code == 400
     assert answer.context["form"].errors["model_path"]
+
+
+def test_the_real_engines_load_lines_give_the_rate_it_reached() -> None:
+    # The 433c58ed7 recording: "Load weight end. elapsed=0.26 s, type=DeepseekV3ForCausalLM,
+    # ... mem usage=0.12 GB." (the target) folded as the agent folds it.
+    from appliance.logs.parser import LogParser
+    from appliance.store.loadtime import load_report, load_text
+    from tests.appliance import real_engine as rec
+    from web.deployments.services.engines import progress_fold
+
+    progress: dict = {}  # type: ignore[type-arg]
+    parser = LogParser()
+    for line in rec.lines("ddtree_triton"):
+        for event in parser.feed(line.text):
+            progress_fold(progress, event.to_dict() | {"kind": event.kind})
+    weights = progress["weights"]
+    assert (weights["elapsed_s"], weights["mem_usage_gb"]) == (0.26, 0.12)
+    # Without an estimate: the GiB the log says the rank put on its GPU, over its time.
+    alone = load_report(estimate={}, progress=progress)["weights"]
+    assert alone["gbps"] == round(0.12 * 2**30 / 1e9 / 0.26, 3)
+    # With the checkpoint's size and its disk's rate: the share of that rate it reached.
+    estimate = {"weights": {"bytes": 130_000_000, "read_gbps": 1.0, "expected_s": 0.13}}
+    row = load_report(estimate=estimate, progress=progress)["weights"]
+    assert (row["gbps"], row["share"]) == (0.5, 0.5)
+    assert load_text(row) == ("read at 0.50 GB/s in 0.26 s: 50 % of the disk's measured "
+                              "1.00 GB/s (expected 0.1 s)")
