@@ -95,7 +95,7 @@ def test_the_check_finds_each_planted_divergence_at_its_token_with_its_class(
     prompts = {p["prompt"]: p for p in results["prompts"]}
     fib, fox = prompts[FIB], prompts[FOX]
     assert (fib["verdict"], fib["position"], fib["candidate_in_top2"]) == ("failure", 5, True)
-    assert fib["gap"] >= 1.5
+    assert fib["gap"] >= 1.5 and fib["candidate_gap"] == fib["gap"]  # B's second choice
     assert (fox["verdict"], fox["position"], fox["gap"]) == ("near-tie", 12, 0.0625)
     for p in (fib, fox):  # both continuations side by side, from the divergent token
         assert p["a"]["ids"][0] != p["b"]["ids"][0]
@@ -111,6 +111,7 @@ def test_the_check_finds_each_planted_divergence_at_its_token_with_its_class(
     assert len(rows) == 36
     fib_row = next(row for row in rows if row["prompt"] == FIB)
     assert (fib_row["verdict"], fib_row["position"]) == ("failure", "5")
+    assert float(fib_row["candidate_gap"]) == fib["gap"]
     assert json.loads(fib_row["candidate_ids"]) == fib["a"]["ids"]
     exported = client.get(f"/api/verifications/{run.pk}/export.json/")
     assert exported.json()["results"] == results

@@ -15,7 +15,8 @@ from .selectors import ready_deployments
 from .verification_models import VerificationRun
 
 CSV_COLUMNS = ("index", "prompt", "verdict", "position", "gap", "candidate_in_top2",
-               "candidate_ids", "candidate_text", "baseline_ids", "baseline_text")
+               "candidate_gap", "candidate_ids", "candidate_text", "baseline_ids",
+               "baseline_text")
 
 
 def verification_list() -> QuerySet[VerificationRun]:
@@ -49,5 +50,6 @@ def verification_csv(*, run: VerificationRun) -> str:
     writer.writerow(CSV_COLUMNS)
     for p in verification_prompt_rows(run=run):
         writer.writerow([p["index"], p["prompt"], p["verdict"], p.get("position"), p.get("gap"),
-                         p.get("candidate_in_top2"), *_side(p.get("a")), *_side(p.get("b"))])
+                         p.get("candidate_in_top2"), p.get("candidate_gap"),
+                         *_side(p.get("a")), *_side(p.get("b"))])
     return out.getvalue()

@@ -45,6 +45,11 @@
       tr.appendChild(el("td", p.verdict, "verdict"));
       tr.appendChild(el("td", p.position === null ? "–" : String(p.position), "position"));
       tr.appendChild(el("td", p.gap === null ? "–" : Number(p.gap).toFixed(4), "gap"));
+      // A token outside B's top two: how far below B's top-1 it sat, where B gave it.
+      if (p.candidate_in_top2 === false && p.candidate_gap !== null && p.candidate_gap !== undefined) {
+        tr.lastChild.appendChild(el("div", "A's token " + Number(p.candidate_gap).toFixed(4) +
+          " below", "muted candidate-gap"));
+      }
       tr.appendChild(continuation(p.a));
       tr.appendChild(continuation(p.b));
       tbody.appendChild(tr);
