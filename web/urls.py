@@ -24,6 +24,7 @@ urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("favicon.ico", favicon, name="favicon"),
     path("benchmarks/", include("web.benchmarks.urls")),
+    path("keys/", include("web.gateway.urls")),
     path("models/", include("web.store.urls")),
     path("account/", include("web.accounts.urls")),
     path("", include("web.deployments.urls")),

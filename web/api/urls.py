@@ -4,8 +4,9 @@ from rest_framework.permissions import IsAuthenticated
 from rest_framework.routers import DefaultRouter
 
 from web.benchmarks.api import BenchmarkViewSet
-from web.store.api import ModelEntryViewSet
 from web.benchmarks.verification_api import VerificationViewSet
+from web.gateway.api import ApiKeyViewSet
+from web.store.api import ModelEntryViewSet
 
 from . import views
 
@@ -19,6 +20,7 @@ class JSONRouter(DefaultRouter):
 router = JSONRouter()
 router.register("deployments", views.DeploymentViewSet, basename="deployment")
 router.register("benchmarks", BenchmarkViewSet, basename="benchmark")
+router.register("keys", ApiKeyViewSet, basename="apikey")
 router.register("models", ModelEntryViewSet, basename="model")
 router.register("verifications", VerificationViewSet, basename="verification")
 

@@ -1,0 +1,67 @@
+"""The API keys page: an operator makes a key (shown once), sees it listed with scope and
+usage, revokes it; a viewer may not."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.web.specs import spec
+from web.deployments.models import Deployment
+from web.gateway.models import ApiKey
+
+pytestmark = pytest.mark.django_db
+
+
+def test_an_operator_makes_a_key_and_sees_it_only_once(client, operator) -> None:  # type: ignore[no-untyped-def]
+    chatty = Deployment.objects.create(name="chatty", spec=spec(name="chatty"), recipe="r",
+                                       algorithm="DDTREE", status="ready")
+    client.force_login(operator)
+    made = client.post("/keys/", {"name": "evals", "deployments": [chatty.pk],
+                                  "rate_limit_per_minute": "60"})
+    assert made.status_code == 200
+    secret = re.search(r"sk-sd-[A-Za-z0-9_-]{40,}", made.content.decode()).group(0)  # type: ignore[union-attr]
+    key = ApiKey.objects.get()
+    assert (key.name, key.all_deployments, key.rate_limit_per_minute) == ("evals", False, 60)
+    listed = client.get("/keys/").content.decode()
+    assert secret not in listed and f"sk-sd-{key.prefix}" in listed
+    assert "chatty" in listed and "60/min" in listed and "never" in listed
+
+
+def test_a_bad_rate_limit_is_a_form_error_and_no_key(client, operator) -> None:  # type: ignore[no-untyped-def]
+    client.force_login(operator)
+    answer = client.post("/keys/", {"name": "x", "rate_limit_per_minute": "0"})
+    assert answer.status_code == 400
+    assert "greater than or equal to 1" in answer.content.decode()
+    assert not ApiKey.objects.exists()
+
+
+def test_revoking_from_the_page_stops_the_key(client, operator) -> None:  # type: ignore[no-untyped-def]
+    client.force_login(operator)
+    client.post("/keys/", {"name": "k"})
+    key = ApiKey.objects.get()
+    answer = client.post(f"/keys/sk-sd-{key.prefix}/revoke/", follow=True)
+    assert "revoked" in answer.content.decode()
+    key.refresh_from_db()
+    assert key.revoked_at is not None
+
+
+def test_a_viewer_may_not_hold_keys(client, viewer) -> None:  # type: ignore[no-untyped-def]
+    client.force_login(viewer)
+    assert client.get("/keys/").status_code == 403
+    assert client.post("/keys/", {"name": "k"}).status_code == 403
+    assert not ApiKey.objects.exists()
+
+
+def test_another_operators_key_cannot_be_revoked(client, operator, django_user_model) -> None:  # type: ignore[no-untyped-def]
+    client.force_login(operator)
+    client.post("/keys/", {"name": "mine"})
+    key = ApiKey.objects.get()
+    other = django_user_model.objects.create_user(username="olga", password="p-1-olga-pass")
+    other.groups.set(operator.groups.all())
+    client.force_login(other)
+    assert f"sk-sd-{key.prefix}" not in client.get("/keys/").content.decode()
+    client.post(f"/keys/{key.prefix}/revoke/")
+    key.refresh_from_db()
+    assert key.revoked_at is None
