@@ -25,6 +25,9 @@ from appliance.runtime.secrets import SecretMissingError, resolve_secrets, secre
 
 LABEL_DEPLOYMENT = "appliance.deployment"
 LABEL_MANAGED = "appliance.managed"
+# Compose's own labels: which project and service a container belongs to.
+COMPOSE_PROJECT = "com.docker.compose.project"
+COMPOSE_SERVICE = "com.docker.compose.service"
 LABEL_INSTANCE = "appliance.instance"
 LABEL_START = "appliance.start-token"
 NAME_PREFIX = "appliance-engine-"
@@ -216,6 +219,20 @@ class EngineRuntime:
             return True
         network.connect(container)
         return True
+
+    def compose_peers(self, container_ref: str, service: str) -> list[str]:
+        """The containers of `service` in the same compose project as this container (by
+        compose's own labels); none when it is no compose container."""
+        try:
+            labels = self.client.containers.get(container_ref).labels or {}
+        except docker.errors.NotFound:
+            return []
+        project = labels.get(COMPOSE_PROJECT)
+        if not project:
+            return []
+        peers = self.client.containers.list(filters={"label": [
+            f"{COMPOSE_PROJECT}={project}", f"{COMPOSE_SERVICE}={service}"]})
+        return [c.id for c in peers]
 
     def exit_state(self, container: Container) -> dict[str, Any]:
         """Docker's account of how the container ended: exit code, OOM kill, error."""

@@ -337,18 +337,22 @@ def _waiting_to_restart(deployment: Deployment) -> bool:
 
 
 def join_engine_network(runtime: EngineRuntime) -> None:
-    """Under compose: make the engine network and put this agent on it.
+    """Under compose: make the engine network and put this agent on it, and the web service
+    too, whose gateway (web/gateway) relays /v1 calls to the engines.
 
     Engines sit on their own network, apart from Redis and PostgreSQL (engines run model
-    code with trust_remote_code); the agent reaches them there by container name. The web
-    service stays off it: it never talks to engines (connecting a running container to a
-    network also briefly drops its published port).
+    code with trust_remote_code); the agent reaches them there by container name. Web has
+    no Docker socket, so the agent connects it (once per web container: the attachment
+    outlives restarts); connecting a running container briefly drops its published port,
+    which happens here at the first start only, right after web turned healthy.
     """
     if not settings.ENGINE_NETWORK:
         return
     network = runtime.ensure_network(settings.ENGINE_NETWORK)
     if runtime.join_network(network, socket.gethostname()):
         log.info("engine network %s joined", settings.ENGINE_NETWORK)
+        for web in runtime.compose_peers(socket.gethostname(), "web"):
+            runtime.join_network(network, web)
     # else: not in a container (a host install); engines publish on loopback instead
 
 
