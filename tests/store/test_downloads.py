@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 import time
 from pathlib import Path
@@ -188,3 +189,15 @@ def test_the_marker_names_the_repo_and_commit_for_a_scan(store_root: Path, hub: 
     marker = read_marker(store_root / REPO)
     assert marker["repo_id"] == REPO and marker["commit"] == hub.state.repos[REPO].commit
     assert (store_root / REPO / MARKER).is_file()
+
+
+def test_a_worker_start_queues_a_job_for_each_download_left_running(store_root: Path, live_channel) -> None:  # type: ignore[no-untyped-def]
+    live_channel.delete("models")
+    running = _request()
+    done = services.model_download_request(repo_id="acme/other")
+    ModelEntry.objects.filter(pk=done.pk).update(state=ModelState.READY)
+    ModelEntry.objects.create(root=str(store_root), relative_path="local", state="ready")
+    live_channel.delete("models")  # the requests' own jobs
+    assert services.model_downloads_resume() == [running.pk]
+    queued = [json.loads(m) for m in live_channel.lrange("models", 0, -1)]
+    assert [m["headers"]["argsrepr"] for m in queued] == [f"[{running.pk}]"]
