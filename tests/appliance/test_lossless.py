@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from appliance.bench.lossless import NEAR_TIE_GAP, first_divergence
+from appliance.bench.lossless import NEAR_TIE_GAP, TOP_LOGPROBS, first_divergence
 from tests.appliance import real_engine as rec
 
 
@@ -44,8 +44,8 @@ def test_dflash_on_fa3_parts_once_outside_the_baselines_top_two_at_one_bf16_step
     # The recording wins: against the triton baseline, DFLASH on fa3 (the engine's default
     # backend) chose at prompt 3, token 38 a token (2) outside the baseline's top two, which
     # sat 0.0625 apart. With two log-probs that is a failure; it is why the check asks for
-    # TOP_LOGPROBS and judges the candidate by its own log-prob (re-recorded with five:
-    # tests/fixtures/real-engine/433c58ed7/verify_dflash_fa3).
+    # TOP_LOGPROBS and judges the candidate by its own log-prob (re-recorded with five in
+    # verify_dflash_fa3: a near-tie, below).
     verdicts = []
     for base, cand in zip(_answers("base_triton"), _answers("dflash_fa3"), strict=True):
         verdicts.append(first_divergence(base["output_ids"], base["meta_info"]["output_top_logprobs"],
@@ -54,6 +54,31 @@ def test_dflash_on_fa3_parts_once_outside_the_baselines_top_two_at_one_bf16_step
                 for i, d in enumerate(verdicts) if d.verdict == "failure"]
     assert failures == [(2, 38, 0.0625, False, None)]
     assert [d.verdict for d in verdicts].count("identical") == 5
+
+
+def _fa3_baseline() -> list[dict[str, Any]]:
+    # No speculation on fa3, probed with the check's five log-probs (verify_dflash_fa3's B).
+    answers = [a["response"] for a in rec.json_file("verify_dflash_fa3", "probe_companion.json")]
+    assert all(len(top) == TOP_LOGPROBS for a in answers for top in a["meta_info"]["output_top_logprobs"])
+    return answers
+
+
+@pytest.mark.parametrize("run", ["dflash_fa3", "verify_dflash_fa3"])
+def test_with_five_log_probs_dflash_on_fa3_parts_from_its_own_baseline_only_at_near_ties(run: str) -> None:
+    found = [first_divergence(b["output_ids"], b["meta_info"]["output_top_logprobs"], a["output_ids"])
+             for a, b in zip(_answers(run), _fa3_baseline(), strict=True)]
+    assert [d.verdict for d in found].count("failure") == 0
+    assert (found[2].position, found[2].verdict, found[2].candidate_gap) == (38, "near-tie", 0.0625)
+    assert max(d.candidate_gap for d in found if d.candidate_gap is not None) <= 0.125
+
+
+def test_the_recorded_verify_of_dflash_on_fa3_against_a_fa3_baseline_passes() -> None:
+    done = rec.json_file("verify_dflash_fa3", "verify.json")
+    result = done["json"]
+    assert done["rc"] == 0 and result["passed"] is True
+    # The shipped set: 12 measured prompts and 24 MT-Bench ones.
+    assert (result["total"], result["identical"], result["near_ties"], result["failures"]) == (36, 30, 6, 0)
+    assert max(p["gap"] for p in result["prompts"] if p["gap"] is not None) <= 0.125 < NEAR_TIE_GAP
 
 
 def test_the_recorded_verify_of_ddtree_against_its_baseline_passes_on_near_ties() -> None:

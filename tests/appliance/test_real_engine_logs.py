@@ -90,6 +90,7 @@ CAPTURES = {
     "dflash_triton": [("target", "verify", 8, 6.47, 2.45, 23), ("draft", "verify", 8, 3.1, 0.79, 23)],
     # DFLASH on the engine's default backend (fa3 on Hopper): width 8 takes 0.45 GB, not 2.45.
     "dflash_fa3": [("target", "verify", 8, 28.67, 0.45, 23), ("draft", "verify", 8, 27.31, 0.24, 23)],
+    "verify_dflash_fa3": [("target", "verify", 8, 4.25, 0.45, 23), ("draft", "verify", 8, 29.74, 0.24, 23)],
     # Warm (Triton's cache kept from an earlier run of the call), beside a second engine.
     "verify_ddtree_base": [("target", "verify", 33, 5.49, 10.0, 23), ("draft", "verify", 8, 2.73, 0.79, 23)],
     "base_triton": [("target", "decode", 1, 8.48, 1.67, 36)],
@@ -117,7 +118,8 @@ def test_a_captures_printed_time_matches_the_time_between_its_lines(run: str) ->
 
 @pytest.mark.parametrize("run", ["ddtree_triton", "dflash_triton", "base_triton", "ddtree_probe",
                                  "dflash_probe", "ddtree_fa3", "ddtree_triton_bs16", "ddtree_triton_ctx32k",
-                                 "dflash_triton_bs16", "dflash_fa3", "verify_ddtree_base"])
+                                 "dflash_triton_bs16", "dflash_fa3", "verify_ddtree_base",
+                                 "verify_dflash_fa3", "bigload_triton"])
 def test_ready_is_found_once_in_every_run_that_came_up(run: str) -> None:
     assert len(rec.of_kind(run, "ready")) == 1
     assert rec.run_info(run)["ready_s"] is not None
@@ -148,7 +150,7 @@ def test_prefill_lines_say_no_graph_and_that_is_not_a_finding() -> None:
 
 @pytest.mark.parametrize("run", ["ddtree_triton", "dflash_triton", "base_triton",
                                  "ddtree_probe", "dflash_probe", "ddtree_fa3", "dflash_fa3",
-                                 "verify_ddtree_base"])
+                                 "verify_ddtree_base", "verify_dflash_fa3", "bigload_triton"])
 def test_a_healthy_run_and_its_stop_give_no_diagnosis(run: str) -> None:
     # Its stop prints SGLang's real shutdown, one of two ways: "Subprocess scheduler_0 (pid=..)
     # crashed with exit code -15. Triggering SIGQUIT for cleanup..." after SIGTERM, or
