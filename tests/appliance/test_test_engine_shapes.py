@@ -78,6 +78,7 @@ KINDS: dict[str, Callable[[str], bool]] = {
     "uvicorn_complete": lambda m: m.startswith("INFO:     Application startup complete"),
     "uvicorn_running": lambda m: m.startswith("INFO:     Uvicorn running on"),
     "access": lambda m: bool(re.match(r'INFO:     \S+ - "(GET|POST) ', m)),
+    "sigterm": lambda m: m.startswith("SIGTERM received"),
 }
 PROGRESS: dict[str, Callable[[str], bool]] = {
     "capture_progress": lambda s: s.startswith(("Capturing batches", "  0%|")),
@@ -105,6 +106,7 @@ def synthetic_run(client: DockerClient, image: str, argv: list[str]) -> list[str
                       json={"text": "hello there", "sampling_params": {"max_new_tokens": 24}})
         requests.get(f"{url}/metrics", timeout=5)
         wait_for(lambda: b"Decode batch" in container.logs(), 10)
+        container.stop(timeout=10)  # SIGTERM: the stop's own lines too
         return container.logs().decode().split("\n")
     finally:
         container.remove(force=True)

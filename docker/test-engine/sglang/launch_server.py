@@ -23,7 +23,7 @@ from typing import Any
 from sglang.test_engine import engine
 from sglang.test_engine.config import make_config, parse_args
 from sglang.test_engine.logits import DivergeError, parse_diverge
-from sglang.test_engine.output import emit, uvicorn_line
+from sglang.test_engine.output import emit, log
 from sglang.test_engine.phases import start_up
 from sglang.test_engine.replay import Replay, load, resolve
 from sglang.test_engine.replay_server import ReplayServer
@@ -33,8 +33,10 @@ from sglang.test_engine.tracebacks import model_missing_exit
 
 
 def on_sigterm(signum: int, frame: Any) -> None:
-    """PID 1 in a container ignores SIGTERM unless handled: exit promptly like uvicorn does."""
-    uvicorn_line(sys.stderr, "Shutting down")
+    """PID 1 in a container ignores SIGTERM unless handled: exit promptly, with the line every
+    recorded stop of the real engine begins with (433c58ed7's http_server; the fixtures)."""
+    log("SIGTERM received. signum=None frame=None. Draining requests and shutting down...",
+        pace=False)
     os._exit(0)
 
 
