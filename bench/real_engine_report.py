@@ -21,8 +21,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from appliance.bench.lossless import first_divergence  # noqa: E402
 from tests.appliance import real_engine as rec  # noqa: E402
 
+# fa3 ran in later calls; its ratios are to triton's none.
 MODES = {"DDTREE": "ddtree_triton", "DFLASH": "dflash_triton", "none": "base_triton",
-         "DDTREE fa3": "ddtree_fa3"}  # fa3 ran in a later call; its ratios are to triton's none
+         "DDTREE fa3": "ddtree_fa3", "DFLASH fa3": "dflash_fa3"}
 
 
 def _levels(run: str) -> dict[int, dict[str, Any]]:
