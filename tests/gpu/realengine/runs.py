@@ -85,6 +85,9 @@ RUNS = _runs(
     Run("verify_dflash_fa3", "DFLASH on fa3 (A) verified against no speculation on fa3 (B)",
         "dflash", spec_overrides={"engine.mem_fraction_static": 0.45}, bench_levels=(),
         self_check=False, companion="base_fa3_companion"),
+    Run("verify_ddtree_fa3", "DDTREE with the recipe's fa3 (A) verified against no speculation "
+        "on fa3 (B)", "ddtree", spec_overrides={"engine.mem_fraction_static": 0.45},
+        bench_levels=(), self_check=False, companion="base_fa3_companion"),
     # A model of several GB (big-kimi, 5.7 GB in 8 shards): its load time predicted by the
     # product from size and the disk's measured read rate, then measured from the real log.
     Run("bigload_triton", "no speculation, triton, big-kimi from a cold page cache", "ddtree",
