@@ -4,6 +4,7 @@ system (a tmpfs of 1 MiB mounted for the test)."""
 from __future__ import annotations
 
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -53,3 +54,54 @@ def test_a_model_that_fits_the_small_file_system_downloads(store_root: Path, sma
         settings.HF_ENDPOINT, settings.MODEL_ROOTS = hub.url, [str(small_fs)]
         entry = services.model_download_request(repo_id=repo.repo_id)
         assert services.model_download_run(entry_id=entry.pk, job_id="job-1").state == ModelState.READY
+
+
+def _fill(fs: Path) -> Path:
+    """Take every free byte of the file system (as another program might)."""
+    filler = fs / "filler"
+    with filler.open("wb") as handle:
+        try:
+            while True:
+                handle.write(b"\0" * 65536)
+                handle.flush()
+        except OSError:
+            pass
+    return filler
+
+
+def test_a_disk_that_fills_mid_download_marks_it_partial_and_a_retry_resumes(store_root: Path, small_fs: Path, settings) -> None:  # type: ignore[no-untyped-def]
+    import threading
+
+    from django.db import connection
+
+    repo = small_repo(shard_bytes=300 * 1024)
+    shard = "model-00001-of-00002.safetensors"
+    part = small_fs / repo.repo_id / (shard + ".incomplete")
+    with HubServer(repo) as hub:
+        hub.state.token, hub.state.rate = TOKEN, 200_000
+        settings.HF_ENDPOINT, settings.MODEL_ROOTS = hub.url, [str(small_fs)]
+        entry = services.model_download_request(repo_id=repo.repo_id)
+        outcome: list[str] = []
+
+        def job() -> None:
+            try:
+                outcome.append(services.model_download_run(entry_id=entry.pk, job_id="j1").state)
+            finally:
+                connection.close()
+
+        thread = threading.Thread(target=job)
+        thread.start()
+        while not (part.is_file() and part.stat().st_size > 50_000):
+            time.sleep(0.02)
+        filler = _fill(small_fs)
+        thread.join(timeout=30)
+        stopped = ModelEntry.objects.get(pk=entry.pk)
+        assert outcome == [ModelState.PARTIAL] and not stopped.is_usable
+        assert "No space left on device" in stopped.error and str(small_fs) in stopped.error
+        kept = part.stat().st_size
+        assert kept > 50_000
+        filler.unlink()
+        hub.state.rate = None
+        again = services.model_download_request(repo_id=repo.repo_id)
+        assert services.model_download_run(entry_id=again.pk, job_id="j2").state == ModelState.READY
+        assert hub.state.ranges(shard)[-1] == f"bytes={kept}-"
