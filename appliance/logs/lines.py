@@ -104,8 +104,33 @@ PREFILL_FIELDS = (
 )
 
 
+# The ranks of a prefix's tail (`TP0`, `DP1 TP3 EP3`): a busy engine repeats a handful.
+_RANKS_OF: dict[str, dict[str, int]] = {}
+
+
+def _ranks_of(head: str) -> dict[str, int]:
+    """The ranks named after the date and time in a prefix (a new dict: callers keep it)."""
+    parts = head.split(" ", 2)
+    if len(parts) < 3:
+        return {}
+    found = _RANKS_OF.get(parts[2])
+    if found is None:
+        found = {}
+        for token in parts[2].split(" "):
+            match = _RANK.match(token)
+            if match:
+                found[match.group(1).lower()] = int(match.group(2))
+        if len(_RANKS_OF) < 4096:
+            _RANKS_OF[parts[2]] = found
+    return dict(found)
+
+
 def split_prefix(text: str) -> tuple[str, dict[str, int]]:
     """Strip `[date time RANKS] ` (and torch's `[rankN]: `); return the message and ranks."""
+    if text[:1] == "[" and text[1:3].isdigit() and len(text) >= 21:
+        close = text.find("] ", 20)  # the common case first: an SGLang record
+        if close > 0:
+            return text[close + 2 :], _ranks_of(text[1:close])
     ranks: dict[str, int] = {}
     if text.startswith("[rank"):
         match = _TORCH_RANK.match(text)
@@ -122,12 +147,7 @@ def split_prefix(text: str) -> tuple[str, dict[str, int]]:
     close = text.find("] ", 20)
     if close < 0:
         return text, ranks
-    head = text[1:close].split(" ")
-    for token in head[2:]:
-        match = _RANK.match(token)
-        if match:
-            ranks[match.group(1).lower()] = int(match.group(2))
-    return text[close + 2 :], ranks
+    return text[close + 2 :], {**ranks, **_ranks_of(text[1:close])}
 
 
 def _float(pattern: re.Pattern[str], text: str) -> float | None:
@@ -195,12 +215,40 @@ def _capture_event(match: re.Match[str], message: str) -> tuple[str, dict[str, A
     }
 
 
+# SGLang's decode line as 0.5.x prints it, with or without the speculative fields: a
+# busy engine prints thousands a second, and one match is a third of the general parse.
+# Anything else (another version's keys, a value of another shape) takes parse_stats;
+# tests/appliance/test_logparse.py holds both to the same answer on the recordings.
+_DECODE_LINE = re.compile(
+    r"Decode batch, #running-req: (\d+), #token: (\d+), token usage: (\d+\.\d+), "
+    r"(?:accept len: (\d+\.\d+), accept rate: (\d+\.\d+), )?cuda graph: (True|False), "
+    r"gen throughput \(token/s\): (\d+\.\d+), #queue-req: (\d+)$")
+
+
+def decode_stats_fast(message: str) -> dict[str, Any] | None:
+    """The decode_stats fields of an SGLang 0.5.x decode line; None for any other shape."""
+    match = _DECODE_LINE.match(message)
+    if match is None:
+        return None
+    running, tokens, usage, accept_len, accept_rate, graph, gen, queue = match.groups()
+    return {"running_req": int(running), "tokens": int(tokens), "token_usage": float(usage),
+            "accept_len": float(accept_len) if accept_len is not None else None,
+            "accept_rate": float(accept_rate) if accept_rate is not None else None,
+            "cuda_graph": graph == "True", "gen_throughput": float(gen),
+            "queue_req": int(queue)}
+
+
+def decode_stats(message: str) -> dict[str, Any]:
+    """The decode_stats fields of any version's decode line (the general parse)."""
+    stats = parse_stats(_stats_body(message, "Decode batch"))
+    return {name: stats.get(name) for name in DECODE_FIELDS}
+
+
 def classify(message: str) -> tuple[str, dict[str, Any]] | None:
     """One log message (prefix already stripped) -> (kind, fields), or None."""
     first = message[:1]
     if first == "D" and message.startswith("Decode batch"):
-        stats = parse_stats(_stats_body(message, "Decode batch"))
-        return "decode_stats", {name: stats.get(name) for name in DECODE_FIELDS}
+        return "decode_stats", decode_stats_fast(message) or decode_stats(message)
     if first == "P" and message.startswith("Prefill batch"):
         stats = parse_stats(_stats_body(message, "Prefill batch"))
         return "prefill_stats", {name: stats.get(name) for name in PREFILL_FIELDS}

@@ -178,7 +178,13 @@ class LogParser:
     def _observe(self, kind: str, fields: dict[str, Any]) -> None:
         """Remember what later diagnoses need: phase, graph widths, batch sizes."""
         ctx = self.context
-        if kind.startswith("selfcheck_"):
+        if kind in ("decode_stats", "prefill_stats"):  # first: a serving engine's every line
+            ctx.phase = "serving"
+            running = fields.get("running_req") or 0
+            ctx.max_running_req = max(ctx.max_running_req, running)
+            if fields.get("accept_len") is not None:
+                ctx.speculative = True
+        elif kind.startswith("selfcheck_"):
             ctx.phase = "selfcheck"
         elif kind == "weights_begin":
             ctx.phase = "load"
@@ -198,12 +204,6 @@ class LogParser:
             ctx.last_bs = fields["bs"]
         elif kind == "ready":
             ctx.phase = "serving"
-        elif kind in ("decode_stats", "prefill_stats"):
-            ctx.phase = "serving"
-            running = fields.get("running_req") or 0
-            ctx.max_running_req = max(ctx.max_running_req, running)
-            if fields.get("accept_len") is not None:
-                ctx.speculative = True
 
     def _observe_capture(self, fields: dict[str, Any]) -> None:
         ctx = self.context

@@ -42,6 +42,7 @@ PROGRESS_KINDS = frozenset(
 )
 PHASE_ORDER = ("starting", "checking", "loading", "capturing", "ready")
 LAST_LINES = 60
+READ_AHEAD_LINES = 50_000  # lines read from Docker and not yet shipped, at most
 RESUME_OVERLAP_S = 1.0  # re-read this much before the cursor; the cursor drops repeats
 
 Events = list[tuple[str, dict[str, Any]]]
@@ -72,6 +73,17 @@ class Cursor:
 
     def advance(self, ts_ns: int) -> Cursor:
         return Cursor(ts_ns, self.count + 1 if ts_ns == self.ts_ns else 1)
+
+    def advance_all(self, lines: list[LogLine]) -> Cursor:
+        """advance() for each line in turn, with one Cursor made at the end."""
+        ts_ns, count = self.ts_ns, self.count
+        for line in lines:
+            ts = line.ts_ns or 0
+            if ts == ts_ns:
+                count += 1
+            else:
+                ts_ns, count = ts, 1
+        return Cursor(ts_ns, count)
 
 
 class CursorFilter:
@@ -121,22 +133,89 @@ class _State:
 
 
 class _Reader(threading.Thread):
-    """Reads container output on its own thread so health polling never waits on it."""
+    """Reads container output on its own thread so health polling never waits on it.
+
+    Lines go into a deque the follower empties a batch at a time: a queue.Queue's lock and
+    condition per line cost more than parsing a line (issue 22). The follower clears
+    `arrived` before it takes lines, and the reader sets it after each append, so a line is
+    never left waiting unseen."""
 
     def __init__(self, lines: Iterator[LogLine], name: str) -> None:
         super().__init__(daemon=True, name=name)
         self.lines = lines
-        self.queue: queue.Queue[LogLine | None] = queue.Queue(maxsize=50_000)
+        self.buffer: deque[LogLine | None] = deque()
+        self.arrived = threading.Event()
         self.error: Exception | None = None
 
     def run(self) -> None:
+        buffer, arrived = self.buffer, self.arrived
         try:
             for line in self.lines:
-                self.queue.put(line)
+                buffer.append(line)
+                if not arrived.is_set():
+                    arrived.set()
+                while len(buffer) > READ_AHEAD_LINES:
+                    time.sleep(0.005)  # back-pressure: Docker waits, memory stays bounded
         except Exception as exc:  # noqa: BLE001 - a broken stream is resumed by the caller
             self.error = exc
         finally:
-            self.queue.put(None)
+            buffer.append(None)
+            arrived.set()
+
+    def take(self, limit: int, wait_s: float | None) -> list[LogLine | None]:
+        """Up to `limit` lines (None: the stream ended); wait up to wait_s for a first one."""
+        if not self.buffer:
+            if not wait_s:
+                return []
+            self.arrived.wait(wait_s)
+        self.arrived.clear()
+        buffer = self.buffer
+        return [buffer.popleft() for _ in range(min(limit, len(buffer)))]
+
+
+class _Shipper(threading.Thread):
+    """Ships batches to the sink on its own thread, in order, so that the next batch is read
+    and parsed while the database writes this one (the write was 40 % of the follower's
+    time: issue 22). Any other sink call waits for what is queued first (flush), so the
+    sink sees everything in the order it saw it before. A failed ship (the lease lost) is
+    raised to the follower at its next ship or flush; nothing after it is shipped."""
+
+    def __init__(self, sink: FollowSink) -> None:
+        super().__init__(daemon=True, name="engine-log-shipper")
+        self.sink = sink
+        # Two batches in flight at most: a slow database slows the follower (back-pressure),
+        # and the reader's buffer, not this queue, holds what waits.
+        self.queue: queue.Queue[tuple[Events, Cursor | None] | None] = queue.Queue(maxsize=2)
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        while True:
+            item = self.queue.get()
+            try:
+                if item is None:
+                    return
+                if self.error is None:
+                    self.sink.ship(*item)
+            except BaseException as exc:  # noqa: BLE001 - raised in the follower's thread
+                self.error = exc
+            finally:
+                self.queue.task_done()
+
+    def ship(self, events: Events, cursor: Cursor | None) -> None:
+        self._raise()
+        self.queue.put((events, cursor))
+
+    def flush(self) -> None:
+        self.queue.join()
+        self._raise()
+
+    def close(self) -> None:
+        self.queue.put(None)
+        self.join(timeout=60)
+
+    def _raise(self) -> None:
+        if self.error is not None:
+            raise self.error
 
 
 class EngineFollower:
@@ -168,11 +247,34 @@ class EngineFollower:
         self.tail: deque[str] = deque(maxlen=LAST_LINES)
         self.all_lines: deque[str] = deque(maxlen=2000)
         self.outcome = ""
+        self.shipper: _Shipper | None = None
+
+    def _ship(self, events: Events, cursor: Cursor | None) -> None:
+        if self.shipper is None:
+            self.sink.ship(events, cursor)
+        else:
+            self.shipper.ship(events, cursor)
+
+    def _flush(self) -> None:
+        """Everything handed to the shipper is stored before the sink is asked anything else."""
+        if self.shipper is not None:
+            self.shipper.flush()
 
     # ------------------------------------------------------------------ the loop
 
     def run(self) -> str:
         """Follow until the engine exits (failed), following must stop, or the stream ends."""
+        self.shipper = _Shipper(self.sink)
+        self.shipper.start()
+        try:
+            outcome = self._follow()
+            self._flush()
+            return outcome
+        finally:
+            shipper, self.shipper = self.shipper, None
+            shipper.close()  # ships what is still queued (none after a failed ship)
+
+    def _follow(self) -> str:
         container = self._container()
         if container is None:
             return self.outcome
@@ -201,7 +303,7 @@ class EngineFollower:
     def _container(self) -> Any:
         if self.may_start and self.state.status == "starting":
             container = self.runtime.ensure_started(self.plan)
-            self.sink.ship([("status", {"message": f"engine container {container.name} "
+            self._ship([("status", {"message": f"engine container {container.name} "
                                                    "running"})], None)
             return container
         container = self.runtime.find(self.plan.identity)
@@ -252,17 +354,11 @@ class EngineFollower:
 
     def _drain(self, reader: _Reader, partials: _Reader | None) -> None:
         """Take what arrived in one batch window and ship it with its cursor."""
-        batch: list[LogLine] = []
         # Wait up to batch_s for a first line, then take what is already there: a quiet
         # engine's line ships at once, and a busy one's batches grow while a write runs.
-        timeout: float | None = self.options.batch_s
-        while len(batch) < self.options.batch_lines:
-            try:
-                item = (reader.queue.get(timeout=timeout) if timeout is not None
-                        else reader.queue.get_nowait())
-            except queue.Empty:
-                break
-            timeout = None
+        taken = reader.take(self.options.batch_lines, self.options.batch_s)
+        batch: list[LogLine] = []
+        for item in taken:
             if item is None:
                 self.state.ended = True
                 break
@@ -270,33 +366,33 @@ class EngineFollower:
         events = self._pieces(partials) if partials is not None else []
         if batch:
             events.extend(self._events_for(batch))
-            for line in batch:
-                self.state.cursor = self.state.cursor.advance(line.ts_ns or 0)
+            self.state.cursor = self.state.cursor.advance_all(batch)
             if self.state.ended:
                 events.extend(self._parsed(self.parser.finish()))
         if events:
-            self.sink.ship(events, self.state.cursor if batch else None)
+            self._ship(events, self.state.cursor if batch else None)
 
     def _pieces(self, partials: _Reader) -> Events:
         events: Events = []
-        while True:
-            try:
-                item = partials.queue.get_nowait()
-            except queue.Empty:
-                return events
+        for item in partials.take(1_000_000, None):
             if item is not None and self.state.status != "ready":
                 events.extend(self._partial_progress(item.text))
+        return events
 
     def _events_for(self, batch: list[LogLine]) -> Events:
         events: Events = []
+        append, extend, feed, parsed = events.append, events.extend, self.parser.feed, self._parsed
         for line in batch:
-            if SCRAPE_ACCESS.match(line.text):
+            text = line.text
+            if text[:5] == "INFO:" and SCRAPE_ACCESS.match(text):
                 continue
-            shown = line.text.rsplit("\r", 1)[-1] if "\r" in line.text else line.text
+            shown = text.rsplit("\r", 1)[-1] if "\r" in text else text
             self.tail.append(shown)
-            self.all_lines.append(line.text)
-            events.append(("log", {"stream": line.stream, "text": shown}))
-            events.extend(self._parsed(self.parser.feed(line.text)))
+            self.all_lines.append(text)
+            append(("log", {"stream": line.stream, "text": shown}))
+            found = feed(text)
+            if found:
+                extend(parsed(found))
         return events
 
     def _partial_progress(self, text: str) -> Events:
@@ -326,10 +422,14 @@ class EngineFollower:
         wanted = PHASE_OF_KIND.get(kind)
         if (wanted and self.state.status in PHASE_ORDER
                 and PHASE_ORDER.index(wanted) > PHASE_ORDER.index(self.state.status)
-                and self.sink.advance(wanted)):
+                and self._flushed() and self.sink.advance(wanted)):
             self.state.status = wanted
 
     # ------------------------------------------------------------------ readiness and ends
+
+    def _flushed(self) -> bool:
+        self._flush()
+        return True
 
     def _confirm_ready(self, container: Any, reader: _Reader, client: EngineClient) -> None:
         try:
@@ -340,6 +440,7 @@ class EngineFollower:
             self._fail(None, "generation-failed",
                        f"/health was 200 but a one-token generation failed: {exc}")
             raise _Done() from None
+        self._flush()
         self.sink.ready(client.base_url)
         self.state.status = "ready"
 
@@ -372,6 +473,7 @@ class EngineFollower:
             cause, message,
             fix or "Read the engine's last lines below; the cause was not recognised.",
             evidence or {})
+        self._flush()
         self.sink.failed(found, message, list(self.tail))
         return self._end("failed")
 

@@ -334,3 +334,48 @@ def test_the_batch_sizes_on_a_v2_begin_line_are_the_captured_ones() -> None:
     parser.feed(DDTREE_V2_CAPTURE[0].format(target=33))
     assert parser.context.capture_bs == [1, 2, 4, 8, 16, 24, 32, 40, 48]
     assert parser.context.verify_width == 33
+
+
+def _recorded_decode_messages() -> list[str]:
+    root = Path(__file__).resolve().parent.parent / "fixtures"
+    found = []
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and path.suffix in ("", ".log", ".txt"):
+            for raw in path.read_text(encoding="utf-8", errors="replace").splitlines():
+                message, _ = split_prefix(raw.partition(" ")[2] if raw[:4].isdigit() else raw)
+                if message.startswith("Decode batch"):
+                    found.append(message)
+    return found
+
+
+def test_the_fast_decode_path_agrees_with_the_general_parse_on_every_recorded_line():  # type: ignore[no-untyped-def]
+    from appliance.logs.lines import decode_stats, decode_stats_fast
+
+    messages = _recorded_decode_messages()
+    assert len(messages) > 200
+    fast = 0
+    for message in messages:
+        quick = decode_stats_fast(message)
+        if quick is not None:
+            fast += 1
+            assert quick == decode_stats(message), message
+    assert fast >= 0.9 * len(messages)  # the recorded engines' lines take the fast path
+
+
+@pytest.mark.parametrize("message", [
+    "Decode batch. #running-req: 1, #token: 9, token usage: 0.00, accept len: 1.50, "
+    "cuda graph: True, gen throughput (token/s): 3.00, #queue-req: 0",  # 0.4.x
+    "Decode batch [12], #running-req: 1, #token: 9, token usage: 0.00, cuda graph: True, "
+    "gen throughput (token/s): 3.00, #queue-req: 0",  # with an iteration
+    "Decode batch, #running-req: 1, #token: 9, token usage: 0.00, cuda graph: True, "
+    "gen throughput (token/s): 12, #queue-req: 0",  # a value of another shape
+    "Decode batch, #running-req: 1, #full token: 9, full token usage: 0.01, cuda graph: "
+    "True, gen throughput (token/s): 3.00, #queue-req: 0, ",  # another pool's keys
+])
+def test_a_decode_line_of_another_shape_takes_the_general_parse(message):  # type: ignore[no-untyped-def]
+    from appliance.logs.lines import classify, decode_stats, decode_stats_fast
+
+    assert decode_stats_fast(message) is None
+    kind, fields = classify(message) or ("", {})
+    assert (kind, fields) == ("decode_stats", decode_stats(message))
+    assert fields["running_req"] == 1 and fields["tokens"] == 9

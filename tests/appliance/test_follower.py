@@ -1,0 +1,143 @@
+"""EngineFollower against the real Docker engine: every line once, in order, with its cursor,
+and the sink asked anything else only after the lines before it are stored."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import docker.errors
+import pytest
+from docker.client import DockerClient
+
+from appliance.logs.causes import Diagnosis
+from appliance.runtime.containers import LABEL_DEPLOYMENT, ContainerPlan, EngineRuntime
+from appliance.runtime.follower import Cursor, EngineFollower, FollowOptions, follow
+from tests.conftest_docker import (  # noqa: F401 (fixtures)
+    BASE_IMAGE,
+    TEST_LABELS,
+    docker_client,
+    unique_id,
+)
+
+pytestmark = pytest.mark.docker
+
+DECODE = ("[2026-12-01 09:27:25 TP0] Decode batch, #running-req: 1, #token: {i}, token usage: "
+          "0.00, accept len: 3.20, accept rate: 0.40, cuda graph: True, gen throughput "
+          "(token/s): 165.82, #queue-req: 0")
+
+
+class RecordingSink:
+    """Keeps what the follower gives it, as the agent's database sink would store it."""
+
+    def __init__(self, fail_on_ship: int = 0) -> None:
+        self.shipped: list[tuple[str, dict[str, Any]]] = []
+        self.cursors: list[Cursor] = []
+        self.asked: list[tuple[str, int]] = []  # (call, events stored when it came)
+        self.fail_on_ship = fail_on_ship
+        self.ships = 0
+        self.batch_starts: list[int] = []
+
+    def ship(self, events: list[tuple[str, dict[str, Any]]], cursor: Cursor | None) -> None:
+        self.ships += 1
+        if self.ships == self.fail_on_ship:
+            raise LookupError("the lease is gone")
+        self.batch_starts.append(len(self.shipped))
+        self.shipped.extend(events)
+        if cursor is not None:
+            self.cursors.append(cursor)
+
+    def advance(self, status: str) -> bool:
+        self.asked.append((f"advance:{status}", len(self.shipped)))
+        return True
+
+    def ready(self, engine_url: str) -> bool:
+        self.asked.append(("ready", len(self.shipped)))
+        return True
+
+    def failed(self, diagnosis: Diagnosis, message: str, last_lines: list[str]) -> None:
+        self.asked.append((f"failed:{diagnosis.cause}", len(self.shipped)))
+
+    def keep_following(self) -> bool:
+        return True
+
+    def texts(self) -> list[str]:
+        return [p["text"] for kind, p in self.shipped if kind == "log"]
+
+
+@pytest.fixture
+def runtime(docker_client: DockerClient) -> Iterator[EngineRuntime]:  # noqa: F811
+    made = EngineRuntime(docker_client)
+    yield made
+    for container in docker_client.containers.list(
+            all=True, filters={"label": f"{LABEL_DEPLOYMENT}"}):
+        if (container.labels or {}).get("appliance.instance") == "follower-test":
+            with contextlib.suppress(docker.errors.NotFound):
+                container.remove(force=True)
+
+
+def _run(runtime: EngineRuntime, script: str, sink: RecordingSink,
+         status: str = "ready") -> str:
+    plan = ContainerPlan(deployment_id=unique_id("fol"), image=BASE_IMAGE,
+                         argv=["python3", "-c", script], labels=dict(TEST_LABELS),
+                         instance_id="follower-test", start_token="t1")
+    runtime.ensure_started(plan)
+    follower = EngineFollower(runtime, plan, sink, status=status, may_start=False,
+                              options=FollowOptions(partials=False, health_poll_s=3600))
+    return follow(follower)
+
+
+def test_every_line_of_a_burst_is_shipped_once_in_order_with_the_last_lines_cursor(runtime):  # type: ignore[no-untyped-def]
+    n = 30_000
+    script = ("import sys\n"
+              f"sys.stdout.write(''.join({DECODE!r}.format(i=i) + '\\n' for i in range({n})))\n")
+    sink = RecordingSink()
+    assert _run(runtime, script, sink) == "failed"  # it exited: the follower says so
+    assert sink.texts() == [DECODE.format(i=i) for i in range(n)]
+    metrics = [p["tokens"] for kind, p in sink.shipped if kind == "metric"]
+    assert metrics == list(range(n))
+    assert sink.ships > 2  # in batches, not one by one and not all at once
+    assert sink.cursors == sorted(sink.cursors, key=lambda c: (c.ts_ns, c.count))
+    assert sink.asked == [("failed:engine-exited", len(sink.shipped))]
+
+
+def test_a_phase_is_asked_for_only_after_the_lines_before_it_are_stored(runtime):  # type: ignore[no-untyped-def]
+    script = ("import sys, time\n"
+              "sys.stdout.write(''.join(f'plain {i}\\n' for i in range(5000))); sys.stdout.flush()\n"
+              "time.sleep(1)\n"
+              "print('[2026-12-01 09:27:25 TP0] Load weight begin. avail mem=70.00 GB', flush=True)\n"
+              "sys.stdout.write(''.join(f'after {i}\\n' for i in range(5000)))\n")
+    sink = RecordingSink()
+    _run(runtime, script, sink, status="starting")
+    # Every earlier batch is stored when the phase is asked for; the batch being parsed,
+    # with the line that moved it, is stored after (as before the shipper thread).
+    texts = sink.texts()
+    assert texts[:5000] == [f"plain {i}" for i in range(5000)]
+    assert texts[5000].startswith("[2026-12-01") and texts[-1] == "after 4999"
+    its_batch = max(start for start in sink.batch_starts if start <= 5000)
+    assert sink.asked[0] == ("advance:loading", its_batch)
+
+
+def test_a_line_docker_cut_into_pieces_comes_back_whole_without_their_stamps(runtime):  # type: ignore[no-untyped-def]
+    # Docker stores a line over 16 KiB as several messages, each with its own timestamp.
+    script = ("print(''.join(str(i % 10) for i in range(100_000)), flush=True)\n"
+              "print('ünïcödé ✓', flush=True)\n")
+    sink = RecordingSink()
+    _run(runtime, script, sink)
+    assert sink.texts() == ["".join(str(i % 10) for i in range(100_000)), "ünïcödé ✓"]
+
+
+def test_a_failed_ship_ends_the_follower_with_its_error_and_ships_nothing_after(runtime):  # type: ignore[no-untyped-def]
+    script = ("import sys, time\n"
+              "for b in range(40):\n"
+              "    sys.stdout.write(''.join(f'line {b} {i}\\n' for i in range(500)))\n"
+              "    sys.stdout.flush(); time.sleep(0.05)\n")
+    sink = RecordingSink(fail_on_ship=3)
+    with pytest.raises(LookupError, match="lease is gone"):
+        _run(runtime, script, sink)
+    assert sink.ships == 3  # the failed one was the last
+    assert sink.asked == []  # nor is the engine reported failed by a follower that lost it
+    texts = sink.texts()
+    assert 0 < len(texts) < 20_000
+    assert texts == [f"line {b} {i}" for b in range(40) for i in range(500)][:len(texts)]
