@@ -99,6 +99,10 @@ def test_bad_prompts_and_numbers_are_400s_naming_the_field(operator, pair) -> No
     assert r.status_code == 400 and list(r.json()) == ["threshold"]
     r = _create(operator, **ids, max_tokens=0)
     assert r.status_code == 400 and list(r.json()) == ["max_tokens"]
+    r = _create(operator, candidate=2**70, baseline=b.pk)  # past the id column: no 500
+    assert r.status_code == 400 and list(r.json()) == ["candidate"]
+    r = _create(operator, **ids, threshold="nan")
+    assert r.status_code == 400 and list(r.json()) == ["threshold"]
     r = _create(operator, **ids, prompt_source="sharegpt")
     assert r.status_code == 400 and list(r.json()) == ["prompt_source"]
     assert not VerificationRun.objects.exists()

@@ -30,8 +30,11 @@ class VerificationRunSerializer(serializers.ModelSerializer[VerificationRun]):
 
 
 class VerificationCreateSerializer(serializers.Serializer[Any]):
-    candidate = serializers.IntegerField(help_text="the speculative deployment's id (ready)")
-    baseline = serializers.IntegerField(help_text="a ready deployment of the same target model "
+    # Bounded to the id column's range: a larger number is a 400, not a database error.
+    candidate = serializers.IntegerField(min_value=1, max_value=2**63 - 1,
+                                         help_text="the speculative deployment's id (ready)")
+    baseline = serializers.IntegerField(min_value=1, max_value=2**63 - 1,
+                                        help_text="a ready deployment of the same target model "
                                         "without speculation: its top-2 log-probs judge")
     name = serializers.CharField(required=False, default="", max_length=100, allow_blank=True)
     prompt_source = serializers.ChoiceField(choices=services.PROMPT_SOURCES, default="builtin",
