@@ -1,7 +1,8 @@
 """The playground in a real browser: Chromium (Playwright) -> the uvicorn panel's gateway
 (/v1/chat/completions with the operator's session) -> the test engine in Docker, streamed
 back; each answer's TTFT, tokens/s and accept length, the request as curl, a second turn
-that carries the first, and a deployment that is not ready answered plainly (503)."""
+that carries the first, and a deployment that is not ready answered plainly (503). Then a key
+made in the panel, named on the deployment's page, used by the Python `openai` client."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import openai
 import pytest
 from playwright.sync_api import Page, expect
 
+from tests.e2e.gateway_flow import make_key, openai_refusal, openai_stream
 from tests.e2e.screenshots import screenshot_path
 from tests.e2e.stack import appliance_stack, login
 from tests.web.specs import spec
@@ -140,11 +143,26 @@ def test_an_operator_chats_with_a_ready_deployment_and_sees_it_stream_with_its_f
     expect(page.locator("#pg-error")).to_be_hidden()
     page.screenshot(path=screenshot_path("playground.png"), full_page=True)
 
+    # A key made in the panel for chatty alone: its page names it, the openai client
+    # streams through the gateway with it, and the same key may not call another deployment.
+    secret = make_key(page, url=url, name="laptop", deployment_ids=[ready])
+    page.goto(f"{url}/deployments/{ready}/")
+    expect(page.locator("#call-keys")).to_contain_text(
+        f"Your key 'laptop' ({secret[:14]}…) may call it.")
+    expect(page.locator("#how-to-call")).not_to_contain_text(secret)
+    streamed = openai_stream(base_url=f"{url}/v1", secret=secret, model="chatty")
+    assert streamed["chunks"] > 1 and "draft" in streamed["text"], streamed
+    assert openai_refusal(base_url=f"{url}/v1", secret=secret,
+                          model="stalled") is openai.PermissionDeniedError
+    assert openai_refusal(base_url=f"{url}/v1", secret="sk-sd-wrong",
+                          model="chatty") is openai.AuthenticationError
+    page.goto(f"{url}/deployments/{ready}/playground/")
+
     # A bad input is refused beside the form, nothing sent.
     page.fill("#pg-temperature", "7")
     _send(page, "too hot")
     expect(page.locator("#pg-input-error")).to_contain_text("Temperature must be a number from 0 to 2")
-    expect(page.locator("#pg-chat .answer")).to_have_count(2)
+    expect(page.locator("#pg-chat .turn")).to_have_count(0)
 
     # Not ready: its page says it will be callable once ready, and the gateway's 503 is said
     # plainly in the playground, in one line, no traceback.
