@@ -51,11 +51,13 @@ app.autodiscover_tasks(["worker"], related_name="model_tasks")
 @worker_ready.connect
 def resume_model_downloads(sender: Any = None, **_: Any) -> None:
     """A worker killed mid-download left its entries downloading: queue their jobs again
-    (each waits for the dead job's lease to run out, then resumes from the bytes on disk).
-    Only a worker that consumes the models queue does it."""
+    (each waits for the dead job's lease to run out, then resumes from the bytes on disk),
+    and scan the roots, so folders copied in while it was down are listed. Only a worker
+    that consumes the models queue does it."""
     consumer = getattr(sender, "app", app).amqp.queues.consume_from
     if consumer is None or "models" in consumer:
         app.send_task("worker.model_tasks.model_downloads_resume")
+        app.send_task("worker.model_tasks.model_store_scan")
 
 
 @worker_init.connect

@@ -27,3 +27,9 @@ def model_download(self: Task, entry_id: int) -> str:  # type: ignore[type-arg]
 @app.task(name="worker.model_tasks.model_downloads_resume", acks_late=True)
 def model_downloads_resume(*_: Any) -> list[int]:
     return services.model_downloads_resume()
+
+
+@app.task(name="worker.model_tasks.model_store_scan", acks_late=True)
+def model_store_scan() -> int:
+    """The roots looked through (at worker start): folders copied by hand become entries."""
+    return len(services.model_store_scan())

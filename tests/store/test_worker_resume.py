@@ -1,5 +1,6 @@
 """A real Celery worker downloads a model; killed with SIGKILL mid-file, the next worker
-resumes that file where the first one stopped (a ranged GET), never from zero."""
+resumes that file where the first one stopped (a ranged GET), never from zero, and scans
+the roots at its start (a folder copied in meanwhile is listed)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 import redis
 from django.conf import settings
 
+from tests.models import write_model
 from tests.servers import celery_worker
 from tests.store.conftest import TOKEN
 from tests.store.hubserver import HubServer, small_repo
@@ -56,12 +58,16 @@ def test_a_download_resumes_after_its_worker_is_killed_mid_file(store_root: Path
         at_kill = part.stat().st_size
         assert 0 < at_kill < len(data)
         assert ModelEntry.objects.get(pk=entry.pk).state == ModelState.DOWNLOADING
+        write_model(store_root / "Copied-By-Hand")  # while no worker ran
         with celery_worker(tmp_path / "worker-2.log", **env):
             _until(lambda: ModelEntry.objects.get(pk=entry.pk).state in
                    (ModelState.READY, ModelState.FAILED, ModelState.PARTIAL), 60,
                    "the second worker to finish")
+            _until(lambda: ModelEntry.objects.filter(relative_path="Copied-By-Hand").exists(),
+                   30, "the start's scan")
         entry.refresh_from_db()
         assert entry.state == ModelState.READY, entry.error
+        assert ModelEntry.objects.get(relative_path="Copied-By-Hand").state == ModelState.READY
         assert (store_root / repo.repo_id / SHARD).read_bytes() == data
         ranges = hub.state.ranges(SHARD)
         assert ranges[0] is None and ranges[1] == f"bytes={at_kill}-", ranges
