@@ -283,3 +283,29 @@ def test_the_real_engines_load_lines_give_the_rate_it_reached() -> None:
     assert (row["gbps"], row["share"]) == (0.5, 0.5)
     assert load_text(row) == ("read at 0.50 GB/s in 0.26 s: 50 % of the disk's measured "
                               "1.00 GB/s (expected 0.1 s)")
+
+
+def test_the_store_page_shows_each_roots_read_rate_and_measures_one_on_request(
+        root: Path, client: Client, operator) -> None:  # type: ignore[no-untyped-def]
+    from worker import tasks
+
+    client.force_login(operator)
+    page = client.get(reverse("store:list")).content.decode()
+    assert f'<tr data-root="{root}">' in page and "not measured" in page
+    answer = client.post(reverse("deployments:read-rate"), {"root": str(root)}, follow=True)
+    assert f"Measuring the read rate of {root}" in answer.content.decode()
+    tasks.store_read_rate.apply(args=[str(root)]).get()  # what the worker runs on "models"
+    row = RootReadRate.objects.get(root=str(root))
+    page = client.get(reverse("store:list")).content.decode()
+    assert f"{row.gbps:.2f} GB/s" in page and "o_direct" in page
+
+
+def test_a_read_rate_of_a_folder_that_is_no_root_is_refused(
+        root: Path, client: Client, operator, viewer) -> None:  # type: ignore[no-untyped-def]
+    client.force_login(operator)
+    answer = client.post(reverse("deployments:read-rate"), {"root": "/etc"}, follow=True)
+    assert "is not a model root (APPLIANCE_MODEL_ROOTS)" in answer.content.decode()
+    assert not RootReadRate.objects.exists()
+    client.force_login(viewer)
+    assert client.post(reverse("deployments:read-rate"), {"root": str(root)}).status_code == 403
+    assert "Measure</button>" not in client.get(reverse("store:list")).content.decode()

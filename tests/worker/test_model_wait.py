@@ -19,7 +19,7 @@ from tests.conftest_docker import engines_of, remove_engines
 from tests.servers import celery_worker, engine_agent
 from tests.web.specs import spec
 from web.deployments import services
-from web.deployments.models import Deployment, DeploymentStatus, EventKind
+from web.deployments.models import Deployment, DeploymentStatus, EventKind, RootReadRate
 from web.deployments.services.engines import instance_id
 from web.store.models import ModelEntry, ModelState
 from web.store.services.scan import model_store_scan
@@ -82,6 +82,10 @@ def test_it_waits_for_the_download_then_starts_the_engine_once_verified(
     assert services.wait_for(pk, {S.READY, S.FAILED}, 120) == S.READY
     assert _download_events(pk)[-1]["state"] == "ready"
     assert len(engines_of(instance_id(), pk)) == 1
+    # The root had no read rate: the create queued its measurement, the worker made it.
+    entry = ModelEntry.objects.get(relative_path="Kimi-K2.6")
+    _until(lambda: RootReadRate.objects.filter(root=entry.root).exists(),
+           "the worker measured the root's read rate on the models queue")
 
 
 def test_a_download_that_fails_while_it_waits_fails_the_deployment_and_starts_nothing(

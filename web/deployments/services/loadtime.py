@@ -62,6 +62,20 @@ def root_read_rate_request(*, root: str) -> None:
     transaction.on_commit(send)
 
 
+def root_read_rates_list() -> list[dict[str, Any]]:
+    """Every configured root with its latest measurement (None fields: not measured)."""
+    rows = {r.root: r for r in RootReadRate.objects.filter(root__in=settings.MODEL_ROOTS)}
+    listed = []
+    for root in settings.MODEL_ROOTS:
+        row = rows.get(root)
+        listed.append({"root": root, "gbps": row.gbps if row else None,
+                       "gb_read": row.bytes_read / 1e9 if row else None,
+                       "seconds": row.seconds if row else None,
+                       "method": row.method if row else "", "note": row.note if row else "",
+                       "measured_at": row.measured_at if row else None})
+    return listed
+
+
 def root_read_rate_for(*, root: str | None) -> RootReadRate | None:
     return RootReadRate.objects.filter(root=root).first() if root else None
 
@@ -319,5 +333,5 @@ def _below_models(value: str) -> str | None:
 __all__ = ["ENTRY_FIELDS", "MODEL_WAIT_POLL_S", "ReadRateError", "deployment_entries_resolve",
            "deployment_model_wait", "store_model_options",
            "deployment_models_refused", "engine_model_mounts", "load_estimate",
-           "root_read_rate_for", "root_read_rate_measure",
+           "root_read_rate_for", "root_read_rate_measure", "root_read_rates_list",
            "root_read_rate_request", "store_facts", "store_models", "unmeasured_roots"]
