@@ -115,7 +115,8 @@ def router(args: argparse.Namespace, engine_url: str):  # type: ignore[no-untype
         return
     port = free_port()
     with process([args.router, "launch", "--host", "127.0.0.1", "--port", str(port),
-                  "--worker-urls", engine_url, "--policy", "round_robin", "--log-level", "warn"],
+                  "--worker-urls", engine_url, "--policy", "round_robin", "--log-level", "warn",
+                  "--prometheus-port", str(free_port())],
                  f"http://127.0.0.1:{port}/health", "router"):
         yield f"http://127.0.0.1:{port}"
 

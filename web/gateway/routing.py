@@ -88,8 +88,10 @@ def routing() -> Routing:
     loop = asyncio.get_running_loop()
     found = _ROUTING.get(id(loop))
     if found is None:
+        # Blocking: a burst of requests waits for a connection rather than failing; one
+        # round trip each, so a few hundred connections serve thousands of streams.
         pool = aioredis.BlockingConnectionPool.from_url(
-            settings.REDIS_URL, max_connections=64, timeout=settings.REDIS_SOCKET_TIMEOUT_S,
+            settings.REDIS_URL, max_connections=512, timeout=60,
             socket_timeout=settings.REDIS_SOCKET_TIMEOUT_S)
         found = _ROUTING[id(loop)] = Routing(redis=aioredis.Redis(connection_pool=pool))
     return found
