@@ -92,7 +92,8 @@ CAPTURES = {
     "dflash_fa3": [("target", "verify", 8, 28.67, 0.45, 23), ("draft", "verify", 8, 27.31, 0.24, 23)],
     "verify_dflash_fa3": [("target", "verify", 8, 4.25, 0.45, 23), ("draft", "verify", 8, 29.74, 0.24, 23)],
     # Warm (Triton's cache kept from an earlier run of the call), beside a second engine.
-    "verify_ddtree_base": [("target", "verify", 33, 5.49, 10.0, 23), ("draft", "verify", 8, 2.73, 0.79, 23)],
+    "verify_ddtree_base": [("target", "verify", 33, 4.92, 10.0, 23), ("draft", "verify", 8, 2.69, 0.79, 23)],
+    "verify_ddtree_fa3": [("target", "verify", 33, 15.06, 2.39, 23), ("draft", "verify", 8, 26.19, 0.24, 23)],
     "base_triton": [("target", "decode", 1, 8.48, 1.67, 36)],
     "ddtree_triton_bs16": [("target", "verify", 33, 1.85, 3.47, 12), ("draft", "verify", 8, 0.98, 0.29, 12)],
     "ddtree_triton_ctx32k": [("target", "verify", 33, 2.49, 6.96, 23), ("draft", "verify", 8, 0.96, 0.13, 23)],
@@ -119,7 +120,7 @@ def test_a_captures_printed_time_matches_the_time_between_its_lines(run: str) ->
 @pytest.mark.parametrize("run", ["ddtree_triton", "dflash_triton", "base_triton", "ddtree_probe",
                                  "dflash_probe", "ddtree_fa3", "ddtree_triton_bs16", "ddtree_triton_ctx32k",
                                  "dflash_triton_bs16", "dflash_fa3", "verify_ddtree_base",
-                                 "verify_dflash_fa3", "bigload_triton"])
+                                 "verify_dflash_fa3", "verify_ddtree_fa3", "bigload_triton"])
 def test_ready_is_found_once_in_every_run_that_came_up(run: str) -> None:
     assert len(rec.of_kind(run, "ready")) == 1
     assert rec.run_info(run)["ready_s"] is not None
@@ -150,7 +151,8 @@ def test_prefill_lines_say_no_graph_and_that_is_not_a_finding() -> None:
 
 @pytest.mark.parametrize("run", ["ddtree_triton", "dflash_triton", "base_triton",
                                  "ddtree_probe", "dflash_probe", "ddtree_fa3", "dflash_fa3",
-                                 "verify_ddtree_base", "verify_dflash_fa3", "bigload_triton"])
+                                 "verify_ddtree_base", "verify_dflash_fa3", "verify_ddtree_fa3",
+                                 "bigload_triton"])
 def test_a_healthy_run_and_its_stop_give_no_diagnosis(run: str) -> None:
     # Its stop prints SGLang's real shutdown, one of two ways: "Subprocess scheduler_0 (pid=..)
     # crashed with exit code -15. Triggering SIGQUIT for cleanup..." after SIGTERM, or
