@@ -173,9 +173,13 @@ def verification_run(*, run_id: int) -> str:
     worker = threading.Thread(target=_check, args=(run, prompts, progress, cancel, outcome),
                               name=f"verification-{run_id}", daemon=True)
     worker.start()
+    written = -1
     while worker.is_alive():
         worker.join(POLL_S)
-        VerificationRun.objects.filter(pk=run_id).update(progress=progress.snapshot())
+        snapshot = progress.snapshot()
+        if snapshot["done"] != written:  # each prompt's row once, not every poll
+            VerificationRun.objects.filter(pk=run_id).update(progress=snapshot)
+            written = snapshot["done"]
         if VerificationRun.objects.filter(pk=run_id,
                                           status=BenchmarkStatus.CANCELLING).exists():
             cancel.set()
