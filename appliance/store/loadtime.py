@@ -121,13 +121,22 @@ def load_report(*, estimate: dict[str, Any], progress: dict[str, Any]) -> dict[s
     return report
 
 
+def rate_text(gbps: float) -> str:
+    """A rate as the panel writes it: GB/s, or MB/s below 0.1 GB/s (detail.js the same)."""
+    return f"{gbps:.2f} GB/s" if gbps >= 0.1 else f"{gbps * 1000:.1f} MB/s"
+
+
+def _percent(share: float) -> str:
+    return f"{100 * share:.0f} %" if share >= 0.01 else f"{100 * share:.2f} %"
+
+
 def load_text(row: dict[str, Any]) -> str:
     """One line of the Weights card for a load_report row (detail.js writes the same)."""
     size, rate = row.get("bytes"), row.get("read_gbps")
     if row.get("gbps") is not None:
-        text = f"read at {row['gbps']:.2f} GB/s in {row['elapsed_s']} s"
+        text = f"read at {rate_text(row['gbps'])} in {row['elapsed_s']} s"
         if row.get("share") is not None:
-            text += f": {100 * row['share']:.0f} % of the disk's measured {rate:.2f} GB/s"
+            text += f": {_percent(row['share'])} of the disk's measured {rate:.2f} GB/s"
         if row.get("expected_s") is not None:
             text += f" (expected {_duration(row['expected_s'])})"
         return text

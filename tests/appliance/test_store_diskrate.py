@@ -18,7 +18,13 @@ from appliance.store.diskrate import (
     filesystem_type,
     measure_read_rate,
 )
-from appliance.store.loadtime import describe_load, load_report, load_seconds, predict_load
+from appliance.store.loadtime import (
+    describe_load,
+    load_report,
+    load_seconds,
+    load_text,
+    predict_load,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 MIB = 1024**2
@@ -162,3 +168,10 @@ def test_without_an_estimate_the_rate_comes_from_the_logs_memory_use_on_every_ra
         "finished": True, "elapsed_s": 0.23, "mem_usage_gb": 0.12, "ranks": 2}})
     assert report["weights"]["gbps"] == round(0.12 * 2**30 * 2 / 1e9 / 0.23, 3)
     assert "share" not in report["weights"] and "draft_weights" not in report
+
+
+def test_a_slow_load_is_written_in_mb_per_second() -> None:
+    row = {"bytes": 134_217_728, "read_gbps": 0.91, "expected_s": 0.15,
+           "elapsed_s": 30.3, "gbps": 0.004, "share": 0.0044}
+    assert load_text(row) == ("read at 4.0 MB/s in 30.3 s: 0.44 % of the disk's measured "
+                              "0.91 GB/s (expected 0.1 s)")

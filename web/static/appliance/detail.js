@@ -94,9 +94,12 @@
   function showRate(key, gbps, elapsed, live) {
     const row = (summaryLoad || {})[key];
     if (!row || !row.bytes) return;
-    let text = (live ? "reading at " + gbps.toFixed(2) + " GB/s so far"
-      : "read at " + gbps.toFixed(2) + " GB/s in " + elapsed + " s");
-    if (row.read_gbps) text += ": " + Math.round(100 * gbps / row.read_gbps) + " % of the disk's measured " + row.read_gbps.toFixed(2) + " GB/s";
+    const rate = gbps >= 0.1 ? gbps.toFixed(2) + " GB/s" : (gbps * 1000).toFixed(1) + " MB/s";
+    let text = (live ? "reading at " + rate + " so far" : "read at " + rate + " in " + elapsed + " s");
+    if (row.read_gbps) {
+      const share = gbps / row.read_gbps;
+      text += ": " + (share >= 0.01 ? Math.round(100 * share) : (100 * share).toFixed(2)) + " % of the disk's measured " + row.read_gbps.toFixed(2) + " GB/s";
+    }
     if (row.expected_s != null) text += " (expected " + duration(row.expected_s) + ")";
     const el = document.getElementById(key === "draft_weights" ? "draft-weights-rate" : "weights-rate");
     el.textContent = (key === "draft_weights" ? "drafter: " : "") + text;

@@ -1,0 +1,77 @@
+"""Issue 23's load time, as a user: the form offers a store entry with its expected weight
+load (its size over the root's measured read rate), the deployment made from that entry
+starts the test engine, and the Weights card gives the GB/s the load reached against the
+disk's rate. Real stack: worker, agent and panel as processes, the test engine in Docker,
+Chromium; the root is a real folder on this disk with a 128 MiB checkpoint."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.test import override_settings
+from playwright.sync_api import Page, expect
+
+from tests.e2e.stack import appliance_stack, login
+from tests.models import safetensors_bytes, write_model
+from web.deployments.services.loadtime import root_read_rate_measure
+from web.store.services.scan import model_store_scan
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker, pytest.mark.e2e]
+VALUES = 32 * 1024**2  # float32 zeros: a 128 MiB shard
+
+
+@pytest.fixture
+def measured_root(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """A root the store has scanned and whose read rate was measured (before the browser:
+    the ORM stays out of Playwright's loop)."""
+    root = tmp_path / "models"
+    folder = write_model(root / "Llama-128M", {"architectures": ["LlamaForCausalLM"],
+                                               "model_type": "llama"})
+    (folder / "model.safetensors").write_bytes(safetensors_bytes(VALUES))
+    with override_settings(MODEL_ROOTS=[str(root)]):
+        [entry] = model_store_scan()
+        rate = root_read_rate_measure(root=str(root))
+        yield {"root": root, "entry": entry.pk, "gbps": rate.gbps}
+
+
+@pytest.fixture
+def stack(measured_root: dict[str, Any], tmp_path: Path,
+          test_engine_image: str) -> Iterator[str]:  # noqa: F811
+    env = {"APPLIANCE_ENGINE_IMAGE": test_engine_image, "APPLIANCE_ENGINE_GPU_REQUESTS": "0",
+           "APPLIANCE_ENGINE_EXTRA_ENV": "TEST_ENGINE_PACE_S=0.02,TEST_ENGINE_SHARDS=6",
+           "APPLIANCE_ENGINE_STOP_TIMEOUT_S": "5",
+           "APPLIANCE_MODEL_ROOTS": str(measured_root["root"])}
+    with appliance_stack(tmp_path, env) as url:
+        yield url
+
+
+def test_a_store_entry_deploys_with_its_expected_load_and_the_card_gives_the_rate_reached(
+        operator, measured_root: dict[str, Any], stack: str, page: Page) -> None:  # type: ignore[no-untyped-def]
+    login(page, stack)
+    page.goto(f"{stack}/deployments/new/?recipe=kimi-k2.6-baseline")
+    page.fill("#id_name", "from-the-store")
+    rate = f"{measured_root['gbps']:.2f} GB/s"
+    page.select_option("#id_model_entry", str(measured_root["entry"]))
+    estimate = page.locator("#estimate-model_path")
+    expect(estimate).to_contain_text(f"Expected load: 0.13 GB of weights at {rate}")
+    expect(estimate).to_contain_text("(ready)")
+    page.fill("#id_gpu_ids", "0")
+    page.fill("#id_tp_size", "1")
+    page.check("#id_confirm_warnings")
+    page.click("#deploy")
+    expect(page.locator("h1")).to_have_text("from-the-store")
+    expect(page.locator("#preflight")).to_contain_text("load-time")
+    expect(page.locator("#status")).to_have_text("ready", timeout=90_000)
+    card = page.locator("#weights-rate")
+    expect(card).to_contain_text(re.compile(
+        r"read at [\d.]+ [MG]B/s in [\d.]+ s: [\d.]+ % of the disk's measured "
+        + re.escape(rate)))
+    page.reload()  # the summary the server renders says the same
+    expect(card).to_contain_text(f"of the disk's measured {rate}")
+    page.goto(f"{stack}/models/")
+    expect(page.locator(f'#read-rates tr[data-root="{measured_root["root"]}"]')).to_contain_text(
+        rate)
