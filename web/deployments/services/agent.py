@@ -56,6 +56,7 @@ from .engines import _container_plan, identity_of, progress_fold
 from .events import events_append, events_append_batch
 from .hosts import docker_facts, start_failure
 from .lifecycle import deployment_restart_after_death
+from .loadtime import deployment_models_refused
 from .metrics import metrics_prune
 from .monitoring import MonitorHandle, monitor_start
 from .retention import events_prune_in_background
@@ -271,7 +272,15 @@ class EngineAgent:
             monitor.stop()
 
     def _may_start(self, deployment: Deployment, sink: _FollowSink) -> bool:
-        """GPU access is detected, not assumed: no NVIDIA runtime, no GPU deployment."""
+        """GPU access is detected, not assumed: no NVIDIA runtime, no GPU deployment.
+        A model the store has not verified is never mounted: the start fails instead."""
+        refused = deployment_models_refused(deployment=deployment)
+        if refused:
+            message = f"not verified in the model store: {', '.join(refused)}"
+            sink.failed(Diagnosis("model-not-ready", f"The engine was not started: {message}.",
+                                  "Resume or repeat the download on the store page, then "
+                                  "deploy again.", {"models": refused}), message, [])
+            return False
         if not (settings.ENGINE_GPU_REQUESTS and deployment.gpus):
             return True
         facts = docker_facts(self.runtime)
