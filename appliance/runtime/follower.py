@@ -12,7 +12,6 @@ the database side.
 
 from __future__ import annotations
 
-import queue
 import re
 import threading
 import time
@@ -42,7 +41,8 @@ PROGRESS_KINDS = frozenset(
 )
 PHASE_ORDER = ("starting", "checking", "loading", "capturing", "ready")
 LAST_LINES = 60
-READ_AHEAD_LINES = 50_000  # lines read from Docker and not yet shipped, at most
+READ_AHEAD_LINES = 50_000  # lines read from Docker and not yet parsed, at most
+MAX_PENDING_EVENTS = 20_000  # parsed and waiting for the database, at most (about 1 s)
 RESUME_OVERLAP_S = 1.0  # re-read this much before the cursor; the cursor drops repeats
 
 Events = list[tuple[str, dict[str, Any]]]
@@ -174,43 +174,65 @@ class _Reader(threading.Thread):
 
 
 class _Shipper(threading.Thread):
-    """Ships batches to the sink on its own thread, in order, so that the next batch is read
-    and parsed while the database writes this one (the write was 40 % of the follower's
-    time: issue 22). Any other sink call waits for what is queued first (flush), so the
-    sink sees everything in the order it saw it before. A failed ship (the lease lost) is
-    raised to the follower at its next ship or flush; nothing after it is shipped."""
+    """Ships to the sink on its own thread, so the next lines are read and parsed while the
+    database writes (the write was 40 % of the follower's time: issue 22). What the follower
+    hands over while a write runs is shipped together by the next one (group commit): a
+    busy engine's batches grow with the write's cost, a quiet one's line goes at once.
+    Any other sink call waits for what is handed over first (flush), so the sink sees
+    everything in the order it did before. A failed ship (the lease lost) is raised to the
+    follower at its next ship or flush; nothing after it is shipped."""
 
     def __init__(self, sink: FollowSink) -> None:
         super().__init__(daemon=True, name="engine-log-shipper")
         self.sink = sink
-        # Two batches in flight at most: a slow database slows the follower (back-pressure),
-        # and the reader's buffer, not this queue, holds what waits.
-        self.queue: queue.Queue[tuple[Events, Cursor | None] | None] = queue.Queue(maxsize=2)
+        self.changed = threading.Condition()
+        self.events: Events = []
+        self.cursor: Cursor | None = None
+        self.pending = self.busy = self.closed = False
         self.error: BaseException | None = None
 
     def run(self) -> None:
         while True:
-            item = self.queue.get()
-            try:
-                if item is None:
+            with self.changed:
+                while not self.pending and not self.closed:
+                    self.changed.wait()
+                if not self.pending:
                     return
+                events, cursor = self.events, self.cursor
+                self.events, self.cursor, self.pending, self.busy = [], None, False, True
+                self.changed.notify_all()
+            try:
                 if self.error is None:
-                    self.sink.ship(*item)
+                    self.sink.ship(events, cursor)
             except BaseException as exc:  # noqa: BLE001 - raised in the follower's thread
                 self.error = exc
             finally:
-                self.queue.task_done()
+                with self.changed:
+                    self.busy = False
+                    self.changed.notify_all()
 
     def ship(self, events: Events, cursor: Cursor | None) -> None:
         self._raise()
-        self.queue.put((events, cursor))
+        with self.changed:
+            # Back-pressure: a database far behind slows the follower, and the lines wait
+            # in the reader's bounded buffer rather than here.
+            while len(self.events) >= MAX_PENDING_EVENTS:
+                self.changed.wait()
+            self.events.extend(events)
+            self.cursor = cursor or self.cursor  # cursors only move forward
+            self.pending = True
+            self.changed.notify_all()
 
     def flush(self) -> None:
-        self.queue.join()
+        with self.changed:
+            while self.pending or self.busy:
+                self.changed.wait()
         self._raise()
 
     def close(self) -> None:
-        self.queue.put(None)
+        with self.changed:
+            self.closed = True
+            self.changed.notify_all()
         self.join(timeout=60)
 
     def _raise(self) -> None:

@@ -99,3 +99,39 @@ def test_a_live_entry_that_lost_a_race_is_skipped_and_the_rest_are_added(live_ch
     entries = live_channel.xrange(live.stream_key(424242))
     assert [(live.seq_of(i), f[b"kind"], f[b"data"]) for i, f in entries] == [
         (5, b"log", b'{"seq":5}'), (6, b"log", b'{"seq":6}'), (7, b"end", b'{"seq":7}')]
+
+
+def test_an_append_racing_a_delete_leaves_no_event_behind(live_channel):  # type: ignore[no-untyped-def]
+    # The events table has no foreign key (models.Event.deployment): the row lock that
+    # deployment_delete takes is what keeps an append from committing after the delete.
+    import threading
+
+    from django.db import connection, transaction
+
+    from web.deployments.models import Deployment
+
+    pk = _deployment()
+    services.events_append_batch(deployment_id=pk, events=_log(60))
+    outcome: list[str] = []
+    locked = threading.Event()
+
+    def append() -> None:
+        locked.wait(10)
+        try:
+            services.events_append_batch(deployment_id=pk, events=_log(60))
+            outcome.append("stored")
+        except Deployment.DoesNotExist:
+            outcome.append("refused")
+        finally:
+            connection.close()
+
+    writer = threading.Thread(target=append)
+    writer.start()
+    with transaction.atomic():
+        Deployment.objects.select_for_update().get(pk=pk)  # as deployment_delete does first
+        locked.set()
+        time.sleep(0.5)  # the append is waiting on the row now
+        Deployment.objects.filter(pk=pk).delete()
+    writer.join(10)
+    assert outcome == ["refused"]
+    assert not Event.objects.filter(deployment_id=pk).exists()

@@ -1,5 +1,7 @@
-# Reserved for parallel work; its owner fills in the operations.
-from django.db import migrations
+# Issue 22: the events table without its foreign key check and its redundant deployment
+# index (models.Event.deployment says why and what keeps the integrity).
+import django.db.models.deletion
+from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
@@ -8,4 +10,13 @@ class Migration(migrations.Migration):
         ("deployments", "0009_status_summary"),
     ]
 
-    operations = []  # type: ignore[var-annotated]
+    operations = [
+        migrations.AlterField(
+            model_name="event",
+            name="deployment",
+            field=models.ForeignKey(
+                db_constraint=False, db_index=False,
+                on_delete=django.db.models.deletion.CASCADE, related_name="events",
+                to="deployments.deployment"),
+        ),
+    ]
