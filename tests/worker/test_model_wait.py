@@ -101,3 +101,30 @@ def test_a_download_that_fails_while_it_waits_fails_the_deployment_and_starts_no
     assert deployment.diagnosis["cause"] == "model-download-failed"
     assert "sha256 of model.safetensors differs" in deployment.diagnosis["summary"]
     assert not engines_of(instance_id(), pk)
+
+
+def test_the_agent_never_starts_an_engine_on_a_model_that_is_no_longer_verified(
+        test_engine_image: str) -> None:  # noqa: F811
+    from appliance.runtime.follower import FollowOptions
+    from web.deployments.services import EngineAgent
+
+    # Verified when the deploy task let it through; partial by the time the agent would
+    # start it (a file gone from the folder, found by the next scan).
+    model_store_scan()
+    engine_agent_ = EngineAgent(agent_id="test-agent", follow_options=FollowOptions(
+        ready_timeout_s=60))
+    with override_settings(ENGINE_IMAGE=test_engine_image, ENGINE_GPU_REQUESTS=False,
+                           ENGINE_EXTRA_ENV=FAST):
+        pk = services.deployment_create(data=spec(), confirm_warnings=True).pk
+        assert services.deployment_run(deployment_id=pk) == S.STARTING
+        ModelEntry.objects.filter(relative_path="Kimi-K2.6").update(
+            state=ModelState.PARTIAL, error="model.safetensors is missing")
+        try:
+            engine_agent_.tick()  # the agent's next look: it would start the engine now
+            assert services.wait_for(pk, {S.READY, S.FAILED}, 30) == S.FAILED
+        finally:
+            engine_agent_.release_all()
+    deployment = Deployment.objects.get(pk=pk)
+    assert deployment.diagnosis["cause"] == "model-not-ready"
+    assert "/models/Kimi-K2.6 (partial)" in deployment.diagnosis["summary"]
+    assert not engines_of(instance_id(), pk)
