@@ -287,6 +287,7 @@ STORE_CHUNK_BYTES = env_int("APPLIANCE_STORE_CHUNK_BYTES", 1024 * 1024)
 STORE_RETRIES = env_int("APPLIANCE_STORE_RETRIES", 20)
 STORE_RETRY_S = env_int("APPLIANCE_STORE_RETRY_S", 30)
 # Off only on hosts without an NVIDIA runtime (the test suite's machines).
+STORE_PARALLEL_FILES = env_int("APPLIANCE_STORE_PARALLEL_FILES", 4)
 ENGINE_GPU_REQUESTS = env_bool("APPLIANCE_ENGINE_GPU_REQUESTS", True)
 # PEM bundle of a TLS-intercepting proxy for image builds' download steps (appliance.images).
 BUILD_CA_BUNDLE = env_str("APPLIANCE_BUILD_CA_BUNDLE", "")

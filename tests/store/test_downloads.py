@@ -99,9 +99,9 @@ def test_a_network_fault_mid_file_is_resumed_where_it_stopped(store_root: Path, 
     hub.state.drop_after = 50_000
     entry = _request()
     assert _run(entry).state == ModelState.READY
-    first = hub.state.ranges("config.json") + hub.state.ranges(SHARD)
-    resumed = [r for r in first if r]
-    assert resumed and all(int(r.split("=")[1].rstrip("-")) > 0 for r in resumed)
+    resumed = [r for path in hub.state.repos[REPO].files for r in hub.state.ranges(path) if r]
+    # From the bytes it had written (whole 16 KiB chunks of the ~53 kB sent), not from zero.
+    assert len(resumed) == 1 and 0 < int(resumed[0].split("=")[1].rstrip("-")) <= 53_248
 
 
 def test_a_checksum_mismatch_fails_the_entry_naming_the_file(store_root: Path, hub: HubServer) -> None:
@@ -125,7 +125,7 @@ def test_a_cancel_stops_the_download_and_leaves_no_half_file(store_root: Path, h
     while not ModelFile.objects.filter(entry=entry, path=SHARD, bytes_done__gt=0).exists():
         time.sleep(0.02)
     services.model_download_cancel(entry_id=entry.pk)
-    job.join(timeout=10)
+    job.join(timeout=30)
     entry.refresh_from_db()
     assert not job.is_alive() and entry.state == ModelState.CANCELLED
     assert not list((store_root / REPO).rglob("*.incomplete"))

@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path, PurePosixPath
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from appliance.runtime.secrets import SecretMissingError, resolve_secrets
@@ -264,14 +267,44 @@ def _run(entry: ModelEntry, job_id: str) -> JobOutcome:
     rows = _record_plan(entry, plan)
     write_marker(folder, hub.plan_to_marker(plan, S.DOWNLOADING))
     ModelEntry.objects.filter(pk=entry.pk).update(state=S.DOWNLOADING, error="")
-    meter = _Progress(entry.pk, job_id, rows, plan)
-    for remote in plan.files:
-        meter.start(remote)
-        hub.file_download(plan=plan, file=remote, folder=folder, endpoint=settings.HF_ENDPOINT,
-                          token=token, progress=meter.update,
-                          chunk_bytes=settings.STORE_CHUNK_BYTES)
-        meter.finish(remote)
+    meter = _Progress(entry.pk, job_id, rows)
+
+    def fetch(remote: hub.RemoteFile) -> None:
+        try:
+            if meter.stopped:
+                return
+            meter.start(remote)
+            hub.file_download(plan=plan, file=remote, folder=folder,
+                              endpoint=settings.HF_ENDPOINT, token=token,
+                              progress=meter.updater(remote.path),
+                              chunk_bytes=settings.STORE_CHUNK_BYTES)
+            meter.finish(remote)
+        finally:
+            connection.close()  # this thread's own connection, never the job's
+
+    # A few files at once: one connection to a hub's CDN rarely fills a fast link.
+    with ThreadPoolExecutor(max_workers=max(settings.STORE_PARALLEL_FILES, 1),
+                            thread_name_prefix=f"model-{entry.pk}") as pool:
+        futures = [pool.submit(fetch, remote) for remote in plan.files]
+        errors = []
+        for future in as_completed(futures):
+            error = future.exception()
+            if error is not None:
+                meter.stop(error)
+                errors.append(error)
+    if errors:
+        raise _first_cause(errors)
     return _verify(entry, job_id, plan, rows, meter)
+
+
+def _first_cause(errors: list[BaseException]) -> BaseException:
+    """What stopped the files: a cancel or a lost lease first (the others followed it),
+    then the disk, then the hub."""
+    for kind in (hub.JobInterruptedError, OSError, hub.StoreError):
+        for error in errors:
+            if isinstance(error, kind) and not isinstance(error, _Stopped):
+                return error
+    return errors[0]
 
 
 def _verify(entry: ModelEntry, job_id: str, plan: hub.RepoPlan, rows: dict[str, ModelFile],
@@ -325,32 +358,50 @@ def _remove_partials(entry: ModelEntry) -> None:
         bytes_done=0, state=FileState.PENDING)
 
 
-class _Progress:
-    """Progress of one job, written at most every STORE_PROGRESS_MS; each write renews the
-    lease (LeaseLostError when another job took it) and reads the cancel flag."""
+class _Stopped(hub.JobInterruptedError):
+    """Another file of the same job stopped it; this one ends without a word of its own."""
 
-    def __init__(self, entry_id: int, job_id: str, rows: dict[str, ModelFile],
-                 plan: hub.RepoPlan) -> None:
-        self._entry_id, self._job, self._rows, self._plan = entry_id, job_id, rows, plan
+
+class _Progress:
+    """Progress of one job's files (several at once, each on its own thread), written at
+    most every STORE_PROGRESS_MS; each write renews the lease (LeaseLostError when another
+    job took it) and reads the cancel flag. The rate counts what this job fetched, not the
+    bytes a resumed file already had."""
+
+    def __init__(self, entry_id: int, job_id: str, rows: dict[str, ModelFile]) -> None:
+        self._entry_id, self._job, self._rows = entry_id, job_id, rows
         self._meter = hub.RateMeter()
         self._every = settings.STORE_PROGRESS_MS / 1000
+        self._lock, self._write_lock = threading.Lock(), threading.Lock()
         self._last = 0.0
-        self._done_before = 0  # bytes of the files before the current one
-        self._current: hub.RemoteFile | None = None
+        self._done: dict[str, int] = {}  # bytes on disk per file started or finished
+        self._base: dict[str, int] = {}  # what each file had when this job began it
+        self._written: dict[str, int] = {}
+        self._stop: BaseException | None = None
+
+    @property
+    def stopped(self) -> bool:
+        return self._stop is not None
+
+    def stop(self, error: BaseException) -> None:
+        with self._lock:
+            self._stop = self._stop or error
 
     def start(self, remote: hub.RemoteFile) -> None:
-        self._current = remote
         ModelFile.objects.filter(pk=self._rows[remote.path].pk).update(
             state=FileState.DOWNLOADING)
 
+    def updater(self, path: str) -> Callable[[int], None]:
+        return lambda done: self._update(path, done)
+
     def finish(self, remote: hub.RemoteFile) -> None:
+        with self._lock:
+            self._base.setdefault(remote.path, remote.size)  # whole before: not fetched now
+            self._done[remote.path] = remote.size
         ModelFile.objects.filter(pk=self._rows[remote.path].pk).update(
             bytes_done=remote.size, state=FileState.VERIFYING)  # whole: checked at the end
-        self._done_before += remote.size
-        self._write(remote.size, force=True)
-
-    def update(self, file_done: int) -> None:
-        self._write(file_done, force=False)
+        self._written[remote.path] = remote.size
+        self._flush()
 
     def heartbeat(self, _: int) -> None:
         """While hashing: keep the lease, see a cancel."""
@@ -358,17 +409,29 @@ class _Progress:
             self._last = time.monotonic()
             self._renew({})
 
-    def _write(self, file_done: int, *, force: bool) -> None:
-        now = time.monotonic()
-        if not force and now - self._last < self._every:
-            return
-        self._last = now
-        total = self._done_before + (file_done if not force else 0)
-        self._meter.add(total)
-        if self._current is not None and not force:
-            ModelFile.objects.filter(pk=self._rows[self._current.path].pk).update(
-                bytes_done=file_done)
-        self._renew({"bytes_done": total, "rate_bps": self._meter.rate()})
+    def _update(self, path: str, done: int) -> None:
+        if self._stop is not None:
+            raise _Stopped(self._entry_id)
+        with self._lock:
+            self._base.setdefault(path, done)
+            self._done[path] = done
+            now = time.monotonic()
+            due = now - self._last >= self._every
+            if due:
+                self._last = now
+        if due:
+            self._flush()
+
+    def _flush(self) -> None:
+        with self._write_lock:
+            with self._lock:
+                done, base = dict(self._done), dict(self._base)
+            for path, size in done.items():
+                if self._written.get(path) != size:
+                    ModelFile.objects.filter(pk=self._rows[path].pk).update(bytes_done=size)
+                    self._written[path] = size
+            self._meter.add(sum(done[p] - base.get(p, done[p]) for p in done))
+            self._renew({"bytes_done": sum(done.values()), "rate_bps": self._meter.rate()})
 
     def _renew(self, fields: dict[str, object]) -> None:
         until = timezone.now() + timedelta(seconds=settings.STORE_LEASE_S)
