@@ -1,66 +1,349 @@
-"""Many API clients polling one deployment's status, against a production-like panel.
+"""API clients polling one deployment's status, against the panel as compose runs it, each
+figure beside /healthz and a bare ASGI app measured in the same run.
 
     python bench/load_api.py --database-url postgres://USER@HOST:PORT/DB \\
-        --redis-url redis://HOST:PORT/N [--clients 200] [--seconds 20]
+        --redis-url redis://HOST:PORT/N [--clients 200] [--seconds 8] [--rounds 3] \\
+        [--rate 200] [--open-seconds 10] [--events 20000] [--profile DIR]
 
-Each client keeps one connection open and alternates GET /api/deployments/<id>/ and
-GET /api/deployments/<id>/summary/ with token auth, back to back, for --seconds.
-Prints requests/s, errors (any non-200 or broken connection; the target is 0),
-p50/p99 latency, and the PostgreSQL sessions on the database before, at peak during,
-and after the run.
+The panel is started as the panel image's `web` role serves it (`docker/panel/entrypoint.sh
+serve`: uvicorn with one process per core, production settings: DEBUG off, the shipped
+database pool); the reference, a bare ASGI app (bench/bare_asgi.py), is served by the same
+command. The deployment polled has --events log events, alert raises and clears, metric
+points and capture progress, and while the clients poll, a writer stores a metric point and
+a decode line every 2 s through the product's services, as the engine agent does.
+
+Closed loop (--rounds rounds, the order rotated each round; medians printed): --clients
+keep-alive clients, back to back for --seconds, on one path each: the bare app, /healthz,
+deployment detail and summary with token auth; then detail and summary again as a polling
+dashboard asks them, with If-None-Match from the previous answer (304 counts as an answer).
+Open loop: --rate requests/s offered over --clients connections for --open-seconds (latency
+from each request's scheduled time, so a late answer also delays the ones behind it).
+Errors are any other status or a broken connection (the target is 0). Also printed: the
+panel's PostgreSQL sessions at peak, and the `uptime` load before and after.
+--profile DIR records the panel's processes with py-spy during one closed-loop round of
+detail and summary (DIR/panel-<pid>.txt, collapsed stacks).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import secrets
+import signal
+import socket
+import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import _loadkit as kit
+
+ENTRYPOINT = kit.ROOT / "docker" / "panel" / "entrypoint.sh"
+WRITE_EVERY_S = 2.0  # the engine monitor's scrape interval (APPLIANCE_METRICS_INTERVAL_S)
+SPEC = {"name": "bench-api", "recipe": "kimi-k2.6-ddtree", "gpus": [0], "extra_args": [],
+        "engine": {"model_path": "/models/Kimi-K2.6", "tp_size": 1, "trust_remote_code": True,
+                   "speculative_algorithm": "DDTREE", "speculative_num_draft_tokens": 8,
+                   "speculative_draft_model_path": "/models/Kimi-K2.6-DFlash",
+                   "speculative_ddtree_budget": 32, "attention_backend": "fa3"}}
 
 
 @dataclass
 class Tally:
     latencies: list[float] = field(default_factory=list)
     errors: dict[str, int] = field(default_factory=dict)
+    not_modified: int = 0
+    started_at: float = 0.0
+    done_at: float = 0.0  # the last answer's time
+
+    def answered_per_s(self) -> float:
+        span = self.done_at - self.started_at
+        return len(self.latencies) / span if span > 0 else 0.0
 
     def error(self, what: str) -> None:
         self.errors[what] = self.errors.get(what, 0) + 1
 
 
-async def client(url: str, paths: list[str], token: str, until: float, tally: Tally) -> None:
-    http = kit.Http(url)
-    headers = {"Authorization": f"Token {token}", "Accept": "application/json"}
-    turn = 0
+@dataclass(frozen=True)
+class Target:
+    name: str
+    base: str  # the server's URL
+    path: str
+    conditional: bool = False  # send If-None-Match with the last ETag, as a browser does
+
+
+async def ask(http: kit.Http, target: Target, headers: dict[str, str], etag: str,
+              tally: Tally, scheduled: float) -> str:
+    """One request; returns the ETag to send next time."""
+    sent = dict(headers, **({"If-None-Match": etag} if target.conditional and etag else {}))
+    try:
+        status, answer = await http.get(target.path, sent)
+        await http.body(answer)
+    except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
+        tally.error(type(exc).__name__)
+        http.close()
+        return etag
+    if status == 200 or (status == 304 and target.conditional):
+        tally.done_at = time.monotonic()
+        tally.latencies.append(tally.done_at - scheduled)
+        tally.not_modified += status == 304
+    else:
+        tally.error(f"HTTP {status}")
+    if answer.get("connection", "").lower() == "close":
+        http.close()
+    return answer.get("etag", etag)
+
+
+async def closed_client(target: Target, headers: dict[str, str], until: float,
+                        tally: Tally) -> None:
+    http = kit.Http(target.base)
+    etag = ""
     while time.monotonic() < until:
-        path = paths[turn % len(paths)]
-        turn += 1
-        started = time.monotonic()
-        try:
-            status, answer = await http.get(path, headers)
-            await http.body(answer)
-        except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
-            tally.error(type(exc).__name__)
-            http.close()
-            continue
-        if status != 200:
-            tally.error(f"HTTP {status}")
-        else:
-            tally.latencies.append(time.monotonic() - started)
-        if answer.get("connection", "").lower() == "close":
-            http.close()
+        etag = await ask(http, target, headers, etag, tally, time.monotonic())
     http.close()
 
 
-async def run_clients(url: str, paths: list[str], token: str, n: int, seconds: float) -> Tally:
+async def closed_loop(target: Target, headers: dict[str, str], clients: int,
+                      seconds: float) -> Tally:
     tally = Tally()
     until = time.monotonic() + seconds
-    await asyncio.gather(*(client(url, paths, token, until, tally) for _ in range(n)))
+    await asyncio.gather(*(closed_client(target, headers, until, tally)
+                           for _ in range(clients)))
     return tally
+
+
+async def open_connection_worker(target: Target, headers: dict[str, str],
+                                 due: asyncio.Queue[float | None], tally: Tally) -> None:
+    http = kit.Http(target.base)
+    etag = ""
+    while (scheduled := await due.get()) is not None:
+        etag = await ask(http, target, headers, etag, tally, scheduled)
+    http.close()
+
+
+async def open_loop(target: Target, headers: dict[str, str], rate: float, connections: int,
+                    seconds: float) -> Tally:
+    """`rate` requests/s on a fixed schedule, round-robin over `connections`."""
+    tally = Tally()
+    queues: list[asyncio.Queue[float | None]] = [asyncio.Queue() for _ in range(connections)]
+    workers = [asyncio.create_task(open_connection_worker(target, headers, q, tally))
+               for q in queues]
+    start = time.monotonic() + 0.5
+    tally.started_at = start
+    for i in range(int(rate * seconds)):
+        scheduled = start + i / rate
+        await asyncio.sleep(max(0.0, scheduled - time.monotonic()))
+        queues[i % connections].put_nowait(scheduled)
+    for q in queues:
+        q.put_nowait(None)
+    await asyncio.gather(*workers)
+    return tally
+
+
+# ------------------------------------------------------------------ the deployment
+
+
+def seed_deployment(events: int) -> int:
+    """A deployment as a serving one looks: a real spec, a long log, alerts, points."""
+    from appliance.runtime import series
+    from appliance.runtime.alerts import Alert
+    from web.deployments import services
+    from web.deployments.models import Deployment
+    from web.deployments.services.metrics import deployment_apply_alerts, metrics_store_point
+
+    deployment = Deployment.objects.create(
+        name="bench-api", spec=SPEC, recipe="kimi-k2.6-ddtree",
+        algorithm="DDTREE", gpus=[0], status="ready", engine_url="http://engine:30000")
+    pk = deployment.pk
+    for start in range(0, events, 1000):
+        services.events_append(deployment_id=pk, events=[
+            ("log", {"text": f"Decode batch. #running-req: 8, line {start + i}"})
+            for i in range(min(1000, events - start))])
+    services.deployment_set_progress(deployment_id=pk, progress={
+        "widths": {"target": {"captured": 33}},
+        "captures": [{"role": "target", "mode": "verify", "mem_usage_gb": 2.39}]})
+    stall = Alert(id="stall", state="firing", severity="warning", summary="no progress")
+    deployment_apply_alerts(deployment_id=pk, alerts=[stall])
+    deployment_apply_alerts(deployment_id=pk, alerts=[
+        Alert(id="stall", state="resolved", severity="warning", summary="progress again")])
+    now = time.time()
+    for i in range(30):
+        metrics_store_point(deployment_id=pk, resolution_s=2, point=series.MetricPoint(
+            t=now - 60 + 2 * i, throughput=1000.0 + i, accept_len=4.2, gpus=[[90.0, 70.0, 80.0]]))
+    return pk
+
+
+def write_state(pk: int, stop: threading.Event) -> None:
+    """What the engine agent writes while the engine serves: a point and a decode line."""
+    from django.db import connection
+
+    from appliance.runtime import series
+    from web.deployments import services
+    from web.deployments.services.metrics import metrics_store_point
+
+    n = 0
+    while not stop.wait(WRITE_EVERY_S):
+        n += 1
+        metrics_store_point(deployment_id=pk, resolution_s=2, point=series.MetricPoint(
+            t=time.time(), throughput=1000.0 + n % 50, accept_len=4.2, gpus=[[90.0, 70.0, 80.0]]))
+        services.events_append(deployment_id=pk, events=[
+            ("log", {"text": f"Decode batch. #running-req: 8, writer line {n}"})])
+    connection.close()
+
+
+# ------------------------------------------------------------------ the servers
+
+
+@dataclass(frozen=True)
+class Server:
+    url: str
+    pid: int  # uvicorn's supervisor; its children serve
+
+
+@contextmanager
+def served(args: argparse.Namespace, app: str, log_path: Path) -> Iterator[Server]:
+    """`entrypoint.sh serve APP` on a free port of the loopback, as compose runs the panel."""
+    port = free_port()
+    env = dict(os.environ)
+    env.pop("APPLIANCE_DEBUG", None)
+    env.update(
+        APPLIANCE_DATABASE_URL=args.database_url, APPLIANCE_REDIS_URL=args.redis_url,
+        APPLIANCE_SECRET_KEY=secrets.token_urlsafe(48), DJANGO_SETTINGS_MODULE="web.settings",
+        PYTHONUNBUFFERED="1", PGAPPNAME=kit.PANEL_APP_NAME,
+        PYTHONPATH=os.pathsep.join([str(kit.ROOT), str(kit.ROOT / "bench")]),
+        PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
+        PROMETHEUS_MULTIPROC_DIR=tempfile.mkdtemp(prefix="load-api-prom-"))
+    env.update(item.split("=", 1) for item in args.server_env)
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            ["sh", str(ENTRYPOINT), "serve", app, "--host", "127.0.0.1", "--port", str(port),
+             "--log-level", "warning"],
+            cwd=kit.ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            wait_healthy(url, proc, log_path)
+            yield Server(url, proc.pid)
+        finally:
+            proc.terminate()  # uvicorn's supervisor stops its workers
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_healthy(url: str, proc: subprocess.Popen[bytes], log_path: Path) -> None:
+    import requests
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"the server exited: {log_path.read_text()[-2000:]}")
+        try:
+            if requests.get(f"{url}/healthz", timeout=1).status_code == 200:
+                return
+        except requests.RequestException:  # not listening yet, or still importing
+            pass
+        time.sleep(0.2)
+    raise SystemExit(f"the server did not start: {log_path.read_text()[-2000:]}")
+
+
+def serving_pids(server: Server) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(server.pid)], capture_output=True, text=True)
+    return [server.pid, *(int(p) for p in out.stdout.split())]
+
+
+@contextmanager
+def profiled(directory: Path | None, server: Server) -> Iterator[None]:
+    """py-spy on each of the panel's processes, while the block runs."""
+    if directory is None:
+        yield
+        return
+    directory.mkdir(parents=True, exist_ok=True)
+    spy = os.environ.get("PY_SPY", "py-spy")
+    spies = [subprocess.Popen([spy, "record", "-p", str(pid), "-r", "50", "--nonblocking",
+                               "-f", "raw", "-o", str(directory / f"panel-{pid}.txt")],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             for pid in serving_pids(server)]
+    time.sleep(1)  # attached before the load starts
+    try:
+        yield
+    finally:
+        for spy_proc in spies:
+            spy_proc.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
+            spy_proc.wait(timeout=60)
+
+
+# ------------------------------------------------------------------ the run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    kit.add_common_args(parser)
+    parser.add_argument("--clients", type=int, default=200)
+    parser.add_argument("--seconds", type=float, default=8)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rate", type=float, default=200)
+    parser.add_argument("--open-seconds", type=float, default=10)
+    parser.add_argument("--events", type=int, default=20_000)
+    parser.add_argument("--profile", type=Path, default=None)
+    args = parser.parse_args()
+    kit.setup_django(args)
+    _, token = kit.bench_user()
+    pk = seed_deployment(args.events)
+    headers = {"Authorization": f"Token {token}", "Accept": "application/json"}
+    logs = Path(tempfile.mkdtemp(prefix="load-api-"))
+    load_before = uptime()
+    pg = kit.PgConnections(args)
+    stop = threading.Event()
+    writer = threading.Thread(target=write_state, args=(pk, stop), daemon=True)
+    peak: dict[str, int] = {}
+    with served(args, "web.asgi:application", logs / "panel.log") as panel, \
+            served(args, "bare_asgi:app", logs / "bare.log") as bare:
+        detail, summary = f"/api/deployments/{pk}/", f"/api/deployments/{pk}/summary/"
+        closed = [Target("bare ASGI app", bare.url, "/healthz"),
+                  Target("/healthz", panel.url, "/healthz"),
+                  Target("detail", panel.url, detail), Target("summary", panel.url, summary),
+                  Target("detail, If-None-Match", panel.url, detail, True),
+                  Target("summary, If-None-Match", panel.url, summary, True)]
+        for target in closed:  # warm: imports, first queries, every server process
+            asyncio.run(closed_loop(target, headers, 8, 0.5))
+        writer.start()
+        sampler = threading.Thread(target=sample_peak, args=(pg, stop, peak), daemon=True)
+        sampler.start()
+        rounds = []
+        for r in range(args.rounds):
+            rounds.append(run_round(args, closed, headers, r))
+        with profiled(args.profile, panel):
+            if args.profile:
+                for target in closed[2:4]:
+                    asyncio.run(closed_loop(target, headers, args.clients, args.seconds))
+        opened = {t.name: asyncio.run(open_loop(t, headers, args.rate, args.clients,
+                                                args.open_seconds))
+                  for t in closed[1:]}
+        stop.set()
+        writer.join()
+    report(args, closed, rounds, opened, peak, load_before, uptime(), logs)
+    pg.close()
+
+
+def run_round(args: argparse.Namespace, targets: list[Target], headers: dict[str, str],
+              r: int) -> dict[str, Tally]:
+    order = targets[r % len(targets):] + targets[:r % len(targets)]
+    return {t.name: asyncio.run(closed_loop(t, headers, args.clients, args.seconds))
+            for t in order}
 
 
 def sample_peak(pg: kit.PgConnections, stop: threading.Event, peak: dict[str, int]) -> None:
@@ -71,48 +354,60 @@ def sample_peak(pg: kit.PgConnections, stop: threading.Event, peak: dict[str, in
             peak.update(counts)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    kit.add_common_args(parser)
-    parser.add_argument("--clients", type=int, default=200)
-    parser.add_argument("--seconds", type=float, default=20)
-    args = parser.parse_args()
-    kit.setup_django(args)
-    _, token = kit.bench_user()
-    pk = kit.bench_deployment("bench-api").pk
-    paths = [f"/api/deployments/{pk}/", f"/api/deployments/{pk}/summary/"]
-    log_path = Path(tempfile.mkdtemp(prefix="load-api-")) / "panel.log"
-    pg = kit.PgConnections(args)
-    with kit.panel(args, log_path) as url:
-        asyncio.run(run_clients(url, paths, token, 2, 1.0))  # warm: imports, first queries
-        before = pg.count()
-        peak: dict[str, int] = {}
-        stop = threading.Event()
-        sampler = threading.Thread(target=sample_peak, args=(pg, stop, peak))
-        sampler.start()
-        tally = asyncio.run(run_clients(url, paths, token, args.clients, args.seconds))
-        stop.set()
-        sampler.join()
-        after = kit.settle(pg, before["total"], 10)
-    report(args, tally, before, peak, after, log_path)
-    pg.close()
+def uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
 
-def report(args: argparse.Namespace, tally: Tally, before: dict[str, int],
-           peak: dict[str, int], after: dict[str, int], log_path: Path) -> None:
-    done = len(tally.latencies)
-    errors = sum(tally.errors.values())
+# ------------------------------------------------------------------ the report
+
+
+def report(args: argparse.Namespace, targets: list[Target], rounds: list[dict[str, Tally]],
+           opened: dict[str, Tally], peak: dict[str, int], load_before: str, load_after: str,
+           logs: Path) -> None:
     print(f"command: {kit.command_line()}")
-    print(f"clients {args.clients}, {args.seconds:g} s, panel {args.url or args.app_dir}")
-    print(f"requests ok     {done} ({done / args.seconds:.0f}/s)")
-    print(f"errors          {errors} {tally.errors or ''}")
-    print(f"latency p50     {kit.ms(kit.percentile(tally.latencies, 50))}")
-    print(f"latency p99     {kit.ms(kit.percentile(tally.latencies, 99))}")
-    print(f"latency max     {kit.ms(max(tally.latencies, default=float('nan')))}")
-    print(f"panel's pg sessions before  {kit.show_counts(before)}")
-    print(f"panel's pg sessions peak    {kit.show_counts(peak or before)}")
-    print(f"panel's pg sessions after   {kit.show_counts(after)}")
-    print(f"panel log: {log_path}")
+    print(f"server: sh docker/panel/entrypoint.sh serve APP ({server_processes()} processes); "
+          f"{args.clients} clients; logs in {logs}")
+    print(f"load before: {load_before}\nload after:  {load_after}")
+    print(f"\nclosed loop, {args.clients} keep-alive clients, {args.seconds:g} s each, "
+          f"median of {len(rounds)} rounds (min-max of req/s)")
+    print(f"{'':24} {'req/s':>16} {'x /healthz':>10} {'x bare':>7} {'p50':>9} {'p99':>9} "
+          f"{'304':>5} {'errors':>6}")
+    for t in targets:
+        rates = [len(r[t.name].latencies) / args.seconds for r in rounds]
+        ratio = statistics.median(rate(r, t.name, args) / rate(r, "/healthz", args)
+                                  for r in rounds)
+        vs_bare = statistics.median(rate(r, t.name, args) / rate(r, "bare ASGI app", args)
+                                    for r in rounds)
+        lat = [x for r in rounds for x in r[t.name].latencies]
+        answered = len(lat) or 1
+        share = sum(r[t.name].not_modified for r in rounds) / answered
+        errors = sum(sum(r[t.name].errors.values()) for r in rounds)
+        spread = f"{statistics.median(rates):.0f} ({min(rates):.0f}-{max(rates):.0f})"
+        print(f"{t.name:24} {spread:>16} {ratio:>10.2f} {vs_bare:>7.2f} "
+              f"{ms(kit.percentile(lat, 50)):>9} {ms(kit.percentile(lat, 99)):>9} "
+              f"{share:>5.0%} {errors:>6}")
+    print(f"\nopen loop, {args.rate:g} req/s offered over {args.clients} connections, "
+          f"{args.open_seconds:g} s each")
+    print(f"{'':24} {'answered/s':>10} {'p50':>9} {'p99':>9} {'max':>9} {'errors':>6}")
+    for name, tally in opened.items():
+        lat = tally.latencies
+        print(f"{name:24} {tally.answered_per_s():>10.0f} {ms(kit.percentile(lat, 50)):>9} "
+              f"{ms(kit.percentile(lat, 99)):>9} {ms(max(lat, default=float('nan'))):>9} "
+              f"{sum(tally.errors.values()):>6} {tally.errors or ''}")
+    print(f"\npanel's pg sessions at peak: {kit.show_counts(peak) if peak else 'none seen'}")
+
+
+def rate(r: dict[str, Tally], name: str, args: argparse.Namespace) -> float:
+    return len(r[name].latencies) / args.seconds
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms"
+
+
+def server_processes() -> str:
+    cores = len(os.sched_getaffinity(0))
+    return os.environ.get("APPLIANCE_WEB_WORKERS") or f"min(cores, 4) = {min(cores, 4)}"
 
 
 if __name__ == "__main__":

@@ -1,11 +1,16 @@
 import os
 
-from django.core.asgi import get_asgi_application
+import django
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "web.settings")
+django.setup(set_prefix=False)
+
+from web.serving import django_application  # noqa: E402 - needs the apps loaded
+
 # /v1 (the OpenAI-compatible gateway, web/gateway/proxy.py) is answered before Django's
 # middleware; everything else is Django's.
-_django = get_asgi_application()
+# Sync views are served by Django's WSGI handler, async ones by its ASGI one (web/serving.py).
+_django = django_application()
 
 from web.gateway.proxy import with_gateway  # noqa: E402 - needs the apps loaded
 

@@ -81,13 +81,18 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "web.limits.body_limit_middleware",
-    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # WhiteNoise is sync-only. Under ASGI, Django runs every middleware outside the first
+    # sync-only one in sync mode, all in the request's one thread; those inside it run in
+    # async mode, which moves each of their hooks to a thread and back (issue 22's profile:
+    # /healthz 6-7x a bare ASGI app, most of it those hops). Here, next to the view, it
+    # leaves the whole list sync; static files pass the (lazy) session, CSRF and auth hooks.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     # Last, as its docs ask: turns a lockout into the page that says why and for how long.
     "axes.middleware.AxesMiddleware",
 ]
