@@ -64,6 +64,8 @@ def _kind(path: str) -> str:
         return "preflight"
     if bare.startswith("account/"):
         return "account"  # one's own API tokens: any role, never someone else's
+    if bare.startswith(("keys/", "api/keys")):
+        return "keys"  # gateway API keys call deployments: an operator's and an admin's
     if bare.startswith(("api/deployments", "deployments/")) or bare in ("", "api/", "api.json"):
         return "deployments"
     return "other"
@@ -86,6 +88,8 @@ def _allowed(actor: str, kind: str, method: str, path: str) -> set[int]:
     if kind == "account":
         return {200, 405} if read else {200, 302, 400, 403, 405}
     if actor == "nobody":
+        return {403, 405}
+    if actor == "viewer" and kind == "keys":
         return {403, 405}
     if actor == "viewer":
         # The new form and the Stop and Delete confirm pages are an operator's.

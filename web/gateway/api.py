@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import permissions, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound, ValidationError
@@ -55,9 +55,13 @@ def _as_dict(info: selectors.ApiKeyInfo) -> dict[str, Any]:
     return dataclasses.asdict(info)
 
 
+KEY_ID = OpenApiParameter("id", int, OpenApiParameter.PATH, description="the key's id")
+
+
 class ApiKeyViewSet(viewsets.ViewSet):
     permission_classes = [CanHoldKeys]
     serializer_class = ApiKeySerializer
+    lookup_value_regex = r"[0-9]+"
 
     def _owner(self, request: Request) -> Any:
         return None if request.user.is_superuser else request.user
@@ -73,6 +77,7 @@ class ApiKeyViewSet(viewsets.ViewSet):
         keys = selectors.apikey_list(owner=self._owner(request))
         return Response(ApiKeySerializer([_as_dict(k) for k in keys], many=True).data)
 
+    @extend_schema(parameters=[KEY_ID])
     def retrieve(self, request: Request, pk: str | None = None) -> Response:
         info = self._get(request, pk)
         usage = [dataclasses.asdict(u) for u in selectors.apikey_usage(key_id=info.id)]
@@ -95,7 +100,7 @@ class ApiKeyViewSet(viewsets.ViewSet):
         return Response(NewApiKeySerializer({**_as_dict(info), "secret": made.secret}).data,
                         status=status.HTTP_201_CREATED)
 
-    @extend_schema(request=None, responses={200: ApiKeySerializer})
+    @extend_schema(request=None, responses={200: ApiKeySerializer}, parameters=[KEY_ID])
     @action(detail=True, methods=["post"])
     def revoke(self, request: Request, pk: str | None = None) -> Response:
         info = self._get(request, pk)
