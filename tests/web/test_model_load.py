@@ -309,3 +309,16 @@ def test_a_read_rate_of_a_folder_that_is_no_root_is_refused(
     client.force_login(viewer)
     assert client.post(reverse("deployments:read-rate"), {"root": str(root)}).status_code == 403
     assert "Measure</button>" not in client.get(reverse("store:list")).content.decode()
+
+
+def test_mid_download_the_gpu_memory_check_counts_the_whole_model(root: Path) -> None:
+    # 8 GiB per the store, a 4 MiB shard on disk so far: the weights rule uses the 8 GiB.
+    _downloading("Kimi-K2.6", done=MIB, size=8 * 1024**3)
+    from web.deployments.services.loadtime import store_facts
+    from web.deployments.services.modelfiles import local_model_facts
+
+    spec_ = services.deployment_validate(data=spec())[0]
+    facts = store_facts(spec_, local_model_facts(spec_))
+    shard = root / "Kimi-K2.6" / "model-00001-of-00001.safetensors"
+    assert local_model_facts(spec_)["weights_bytes"] == shard.stat().st_size
+    assert facts["weights_bytes"] == 8 * 1024**3

@@ -194,7 +194,9 @@ def store_facts(spec: DeploymentSpec, facts: dict[str, Any]) -> dict[str, Any]:
             continue
         if facts.get(config_key) is None:
             facts[config_key] = config_from_summary(entry.config)
-        if not facts.get(bytes_key) and entry.size_bytes:
+        # Mid-download the folder holds part of the shards: the store knows the whole size.
+        downloading = entry.state in WAITING_STATES
+        if entry.size_bytes and (downloading or not facts.get(bytes_key)):
             facts[bytes_key] = entry.size_bytes
     return {**facts, "store_models": store_models(spec)}
 
