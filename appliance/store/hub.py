@@ -53,6 +53,7 @@ class RemoteFile:
     path: str
     size: int
     sha256: str = ""  # the LFS sha256; the hub gives none for small git files
+    git_sha1: str = ""  # a small git file's blob id: sha1 of "blob <size>\0" + its bytes
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,8 @@ def repo_plan(*, repo_id: str, revision: str, endpoint: str, token: str | None) 
         if size is None:
             raise StoreError(f"{what}: the hub gave no size for {sibling.rfilename}")
         files.append(RemoteFile(path=sibling.rfilename, size=int(size),
-                                sha256=lfs.sha256 if lfs else ""))
+                                sha256=lfs.sha256 if lfs else "",
+                                git_sha1="" if lfs else (sibling.blob_id or "")))
     if not info.sha:
         raise StoreError(f"{what}: the hub gave no commit for this revision")
     # Small files first: config.json is there early, so the store can say what it is.
@@ -238,8 +240,18 @@ def sha256_of(path: Path, progress: Callable[[int], None] | None = None) -> str:
     return digest.hexdigest()
 
 
+def git_blob_sha1_of(path: Path) -> str:
+    """A file's git blob id, as the hub lists it for files kept in git (not LFS)."""
+    digest = hashlib.sha1(f"blob {path.stat().st_size}\0".encode())  # noqa: S324 (git's id)
+    with path.open("rb") as handle:
+        while chunk := handle.read(HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def file_problem(*, folder: Path, file: RemoteFile, actual_sha256: str) -> str | None:
-    """None when the file on disk is the hub's: its size, and its sha256 where known."""
+    """None when the file on disk is the hub's: its size, and its checksum where the hub
+    gives one (an LFS file's sha256, a git file's blob id)."""
     dest = safe_destination(folder, file.path)
     try:
         size = dest.stat().st_size
@@ -249,6 +261,9 @@ def file_problem(*, folder: Path, file: RemoteFile, actual_sha256: str) -> str |
         return f"{file.path} is {size} bytes, the hub's is {file.size}"
     if file.sha256 and actual_sha256 != file.sha256:
         return (f"{file.path}: sha256 {actual_sha256} differs from the hub's {file.sha256} "
+                "(corrupted in transfer or on disk)")
+    if file.git_sha1 and (actual := git_blob_sha1_of(dest)) != file.git_sha1:
+        return (f"{file.path}: git blob id {actual} differs from the hub's {file.git_sha1} "
                 "(corrupted in transfer or on disk)")
     return None
 

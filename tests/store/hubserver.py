@@ -26,6 +26,11 @@ from urllib.parse import unquote, urlparse
 LFS_MIN = 1024  # files at least this big are "LFS" files: their listing carries a sha256
 
 
+def git_blob_id(data: bytes) -> str:
+    """What git (and the hub's listing, blobId) names a file by."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
 @dataclass
 class HubRepo:
     repo_id: str
@@ -36,7 +41,7 @@ class HubRepo:
     def sibling(self, path: str) -> dict[str, Any]:
         data = self.files[path]
         item: dict[str, Any] = {"rfilename": path, "size": len(data),
-                                "blobId": hashlib.sha1(data).hexdigest()}
+                                "blobId": git_blob_id(data)}
         if len(data) >= LFS_MIN:
             item["lfs"] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest(),
                            "pointerSize": 134}
@@ -44,8 +49,7 @@ class HubRepo:
 
     def etag(self, path: str) -> str:
         data = self.files[path]
-        return (hashlib.sha256(data).hexdigest() if len(data) >= LFS_MIN
-                else hashlib.sha1(data).hexdigest())
+        return hashlib.sha256(data).hexdigest() if len(data) >= LFS_MIN else git_blob_id(data)
 
 
 @dataclass

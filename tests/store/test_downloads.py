@@ -118,6 +118,15 @@ def test_a_checksum_mismatch_fails_the_entry_naming_the_file(store_root: Path, h
     assert again.pk == entry.pk and _run(again, "job-2").state == ModelState.READY
 
 
+def test_a_small_git_file_is_checked_against_its_blob_id(store_root: Path, hub: HubServer) -> None:
+    hub.state.corrupt = {"config.json"}  # same size, one byte flipped; no LFS sha256 for it
+    entry = _request()
+    assert _run(entry).state == ModelState.FAILED
+    error = ModelEntry.objects.get(pk=entry.pk).error
+    assert "config.json: git blob id" in error and not entry.is_usable
+    assert ModelFile.objects.get(entry=entry, path="config.json").state == FileState.FAILED
+
+
 def test_a_cancel_stops_the_download_and_leaves_no_half_file(store_root: Path, hub: HubServer) -> None:
     hub.state.rate = 100_000
     entry = _request()
@@ -182,6 +191,16 @@ def test_a_folder_holding_another_model_is_refused(store_root: Path, hub: HubSer
     with pytest.raises(services.StoreInputError) as bad:
         _request()
     assert "already holds" in bad.value.errors["path"]
+
+
+def test_another_revision_into_a_failed_entrys_folder_is_refused(store_root: Path, hub: HubServer) -> None:
+    hub.state.corrupt = {SHARD}
+    entry = _request()
+    _run(entry)
+    with pytest.raises(services.StoreInputError) as bad:
+        services.model_download_request(repo_id=REPO, revision="v2")
+    assert "acme/tiny-llama@main (failed): choose another folder" in bad.value.errors["path"]
+    assert ModelEntry.objects.get(pk=entry.pk).state == ModelState.FAILED
 
 
 def test_the_marker_names_the_repo_and_commit_for_a_scan(store_root: Path, hub: HubServer) -> None:

@@ -112,14 +112,15 @@ def _entry_for_download(repo_id: str, revision: str, root: str, relative_path: s
         except IntegrityError:  # a second request for the same folder won the insert
             raise StoreInputError({"path": f"{relative_path} was just added by another "
                                            "request"}) from None
-    if existing.state not in _RETRYABLE or existing.repo_id != repo_id:
+    # Only the same repo and revision again: its whole files are kept and its parts resumed.
+    # Another revision's files of the same size would pass for this one's where the hub has
+    # no checksum, so it goes in a folder of its own.
+    if existing.state not in _RETRYABLE or (existing.repo_id, existing.revision) != (
+            repo_id, revision):
         raise StoreInputError({"path": f"{root}/{relative_path} already holds "
-                               f"{existing.repo_id or 'a model'} ({existing.state}): choose "
-                               "another folder"})
-    if existing.revision != revision:
-        existing.commit = ""  # another revision: pinned anew by the job
-        ModelFile.objects.filter(entry=existing).delete()
-    existing.revision, existing.state, existing.error = revision, S.DOWNLOADING, ""
+                               f"{existing.repo_id or 'a model'}@{existing.revision or '?'} "
+                               f"({existing.state}): choose another folder"})
+    existing.state, existing.error = S.DOWNLOADING, ""
     existing.cancel_requested, existing.finished_at = False, None
     existing.save()
     return existing
