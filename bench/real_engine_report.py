@@ -87,7 +87,8 @@ def lossless() -> None:
 if __name__ == "__main__":
     speed()
     print()
-    for run in ("ddtree_triton", "ddtree_probe", "ddtree_fa3", "dflash_triton", "base_triton"):
+    for run in ("ddtree_triton", "ddtree_probe", "ddtree_fa3", "dflash_triton", "dflash_fa3",
+                "base_triton", "bigload_triton"):
         ready_split(run)
     print()
     lossless()
