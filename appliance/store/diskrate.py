@@ -55,6 +55,9 @@ class ReadRate:
     threads: int
     files: tuple[str, ...]
     note: str = ""
+    # The share of the weight files in the page cache before the read (None: not known):
+    # what an engine loading them now would read from RAM instead of the disk.
+    cached_before: float | None = None
 
     @property
     def gbps(self) -> float:
@@ -123,6 +126,56 @@ def filesystem_type(path: str | os.PathLike[str]) -> str:
         if inside and len(point) >= len(best):
             best, kind = point, fields[2]
     return kind
+
+
+def _libc() -> Any:
+    import ctypes
+    import ctypes.util
+
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    return libc
+
+
+def _resident(file: Path, limit: int) -> tuple[int, int]:
+    """(pages of the file's first `limit` bytes in the page cache, pages looked at): mincore
+    over a private mapping that is never touched, so nothing is read from the disk."""
+    import ctypes
+
+    size = min(file.stat().st_size, limit)
+    if size == 0:
+        return 0, 0
+    pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+    vec = (ctypes.c_ubyte * pages)()
+    with file.open("rb") as handle, \
+            mmap.mmap(handle.fileno(), size, access=mmap.ACCESS_COPY) as mapping:
+        # ACCESS_COPY is writable for ctypes (from_buffer) yet never writes the file.
+        anchor = ctypes.c_char.from_buffer(mapping)
+        try:
+            failed = _libc().mincore(ctypes.addressof(anchor), size, vec)
+        finally:
+            del anchor  # the mapping cannot close while ctypes holds it
+    if failed:
+        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()), str(file))
+    return sum(b & 1 for b in vec), pages
+
+
+def page_cache_share(path: str | os.PathLike[str], *,
+                     max_bytes: int = 64 * 1024**3) -> float | None:
+    """The share of the weight files under path (their first max_bytes) that is in the page
+    cache now: near 1.0 means an engine loading them reads RAM, not the disk. None where
+    mincore is not available."""
+    cached = total = 0
+    budget = max_bytes
+    try:
+        for file in weight_files(path):
+            if budget <= 0:
+                break
+            hit, seen = _resident(file, budget)
+            cached, total, budget = cached + hit, total + seen, budget - seen * mmap.PAGESIZE
+    except (OSError, AttributeError, ValueError):
+        return None
+    return cached / total if total else None
 
 
 def _drop_cache(files: list[Path]) -> None:
@@ -199,6 +252,7 @@ def measure_read_rate(path: str | os.PathLike[str], *, max_bytes: int = DEFAULT_
     if block <= 0 or block % mmap.PAGESIZE:
         raise ReadRateError(f"block {block} must be a positive multiple of {mmap.PAGESIZE}")
     files = weight_files(path)
+    cached = page_cache_share(path)
     try:
         method, note = _bypass(files, block, direct)
         start = time.monotonic()
@@ -216,4 +270,5 @@ def measure_read_rate(path: str | os.PathLike[str], *, max_bytes: int = DEFAULT_
                                       "disk's rate"]))
     return ReadRate(path=str(path), bytes_read=reader.read, seconds=seconds,
                     method=method, threads=max(1, threads),
-                    files=tuple(sorted(reader.used)), note=note)
+                    files=tuple(sorted(reader.used)), note=note,
+                    cached_before=round(cached, 3) if cached is not None else None)

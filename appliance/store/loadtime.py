@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,7 @@ from appliance.store.diskrate import (
     ReadRate,
     ReadRateError,
     measure_read_rate,
+    page_cache_share,
 )
 
 GB = 1e9
@@ -51,13 +54,16 @@ class LoadPrediction:
     rate_gbps: float
     seconds: float | None
     rate: ReadRate | None = None  # the measurement made for it, when none was given
+    # The share of its weights in the page cache now: an engine loading them reads RAM.
+    page_cached: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"model_dir": self.model_dir, "weights_bytes": self.weights_bytes,
                 "weights_gb": round(self.weights_bytes / GB, 3),
                 "rate_gbps": round(self.rate_gbps, 3),
                 "seconds": round(self.seconds, 1) if self.seconds is not None else None,
-                "rate": self.rate.to_dict() if self.rate else None}
+                "rate": self.rate.to_dict() if self.rate else None,
+                "page_cached": self.page_cached}
 
 
 def predict_load(model_dir: str | os.PathLike[str], *, rate_gbps: float | None = None,
@@ -65,13 +71,14 @@ def predict_load(model_dir: str | os.PathLike[str], *, rate_gbps: float | None =
                  max_seconds: float = DEFAULT_MAX_SECONDS) -> LoadPrediction:
     """Expected load seconds of a model folder; without a rate, its own disk is measured."""
     size = weights_bytes_on_disk(model_dir)
+    cached = page_cache_share(model_dir) if size else None
     rate = None
     if rate_gbps is None:
         rate = measure_read_rate(model_dir, max_bytes=max_bytes, max_seconds=max_seconds)
         rate_gbps = rate.gbps
     return LoadPrediction(model_dir=str(model_dir), weights_bytes=size, rate_gbps=rate_gbps,
                           seconds=load_seconds(weights_bytes=size, rate_gbps=rate_gbps),
-                          rate=rate)
+                          rate=rate, page_cached=round(cached, 3) if cached is not None else None)
 
 
 def describe_load(*, weights_bytes: int, rate_gbps: float | None) -> str:
@@ -148,6 +155,25 @@ def load_text(row: dict[str, Any]) -> str:
     return ""
 
 
+_DOCKER_STAMP = re.compile(r"^\d{4}-\d\d-\d\dT[\d:.]+Z ")
+
+
+def measured_load(lines: Iterable[str]) -> dict[str, float]:
+    """The weight-load seconds an engine log reports, per model ("weights", "draft_weights"):
+    the slowest rank's "Load weight end. elapsed=" (lines as `docker logs -t` or the engine
+    printed them)."""
+    from appliance.logs.parser import parse_lines
+
+    found: dict[str, float] = {}
+    for event in parse_lines(_DOCKER_STAMP.sub("", line) for line in lines):
+        elapsed = event.fields.get("elapsed_s")
+        if event.kind != "weights_end" or elapsed is None:
+            continue
+        key = "draft_weights" if event.fields.get("model") == "draft" else "weights"
+        found[key] = max(found.get(key, 0.0), float(elapsed))
+    return found
+
+
 # ---------------------------------------------------------------- command line
 
 EXIT_OK, EXIT_FAILED = 0, 1
@@ -178,9 +204,33 @@ def cmd_predict(args: argparse.Namespace) -> int:
     except ReadRateError as exc:
         _print({"error": str(exc)}, f"error: {exc}", args.text)
         return EXIT_FAILED
-    _print(found.to_dict(), describe_load(weights_bytes=found.weights_bytes,
-                                          rate_gbps=found.rate_gbps), args.text)
+    data, text = found.to_dict(), describe_load(weights_bytes=found.weights_bytes,
+                                                 rate_gbps=found.rate_gbps)
+    if found.page_cached is not None and found.page_cached >= 0.5:
+        text += (f"\n{100 * found.page_cached:.0f} % of these weights are in the page cache: "
+                 "an engine loading them now reads RAM, faster than the prediction (drop the "
+                 "cache, e.g. echo 1 > /proc/sys/vm/drop_caches, to time the disk)")
+    if args.log:
+        data, text = _against_log(found, args.log, data, text)
+    _print(data, text, args.text)
     return EXIT_OK
+
+
+def _against_log(found: LoadPrediction, log: str, data: dict[str, Any],
+                 text: str) -> tuple[dict[str, Any], str]:
+    """The prediction beside the load the engine's log reports (the target's)."""
+    with open(log, encoding="utf-8", errors="replace", newline="\n") as handle:
+        measured = measured_load(handle).get("weights")
+    data = {**data, "measured_s": measured}
+    if measured is None:
+        return data, f"{text}\nthe log has no target 'Load weight end' line"
+    data["measured_gbps"] = round(found.weights_bytes / GB / measured, 3) if measured else None
+    data["measured_over_predicted"] = round(measured / found.seconds, 3) \
+        if found.seconds else None
+    line = f"measured {_duration(measured)} in the engine's log"
+    if found.seconds:
+        line += f": {measured / found.seconds:.2f} x the prediction"
+    return data, f"{text}\n{line}"
 
 
 def add_parser(sub: Any) -> None:
@@ -208,4 +258,7 @@ def add_parser(sub: Any) -> None:
         else:
             cmd.add_argument("--rate-gbps", type=float, default=None,
                              help="use this read rate instead of measuring one")
+            cmd.add_argument("--log", default=None,
+                             help="an engine log of this model's load: print the measured "
+                             "load beside the prediction")
         cmd.set_defaults(func=func)

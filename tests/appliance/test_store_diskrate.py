@@ -17,12 +17,14 @@ from appliance.store.diskrate import (
     ReadRateError,
     filesystem_type,
     measure_read_rate,
+    page_cache_share,
 )
 from appliance.store.loadtime import (
     describe_load,
     load_report,
     load_seconds,
     load_text,
+    measured_load,
     predict_load,
 )
 
@@ -140,7 +142,8 @@ def test_the_read_rate_command_prints_the_measurement_as_json(tmp_path: Path) ->
 def test_the_predict_command_prints_the_expected_seconds(tmp_path: Path) -> None:
     done = _cli("predict", str(_model(tmp_path / "m")), "--rate-gbps", "0.012", "--text")
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "0.01 GB of weights at 0.01 GB/s: about 1.0 s to read"
+    # (then, since the files were just written, that they sit in the page cache)
+    assert done.stdout.splitlines()[0] == "0.01 GB of weights at 0.01 GB/s: about 1.0 s to read"
 
 
 def test_the_commands_fail_with_a_message_on_a_missing_folder(tmp_path: Path) -> None:
@@ -175,3 +178,47 @@ def test_a_slow_load_is_written_in_mb_per_second() -> None:
            "elapsed_s": 30.3, "gbps": 0.004, "share": 0.0044}
     assert load_text(row) == ("read at 4.0 MB/s in 30.3 s: 0.44 % of the disk's measured "
                               "0.91 GB/s (expected 0.1 s)")
+
+
+def _fsynced(model: Path) -> Path:
+    for shard in model.glob("*.safetensors"):
+        with shard.open("rb+") as handle:
+            os.fsync(handle.fileno())  # clean pages: DONTNEED drops only those
+    return model
+
+
+def test_the_page_cache_share_sees_weights_read_and_weights_dropped(tmp_path: Path) -> None:
+    model = _fsynced(_model(tmp_path / "m"))
+    for shard in model.glob("*.safetensors"):
+        shard.read_bytes()
+    assert page_cache_share(model) == pytest.approx(1.0, abs=0.05)
+    for shard in model.glob("*.safetensors"):
+        fd = os.open(shard, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+    assert page_cache_share(model) == pytest.approx(0.0, abs=0.05)
+    # An O_DIRECT measurement leaves it so, and says what was cached before it.
+    rate = measure_read_rate(model, block=MIB)
+    assert rate.cached_before == pytest.approx(0.0, abs=0.05)
+    assert page_cache_share(model) == pytest.approx(0.0, abs=0.05)
+
+
+def test_a_prediction_warns_when_the_weights_sit_in_the_page_cache(tmp_path: Path) -> None:
+    model = _model(tmp_path / "m")
+    for shard in model.glob("*.safetensors"):
+        shard.read_bytes()
+    done = _cli("predict", str(model), "--rate-gbps", "1", "--text")
+    assert "100 % of these weights are in the page cache" in done.stdout
+
+
+def test_the_predict_command_puts_the_engines_measured_load_beside_it(tmp_path: Path) -> None:
+    # The real engine's log (433c58ed7): the target's "Load weight end. elapsed=0.26 s".
+    log = ROOT / "tests/fixtures/real-engine/433c58ed7/ddtree_triton/engine.log"
+    done = _cli("predict", str(_model(tmp_path / "m")), "--rate-gbps", "0.1",
+                "--log", str(log))
+    out = json.loads(done.stdout)
+    assert out["measured_s"] == 0.26 and out["seconds"] == 0.1
+    assert out["measured_over_predicted"] == round(0.26 / (12 * MIB / 1e9 / 0.1), 3)
+    assert out["measured_gbps"] == round(12 * MIB / 1e9 / 0.26, 3)
+    with (log.open(encoding="utf-8", newline="\n")) as handle:
+        assert measured_load(handle) == {"weights": 0.26, "draft_weights": 0.02}
