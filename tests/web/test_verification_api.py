@@ -150,6 +150,11 @@ def test_the_form_names_its_fields_and_why_the_threshold(operator, pair) -> None
         assert label in page
     assert "every divergence sat where the baseline&#x27;s top two log-probs were 0.125" in page
     other = _deployment("spec2", model="/models/Other")
+    chosen = client.get(f"/benchmarks/verifications/new/?candidate={other.pk}").content.decode()
+    assert f'<option value="{other.pk}" selected>#{other.pk} spec2' in chosen
+    detail = client.get(f"/deployments/{other.pk}/").content.decode()
+    assert f'href="/benchmarks/verifications/new/?candidate={other.pk}"' in detail
+    assert 'id="check-losslessness"' not in client.get(f"/deployments/{b.pk}/").content.decode()
     with mock.patch.object(services, "_enqueue"):
         r = client.post("/benchmarks/verifications/new/", {"candidate": other.pk,
                                                            "baseline": b.pk})

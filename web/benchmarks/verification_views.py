@@ -55,7 +55,9 @@ def verification_new(request: HttpRequest) -> HttpResponse:
     if not can_deploy(request.user):
         raise PermissionDenied("You need the operator role to run losslessness checks.")
     errors: dict[str, object] = {}
-    values: dict[str, object] = {}
+    # ?candidate=<id> (the deployment page's "Check losslessness") chooses A in the form.
+    values: dict[str, object] = {k: v for k, v in request.GET.items()
+                                 if k in ("candidate", "baseline")}
     if request.method == "POST":
         values = _form_data(request)
         body = VerificationCreateSerializer(data=values)
