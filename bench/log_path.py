@@ -1,193 +1,571 @@
-"""The log path, engine line to stored event and to an SSE client: latency at a steady rate,
-and the sustained rate, compared with `docker logs -f` reading the same container.
+"""The log path, engine line to stored event and to an SSE viewer, beside `docker logs -f`
+reading the same container and PostgreSQL's own COPY of the same rows (issue 22).
 
-A container on the local base image prints numbered lines, each carrying the time it
-was printed. The engine agent's real follower (appliance.runtime.follower) with the real
-database sink (web/deployments/services/agent.py) follows it into PostgreSQL, exactly as
-in production; a panel started like the image's (uvicorn) streams the events to an SSE
-client. Figures: lines stored per second, latency from print to commit (p50, p99; the
-event row's insert time) and from print to the SSE client's receipt, lost, duplicated
-and reordered lines, and the same container read by `docker logs -f` for the ratio.
+A container on the local base image prints numbered lines, each carrying the time it was
+printed: SGLang decode lines (`[date time.micros TP0] Decode batch, ..., #token: <n>,
+...`, each stored as a log event and a metric, as a serving engine's) or plain lines
+(`line seq=<n> t=<ns>`, one event each). The engine agent's real follower
+(appliance.runtime.follower) with the real database sink (services/agent.py: ownership
+check, events_append_batch, cursor and progress in one transaction, live publish after
+commit) follows it into PostgreSQL and Redis, in this process as in the agent's; a panel
+started like the image's (uvicorn) streams the events to an SSE viewer in another
+process; a third process reads the same container with `docker logs -f`.
 
-    .venv/bin/python bench/log_path.py \
-        --database-url postgres://appliance@127.0.0.1:5440/appliance_logbench \
-        --rate 1000 --seconds 10 --flood 200000
+Phases: 1,000 decode lines/s before ready (the follower polling /health, as while an
+engine loads) and after ready; the sustained rate of decode lines; plain lines unpaced.
+Figures per phase: lines stored, lost, duplicated, reordered (in the database and at the
+viewer); print-to-commit and print-to-viewer latency (p50, p99, max; "commit" is the row's
+ts, taken just before its COPY, so it reads a little early); how far behind the store was
+at the end; the same container's `docker logs -f` rate and latency; the agent process's
+CPU. After the sustained phase, the stored rows are COPYed again by psycopg alone (same
+table layout with its indexes, the agent's batch size, a commit per batch): the database's
+own rate on this machine, beside the agent's.
+
+    .venv/bin/python bench/log_path.py \\
+        --database-url postgres://appliance@127.0.0.1:5440/appliance_logbench \\
+        --redis-url redis://127.0.0.1:6390/15 --rate 10000 --seconds 60
+
+--profile DIR writes py-spy raw profiles of this process (the agent's threads) per phase.
 """
 
 from __future__ import annotations
 
 import argparse
+import calendar
+import json
+import os
+import secrets
 import statistics
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 PRINTER = r"""
 import sys, time
-n, rate = int(sys.argv[1]), float(sys.argv[2])
+n, rate, shape = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
 out = sys.stdout
-start = time.time()
-for i in range(n):
-    if rate > 0:
-        due = start + i / rate
-        pause = due - time.time()
-        if pause > 0:
-            time.sleep(pause)
-    out.write(f"line seq={i} t={time.time_ns()}\n")
-    if rate > 0 or i % 1000 == 999:
-        out.flush()
-out.flush()
+def lines(first, last, t):
+    if shape == "decode":
+        head = (time.strftime("[%Y-%m-%d %H:%M:%S", time.gmtime(t))
+                + f".{int(t * 1e6) % 1000000:06d} TP0] Decode batch, #running-req: 3, #token: ")
+        return "".join(f"{head}{i}, token usage: 0.05, accept len: 3.21, accept rate: 0.40, "
+                       "cuda graph: True, gen throughput (token/s): 512.30, #queue-req: 0\n"
+                       for i in range(first, last))
+    return "".join(f"line seq={i} t={int(t * 1e9)}\n" for i in range(first, last))
+time.sleep(1.5)  # the viewer and `docker logs -f` attach first
+start, i = time.time(), 0
+while i < n:
+    now = time.time()
+    due = n if rate <= 0 else min(n, int((now - start) * rate) + 1)
+    if due <= i:
+        time.sleep(max(0.0, start + i / rate - now))
+        continue
+    due = min(due, i + 1000)
+    out.write(lines(i, due, time.time()))
+    out.flush()
+    i = due
 time.sleep(1)
 """
 
-
-class SseClient(threading.Thread):
-    """Reads the deployment's event stream as a browser does; notes when each line came."""
-
-    def __init__(self, url: str, cookie: str, pk: int) -> None:
-        super().__init__(daemon=True)
-        self.url, self.cookie, self.pk = url, cookie, pk
-        self.latencies_ms: list[float] = []
-        self.seqs: list[int] = []
-        self.connected = threading.Event()
-
-    def run(self) -> None:
-        import json
-
-        import requests
-
-        with requests.get(f"{self.url}/deployments/{self.pk}/events/stream/", stream=True,
-                          headers={"Cookie": self.cookie}, timeout=120) as response:
-            self.connected.set()
-            for raw in response.iter_lines(decode_unicode=True):
-                if not raw.startswith("data: "):
-                    continue
-                event = json.loads(raw[6:])
-                text = (event.get("payload") or {}).get("text", "")
-                if event["kind"] == "log" and text.startswith("line seq="):
-                    printed = int(text.split()[2].split("=")[1]) / 1e9
-                    self.latencies_ms.append((time.time() - printed) * 1000)
-                    self.seqs.append(int(text.split()[1].split("=")[1]))
-                if event["kind"] == "end":
-                    return
+_SECONDS: dict[str, float] = {}
 
 
-def follow_run(image: str, n: int, rate: float, panel_url: str = "",
-               cookie: str = "") -> dict[str, float]:
-    """Start the printer as a deployment's engine and follow it with the agent's follower."""
+def printed_at(text: str) -> tuple[int, float] | None:
+    """(number, Unix time printed) of a printer's line, or None for any other text."""
+    if text.startswith("line seq="):
+        _, seq, stamp = text.split(" ", 2)
+        return int(seq[4:]), int(stamp[2:]) / 1e9
+    if text.startswith("[") and "Decode batch" in text:
+        whole = text[1:20]
+        base = _SECONDS.get(whole)
+        if base is None:
+            base = _SECONDS[whole] = calendar.timegm(time.strptime(whole, "%Y-%m-%d %H:%M:%S"))
+        number = int(text.split("#token: ", 1)[1].split(",", 1)[0])
+        return number, base + int(text[21:27]) / 1e6
+    return None
+
+
+def order_figures(prefix: str, seqs: list[int], n: int) -> dict[str, float]:
+    unique = set(seqs)
+    return {f"{prefix}lost": n - len(unique & set(range(n))),
+            f"{prefix}duplicated": len(seqs) - len(unique),
+            f"{prefix}reordered": sum(1 for a, b in zip(seqs, seqs[1:], strict=False) if b < a)}
+
+
+def latency_figures(prefix: str, latencies_ms: list[float]) -> dict[str, float]:
+    if not latencies_ms:
+        return {f"{prefix}p50_ms": float("nan"), f"{prefix}p99_ms": float("nan")}
+    ordered = sorted(latencies_ms)
+    return {f"{prefix}p50_ms": statistics.median(ordered),
+            f"{prefix}p99_ms": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
+            f"{prefix}max_ms": ordered[-1]}
+
+
+# ------------------------------------------------------------------ the other processes
+
+
+def sse_viewer(url: str, cookie: str, pk: int, n: int) -> None:
+    """A viewer in its own process (as a browser is): reads the stream until `end`."""
+    import http.client
+    from urllib.parse import urlparse
+
+    parsed = urlparse(url)
+    conn = http.client.HTTPConnection(parsed.hostname or "127.0.0.1", parsed.port, timeout=120)
+    conn.request("GET", f"/deployments/{pk}/events/stream/", headers={"Cookie": cookie})
+    response = conn.getresponse()
+    print("connected", flush=True)
+    seqs, latencies, metrics, skipped, buffer = [], [], 0, 0, b""
+    while True:
+        data = response.read1(1 << 16)
+        if not data:
+            break
+        now = time.time()
+        buffer += data
+        *frames, buffer = buffer.split(b"\n\n")
+        ended = False
+        for frame in frames:
+            start = frame.find(b"data: ")
+            if start < 0:
+                continue
+            event = json.loads(frame[start + 6:])
+            if event["kind"] == "metric":
+                metrics += 1
+            elif event["kind"] == "log":
+                found = printed_at((event.get("payload") or {}).get("text", ""))
+                if found is not None:
+                    seqs.append(found[0])
+                    latencies.append((now - found[1]) * 1000)
+            elif event["kind"] == "skip":  # the panel skipped this viewer ahead (too far behind)
+                skipped += event["payload"]["skipped"]
+            elif event["kind"] == "end":
+                ended = True
+        if ended:
+            break
+    figures = {"sse_received": len(seqs), "sse_metrics": metrics, "sse_skipped_events": skipped,
+               **order_figures("sse_", seqs, n), **latency_figures("sse_latency_", latencies)}
+    print(json.dumps(figures), flush=True)
+
+
+def docker_watcher(container_id: str, n: int) -> None:
+    """`docker logs -f` on the engine's container, read as it comes: its rate and latency."""
+    proc = subprocess.Popen(["docker", "logs", "-f", container_id], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+    assert proc.stdout is not None
+    print("connected", flush=True)
+    seqs, latencies, first, last = [], [], 0.0, 0.0
+    for raw in proc.stdout:
+        now = time.time()
+        found = printed_at(raw.decode(errors="replace").rstrip("\n"))
+        if found is None:
+            continue
+        first = first or now
+        last = now
+        seqs.append(found[0])
+        latencies.append((now - found[1]) * 1000)
+    proc.wait()
+    figures = {"docker_logs_f_lines": len(seqs),
+               "docker_logs_f_lines_per_s": len(seqs) / max(1e-6, last - first),
+               **latency_figures("docker_logs_f_latency_", latencies)}
+    print(json.dumps(figures), flush=True)
+
+
+def _child(*argv: str) -> subprocess.Popen[str]:
+    proc = subprocess.Popen([sys.executable, __file__, *argv], stdout=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout is not None
+    if proc.stdout.readline().strip() != "connected":
+        raise SystemExit(f"{argv[0]} did not start")
+    return proc
+
+
+def _child_figures(proc: subprocess.Popen[str] | None, limit_s: float) -> dict[str, Any]:
+    if proc is None:
+        return {}
+    try:
+        out, _ = proc.communicate(timeout=limit_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+    lines = [line for line in (out or "").splitlines() if line.startswith("{")]
+    return json.loads(lines[-1]) if lines else {"child_failed": 1}
+
+
+# ------------------------------------------------------------------ where the CPU went
+
+
+def _cpu_s(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _pids(match: Any) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+                cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            if match(int(entry.name), ppid, cmd):
+                found.append(int(entry.name))
+    return found
+
+
+class CpuShares:
+    """CPU seconds per part of the path over a phase, as shares of one core: this process
+    (the agent's follower), the panel (uvicorn), PostgreSQL's backends on this database
+    (a session opened during the phase is missed), dockerd and Redis (shared with anything
+    else using them), the printer, the viewer and `docker logs -f` (without its CLI)."""
+
+    def __init__(self, children: dict[str, int]) -> None:
+        me = os.getpid()
+        self.parts: dict[str, list[int]] = {
+            "agent": [me], **{name: [pid] for name, pid in children.items()},
+            "panel": _pids(lambda pid, ppid, cmd: ppid == me and "uvicorn" in cmd),
+            "dockerd": _pids(lambda pid, ppid, cmd: cmd.startswith(("dockerd", "/usr/sbin/dockerd",
+                                                                    "/usr/bin/dockerd"))),
+            "redis": _pids(lambda pid, ppid, cmd: cmd.startswith("redis-server")),
+        }
+        self.start = self._now()
+        self.t0 = time.monotonic()
+
+    def add_postgres(self) -> None:
+        """PostgreSQL's backends on this database (found at the end: they are pooled)."""
+        from django.db import connection
+
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database()")
+            self.parts["postgres"] = [row[0] for row in cursor.fetchall()]
+        self.start = self._now()
+
+    def _now(self) -> dict[str, float]:
+        return {name: sum(_cpu_s(pid) for pid in pids) for name, pids in self.parts.items()}
+
+    def shares(self) -> dict[str, float]:
+        wall = time.monotonic() - self.t0
+        now = self._now()
+        return {f"cpu_{name}": (now[name] - self.start.get(name, 0.0)) / wall for name in now}
+
+
+# ------------------------------------------------------------------ one followed engine
+
+
+def follow_run(args: argparse.Namespace, *, shape: str, n: int, rate: float, ready: bool,
+               panel_url: str, cookie: str, profile: str = "") -> dict[str, Any]:
+    """Print n lines from a container followed as the agent follows a deployment's engine."""
     from appliance.runtime.containers import ContainerPlan, EngineRuntime
     from appliance.runtime.follower import EngineFollower, FollowOptions, follow
     from web.deployments.models import Deployment
     from web.deployments.services.agent import EngineAgent, _FollowSink
 
     agent = EngineAgent(agent_id="bench-agent")
+    status = "ready" if ready else "starting"
     deployment = Deployment.objects.create(
-        name="log-bench", spec={}, recipe="bench", algorithm="NONE", gpus=[], status="starting",
-        image=image, start_token=f"bench{time.time_ns()}", agent_id=agent.agent_id)
-    plan = ContainerPlan(deployment_id=str(deployment.pk), image=image,
-                         argv=["python3", "-c", PRINTER, str(n), str(rate)],
+        name=f"log-bench-{shape}", spec={}, recipe="bench", algorithm="NONE", gpus=[],
+        status=status, image=args.image, start_token=secrets.token_hex(4),
+        agent_id=agent.agent_id)
+    plan = ContainerPlan(deployment_id=str(deployment.pk), image=args.image,
+                         argv=["python3", "-c", PRINTER, str(n), str(rate), shape],
                          instance_id="bench", start_token=deployment.start_token)
-    client = None
-    if panel_url:
-        client = SseClient(panel_url, cookie, deployment.pk)
-        client.start()
-        client.connected.wait(10)
+    from web.deployments import live
+
+    live.forget(deployment.pk)  # a stream left by an earlier database's deployment of this pk
+    viewer = _child("--sse-viewer", panel_url, cookie, str(deployment.pk), str(n))
+    runtime = EngineRuntime()
+    container = runtime.ensure_started(plan)
+    watcher = _child("--docker-watcher", container.id, str(n))
     sink = _FollowSink(deployment, agent, threading.Event())
     sink.identity = plan.identity
     agent.remove_engine = lambda identity: None  # type: ignore[method-assign] # keep it
-    follower = EngineFollower(EngineRuntime(), plan, sink, status="starting",
+    batches: list[int] = []
+    ship = sink.ship
+
+    def counted(events: Any, cursor: Any) -> None:
+        batches.append(len(events))
+        ship(events, cursor)
+
+    sink.ship = counted  # type: ignore[method-assign]
+    follower = EngineFollower(runtime, plan, sink, status=status, may_start=False,
                               options=FollowOptions(partials=False, ready_timeout_s=3600))
-    started = time.time()
+    spy = _profile(profile)
+    container.reload()
+    shares = CpuShares({"viewer": viewer.pid, "watcher": watcher.pid,
+                        "printer": int(container.attrs["State"]["Pid"])})
+    shares.add_postgres()  # the panel's and this process's sessions (pooled: kept open)
     follow(follower)
-    container = EngineRuntime().find(plan.identity)
-    figures = _figures(deployment.pk, n, started)
-    if client is not None:
-        client.join(timeout=60)
-        figures["sse_received"] = len(client.seqs)
-        figures["sse_lost"] = n - len(set(client.seqs))
-        figures["sse_reordered"] = sum(1 for a, b in zip(client.seqs, client.seqs[1:],
-                                                          strict=False) if b < a)
-        figures["sse_latency_p50_ms"] = statistics.median(client.latencies_ms)
-        figures["sse_latency_p99_ms"] = _p99(client.latencies_ms)
-    figures["docker_logs_f_lines_per_s"] = _docker_logs_rate(container.id, n)
+    cpu_shares = shares.shares()
+    if spy is not None:
+        spy.send_signal(2)
+        spy.wait(30)
+    figures: dict[str, Any] = {"shape": shape, "lines": n, "offered_per_s": rate or "unpaced"}
+    figures.update(_stored(deployment.pk, n, shape))
+    figures["batches"] = len(batches)
+    figures["events_per_batch"] = statistics.mean(batches) if batches else 0
+    figures.update(cpu_shares)
+    figures.update(_child_figures(viewer, 120))
+    figures.update(_child_figures(watcher, 60))
+    figures["docker_logs_replay_lines_per_s"] = _replay_rate(container.id, n)
+    figures["_pk"] = deployment.pk
+    figures["_batch_events"] = int(figures["events_per_batch"])
     container.remove(force=True)
-    deployment.delete()
     return figures
 
 
-def _figures(pk: int, n: int, started: float) -> dict[str, float]:
-    from web.deployments.models import Event
+def _profile(directory: str) -> subprocess.Popen[bytes] | None:
+    if not directory:
+        return None
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    out = Path(directory) / f"agent-{time.strftime('%H%M%S')}.txt"
+    spy = Path(sys.executable).with_name("py-spy")
+    return subprocess.Popen([str(spy), "record", "--pid", str(os.getpid()), "-r", "100",
+                             "--threads", "--idle", "-f", "raw", "-o", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
-    rows = list(Event.objects.filter(deployment_id=pk, kind="log").order_by("seq")
-                .values_list("payload", "ts"))
-    seqs, latencies, first_t = [], [], None
-    for payload, ts in rows:
-        text = payload.get("text", "")
-        if not text.startswith("line seq="):
+
+def _stored(pk: int, n: int, shape: str) -> dict[str, Any]:
+    """Order, loss and latency of the stored lines, from the rows (one SQL read)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT payload->>'text', extract(epoch from ts) FROM deployments_event "
+                       "WHERE deployment_id = %s AND kind = 'log' ORDER BY seq", [pk])
+        rows = cursor.fetchall()
+        cursor.execute("SELECT count(*) FROM deployments_event WHERE deployment_id = %s "
+                       "AND kind = 'metric'", [pk])
+        metrics = cursor.fetchone()[0]
+    seqs, latencies, first_print, last_commit = [], [], None, 0.0
+    for text, ts in rows:
+        found = printed_at(text or "")
+        if found is None:
             continue
-        seq_part, t_part = text.split()[1:3]
-        seqs.append(int(seq_part.split("=")[1]))
-        printed = int(t_part.split("=")[1]) / 1e9
-        first_t = printed if first_t is None else first_t
-        latencies.append((ts.timestamp() - printed) * 1000)
-    last_commit = rows[-1][1].timestamp() if rows else started
+        seqs.append(found[0])
+        first_print = found[1] if first_print is None else first_print
+        last_commit = float(ts)
+        latencies.append((float(ts) - found[1]) * 1000)
     stored = len(seqs)
-    return {
-        "lines": n, "stored": stored, "lost": n - len(set(seqs)),
-        "duplicated": stored - len(set(seqs)),
-        "reordered": sum(1 for a, b in zip(seqs, seqs[1:], strict=False) if b < a),
-        "stored_lines_per_s": stored / max(1e-6, last_commit - (first_t or started)),
-        "latency_p50_ms": statistics.median(latencies) if latencies else float("nan"),
-        "latency_p99_ms": _p99(latencies),
-    }
+    span = max(1e-6, last_commit - (first_print or last_commit))
+    figures = {"stored": stored, "stored_lines_per_s": stored / span,
+               "stored_events_per_s": (stored + metrics) / span,
+               **order_figures("", seqs, n), **latency_figures("commit_latency_", latencies)}
+    if shape == "decode":
+        figures["metric_events"] = metrics
+    return figures
 
 
-def _p99(values: list[float]) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
-
-
-def _docker_logs_rate(container_id: str, n: int) -> float:
-    """`docker logs -f` reading the whole (finished) container's output: lines per second."""
+def _replay_rate(container_id: str, n: int) -> float:
+    """`docker logs` of the finished container (a replay, not a follow): lines per second."""
     t0 = time.monotonic()
-    out = subprocess.run(["docker", "logs", "-f", container_id], capture_output=True, check=True)
-    took = time.monotonic() - t0
+    out = subprocess.run(["docker", "logs", container_id], capture_output=True, check=True)
     count = out.stdout.count(b"\n") + out.stderr.count(b"\n")
-    return count / took if count >= n else float("nan")
+    return count / (time.monotonic() - t0) if count >= n else float("nan")
+
+
+def copy_reference(args: argparse.Namespace, pk: int, batch_events: int) -> dict[str, float]:
+    """PostgreSQL's own COPY of the stored rows (psycopg alone, no per-row Python) into a
+    table like the events table, indexes included, a commit per agent-sized batch."""
+    import psycopg
+
+    dsn = args.database_url.replace("postgres://", "postgresql://", 1)
+    with psycopg.connect(dsn) as conn:
+        with conn.cursor() as cursor, cursor.copy(
+                "COPY (SELECT deployment_id, seq, ts, kind, payload FROM deployments_event "
+                f"WHERE deployment_id = {int(pk)} ORDER BY seq) TO STDOUT") as copy:
+            data = b"".join(bytes(block) for block in copy)
+        rows = data.splitlines(keepends=True)
+        conn.execute("CREATE TEMP TABLE bench_copy (LIKE deployments_event INCLUDING ALL)")
+        conn.commit()
+        size = max(1, batch_events)
+        t0 = time.monotonic()
+        for start in range(0, len(rows), size):
+            with conn.cursor() as cursor, cursor.copy(
+                    "COPY bench_copy (deployment_id, seq, ts, kind, payload) FROM STDIN") as copy:
+                copy.write(b"".join(rows[start:start + size]))
+            conn.commit()
+        took = time.monotonic() - t0
+    return {"copy_rows": len(rows), "copy_batch_rows": size, "copy_rows_per_s": len(rows) / took}
+
+
+def _cleanup(pk: int) -> None:
+    from django.db import connection
+
+    from web.deployments import live
+
+    live.forget(pk)  # the live stream: a later run's deployment may get the same pk
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM deployments_event WHERE deployment_id = %s", [pk])
+        cursor.execute("DELETE FROM deployments_deployment WHERE id = %s", [pk])
+
+
+# ------------------------------------------------------------------ CPU per stage
+
+
+STAGE_LINES = 20_000
+
+
+def stage_costs(root: str, pk: int) -> None:
+    """CPU microseconds per decode line in each stage of the agent's path, for the code in
+    `root` (another checkout: --compare-with), printed as JSON. Docker's frames are made
+    here, the database and Redis are the real ones; the publish is timed on its own."""
+    sys.path.insert(0, root)
+    os.chdir(root)
+    import django
+
+    django.setup()
+    from django.db import transaction
+
+    from appliance.runtime.follower import EngineFollower
+    from appliance.runtime.logstream import lines_of
+    from web.deployments import live
+    from web.deployments.services import events as ev
+
+    line = ("[2026-12-01 09:27:25 TP0] Decode batch, #running-req: 1, #token: {i}, token "
+            "usage: 0.00, accept len: 1.23, accept rate: 0.03, cuda graph: True, gen "
+            "throughput (token/s): 165.82, #queue-req: 0")
+    frames = [(1, f"2026-12-01T09:27:{25 + i // 10000:02d}.{i:09d}Z {line.format(i=i)}\n"
+               .encode()) for i in range(STAGE_LINES)]
+    costs: dict[str, float] = {}
+
+    def cpu(label: str, work: Any) -> Any:
+        start = time.process_time()
+        result = work()
+        costs[label] = (time.process_time() - start) / STAGE_LINES * 1e6
+        return result
+
+    cpu("docker_frames_us", lambda: _read_docker_frames(line))
+    lines = cpu("split_and_stamp_us", lambda: list(lines_of(iter(frames), False, True)))
+    sink = type("Sink", (), {"advance": lambda self, status: False})()
+    follower = EngineFollower(None, None, sink)  # type: ignore[arg-type]
+    events = cpu("parse_us", lambda: follower._events_for(lines))
+    published: list[tuple[str, Any]] = []
+    append = getattr(ev, "events_append_batch", ev.events_append)
+    if hasattr(live, "publish_entries_later"):
+        live.publish_entries_later = lambda pk, w: published.append(  # type: ignore[assignment]
+            ("entries", w))
+    live.publish_later = lambda pk, w: published.append(("wire", w))  # type: ignore[assignment]
+
+    def store() -> None:
+        for start in range(0, len(events), 4000):
+            with transaction.atomic():
+                append(deployment_id=pk, events=events[start:start + 4000])
+
+    def publish() -> None:
+        for how, batch in published:
+            (live.publish_entries if how == "entries" else live.publish)(pk, batch)
+
+    cpu("store_us", store)
+    cpu("publish_us", publish)
+    costs["total_us"] = sum(costs.values())
+    print(json.dumps(costs), flush=True)
+
+
+def _read_docker_frames(line: str) -> int:
+    """Docker's stream of a finished container's STAGE_LINES lines, read as frames."""
+    import docker
+    from appliance.runtime import logstream
+
+    client = docker.from_env()  # type: ignore[attr-defined]
+    script = (f"import sys\nfor i in range({STAGE_LINES}): "
+              f"sys.stdout.write({line!r}.format(i=i) + '\\n')\n")
+    container = client.containers.run("appliance-base:bookworm", ["python3", "-c", script],
+                                      detach=True, labels={"appliance.test": "log-bench"})
+    try:
+        container.wait()
+        return sum(1 for _ in logstream.log_frames(client.api, container.id, None, True))
+    finally:
+        container.remove(force=True)
+
+
+def compare_stages(args: argparse.Namespace) -> None:
+    """The stage costs of this checkout and of --compare-with, alternating, twice."""
+    from web.deployments.models import Deployment
+
+    pk = Deployment.objects.create(name="log-bench-stages", spec={}, recipe="bench",
+                                   algorithm="NONE", gpus=[], status="ready").pk
+    for _ in range(2):
+        for label, root in (("before", args.compare_with), ("after", str(ROOT))):
+            done = subprocess.run([sys.executable, __file__, "--stage-costs", root, str(pk)],
+                                  capture_output=True, text=True, check=True)
+            costs = json.loads(done.stdout.strip().splitlines()[-1])
+            print(f"stage CPU per decode line, {label} ({root}):", _fmt(costs), flush=True)
+    _cleanup(pk)
+
+
+# ------------------------------------------------------------------ main
 
 
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--sse-viewer":
+        sse_viewer(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "--docker-watcher":
+        docker_watcher(sys.argv[2], int(sys.argv[3]))
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "--stage-costs":
+        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "web.settings")
+        stage_costs(sys.argv[2], int(sys.argv[3]))
+        return
     from bench import _loadkit
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     _loadkit.add_common_args(parser)
     parser.add_argument("--image", default="appliance-base:bookworm")
-    parser.add_argument("--rate", type=float, default=1000.0)
-    parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--flood", type=int, default=200_000, help="lines printed unpaced")
+    parser.add_argument("--steady-rate", type=float, default=1000.0)
+    parser.add_argument("--steady-seconds", type=float, default=10.0)
+    parser.add_argument("--rate", type=float, default=10000.0, help="sustained decode lines/s")
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--flood", type=int, default=300_000, help="plain lines unpaced")
+    parser.add_argument("--phases", default="before,after,sustained,plain")
+    parser.add_argument("--profile", default="", help="py-spy raw profiles into this folder")
+    parser.add_argument("--compare-with", default="", metavar="CHECKOUT",
+                        help="also print the CPU per stage of another checkout's code beside "
+                             "this one's (e.g. `git archive d964bb5 | tar -x -C /tmp/old`)")
     args = parser.parse_args()
     _loadkit.setup_django(args)
     print("command:", _loadkit.command_line())
+    print("uptime:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
+    if args.compare_with:
+        compare_stages(args)
     _loadkit.bench_user()
+    phases = [phase for phase in args.phases.split(",") if phase]
+    steady_n = int(args.steady_rate * args.steady_seconds)
+    plan = {
+        "before": dict(shape="decode", n=steady_n, rate=args.steady_rate, ready=False),
+        "after": dict(shape="decode", n=steady_n, rate=args.steady_rate, ready=True),
+        "sustained": dict(shape="decode", n=int(args.rate * args.seconds), rate=args.rate,
+                          ready=True),
+        "plain": dict(shape="plain", n=args.flood, rate=0.0, ready=True),
+    }
     with _loadkit.panel(args, Path("/tmp/log-path-panel.log")) as url:
         cookie = _loadkit.login_cookie(url)
-        steady = follow_run(args.image, int(args.rate * args.seconds), args.rate, url, cookie)
-        print(f"steady {args.rate:.0f} lines/s for {args.seconds:.0f} s:", _fmt(steady))
-        flood = follow_run(args.image, args.flood, 0, url, cookie)
-        print(f"flood {args.flood} lines unpaced:", _fmt(flood))
-    ratio = flood["stored_lines_per_s"] / flood["docker_logs_f_lines_per_s"]
-    print(f"sustained store rate / docker logs rate on the same container: {ratio:.2f}")
+        for phase in phases:
+            figures = follow_run(args, **plan[phase], panel_url=url, cookie=cookie,  # type: ignore[arg-type]
+                                 profile=args.profile)
+            pk, batch = figures.pop("_pk"), figures.pop("_batch_events")
+            if phase == "sustained":
+                figures.update(copy_reference(args, pk, batch))
+                figures["stored_events_per_s_over_copy"] = (
+                    figures["stored_events_per_s"] / figures["copy_rows_per_s"])
+            if "docker_logs_f_lines_per_s" in figures:
+                figures["stored_over_docker_logs_f"] = (
+                    figures["stored_lines_per_s"] / figures["docker_logs_f_lines_per_s"])
+            print(f"{phase}:", _fmt(figures), flush=True)
+            _cleanup(pk)
+    print("uptime:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
 
 
-def _fmt(figures: dict[str, float]) -> str:
-    return ", ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}"
+def _fmt(figures: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}"
                      for k, v in figures.items())
 
 
