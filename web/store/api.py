@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, permissions, serializers, status, viewsets
 from rest_framework.decorators import action
@@ -28,21 +29,36 @@ class ModelFileSerializer(serializers.ModelSerializer[ModelFile]):
 class ModelEntrySerializer(serializers.ModelSerializer[ModelEntry]):
     engine_path = serializers.CharField(read_only=True)
     usable = serializers.BooleanField(source="is_usable", read_only=True)
+    rate_bps = serializers.SerializerMethodField()
     seconds_left = serializers.SerializerMethodField()
+    waiting = serializers.SerializerMethodField()
     deployments = serializers.SerializerMethodField()
 
     class Meta:
         model = ModelEntry
         fields = ["id", "root", "relative_path", "engine_path", "source", "repo_id", "revision",
                   "commit", "kind", "state", "usable", "error", "size_bytes", "bytes_done",
-                  "file_count", "rate_bps", "seconds_left", "config", "deployments",
+                  "file_count", "rate_bps", "seconds_left", "waiting", "config", "deployments",
                   "cancel_requested", "created_at", "started_at", "finished_at", "verified_at"]
         read_only_fields = fields
 
+    def get_rate_bps(self, entry: ModelEntry) -> float:
+        """The job's last rate while a job holds the entry; 0 once none does (a dead
+        worker's last figure would read as a download going on)."""
+        live = entry.lease_until is not None and entry.lease_until > timezone.now()
+        return round(entry.rate_bps, 1) if live and entry.is_active else 0.0
+
     def get_seconds_left(self, entry: ModelEntry) -> float | None:
-        if entry.state != ModelState.DOWNLOADING or entry.rate_bps <= 0:
+        rate = self.get_rate_bps(entry)
+        if entry.state != ModelState.DOWNLOADING or rate <= 0:
             return None
-        return round(max(entry.size_bytes - entry.bytes_done, 0) / entry.rate_bps, 1)
+        return round(max(entry.size_bytes - entry.bytes_done, 0) / rate, 1)
+
+    def get_waiting(self, entry: ModelEntry) -> bool:
+        """Active with no job holding it: queued, or its worker died (resumed at the next
+        worker start)."""
+        return entry.is_active and (entry.lease_until is None
+                                    or entry.lease_until <= timezone.now())
 
     def get_deployments(self, entry: ModelEntry) -> list[dict[str, Any]]:
         return [{"id": d.pk, "name": d.name, "status": d.status}

@@ -3,6 +3,8 @@ page, whose progress follows the entry's event stream (web/store/sse.py)."""
 
 from __future__ import annotations
 
+import json
+
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
@@ -58,6 +60,7 @@ def model_detail(request: HttpRequest, pk: int) -> HttpResponse:
     entry = get_object_or_404(ModelEntry, pk=pk)
     return render(request, "store/detail.html", {
         "entry": entry, "files": list(entry.files.all()),
+        "config_json": json.dumps(entry.config, sort_keys=True),
         "deployments": list(selectors.model_entry_deployments(entry=entry)),
         "can_operate": can_deploy(request.user)})
 

@@ -29,9 +29,11 @@
     $("entry-state").className = "status status-" + entry.state;
     $("bytes-done").textContent = size(entry.bytes_done);
     $("bytes-total").textContent = size(entry.size_bytes);
-    $("rate").textContent = entry.rate_bps > 0 ? size(entry.rate_bps) + "/s" : "–";
+    $("rate").textContent = entry.waiting ? "waiting for a worker"
+      : entry.rate_bps > 0 ? size(entry.rate_bps) + "/s" : "–";
     $("eta").textContent = entry.seconds_left != null ? Math.ceil(entry.seconds_left) + " s left" : "–";
     $("entry-error").textContent = entry.error || "";
+    $("config").textContent = JSON.stringify(entry.config);
     $("usable").textContent = entry.usable ? "usable by engines" : "not usable until verified";
     $("bar").max = entry.size_bytes || 1;
     $("bar").value = entry.bytes_done;
@@ -40,7 +42,7 @@
       row.cells[1].textContent = file.size_bytes;
       row.cells[2].textContent = file.bytes_done;
       row.cells[3].textContent = file.state;
-      row.cells[4].textContent = file.sha256_actual || file.sha256_expected || "(size only)";
+      row.cells[4].textContent = file.sha256_actual || file.sha256_expected || "(git blob id)";
     }
     const cancel = $("cancel-form");
     if (cancel && TERMINAL.includes(entry.state)) cancel.remove();
