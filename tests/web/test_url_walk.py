@@ -92,9 +92,10 @@ def _allowed(actor: str, kind: str, method: str, path: str) -> set[int]:
     if actor == "viewer" and kind == "keys":
         return {403, 405}
     if actor == "viewer":
-        # The new form and the Stop and Delete confirm pages are an operator's.
-        action_page = "/new/" in path or (path.startswith("/deployments/")
-                                          and path.endswith(("/stop/", "/delete/")))
+        # The new form, the Stop and Delete confirm pages and the playground (it calls the
+        # gateway, which takes an operator) are an operator's.
+        action_page = "/new/" in path or (path.startswith("/deployments/") and path.endswith(
+            ("/stop/", "/delete/", "/playground/")))
         return {200, 404, 405} if read and not action_page else {403, 405}
     if read:
         return {200, 404, 405}
