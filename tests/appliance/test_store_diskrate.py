@@ -222,3 +222,12 @@ def test_the_predict_command_puts_the_engines_measured_load_beside_it(tmp_path: 
     assert out["measured_gbps"] == round(12 * MIB / 1e9 / 0.26, 3)
     with (log.open(encoding="utf-8", newline="\n")) as handle:
         assert measured_load(handle) == {"weights": 0.26, "draft_weights": 0.02}
+
+
+def test_the_log_reader_finds_the_target_load_of_the_h200_recording() -> None:
+    # 433c58ed7 on the H200, big-kimi (5.86 GB, 9 shards) from a cold cache, as `docker logs
+    # -t` gave it: what `predict --log` puts beside the prediction (the prediction against
+    # it is held in test_load_time_real_engine).
+    log = ROOT / "tests/fixtures/real-engine/433c58ed7/bigload_triton/engine.log"
+    with log.open(encoding="utf-8", newline="\n") as handle:
+        assert measured_load(handle) == {"weights": 5.16}
