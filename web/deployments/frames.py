@@ -2,7 +2,8 @@
 
 A frame is framed once, by the live feed, and its bytes go to every stream. A metric
 point has no id: it is live only (the series table is its record), so a browser's
-Last-Event-ID stays the last event's seq.
+Last-Event-ID stays the last event's seq. A skip frame (no event of the record) tells a
+stream that fell too far behind which seqs it skipped.
 """
 
 from __future__ import annotations
@@ -35,6 +36,15 @@ def entry_frame(seq: int, fields: dict[bytes, bytes]) -> Frame:
     if kind is None:
         return event_frame(json.loads(fields[b"data"]))
     return Frame(seq, b"id: %d\ndata: %s\n\n" % (seq, fields[b"data"]), kind == b"end")
+
+
+def skip_frame(first: int, last: int) -> Frame:
+    """Told to a stream too far behind: it will not get seqs first..last live (the log pane
+    says so and offers the history). Its id is `last`, so a browser that reconnects resumes
+    after them instead of asking for them again."""
+    body = {"seq": last, "kind": "skip",
+            "payload": {"from": first, "to": last, "skipped": last - first + 1}}
+    return Frame(last, sse_frame(body).encode(), False)
 
 
 def point_frame(fields: dict[bytes, bytes]) -> Frame:

@@ -138,6 +138,12 @@ def _last_seq(deployment_id: int) -> int:
     return Deployment.objects.values_list("last_seq", flat=True).get(pk=deployment_id)
 
 
+def event_last_seq(*, deployment_id: int) -> int:
+    """The seq of the deployment's newest event (0 before any; every seq up to it is
+    committed): where a live feed starts."""
+    return _last_seq(deployment_id)
+
+
 def event_log_page(*, deployment_id: int, after: int, limit: int) -> list[Event]:
     """The next `limit` lines after seq `after`, for the whole-log download."""
     rows = Event.objects.filter(deployment_id=deployment_id, seq__gt=after,

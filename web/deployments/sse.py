@@ -1,14 +1,22 @@
 """Server-sent events for one deployment, under ASGI.
 
-A stream replays from the database (the record) after `Last-Event-ID`, then follows
-the deployment's live feed; fills any gap from the database; sends a keep-alive comment
-after SSE_KEEPALIVE_S of quiet; ends after the deployment's terminal event.
+A stream sends the events after `Last-Event-ID` (or ?after=), then the live ones, each
+seq once and in order; a keep-alive comment after SSE_KEEPALIVE_S of quiet; it ends after
+the deployment's terminal event.
 
-The live feed is one Redis reader per deployment and process (an asyncio task), shared
-by all its streams: it frames each event once and hands the bytes to every stream's
-backlog, so a stream's own cost per event is one write. A stream whose backlog passes
-BACKLOG_FRAMES (a slow client) is dropped from the feed and catches up from the database,
-then joins again.
+The live feed is one Redis reader per deployment and process (an asyncio task), shared by
+all its streams. It frames each event once and keeps what it read in a ring of batches
+(RING_FRAMES, RING_BYTES); a stream is only a place in that ring, and a stream that is
+caught up sends each batch as the very bytes object every other stream sends. So a slow
+client costs the others nothing and holds no backlog of its own: while the server waits
+on its socket it holds at most one send (SEND_BYTES, or one batch).
+
+A stream behind the ring (it joined behind, or fell behind) catches up from the record in
+pages that the feed reads once for all such streams, one read at a time; a stream more
+than SKIP_LAG behind the head (a background tab, or a resumption from long ago) is sent a
+`skip` frame naming the seqs it will not get and goes on SKIP_TAIL events before the head.
+No path replays a long record: the page opens at the tail and pages back through the
+history view.
 
 Metric points ride along (frames.py): the feed reads the deployment's points stream in
 the same XREAD and passes them on without an id; they are never replayed.
@@ -20,12 +28,14 @@ worker thread that hands its connection back (to the pool) before returning.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextvars
 import logging
 import weakref
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections import OrderedDict
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from contextlib import aclosing
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 import redis.asyncio as aioredis
@@ -36,7 +46,7 @@ from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.views.decorators.http import require_safe
 
 from . import live, selectors
-from .frames import POINT, Frame, entry_frame, event_frame, point_frame
+from .frames import Frame, entry_frame, event_frame, point_frame, skip_frame
 from .frames import text as _text
 from .models import Deployment
 from .permissions import can_view
@@ -44,10 +54,14 @@ from .prom import SSE_CLIENTS
 
 log = logging.getLogger(__name__)
 
-REPLAY_PAGE = 500
+REPLAY_PAGE = 500  # events per read of the record (a catch-up page)
 FEED_COUNT = 500  # entries per XREAD
-BACKLOG_FRAMES = 2000  # a stream further behind than this catches up from the database
-RECENT_FRAMES = 500  # what a feed keeps for streams that join it a little behind
+RING_FRAMES = 10_000  # what a feed keeps for its streams (5 s of a busy engine's 2,000/s)...
+RING_BYTES = 8 * 2**20  # ... and at most this much of it
+CATCHUP_PAGES = 16  # catch-up pages a feed keeps for the streams behind its ring
+SKIP_LAG = 20_000  # a stream further behind the head than this skips ahead...
+SKIP_TAIL = 500  # ... to this many events before the head (the page's tail is as long)
+SEND_BYTES = 2**16  # what a stream hands the server at once, at most (but one whole batch)
 REDIS_RETRY_S = 1.0  # while Redis fails, a feed polls the database this often
 KEEPALIVE = b": keep-alive\n\n"
 
@@ -104,19 +118,32 @@ def _release_connection() -> None:
     connection.close()
 
 
-def _db_frames(pk: int, after: int, upto: int | None) -> list[Frame]:
-    """One page of the record after `after` (up to `upto`), framed; on a worker thread."""
+def _db_frames(pk: int, after: int, upto: int) -> list[Frame]:
+    """The record's events in (after, upto], at most a page of them, framed; on a worker
+    thread, its connection back in the pool before it returns."""
     try:
         events = selectors.events_after(deployment_id=pk, after_seq=after, limit=REPLAY_PAGE)
     finally:
         connection.close()
-    return [event_frame(e.to_wire()) for e in events if upto is None or e.seq <= upto]
+    return [event_frame(e.to_wire()) for e in events if e.seq <= upto]
 
 
-async def _from_db(pk: int, after: int, upto: int | None = None) -> list[Frame]:
+async def _from_db(pk: int, after: int, upto: int) -> list[Frame]:
     # Off the request's thread: the default executor's few threads also cap how many
-    # streams read the database at once.
+    # feeds read the database at once.
     return await sync_to_async(_db_frames, thread_sensitive=False)(pk, after, upto)
+
+
+def _db_head(pk: int) -> int:
+    try:
+        return selectors.event_last_seq(deployment_id=pk)
+    finally:
+        connection.close()
+
+
+async def _head(pk: int) -> int:
+    """The deployment's last seq in the record: everything up to it is committed."""
+    return await sync_to_async(_db_head, thread_sensitive=False)(pk)
 
 
 # ---------------------------------------------------------------- one stream
@@ -130,38 +157,19 @@ class _Stream:
         self.last = last
         self.ended = False
 
-    async def replay(self, upto: int | None = None) -> AsyncIterator[list[bytes]]:
-        """The record after `last` (up to `upto`), a page at a time."""
-        while not self.ended:
-            frames = await _from_db(self.pk, self.last, upto)
-            yield self.take(frames)
-            if len(frames) < REPLAY_PAGE:
-                return
-
-    def take(self, frames: list[Frame]) -> list[bytes]:
-        """Those of frames that come next, in order (the caller saw to any gap)."""
+    def take(self, frames: Iterable[Frame], upto: int) -> list[bytes]:
+        """The frames after `last`, up to the end; then `last` is upto (the caller knows
+        nothing else lies in between: seqs the retention removed)."""
         out = []
         for frame in frames:
-            if self.ended or frame.seq <= self.last:
+            if frame.seq <= self.last:
                 continue
             out.append(frame.data)
-            self.last = frame.seq
-            self.ended = frame.end
-        return out
-
-    async def deliver(self, frames: list[Frame]) -> list[bytes]:
-        """Frames from the feed; a gap before one (a stream that joined behind the feed,
-        an entry that lost a race) is filled from the record first."""
-        out: list[bytes] = []
-        for frame in frames:
-            if frame.seq == POINT:
-                if not self.ended:
-                    out.append(frame.data)
-                continue
-            if not self.ended and frame.seq > self.last + 1:
-                async for page in self.replay(upto=frame.seq - 1):
-                    out.extend(page)
-            out.extend(self.take([frame]))
+            if frame.end:
+                self.ended = True
+                self.last = frame.seq
+                return out
+        self.last = max(self.last, upto)
         return out
 
 
@@ -172,16 +180,11 @@ async def _events(pk: int, last: int) -> AsyncIterator[bytes]:
     SSE_CLIENTS.inc()
     try:
         while not stream.ended:
-            async for page in stream.replay():
-                if page:
-                    yield b"".join(page)
-            if stream.ended:
-                return
             before = stream.last
-            async with aclosing(_follow(stream)) as live_frames:
-                async for data in live_frames:
+            async with aclosing(_follow(stream)) as chunks:
+                async for data in chunks:
                     yield data
-            if stream.last == before:
+            if stream.last == before and not stream.ended:
                 await asyncio.sleep(REDIS_RETRY_S)  # a failing feed is not retried in a spin
     except Exception:
         # Ending the body cleanly lets the browser reconnect (Last-Event-ID) as after any
@@ -192,64 +195,66 @@ async def _events(pk: int, last: int) -> AsyncIterator[bytes]:
 
 
 async def _follow(stream: _Stream) -> AsyncGenerator[bytes, None]:
-    """Frames from the live feed until the end, or until the feed drops this stream."""
-    viewer = _feed_for(stream.pk, stream.last).attach(stream.last)
+    """What the feed has for this stream, as it comes, until the end (or the feed's)."""
+    feed = _feed_for(stream.pk)
+    viewer = feed.attach()
     try:
-        while not stream.ended:
-            frames = await viewer.next_frames(max(1, settings.SSE_KEEPALIVE_S))
-            if frames is None:
-                return  # dropped: catch up from the record, then join again
-            data = await stream.deliver(frames) if frames else [KEEPALIVE]
+        await asyncio.shield(feed.ready)
+        while not stream.ended and not feed.closed:
+            data = await feed.chunk_for(stream, viewer)
             if data:
-                yield b"".join(data)
+                yield data
+            elif not await viewer.wait(max(1, settings.SSE_KEEPALIVE_S)):
+                yield KEEPALIVE
     finally:
-        viewer.detach()
+        feed.detach(viewer)
 
 
 # ------------------------------------------------------------- the live feed
 
 
 class _Viewer:
-    """A stream's place in a feed: the frames it has yet to send, and a way to wake it."""
+    """A stream's place in its feed's ring (the next batch to look at) and a way to wake
+    it; nothing else per stream: the frames live once, in the feed."""
 
-    def __init__(self, feed: _Feed, frames: list[Frame]) -> None:
-        self.feed = feed
-        self.backlog = frames
-        self.dropped = False
+    def __init__(self) -> None:
+        self.next_batch = 0
+        self.at = -1  # the stream's seq when next_batch was set: else it is looked up
         self.waiter: asyncio.Future[None] | None = None
-
-    def push(self, frames: list[Frame]) -> None:
-        if len(self.backlog) + len(frames) > BACKLOG_FRAMES:
-            self.drop()
-            return
-        self.backlog.extend(frames)
-        self.wake()
-
-    def drop(self) -> None:
-        self.dropped = True
-        self.feed.viewers.discard(self)
-        self.wake()
 
     def wake(self) -> None:
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_result(None)
 
-    async def next_frames(self, keepalive_s: float) -> list[Frame] | None:
-        """The frames so far; [] after keepalive_s with none; None once dropped."""
-        if not self.backlog and not self.dropped:
-            self.waiter = asyncio.get_running_loop().create_future()
-            try:
-                async with asyncio.timeout(keepalive_s):
-                    await self.waiter
-            except TimeoutError:
-                return []
-            finally:
-                self.waiter = None
-        frames, self.backlog = self.backlog, []
-        return frames if frames or not self.dropped else None
+    async def wait(self, keepalive_s: float) -> bool:
+        """Until the feed has more (True) or keepalive_s of quiet (False)."""
+        self.waiter = asyncio.get_running_loop().create_future()
+        try:
+            async with asyncio.timeout(keepalive_s):
+                await self.waiter
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            self.waiter = None
 
-    def detach(self) -> None:
-        self.feed.detach(self)
+
+class _Batch(NamedTuple):
+    """What one read of the live channel brought, framed and joined once for every stream:
+    the events after seq `after` up to `last` (contiguous with the batch before)."""
+
+    after: int
+    last: int
+    frames: tuple[Frame, ...]
+    data: bytes
+    end: bool
+
+
+class _Page(NamedTuple):
+    """A catch-up read: the record's events in (k * REPLAY_PAGE, upto], framed once."""
+
+    upto: int
+    frames: tuple[Frame, ...]
 
 
 # The feeds of the running event loop (uvicorn runs one per process), by deployment.
@@ -257,31 +262,45 @@ _feeds: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, _Feed]] =
     weakref.WeakKeyDictionary())
 
 
-def _feed_for(pk: int, last: int) -> _Feed:
+def _feed_for(pk: int) -> _Feed:
     feeds = _feeds.setdefault(asyncio.get_running_loop(), {})
     feed = feeds.get(pk)
     if feed is None:
-        feed = feeds[pk] = _Feed(pk, last, feeds)
+        feed = feeds[pk] = _Feed(pk, feeds)
     return feed
 
 
 class _Feed:
-    """Reads one deployment's Redis stream for every stream of it in this process."""
+    """Reads one deployment's Redis stream for every stream of it in this process, and
+    keeps what it read in a ring that all of them send from.
 
-    def __init__(self, pk: int, last: int, feeds: dict[int, _Feed]) -> None:
+    A stream behind the ring catches up from the record in pages that the feed reads once
+    for all of them (one read at a time); a stream more than SKIP_LAG behind the head is
+    told which seqs it skipped and goes on near the head."""
+
+    def __init__(self, pk: int, feeds: dict[int, _Feed]) -> None:
         self.pk = pk
-        self.last = last
         self.feeds = feeds
         self.viewers: set[_Viewer] = set()
-        self.recent: list[Frame] = []
+        self.ring: list[_Batch] = []
+        self.first_batch = 0  # the number of ring[0]; batches are numbered as they come
+        self.ring_frames = self.ring_bytes = 0
+        self.floor = 0  # the ring holds the events after this seq
+        self.head = 0  # ... up to this one
+        self.batch_after = 0  # where the batch being read begins
+        self.pages: OrderedDict[int, asyncio.Task[_Page]] = OrderedDict()
+        self.reading = asyncio.Lock()  # one catch-up read at a time
+        self.closed = False
         self.point_id = "$"  # the last metric point read; set from the stream at start
         self.checked_at = asyncio.get_running_loop().time()  # the record, while points flow
+        self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         # A context of its own: the feed outlives the request that started it.
         self.task = asyncio.create_task(self._run(), context=contextvars.Context())
 
-    def attach(self, last: int) -> _Viewer:
-        """A new viewer, handed the recent frames after `last` it can use."""
-        viewer = _Viewer(self, [f for f in self.recent if f.seq > last])
+    # ------------------------------------------------------------ streams' side
+
+    def attach(self) -> _Viewer:
+        viewer = _Viewer()
         self.viewers.add(viewer)
         return viewer
 
@@ -290,33 +309,111 @@ class _Feed:
         if not self.viewers:
             self._close()
 
+    async def chunk_for(self, stream: _Stream, viewer: _Viewer) -> bytes:
+        """The next bytes for a stream (b"" when it has all there is): a skip frame, a
+        catch-up from the record, or the ring's batches after its place."""
+        if self.head - stream.last > SKIP_LAG:
+            return self._skip(stream)
+        if stream.last < self.floor:
+            return await self._catch_up(stream)
+        return self._from_ring(stream, viewer)
+
+    def _skip(self, stream: _Stream) -> bytes:
+        target = self.head - SKIP_TAIL
+        frame = skip_frame(stream.last + 1, target)
+        log.info("event stream of deployment %s skipped seqs %d-%d (too far behind)",
+                 self.pk, stream.last + 1, target)
+        stream.last = target
+        return frame.data
+
+    async def _catch_up(self, stream: _Stream) -> bytes:
+        """Pages of the record up to the ring, a send's worth."""
+        parts: list[bytes] = []
+        size = 0
+        while stream.last < self.floor and size < SEND_BYTES and not stream.ended:
+            page = await self.page(stream.last // REPLAY_PAGE, after=stream.last)
+            taken = stream.take(page.frames, upto=min(page.upto, self.floor))
+            parts.extend(taken)
+            size += sum(len(p) for p in taken)
+        return b"".join(parts)
+
+    async def page(self, k: int, *, after: int) -> _Page:
+        """Page k of the record, read once for every stream that needs it; again only when
+        the copy held ends at or before `after` (it was read while the head was there)."""
+        while True:
+            task = self.pages.get(k)
+            if task is None or (task.done() and (task.cancelled() or task.exception()
+                                                 or task.result().upto <= after)):
+                task = self.pages[k] = asyncio.create_task(self._read_page(k))
+                while len(self.pages) > CATCHUP_PAGES:
+                    self.pages.popitem(last=False)
+            self.pages.move_to_end(k)
+            page = await asyncio.shield(task)
+            if page.upto > after:
+                return page
+
+    async def _read_page(self, k: int) -> _Page:
+        async with self.reading:
+            upto = min((k + 1) * REPLAY_PAGE, self.head)
+            frames = await _from_db(self.pk, k * REPLAY_PAGE, upto)
+        return _Page(upto, tuple(frames))
+
+    def _from_ring(self, stream: _Stream, viewer: _Viewer) -> bytes:
+        """The ring's batches after the viewer's place, a send's worth; a batch the stream
+        wants whole goes out as the very bytes object every other stream sends."""
+        parts: list[bytes] = []
+        size = 0
+        i = viewer.next_batch - self.first_batch
+        if viewer.at != stream.last or not 0 <= i <= len(self.ring):
+            i = bisect.bisect_right(self.ring, stream.last, key=lambda b: b.last)
+        while i < len(self.ring) and size < SEND_BYTES and not stream.ended:
+            batch = self.ring[i]
+            i += 1
+            if batch.after == stream.last and not batch.end:
+                parts.append(batch.data)
+                stream.last = batch.last
+            else:  # joined mid-batch, or the end is in it: frame by frame
+                parts.append(b"".join(stream.take(batch.frames, upto=batch.last)))
+            size += len(parts[-1])
+        viewer.next_batch, viewer.at = self.first_batch + i, stream.last
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
     def _close(self) -> None:
         if self.feeds.get(self.pk) is self:
             del self.feeds[self.pk]
+        self.closed = True
         self.task.cancel()
+        for task in self.pages.values():
+            task.cancel()
+
+    # ------------------------------------------------------------- the reader
 
     async def _run(self) -> None:
         client = live.blocking_reader(settings.SSE_KEEPALIVE_S)
         try:
+            # The ring starts at the record's head: a stream behind it catches up from
+            # the record (or skips), never the feed itself.
+            self.head = self.floor = await _head(self.pk)
+            self.ready.set_result(None)
             await self._start_points(client)
-            ended = False
-            while not ended:
-                frames = await self._next(client)
-                ended = any(f.end for f in frames)
-                self._fan_out(frames)
-        except Exception:
+            while True:
+                self.batch_after = self.head
+                self._fan_out(await self._next(client))
+        except Exception as exc:
             log.exception("live feed of deployment %s failed", self.pk)
+            if not self.ready.done():
+                self.ready.set_exception(exc)
         finally:
             self._retire()
             await client.aclose()
 
     def _retire(self) -> None:
-        """After the end (or a failure): streams still attached send their backlog, then
-        go on from the record (and a new feed, if the end was not among it)."""
+        """After a failure: streams still attached leave it, and go on with a new feed."""
         if self.feeds.get(self.pk) is self:
             del self.feeds[self.pk]
+        self.closed = True
         for viewer in list(self.viewers):
-            viewer.drop()
+            viewer.wake()
 
     async def _start_points(self, client: aioredis.Redis) -> None:
         """Points from now on (the page loads earlier ones from the REST API)."""
@@ -331,7 +428,7 @@ class _Feed:
         points (a stream of their own, read in the same call) go along as they come."""
         try:
             reply: Any = await client.xread(
-                {live.stream_key(self.pk): f"0-{self.last}",
+                {live.stream_key(self.pk): f"0-{self.head}",
                  live.points_key(self.pk): self.point_id},
                 block=max(1, settings.SSE_KEEPALIVE_S) * 1000, count=FEED_COUNT)
         except redis.RedisError as exc:
@@ -348,11 +445,11 @@ class _Feed:
             return frames + await self._record()
         for entry_id, fields in events[0]:
             seq = live.seq_of(entry_id)
-            if seq > self.last + 1:  # the stream was trimmed or an entry lost a race
+            if seq > self.head + 1:  # the stream was trimmed or an entry lost a race
                 frames.extend(await self._record(upto=seq - 1))
-            if seq > self.last:
+            if seq > self.head:
                 frames.append(entry_frame(seq, fields))
-                self.last = seq
+                self.head = seq
         return frames
 
     def _record_due(self) -> bool:
@@ -367,18 +464,48 @@ class _Feed:
         return [point_frame(fields) for _, fields in entries]
 
     async def _record(self, upto: int | None = None) -> list[Frame]:
+        """The record after the head (up to `upto`, else its own head): the events the
+        live channel missed. Of a gap longer than the ring, only its last RING_FRAMES:
+        the ring starts again there, and streams before it catch up or skip."""
+        if upto is None:
+            upto = await _head(self.pk)
+        if upto - self.head > RING_FRAMES:
+            self._restart_ring(upto - RING_FRAMES)
         frames: list[Frame] = []
-        while True:
-            page = await _from_db(self.pk, self.last, upto)
+        while self.head < upto:
+            page = await _from_db(self.pk, self.head, upto)
             frames.extend(page)
-            if page:
-                self.last = page[-1].seq
-            if len(page) < REPLAY_PAGE:
-                return frames
+            # Past seqs the record no longer has (retention), or a page short of upto.
+            self.head = page[-1].seq if len(page) == REPLAY_PAGE else upto
+        return frames
+
+    def _restart_ring(self, at: int) -> None:
+        self.first_batch += len(self.ring)
+        self.ring.clear()
+        self.ring_frames = self.ring_bytes = 0
+        self.floor = self.head = self.batch_after = at
 
     def _fan_out(self, frames: list[Frame]) -> None:
         if not frames:
             return
-        self.recent = (self.recent + [f for f in frames if f.seq != POINT])[-RECENT_FRAMES:]
-        for viewer in list(self.viewers):
-            viewer.push(frames)
+        data = b"".join(f.data for f in frames)
+        self.ring.append(_Batch(self.batch_after, self.head, tuple(frames), data,
+                                any(f.end for f in frames)))
+        self.ring_frames += len(frames)
+        self.ring_bytes += len(data)
+        self._trim()
+        for viewer in self.viewers:
+            viewer.wake()
+
+    def _trim(self) -> None:
+        drop = 0
+        while len(self.ring) - drop > 1 and (self.ring_frames > RING_FRAMES
+                                             or self.ring_bytes > RING_BYTES):
+            batch = self.ring[drop]
+            self.ring_frames -= len(batch.frames)
+            self.ring_bytes -= len(batch.data)
+            self.floor = batch.last
+            drop += 1
+        if drop:
+            del self.ring[:drop]
+            self.first_batch += drop

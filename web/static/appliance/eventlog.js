@@ -59,6 +59,8 @@
       case "status": return ["── " + (p.message || ""), "marker"];
       case "diagnosis": return ["── diagnosis " + (p.cause || "") + ": " + (p.summary || ""), "marker"];
       case "alert": return ["── alert " + p.id + " " + p.state + ": " + (p.summary || ""), "marker"];
+      // The stream fell too far behind (a background tab) and went on near the head.
+      case "skip": return ["── skipped " + p.skipped + " lines, from seq " + p.from + " to " + p.to + "; ", "marker skip"];
       default: return null;
     }
   }
@@ -76,10 +78,22 @@
       const span = document.createElement("span");
       span.className = line[1] ? "line " + line[1] : "line";
       span.dataset.seq = event.seq;
-      span.textContent = line[0] + "\n";
+      span.textContent = line[0];
+      if (event.kind === "skip") span.appendChild(reloadLink());
+      span.appendChild(document.createTextNode("\n"));
       fragment.appendChild(span);
     });
     return fragment;
+  }
+
+  // A skip line's way to the lines it skipped: the newest page, from the history view.
+  function reloadLink() {
+    const link = document.createElement("a");
+    link.href = "#";
+    link.className = "reload-history";
+    link.textContent = "reload history";
+    link.addEventListener("click", function (e) { e.preventDefault(); loadLatest(); });
+    return link;
   }
 
   // ------------------------------------------------------------ the pane's ends
@@ -223,7 +237,7 @@
     }
     state.newestSeq = event.seq;
     const line = lineOf(event);
-    if (line === null || !matches(event, line)) return;
+    if (line === null || (event.kind !== "skip" && !matches(event, line))) return;
     state.pane.appendChild(fragmentOf([event]));
     trimTop();
     if (state.autoscroll.checked) state.pane.scrollTop = state.pane.scrollHeight;
