@@ -208,7 +208,7 @@ def _wait_healthy(url: str, proc: subprocess.Popen[bytes], log_path: Path) -> No
         try:
             if requests.get(f"{url}/healthz", timeout=1).status_code == 200:
                 return
-        except requests.ConnectionError:
+        except (requests.ConnectionError, requests.Timeout):  # a first answer slow under load
             time.sleep(0.2)
     raise SystemExit(f"the panel did not start: {log_path.read_text()[-2000:]}")
 

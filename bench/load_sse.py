@@ -3,7 +3,8 @@ production-like panel.
 
     python bench/load_sse.py --database-url postgres://USER@HOST:PORT/DB \\
         --redis-url redis://HOST:PORT/N [--viewers 200] [--rate 50] [--batch 1] \\
-        [--seconds 20] [--quiet 0] [--leave drop|end] [--rounds 1]
+        [--seconds 20] [--quiet 0] [--leave drop|end] [--rounds 1] [--decode] \\
+        [--slow 0] [--profile DIR]
 
 The viewers log in once (a session cookie) and open the event stream of a fresh
 deployment from its current end (Last-Event-ID), as browsers do. They may first be held
@@ -14,28 +15,43 @@ retry delay with Last-Event-ID, as EventSource does. With --leave drop the viewe
 their connections once they have the last event (tabs closed); with --leave end the
 deployment's end event closes the streams.
 
+With --decode each of the --rate lines/s is an SGLang `Decode batch` line stored as the
+agent stores it: a log event and the metric the product's parser makes of it (two events).
+--slow adds viewers that read nothing (a background tab on a slow link: a small receive
+window) until the appends are over, then read on: they must be told where they skipped to
+(a `skip` frame) and cost the others nothing.
+
 Prints: viewers connected, streams cut off, reconnects, keep-alives, delivery latency
 p50/p99/max from the append call to receipt (the target is p99 <= 250 ms), lost events
 (never received, by viewers that gave up too), duplicated and reordered ones (the target
 is 0), and the panel's PostgreSQL sessions before, at peak, and after the viewers left
 (--rounds repeats the viewers' visit: the count must not grow from round to round).
+Beside them, measured in the same run: the live channel itself (a Redis reader in this
+process, the same events appended to receipt: the floor under any delivery latency) and
+the panel's memory (RSS of its process tree) before the viewers came, at peak, after.
+--profile DIR records the panel with py-spy (on PATH, or $PY_SPY) into DIR/panel.svg.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
+import os
+import re
+import shutil
+import socket
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import _loadkit as kit
 
 RETRY_S = 2.0  # the stream's `retry:`, which EventSource waits before reconnecting
+PROFILE_RATE = 50  # py-spy samples/s
 
 
 @dataclass
@@ -49,6 +65,10 @@ class Viewer:
     failed: str = ""  # an error status, on which EventSource gives up
     connected: bool = False
     done: bool = False
+    slow: bool = False  # reads nothing until the appends are over (a background tab)
+    skips: list[tuple[int, int]] = field(default_factory=list)  # ranges it was told of
+    raw: list[tuple[float, list[bytes], list[bytes]]] = field(default_factory=list)
+    chunks: int = 0  # the chunks (the panel's sends) that carried events
 
 
 @dataclass
@@ -59,13 +79,14 @@ class Plan:
     leave: str
     last_seq: int = 0  # the seq of the last bench event, once it is appended
     deadline: float = 0.0
+    appended: asyncio.Event = field(default_factory=asyncio.Event)  # slow viewers read on
 
 
 async def watch(plan: Plan, viewer: Viewer, ready: asyncio.Event) -> None:
     """Follow the stream like an EventSource until the last event (or the end)."""
     last = viewer.start_seq
     while not viewer.done and time.monotonic() < plan.deadline:
-        http = kit.Http(plan.url)
+        http = SlowHttp(plan.url) if viewer.slow else kit.Http(plan.url)
         try:
             last = await _stream(plan, viewer, http, last, ready)
         except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
@@ -80,6 +101,18 @@ async def watch(plan: Plan, viewer: Viewer, ready: asyncio.Event) -> None:
             await asyncio.sleep(RETRY_S)
 
 
+class SlowHttp(kit.Http):
+    """A connection with a small receive window, as a background tab on a slow link has:
+    the panel's writes to it block soon after it stops reading."""
+
+    async def open(self) -> None:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8192)
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, (self.host, self.port))
+        self.reader, self.writer = await asyncio.open_connection(sock=sock, limit=2**16)
+
+
 async def _stream(plan: Plan, viewer: Viewer, http: kit.Http, last: int,
                   ready: asyncio.Event) -> int:
     headers = {"Cookie": plan.cookie, "Accept": "text/event-stream", "Last-Event-ID": str(last)}
@@ -90,56 +123,101 @@ async def _stream(plan: Plan, viewer: Viewer, http: kit.Http, last: int,
     if not viewer.connected:
         viewer.connected = True
         ready.set()
+    if viewer.slow:
+        await plan.appended.wait()
     buffer = b""
     async for chunk in http.chunks():
         received = time.time()
-        buffer += chunk
-        *frames, buffer = buffer.split(b"\n\n")
-        for frame in frames:
-            last = _frame(plan, viewer, frame, received, last)
-            if viewer.done:
-                return last
+        data = buffer + chunk if buffer else chunk
+        cut = data.rfind(b"\n\n") + 2  # the panel sends whole frames: mostly all of it
+        if cut >= 2:
+            last = _frames(plan, viewer, data[:cut], received, last)
+        buffer = data[cut:]
+        if viewer.done:
+            return last
     return last
 
 
-def _frame(plan: Plan, viewer: Viewer, frame: bytes, received: float, last: int) -> int:
-    if frame.startswith(b":"):
-        viewer.keepalives += 1
+ID = re.compile(rb"id: (\d+)\n")  # JSON has no raw newline: only an id line ends so
+SENT = re.compile(rb'"bench_t":([0-9.e+-]+)')
+SKIP = re.compile(rb'id: \d+\ndata: {[^\n]*"kind":"skip"[^\n]*"from":(\d+),"to":(\d+)[^\n]*\n\n')
+KEEPALIVE = b": keep-alive"
+
+
+def _frames(plan: Plan, viewer: Viewer, text: bytes, received: float, last: int) -> int:
+    """A chunk's whole frames, read by regular expression: 200 viewers x 2,000 events/s
+    parsed as JSON would cost this client more than the panel. The panel sends a
+    keep-alive and a skip frame as chunks of their own."""
+    if text.startswith(KEEPALIVE):
+        viewer.keepalives += text.count(KEEPALIVE)
         return last
-    data = next((line[6:] for line in frame.split(b"\n") if line.startswith(b"data: ")), None)
-    if data is None:
+    skip = SKIP.match(text)
+    if skip:
+        viewer.skips.append((int(skip[1]), int(skip[2])))
+        last = int(skip[2])
+        text = text[skip.end():]
+    ids = ID.findall(text)
+    if not ids:
         return last
-    event = json.loads(data)
-    viewer.seqs.append(event["seq"])
-    sent = event["payload"].get("bench_t")
-    if sent is not None:
-        viewer.latencies.append(received - sent)
-    if event["kind"] == "end" or (plan.leave == "drop" and event["payload"].get("last")):
+    # Kept raw, turned into numbers after the run: the client's own work while the events
+    # flow is a few C calls a chunk, so its lag is not what the figures measure.
+    viewer.raw.append((received, ids, SENT.findall(text)))
+    tail = text[-4096:]  # the last event and the end come last in their chunk
+    if b'"kind":"end"' in tail or (plan.leave == "drop" and b'"last":true' in tail):
         viewer.done = True
-    return int(event["seq"])
+    return int(ids[-1])
+
+
+def settle_figures(viewer: Viewer) -> None:
+    """The raw ids and send times of a viewer's chunks as seqs and latencies."""
+    viewer.chunks += len(viewer.raw)
+    for received, ids, sent in viewer.raw:
+        viewer.seqs.extend(map(int, ids))
+        viewer.latencies.extend(received - float(t) for t in sent)
+    viewer.raw.clear()
 
 
 # ------------------------------------------------------------------ appender
 
 
-def append_events(pk: int, rate: float, batch: int, count: int) -> None:
-    """Append `count` events at `rate`/s, `batch` per call; the last one says so."""
+DECODE_LINE = ("[{t}] Decode batch, #running-req: 32, #token: {n}, token usage: 0.41, "
+               "accept len: 5.12, accept rate: 0.62, cuda graph: True, "
+               "gen throughput (token/s): 2841.07, #queue-req: 0")
+
+
+def append_events(pk: int, rate: float, batch: int, count: int, decode: bool) -> None:
+    """Append `count` lines at `rate`/s, `batch` per call; the last one says so."""
     from django.db import connection
 
+    from appliance.logs.parser import LogParser
     from web.deployments import services
 
     interval = batch / rate
+    parser = LogParser()
     started = time.monotonic()
     sent = 0
     while sent < count:
         time.sleep(max(0.0, started + (sent / batch) * interval - time.monotonic()))
         size = min(batch, count - sent)
         now = time.time()
-        events = [("log", {"text": f"bench line {sent + i}", "bench_t": now,
-                           "last": sent + i == count - 1}) for i in range(size)]
+        events: list[tuple[str, dict[str, object]]] = []
+        for i in range(sent, sent + size):
+            events.extend(_line_events(parser, i, now, last=i == count - 1, decode=decode))
         services.events_append(deployment_id=pk, events=events)
         sent += size
     connection.close()
+
+
+def _line_events(parser: object, i: int, now: float, *, last: bool,
+                 decode: bool) -> list[tuple[str, dict[str, object]]]:
+    """A plain line (one event), or a decode line as the agent stores it: the log event,
+    then the metric the product's parser makes of it."""
+    if not decode:
+        return [("log", {"text": f"bench line {i}", "bench_t": now, "last": last})]
+    text = DECODE_LINE.format(t=time.strftime("%Y-%m-%d %H:%M:%S"), n=1000 + i % 5000)
+    parsed = parser.feed(text)  # type: ignore[attr-defined]
+    return [("log", {"stream": "stdout", "text": text, "bench_t": now, "last": last}),
+            *(("metric", e.to_dict()) for e in parsed)]
 
 
 def run_appender(args: argparse.Namespace, pk: int, count: int) -> subprocess.Popen[bytes]:
@@ -147,7 +225,7 @@ def run_appender(args: argparse.Namespace, pk: int, count: int) -> subprocess.Po
     return subprocess.Popen([
         sys.executable, __file__, "--database-url", args.database_url,
         "--redis-url", args.redis_url, "--append-to", str(pk), "--rate", str(args.rate),
-        "--batch", str(args.batch), "--count", str(count)])
+        "--batch", str(args.batch), "--count", str(count), *(["--decode"] * args.decode)])
 
 
 def last_bench_seq(pk: int) -> int:
@@ -167,34 +245,208 @@ class Round:
     peak: dict[str, int]
     after: dict[str, int]
     appender_rc: int
+    reference: Reference
 
 
-async def scenario(args: argparse.Namespace, plan: Plan, pk: int,
-                   pg: kit.PgConnections) -> tuple[list[Viewer], dict[str, int], int]:
+async def scenario(args: argparse.Namespace, plan: Plan, pk: int, pg: kit.PgConnections,
+                   clients: Clients) -> tuple[list[Viewer], dict[str, int], int, Reference]:
     from asgiref.sync import sync_to_async
 
-    start = await sync_to_async(current_seq)(pk)
-    viewers = [Viewer(start_seq=start) for _ in range(args.viewers)]
-    plan.deadline = time.monotonic() + args.quiet + args.seconds + 120
-    ready = [asyncio.Event() for _ in viewers]
-    tasks = [asyncio.create_task(watch(plan, v, r)) for v, r in zip(viewers, ready, strict=True)]
-    await asyncio.wait([asyncio.create_task(r.wait()) for r in ready], timeout=60)
-    connected = sum(v.connected for v in viewers)
-    print(f"connected {connected}/{len(viewers)}; quiet {args.quiet:g} s", flush=True)
+    reference = Reference(rss_before=clients.rss_before)
+    connected = await asyncio.to_thread(clients.connected)
+    print(f"connected {connected}/{clients.total}; quiet {args.quiet:g} s", flush=True)
     peak = await asyncio.to_thread(pg.count)
+    reference.rss_connected = panel_rss()
     await asyncio.sleep(args.quiet)
     count = max(1, int(args.rate * args.seconds))
+    channel = asyncio.create_task(read_channel(args, pk, clients.start, plan, reference))
+    profiler = start_profiler(args)
     appender = run_appender(args, pk, count)
     while appender.poll() is None:
         peak = max(peak, await asyncio.to_thread(pg.count), key=lambda c: c["total"])
+        reference.rss_peak = max(reference.rss_peak, panel_rss())
         await asyncio.sleep(0.25)
     plan.last_seq = await sync_to_async(last_bench_seq)(pk)
+    clients.appended.set()
     if args.leave == "end":
         await sync_to_async(append_end)(pk)
+    results = asyncio.create_task(asyncio.to_thread(clients.results, plan.deadline))
+    while not results.done():
+        reference.rss_peak = max(reference.rss_peak, panel_rss())
+        await asyncio.wait([results], timeout=0.25)
+    stop_profiler(profiler, args)
+    channel.cancel()
+    return results.result(), peak, appender.returncode, reference
+
+
+class Clients:
+    """The viewers, spread over --clients processes (forked before any event loop), so
+    that the client's own parsing is not what the figures measure."""
+
+    def __init__(self, plan: Plan, viewers: list[Viewer], n: int) -> None:
+        import multiprocessing
+
+        from django.db import connection
+
+        connection.close()  # the children use no database
+        ctx = multiprocessing.get_context("fork")
+        self.total = len(viewers)
+        self.start = viewers[0].start_seq if viewers else 0
+        self.rss_before = panel_rss()
+        self.appended = ctx.Event()
+        self.out: Any = ctx.Queue()
+        self.procs = [ctx.Process(target=client_main, daemon=True,
+                                  args=(plan, viewers[i::n], self.appended, self.out))
+                      for i in range(n)]
+        for proc in self.procs:
+            proc.start()
+
+    def connected(self) -> int:
+        return sum(self._get("connected", 90) for _ in self.procs)
+
+    def results(self, deadline: float) -> list[Viewer]:
+        viewers: list[Viewer] = []
+        for _ in self.procs:
+            viewers.extend(self._get("done", max(5.0, deadline - time.monotonic() + 60)))
+        for proc in self.procs:
+            proc.join(timeout=10)
+        return viewers
+
+    def _get(self, kind: str, timeout: float) -> Any:
+        got, value = self.out.get(timeout=timeout)
+        assert got == kind, (got, kind)
+        return value
+
+
+def client_main(plan: Plan, viewers: list[Viewer], appended: Any, out: Any) -> None:
+    asyncio.run(_client(plan, viewers, appended, out))
+    for viewer in viewers:
+        settle_figures(viewer)
+    out.put(("done", viewers))
+
+
+async def _client(plan: Plan, viewers: list[Viewer], appended: Any, out: Any) -> None:
+    ready = [asyncio.Event() for _ in viewers]
+    tasks = [asyncio.create_task(watch(plan, v, r)) for v, r in zip(viewers, ready, strict=True)]
+    await asyncio.wait([asyncio.create_task(r.wait()) for r in ready], timeout=60)
+    out.put(("connected", sum(v.connected for v in viewers)))
+    await asyncio.to_thread(appended.wait, max(1.0, plan.deadline - time.monotonic()))
+    plan.appended.set()
     await asyncio.wait(tasks, timeout=max(1.0, plan.deadline - time.monotonic()))
     for task in tasks:
         task.cancel()
-    return viewers, peak, appender.returncode
+
+
+@dataclass
+class Reference:
+    """What the same run measures beside the viewers."""
+    rss_before: int = 0  # the panel's memory (kB) before the viewers came
+    rss_connected: int = 0
+    rss_peak: int = 0
+    rss_after: int = 0
+    channel: list[float] = field(default_factory=list)  # append -> a direct Redis read
+
+
+async def read_channel(args: argparse.Namespace, pk: int, start: int, plan: Plan,
+                       reference: Reference) -> None:
+    """The live channel itself: the deployment's Redis stream read by this process."""
+    import redis.asyncio as aioredis
+
+    from web.deployments import live
+
+    client = aioredis.Redis.from_url(args.redis_url)
+    last = f"0-{start}"
+    try:
+        while time.monotonic() < plan.deadline:
+            reply: Any = await client.xread({live.stream_key(pk): last}, block=1000, count=5000)
+            received = time.time()
+            for _, entries in reply or []:
+                for entry_id, fields in entries:
+                    last = entry_id
+                    sent = SENT.search(fields.get(b"data", b""))
+                    if sent:
+                        reference.channel.append(received - float(sent[1]))
+                    if b'"last":true' in fields.get(b"data", b""):
+                        return
+    finally:
+        await client.aclose()
+
+
+def panel_pids() -> list[int]:
+    """The uvicorn this bench started, and its worker processes."""
+    found: list[int] = []
+    todo = [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        for task in Path(f"/proc/{pid}/task").glob("*/children"):
+            for child in task.read_text().split():
+                todo.append(int(child))
+                if pid != os.getpid() or b"uvicorn" in Path(f"/proc/{child}/cmdline").read_bytes():
+                    found.append(int(child))
+    return found
+
+
+def panel_rss() -> int:
+    total = 0
+    for pid in panel_pids():
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue
+        total += next((int(line.split()[1]) for line in status.splitlines()
+                       if line.startswith("VmRSS:")), 0)
+    return total
+
+
+def start_profiler(args: argparse.Namespace) -> subprocess.Popen[bytes] | None:
+    if not args.profile:
+        return None
+    py_spy = os.environ.get("PY_SPY") or shutil.which("py-spy") or "py-spy"
+    args.profile.mkdir(parents=True, exist_ok=True)
+    pid = next(p for p in panel_pids() if b"uvicorn" in Path(f"/proc/{p}/cmdline").read_bytes())
+    return subprocess.Popen(
+        [py_spy, "record", "--pid", str(pid), "--subprocesses", "--rate", str(PROFILE_RATE),
+         "--format",
+         "raw", "--output", str(args.profile / "panel.txt")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def stop_profiler(profiler: subprocess.Popen[bytes] | None, args: argparse.Namespace) -> None:
+    if profiler is None:
+        return
+    import signal
+
+    profiler.send_signal(signal.SIGINT)
+    profiler.wait(timeout=60)
+    print(f"profile: {args.profile / 'panel.txt'}")
+    (seconds, total), *top = profile_top(args.profile / "panel.txt")
+    print(f"  {seconds:.1f} {total}; of them:")
+    for share, name in top:
+        print(f"  {share:5.1f} %  {name}")
+
+
+IDLE = ("_worker (concurrent/futures/thread.py", "wait (threading.py", ".select (selectors.py")
+
+
+def profile_top(path: Path, n: int = 12) -> list[tuple[float, str]]:
+    """The functions of the panel's own code (and the server's) by share of its busy
+    samples (idle threads and the event loop's wait left out) they are on the stack of."""
+    inclusive: dict[str, int] = {}
+    busy = 0
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if any(idle in stack.rsplit(";", 1)[-1] for idle in IDLE):
+            continue
+        samples = int(count)
+        busy += samples
+        for name in {f.split(" (")[0] + " (" + f.split(" (")[-1].split(":")[0].split("/")[-1]
+                     + ")" for f in stack.split(";") if " (" in f}:
+            inclusive[name] = inclusive.get(name, 0) + samples
+    mine = [(100 * c / max(1, busy), name) for name, c in inclusive.items()
+            if any(k in name for k in ("sse.py", "frames.py", "live.py", "selectors.py",
+                                       "h11", "httptools", "asgi.py", "json", "write"))]
+    return [(float(busy / PROFILE_RATE), "seconds of busy samples in all"),
+            *sorted(mine, reverse=True)[:n]]
 
 
 def current_seq(pk: int) -> int:
@@ -225,10 +477,16 @@ def one_round(args: argparse.Namespace, url: str, cookie: str, pg: kit.PgConnect
     pk = kit.bench_deployment("bench-sse").pk
     plan = Plan(url=url, path=f"/deployments/{pk}/events/stream/", cookie=cookie,
                 leave=args.leave)
-    viewers, peak, appender_rc = asyncio.run(scenario(args, plan, pk, pg))
+    plan.deadline = time.monotonic() + args.quiet + args.seconds + 120
+    start = current_seq(pk)
+    viewers = [Viewer(start_seq=start) for _ in range(args.viewers)]
+    viewers += [Viewer(start_seq=start, slow=True) for _ in range(args.slow)]
+    clients = Clients(plan, viewers, args.clients)
+    viewers, peak, appender_rc, reference = asyncio.run(scenario(args, plan, pk, pg, clients))
     after = kit.settle(pg, baseline, args.settle)
+    reference.rss_after = panel_rss()
     drop_live_stream(pk)
-    return Round(viewers, plan.last_seq, peak, after, appender_rc)
+    return Round(viewers, plan.last_seq, peak, after, appender_rc, reference)
 
 
 def main() -> None:
@@ -245,12 +503,19 @@ def main() -> None:
                         help="viewers come and leave this many times (sessions must not grow)")
     parser.add_argument("--settle", type=float, default=15, help="seconds to wait for the "
                         "sessions to come back to the count before the viewers came")
+    parser.add_argument("--decode", action="store_true", help="each line an SGLang decode "
+                        "line: a log event and a metric event, as the agent stores it")
+    parser.add_argument("--slow", type=int, default=0, help="viewers more that read nothing "
+                        "until the appends are over (background tabs)")
+    parser.add_argument("--profile", type=Path, help="record the panel with py-spy here")
+    parser.add_argument("--clients", type=int, default=2, help="processes the viewers are "
+                        "spread over (the client's parsing must not be the limit)")
     parser.add_argument("--append-to", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--count", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     kit.setup_django(args)
     if args.append_to:
-        append_events(args.append_to, args.rate, args.batch, args.count)
+        append_events(args.append_to, args.rate, args.batch, args.count, args.decode)
         return
     kit.bench_user()
     log_path = Path(tempfile.mkdtemp(prefix="load-sse-")) / "panel.log"
@@ -265,47 +530,72 @@ def main() -> None:
     pg.close()
 
 
-def tally(rounds: list[Round]) -> dict[str, int]:
-    lost = duplicated = reordered = 0
+def tally(rounds: list[Round], slow: bool) -> dict[str, int]:
+    """Lost: neither received nor inside a range the viewer was told it skipped."""
+    lost = duplicated = reordered = skipped = 0
     for r in rounds:
-        for v in r.viewers:
+        for v in (v for v in r.viewers if v.slow == slow):
             seen = set(v.seqs)
-            lost += sum(1 for s in range(v.start_seq + 1, r.last_seq + 1) if s not in seen)
+            told = {s for first, end in v.skips for s in range(first, end + 1)}
+            wanted = range(v.start_seq + 1, r.last_seq + 1)
+            lost += sum(1 for s in wanted if s not in seen and s not in told)
+            skipped += sum(1 for s in wanted if s in told)
             duplicated += len(v.seqs) - len(seen)
             reordered += sum(1 for a, b in zip(v.seqs, v.seqs[1:], strict=False) if b < a)
-    return {"lost": lost, "duplicated": duplicated, "reordered": reordered}
+    return {"lost": lost, "duplicated": duplicated, "reordered": reordered,
+            "skipped (told)": skipped}
 
 
 def report(args: argparse.Namespace, rounds: list[Round], before: dict[str, int],
            log_path: Path) -> None:
-    viewers = [v for r in rounds for v in r.viewers]
+    everyone = [v for r in rounds for v in r.viewers]
+    for v in everyone:
+        settle_figures(v)
+    chunks = sum(v.chunks for v in everyone if not v.slow)
+    viewers = [v for v in everyone if not v.slow]
+    slow = [v for v in everyone if v.slow]
     latencies = [x for v in viewers for x in v.latencies]
+    channel = [x for r in rounds for x in r.reference.channel]
     failed: dict[str, int] = {}
     broken: dict[str, int] = {}
-    for v in viewers:
+    for v in everyone:
         if v.failed:
             failed[v.failed] = failed.get(v.failed, 0) + 1
         for cause, n in v.broken.items():
             broken[cause] = broken.get(cause, 0) + n
+    kind = "decode lines (2 events each)" if args.decode else "events"
     print(f"command: {kit.command_line()}")
-    print(f"viewers {args.viewers} x {len(rounds)} round(s), {args.rate:g} events/s in calls "
-          f"of {args.batch}, {args.seconds:g} s, quiet {args.quiet:g} s, leave {args.leave}, "
-          f"panel {args.url or args.app_dir}")
-    print(f"connected           {sum(v.connected for v in viewers)}/{len(viewers)}")
+    print(f"viewers {args.viewers} (+{args.slow} slow) x {len(rounds)} round(s), {args.rate:g} "
+          f"{kind}/s in calls of {args.batch}, {args.seconds:g} s, quiet {args.quiet:g} s, "
+          f"leave {args.leave}, panel {args.url or args.app_dir}")
+    print(f"connected           {sum(v.connected for v in everyone)}/{len(everyone)}")
     print(f"got every event     {sum(v.done for v in viewers)}/{len(viewers)}")
     print(f"gave up on          {failed or 0}")
     print(f"streams cut off     {broken or 0}")
-    print(f"reconnects          {sum(v.reconnects for v in viewers)}")
-    print(f"keep-alives seen    {sum(v.keepalives for v in viewers)}")
-    print(f"events delivered    {len(latencies)}")
-    print(f"latency p50         {kit.ms(kit.percentile(latencies, 50))}")
-    print(f"latency p99         {kit.ms(kit.percentile(latencies, 99))}")
+    print(f"reconnects          {sum(v.reconnects for v in everyone)}")
+    print(f"keep-alives seen    {sum(v.keepalives for v in everyone)}")
+    print(f"events delivered    {len(latencies)} timed (live channel itself: {len(channel)}), "
+          f"in {chunks} chunks ({len(latencies) / max(1, chunks):.1f} timed events a chunk)")
+    for label, p in (("p50", 50), ("p99", 99)):
+        print(f"latency {label}         {kit.ms(kit.percentile(latencies, p))}   "
+              f"(live channel read directly, same run: {kit.ms(kit.percentile(channel, p))})")
     print(f"latency max         {kit.ms(max(latencies, default=float('nan')))}")
-    for name, n in tally(rounds).items():
+    for name, n in tally(rounds, slow=False).items():
         print(f"{name:<20}{n}")
+    if slow:
+        told = sum(1 for v in slow if v.skips)
+        print(f"slow viewers: told of a skip {told}/{len(slow)}, then reached the last event "
+              f"{sum(v.done for v in slow)}/{len(slow)}; "
+              + ", ".join(f"{k} {n}" for k, n in tally(rounds, slow=True).items()))
+    for i, r in enumerate(rounds, 1):
+        ref = r.reference
+        print(f"panel memory (RSS)  round {i}: before {ref.rss_before / 1024:.0f} MB, "
+              f"viewers connected {ref.rss_connected / 1024:.0f} MB, peak "
+              f"{ref.rss_peak / 1024:.0f} MB, after {ref.rss_after / 1024:.0f} MB")
     print(f"panel's pg sessions before   {kit.show_counts(before)}")
     for i, r in enumerate(rounds, 1):
         print(f"  round {i}: peak {kit.show_counts(r.peak)}; after {kit.show_counts(r.after)}")
+    print(f"uptime: {Path('/proc/loadavg').read_text().strip()}")
     print(f"panel log: {log_path}")
 
 

@@ -101,7 +101,7 @@ def _wait_http(url: str, proc: subprocess.Popen[bytes], log_path: Path) -> None:
         try:
             if requests.get(url, timeout=1).status_code == 200:
                 return
-        except requests.ConnectionError:
+        except (requests.ConnectionError, requests.Timeout):  # a first answer slow under load
             time.sleep(0.2)
     raise RuntimeError(f"server did not start: {log_path.read_text()[-2000:]}")
 
