@@ -322,3 +322,21 @@ def test_mid_download_the_gpu_memory_check_counts_the_whole_model(root: Path) ->
     shard = root / "Kimi-K2.6" / "model-00001-of-00001.safetensors"
     assert local_model_facts(spec_)["weights_bytes"] == shard.stat().st_size
     assert facts["weights_bytes"] == 8 * 1024**3
+
+
+def test_the_api_deploys_by_store_entry_and_gives_the_expected_load(
+        root: Path, client: Client, operator) -> None:  # type: ignore[no-untyped-def]
+    rate = root_read_rate_measure(root=str(root))
+    data = spec()
+    del data["engine"]["model_path"]
+    client.force_login(operator)
+    answer = client.post("/api/deployments/", {"spec": {**data, "model_entry": _entry(
+        "Kimi-K2.6").pk}, "confirm_warnings": True}, content_type="application/json")
+    assert answer.status_code == 201, answer.content
+    body = answer.json()
+    assert body["spec"]["engine"]["model_path"] == "/models/Kimi-K2.6"
+    assert body["load_estimate"]["weights"]["read_gbps"] == rate.gbps
+    assert any(f["rule"] == "load-time" for f in body["preflight"])
+    bad = client.post("/api/deployments/", {"spec": {**data, "model_entry": 424242}},
+                      content_type="application/json")
+    assert bad.status_code == 400 and "No model store entry" in bad.json()["model_entry"][0]
