@@ -10,7 +10,7 @@ Shortcuts it takes, said here so the figures are read right:
   not in a container (no Docker port proxy in either path); or --engine-url.
 - the panel runs as the panel image runs it: `uvicorn web.asgi:application`, one process,
   production settings (bench/_loadkit.py), on the same loopback; PostgreSQL and Redis are
-  the ones given. The key used has a rate limit, so each request pays the Redis check too.
+  the ones given. "gateway" uses a key with a rate limit, "gw-nolim" one without.
 - TTFB is from sending the request to the first body bytes (the stream's first event), by
   one aiohttp client, one request at a time, the paths interleaved (direct, gateway[,
   router]) so the machine's load hits them alike. "added" is gateway minus direct at the
@@ -134,8 +134,8 @@ def panel(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         yield f"http://127.0.0.1:{port}"
 
 
-def gateway_fixture(engine_url: str) -> str:
-    """A ready deployment row pointing at the engine and a rate-limited key for it."""
+def gateway_fixture(engine_url: str, rate_limit: int) -> str:
+    """A ready deployment row pointing at the engine and a key for it (0: no rate limit)."""
     from django.contrib.auth import get_user_model
 
     from web.deployments.models import Deployment
@@ -144,12 +144,13 @@ def gateway_fixture(engine_url: str) -> str:
     user, _ = get_user_model().objects.get_or_create(username="gw-bench")
     user.is_superuser = True
     user.save()
-    Deployment.objects.filter(name=MODEL).delete()
-    Deployment.objects.create(name=MODEL, spec={"name": MODEL, "engine": {}}, recipe="bench",
-                              algorithm="NONE", gpus=[0], status="ready",
-                              engine_url=engine_url)
+    if not Deployment.objects.filter(name=MODEL, engine_url=engine_url).exists():
+        Deployment.objects.filter(name=MODEL).delete()
+        Deployment.objects.create(name=MODEL, spec={"name": MODEL, "engine": {}}, recipe="bench",
+                                  algorithm="NONE", gpus=[0], status="ready",
+                                  engine_url=engine_url)
     return apikey_create(owner_username="gw-bench", name="bench",
-                         rate_limit_per_minute=1_000_000).secret
+                         rate_limit_per_minute=rate_limit or None).secret
 
 
 def chat(tokens: int, stream: bool = True) -> dict[str, Any]:
@@ -258,9 +259,12 @@ def main() -> None:
           f"{os.cpu_count()} CPUs")
     with engine(args) as engine_url, router(args, engine_url) as router_url, \
             panel(args) as panel_url:
-        secret = gateway_fixture(engine_url)
-        auth = {"Authorization": f"Bearer {secret}"}
-        paths = {"direct": (engine_url, {}), "gateway": (panel_url, auth)}
+        auth = {"Authorization": f"Bearer {gateway_fixture(engine_url, 1_000_000)}"}
+        unlimited = {"Authorization": f"Bearer {gateway_fixture(engine_url, 0)}"}
+        # gateway: a rate-limited key (the Redis round trip carries the limit's counter
+        # with the key epoch); gw-nolim: a key without a limit (the epoch read only)
+        paths = {"direct": (engine_url, {}), "gateway": (panel_url, auth),
+                 "gw-nolim": (panel_url, unlimited)}
         if router_url:
             paths["router"] = (router_url, {})
         report_ttfb(asyncio.run(measure_ttfb(paths, args.requests, args.tokens)))
