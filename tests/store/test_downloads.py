@@ -65,7 +65,7 @@ def test_it_downloads_every_file_and_is_ready_only_once_verified(store_root: Pat
 
 
 def test_its_progress_shows_bytes_per_file_and_a_rate_while_it_downloads(store_root: Path, hub: HubServer) -> None:
-    hub.state.rate = 400_000  # two 256 KiB shards: about 1.3 s
+    hub.state.rate = 150_000  # two 256 KiB shards side by side: about 1.7 s
     entry = _request()
     seen: list[tuple[int, int, float]] = []
     job = _run_in_thread(entry)
@@ -81,7 +81,7 @@ def test_its_progress_shows_bytes_per_file_and_a_rate_while_it_downloads(store_r
     assert len(middle) >= 5, seen
     assert [s[0] for s in middle] == sorted(s[0] for s in middle)  # never goes back
     assert any(0 < s[1] < len(hub.state.repos[REPO].files[SHARD]) for s in middle)
-    assert any(100_000 < s[2] < 2_000_000 for s in middle)  # near the server's 400 kB/s
+    assert any(100_000 < s[2] < 1_000_000 for s in middle)  # near 2 x 150 kB/s
 
 
 def test_it_resumes_a_file_from_its_partial_bytes_with_a_ranged_get(store_root: Path, hub: HubServer) -> None:
