@@ -278,13 +278,13 @@ MODELS_DIR = env_str("APPLIANCE_MODELS_DIR", "")
 # Where the web process may read a model's config.json for pre-flight (the mount engines
 # see as /models); a spec's path elsewhere is never opened by the web process.
 MODEL_ROOTS = env_list("APPLIANCE_MODEL_ROOTS", "/models")
-# A folder of the site's own recipe files (<name>.yaml), offered beside the shipped ones.
-RECIPES_DIR = env_str("APPLIANCE_RECIPES_DIR", "")
-# The model store (web/store): downloads from this hub (huggingface_hub's HF_ENDPOINT), with
-# the engine secret store's HF_TOKEN; a download job holds its entry for STORE_LEASE_S past
-# its last progress write (a killed worker's entry is resumed once that runs out), and a
-# hub that does not answer is tried again STORE_RETRIES times, STORE_RETRY_S apart.
-HF_ENDPOINT = env_str("APPLIANCE_HF_ENDPOINT", "https://huggingface.co")
+# The model store (web/store): downloads from this hub (huggingface_hub's own HF_ENDPOINT
+# when APPLIANCE_HF_ENDPOINT is unset), with the engine secret store's HF_TOKEN; a download
+# job holds its entry for STORE_LEASE_S past its last progress write (a killed worker's
+# entry is resumed once that runs out), and a hub that does not answer is tried again
+# STORE_RETRIES times, STORE_RETRY_S apart.
+HF_ENDPOINT = env_str("APPLIANCE_HF_ENDPOINT",
+                      os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
 STORE_HF_TOKEN_NAME = "HF_TOKEN"
 STORE_LEASE_S = env_int("APPLIANCE_STORE_LEASE_S", 30)
 STORE_PROGRESS_MS = env_int("APPLIANCE_STORE_PROGRESS_MS", 500)
