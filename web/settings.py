@@ -289,10 +289,12 @@ STORE_HF_TOKEN_NAME = "HF_TOKEN"
 STORE_LEASE_S = env_int("APPLIANCE_STORE_LEASE_S", 30)
 STORE_PROGRESS_MS = env_int("APPLIANCE_STORE_PROGRESS_MS", 500)
 STORE_CHUNK_BYTES = env_int("APPLIANCE_STORE_CHUNK_BYTES", 1024 * 1024)
+STORE_PARALLEL_FILES = env_int("APPLIANCE_STORE_PARALLEL_FILES", 4)
 STORE_RETRIES = env_int("APPLIANCE_STORE_RETRIES", 20)
 STORE_RETRY_S = env_int("APPLIANCE_STORE_RETRY_S", 30)
+# A folder of the site's own recipe files (<name>.yaml), offered beside the shipped ones.
+RECIPES_DIR = env_str("APPLIANCE_RECIPES_DIR", "")
 # Off only on hosts without an NVIDIA runtime (the test suite's machines).
-STORE_PARALLEL_FILES = env_int("APPLIANCE_STORE_PARALLEL_FILES", 4)
 ENGINE_GPU_REQUESTS = env_bool("APPLIANCE_ENGINE_GPU_REQUESTS", True)
 # PEM bundle of a TLS-intercepting proxy for image builds' download steps (appliance.images).
 BUILD_CA_BUNDLE = env_str("APPLIANCE_BUILD_CA_BUNDLE", "")
