@@ -75,3 +75,51 @@ def test_a_store_entry_deploys_with_its_expected_load_and_the_card_gives_the_rat
     page.goto(f"{stack}/models/")
     expect(page.locator(f'#read-rates tr[data-root="{measured_root["root"]}"]')).to_contain_text(
         rate)
+
+
+def _off_the_loop(work: Any) -> None:
+    """ORM writes from a thread of their own: Playwright's loop runs in this one."""
+    import threading
+
+    from django.db import connection
+
+    def run() -> None:
+        try:
+            work()
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+
+
+def _download_at(entry_id: int, state: str, done: int, size: int) -> None:
+    from web.store.models import ModelEntry
+
+    ModelEntry.objects.filter(pk=entry_id).update(state=state, bytes_done=done,
+                                                  size_bytes=size)
+
+
+def test_a_deployment_waits_for_its_downloading_model_live_then_starts(
+        operator, measured_root: dict[str, Any], stack: str, page: Page) -> None:  # type: ignore[no-untyped-def]
+    entry, size = measured_root["entry"], 4 * 10**9
+    _off_the_loop(lambda: _download_at(entry, "downloading", size // 4, size))
+    login(page, stack)
+    page.goto(f"{stack}/deployments/new/?recipe=kimi-k2.6-baseline")
+    page.fill("#id_name", "waits-for-it")
+    page.select_option("#id_model_entry", str(entry))
+    expect(page.locator("#estimate-model_path")).to_contain_text("(downloading)")
+    page.fill("#id_gpu_ids", "0")
+    page.fill("#id_tp_size", "1")
+    page.check("#id_confirm_warnings")
+    page.click("#deploy")
+    expect(page.locator("#preflight")).to_contain_text("model-downloading")
+    waiting = page.locator("#model-download")
+    expect(waiting).to_contain_text("Llama-128M is downloading (25 %)", timeout=20_000)
+    expect(page.locator("#status")).to_have_text("queued")
+    _off_the_loop(lambda: _download_at(entry, "verifying", size * 3 // 5, size))
+    expect(waiting).to_contain_text("is verifying (60 %)", timeout=20_000)  # live, no reload
+    _off_the_loop(lambda: _download_at(entry, "ready", size, size))
+    expect(page.locator("#status")).to_have_text("ready", timeout=90_000)
+    expect(waiting).to_be_hidden()
