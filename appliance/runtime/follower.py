@@ -114,6 +114,9 @@ class FollowSink(Protocol):
 
     def keep_following(self) -> bool: ...
 
+    def idle(self) -> None:
+        """The shipper has written everything handed to it (called on its thread)."""
+
 
 @dataclass
 class FollowOptions:
@@ -192,7 +195,23 @@ class _Shipper(threading.Thread):
         self.error: BaseException | None = None
 
     def run(self) -> None:
+        try:
+            self._ship_all()
+        finally:
+            self._idle()
+
+    def _idle(self) -> None:
+        try:
+            self.sink.idle()
+        except BaseException as exc:  # noqa: BLE001 - raised in the follower's thread
+            self.error = self.error or exc
+
+    def _ship_all(self) -> None:
         while True:
+            with self.changed:
+                caught_up = not self.pending
+            if caught_up:
+                self._idle()  # nothing more to write for now
             with self.changed:
                 while not self.pending and not self.closed:
                     self.changed.wait()

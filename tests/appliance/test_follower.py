@@ -38,6 +38,7 @@ class RecordingSink:
         self.fail_on_ship = fail_on_ship
         self.ships = 0
         self.batch_starts: list[int] = []
+        self.idles = 0
 
     def ship(self, events: list[tuple[str, dict[str, Any]]], cursor: Cursor | None) -> None:
         self.ships += 1
@@ -61,6 +62,9 @@ class RecordingSink:
 
     def keep_following(self) -> bool:
         return True
+
+    def idle(self) -> None:
+        self.idles += 1
 
     def texts(self) -> list[str]:
         return [p["text"] for kind, p in self.shipped if kind == "log"]
@@ -98,6 +102,7 @@ def test_every_line_of_a_burst_is_shipped_once_in_order_with_the_last_lines_curs
     metrics = [p["tokens"] for kind, p in sink.shipped if kind == "metric"]
     assert metrics == list(range(n))
     assert sink.ships > 2  # in batches, not one by one and not all at once
+    assert sink.idles >= 1  # told when it had nothing more to write (its connection can go)
     assert sink.cursors == sorted(sink.cursors, key=lambda c: (c.ts_ns, c.count))
     assert sink.asked == [("failed:engine-exited", len(sink.shipped))]
 

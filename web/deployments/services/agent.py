@@ -117,6 +117,10 @@ class _FollowSink:
                 decode_stats=decode, log_cursor=cursor.encode() if cursor else None)
         if self.monitor is not None:
             self.monitor.observe(events)
+
+    def idle(self) -> None:
+        # The shipper keeps its connection while batches keep coming (a busy engine's
+        # batches would each check one out again) and gives it back when it has none.
         if _POOLED:
             db_connection.close()  # back to the pool: one follower per engine, many engines
 
