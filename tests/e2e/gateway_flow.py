@@ -27,6 +27,21 @@ def make_key(page: Page, *, url: str, name: str, deployment_ids: list[int]) -> s
     return shown.inner_text()
 
 
+def key_requests(page: Page, *, url: str, secret: str, at_least: int, timeout_s: float = 15
+                 ) -> tuple[int, str]:
+    """The keys page's requests and tokens for this key, reloaded until it counts at least
+    `at_least`: the gateway counts a stream once it has passed its end to the client, so a
+    client that stopped reading at [DONE] may look a moment before the count lands."""
+    row = page.locator(f"#key-{secret[:14]}")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        page.goto(f"{url}/keys/")
+        requests, tokens = (row.locator("td").nth(i).inner_text() for i in (5, 6))
+        if int(requests) >= at_least or time.monotonic() > deadline:
+            return int(requests), tokens
+        time.sleep(0.5)
+
+
 def openai_stream(*, base_url: str, secret: str, model: str, max_tokens: int = 24
                   ) -> dict[str, Any]:
     """One streamed chat completion with the official client; its figures."""
@@ -86,3 +101,88 @@ def playground_chat(page: Page, *, url: str, pk: int, message: str) -> dict[str,
     return {"ttft": answer.locator(".ttft").get_attribute("data-value") or "",
             "tokens_per_s": answer.locator(".tps").get_attribute("data-value") or "",
             "accept": answer.locator(".accept").inner_text()}
+
+
+# ---------------------------------------------------------------- the losslessness check
+
+# Planted in the speculative engine (tests/benchmarks/pair.py): a failure at token 5 of the
+# built-in "def fibonacci" prompt, a near-tie at token 12 of "The quick brown fox".
+PLANTED = "margin:5@def fibonacci,near-tie:12@quick brown"
+PLANTED_ENV = f'env: {{TEST_ENGINE_DIVERGE: "{PLANTED}"}}'
+
+
+def deploy_dflash(page: Page, *, url: str, name: str, model: str, drafter: str, gpu: str,
+                  more_spec: str) -> int:
+    """A DFLASH deployment from the new-deployment form (site recipe site-e2e)."""
+    page.goto(f"{url}/deployments/new/")
+    page.select_option("#id_recipe", "site-e2e")
+    page.fill("#id_name", name)
+    page.fill("#id_model_path", model)
+    page.select_option("#id_algorithm", "DFLASH")
+    page.fill("#id_drafter_path", drafter)
+    page.fill("#id_block_size", "8")
+    page.fill("#id_tp_size", "1")
+    page.fill("#id_gpu_ids", gpu)
+    page.fill("#id_attention_backend", "")
+    page.uncheck("#id_self_check")
+    page.fill("#id_more_spec", more_spec)
+    page.check("#id_confirm_warnings")
+    page.click("#deploy")
+    expect(page.locator("h1")).to_have_text(name)
+    return int(page.url.rstrip("/").split("/")[-1])
+
+
+def losslessness_check(page: Page, *, url: str, a: int, b: int) -> dict[str, Any]:
+    """A check of A against B from the panel (built-in prompts); the planted failure found at
+    token 5 of the fibonacci prompt, the planted near-tie at token 12 of the fox prompt."""
+    page.goto(f"{url}/benchmarks/")
+    page.click("#verifications")
+    page.click("#new-verification")
+    page.select_option("#id_candidate", str(a))
+    page.select_option("#id_baseline", str(b))
+    expect(page.locator("#id_prompt_source")).to_have_value("builtin")
+    page.fill("#id_max_tokens", "16")
+    started = time.monotonic()
+    page.click("#run-verification")
+    expect(page.locator("h1")).to_have_text(re.compile(r"Losslessness check #\d+"))
+    expect(page.locator("#verify-status")).to_have_text("done", timeout=180_000)
+    took = time.monotonic() - started
+    expect(page.locator("#verify-verdict")).to_have_text("failed")
+    expect(page.locator("#failures")).to_have_text("1")
+    expect(page.locator("#near-ties")).to_have_text("1")
+    fib = page.locator('#verify-table tbody tr[data-verdict="failure"]')
+    expect(fib).to_have_count(1)
+    assert "def fibonacci" in fib.locator("td.prompt").inner_text()
+    expect(fib.locator("td.position")).to_have_text("5")
+    assert float(fib.locator("td.gap").inner_text()) >= 1.5  # a clear margin, not a tie
+    fox = page.locator('#verify-table tbody tr[data-verdict="near-tie"]')
+    expect(fox).to_have_count(1)
+    assert "quick brown" in fox.locator("td.prompt").inner_text()
+    expect(fox.locator("td.position")).to_have_text("12")
+    page.screenshot(path=screenshot_path("compose-losslessness.png"), full_page=True)
+    return {"match_rate": page.locator("#match-rate").inner_text(), "seconds": round(took, 1)}
+
+
+def serve_and_verify(page: Page, *, url: str, served: int, served_name: str, other_name: str,
+                     spec_gpu: str) -> dict[str, Any]:
+    """Issue 21's 'Done when' on a ready deployment `served`: a key made in the panel, the
+    openai client streaming through the gateway with it, a chat in the playground, then a
+    DFLASH deployment of the same model with a planted divergence checked against it."""
+    secret = make_key(page, url=url, name="e2e-client", deployment_ids=[served])
+    page.goto(f"{url}/deployments/{served}/")
+    expect(page.locator("#call-model")).to_have_text(served_name)
+    expect(page.locator("#call-keys")).to_contain_text(f"Your key 'e2e-client' ({secret[:14]}…)")
+    streamed = openai_stream(base_url=f"{url}/v1", secret=secret, model=served_name)
+    # Scoped to `served`: another deployment refuses it.
+    assert openai_refusal(base_url=f"{url}/v1", secret=secret,
+                          model=other_name) is openai.PermissionDeniedError
+    counted, tokens = key_requests(page, url=url, secret=secret, at_least=1)
+    assert counted == 1, "the streamed call counted against the key (the 403 is not)"
+    assert tokens.endswith(f"+ {streamed['completion_tokens']}"), tokens
+    chat = playground_chat(page, url=url, pk=served, message="Hello through compose")
+    spec = deploy_dflash(page, url=url, name="e2e-spec", model="/models/test",
+                         drafter="/models/test-dflash", gpu=spec_gpu, more_spec=PLANTED_ENV)
+    expect(page.locator("#status")).to_have_text("ready", timeout=240_000)
+    check = losslessness_check(page, url=url, a=spec, b=served)
+    streamed.pop("text")
+    return {"openai_stream": streamed, "playground": chat, "losslessness": check}

@@ -17,7 +17,7 @@ import openai
 import pytest
 from playwright.sync_api import Page, expect
 
-from tests.e2e.gateway_flow import make_key, openai_refusal, openai_stream
+from tests.e2e.gateway_flow import key_requests, make_key, openai_refusal, openai_stream
 from tests.e2e.screenshots import screenshot_path
 from tests.e2e.stack import appliance_stack, login
 from tests.web.specs import spec
@@ -156,6 +156,9 @@ def test_an_operator_chats_with_a_ready_deployment_and_sees_it_stream_with_its_f
                           model="stalled") is openai.PermissionDeniedError
     assert openai_refusal(base_url=f"{url}/v1", secret="sk-sd-wrong",
                           model="chatty") is openai.AuthenticationError
+    # The streamed call counted against the key with its tokens; the refused ones not.
+    counted, tokens = key_requests(page, url=url, secret=secret, at_least=1)
+    assert counted == 1 and tokens.endswith(f"+ {streamed['completion_tokens']}"), tokens
     page.goto(f"{url}/deployments/{ready}/playground/")
 
     # A bad input is refused beside the form, nothing sent.
