@@ -46,7 +46,7 @@ from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.views.decorators.http import require_safe
 
 from . import live, selectors
-from .frames import Frame, entry_frame, event_frame, point_frame, skip_frame
+from .frames import POINT, Frame, entry_frame, event_frame, point_frame, skip_frame
 from .frames import text as _text
 from .models import Deployment
 from .permissions import can_view
@@ -396,7 +396,9 @@ class _Feed:
             self.head = self.floor = await _head(self.pk)
             self.ready.set_result(None)
             await self._start_points(client)
-            while True:
+            # Closed is checked, not only the task's cancellation: redis-py can swallow a
+            # cancel that lands as its read's own timeout fires, and retry the read.
+            while not self.closed:
                 self.batch_after = self.head
                 self._fan_out(await self._next(client))
         except Exception as exc:
@@ -446,7 +448,11 @@ class _Feed:
         for entry_id, fields in events[0]:
             seq = live.seq_of(entry_id)
             if seq > self.head + 1:  # the stream was trimmed or an entry lost a race
-                frames.extend(await self._record(upto=seq - 1))
+                start = self.batch_after
+                filled = await self._record(upto=seq - 1)
+                if self.batch_after != start:  # the ring started again after this batch's
+                    frames = [f for f in frames if f.seq == POINT]  # events: they are behind it
+                frames.extend(filled)
             if seq > self.head:
                 frames.append(entry_frame(seq, fields))
                 self.head = seq
