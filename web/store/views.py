@@ -10,7 +10,7 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
-from django.views.decorators.http import require_POST, require_safe
+from django.views.decorators.http import require_http_methods, require_POST, require_safe
 from rest_framework.exceptions import ValidationError
 
 from web.deployments.permissions import can_deploy, can_view
@@ -38,6 +38,7 @@ def _list(request: HttpRequest, *, errors: dict[str, object], form: dict[str, st
 
 
 @login_required
+@require_http_methods(["GET", "HEAD", "POST"])
 def model_list(request: HttpRequest) -> HttpResponse:
     """GET: the store; POST: add a model from the hub (form errors by field, a 400)."""
     if request.method != "POST":
