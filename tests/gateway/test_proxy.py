@@ -225,3 +225,15 @@ def test_a_viewers_session_may_not_call(panel, engine_for, viewer) -> None:  # t
     answer = session.post(f"{panel}/v1/chat/completions", json=CHAT, timeout=10, headers={
         "X-CSRFToken": session.cookies["csrftoken"], "Referer": f"{panel}/"})
     assert answer.status_code == 403 and error_of(answer)["code"] == "role_required"
+
+
+def test_a_stream_is_counted_by_the_time_its_client_reads_done(panel, engine_for, operator, key_for) -> None:  # type: ignore[no-untyped-def]
+    chatty, _ = engine_for()
+    secret = key_for(operator)
+    with post(panel, "/v1/chat/completions", {**CHAT, "stream": True, "max_tokens": 5},
+              bearer(secret), stream=True) as answer:
+        for line in answer.iter_lines():
+            if line == b"data: [DONE]":
+                break  # and look at once, without reading the response's end
+        usage = ApiKeyUsage.objects.get(deployment=chatty)
+    assert (usage.requests, usage.completion_tokens) == (1, 5)

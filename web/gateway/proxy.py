@@ -44,7 +44,7 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[Any, Any, Any], Awaitable[None]]
 
 ROUTES = {"/v1/models": "GET", "/v1/chat/completions": "POST", "/v1/completions": "POST"}
-GENERATIONS = frozenset({"/v1/chat/completions", "/v1/completions"})
+DONE = b"data: [DONE]\n\n"
 
 
 def with_gateway(django_app: ASGIApp) -> ASGIApp:
@@ -267,10 +267,14 @@ class UsageTap:
         if end < 0:
             return b""
         ready, self._buffer = self._buffer[:end + 2], self._buffer[end + 2:]
-        if b'"usage"' not in ready:
-            return ready
-        return b"".join(event + b"\n\n" for event in ready.split(b"\n\n")[:-1]
-                        if self._keep(event))
+        if b'"usage"' in ready:
+            ready = b"".join(event + b"\n\n" for event in ready.split(b"\n\n")[:-1]
+                             if self._keep(event))
+        if ready.endswith(DONE):
+            # Held back until usage is recorded: a client that stops reading at [DONE] and
+            # looks at its key's usage sees this request counted.
+            ready, self._buffer = ready[:-len(DONE)], DONE + self._buffer
+        return ready
 
     def _keep(self, event: bytes) -> bool:
         payload = event.partition(b"data: ")[2]
