@@ -48,11 +48,12 @@ def _share(model: StoreModel) -> str:
 
 def _state_finding(fld: str, model: StoreModel) -> list[Finding]:
     if model.entry_id is None:
+        # Informational: the deployment needs nothing changed (a scan of the roots, which
+        # every worker start runs, lists the folder and checks it).
         return [Finding("model-unverified", "info", fld,
                         f"{model.path} is not in the model store: its files were never "
-                        "checked against a size or checksum",
-                        "add it on the store page (a scan of the root lists it) to have it "
-                        "verified")]
+                        "checked against a size or checksum (Scan the roots on the store "
+                        "page lists and checks it)", "nothing to do")]
     if model.state in WAITING_STATES:
         return [Finding("model-downloading", "info", fld,
                         f"{model.path} is still {model.state}{_share(model)}: the deployment "
@@ -94,8 +95,8 @@ def rule_load_time(ctx: Context) -> list[Finding]:
             found.append(Finding("load-time", "info", fld, f"{_what(fld)}: {load} (the root's "
                                  "measured sequential read rate)", "nothing to do"))
         else:
-            found.append(Finding("load-time", "info", fld, f"{_what(fld)}: {load}",
-                                 "measure the root's read rate on the store page"))
+            found.append(Finding("load-time", "info", fld, f"{_what(fld)}: {load} (Measure "
+                                 "on the store page gives the root's rate)", "nothing to do"))
     return found
 
 

@@ -71,7 +71,7 @@ def test_the_load_time_is_predicted_from_the_size_and_the_roots_read_rate() -> N
 def test_without_a_measured_rate_the_load_time_asks_for_one() -> None:
     [info] = by_rule(_store(drafter=StoreModel(path="/models/d", entry_id=2, state="ready",
                                                size_bytes=3 * 10**9)), "load-time")
-    assert "not measured" in info.message and "measure the root's read rate" in info.fix
+    assert "not measured" in info.message and "Measure on the store page" in info.message
 
 
 def test_a_drafter_summary_for_another_target_fails_the_drafter_rules() -> None:
