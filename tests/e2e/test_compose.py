@@ -28,6 +28,7 @@ from playwright.sync_api import Page, expect
 import docker
 from appliance.runtime.follower import SCRAPE_ACCESS
 from tests.conftest_docker import TEST_SESSION, engines_of
+from tests.e2e.gateway_flow import serve_and_verify
 from tests.e2e.logpane import FIRST_PAINT_MS, INTERACTION_MS
 from tests.e2e.logpane import SCROLL_TOP as _SCROLL_TOP
 from tests.e2e.logpane import TIMED as _TIMED
@@ -147,6 +148,8 @@ class Stack:
         self.images: set[str] = set()
         # The folder the test deploys (/models/test): pre-flight reads it through web's mount.
         write_model(tmp / "models" / "test", CONFIGS["test"])
+        # Its DFlash drafter, for the speculative side of the losslessness check (issue 21).
+        write_model(tmp / "models" / "test-dflash", CONFIGS["Kimi-K2.6-DFlash"])
         self.values = {
             **LOCAL_IMAGES,
             "APPLIANCE_PANEL_IMAGE": PANEL_IMAGE,
@@ -177,16 +180,28 @@ class Stack:
         return done.stdout + done.stderr
 
     def wait_healthy(self, timeout: float = 240) -> float:
+        """Healthy and on the engine network: the agent connects a new web container to it
+        once, which briefly drops web's published port (web/deployments/services/agent.py),
+        so a page opened before that may find nothing listening."""
         started = time.monotonic()
         while time.monotonic() - started < timeout:
-            try:
-                if requests.get(f"{self.url}/healthz", timeout=2).status_code == 200:
-                    return time.monotonic() - started
-            except requests.RequestException:
-                pass
+            if self._web_on_engine_network() and self._healthy():
+                return time.monotonic() - started
             time.sleep(1)
         raise AssertionError("the panel never became healthy:\n" + self.compose("logs", "--tail",
                                                                                  "60"))
+
+    def _healthy(self) -> bool:
+        try:
+            return requests.get(f"{self.url}/healthz", timeout=2).status_code == 200
+        except requests.RequestException:
+            return False
+
+    def _web_on_engine_network(self) -> bool:
+        webs = docker.from_env().containers.list(filters={"label": [
+            f"com.docker.compose.project={PROJECT}", "com.docker.compose.service=web"]})
+        return bool(webs) and all(self.values["APPLIANCE_ENGINE_NETWORK"] in
+                                  w.attrs["NetworkSettings"]["Networks"] for w in webs)
 
     def admin_password(self) -> str:
         """From the web start log, where it stays until the admin first logs in."""
@@ -232,7 +247,9 @@ def _site_recipe(site: Path) -> None:
     (site / "recipes" / "site-e2e.yaml").write_text(
         "name: site-e2e\nbase_image: appliance-base:bookworm\n"
         f"sglang:\n  git: /site/sglang\n  ref: {commit}\n  flags: sglang-0.5.23\n"
-        "patches: []\npip_extras: []\nbuild_args:\n  SGLANG_INSTALL_DEPS: '0'\n")
+        "patches: []\npip_extras: []\nbuild_args:\n  SGLANG_INSTALL_DEPS: '0'\n"
+        # The site lets a spec plant divergences in the test engine (the check's step).
+        "env_allow: [TEST_ENGINE_DIVERGE]\n")
 
 
 def _cleanup(client: Any, images: set[str]) -> None:
@@ -525,6 +542,12 @@ def test_compose_up_runs_the_appliance_as_shipped(stack: Stack, page: Page) -> N
     # 3d. Clone it: as it is, the form refuses its held GPU by name; on GPU 2 it deploys.
     _clone_onto_a_held_gpu(page, stack, token, third)
 
+    # 3e. Issue 21: a key made in the panel, the openai client streaming through the gateway
+    #     with it, a chat in the playground, and a losslessness check of a DFLASH deployment
+    #     with a planted divergence against e2e-served, found at its token and class.
+    served = serve_and_verify(page, url=stack.url, served=second, served_name="e2e-served",
+                              other_name="e2e-served-b", spec_gpu="3")
+
     # 4. Stop from the panel, after its confirm page; the engine and its container go.
     page.goto(f"{stack.url}/deployments/{second}/")
     page.click("#stop")
@@ -563,6 +586,6 @@ def test_compose_up_runs_the_appliance_as_shipped(stack: Stack, page: Page) -> N
     timings = {"up_to_healthy_s": round(up_to_healthy, 1),
                "create_to_ready_s": round(create_to_ready, 1),
                "restart_to_ready_s": round(restart_to_ready, 1), "benchmark": figures,
-               "busy_log": busy}
+               "busy_log": busy, "serve_and_verify": served}
     (ARTIFACTS / "compose-timings.json").write_text(json.dumps(timings, indent=1))
     print(f"compose timings: {json.dumps(timings, indent=1)}")
