@@ -55,13 +55,13 @@ from .prom import SSE_CLIENTS
 log = logging.getLogger(__name__)
 
 REPLAY_PAGE = 500  # events per read of the record (a catch-up page)
-FEED_COUNT = 500  # entries per XREAD
+FEED_COUNT = 2000  # entries per XREAD: a feed behind the live stream catches up in few reads
 RING_FRAMES = 10_000  # what a feed keeps for its streams (5 s of a busy engine's 2,000/s)...
 RING_BYTES = 8 * 2**20  # ... and at most this much of it
 CATCHUP_PAGES = 16  # catch-up pages a feed keeps for the streams behind its ring
 SKIP_LAG = 20_000  # a stream further behind the head than this skips ahead...
 SKIP_TAIL = 500  # ... to this many events before the head (the page's tail is as long)
-SEND_BYTES = 2**16  # what a stream hands the server at once, at most (but one whole batch)
+SEND_BYTES = 2**17  # what a stream hands the server at once, at most (but one whole batch)
 REDIS_RETRY_S = 1.0  # while Redis fails, a feed polls the database this often
 KEEPALIVE = b": keep-alive\n\n"
 
