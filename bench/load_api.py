@@ -153,13 +153,16 @@ def seed_deployment(events: int) -> int:
     """A deployment as a serving one looks: a real spec, a long log, alerts, points."""
     from appliance.runtime import series
     from appliance.runtime.alerts import Alert
-    from web.deployments import services
+    from web.deployments import selectors, services
     from web.deployments.models import Deployment
     from web.deployments.services.metrics import deployment_apply_alerts, metrics_store_point
 
+    # The graph widths as deployment_create keeps them (without, every summary parses the
+    # spec: a row from before migration 0009, which backfills them).
     deployment = Deployment.objects.create(
         name="bench-api", spec=SPEC, recipe="kimi-k2.6-ddtree",
-        algorithm="DDTREE", gpus=[0], status="ready", engine_url="http://engine:30000")
+        algorithm="DDTREE", gpus=[0], status="ready", engine_url="http://engine:30000",
+        graph_needed=selectors.spec_graph_widths(spec=SPEC))
     pk = deployment.pk
     for start in range(0, events, 1000):
         services.events_append(deployment_id=pk, events=[

@@ -20,6 +20,22 @@ class DeploymentSerializer(serializers.ModelSerializer[Deployment]):
         read_only_fields = fields
 
 
+_DEPLOYMENT: DeploymentSerializer | None = None
+
+
+def deployment_data(deployment: Deployment) -> dict[str, Any]:
+    """DeploymentSerializer(deployment).data, from one serializer made once: a
+    ModelSerializer builds its fields from the model each time it is made (issue 22's
+    profile: most of a detail read's serializing), and its fields keep no per-object state,
+    so one instance represents every deployment, in any thread."""
+    global _DEPLOYMENT
+    if _DEPLOYMENT is None:
+        made = DeploymentSerializer()
+        made.fields  # noqa: B018 - built before it is shared
+        _DEPLOYMENT = made
+    return _DEPLOYMENT.to_representation(deployment)
+
+
 class DeploymentCreateSerializer(serializers.Serializer[Any]):
     """The deployment spec (appliance.engine.spec schema) plus a confirmation for warnings."""
 

@@ -33,9 +33,19 @@ from .serializers import (
     DeploymentSerializer,
     EventSerializer,
     PreflightSerializer,
+    deployment_data,
 )
 
 MAX_SEQ = 2**63 - 1  # an event seq is a PostgreSQL bigint
+# The columns each status read shows (issue 22's profile: decoding the row's other JSON
+# columns was a fifth of the row's cost); a deferred one read anyway would be a query more,
+# which tests/web/test_status_api_queries.py counts.
+READ_FIELDS = {
+    "retrieve": tuple(DeploymentSerializer.Meta.fields),
+    "summary": ("name", "status", "phase", "progress", "decode_stats", "diagnosis", "alerts",
+                "alert_history", "latest_metrics", "engine_url", "last_seq", "graph_needed",
+                "load_estimate"),
+}
 
 
 class CanOperate(permissions.BasePermission):
@@ -67,15 +77,17 @@ class DeploymentViewSet(
             raise ValidationError({"status": [
                 f"Unknown status; use one of: {', '.join(DeploymentStatus.values)}."]})
         # The status reads carry the row's version: their ETag (conditional()).
-        return selectors.deployment_list(status=wanted,
-                                         versioned=self.action in ("retrieve", "summary"))
+        deployments = selectors.deployment_list(
+            status=wanted, versioned=self.action in ("retrieve", "summary"))
+        if self.action in READ_FIELDS:  # one row by its key: no sort, only what is shown
+            deployments = deployments.order_by().only(*READ_FIELDS[self.action])
+        return deployments
 
     @extend_schema(responses={200: DeploymentSerializer, 304: None})
     def retrieve(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         """One deployment. Send its ETag back as If-None-Match: 304 while it is unchanged."""
         deployment = self.get_object()
-        return conditional(request, deployment, "detail",
-                           lambda: DeploymentSerializer(deployment).data)
+        return conditional(request, deployment, "detail", lambda: deployment_data(deployment))
 
     @extend_schema(**CREATE_SCHEMA)
     def create(self, request: Request) -> Response:
