@@ -219,3 +219,42 @@ def test_a_page_opened_later_draws_its_cards_without_replaying_the_log(  # type:
     page.locator("#log").evaluate("p => { p.scrollTop = 0; }")
     expect(page.locator("#log")).to_contain_text("loading shard 2400\n")
     assert _lines(page)["lines"] == 700
+
+
+def _fill_later(pk: int, count: int) -> None:
+    """Events stored and never published (the live channel missed them), from a thread."""
+    def fill() -> None:
+        try:
+            fill_events(deployment_id=pk, count=count)
+        finally:
+            connection.close()
+    thread = threading.Thread(target=fill)
+    thread.start()
+    thread.join()
+
+
+@pytest.fixture
+def queued(operator, server: str) -> int:  # type: ignore[no-untyped-def]
+    """A deployment that is not over (its page follows the stream); made before the page."""
+    return services.deployment_create(data=spec(name="behind"), confirm_warnings=True).pk
+
+
+def test_a_stream_too_far_behind_shows_where_it_skipped_to_and_reloads_history(  # type: ignore[no-untyped-def]
+        queued, server, page):
+    from web.deployments import sse
+
+    pk = queued
+    login(page, server)
+    page.goto(f"{server}/deployments/{pk}/")
+    expect(page.locator("#conn")).to_have_text("live", timeout=15_000)
+    # More than the stream may lag comes in at once, then a live line: the stream is told
+    # which seqs it skipped and goes on near the head.
+    _fill_later(pk, sse.SKIP_LAG + 1000)
+    _append_live(pk, "after the skip")
+    skip = page.locator("#log .line.skip")
+    expect(skip).to_contain_text("skipped ", timeout=30_000)
+    expect(skip).to_contain_text("lines, from seq ")
+    expect(page.locator("#log")).to_contain_text("after the skip")
+    skip.locator("a.reload-history").click()
+    expect(page.locator("#log .line.skip")).to_have_count(0)  # the newest page replaced it
+    expect(page.locator("#log .line").last).to_contain_text("after the skip")
