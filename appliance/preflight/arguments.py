@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from appliance.engine.flags import closest_flag, flags_in_argv
 from appliance.engine.launch import launch_args
 from appliance.engine.spec import SECRET_NAME, SECRET_VALUE, EngineOptions, flag_for
-from appliance.preflight.context import Context, Finding, _finding
+from appliance.preflight.context import Context, Finding, findings
 
 
 def _engine_flag_findings(ctx: Context, known: frozenset[str], source: str) -> list[Finding]:
@@ -19,7 +19,7 @@ def _engine_flag_findings(ctx: Context, known: frozenset[str], source: str) -> l
             continue
         name = flag[2:].replace("-", "_")
         close = closest_flag(flag, known)
-        found += _finding("unknown-flag", "error", f"engine.{name}",
+        found += findings("unknown-flag", "error", f"engine.{name}",
                           f"SGLang {source} has no {flag}",
                           f"did you mean {close}?" if close else f"remove {name}")
     return found
@@ -30,7 +30,7 @@ def rule_unknown_flag(ctx: Context) -> list[Finding]:
     if known is None:
         if ctx.recipe is None:
             return []
-        return _finding("unknown-flag", "info", "extra_args",
+        return findings("unknown-flag", "info", "extra_args",
                         f"no flag list for recipe {ctx.recipe.name!r}; flags not checked",
                         "generate one with bench/gen_sglang_flags.py")
     source = ctx.recipe.flag_list_name if ctx.recipe else "source"
@@ -38,7 +38,7 @@ def rule_unknown_flag(ctx: Context) -> list[Finding]:
     for i, flag in flags_in_argv(ctx.spec.extra_args):
         if flag not in known:
             close = closest_flag(flag, known)
-            found += _finding("unknown-flag", "error", f"extra_args[{i}]",
+            found += findings("unknown-flag", "error", f"extra_args[{i}]",
                               f"SGLang {source} has no {flag}",
                               f"did you mean {close}?" if close else "remove it")
     return found
@@ -52,11 +52,11 @@ def rule_duplicate_flag(ctx: Context) -> list[Finding]:
     for i, flag in flags_in_argv(ctx.spec.extra_args):
         if flag in emitted:
             name = flag[2:].replace("-", "_")
-            found += _finding("duplicate-flag", "error", f"extra_args[{i}]",
+            found += findings("duplicate-flag", "error", f"extra_args[{i}]",
                               f"{flag} is already set from engine.{name}",
                               f"set engine.{name} instead and remove it from extra_args")
         elif flag in seen:
-            found += _finding("duplicate-flag", "error", f"extra_args[{i}]",
+            found += findings("duplicate-flag", "error", f"extra_args[{i}]",
                               f"{flag} appears twice in extra_args", "keep one")
         seen.add(flag)
     return found
@@ -76,14 +76,14 @@ def _secret_positions(argv: list[str]) -> Iterable[int]:
 def rule_secret_in_args(ctx: Context) -> list[Finding]:
     found: list[Finding] = []
     for i in _secret_positions(ctx.spec.extra_args):
-        found += _finding("secret-in-args", "error", f"extra_args[{i}]",
+        found += findings("secret-in-args", "error", f"extra_args[{i}]",
                           "a token-like value is in the command line, where docker inspect, "
                           "ps and the logs show it", "store it as a secret and list its name "
                           "under secrets: (the runtime passes it as an env var)")
     for f in dataclasses.fields(EngineOptions):
         value = getattr(ctx.engine, f.name)
         if isinstance(value, str) and SECRET_VALUE.match(value):
-            found += _finding("secret-in-args", "error", f"engine.{f.name}",
+            found += findings("secret-in-args", "error", f"engine.{f.name}",
                               f"{flag_for(f.name)} holds a token-like value",
                               "store it as a secret and list its name under secrets:")
     return found

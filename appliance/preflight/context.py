@@ -115,7 +115,7 @@ def _version(text: str | None) -> tuple[int, ...] | None:
     return tuple(int(n) for n in nums[:3]) if nums else None
 
 
-def _finding(rule: str, severity: Severity, fld: str, message: str, fix: str) -> list[Finding]:
+def findings(rule: str, severity: Severity, fld: str, message: str, fix: str) -> list[Finding]:
     return [Finding(rule, severity, fld, message, fix)]
 
 

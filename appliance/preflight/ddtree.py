@@ -10,9 +10,9 @@ from appliance.preflight.context import (
     Context,
     Finding,
     Severity,
-    _finding,
     block_size,
     ddtree_budget,
+    findings,
 )
 from appliance.preflight.sources import FLASH_ATTENTION, DDTreeSource, ddtree_source
 
@@ -41,7 +41,7 @@ def _width_error(ctx: Context, block: int, budget: int) -> list[Finding]:
         failure = (f"replay fails with 'The size of tensor a ({block}) must match the size of "
                    f"tensor b ({budget + 1})' after the full model load (newer SGLang silently "
                    "falls back to eager verify instead)")
-    return _finding(
+    return findings(
         "ddtree-verify-width", "error", "recipe",
         f"recipe {name!r} lacks the {VERIFY_WIDTH_PATCH} patch: this source captures the target "
         f"verify CUDA graph at the block size ({block} tokens per request) but DDTree verifies "
@@ -61,14 +61,14 @@ def rule_ddtree_verify_width(ctx: Context) -> list[Finding]:
     widths = f"target verify CUDA graph width {budget + 1} (budget+1), draft graph width " \
         f"{block} (block size)"
     if source is not None and not source.needs_width_patch:
-        return _finding("ddtree-verify-width", "info", "recipe",
+        return findings("ddtree-verify-width", "info", "recipe",
                         f"{widths}: SGLang {source.short} captures them itself",
                         "nothing to do")
     if VERIFY_WIDTH_PATCH in ctx.recipe.patches:
-        return _finding("ddtree-verify-width", "info", "recipe",
+        return findings("ddtree-verify-width", "info", "recipe",
                         f"{widths}, via the {VERIFY_WIDTH_PATCH} patch", "nothing to do")
     if _unknown_commit(ctx):
-        return _finding("ddtree-verify-width", "warning", "recipe",
+        return findings("ddtree-verify-width", "warning", "recipe",
                         f"SGLang source of recipe {ctx.recipe.name!r} is not one the appliance "
                         f"knows: whether it captures the target verify graph at budget+1 = "
                         f"{budget + 1} is unchecked (101cd5bd0 captures the block size)",
@@ -83,7 +83,7 @@ def rule_ddtree_draft_attention_backend(ctx: Context) -> list[Finding]:
     e, fld = ctx.engine, "engine.speculative_draft_attention_backend"
     draft = e.speculative_draft_attention_backend or e.attention_backend
     if draft is None:
-        return _finding("ddtree-draft-attention-backend", "warning", fld,
+        return findings("ddtree-draft-attention-backend", "warning", fld,
                         f"no draft attention backend set: on SGLang {source.short} the draft "
                         "takes the target's backend, which SGLang makes fa3 on Hopper, and an "
                         "fa3 draft crashes at capture", DRAFT_FIX)
@@ -91,7 +91,7 @@ def rule_ddtree_draft_attention_backend(ctx: Context) -> list[Finding]:
         return []
     inherited = "" if e.speculative_draft_attention_backend else \
         " (taken from attention_backend, as this source's DFlashWorker does)"
-    return _finding(
+    return findings(
         "ddtree-draft-attention-backend", "error", fld,
         f"the draft runs on {draft}{inherited}: SGLang {source.short}'s FlashAttention turns "
         "cascade attention on whenever spec_algorithm.is_ddtree(), which is true for the draft "
@@ -122,10 +122,10 @@ def rule_ddtree_page_size(ctx: Context) -> list[Finding]:
     if message is not None:
         keep = "" if not source.paged_verify else \
             f", or keep page_size {page} with attention_backend: triton"
-        return _finding("ddtree-page-size", "error", "engine.page_size", message,
+        return findings("ddtree-page-size", "error", "engine.page_size", message,
                         f"set page_size: 1 (or leave it unset){keep}")
     if source.fa_page_size_one and ctx.engine.attention_backend is None:
-        return _finding("ddtree-page-size", "warning", "engine.page_size",
+        return findings("ddtree-page-size", "warning", "engine.page_size",
                         f"page_size {page} with no attention backend set: on Hopper SGLang "
                         f"picks fa3, whose tree verify on {source.short} needs page_size 1",
                         "set attention_backend: triton, or page_size: 1")
@@ -138,7 +138,7 @@ def rule_ddtree_overlap_schedule(ctx: Context) -> list[Finding]:
     source, off = ddtree_source(ctx.recipe), ctx.engine.disable_overlap_schedule
     fld = "engine.disable_overlap_schedule"
     if source is not None and source.overlap == "supported":
-        return [] if not off else _finding(
+        return [] if not off else findings(
             "ddtree-overlap-schedule", "info", fld,
             f"SGLang {source.short} runs DDTree with the overlap (spec v2) scheduler too; "
             "disable_overlap_schedule: true makes each step synchronous",
@@ -146,12 +146,12 @@ def rule_ddtree_overlap_schedule(ctx: Context) -> list[Finding]:
     if off or (source is None and not _unknown_commit(ctx)):
         return []
     if source is not None and source.overlap == "turned-off":
-        return _finding("ddtree-overlap-schedule", "info", fld,
+        return findings("ddtree-overlap-schedule", "info", fld,
                         f"SGLang {source.short} turns the overlap scheduler off for DDTREE",
                         "nothing to do")
     severity: Severity = "error" if source is not None else "warning"
     which = f"SGLang {source.short}" if source else "101cd5bd0 (this source is unknown)"
-    return _finding("ddtree-overlap-schedule", severity, fld,
+    return findings("ddtree-overlap-schedule", severity, fld,
                     f"{which}: DDTreeWorker raises 'DDTREE does not support overlap scheduling "
                     "(spec v2)' and argument handling does not turn the overlap scheduler off "
                     "for DDTREE", "set disable_overlap_schedule: true")

@@ -17,7 +17,7 @@ python/sglang/srt/ of that source.
 from __future__ import annotations
 
 from appliance.engine.flags import flags_in_argv
-from appliance.preflight.context import Context, Finding, _finding
+from appliance.preflight.context import Context, Finding, findings
 from appliance.preflight.sources import FLASH_ATTENTION, DDTreeSource, ddtree_source
 
 ONE_WIDTH_SOURCES = ("433c58ed7",)  # one target verify graph width, eager otherwise
@@ -53,7 +53,7 @@ def rule_ddtree_graph_width_only(ctx: Context) -> list[Finding]:
     extra = _extra(ctx)
     for flag in NARROWING_FLAGS:
         if flag in extra:
-            found += _finding(
+            found += findings(
                 "ddtree-graph-width", "warning", f"extra_args[{extra[flag][0]}]",
                 f"{flag} verifies trees narrower than budget+1, but {source.short} captures the "
                 "target's verify graph at budget+1 only: every narrower verify runs eagerly, "
@@ -68,7 +68,7 @@ def _running_above_graphs(ctx: Context) -> list[Finding]:
     running = engine.max_running_requests or DEFAULT_MAX_RUNNING
     if engine.cuda_graph_max_bs is None or running <= engine.cuda_graph_max_bs:
         return []
-    return _finding(
+    return findings(
         "ddtree-graph-width", "warning", "engine.max_running_requests",
         f"up to {running} running requests but verify graphs only up to batch "
         f"{engine.cuda_graph_max_bs}: larger batches verify eagerly",
@@ -83,7 +83,7 @@ def rule_ddtree_fa_verify_inputs(ctx: Context) -> list[Finding]:
     extra, backend = _extra(ctx), ctx.engine.attention_backend
     found: list[Finding] = []
     if "--use-tree-attention" in extra and backend not in FLASH_ATTENTION:
-        found += _finding(
+        found += findings(
             "ddtree-fa-verify", "error", f"extra_args[{extra['--use-tree-attention'][0]}]",
             f"--use-tree-attention needs a FlashAttention target; with {backend or 'the default'}"
             " backend the first verify raises RuntimeError: --use-tree-attention requires an "
@@ -93,7 +93,7 @@ def rule_ddtree_fa_verify_inputs(ctx: Context) -> list[Finding]:
     for flag, prefix in AUTOTUNE_FLAGS.items():
         index, value = extra.get(flag, (None, None))
         if index is not None and value and value.startswith(prefix):
-            found += _finding(
+            found += findings(
                 "ddtree-fa-verify", "error", f"extra_args[{index}]",
                 f"{flag} {value} turns on FlashInfer's autotune warm-up, which feeds fa3 a "
                 "DDTree dummy without visibility metadata: start-up fails after the full model "

@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass
 
-from appliance.preflight.context import Context, Finding, _finding
+from appliance.preflight.context import Context, Finding, findings
 from appliance.preflight.store import WAITING_STATES
 
 # Where engines see the models folder (compose mounts APPLIANCE_MODELS_DIR there, read-only).
@@ -42,7 +42,7 @@ def _what(fld: str) -> str:
 
 def _folder_finding(fld: str, folder: ModelFolder) -> list[Finding]:
     if not folder.mounted:
-        return _finding("model-path-outside-models", "error", fld,
+        return findings("model-path-outside-models", "error", fld,
                         f"{folder.path!r} is outside {MODELS_MOUNT}: engines see only the "
                         f"models folder, mounted at {MODELS_MOUNT}",
                         f"put {_what(fld)} in the models folder on the host "
@@ -51,22 +51,22 @@ def _folder_finding(fld: str, folder: ModelFolder) -> list[Finding]:
         name = folder.path.rstrip("/").rsplit("/", 1)[-1]
         near = difflib.get_close_matches(name, folder.siblings, n=3, cutoff=0.6)
         hint = f"did you mean {', '.join(f'{MODELS_MOUNT}/{n}' for n in near)}? " if near else ""
-        return _finding("model-path-missing", "error", fld,
+        return findings("model-path-missing", "error", fld,
                         f"no folder {folder.path!r} in the models folder",
                         f"{hint}fix the path, or copy {_what(fld)} into the models folder on "
                         "the host (APPLIANCE_MODELS_DIR)")
     if not folder.has_config:
-        return _finding("model-config-missing", "error", fld,
+        return findings("model-config-missing", "error", fld,
                         f"{folder.path!r} has no config.json: it is not a checkpoint folder "
                         "(or its download did not finish)",
                         "point the path at the folder that holds config.json, or finish the "
                         "download")
     if not folder.weight_files:
-        return _finding("model-weights-missing", "error", fld,
+        return findings("model-weights-missing", "error", fld,
                         f"{folder.path!r} has no weight files (*.safetensors or *.bin)",
                         "download the weights into that folder, or point the path at the "
                         "folder that holds them")
-    return _finding("model-files", "info", fld,
+    return findings("model-files", "info", fld,
                     f"{folder.path}: config.json and {folder.weight_files} weight files, "
                     f"{folder.weights_bytes / GB:.2f} GB", "nothing to do")
 

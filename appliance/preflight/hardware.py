@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from appliance.engine.spec import DFLASH_FAMILY
-from appliance.preflight.context import Context, Finding, _finding, is_mla
+from appliance.preflight.context import Context, Finding, findings, is_mla
 
 RULE = "gpu-arch-attention-backend"
 ARCH_NAMES = {8: "Ampere/Ada (SM8x)", 9: "Hopper (SM90)", 10: "Blackwell datacenter (SM100)",
@@ -98,7 +98,7 @@ def _target(ctx: Context, major: int, gpu: str) -> list[Finding]:
     where = f"{gpu}, {ARCH_NAMES.get(major, f'SM{major}x')}"
     if backend is None:
         if ctx.algorithm == "DDTREE" and mla and major == 10:
-            return _finding(RULE, "error", fld,
+            return findings(RULE, "error", fld,
                             f"no attention backend set: on {where} SGLang picks flashinfer for "
                             "an MLA model, and FlashInfer's MLA backend verifies chains only, "
                             "not DDTree's tree",
@@ -107,7 +107,7 @@ def _target(ctx: Context, major: int, gpu: str) -> list[Finding]:
     reason = _unsupported(backend, major, mla)
     if reason is None:
         return []
-    return _finding(RULE, "error", fld, f"attention_backend {backend!r} does not run on {where}: "
+    return findings(RULE, "error", fld, f"attention_backend {backend!r} does not run on {where}: "
                     f"{reason}", f"set attention_backend: {_advice(ctx, major, mla)}")
 
 
@@ -115,7 +115,7 @@ def _draft(ctx: Context, major: int, gpu: str) -> list[Finding]:
     draft = ctx.engine.speculative_draft_attention_backend
     if ctx.algorithm not in DFLASH_FAMILY or draft != "fa3" or major in (8, 9):
         return []
-    return _finding(RULE, "error", "engine.speculative_draft_attention_backend",
+    return findings(RULE, "error", "engine.speculative_draft_attention_backend",
                     f"speculative_draft_attention_backend 'fa3' does not run on {gpu} "
                     f"({ARCH_NAMES.get(major, f'SM{major}x')}): {FA3_ASSERT}",
                     "set speculative_draft_attention_backend: flashinfer (or triton)")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from appliance.engine.launch import launch_args
-from appliance.preflight.context import Context, Finding, _finding
+from appliance.preflight.context import Context, Finding, findings
 
 GIB = 1024**3
 
@@ -11,7 +11,7 @@ GIB = 1024**3
 def rule_trust_remote_code(ctx: Context) -> list[Finding]:
     if ctx.model is None or not ctx.model.get("auto_map") or ctx.engine.trust_remote_code:
         return []
-    return _finding("trust-remote-code", "error", "engine.trust_remote_code",
+    return findings("trust-remote-code", "error", "engine.trust_remote_code",
                     "the model ships custom code (auto_map in config.json) and the engine "
                     "refuses to load it without trust_remote_code",
                     "set trust_remote_code: true")
@@ -23,11 +23,11 @@ def rule_context_length(ctx: Context) -> list[Finding]:
         return []
     allowed = launch_args(ctx.spec).env.get("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN") == "1"
     if allowed:
-        return _finding("context-length", "warning", "engine.context_length",
+        return findings("context-length", "warning", "engine.context_length",
                         f"context_length {wanted} exceeds the model's max_position_embeddings "
                         f"{limit}; outputs past {limit} tokens may degrade",
                         f"set context_length to {limit} or less")
-    return _finding("context-length", "error", "engine.context_length",
+    return findings("context-length", "error", "engine.context_length",
                     f"context_length {wanted} exceeds the model's max_position_embeddings {limit}; "
                     "SGLang refuses to start", f"set context_length to {limit} or less")
 
@@ -44,13 +44,13 @@ def rule_gpu_memory(ctx: Context) -> list[Finding]:
     usage = (f"weights {weights:.1f} GB per GPU (over {shards} GPUs) against "
              f"{budget:.1f} GB static memory ({frac:.2f} x {ctx.gpu_memory_gb:.0f} GB)")
     if room < 0:
-        return _finding("gpu-memory", "error", "engine.tp_size", f"{usage}: does not fit",
+        return findings("gpu-memory", "error", "engine.tp_size", f"{usage}: does not fit",
                         "use more GPUs (tp_size), a quantized checkpoint, or a larger GPU")
     # KV cache for a few long requests plus CUDA graph buffers need several GB per GPU.
     headroom = max(4.0, 0.05 * ctx.gpu_memory_gb)
     if room < headroom:
-        return _finding("gpu-memory", "warning", "engine.mem_fraction_static",
+        return findings("gpu-memory", "warning", "engine.mem_fraction_static",
                         f"{usage}: only {room:.1f} GB left for KV cache and CUDA graphs",
                         "raise mem_fraction_static, lower cuda_graph_max_bs, or add GPUs")
-    return _finding("gpu-memory", "info", "engine", f"{usage}: {room:.1f} GB left for KV cache",
+    return findings("gpu-memory", "info", "engine", f"{usage}: {room:.1f} GB left for KV cache",
                     "nothing to do")

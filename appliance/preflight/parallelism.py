@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from appliance.engine.spec import DFLASH_FAMILY
-from appliance.preflight.context import Context, Finding, _finding, is_mla
+from appliance.preflight.context import Context, Finding, findings, is_mla
 
 
 def rule_parallel_gpu_count(ctx: Context) -> list[Finding]:
@@ -13,15 +13,15 @@ def rule_parallel_gpu_count(ctx: Context) -> list[Finding]:
     need = e.tp_size * dp * e.pp_size
     product = f"tp {e.tp_size} x dp {dp} x pp {e.pp_size} = {need}"
     if e.tp_size % e.ep_size:
-        return _finding("parallel-gpu-count", "error", "engine.ep_size",
+        return findings("parallel-gpu-count", "error", "engine.ep_size",
                         f"ep_size {e.ep_size} must divide tp_size {e.tp_size}",
                         f"set ep_size to a divisor of {e.tp_size}")
     if need > have:
-        return _finding("parallel-gpu-count", "error", "gpus",
+        return findings("parallel-gpu-count", "error", "gpus",
                         f"{product} GPUs needed but {have} assigned",
                         f"assign {need} GPUs or lower tp_size")
     if need < have:
-        return _finding("parallel-gpu-count", "warning", "gpus",
+        return findings("parallel-gpu-count", "warning", "gpus",
                         f"{product} GPUs used but {have} assigned; {have - need} stay idle",
                         f"assign {need} GPUs or raise tp_size to {have // (dp * e.pp_size)}")
     return []
@@ -31,7 +31,7 @@ def _divides(rule: str, fld: str, what: str, count: int, size: int, name: str) -
     if count % size == 0:
         return []
     divisors = [d for d in range(1, count + 1) if count % d == 0 and d <= 64]
-    return _finding(rule, "error", fld, f"{name}={size} does not divide the model's {count} {what}",
+    return findings(rule, "error", fld, f"{name}={size} does not divide the model's {count} {what}",
                     f"use a {name} in {divisors}")
 
 
@@ -63,7 +63,7 @@ def rule_drafter_matches_target(ctx: Context) -> list[Finding]:
     found: list[Finding] = []
     for key in ("vocab_size", "hidden_size"):
         if m.get(key) is not None and d.get(key) is not None and m[key] != d[key]:
-            found += _finding("drafter-matches-target", "error", fld,
+            found += findings("drafter-matches-target", "error", fld,
                               f"drafter {key} {d[key]} differs from the target's {m[key]}",
                               "use the drafter trained for this target model")
     layers = m.get("num_hidden_layers")
@@ -72,13 +72,13 @@ def rule_drafter_matches_target(ctx: Context) -> list[Finding]:
     if isinstance(layers, int) and isinstance(ids, list):
         bad = [i for i in ids if not isinstance(i, int) or not 0 <= i < layers]
         if bad:
-            found += _finding("drafter-matches-target", "error", fld,
+            found += findings("drafter-matches-target", "error", fld,
                               f"drafter target_layer_ids {bad} are outside the target's "
                               f"{layers} layers (0..{layers - 1})",
                               "use the drafter trained for this target model")
     trained = sub.get("num_target_layers", d.get("num_target_layers"))
     if isinstance(layers, int) and isinstance(trained, int) and trained != layers:
-        found += _finding("drafter-matches-target", "warning", fld,
+        found += findings("drafter-matches-target", "warning", fld,
                           f"drafter was trained on a {trained}-layer target; this one has "
                           f"{layers}", "check the drafter belongs to this model")
     return found

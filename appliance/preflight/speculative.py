@@ -10,10 +10,10 @@ from appliance.engine.spec import DFLASH_FAMILY, EngineOptions
 from appliance.preflight.context import (
     Context,
     Finding,
-    _finding,
     _version,
     block_size,
     drafter_block_size,
+    findings,
     is_mla,
 )
 from appliance.preflight.sources import ddtree_source
@@ -30,16 +30,16 @@ def rule_ddtree_budget(ctx: Context) -> list[Finding]:
     if ctx.algorithm != "DDTREE":
         if budget is None:
             return []
-        return _finding("ddtree-budget", "warning", "engine.speculative_ddtree_budget",
+        return findings("ddtree-budget", "warning", "engine.speculative_ddtree_budget",
                         f"a DDTree budget is set but the algorithm is {ctx.algorithm}; "
                         "SGLang ignores it", "remove it or set speculative_algorithm: DDTREE")
     if budget is not None and budget < 1:
-        return _finding("ddtree-budget", "error", "engine.speculative_ddtree_budget",
+        return findings("ddtree-budget", "error", "engine.speculative_ddtree_budget",
                         f"the tree budget must be at least 1, got {budget}",
                         "set speculative_ddtree_budget to 1 or more (e.g. 32)")
     block = block_size(ctx)
     if budget is None and block:
-        return _finding("ddtree-budget", "info", "engine.speculative_ddtree_budget",
+        return findings("ddtree-budget", "info", "engine.speculative_ddtree_budget",
                         f"no budget set: DDTree uses block size - 1 = {block - 1} tree nodes",
                         "set speculative_ddtree_budget to verify a wider tree (e.g. 32)")
     return []
@@ -51,21 +51,21 @@ def rule_tree_attention_backend(ctx: Context) -> list[Finding]:
     backend, mla = ctx.engine.attention_backend, is_mla(ctx.model)
     fld = "engine.attention_backend"
     if backend is None:
-        return _finding("tree-attention-backend", "warning", fld,
+        return findings("tree-attention-backend", "warning", fld,
                         "no attention backend set: SGLang picks one per GPU and model, and not "
                         "every backend takes DDTree's tree mask",
                         "set attention_backend: fa3 (or triton)")
     if backend not in TREE_BACKENDS:
-        return _finding("tree-attention-backend", "error", fld,
+        return findings("tree-attention-backend", "error", fld,
                         f"attention backend {backend!r} cannot verify a draft tree (no tree mask)",
                         "use fa3 or triton (flashinfer only for non-MLA models)")
     if backend == "flashinfer" and mla:
-        return _finding("tree-attention-backend", "error", fld,
+        return findings("tree-attention-backend", "error", fld,
                         "FlashInfer's MLA backend supports only topk=1 (chain) speculative "
                         "decoding; this model uses MLA, so DDTree's tree verify cannot run",
                         "use attention_backend: fa3 (Hopper) or triton")
     if backend == "flashinfer" and mla is None:
-        return _finding("tree-attention-backend", "warning", fld,
+        return findings("tree-attention-backend", "warning", fld,
                         "flashinfer takes a tree mask only on non-MLA models and the model "
                         "config could not be read", "use fa3 or triton for MLA models")
     return []
@@ -77,16 +77,16 @@ def rule_dflash_dp_attention(ctx: Context) -> list[Finding]:
         return []
     fld = "engine.enable_dp_attention"
     if ctx.algorithm == "DDTREE":
-        return _finding("dflash-dp-attention", "error", fld,
+        return findings("dflash-dp-attention", "error", fld,
                         "DDTree's worker extends this source's DFlashWorker, which does not "
                         "support dp attention", "remove enable_dp_attention")
     version = _version(ctx.recipe.sglang_version if ctx.recipe else None)
     if version is not None and version < (0, 5, 23):
-        return _finding("dflash-dp-attention", "error", fld,
+        return findings("dflash-dp-attention", "error", fld,
                         "DFLASH does not support dp attention before SGLang 0.5.23",
                         "remove enable_dp_attention, or use SGLang 0.5.23 with enable_dp_lm_head")
     if not e.enable_dp_lm_head:
-        return _finding("dflash-dp-attention", "error", fld,
+        return findings("dflash-dp-attention", "error", fld,
                         "DFLASH with dp attention requires --enable-dp-lm-head (SGLang raises "
                         "at start-up)",
                         "set enable_dp_lm_head: true, or remove enable_dp_attention")
@@ -96,7 +96,7 @@ def rule_dflash_dp_attention(ctx: Context) -> list[Finding]:
 def rule_dflash_pipeline_parallel(ctx: Context) -> list[Finding]:
     if ctx.algorithm not in DFLASH_FAMILY or ctx.engine.pp_size == 1:
         return []
-    return _finding("dflash-pipeline-parallel", "error", "engine.pp_size",
+    return findings("dflash-pipeline-parallel", "error", "engine.pp_size",
                     f"{ctx.algorithm} speculative decoding only supports pp_size == 1, got "
                     f"{ctx.engine.pp_size}", "set pp_size: 1 and use tp_size for the GPUs")
 
@@ -105,7 +105,7 @@ def _flag_disagreement(e: EngineOptions) -> list[Finding]:
     nd, bs = e.speculative_num_draft_tokens, e.speculative_dflash_block_size
     if nd is None or bs is None or nd == bs:
         return []
-    return _finding("block-size-agreement", "error", "engine.speculative_dflash_block_size",
+    return findings("block-size-agreement", "error", "engine.speculative_dflash_block_size",
                     f"speculative_num_draft_tokens={nd} and speculative_dflash_block_size={bs} "
                     "differ; for DFLASH they must match", "set only one of them")
 
@@ -113,11 +113,11 @@ def _flag_disagreement(e: EngineOptions) -> list[Finding]:
 def _drafter_disagreement(ctx: Context, block: int, trained: int) -> list[Finding]:
     fld = "engine.speculative_num_draft_tokens"
     if block > trained:
-        return _finding("block-size-agreement", "error", fld,
+        return findings("block-size-agreement", "error", fld,
                         f"block size {block} is larger than the drafter's trained block size "
                         f"{trained} (its config.json)",
                         f"set speculative_num_draft_tokens: {trained}")
-    return _finding("block-size-agreement", "warning", fld,
+    return findings("block-size-agreement", "warning", fld,
                     f"block size {block} is smaller than the drafter's trained block size "
                     f"{trained}: fewer tokens can be accepted per step",
                     f"set speculative_num_draft_tokens: {trained} unless this is deliberate")
@@ -133,12 +133,12 @@ def rule_block_size_agreement(ctx: Context) -> list[Finding]:
         found += _drafter_disagreement(ctx, block, trained)
     source = ddtree_source(ctx.recipe)
     if block is None and ctx.algorithm == "DDTREE" and not (source and source.infers_block_size):
-        found += _finding("block-size-agreement", "error", "engine.speculative_num_draft_tokens",
+        found += findings("block-size-agreement", "error", "engine.speculative_num_draft_tokens",
                           "DDTREE needs an explicit block size: this source does not run "
                           "DFLASH's argument handling that infers it from the drafter",
                           f"set speculative_num_draft_tokens: {trained or 8}")
     elif block is None:
-        found += _finding("block-size-agreement", "info", "engine.speculative_num_draft_tokens",
+        found += findings("block-size-agreement", "info", "engine.speculative_num_draft_tokens",
                           f"block size comes from the drafter config ({trained}) or defaults to "
                           f"{DFLASH_DEFAULT_BLOCK}", "set speculative_num_draft_tokens to be sure")
     return found
@@ -147,7 +147,7 @@ def rule_block_size_agreement(ctx: Context) -> list[Finding]:
 def rule_speculative_draft_model(ctx: Context) -> list[Finding]:
     if ctx.algorithm not in NEEDS_DRAFT_MODEL or ctx.engine.speculative_draft_model_path:
         return []
-    return _finding("speculative-draft-model", "error", "engine.speculative_draft_model_path",
+    return findings("speculative-draft-model", "error", "engine.speculative_draft_model_path",
                     f"{ctx.algorithm} speculative decoding requires a draft model path",
                     "set speculative_draft_model_path to the drafter's directory")
 
@@ -155,7 +155,7 @@ def rule_speculative_draft_model(ctx: Context) -> list[Finding]:
 def rule_dflash_max_running_requests(ctx: Context) -> list[Finding]:
     if ctx.algorithm != "DFLASH" or ctx.engine.max_running_requests is not None:
         return []
-    return _finding("dflash-max-running-requests", "info", "engine.max_running_requests",
+    return findings("dflash-max-running-requests", "info", "engine.max_running_requests",
                     f"DFLASH caps max running requests at {DFLASH_MAX_RUNNING_DEFAULT} when unset",
                     "set max_running_requests to serve more concurrent requests")
 
@@ -163,7 +163,7 @@ def rule_dflash_max_running_requests(ctx: Context) -> list[Finding]:
 def rule_cuda_graph_disabled(ctx: Context) -> list[Finding]:
     if ctx.algorithm == "NONE" or not ctx.engine.disable_cuda_graph:
         return []
-    return _finding("cuda-graph-disabled", "warning", "engine.disable_cuda_graph",
+    return findings("cuda-graph-disabled", "warning", "engine.disable_cuda_graph",
                     "CUDA graphs are off: every draft and verify step runs eager, which loses "
                     "most of the speculative speed-up", "remove disable_cuda_graph")
 
@@ -175,7 +175,7 @@ def rule_algorithm_in_source(ctx: Context) -> list[Finding]:
     if marker[ctx.algorithm] in ctx.flags:
         return []
     source = ctx.recipe.sglang_version or ctx.recipe.name if ctx.recipe else "this source"
-    return _finding("algorithm-in-source", "error", "engine.speculative_algorithm",
+    return findings("algorithm-in-source", "error", "engine.speculative_algorithm",
                     f"SGLang {source} has no {ctx.algorithm} speculative decoding",
                     "use the kimi-k2.6-ddtree recipe" if ctx.algorithm == "DDTREE"
                     else "use SGLang 0.5.11 or newer")

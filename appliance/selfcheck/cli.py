@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from .graphs import run_graph_role, width_mismatch_traceback
-from .inventory import _import_nvml, _import_torch, check_driver, nvml_inventory, parse_gpu_list
+from .inventory import check_driver, import_nvml, import_torch, nvml_inventory, parse_gpu_list
 from .links import DEFAULT_ALLREDUCE_MB, peer_access, run_allreduce
 from .report import (
     ALGORITHMS,
@@ -46,7 +46,7 @@ class Options:
 
 
 def _nvml_part(opts: Options, report: Report) -> None:
-    nvml, err = _import_nvml()
+    nvml, err = import_nvml()
     if nvml is None:
         report.add(Check("nvml-available", False, f"pynvml is not importable: {err}",
                                    "install nvidia-ml-py in the engine image"))
@@ -139,7 +139,7 @@ def run_check(
     report.tell("begin", {"gpus": list(opts.gpus), "roles": [asdict(r) for r in opts.roles],
                           "max_bs": opts.max_bs})
     _nvml_part(opts, report)
-    torch, err = _import_torch()
+    torch, err = import_torch()
     if torch is None:
         report.add(Check("torch-available", False, f"torch is not importable: {err}",
                          "run gpu-check inside the engine image, which has torch "
@@ -200,7 +200,7 @@ def roles_from_args(args: argparse.Namespace) -> list[GraphRole]:
 
 
 def _default_gpus() -> list[int]:
-    torch, _ = _import_torch()
+    torch, _ = import_torch()
     if torch is not None and torch.cuda.is_available():
         return list(range(int(torch.cuda.device_count())))
     return [0]

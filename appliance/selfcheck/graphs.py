@@ -1,7 +1,7 @@
 """CUDA-graph checks and the reproduction of DDTree's width mismatch.
 
 A verify-shaped block is captured per role, width and batch size, then replayed
-against eager. torch comes in as an argument (or through _import_torch), never at import.
+against eager. torch comes in as an argument (or through import_torch), never at import.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .inventory import _import_torch
+from .inventory import import_torch
 from .report import GraphRole
 
 GRAPH_HIDDEN = 1024  # small enough to be quick, large enough to run real GEMM kernels
@@ -206,7 +206,7 @@ def _feed_wider_batch(torch: Any, captured_width: int, fed_width: int, bs: int) 
 
 def width_mismatch_traceback(captured_width: int = 8, fed_width: int = 33, bs: int = 1) -> str:
     """The full traceback text of the mismatch ('' if nothing was raised)."""
-    torch, err = _import_torch()
+    torch, err = import_torch()
     if torch is None:
         raise RuntimeError(f"torch is needed to reproduce the width mismatch: {err}")
     try:
@@ -218,7 +218,7 @@ def width_mismatch_traceback(captured_width: int = 8, fed_width: int = 33, bs: i
 
 def reproduce_width_mismatch(captured_width: int = 8, fed_width: int = 33, bs: int = 1) -> str:
     """The exact error text torch raises when a block-width graph gets budget+1 rows."""
-    torch, err = _import_torch()
+    torch, err = import_torch()
     if torch is None:
         raise RuntimeError(f"torch is needed to reproduce the width mismatch: {err}")
     try:

@@ -72,7 +72,7 @@ def parse_gpu_list(text: str) -> list[int]:
 # --------------------------------------------------------------------------- lazy imports
 
 
-def _import_torch() -> tuple[Any | None, str | None]:
+def import_torch() -> tuple[Any | None, str | None]:
     try:
         import torch
     except Exception as exc:  # ImportError, or a broken CUDA install raising OSError
@@ -80,7 +80,7 @@ def _import_torch() -> tuple[Any | None, str | None]:
     return torch, None
 
 
-def _import_nvml() -> tuple[Any | None, str | None]:
+def import_nvml() -> tuple[Any | None, str | None]:
     try:
         import pynvml
     except Exception as exc:

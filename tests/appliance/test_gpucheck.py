@@ -126,8 +126,8 @@ def _missing(name: str) -> Any:
 
 def test_without_torch_or_nvml_it_prints_failed_checks_as_json_and_exits_one(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(gpucheck_cli, "_import_torch", _missing("torch"))
-    monkeypatch.setattr(gpucheck_cli, "_import_nvml", _missing("pynvml"))
+    monkeypatch.setattr(gpucheck_cli, "import_torch", _missing("torch"))
+    monkeypatch.setattr(gpucheck_cli, "import_nvml", _missing("pynvml"))
     rc = gpucheck.main(["--gpus", "0", "--algorithm", "DDTREE", "--block-size", "8",
                         "--budget", "32", "--json"])
     out = json.loads(capsys.readouterr().out)
@@ -140,8 +140,8 @@ def test_without_torch_or_nvml_it_prints_failed_checks_as_json_and_exits_one(
 
 def test_the_human_output_names_each_failed_check_and_its_fix(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(gpucheck_cli, "_import_torch", _missing("torch"))
-    monkeypatch.setattr(gpucheck_cli, "_import_nvml", _missing("pynvml"))
+    monkeypatch.setattr(gpucheck_cli, "import_torch", _missing("torch"))
+    monkeypatch.setattr(gpucheck_cli, "import_nvml", _missing("pynvml"))
     assert gpucheck.main(["--gpus", "0"]) == 1
     text = capsys.readouterr().out
     assert "FAIL] torch-available" in text and "fix:" in text

@@ -89,7 +89,7 @@ def test_the_container_plan_sizes_dev_shm_from_the_spec_else_the_setting(client:
                                content_type="application/json")
         assert response.status_code == 201, response.json()
         deployment = Deployment.objects.get(pk=response.json()["id"])
-        return str(services._container_plan(deployment, "img").shm_size)
+        return str(services.container_plan(deployment, "img").shm_size)
 
     with override_settings(ENGINE_SHM_SIZE="48g"):
         assert plan_of(name="sized", shm_size="96g") == "96g"

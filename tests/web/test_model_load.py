@@ -174,14 +174,14 @@ def test_an_unverified_model_is_never_mounted_and_the_others_are_mounted_alone(
     settings.MODELS_DIR = "/srv/models"
     write_model(root / "half-downloaded")
     deployment = services.deployment_create(data=spec(), confirm_warnings=True)
-    plan = services._container_plan(deployment, "img")
+    plan = services.container_plan(deployment, "img")
     assert plan.volumes == {
         "/srv/models/Kimi-K2.6": {"bind": "/models/Kimi-K2.6", "mode": "ro"},
         "/srv/models/Kimi-K2.6-DFlash": {"bind": "/models/Kimi-K2.6-DFlash", "mode": "ro"}}
     ModelEntry.objects.filter(relative_path="Kimi-K2.6").update(state=ModelState.PARTIAL)
     with pytest.raises(Exception, match=r"not verified in the model store: "
                                         r"/models/Kimi-K2.6 \(partial\)"):
-        services._container_plan(deployment, "img")
+        services.container_plan(deployment, "img")
 
 
 def test_the_weights_card_shows_the_expected_load_then_the_rate_reached(

@@ -207,7 +207,7 @@ def test_a_restarted_agent_adopts_the_running_container_instead_of_starting_anot
     services.deployment_mark_starting(deployment_id=pk, image=str(settings.ENGINE_IMAGE),
                                       start_token="first-start")
     # The first agent started the container and died before it was ready.
-    plan = services._container_plan(Deployment.objects.get(pk=pk), str(settings.ENGINE_IMAGE))
+    plan = services.container_plan(Deployment.objects.get(pk=pk), str(settings.ENGINE_IMAGE))
     first = EngineRuntime().ensure_started(plan)
     agent.paused.clear()
     assert services.wait_for(pk, {S.READY, S.FAILED}, 60) == S.READY

@@ -32,7 +32,7 @@ from .deployments import (
     recipe_load,
     recipe_names,
 )
-from .engines import _container_plan as _container_plan  # the worker tests build a plan
+from .engines import container_plan as container_plan  # the worker tests build a plan
 from .engines import deployment_run, deployment_stop, identity_of
 from .events import events_append, events_append_batch
 from .leases import gpu_leases_acquire, gpu_leases_release

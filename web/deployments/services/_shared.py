@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 
-def _runtime() -> Any:
+def engine_runtime() -> Any:
     from appliance.runtime.containers import EngineRuntime
 
     return EngineRuntime()

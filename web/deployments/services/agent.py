@@ -52,7 +52,7 @@ from .deployments import (
     deployment_mark_stopped,
     deployment_set_progress,
 )
-from .engines import _container_plan, identity_of, progress_fold
+from .engines import container_plan, identity_of, progress_fold
 from .events import events_append, events_append_batch
 from .hosts import docker_facts, start_failure
 from .lifecycle import deployment_restart_after_death
@@ -260,7 +260,7 @@ class EngineAgent:
         if deployment.status == S.STARTING and not self._may_start(deployment, sink):
             return
         follower = EngineFollower(
-            self.runtime, _container_plan(deployment, deployment.image), sink,
+            self.runtime, container_plan(deployment, deployment.image), sink,
             status=deployment.status, cursor=Cursor.decode(deployment.log_cursor),
             may_start=deployment.status == S.STARTING,
             options=self.follow_options,

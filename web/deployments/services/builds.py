@@ -15,7 +15,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from ..models import Deployment, DeploymentStatus, EventKind
-from ._shared import _runtime
+from ._shared import engine_runtime
 from .deployments import (
     deployment_mark_building,
     deployment_mark_failed,
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 S = DeploymentStatus
 
 
-class _BuildStopped(Exception):
+class BuildStopped(Exception):
     def __init__(self, outcome: str) -> None:
         self.outcome = outcome
 
@@ -61,7 +61,7 @@ def _heartbeat(pk: int, owner: str, finished: threading.Event) -> None:
         db_connection.close()
 
 
-def _ensure_image(deployment: Deployment) -> str | None:
+def ensure_image(deployment: Deployment) -> str | None:
     """An image tag to run, building it from the recipe when no override is configured."""
     finished = threading.Event()
     beat = threading.Thread(target=_heartbeat, args=(deployment.pk, _worker_id(), finished),
@@ -97,7 +97,7 @@ def _build(deployment: Deployment) -> str | None:
         raise _build_stopped(pk) from None
     except BuildFailed as exc:
         _mark_build_failed(pk, exc)
-        raise _BuildStopped(S.FAILED) from None
+        raise BuildStopped(S.FAILED) from None
     finally:
         finished.set()
         watcher.join(timeout=5)
@@ -136,7 +136,7 @@ def _run_build(deployment: Deployment, cancel: threading.Event) -> BuildResult:
     from appliance.images.plan import plan_build
 
     pk = deployment.pk
-    client = _runtime().client
+    client = engine_runtime().client
     recipe = recipe_load(deployment.recipe)
 
     def on_event(event: Any) -> None:
@@ -160,10 +160,10 @@ def _ca_bundle() -> Path | None:
     return path
 
 
-def _build_stopped(pk: int) -> _BuildStopped:
+def _build_stopped(pk: int) -> BuildStopped:
     """Mark the deployment stopped; the exception that ends its build, for the caller to raise."""
     deployment_mark_stopped(deployment_id=pk)
-    return _BuildStopped(S.STOPPED)
+    return BuildStopped(S.STOPPED)
 
 
 def _mark_build_failed(pk: int, exc: BuildFailed) -> None:

@@ -18,8 +18,8 @@ from appliance.preflight import gpu_check_args
 from appliance.runtime.containers import EngineRuntimeError, Identity
 
 from ..models import Deployment, DeploymentStatus
-from ._shared import _runtime, instance_id
-from .builds import _BuildStopped, _ensure_image, build_claim
+from ._shared import engine_runtime, instance_id
+from .builds import BuildStopped, build_claim, ensure_image
 from .deployments import deployment_mark_starting, deployment_mark_stopped
 from .loadtime import (
     MODEL_WAIT_POLL_S,
@@ -131,7 +131,7 @@ def identity_of(deployment: Deployment) -> Identity:
     return Identity(str(deployment.pk), instance_id(), deployment.start_token)
 
 
-def _container_plan(deployment: Deployment, image: str) -> Any:
+def container_plan(deployment: Deployment, image: str) -> Any:
     from appliance.engine.launch import launch_args
     from appliance.runtime.containers import ContainerPlan
 
@@ -184,8 +184,8 @@ def deployment_run(*, deployment_id: int) -> str:
     if deployment.status not in {S.QUEUED, S.BUILDING} or not build_claim(deployment_id):
         return str(deployment.status)  # done already, or a live worker builds it
     try:
-        image = _ensure_image(deployment)
-    except _BuildStopped as exc:
+        image = ensure_image(deployment)
+    except BuildStopped as exc:
         return exc.outcome
     if image is None:
         return str(Deployment.objects.get(pk=deployment_id).status)
@@ -205,6 +205,6 @@ def deployment_stop(*, deployment_id: int) -> str:
     deployment = Deployment.objects.get(pk=deployment_id)
     if deployment.status != S.STOPPING:
         return str(deployment.status)
-    _runtime().stop(identity_of(deployment), timeout_s=settings.ENGINE_STOP_TIMEOUT_S)
+    engine_runtime().stop(identity_of(deployment), timeout_s=settings.ENGINE_STOP_TIMEOUT_S)
     deployment_mark_stopped(deployment_id=deployment_id)
     return S.STOPPED
