@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -15,9 +16,11 @@ import redis
 from django.conf import settings
 from playwright.sync_api import Page, expect
 
+from tests.conftest_docker import remove_engines
 from tests.e2e.stack import login
-from tests.servers import celery_worker, panel_server
+from tests.servers import celery_worker, engine_agent, panel_server
 from tests.store.hubserver import HubServer, small_repo
+from web.deployments.services.engines import instance_id
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
 TOKEN = "hf_e2eTokenNeverShown0123456789"
@@ -33,22 +36,35 @@ def _done(page: Page) -> int:
     return int(text) if text.isdigit() else 0
 
 
-def _env(tmp_path: Path, hub: HubServer) -> dict[str, str]:
+def _this_install() -> str:
+    """The install's id (the engines this test may remove), read off Playwright's loop."""
+    found: list[str] = []
+    reader = threading.Thread(target=lambda: found.append(instance_id()))
+    reader.start()
+    reader.join()
+    return found[0]
+
+
+def _env(tmp_path: Path, hub: HubServer, engine_image: str) -> dict[str, str]:
     root, secrets = tmp_path / "models", tmp_path / "engine-secrets"
     root.mkdir()
     secrets.mkdir()
     (secrets / "HF_TOKEN").write_text(TOKEN)
     return {"APPLIANCE_MODEL_ROOTS": str(root), "APPLIANCE_HF_ENDPOINT": hub.url,
             "APPLIANCE_ENGINE_SECRETS_DIR": str(secrets), "APPLIANCE_STORE_LEASE_S": "2",
-            "APPLIANCE_STORE_PROGRESS_MS": "100", "APPLIANCE_STORE_CHUNK_BYTES": "16384"}
+            "APPLIANCE_STORE_PROGRESS_MS": "100", "APPLIANCE_STORE_CHUNK_BYTES": "16384",
+            # The model, once verified, is deployed by its entry to the test engine.
+            "APPLIANCE_ENGINE_IMAGE": engine_image, "APPLIANCE_ENGINE_GPU_REQUESTS": "0",
+            "APPLIANCE_ENGINE_EXTRA_ENV": "TEST_ENGINE_PACE_S=0.02,TEST_ENGINE_SHARDS=4",
+            "APPLIANCE_ENGINE_STOP_TIMEOUT_S": "5"}
 
 
-def test_a_model_added_in_the_panel_resumes_after_a_worker_kill_and_is_verified(operator, page: Page, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_a_model_added_in_the_panel_resumes_after_a_worker_kill_and_is_verified(operator, page: Page, tmp_path: Path, test_engine_image: str) -> None:  # type: ignore[no-untyped-def]
     redis.Redis.from_url(settings.REDIS_URL).flushdb()  # no stale jobs from other tests
     repo = small_repo(shard_bytes=1024 * 1024)
     with HubServer(repo) as hub, contextlib.ExitStack() as stack:
         hub.state.token, hub.state.rate = TOKEN, 120_000  # about 9 s per shard
-        env = _env(tmp_path, hub)
+        env = _env(tmp_path, hub, test_engine_image)
         url = stack.enter_context(panel_server(tmp_path / "web.log", **env))
         first = stack.enter_context(celery_worker(tmp_path / "worker-1.log", **env))
         login(page, url)
@@ -103,5 +119,21 @@ def test_a_model_added_in_the_panel_resumes_after_a_worker_kill_and_is_verified(
         expect(row).to_contain_text("ready")
         expect(row).to_contain_text("llama, 2 layers")
         assert TOKEN not in page.content()
+        # Deployed by store entry: the form offers it with its expected load, the test
+        # engine starts on it.
+        stack.enter_context(engine_agent(tmp_path / "agent.log", **env))
+        stack.callback(remove_engines, _this_install())
+        page.goto(f"{url}/deployments/new/?recipe=kimi-k2.6-baseline")
+        page.fill("#id_name", "from-the-hub")
+        page.select_option("#id_model_entry", str(entry["id"]))
+        expect(page.locator("#estimate-model_path")).to_contain_text("(ready)")
+        page.fill("#id_gpu_ids", "0")
+        page.fill("#id_tp_size", "1")
+        page.check("#id_confirm_warnings")
+        page.click("#deploy")
+        expect(page.locator("h1")).to_have_text("from-the-hub")
+        expect(page.locator("#status")).to_have_text("ready", timeout=90_000)
+        page.goto(f"{url}/models/")
+        expect(page.locator(f"#model-{entry['id']}")).to_contain_text("from-the-hub")
     logs = "".join(p.read_text() for p in tmp_path.glob("*.log"))
     assert TOKEN not in logs
