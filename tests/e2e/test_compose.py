@@ -110,8 +110,14 @@ def test_docker_compose_accepts_the_file_and_keeps_engines_off_the_database_netw
     example = (ROOT / ".env.example").read_text()
     for name in ("APPLIANCE_ENGINE_GPU_REQUESTS", "APPLIANCE_ENGINE_EXTRA_ENV",
                  "APPLIANCE_CA_BUNDLE", "APPLIANCE_MODELS_DIR", "APPLIANCE_PANEL_PORT",
-                 "APPLIANCE_POSTGRES_IMAGE", "APPLIANCE_REDIS_IMAGE", "APPLIANCE_PYTHON_IMAGE"):
+                 "APPLIANCE_POSTGRES_IMAGE", "APPLIANCE_REDIS_IMAGE", "APPLIANCE_PYTHON_IMAGE",
+                 "APPLIANCE_POSTGRES_MAX_CONNECTIONS"):
         assert f"#{name}=" in example, f"{name} is documented in .env.example"
+    # PostgreSQL has room for every pool: web's processes (at most 4 by the entrypoint) and
+    # the worker's and agent's, at the shipped pool size, beside a few admin sessions.
+    limit = int(services["postgres"]["command"][1].removeprefix("max_connections="))
+    pools = 4 + 2  # web processes, worker, agent
+    assert limit >= pools * 20 + 10
 
 
 def test_compose_refuses_to_start_when_the_models_folder_is_missing(tmp_path: Path) -> None:
