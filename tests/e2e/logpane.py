@@ -14,4 +14,19 @@ TIMED = """async (action) => {
   await changed;
   return performance.now() - t0;
 }"""
+# Resolves with the milliseconds from the action to older lines inserted at the pane's top:
+# a live line appended meanwhile (a serving engine's) is not the page that was asked for.
+TIMED_OLDER = """async (action) => {
+  const pane = document.getElementById("log");
+  const first = pane.firstElementChild;
+  const changed = new Promise((done) => {
+    new MutationObserver((m, observer) => {
+      if (pane.firstElementChild !== first) { observer.disconnect(); done(); }
+    }).observe(pane, {childList: true});
+  });
+  const t0 = performance.now();
+  (new Function(action))();
+  await changed;
+  return performance.now() - t0;
+}"""
 SCROLL_TOP = 'const p = document.getElementById("log"); p.scrollTop = 0;'

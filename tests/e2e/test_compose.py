@@ -31,7 +31,7 @@ from tests.conftest_docker import TEST_SESSION, engines_of
 from tests.e2e.gateway_flow import serve_and_verify
 from tests.e2e.logpane import FIRST_PAINT_MS, INTERACTION_MS
 from tests.e2e.logpane import SCROLL_TOP as _SCROLL_TOP
-from tests.e2e.logpane import TIMED as _TIMED
+from tests.e2e.logpane import TIMED_OLDER as _TIMED_OLDER
 from tests.e2e.screenshots import screenshot_path
 from tests.eventfill import fill_sql
 from tests.models import CONFIGS, write_model
@@ -423,7 +423,7 @@ def _open_a_busy_log(page: Page, stack: Stack, pk: int) -> dict[str, Any]:
     tail_ms = page.evaluate('performance.getEntriesByName("log-tail")[0].startTime')
     expect(page.locator("#conn")).to_have_text("live")
     assert page.evaluate("ApplianceLog.stats()")["lines"] >= 500, "the tail, not the history"
-    back = sorted(page.evaluate(_TIMED, _SCROLL_TOP) for _ in range(PAGES_BACK))
+    back = sorted(page.evaluate(_TIMED_OLDER, _SCROLL_TOP) for _ in range(PAGES_BACK))
     stats = page.evaluate("ApplianceLog.stats()")
     # Each page back is 200 older lines (half the events are metric points, not lines).
     assert stats["lines"] >= 500 + PAGES_BACK * 200 and stats["first"] < newest - 2000, stats

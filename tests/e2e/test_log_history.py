@@ -19,6 +19,7 @@ from playwright.sync_api import Page, expect
 from tests.e2e.logpane import FIRST_PAINT_MS, INTERACTION_MS
 from tests.e2e.logpane import SCROLL_TOP as _SCROLL_TOP
 from tests.e2e.logpane import TIMED as _TIMED
+from tests.e2e.logpane import TIMED_OLDER as _TIMED_OLDER
 from tests.e2e.stack import login
 from tests.eventfill import PHASE_EVERY, WARN_EVERY, fill_events
 from tests.servers import panel_server
@@ -112,7 +113,7 @@ def test_a_deployment_with_a_million_events_opens_at_the_tail_and_pages_back_fas
     assert stats["lines"] == 500 and stats["attached"]
 
     heap_before = _heap_mb(cdp)
-    back = [page.evaluate(_TIMED, _SCROLL_TOP) for _ in range(PAGES_BACK)]
+    back = [page.evaluate(_TIMED_OLDER, _SCROLL_TOP) for _ in range(PAGES_BACK)]
     served = page.evaluate("""() => performance.getEntriesByType("resource")
       .filter((r) => r.name.includes("/events/?before=")).map((r) => r.responseEnd - r.startTime)""")
     stats = _lines(page)
