@@ -148,8 +148,22 @@ def _database(url: str) -> dict[str, object]:
         # With the pool: an idle pooled connection is checked before use, so one that a
         # database restart broke is replaced rather than failing a request.
         "CONN_HEALTH_CHECKS": True,
-        "OPTIONS": _database_pool(),
+        "OPTIONS": {
+            **_database_pool(),
+            # psycopg prepares a statement a connection has run this many times (Django
+            # turns it off: None). The product's cursors bind parameters on the client and
+            # are never prepared; the status reads' one server-binding statement is
+            # (web/api/selectors.py: PostgreSQL plans it once per pooled connection).
+            "prepare_threshold": _prepare_threshold(),
+        },
     }
+
+
+def _prepare_threshold() -> int | None:
+    """Negative: nothing is prepared (a transaction-mode pooler in front of PostgreSQL,
+    e.g. PgBouncer before 1.21, cannot keep prepared statements)."""
+    threshold = env_int("APPLIANCE_DB_PREPARE_THRESHOLD", 5)
+    return None if threshold < 0 else threshold
 
 
 def _database_pool() -> dict[str, object]:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import re
+from datetime import datetime
 from hmac import compare_digest
 from typing import Any
 
+from django.http import HttpRequest
 from django.utils import timezone
 from knox.auth import TokenAuthentication
 from knox.crypto import hash_token
@@ -13,6 +15,7 @@ from knox.models import AuthToken
 from knox.settings import CONSTANTS, knox_settings
 from knox.signals import token_expired
 from rest_framework import exceptions
+from rest_framework.authentication import get_authorization_header
 
 from web.accounts.models import TokenScope
 
@@ -31,13 +34,12 @@ class HashedTokenAuthentication(TokenAuthentication):
     """
 
     def authenticate_credentials(self, token: bytes) -> Any:
-        # Only a token's own characters reach the database (a NUL there is a DataError).
-        if len(token) > MAX_TOKEN_LENGTH or not _TOKEN.fullmatch(token):
+        if not token_well_formed(token):
             raise exceptions.AuthenticationFailed("Invalid token.")
         text = token.decode()
         digest = hash_token(text)
         candidates = AuthToken.objects.filter(
-            token_key=text[:CONSTANTS.TOKEN_KEY_LENGTH]).select_related("user", "scope")
+            token_key=token_key(text)).select_related("user", "scope")
         for auth_token in candidates:
             if not compare_digest(digest, auth_token.digest):
                 continue
@@ -57,6 +59,37 @@ class HashedTokenAuthentication(TokenAuthentication):
         username = auth_token.user.get_username()
         auth_token.delete()
         token_expired.send(sender=self.__class__, username=username, source="auth_token")
+
+
+def token_well_formed(token: bytes) -> bool:
+    # Only a token's own characters reach the database (a NUL there is a DataError).
+    return len(token) <= MAX_TOKEN_LENGTH and _TOKEN.fullmatch(token) is not None
+
+
+def token_key(token: str) -> str:
+    """What knox looks a token up by (its first characters, stored in the clear)."""
+    return token[:CONSTANTS.TOKEN_KEY_LENGTH]
+
+
+def token_in_header(request: HttpRequest) -> str | None:
+    """The token of an `Authorization: Token <token>` header as knox reads it, when it is
+    well formed; None for anything else: no header, another scheme (the session's), or a
+    header HashedTokenAuthentication answers with its own 401."""
+    auth = get_authorization_header(request).split()  # type: ignore[arg-type]  # .headers only
+    if len(auth) != 2 or auth[0].lower() != knox_settings.AUTH_HEADER_PREFIX.encode().lower():
+        return None
+    return auth[1].decode() if token_well_formed(auth[1]) else None
+
+
+def token_accepted(*, digest: str, stored_digest: str, expiry: datetime | None,
+                   user_active: bool) -> bool:
+    """Whether HashedTokenAuthentication lets the presented token (`digest`, its
+    hash_token) in as this stored one, with nothing to write: the digests match, it has
+    not expired (an expired one it deletes), its user is active, and knox does not renew
+    it (AUTO_REFRESH). False sends a request the whole way, where each refusal is made."""
+    return (compare_digest(digest, stored_digest) and user_active
+            and not (expiry is not None and expiry < timezone.now())
+            and not (knox_settings.AUTO_REFRESH and expiry))
 
 
 def _role(auth_token: AuthToken) -> str | None:

@@ -1,0 +1,175 @@
+"""The status reads' one statement (issue 22): a token's row, its user's standing, whether
+the user may view deployments, and the deployment's shown columns, in one round trip,
+prepared on each pooled connection.
+
+Through the ORM a token read was three queries (token, permissions, row), each compiled
+by Django and parsed and planned by PostgreSQL: about 3 ms of CPU against /healthz's
+0.8 ms. Here the SQL is made once per process from the models' metadata, and psycopg
+prepares it after PREPARE_THRESHOLD runs on a connection (server-side binding, for this
+statement only), so a read costs PostgreSQL an execution of a kept plan. The decisions
+(digest, expiry, role) stay in Python beside the code they mirror (web/accounts/auth.py,
+web/deployments/permissions.py); this module only reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from hmac import compare_digest
+from typing import Any
+
+import psycopg
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group, Permission, User
+from django.contrib.contenttypes.models import ContentType
+from django.db import connection
+from django.http import HttpRequest
+from knox.crypto import hash_token
+from knox.models import AuthToken
+
+from web.accounts.auth import token_accepted, token_in_header, token_key
+from web.accounts.models import TokenScope
+from web.deployments.models import Deployment
+from web.deployments.permissions import ROLE_PERMISSIONS, VIEW_PERMISSION
+
+Converter = Callable[[Any, Any, Any], Any]
+
+
+@dataclass(frozen=True)
+class StatusRow:
+    """One token with this token key, and what a read needs to decide and answer."""
+
+    digest: str
+    expiry: datetime | None
+    user_active: bool
+    user_superuser: bool
+    may_view: bool  # the user's own or a group's permission (a superuser's aside)
+    role: str | None  # the token's scope; None for a token made before scopes
+    deployment: Deployment | None  # None: no deployment with that id
+
+
+@dataclass(frozen=True)
+class _Statement:
+    sql: str
+    attnames: list[str]  # the deployment's columns, in the model's field order
+    converters: list[tuple[int, list[Converter]]]
+    expression: dict[int, Any]  # the column expression each converter is given
+
+
+_STATEMENTS: dict[tuple[str, ...], _Statement] = {}
+_HEAD = 6  # digest, expiry, is_active, is_superuser, may_view, role; then xmin
+
+
+def deployment_status_read(*, token_key: str, deployment_id: int, permission: str,
+                           fields: Sequence[str]) -> list[StatusRow]:
+    """Each stored token whose key is `token_key` (knox's lookup; one in practice), with its
+    user, whether the user holds `permission` ("app_label.codename") and the deployment
+    `deployment_id` with only `fields` loaded and its row version (`row_version`, the
+    ETag's, as selectors.deployment_list(versioned=True) gives it)."""
+    statement = _statement(tuple(fields))
+    app_label, codename = permission.split(".", 1)
+    connection.ensure_connection()
+    # Django's wrapper (its error mapping, its query log, execute_wrapper) around a
+    # server-binding psycopg cursor on the request's connection: only such a cursor can be
+    # prepared, where the product's own cursors bind their parameters on the client.
+    with _wrapped(psycopg.Cursor(connection.connection)) as cursor:
+        cursor.execute(statement.sql, [app_label, codename, deployment_id, token_key])
+        rows = cursor.fetchall()
+    return [_row(statement, row) for row in rows]
+
+
+def _wrapped(cursor: psycopg.Cursor[Any]) -> Any:
+    if connection.queries_logged:
+        return connection.make_debug_cursor(cursor)  # type: ignore[arg-type]  # a DB-API cursor
+    return connection.make_cursor(cursor)  # type: ignore[arg-type]
+
+
+def _row(statement: _Statement, row: Sequence[Any]) -> StatusRow:
+    version, *values = row[_HEAD:]
+    deployment = None
+    if version is not None:
+        for i, converters in statement.converters:
+            for convert in converters:
+                values[i] = convert(values[i], statement.expression[i], connection)
+        deployment = Deployment.from_db(connection.alias, statement.attnames, values)
+        deployment.row_version = version  # type: ignore[attr-defined]
+    return StatusRow(digest=row[0], expiry=row[1], user_active=row[2], user_superuser=row[3],
+                     may_view=row[4], role=row[5], deployment=deployment)
+
+
+def _statement(fields: tuple[str, ...]) -> _Statement:
+    made = _STATEMENTS.get(fields)
+    if made is None:
+        made = _STATEMENTS[fields] = _make(fields)
+    return made
+
+
+def _make(fields: tuple[str, ...]) -> _Statement:
+    """The SQL from the models' tables and columns (made once per process and field set)."""
+    q = connection.ops.quote_name
+    shown = [f for f in Deployment._meta.concrete_fields if f.name in fields or f.primary_key]
+    alias = "d"
+    columns = ", ".join(f"{alias}.{q(f.column or f.attname)}" for f in shown)
+    user = get_user_model()
+    token_table, scope_table = AuthToken._meta.db_table, TokenScope._meta.db_table
+    user_perms = User.user_permissions.through._meta.db_table
+    user_groups = User.groups.through._meta.db_table
+    group_perms = Group.permissions.through._meta.db_table
+    sql = f"""
+        SELECT t.{q("digest")}, t.{q("expiry")}, u.{q("is_active")}, u.{q("is_superuser")},
+          EXISTS (
+            SELECT 1 FROM {q(Permission._meta.db_table)} p
+            JOIN {q(ContentType._meta.db_table)} c ON c.{q("id")} = p.{q("content_type_id")}
+            WHERE c.{q("app_label")} = %s AND p.{q("codename")} = %s AND (
+              EXISTS (SELECT 1 FROM {q(user_perms)} up
+                      WHERE up.{q("user_id")} = u.{q("id")}
+                        AND up.{q("permission_id")} = p.{q("id")})
+              OR EXISTS (SELECT 1 FROM {q(user_groups)} ug
+                         JOIN {q(group_perms)} gp
+                           ON gp.{q("group_id")} = ug.{q("group_id")}
+                         WHERE ug.{q("user_id")} = u.{q("id")}
+                           AND gp.{q("permission_id")} = p.{q("id")}))),
+          s.{q("role")}, {alias}.xmin::text, {columns}
+        FROM {q(token_table)} t
+        JOIN {q(user._meta.db_table)} u ON u.{q("id")} = t.{q("user_id")}
+        LEFT JOIN {q(scope_table)} s ON s.{q("token_id")} = t.{q("digest")}
+        LEFT JOIN {q(Deployment._meta.db_table)} {alias}
+          ON {alias}.{q(Deployment._meta.pk.column or "id")} = %s
+        WHERE t.{q("token_key")} = %s"""
+    converters: list[tuple[int, list[Converter]]] = []
+    expression: dict[int, Any] = {}
+    for i, field in enumerate(shown):
+        col = field.get_col(alias)
+        found = connection.ops.get_db_converters(col) + field.get_db_converters(connection)
+        if found:
+            converters.append((i, found))
+            expression[i] = col
+    return _Statement(sql=" ".join(sql.split()), attnames=[f.attname for f in shown],
+                      converters=converters, expression=expression)
+
+
+def deployment_for_token(*, request: HttpRequest, deployment_id: int,
+                         fields: Sequence[str]) -> Deployment | None:
+    """The deployment a GET with an API token may view, read in one statement; None
+    whenever the answer is anything but the deployment (no token header, a token that is
+    unknown, expired or renewed, an inactive user, no view permission, no such
+    deployment): the caller then takes the whole way (DRF's authentication, permissions
+    and get_object), where each of those answers and side effects (an expired token's
+    deletion) is made, so they stay exactly as they are."""
+    token = token_in_header(request)
+    if token is None or connection.vendor != "postgresql":
+        return None
+    digest = hash_token(token)
+    rows = deployment_status_read(token_key=token_key(token), deployment_id=deployment_id,
+                                  permission=VIEW_PERMISSION, fields=fields)
+    row = next((r for r in rows if compare_digest(digest, r.digest)), None)
+    if row is None or row.deployment is None or not token_accepted(
+            digest=digest, stored_digest=row.digest, expiry=row.expiry,
+            user_active=row.user_active):
+        return None
+    # User.has_perm (an active superuser holds every permission, web.accounts.backends
+    # the rest), then the token's scope (web.deployments.permissions: at most its role's).
+    held = row.user_superuser or row.may_view
+    scoped = row.role is None or VIEW_PERMISSION in ROLE_PERMISSIONS.get(row.role, frozenset())
+    return row.deployment if held and scoped else None
