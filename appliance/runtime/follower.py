@@ -44,6 +44,11 @@ LAST_LINES = 60
 READ_AHEAD_LINES = 50_000  # lines read from Docker and not yet parsed, at most
 MAX_PENDING_EVENTS = 20_000  # parsed and waiting for the database, at most (about 1 s)
 RESUME_OVERLAP_S = 1.0  # re-read this much before the cursor; the cursor drops repeats
+# A trickle of lines is shipped at most this often, a line after a quiet spell at once: each
+# batch costs a statement, a live publish and a wake-up of every viewer, and 1,000 lines/s
+# shipped as they came made 500 batches a second (0.4 of a core in the agent: issue 22).
+LINGER_S = 0.005
+LINGER_EVENTS = 1000  # a batch this large goes without lingering
 
 Events = list[tuple[str, dict[str, Any]]]
 # uvicorn's access line for a /metrics scrape (the agent's own, every 2 s, and any
@@ -191,8 +196,9 @@ class _Shipper(threading.Thread):
         self.changed = threading.Condition()
         self.events: Events = []
         self.cursor: Cursor | None = None
-        self.pending = self.busy = self.closed = False
+        self.pending = self.busy = self.closed = self.flushing = False
         self.error: BaseException | None = None
+        self.last_ship = 0.0
 
     def run(self) -> None:
         try:
@@ -217,6 +223,8 @@ class _Shipper(threading.Thread):
                     self.changed.wait()
                 if not self.pending:
                     return
+                self._linger()
+                self.last_ship = time.monotonic()
                 events, cursor = self.events, self.cursor
                 self.events, self.cursor, self.pending, self.busy = [], None, False, True
                 self.changed.notify_all()
@@ -229,6 +237,14 @@ class _Shipper(threading.Thread):
                 with self.changed:
                     self.busy = False
                     self.changed.notify_all()
+
+    def _linger(self) -> None:
+        """Wait (holding `changed`) until LINGER_S after the last ship began, gathering what
+        comes meanwhile; a large batch, a flush or the close cuts it short."""
+        due = self.last_ship + LINGER_S
+        while (not self.closed and not self.flushing and len(self.events) < LINGER_EVENTS
+               and (left := due - time.monotonic()) > 0):
+            self.changed.wait(left)
 
     def ship(self, events: Events, cursor: Cursor | None) -> None:
         self._raise()
@@ -244,8 +260,11 @@ class _Shipper(threading.Thread):
 
     def flush(self) -> None:
         with self.changed:
+            self.flushing = True
+            self.changed.notify_all()
             while self.pending or self.busy:
                 self.changed.wait()
+            self.flushing = False
         self._raise()
 
     def close(self) -> None:
@@ -257,6 +276,28 @@ class _Shipper(threading.Thread):
     def _raise(self) -> None:
         if self.error is not None:
             raise self.error
+
+
+class _HealthPoller(threading.Thread):
+    """Polls /health on its own thread until it answers 200. On the follower's thread a
+    slow answer (an engine loading may take the client's whole timeout) held every line
+    behind it for that long (issue 22)."""
+
+    def __init__(self, connect: Callable[[], EngineClient | None], every_s: float) -> None:
+        super().__init__(daemon=True, name="engine-health")
+        self.connect = connect
+        self.every_s = every_s
+        self.client: EngineClient | None = None
+        self.healthy = threading.Event()
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopped.is_set():
+            self.client = self.client or self.connect()
+            if self.client is not None and self.client.health() == 200:
+                self.healthy.set()
+                return
+            self.stopped.wait(self.every_s)
 
 
 class EngineFollower:
@@ -319,9 +360,14 @@ class EngineFollower:
         container = self._container()
         if container is None:
             return self.outcome
+        health = _HealthPoller(lambda: self._client(container), self.options.health_poll_s)
+        try:
+            return self._follow_output(container, health)
+        finally:
+            health.stopped.set()
+
+    def _follow_output(self, container: Any, health: _HealthPoller) -> str:
         deadline = time.monotonic() + self.options.ready_timeout_s
-        client: EngineClient | None = None
-        next_health = 0.0
         reader, partials = self._readers(container)
         while True:
             self._drain(reader, partials)
@@ -332,11 +378,11 @@ class EngineFollower:
                 if reader is None:
                     return self.outcome
                 continue
-            if self.state.status != "ready" and time.monotonic() >= next_health:
-                next_health = time.monotonic() + self.options.health_poll_s
-                client = client or self._client(container)
-                if client is not None and client.health() == 200:
-                    self._confirm_ready(container, reader, client)
+            if self.state.status != "ready":
+                if health.ident is None:  # not started yet: an adopted ready engine needs none
+                    health.start()
+                if health.healthy.is_set() and health.client is not None:
+                    self._confirm_ready(container, reader, health.client)
                 elif time.monotonic() > deadline:
                     return self._fail(None, "engine-timeout", "the engine was not ready within "
                                       f"{self.options.ready_timeout_s:.0f} s")

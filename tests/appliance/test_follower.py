@@ -146,3 +146,47 @@ def test_a_failed_ship_ends_the_follower_with_its_error_and_ships_nothing_after(
     texts = sink.texts()
     assert 0 < len(texts) < 20_000
     assert texts == [f"line {b} {i}" for b in range(40) for i in range(500)][:len(texts)]
+
+
+SLOW_HEALTH_ENGINE = r"""
+import http.server, sys, threading, time
+class Slow(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        time.sleep(4)  # an engine busy loading answers late
+        self.send_response(503); self.end_headers()
+    def log_message(self, *args): pass
+server = http.server.ThreadingHTTPServer(("0.0.0.0", 30000), Slow)
+threading.Thread(target=server.serve_forever, daemon=True).start()
+for i in range(300):
+    print(f"tick {i} t={time.time()}", flush=True)
+    time.sleep(0.01)
+time.sleep(0.5)
+"""
+
+
+def test_a_slow_health_answer_before_ready_holds_no_line_back(runtime):  # type: ignore[no-untyped-def]
+    import time
+
+    shipped_at: dict[str, float] = {}
+
+    class TimedSink(RecordingSink):
+        def ship(self, events: list[tuple[str, dict[str, Any]]], cursor: Cursor | None) -> None:
+            super().ship(events, cursor)
+            now = time.time()
+            for kind, payload in events:
+                if kind == "log":
+                    shipped_at[payload["text"]] = now
+
+    plan = ContainerPlan(deployment_id=unique_id("fol"), image=BASE_IMAGE,
+                         argv=["python3", "-c", SLOW_HEALTH_ENGINE], labels=dict(TEST_LABELS),
+                         instance_id="follower-test", start_token="t1")
+    runtime.ensure_started(plan)
+    sink = TimedSink()
+    follower = EngineFollower(runtime, plan, sink, status="starting", may_start=False,
+                              options=FollowOptions(partials=False, health_poll_s=0.1))
+    assert follow(follower) == "failed"  # it exited, never ready
+    ticks = {text: float(text.rsplit("t=", 1)[1]) for text in sink.texts()
+             if text.startswith("tick ")}
+    assert len(ticks) == 300
+    # /health took 4 s an answer, over and over, while the lines came: none waited for it.
+    assert max(shipped_at[text] - printed for text, printed in ticks.items()) < 1.0

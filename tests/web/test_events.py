@@ -135,3 +135,46 @@ def test_an_append_racing_a_delete_leaves_no_event_behind(live_channel):  # type
     writer.join(10)
     assert outcome == ["refused"]
     assert not Event.objects.filter(deployment_id=pk).exists()
+
+
+def test_a_batch_under_another_agents_lease_is_refused_and_stores_nothing(live_channel):  # type: ignore[no-untyped-def]
+    from web.deployments.models import Deployment
+
+    pk = _deployment()
+    Deployment.objects.filter(pk=pk).update(agent_id="agent@other")
+    before = Deployment.objects.values_list("last_seq", flat=True).get(pk=pk)
+    with pytest.raises(Deployment.DoesNotExist):
+        services.events_append_batch(deployment_id=pk, events=_log(5), owner="agent@me",
+                                     row={"log_cursor": "123:1"})
+    row = Deployment.objects.get(pk=pk)
+    assert (row.last_seq, row.log_cursor) == (before, "")
+    assert Event.objects.filter(deployment_id=pk).count() == before
+
+
+def test_the_leaseholders_batch_sets_the_cursor_progress_and_decode_stats_with_its_rows(live_channel):  # type: ignore[no-untyped-def]
+    from web.deployments.models import Deployment
+
+    pk = _deployment()
+    Deployment.objects.filter(pk=pk).update(agent_id="agent@me")
+    decode = {"kind": "decode_stats", "accept_len": 3.25, "tokens": 7}
+    last = services.events_append_batch(
+        deployment_id=pk, events=_log(4), owner="agent@me",
+        row={"log_cursor": "1764581245000000000:2", "progress": {"capture": {"done": 3}},
+             "decode_stats": decode})
+    row = Deployment.objects.get(pk=pk)
+    assert (row.last_seq, row.log_cursor) == (last, "1764581245000000000:2")
+    assert (row.progress, row.decode_stats) == ({"capture": {"done": 3}}, decode)
+    assert list(Event.objects.filter(deployment_id=pk).values_list("seq", flat=True)) == list(
+        range(1, last + 1))
+
+
+def test_a_log_lines_live_data_is_the_json_encoders_own_text_byte_for_byte(live_channel):  # type: ignore[no-untyped-def]
+    pk = _deployment()
+    events = _log(len(AWKWARD)) + [("log", {"text": "keys the other way", "stream": "stderr"})]
+    last = services.events_append_batch(deployment_id=pk, events=events)
+    entries = _entries(live_channel, pk, last)[-len(events):]
+    stored = {e.seq: e for e in Event.objects.filter(deployment_id=pk)}
+    for (entry_id, fields), (kind, payload) in zip(entries, events, strict=True):
+        row = stored[live.seq_of(entry_id)]
+        wire = {"seq": row.seq, "ts": row.ts.isoformat(), "kind": kind, "payload": payload}
+        assert fields[b"data"].decode() == live.wire_json(wire)

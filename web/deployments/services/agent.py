@@ -9,7 +9,7 @@ step. Every step is idempotent, so a restarted agent simply runs the loop again.
   a restarted agent takes its own engines back at once.
 - One follower thread per engine (appliance.runtime.follower) starts or adopts the
   container and follows it from the stored cursor for its whole life; its batches and
-  the cursor are written in one transaction, guarded by the lease, so no line is
+  the cursor are written in one statement, guarded by the lease, so no line is
   stored twice or lost when an agent dies.
 - Beside each follower a monitor thread (services/monitoring.py) scrapes the engine's
   /metrics into the deployment's series once ready, and raises alerts (stalls, acceptance
@@ -30,7 +30,6 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection as db_connection
-from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -50,7 +49,6 @@ from .deployments import (
     deployment_mark_failed,
     deployment_mark_ready,
     deployment_mark_stopped,
-    deployment_set_progress,
 )
 from .engines import container_plan, identity_of, progress_fold
 from .events import events_append, events_append_batch
@@ -104,17 +102,21 @@ class _FollowSink:
         for kind, payload in events:
             if kind in (EventKind.PROGRESS, EventKind.SELFCHECK):
                 changed = progress_fold(self.progress, payload) or changed
-        with transaction.atomic():
-            # The row lock taken here also orders this write after a takeover's claim.
-            owned = Deployment.objects.select_for_update().filter(
-                pk=self.pk, agent_id=self.agent.agent_id).exists()
-            if not owned:
-                self.stop.set()
-                raise _Released()
-            events_append_batch(deployment_id=self.pk, events=events)
-            deployment_set_progress(
-                deployment_id=self.pk, progress=self.progress if changed else None,
-                decode_stats=decode, log_cursor=cursor.encode() if cursor else None)
+        row: dict[str, Any] = {}
+        if cursor is not None:
+            row["log_cursor"] = cursor.encode()
+        if changed:
+            row["progress"] = self.progress
+        if decode is not None:
+            row["decode_stats"] = decode
+        try:
+            # One statement: stored only under this agent's lease, with the cursor (a
+            # takeover's claim or a delete holding the row first leaves nothing stored).
+            events_append_batch(deployment_id=self.pk, events=events,
+                                owner=self.agent.agent_id, row=row)
+        except Deployment.DoesNotExist:
+            self.stop.set()
+            raise _Released() from None
         if self.monitor is not None:
             self.monitor.observe(events)
 
