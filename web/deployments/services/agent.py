@@ -121,8 +121,8 @@ class _FollowSink:
             self.monitor.observe(events)
 
     def idle(self) -> None:
-        # The shipper keeps its connection while batches keep coming (a busy engine's
-        # batches would each check one out again) and gives it back when it has none.
+        # The shipper keeps its connection while batches keep coming (each checkout is a
+        # pool check, a round trip) and gives it back after a second with none.
         if _POOLED:
             db_connection.close()  # back to the pool: one follower per engine, many engines
 
