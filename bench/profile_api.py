@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import _loadkit as kit
@@ -68,6 +69,14 @@ def main() -> None:
     asgi = AsgiCaller()
     for name, path in paths.items():
         print(f"{name:10} {timings(asgi, path, token, auth, args.requests)}")
+    print(f"\nCPU µs per request through the ASGI app, {args.requests} in a row: this process "
+          "(all threads) and PostgreSQL's server processes of this database (/proc)")
+    print(f"{'':10} {'web':>8} {'pg':>8} {'total':>8} {'x /healthz':>11}")
+    costs = {name: cpu_per_request(lambda p=path: asgi.get(p, token), args.requests)
+             for name, path in paths.items()}
+    for name, (web, pg) in costs.items():
+        ratio = sum(costs["/healthz"]) / (web + pg)
+        print(f"{name:10} {web:>8.0f} {pg:>8.0f} {web + pg:>8.0f} {ratio:>11.2f}")
     print(f"{'PostgreSQL':10} SELECT 1: {per_request(select_one, args.requests):.0f} µs, "
           f"the row's query: {per_request(lambda: row_query(pk), args.requests):.0f} µs "
           "(psycopg through Django's connection, in a row)")
@@ -147,6 +156,34 @@ def per_request(call: Callable[[], Any], n: int) -> float:
             call()
         batches.append((time.perf_counter() - began) / (n // 3 or 1) * 1e6)
     return sorted(batches)[1]
+
+
+def cpu_per_request(call: Callable[[], Any], n: int) -> tuple[float, float]:
+    """CPU µs per call of this process and of PostgreSQL's processes for this database."""
+    call()
+    web, pg = time.process_time(), pg_cpu()
+    for _ in range(n):
+        call()
+    return (time.process_time() - web) / n * 1e6, (pg_cpu() - pg) / n * 1e6
+
+
+def pg_cpu() -> float:
+    """CPU seconds so far of the server processes connected to this database (the server
+    runs on this host; a process that is gone is not counted)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database()")
+        pids = [pid for (pid,) in cursor.fetchall()]
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+    return total
 
 
 def queries_of(path: str, headers: dict[str, str]) -> int:

@@ -1,6 +1,8 @@
 """How the panel's ASGI app serves (web/serving.py, issue 22): a sync view (the status API,
-/healthz, the pages) through Django's WSGI handler on a thread pool, an async view (the SSE
-stream, the log download) through Django's ASGI handler; in process, as uvicorn calls it."""
+/healthz, the pages) through Django's WSGI handler on a thread pool (WSGIBridge: a buffered
+answer handed back to the loop once, a streamed one sent piece by piece), an async view
+(the SSE stream, the log download) through Django's ASGI handler; in process, as uvicorn
+calls it."""
 
 from __future__ import annotations
 
@@ -10,9 +12,10 @@ from typing import Any
 import pytest
 from asgiref.sync import async_to_sync
 from asgiref.testing import ApplicationCommunicator
+from django.conf import settings
 
 from web.deployments import services
-from web.serving import django_application, view_is_async
+from web.serving import WSGIBridge, django_application, view_is_async
 
 from .specs import spec
 
@@ -28,23 +31,27 @@ def _scope(path: str, method: str = "GET", headers: list[tuple[bytes, bytes]] | 
             "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8000)}
 
 
-async def _talk(app: Any, scope: dict[str, Any], body: bytes = b"") -> tuple[int, dict[bytes, bytes], bytes]:
+async def _talk(app: Any, scope: dict[str, Any], body: bytes = b"") -> list[dict[str, Any]]:
     talk = ApplicationCommunicator(app, scope)
     await talk.send_input({"type": "http.request", "body": body, "more_body": False})
-    start = await talk.receive_output(10)
-    headers = {k.lower(): v for k, v in start.get("headers", [])}
-    chunks = []
+    messages = [await talk.receive_output(10)]
     while True:
         message = await talk.receive_output(10)
-        chunks.append(message.get("body", b""))
+        messages.append(message)
         if not message.get("more_body"):
             break
     await talk.wait(10)
-    return start["status"], headers, b"".join(chunks)
+    return messages
+
+
+def messages(app: Any, scope: dict[str, Any], body: bytes = b"") -> list[dict[str, Any]]:
+    return async_to_sync(_talk)(app, scope, body)
 
 
 def call(app: Any, scope: dict[str, Any], body: bytes = b"") -> tuple[int, dict[bytes, bytes], bytes]:
-    return async_to_sync(_talk)(app, scope, body)
+    start, *rest = messages(app, scope, body)
+    headers = {k.lower(): v for k, v in start.get("headers", [])}
+    return start["status"], headers, b"".join(m.get("body", b"") for m in rest)
 
 
 def test_only_the_streaming_views_are_async() -> None:
@@ -75,3 +82,47 @@ def test_a_request_body_reaches_a_sync_view(operator: Any, token_for: Any) -> No
         (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]),
         body)
     assert status == 200 and json.loads(answer)["ok"] is True
+
+
+def test_a_buffered_answer_comes_back_to_the_loop_whole() -> None:
+    start, *body = messages(django_application(), _scope("/healthz"))
+    assert start["type"] == "http.response.start" and start["status"] == 200
+    assert (b"content-type", b"application/json") in start["headers"]
+    assert body == [{"type": "http.response.body", "body": b'{"ok": true}'}]
+
+
+def test_a_static_file_is_streamed_whole() -> None:
+    path = settings.STATICFILES_DIRS[0] / "appliance" / "favicon.svg"
+    status, headers, body = call(django_application(), _scope("/static/appliance/favicon.svg"))
+    assert status == 200 and body == path.read_bytes()
+    assert headers[b"content-length"] == str(len(body)).encode()
+
+
+def _wsgi_app(environ: dict[str, Any], start_response: Any) -> Any:
+    """A plain WSGI app: write() before a streamed body, the request body echoed."""
+    write = start_response("201 Created", [("Content-Type", "text/plain"), ("X-Seen", "yes ")])
+    write(b"written;")
+    asked = environ["wsgi.input"].read()
+
+    def pieces() -> Any:
+        yield b"one;"
+        yield b"two;" + asked
+
+    return pieces()
+
+
+def test_a_wsgi_apps_write_and_streamed_pieces_arrive_in_order() -> None:
+    start, *rest = messages(WSGIBridge(_wsgi_app, workers=2), _scope("/echo", "POST"), b"body")
+    assert start["status"] == 201 and (b"x-seen", b"yes") in start["headers"]
+    assert [m["body"] for m in rest] == [b"written;", b"one;", b"two;body", b""]
+    assert [m.get("more_body", False) for m in rest] == [True, True, True, False]
+
+
+def _failing_app(environ: dict[str, Any], start_response: Any) -> Any:
+    raise RuntimeError("the app broke")
+
+
+def test_an_app_that_raises_raises_to_the_server() -> None:
+    # uvicorn answers 500 for an app that raises before its answer starts.
+    with pytest.raises(RuntimeError, match="the app broke"):
+        messages(WSGIBridge(_failing_app, workers=1), _scope("/"))
