@@ -252,10 +252,14 @@ class CpuShares:
     def _now(self) -> dict[str, float]:
         return {name: sum(_cpu_s(pid) for pid in pids) for name, pids in self.parts.items()}
 
-    def shares(self) -> dict[str, float]:
+    def shares(self, lines: int) -> dict[str, float]:
+        """Each part's share of a core, and the path's CPU microseconds per line."""
         wall = time.monotonic() - self.t0
         now = self._now()
-        return {f"cpu_{name}": (now[name] - self.start.get(name, 0.0)) / wall for name in now}
+        used = {name: now[name] - self.start.get(name, 0.0) for name in now}
+        return {**{f"cpu_{name}": seconds / wall for name, seconds in used.items()},
+                "cpu_agent_us_per_line": used["agent"] / max(1, lines) * 1e6,
+                "cpu_path_us_per_line": sum(used.values()) / max(1, lines) * 1e6}
 
 
 # ------------------------------------------------------------------ one followed engine
@@ -290,10 +294,21 @@ def follow_run(args: argparse.Namespace, *, shape: str, n: int, rate: float, rea
     agent.remove_engine = lambda identity: None  # type: ignore[method-assign] # keep it
     batches: list[int] = []
     ship = sink.ship
+    timing = {"wall": 0.0, "cpu": 0.0}
+    backends: dict[int, float] = {}  # the shipper's PostgreSQL sessions: CPU when first seen
 
     def counted(events: Any, cursor: Any) -> None:
+        from django.db import connection
+
         batches.append(len(events))
+        connection.ensure_connection()  # the pooled session this ship will use: its CPU too
+        backend = connection.connection.info.backend_pid
+        if backend not in backends:
+            backends[backend] = _cpu_s(backend)
+        wall, cpu = time.monotonic(), time.thread_time()
         ship(events, cursor)
+        timing["wall"] += time.monotonic() - wall
+        timing["cpu"] += time.thread_time() - cpu
 
     sink.ship = counted  # type: ignore[method-assign]
     follower = EngineFollower(runtime, plan, sink, status=status, may_start=False,
@@ -304,13 +319,19 @@ def follow_run(args: argparse.Namespace, *, shape: str, n: int, rate: float, rea
                         "printer": int(container.attrs["State"]["Pid"])})
     shares.add_postgres()  # the panel's and this process's sessions (pooled: kept open)
     follow(follower)
-    cpu_shares = shares.shares()
+    cpu_shares = shares.shares(n)
     if spy is not None:
         spy.send_signal(2)
         spy.wait(30)
     figures: dict[str, Any] = {"shape": shape, "lines": n, "offered_per_s": rate or "unpaced"}
     figures.update(_stored(deployment.pk, n, shape))
     figures["batches"] = len(batches)
+    events_shipped = max(1, sum(batches))
+    figures["ship_wall_us_per_event"] = timing["wall"] / events_shipped * 1e6
+    figures["ship_cpu_us_per_event"] = timing["cpu"] / events_shipped * 1e6
+    # Sessions are pooled: one the shipper used may have served others too (none in the bench).
+    figures["ship_backend_cpu_us_per_event"] = sum(  # a session gone since is left out
+        max(0.0, _cpu_s(pid) - first) for pid, first in backends.items()) / events_shipped * 1e6
     figures["events_per_batch"] = statistics.mean(batches) if batches else 0
     figures.update(cpu_shares)
     figures.update(_child_figures(viewer, 120))
@@ -383,7 +404,9 @@ def copy_reference(args: argparse.Namespace, pk: int, batch_events: int) -> dict
                 f"WHERE deployment_id = {int(pk)} ORDER BY seq) TO STDOUT") as copy:
             data = b"".join(bytes(block) for block in copy)
         rows = data.splitlines(keepends=True)
-        conn.execute("CREATE TEMP TABLE bench_copy (LIKE deployments_event INCLUDING ALL)")
+        # A table like the events table: not a temporary one, which skips the WAL.
+        conn.execute("DROP TABLE IF EXISTS bench_copy")
+        conn.execute("CREATE TABLE bench_copy (LIKE deployments_event INCLUDING ALL)")
         conn.commit()
         size = max(1, batch_events)
         t0 = time.monotonic()
@@ -393,6 +416,8 @@ def copy_reference(args: argparse.Namespace, pk: int, batch_events: int) -> dict
                 copy.write(b"".join(rows[start:start + size]))
             conn.commit()
         took = time.monotonic() - t0
+        conn.execute("DROP TABLE bench_copy")
+        conn.commit()
     return {"copy_rows": len(rows), "copy_batch_rows": size, "copy_rows_per_s": len(rows) / took}
 
 
@@ -546,6 +571,7 @@ def main() -> None:
                           ready=True),
         "plain": dict(shape="plain", n=args.flood, rate=0.0, ready=True),
     }
+    results: dict[str, dict[str, Any]] = {}
     with _loadkit.panel(args, Path("/tmp/log-path-panel.log")) as url:
         cookie = _loadkit.login_cookie(url)
         for phase in phases:
@@ -560,8 +586,54 @@ def main() -> None:
                 figures["stored_over_docker_logs_f"] = (
                     figures["stored_lines_per_s"] / figures["docker_logs_f_lines_per_s"])
             print(f"{phase}:", _fmt(figures), flush=True)
+            results[phase] = figures
             _cleanup(pk)
     print("uptime:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
+    print_targets(results, args)
+
+
+def print_targets(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
+    """The issue's targets, each beside its figure and its reference from this same run."""
+    print("\ntargets (issue 22, log path): figure | target | reference in this run")
+    for phase in ("before", "after"):
+        got = results.get(phase)
+        if got:
+            reference = got.get("docker_logs_f_latency_p99_ms", float("nan"))
+            print(f"  {args.steady_rate:,.0f} decode lines/s {phase} ready: print->viewer p99 "
+                  f"{got.get('sse_latency_p99_ms', float('nan')):.1f} ms | < 50 ms | "
+                  f"`docker logs -f` p99 {reference:.1f} ms; print->commit p99 "
+                  f"{got['commit_latency_p99_ms']:.1f} ms; {_order(got)}")
+    got = results.get("sustained")
+    if got:
+        print(f"  {args.rate:,.0f} decode lines/s for {args.seconds:.0f} s: stored "
+              f"{got['stored_events_per_s']:,.0f} events/s ({got['stored_lines_per_s']:,.0f} "
+              f"lines/s) | {2 * args.rate:,.0f} events/s | `docker logs -f` "
+              f"{got.get('docker_logs_f_lines_per_s', 0):,.0f} lines/s "
+              f"({got.get('stored_over_docker_logs_f', float('nan')):.2f}x); PostgreSQL's own "
+              f"COPY {got.get('copy_rows_per_s', 0):,.0f} rows/s "
+              f"({got.get('stored_events_per_s_over_copy', float('nan')):.2f}x)")
+        print(f"    lag (print->commit) p99 {got['commit_latency_p99_ms'] / 1000:.2f} s, max "
+              f"{got['commit_latency_max_ms'] / 1000:.2f} s | < 2 s | viewer p99 "
+              f"{got.get('sse_latency_p99_ms', float('nan')) / 1000:.2f} s; {_order(got)}")
+    got = results.get("plain")
+    if got:
+        print(f"  plain lines unpaced: stored {got['stored_lines_per_s']:,.0f} lines/s | 30,000 "
+              f"and >= 0.3x | `docker logs -f` {got.get('docker_logs_f_lines_per_s', 0):,.0f} "
+              f"lines/s ({got.get('stored_over_docker_logs_f', float('nan')):.2f}x); "
+              f"{_order(got)}")
+    for phase, got in results.items():
+        print(f"  CPU {phase}: agent {got['cpu_agent_us_per_line']:.1f} us/line, whole path "
+              f"{got['cpu_path_us_per_line']:.1f} us/line (agent {got['cpu_agent']:.2f}, "
+              f"panel {got.get('cpu_panel', 0):.2f}, PostgreSQL {got.get('cpu_postgres', 0):.2f}, "
+              f"dockerd {got.get('cpu_dockerd', 0):.2f}, Redis {got.get('cpu_redis', 0):.2f} "
+              "of a core)")
+
+
+def _order(got: dict[str, Any]) -> str:
+    return (f"stored lost/dup/reordered {got['lost']}/{got['duplicated']}/{got['reordered']}, "
+            f"viewer {got.get('sse_lost', '?')}/{got.get('sse_duplicated', '?')}/"
+            f"{got.get('sse_reordered', '?')} (skipped by the panel "
+            f"{got.get('sse_skipped_events', '?')} events)")
 
 
 def _fmt(figures: dict[str, Any]) -> str:
