@@ -18,7 +18,10 @@ deployment detail and summary with token auth; then detail and summary again as 
 dashboard asks them, with If-None-Match from the previous answer (304 counts as an answer).
 Open loop: --rate requests/s offered over --clients connections for --open-seconds (latency
 from each request's scheduled time, so a late answer also delays the ones behind it).
-Errors are any other status or a broken connection (the target is 0). Also printed: the
+Errors are any other status or a broken connection (the target is 0). Each closed-loop row
+also has the CPU a request cost: µs of the serving processes (/proc: user and system) and
+of this database's PostgreSQL backends per answer, and /healthz's cost over the row's (a
+ratio that others' load on the cores moves far less than the req/s). Also printed: the
 panel's PostgreSQL sessions at peak, and the `uptime` load before and after.
 --profile DIR records the panel's processes with py-spy during one closed-loop round of
 detail and summary (DIR/panel-<pid>.txt, collapsed stacks).
@@ -38,7 +41,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,6 +64,8 @@ class Tally:
     not_modified: int = 0
     started_at: float = 0.0
     done_at: float = 0.0  # the last answer's time
+    server_cpu_s: float = 0.0  # CPU of the server's processes during the loop
+    pg_cpu_s: float = 0.0  # CPU of PostgreSQL's backends of the bench's database
 
     def answered_per_s(self) -> float:
         span = self.done_at - self.started_at
@@ -326,9 +331,10 @@ def main() -> None:
         writer.start()
         sampler = threading.Thread(target=sample_peak, args=(pg, stop, peak), daemon=True)
         sampler.start()
+        cpu = CpuMeter(pg, [panel, bare])
         rounds = []
         for r in range(args.rounds):
-            rounds.append(run_round(args, closed, headers, r))
+            rounds.append(run_round(args, closed, headers, r, cpu))
         with profiled(args.profile, panel):
             if args.profile:
                 for target in closed[2:4]:
@@ -343,10 +349,46 @@ def main() -> None:
 
 
 def run_round(args: argparse.Namespace, targets: list[Target], headers: dict[str, str],
-              r: int) -> dict[str, Tally]:
+              r: int, cpu: CpuMeter) -> dict[str, Tally]:
     order = targets[r % len(targets):] + targets[:r % len(targets)]
-    return {t.name: asyncio.run(closed_loop(t, headers, args.clients, args.seconds))
-            for t in order}
+    return {t.name: cpu.measured(t, lambda t=t: asyncio.run(
+        closed_loop(t, headers, args.clients, args.seconds))) for t in order}
+
+
+class CpuMeter:
+    """CPU seconds (/proc: user and system) that the server behind a target and this
+    database's PostgreSQL backends spent while a loop ran: the cost of a request on these
+    cores whatever else shares them, beside the throughput that others' load moves."""
+
+    def __init__(self, pg: kit.PgConnections, servers: list[Server]) -> None:
+        self.pg = pg
+        self.servers = {server.url: server for server in servers}
+
+    def measured(self, target: Target, loop: Callable[[], Tally]) -> Tally:
+        pids = serving_pids(self.servers[target.base])
+        server, backends = proc_cpu(pids), proc_cpu(self.backends())
+        tally = loop()
+        tally.server_cpu_s = proc_cpu(pids) - server
+        tally.pg_cpu_s = proc_cpu(self.backends()) - backends
+        return tally
+
+    def backends(self) -> list[int]:
+        rows = self.pg.conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+            [self.pg.name]).fetchall()
+        return [pid for (pid,) in rows]
+
+
+def proc_cpu(pids: list[int]) -> float:
+    """CPU seconds so far of these processes (the ones gone since are not counted)."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def sample_peak(pg: kit.PgConnections, stop: threading.Event, peak: dict[str, int]) -> None:
@@ -374,7 +416,7 @@ def report(args: argparse.Namespace, targets: list[Target], rounds: list[dict[st
     print(f"\nclosed loop, {args.clients} keep-alive clients, {args.seconds:g} s each, "
           f"median of {len(rounds)} rounds (min-max of req/s)")
     print(f"{'':24} {'req/s':>16} {'x /healthz':>10} {'x bare':>7} {'p50':>9} {'p99':>9} "
-          f"{'304':>5} {'errors':>6}")
+          f"{'304':>5} {'errors':>6} {'server µs':>9} {'pg µs':>6} {'CPU x /healthz':>14}")
     for t in targets:
         rates = [len(r[t.name].latencies) / args.seconds for r in rounds]
         ratio = statistics.median(rate(r, t.name, args) / rate(r, "/healthz", args)
@@ -386,9 +428,11 @@ def report(args: argparse.Namespace, targets: list[Target], rounds: list[dict[st
         share = sum(r[t.name].not_modified for r in rounds) / answered
         errors = sum(sum(r[t.name].errors.values()) for r in rounds)
         spread = f"{statistics.median(rates):.0f} ({min(rates):.0f}-{max(rates):.0f})"
+        server, pg = cpu_per_request(rounds, t.name)
+        by_cpu = sum(cpu_per_request(rounds, "/healthz")) / ((server + pg) or float("nan"))
         print(f"{t.name:24} {spread:>16} {ratio:>10.2f} {vs_bare:>7.2f} "
               f"{ms(kit.percentile(lat, 50)):>9} {ms(kit.percentile(lat, 99)):>9} "
-              f"{share:>5.0%} {errors:>6}")
+              f"{share:>5.0%} {errors:>6} {server:>9.0f} {pg:>6.0f} {by_cpu:>14.2f}")
     print(f"\nopen loop, {args.rate:g} req/s offered over {args.clients} connections, "
           f"{args.open_seconds:g} s each")
     print(f"{'':24} {'answered/s':>10} {'p50':>9} {'p99':>9} {'max':>9} {'errors':>6}")
@@ -398,6 +442,13 @@ def report(args: argparse.Namespace, targets: list[Target], rounds: list[dict[st
               f"{ms(kit.percentile(lat, 99)):>9} {ms(max(lat, default=float('nan'))):>9} "
               f"{sum(tally.errors.values()):>6} {tally.errors or ''}")
     print(f"\npanel's pg sessions at peak: {kit.show_counts(peak) if peak else 'none seen'}")
+
+
+def cpu_per_request(rounds: list[dict[str, Tally]], name: str) -> tuple[float, float]:
+    """µs of the server's CPU and of PostgreSQL's per answer, over all rounds."""
+    answered = sum(len(r[name].latencies) for r in rounds) or 1
+    return (sum(r[name].server_cpu_s for r in rounds) / answered * 1e6,
+            sum(r[name].pg_cpu_s for r in rounds) / answered * 1e6)
 
 
 def rate(r: dict[str, Tally], name: str, args: argparse.Namespace) -> float:
