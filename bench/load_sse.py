@@ -8,14 +8,14 @@ production-like panel.
 
 The panel is served as its image serves it (`docker/panel/entrypoint.sh serve`: uvicorn,
 one process per core up to 4, each with its own live feed; --server-env
-APPLIANCE_WEB_WORKERS=1 for one). The viewers log in once (a session cookie) and open the event stream of a fresh
-deployment from its current end (Last-Event-ID), as browsers do. They may first be held
---quiet seconds without events (the keep-alive path); then another process appends
---rate events/s in calls of --batch events through services.events_append (the agent's
-path), for --seconds. A viewer whose stream ends early reconnects after the stream's
-retry delay with Last-Event-ID, as EventSource does. With --leave drop the viewers drop
-their connections once they have the last event (tabs closed); with --leave end the
-deployment's end event closes the streams.
+APPLIANCE_WEB_WORKERS=1 for one). The viewers log in once (a session cookie) and open
+the event stream of a fresh deployment from its current end (Last-Event-ID), as browsers
+do. They may first be held --quiet seconds without events (the keep-alive path); then
+another process appends --rate events/s in calls of --batch events through
+services.events_append (the agent's path), for --seconds. A viewer whose stream ends
+early reconnects after the stream's retry delay with Last-Event-ID, as EventSource does.
+With --leave drop the viewers drop their connections once they have the last event (tabs
+closed); with --leave end the deployment's end event closes the streams.
 
 With --decode each of the --rate lines/s is an SGLang `Decode batch` line stored as the
 agent stores it: a log event and the metric the product's parser makes of it (two events).
@@ -60,6 +60,7 @@ import _loadkit as kit
 
 RETRY_S = 2.0  # the stream's `retry:`, which EventSource waits before reconnecting
 PROFILE_RATE = 50  # py-spy samples/s
+WINDOW_S = 5.0  # the latency's p99 is also shown by this much of the run
 
 
 @dataclass
@@ -67,6 +68,7 @@ class Viewer:
     start_seq: int
     seqs: list[int] = field(default_factory=list)
     latencies: list[float] = field(default_factory=list)
+    windows: dict[int, list[float]] = field(default_factory=dict)  # by WINDOW_S of the run
     keepalives: int = 0
     reconnects: int = 0
     broken: dict[str, int] = field(default_factory=dict)  # streams cut off, by cause
@@ -75,7 +77,7 @@ class Viewer:
     done: bool = False
     slow: bool = False  # reads nothing until the appends are over (a background tab)
     skips: list[tuple[int, int]] = field(default_factory=list)  # ranges it was told of
-    raw: list[tuple[float, list[bytes], list[bytes]]] = field(default_factory=list)
+    raw: list[tuple[float, list[bytes]]] = field(default_factory=list)  # (receipt, ids)
     chunks: int = 0  # the reads that carried events
     sends: int = 0  # the chunks of the body: the panel's sends
     worst: tuple[float, float] = (0.0, 0.0)  # the longest latency and its event's send time
@@ -87,6 +89,7 @@ class Plan:
     path: str
     cookie: str
     leave: str
+    times: str  # the appender writes each timed seq's append time here (settle_figures)
     last_seq: int = 0  # the seq of the last bench event, once it is appended
     deadline: float = 0.0
     appended: asyncio.Event = field(default_factory=asyncio.Event)  # slow viewers read on
@@ -149,6 +152,7 @@ class StreamReading(asyncio.Protocol):
         self.raw = b""  # body bytes not yet undone (a chunk's size line cut by a read)
         self.left = 0  # bytes of the current chunk still to come, its closing CRLF included
         self.text = b""  # undone body after the last whole frame
+        self.scan = False  # whether a chunk of this text began as a keep-alive or skip may
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -170,10 +174,14 @@ class StreamReading(asyncio.Protocol):
                 return
         body = self._unchunk(self.raw + data if self.raw else data)
         text = self.text + body if self.text else body
-        cut = text.rfind(b"\n\n") + 2  # the panel sends whole frames: mostly all of it
-        if cut >= 2:
-            self.last = _frames(self.plan, self.viewer, text[:cut], received, self.last)
-        self.text = text[cut:]
+        end = text.rfind(b"\n\n")  # the panel sends whole frames: mostly all of it
+        if end < 0:  # a read shorter than a frame: kept whole, to be read with the next
+            self.text = text
+        else:
+            self.last = _frames(self.plan, self.viewer, text[:end + 2], received, self.last,
+                                self.scan)
+            self.text = text[end + 2:]
+            self.scan = self.scan and bool(self.text)  # a flagged frame may be cut off
         if self.viewer.done or self.left < 0:
             self._finish()
 
@@ -204,6 +212,8 @@ class StreamReading(asyncio.Protocol):
 
     def _unchunk(self, raw: bytes) -> bytes:
         """The chunked body's data in `raw`; what a read cut short waits in self.raw."""
+        if self.left < 0:  # past the body's end
+            return b""
         parts = []
         pos, n = 0, len(raw)
         while pos < n:
@@ -219,6 +229,12 @@ class StreamReading(asyncio.Protocol):
                     break
                 self.left = size + 2
                 self.viewer.sends += 1
+                head = raw[pos:pos + SCAN_HEAD]
+                # A keep-alive or a skip frame (each a chunk of its own), or a chunk's
+                # start cut by the read: this text is searched for them.
+                if (len(head) < SCAN_HEAD or head.startswith(KEEPALIVE)
+                        or SKIP_KIND in head):
+                    self.scan = True
             take = min(self.left, n - pos)
             data_end = pos + min(take, max(0, self.left - 2))  # not the chunk's CRLF
             if data_end > pos:
@@ -239,40 +255,66 @@ ID = re.compile(rb"id: (\d+)\n")  # JSON has no raw newline: only an id line end
 SENT = re.compile(rb'"bench_t":([0-9.e+-]+)')
 SKIP = re.compile(rb'id: \d+\ndata: {[^\n]*"kind":"skip"[^\n]*"from":(\d+),"to":(\d+)[^\n]*\n\n')
 SKIP_KIND = b'"kind":"skip"'
+SCAN_HEAD = 64  # a frame's kind is in its first 64 bytes (`id: N\ndata: {"seq":N,"kind":`)
 KEEPALIVE = b": keep-alive"
 
 
-def _frames(plan: Plan, viewer: Viewer, text: bytes, received: float, last: int) -> int:
+def _frames(plan: Plan, viewer: Viewer, text: bytes, received: float, last: int,
+            scan: bool) -> int:
     """Whole frames, read by regular expression: 200 viewers x 2,000 events/s parsed as
-    JSON would cost this client more than the panel."""
-    viewer.keepalives += text.count(KEEPALIVE)
-    if SKIP_KIND in text:  # rare: the ranges told, and the skip frames' own ids left out
-        for skip in SKIP.finditer(text):
-            viewer.skips.append((int(skip[1]), int(skip[2])))
-            last = max(last, int(skip[2]))
-        text = SKIP.sub(b"", text)
+    JSON would cost this client more than the panel. Keep-alives and skip frames are
+    looked for only when a chunk began with one (`scan`, from _unchunk): the panel sends
+    each as a chunk of its own, and a search of every read for them was a fifth of this
+    client's CPU."""
+    if scan:
+        viewer.keepalives += text.count(KEEPALIVE)
+        if SKIP_KIND in text:  # the ranges told, and the skip frames' own ids left out
+            for skip in SKIP.finditer(text):
+                viewer.skips.append((int(skip[1]), int(skip[2])))
+                last = max(last, int(skip[2]))
+            text = SKIP.sub(b"", text)
     ids = ID.findall(text)
     if not ids:
         return last
     # Kept raw, turned into numbers after the run: the client's own work while the events
-    # flow is a few C calls a read, so its lag is not what the figures measure.
-    viewer.raw.append((received, ids, SENT.findall(text)))
-    tail = text[-4096:]  # the last event and the end come last in their chunk
+    # flow is one C call a read, so its lag is not what the figures measure. The send
+    # times come from the appender (by seq), not from each frame: a second search of
+    # every read was another fifth.
+    viewer.raw.append((received, ids))
+    # The last event (its metric after it) and the end come last in their send.
+    tail = text[max(0, text.rfind(b"id: ", 0, text.rfind(b"id: "))):]
     if b'"kind":"end"' in tail or (plan.leave == "drop" and b'"last":true' in tail):
         viewer.done = True
     return max(last, int(ids[-1]))
 
 
-def settle_figures(viewer: Viewer) -> None:
-    """The raw ids and send times of a viewer's chunks as seqs and latencies."""
+def settle_figures(viewer: Viewer, times: dict[int, float]) -> None:
+    """The raw ids of a viewer's reads as seqs, and the timed ones' latencies: receipt
+    minus the time just before the append call that stored them (what `bench_t` in the
+    event says)."""
     viewer.chunks += len(viewer.raw)
-    for received, ids, sent in viewer.raw:
-        viewer.seqs.extend(map(int, ids))
-        viewer.latencies.extend(received - float(t) for t in sent)
+    start = min(times.values(), default=0.0)
+    for received, ids in viewer.raw:
+        seqs = list(map(int, ids))
+        viewer.seqs.extend(seqs)
+        sent = [times[s] for s in seqs if s in times]
+        viewer.latencies.extend(received - t for t in sent)
+        for t in sent:
+            viewer.windows.setdefault(int((t - start) / WINDOW_S), []).append(received - t)
         if sent:
-            viewer.worst = max(viewer.worst, (received - float(sent[0]), float(sent[0])),
-                               (received - float(sent[-1]), float(sent[-1])))
+            viewer.worst = max(viewer.worst, (received - sent[0], sent[0]),
+                               (received - sent[-1], sent[-1]))
     viewer.raw.clear()
+
+
+def read_times(path: str) -> dict[int, float]:
+    """The appender's file: a line per append call, its time then its timed seqs."""
+    times: dict[int, float] = {}
+    with open(path) as lines:
+        for line in lines:
+            t, *seqs = line.split()
+            times.update((int(s), float(t)) for s in seqs)
+    return times
 
 
 # ------------------------------------------------------------------ appender
@@ -283,8 +325,10 @@ DECODE_LINE = ("[{t}] Decode batch, #running-req: 32, #token: {n}, token usage: 
                "gen throughput (token/s): 2841.07, #queue-req: 0")
 
 
-def append_events(pk: int, rate: float, batch: int, count: int, decode: bool) -> None:
-    """Append `count` lines at `rate`/s, `batch` per call; the last one says so."""
+def append_events(pk: int, rate: float, batch: int, count: int, decode: bool,
+                  times_path: str) -> None:
+    """Append `count` lines at `rate`/s, `batch` per call; the last one says so. Each
+    call's time and the seqs of its timed events (its log lines) go to times_path."""
     from django.db import connection
 
     from appliance.logs.parser import LogParser
@@ -294,6 +338,7 @@ def append_events(pk: int, rate: float, batch: int, count: int, decode: bool) ->
     parser = LogParser()
     started = time.monotonic()
     sent = 0
+    timed: list[str] = []
     while sent < count:
         time.sleep(max(0.0, started + (sent / batch) * interval - time.monotonic()))
         size = min(batch, count - sent)
@@ -301,9 +346,12 @@ def append_events(pk: int, rate: float, batch: int, count: int, decode: bool) ->
         events: list[tuple[str, dict[str, object]]] = []
         for i in range(sent, sent + size):
             events.extend(_line_events(parser, i, now, last=i == count - 1, decode=decode))
-        services.events_append(deployment_id=pk, events=events)
+        stored = services.events_append(deployment_id=pk, events=events)
+        timed.append(" ".join([repr(now), *(str(e.seq) for e in stored
+                                            if "bench_t" in e.payload)]))
         sent += size
     connection.close()
+    Path(times_path).write_text("\n".join(timed) + "\n")
     # The agent's process lives on; this one stays while its publisher thread sends the last
     # batch to the live channel (else the viewers get it from the record, a keep-alive later).
     time.sleep(2)
@@ -321,12 +369,14 @@ def _line_events(parser: object, i: int, now: float, *, last: bool,
             *(("metric", e.to_dict()) for e in parsed)]
 
 
-def run_appender(args: argparse.Namespace, pk: int, count: int) -> subprocess.Popen[bytes]:
+def run_appender(args: argparse.Namespace, pk: int, count: int,
+                 times_path: str) -> subprocess.Popen[bytes]:
     """In its own process, so that the viewers' parsing does not slow the appends."""
     return subprocess.Popen([
         sys.executable, __file__, "--database-url", args.database_url,
         "--redis-url", args.redis_url, "--append-to", str(pk), "--rate", str(args.rate),
-        "--batch", str(args.batch), "--count", str(count), *(["--decode"] * args.decode)])
+        "--batch", str(args.batch), "--count", str(count), "--times", times_path,
+        *(["--decode"] * args.decode)])
 
 
 def last_bench_seq(pk: int) -> int:
@@ -365,11 +415,13 @@ async def scenario(args: argparse.Namespace, plan: Plan, pk: int, pg: kit.PgConn
     profiler = start_profiler(args)
     client_pids = [p.pid for p in clients.procs if p.pid]
     cpu0 = cpu_seconds(panel_pids()), cpu_seconds(client_pids), time.monotonic()
-    appender = run_appender(args, pk, count)
+    appender = run_appender(args, pk, count, plan.times)
     while appender.poll() is None:
         peak = max(peak, await asyncio.to_thread(pg.count), key=lambda c: c["total"])
         reference.rss_peak = max(reference.rss_peak, panel_rss())
         await asyncio.sleep(0.25)
+    reference.appending = (cpu_seconds(panel_pids()) - cpu0[0],
+                           cpu_seconds(client_pids) - cpu0[1], time.monotonic() - cpu0[2])
     plan.last_seq = await sync_to_async(last_bench_seq)(pk)
     clients.appended.set()
     if args.leave == "end":
@@ -433,8 +485,9 @@ def client_main(plan: Plan, viewers: list[Viewer], appended: Any, out: Any) -> N
         asyncio.run(_client(plan, viewers, appended, out))
     else:
         uvloop.run(_client(plan, viewers, appended, out))
+    times = read_times(plan.times) if Path(plan.times).exists() else {}
     for viewer in viewers:
-        settle_figures(viewer)
+        settle_figures(viewer, times)
     out.put(("done", viewers))
 
 
@@ -461,6 +514,8 @@ class Reference:
     panel_cpu: float = 0.0  # CPU seconds the panel and the clients spent from the first
     client_cpu: float = 0.0  # append until the viewers were done
     wall: float = 0.0
+    appending: tuple[float, float, float] = (0.0, 0.0, 0.0)  # the same, until the appender
+    # exits (2 s after its last append): the clients' figures, read after, left out
 
 
 async def read_channel(args: argparse.Namespace, pk: int, start: int, plan: Plan,
@@ -608,7 +663,7 @@ def one_round(args: argparse.Namespace, url: str, cookie: str, pg: kit.PgConnect
     """Viewers of a fresh deployment come, watch, and leave; then the sessions settle."""
     pk = kit.bench_deployment("bench-sse").pk
     plan = Plan(url=url, path=f"/deployments/{pk}/events/stream/", cookie=cookie,
-                leave=args.leave)
+                leave=args.leave, times=tempfile.mktemp(prefix="load-sse-times-"))
     plan.deadline = time.monotonic() + args.quiet + args.seconds + 120
     start = current_seq(pk)
     viewers = [Viewer(start_seq=start) for _ in range(args.viewers)]
@@ -645,10 +700,12 @@ def main() -> None:
                         "spread over (the client's parsing must not be the limit)")
     parser.add_argument("--append-to", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--count", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--times", help=argparse.SUPPRESS)
     args = parser.parse_args()
     kit.setup_django(args)
     if args.append_to:
-        append_events(args.append_to, args.rate, args.batch, args.count, args.decode)
+        append_events(args.append_to, args.rate, args.batch, args.count, args.decode,
+                      args.times)
         return
     kit.bench_user()
     log_path = Path(tempfile.mkdtemp(prefix="load-sse-")) / "panel.log"
@@ -731,6 +788,9 @@ def panel_processes() -> int:
     return workers or 1
 
 
+LOST_SHOWN: list[str] = []
+
+
 def tally(rounds: list[Round], slow: bool) -> dict[str, int]:
     """Lost: neither received nor inside a range the viewer was told it skipped."""
     lost = duplicated = reordered = skipped = 0
@@ -739,7 +799,12 @@ def tally(rounds: list[Round], slow: bool) -> dict[str, int]:
             seen = set(v.seqs)
             told = {s for first, end in v.skips for s in range(first, end + 1)}
             wanted = range(v.start_seq + 1, r.last_seq + 1)
-            lost += sum(1 for s in wanted if s not in seen and s not in told)
+            missing = [s for s in wanted if s not in seen and s not in told]
+            lost += len(missing)
+            if missing and len(LOST_SHOWN) < 5:  # where, to look into it
+                LOST_SHOWN.append(f"  a viewer from seq {v.start_seq} lost {missing[:10]} "
+                                  f"of 1..{r.last_seq}; it got {len(v.seqs)}, reconnected "
+                                  f"{v.reconnects} times, broken {v.broken or 0}")
             skipped += sum(1 for s in wanted if s in told)
             duplicated += len(v.seqs) - len(seen)
             reordered += sum(1 for a, b in zip(v.seqs, v.seqs[1:], strict=False) if b < a)
@@ -750,8 +815,6 @@ def tally(rounds: list[Round], slow: bool) -> dict[str, int]:
 def report(args: argparse.Namespace, rounds: list[Round], before: dict[str, int],
            log_path: Path) -> None:
     everyone = [v for r in rounds for v in r.viewers]
-    for v in everyone:
-        settle_figures(v)
     chunks = sum(v.chunks for v in everyone if not v.slow)
     sends = sum(v.sends for v in everyone if not v.slow)
     viewers = [v for v in everyone if not v.slow]
@@ -788,8 +851,17 @@ def report(args: argparse.Namespace, rounds: list[Round], before: dict[str, int]
     first = min((v.worst[1] for v in viewers if v.worst[1]), default=sent)
     print(f"latency max         {kit.ms(worst)} (an event appended {sent - first:.1f} s "
           "into the run)")
+    windows: dict[int, list[float]] = {}
+    for v in viewers:
+        for w, values in v.windows.items():
+            windows.setdefault(w, []).extend(values)
+    print(f"p99 by {WINDOW_S:g} s       " + ", ".join(
+        f"{w * WINDOW_S:g}-{(w + 1) * WINDOW_S:g} s: {kit.percentile(windows[w], 99) * 1000:.0f}"
+        for w in sorted(windows)) + " ms (by when the event was appended)")
     for name, n in tally(rounds, slow=False).items():
         print(f"{name:<20}{n}")
+    for line in LOST_SHOWN:
+        print(line)
     if slow:
         told = sum(1 for v in slow if v.skips)
         print(f"slow viewers: told of a skip {told}/{len(slow)}, then reached the last event "
@@ -797,6 +869,11 @@ def report(args: argparse.Namespace, rounds: list[Round], before: dict[str, int]
               + ", ".join(f"{k} {n}" for k, n in tally(rounds, slow=True).items()))
     for i, r in enumerate(rounds, 1):
         ref = r.reference
+        panel_cpu, client_cpu, wall = ref.appending
+        delivered = sum(len(v.seqs) for v in r.viewers)
+        print(f"CPU while appending round {i}: panel {panel_cpu:.1f} s "
+              f"({1e6 * panel_cpu / max(1, delivered):.2f} us a delivered event), the viewers' "
+              f"clients {client_cpu:.1f} s, over {wall:.1f} s")
         print(f"CPU seconds         round {i}: panel {ref.panel_cpu:.1f}, the viewers' clients "
               f"{ref.client_cpu:.1f}, over {ref.wall:.1f} s from the first append to the last "
               "viewer done")
