@@ -1,3 +1,4 @@
+import gc
 import os
 
 import django
@@ -19,3 +20,7 @@ application = with_gateway(_django)
 from web.security import require_production_secrets  # noqa: E402 - needs settings loaded
 
 require_production_secrets()
+
+# What the imports made (Django's apps, URL patterns, templates) lives as long as the process:
+# kept out of the collector's full passes, which otherwise walk it all, mid-request.
+gc.freeze()

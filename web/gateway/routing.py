@@ -2,17 +2,26 @@
 process, so a request with a known key costs one Redis round trip before the engine.
 
 - Keys: a grant is cached by the key's digest together with the key epoch it was read at.
-  Every request reads the epoch from Redis (in the same round trip as its rate-limit
-  counter); services.apikey_revoke bumps it, so a revoked key stops at once, in every panel
-  process. A grant is read again after GRANT_TTL_S anyway (an owner's role change).
+  services.apikey_revoke bumps the epoch and publishes it, so a revoked key stops at once,
+  in every panel process. Each process holds a subscription (EpochWatch) and knows the
+  epoch without a round trip; while that subscription is not known good (not yet made,
+  Redis restarting, silent for over EPOCH_WATCH_STALE_S) every request reads the epoch from
+  Redis instead. A key with a rate limit takes one round trip for its counter (with the
+  epoch). A grant is read again in the background once GRANT_TTL_S old (an owner's role
+  change); the request that finds it old is answered from it.
 - Deployments: the routing table (every active deployment's model name, status and engine
-  URL) is read at most every ROUTES_TTL_S; a model missing from it is looked up afresh
+  URL) is read again once it is ROUTES_TTL_S old, in the background: the request that finds
+  it stale is answered from it and does not wait for the database (waiting there was the
+  gateway's p99: bench/gateway_overhead.py). A model missing from it is looked up afresh
   before the answer is 404, so a deployment that just became ready is found at once.
+  Concurrent reads share one database query.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,7 +33,7 @@ from django.conf import settings
 from web.gateway import admission
 from web.gateway.admission import Caller, Refusal
 from web.gateway.selectors import Target, secret_digest
-from web.gateway.services import KEYS_EPOCH, rate_limit_key
+from web.gateway.services import KEYS_EPOCH, keys_channel, rate_limit_key
 
 # The key epoch, and the one-minute counter taken (its expiry set on the window's first use).
 _EPOCH_AND_COUNT = """
@@ -33,8 +42,12 @@ if used == 1 then redis.call("EXPIRE", KEYS[2], 61) end
 return {redis.call("GET", KEYS[1]), used}
 """
 GRANT_TTL_S = 60.0
+EPOCH_WATCH_POLL_S = 1.0
+EPOCH_WATCH_STALE_S = 3.0
 ROUTES_TTL_S = 1.0
 MAX_GRANTS = 10_000
+
+log = logging.getLogger(__name__)
 
 
 def _thread(fn):  # type: ignore[no-untyped-def]
@@ -43,47 +56,153 @@ def _thread(fn):  # type: ignore[no-untyped-def]
 
 
 @dataclass
+class EpochWatch:
+    """The key epoch as the subscription last told it, and whether that can be trusted now:
+    the watching task marks each pass (at least every EPOCH_WATCH_POLL_S)."""
+
+    epoch: Any = None
+    good: bool = False
+    seen_at: float = float("-inf")
+    task: asyncio.Task[None] | None = None
+
+    def current(self) -> tuple[bool, Any]:
+        """(True, epoch) when the subscription vouches for it, else (False, None)."""
+        if self.good and time.monotonic() - self.seen_at < EPOCH_WATCH_STALE_S:
+            return True, self.epoch
+        return False, None
+
+    def start(self, url: str) -> None:
+        if self.task is None or self.task.done():
+            self.task = asyncio.ensure_future(self._watch(url))
+
+    async def _watch(self, url: str) -> None:
+        while True:
+            # Its own connection, without the pool's socket timeout (it sits idle between
+            # revocations). Its own PING each EPOCH_WATCH_POLL_S: the answer coming back is
+            # what proves the subscription carries messages (a hung connection sends none).
+            client = aioredis.Redis.from_url(url, socket_connect_timeout=5,
+                                             socket_keepalive=True, client_name=WATCH_NAME)
+            try:
+                async with client.pubsub(ignore_subscribe_messages=True) as pubsub:
+                    await pubsub.subscribe(keys_channel(client))
+                    # Read after subscribing: a revocation in between is in one or the other.
+                    self.epoch = await client.get(KEYS_EPOCH)
+                    self.seen_at, self.good, ping_at = time.monotonic(), True, 0.0
+                    while True:
+                        if time.monotonic() >= ping_at:
+                            await pubsub.ping(_PING)
+                            ping_at = time.monotonic() + EPOCH_WATCH_POLL_S
+                        message = await pubsub.get_message(timeout=EPOCH_WATCH_POLL_S / 2)
+                        if message is None:
+                            continue
+                        if message["type"] == "message":
+                            self.epoch = message["data"]
+                        elif message["type"] == "pong" and message["data"] == _PING:
+                            self.seen_at = time.monotonic()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - any failure: per-request reads, retry
+                log.warning("the gateway's key-epoch subscription failed (%s); reading the "
+                            "epoch per request until it is back", exc)
+            finally:
+                self.good = False
+                with contextlib.suppress(Exception):
+                    await client.aclose()
+            await asyncio.sleep(EPOCH_WATCH_POLL_S)
+
+
+_PING = b"epoch-watch"
+WATCH_NAME = "appliance-gateway-epoch-watch"  # as Redis's CLIENT LIST names the connection
+
+
+@dataclass
 class Routing:
     redis: aioredis.Redis
+    watch: EpochWatch = field(default_factory=EpochWatch)
     grants: dict[str, tuple[Any, float, Caller]] = field(default_factory=dict)
+    regranting: set[str] = field(default_factory=set)
     table: list[Target] = field(default_factory=list)
     table_at: float = float("-inf")
+    reading: asyncio.Task[list[Target]] | None = None
 
     async def key_caller(self, secret: str) -> tuple[Caller | Refusal, int | None]:
         """The key's caller, and its requests in this minute (None: no limit checked)."""
         digest = secret_digest(secret)
         cached = self.grants.get(digest)
-        epoch, used = await self._epoch_and_count(cached[2] if cached else None)
-        if cached and cached[0] == epoch and time.monotonic() - cached[1] < GRANT_TTL_S:
+        epoch, used = await self.epoch_and_count(cached[2] if cached else None)
+        if cached and cached[0] == epoch:
+            if time.monotonic() - cached[1] > GRANT_TTL_S and digest not in self.regranting:
+                self.regranting.add(digest)
+                task = asyncio.ensure_future(self._regrant(secret, digest, epoch))
+                task.add_done_callback(_quiet)
             return cached[2], used
+        answer = await self._grant(secret, digest, epoch)
+        if isinstance(answer, Refusal):
+            return answer, None
+        if used is None and answer.key and answer.key.rate_limit_per_minute:
+            _, used = await self.epoch_and_count(answer)
+        return answer, used
+
+    async def _grant(self, secret: str, digest: str, epoch: Any) -> Caller | Refusal:
+        """The key read from the database, kept for its epoch (a refusal is not kept)."""
         answer = await _thread(admission.key_caller)(secret=secret)
         if isinstance(answer, Refusal):
             self.grants.pop(digest, None)
-            return answer, None
+            return answer
         if len(self.grants) >= MAX_GRANTS:
             self.grants.clear()
         self.grants[digest] = (epoch, time.monotonic(), answer)
-        if used is None and answer.key and answer.key.rate_limit_per_minute:
-            _, used = await self._epoch_and_count(answer)
-        return answer, used
+        return answer
 
-    async def _epoch_and_count(self, caller: Caller | None) -> tuple[Any, int | None]:
-        """One round trip: the key epoch and, for a limited key, its count in this minute
-        (one script, as a pipeline of three commands cost twice a plain GET here)."""
+    async def _regrant(self, secret: str, digest: str, epoch: Any) -> None:
+        try:
+            await self._grant(secret, digest, epoch)
+        finally:
+            self.regranting.discard(digest)
+
+    async def epoch_and_count(self, caller: Caller | None) -> tuple[Any, int | None]:
+        """The key epoch and, for a limited key, its count in this minute: no round trip for
+        a key without a limit while the subscription vouches for the epoch, else one (one
+        script, as a pipeline of three commands cost twice a plain GET here)."""
         key = caller.key if caller is not None else None
         if key is None or not key.rate_limit_per_minute:
-            return await self.redis.get(KEYS_EPOCH), None
+            known, epoch = self.watch.current()
+            return (epoch if known else await self.redis.get(KEYS_EPOCH)), None
         counter, _ = rate_limit_key(key_id=key.id)
         epoch, used = await self.redis.eval(_EPOCH_AND_COUNT, 2, KEYS_EPOCH, counter)
         return epoch, int(used)
 
     async def targets(self, *, model: str | None = None) -> list[Target]:
-        """The routing table; read afresh when stale or when it does not know `model`."""
-        stale = time.monotonic() - self.table_at > ROUTES_TTL_S
-        if stale or (model is not None and all(t.model != model for t in self.table)):
+        """The routing table: read afresh (and waited for) before the first answer and when
+        it does not know `model`; read again in the background when merely stale."""
+        known = self.table_at > float("-inf") and (
+            model is None or any(t.model == model for t in self.table))
+        if not known:
+            return await self._read()
+        if time.monotonic() - self.table_at > ROUTES_TTL_S and self.reading is None:
+            task = asyncio.ensure_future(self._read())
+            task.add_done_callback(_quiet)
+        return self.table
+
+    def _read(self) -> asyncio.Task[list[Target]]:
+        """The one read in flight (started when none is), awaited by every caller."""
+        if self.reading is None:
+            self.reading = asyncio.ensure_future(self._read_table())
+        return self.reading
+
+    async def _read_table(self) -> list[Target]:
+        try:
             self.table = await _thread(admission.routes)()
             self.table_at = time.monotonic()
-        return self.table
+            return self.table
+        finally:
+            self.reading = None
+
+
+def _quiet(task: asyncio.Future[Any]) -> None:
+    """A background read that failed is logged; the next request tries again."""
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("the gateway's routing table could not be read: %s", task.exception())
 
 
 _ROUTING: dict[int, Routing] = {}
@@ -100,4 +219,5 @@ def routing() -> Routing:
             settings.REDIS_URL, max_connections=64, timeout=60,
             socket_timeout=settings.REDIS_SOCKET_TIMEOUT_S)
         found = _ROUTING[id(loop)] = Routing(redis=aioredis.Redis(connection_pool=pool))
+        found.watch.start(settings.REDIS_URL)
     return found

@@ -7,6 +7,7 @@ import secrets
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 from django.conf import settings
@@ -25,6 +26,15 @@ MAX_RATE_LIMIT = 1_000_000
 # Bumped at each revocation: the gateway's cached grants are good only at the epoch they were
 # read at (web/gateway/routing.py), so a revoked key stops at once in every panel process.
 KEYS_EPOCH = "appliance:gateway:keys-epoch"
+# Each new epoch is published too (keys_channel): a panel process that holds a subscription
+# knows the epoch without asking Redis per request, and reads it per request when it does not.
+KEYS_CHANNEL = "appliance:gateway:keys"
+
+
+def keys_channel(client: redis.Redis | Any) -> str:
+    """The epoch's channel for the client's database: Redis's channels are server-wide, and
+    installs that share one server by database number must not hear each other's epochs."""
+    return f"{KEYS_CHANNEL}:{client.connection_pool.connection_kwargs.get('db', 0)}"
 
 
 class ApiKeyError(ValueError):
@@ -107,8 +117,17 @@ def apikey_revoke(*, prefix: str, owner_username: str | None = None) -> bool:
 
 
 def _bump_epoch() -> None:
-    redis.Redis.from_url(settings.REDIS_URL,
-                         socket_timeout=settings.REDIS_SOCKET_TIMEOUT_S).incr(KEYS_EPOCH)
+    client = redis.Redis.from_url(settings.REDIS_URL,
+                                  socket_timeout=settings.REDIS_SOCKET_TIMEOUT_S)
+    client.eval(_BUMP_AND_PUBLISH, 1, KEYS_EPOCH, keys_channel(client))
+
+
+# One script: no subscriber can see the new epoch in Redis without its message, or the reverse.
+_BUMP_AND_PUBLISH = """
+local epoch = redis.call("INCR", KEYS[1])
+redis.call("PUBLISH", ARGV[1], epoch)
+return epoch
+"""
 
 
 def usage_record(*, key_id: int | None, user_id: int | None, deployment_id: int,

@@ -1,0 +1,106 @@
+"""The gateway's hot path without round trips (web/gateway/routing.py), against the real
+Redis: the key epoch comes from a subscription while it is known good, and from Redis per
+request whenever it is not; the routing table is read again in the background."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import redis
+from django.conf import settings
+from django.db import connection
+
+from web.gateway.routing import EPOCH_WATCH_STALE_S, WATCH_NAME, EpochWatch, Routing
+from web.gateway.services import KEYS_EPOCH, apikey_create, apikey_revoke
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+async def until(check, timeout_s: float = 5.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "not within the time"
+        await asyncio.sleep(0.02)
+
+
+def redis_client() -> redis.Redis:
+    return redis.Redis.from_url(settings.REDIS_URL)
+
+
+def revoke(prefix: str) -> bool:
+    """apikey_revoke off the test's thread, as the panel's views run it, the connection
+    handed back after."""
+    try:
+        return apikey_revoke(prefix=prefix)
+    finally:
+        connection.close()
+
+
+def kill_watch_connections() -> None:
+    """As a Redis restart or a network cut would: this database's watch connections only."""
+    client = redis_client()
+    db = client.connection_pool.connection_kwargs.get("db", 0)
+    for info in client.client_list():
+        if info.get("name") == WATCH_NAME and int(info.get("db", -1)) == db:
+            client.client_kill_filter(_id=info["id"])
+
+
+def test_a_revocation_reaches_a_watching_process_without_a_read_per_request(operator) -> None:  # type: ignore[no-untyped-def]
+    secret = apikey_create(owner_username=operator.username, name="watched").secret
+
+    async def scenario() -> None:
+        watch = EpochWatch()
+        watch.start(settings.REDIS_URL)
+        try:
+            await until(lambda: watch.current()[0])
+            before = watch.current()[1]
+            assert before == redis_client().get(KEYS_EPOCH)
+            assert await asyncio.to_thread(revoke, secret[:14])
+            await until(lambda: watch.current()[1] != before, timeout_s=1.0)
+            assert watch.current() == (True, redis_client().get(KEYS_EPOCH))
+        finally:
+            assert watch.task is not None
+            watch.task.cancel()
+
+    asyncio.run(scenario())
+
+
+def test_a_killed_subscription_falls_back_to_reading_and_comes_back(operator) -> None:  # type: ignore[no-untyped-def]
+    async def scenario() -> None:
+        watch = EpochWatch()
+        watch.start(settings.REDIS_URL)
+        try:
+            await until(lambda: watch.current()[0])
+            kill_watch_connections()
+            await until(lambda: not watch.current()[0], timeout_s=2.0)
+            assert watch.current() == (False, None)  # the caller reads Redis itself now
+            await until(lambda: watch.current()[0], timeout_s=5.0)
+        finally:
+            assert watch.task is not None
+            watch.task.cancel()
+
+    asyncio.run(scenario())
+
+
+def test_a_silent_subscription_is_not_trusted_past_its_staleness(operator) -> None:  # type: ignore[no-untyped-def]
+    watch = EpochWatch(epoch=b"7", good=True, seen_at=time.monotonic())
+    assert watch.current() == (True, b"7")
+    watch.seen_at -= EPOCH_WATCH_STALE_S + 0.1  # no answer to its pings for that long
+    assert watch.current() == (False, None)
+
+
+def test_the_request_path_reads_the_epoch_itself_until_the_watch_vouches(operator) -> None:  # type: ignore[no-untyped-def]
+    async def scenario() -> None:
+        client = redis.asyncio.Redis.from_url(settings.REDIS_URL)
+        routing = Routing(redis=client)
+        # (its watch is not started: as in a process whose subscription is not made yet)
+        await client.set(KEYS_EPOCH, b"41")
+        assert await routing.epoch_and_count(None) == (b"41", None)
+        routing.watch.epoch, routing.watch.good = b"40", True
+        routing.watch.seen_at = time.monotonic()
+        assert await routing.epoch_and_count(None) == (b"40", None)  # no read: the watch's
+        await client.aclose()
+
+    asyncio.run(scenario())
