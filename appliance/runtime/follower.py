@@ -340,6 +340,7 @@ class EngineFollower:
         self.all_lines: deque[str] = deque(maxlen=2000)
         self.outcome = ""
         self.shipper: _Shipper | None = None
+        self.last_drain = 0.0
 
     def _ship(self, events: Events, cursor: Cursor | None) -> None:
         if self.shipper is None:
@@ -454,6 +455,14 @@ class EngineFollower:
         # Wait up to batch_s for a first line, then take what is already there: a quiet
         # engine's line ships at once, and a busy one's batches grow while a write runs.
         taken = reader.take(self.options.batch_lines, self.options.batch_s)
+        if taken and len(taken) < LINGER_EVENTS and taken[-1] is not None:
+            # A trickle is taken at most every LINGER_S (see there): parsing and handing
+            # over a line at a time cost more than the lines (issue 22).
+            left = self.last_drain + LINGER_S - time.monotonic()
+            if left > 0:
+                time.sleep(left)
+                taken += reader.take(self.options.batch_lines - len(taken), None)
+        self.last_drain = time.monotonic()
         batch: list[LogLine] = []
         for item in taken:
             if item is None:
