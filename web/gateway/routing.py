@@ -121,6 +121,10 @@ class Routing:
     watch: EpochWatch = field(default_factory=EpochWatch)
     grants: dict[str, tuple[Any, float, Caller]] = field(default_factory=dict)
     regranting: set[str] = field(default_factory=set)
+    count_script: Any = None  # _EPOCH_AND_COUNT, sent by its digest (EVALSHA), not its text
+
+    def __post_init__(self) -> None:
+        self.count_script = self.redis.register_script(_EPOCH_AND_COUNT)
     table: list[Target] = field(default_factory=list)
     table_at: float = float("-inf")
     reading: asyncio.Task[list[Target]] | None = None
@@ -169,7 +173,7 @@ class Routing:
             known, epoch = self.watch.current()
             return (epoch if known else await self.redis.get(KEYS_EPOCH)), None
         counter, _ = rate_limit_key(key_id=key.id)
-        epoch, used = await self.redis.eval(_EPOCH_AND_COUNT, 2, KEYS_EPOCH, counter)
+        epoch, used = await self.count_script(keys=[KEYS_EPOCH, counter])
         return epoch, int(used)
 
     async def targets(self, *, model: str | None = None) -> list[Target]:
