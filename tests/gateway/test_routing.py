@@ -1,6 +1,7 @@
 """The gateway's hot path without round trips (web/gateway/routing.py), against the real
 Redis: the key epoch comes from a subscription while it is known good, and from Redis per
-request whenever it is not; the routing table is read again in the background."""
+request whenever it is not; a limited key's requests come from leases of its minute, which
+all processes together never overdraw."""
 
 from __future__ import annotations
 
@@ -12,8 +13,14 @@ import redis
 from django.conf import settings
 from django.db import connection
 
-from web.gateway.routing import EPOCH_WATCH_STALE_S, WATCH_NAME, EpochWatch, Routing
-from web.gateway.services import KEYS_EPOCH, apikey_create, apikey_revoke
+from web.gateway.routing import (
+    EPOCH_WATCH_STALE_S,
+    LEASE_SHARE,
+    WATCH_NAME,
+    EpochWatch,
+    Routing,
+)
+from web.gateway.services import KEYS_EPOCH, apikey_create, apikey_revoke, rate_limit_key
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -97,10 +104,75 @@ def test_the_request_path_reads_the_epoch_itself_until_the_watch_vouches(operato
         routing = Routing(redis=client)
         # (its watch is not started: as in a process whose subscription is not made yet)
         await client.set(KEYS_EPOCH, b"41")
-        assert await routing.epoch_and_count(None) == (b"41", None)
+        assert await routing.epoch() == b"41"
         routing.watch.epoch, routing.watch.good = b"40", True
         routing.watch.seen_at = time.monotonic()
-        assert await routing.epoch_and_count(None) == (b"40", None)  # no read: the watch's
+        assert await routing.epoch() == b"40"  # no read: the watch's
         await client.aclose()
 
     asyncio.run(scenario())
+
+
+def one_window_ahead() -> None:
+    """Waits out the end of the current minute when it is near: a window that ended mid-test
+    would give the key a whole new minute's requests."""
+    left = 60 - time.time() % 60
+    if left < 8:
+        time.sleep(left + 0.05)
+
+
+def test_processes_leasing_one_keys_minute_never_pass_its_limit_together() -> None:
+    async def scenario() -> tuple[int, int]:
+        started = time.monotonic()
+        clients = [redis.asyncio.Redis.from_url(settings.REDIS_URL) for _ in range(3)]
+        processes = [Routing(redis=client) for client in clients]
+        admitted = refused = 0
+        for turn in range(1_200):  # the three take turns, as a balancer would spread them
+            if await processes[turn % 3].take(key_id=9_001, limit=500):
+                admitted += 1
+            else:
+                refused += 1
+            await asyncio.sleep(0)  # let top-ups land as they would between requests
+        for client in clients:
+            await client.aclose()
+        assert time.monotonic() - started < 7, "the run outlasted one_window_ahead's margin"
+        return admitted, refused
+
+    one_window_ahead()
+    redis_client().delete(rate_limit_key(key_id=9_001)[0])
+    admitted, refused = asyncio.run(scenario())
+    share = 500 // LEASE_SHARE
+    assert admitted <= 500
+    assert admitted >= 500 - 2 * share * 3  # what leases left unused can cost, at most
+    assert refused == 1_200 - admitted
+    assert int(redis_client().get(rate_limit_key(key_id=9_001)[0]) or 0) <= 500
+
+
+def test_a_limited_key_takes_a_round_trip_per_lease_not_per_request() -> None:
+    async def scenario() -> int:
+        client = redis.asyncio.Redis.from_url(settings.REDIS_URL)
+        routing = Routing(redis=client)
+        for _ in range(250):
+            assert await routing.take(key_id=9_002, limit=10_000)
+            await asyncio.sleep(0)
+        await client.aclose()
+        return int(redis_client().get(rate_limit_key(key_id=9_002)[0]) or 0)
+
+    one_window_ahead()
+    redis_client().delete(rate_limit_key(key_id=9_002)[0])
+    leased = asyncio.run(scenario())
+    share = 10_000 // LEASE_SHARE
+    assert leased % share == 0 and 250 <= leased <= 250 + 2 * share  # 3-4 leases for 250
+
+
+def test_a_limit_of_two_is_two_requests_exactly() -> None:
+    async def scenario() -> list[bool]:
+        client = redis.asyncio.Redis.from_url(settings.REDIS_URL)
+        routing = Routing(redis=client)
+        taken = [await routing.take(key_id=9_003, limit=2) for _ in range(3)]
+        await client.aclose()
+        return taken
+
+    one_window_ahead()
+    redis_client().delete(rate_limit_key(key_id=9_003)[0])
+    assert asyncio.run(scenario()) == [True, True, False]

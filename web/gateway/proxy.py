@@ -178,13 +178,16 @@ async def _caller(scope: Scope, secret: str | None) -> Caller | Refusal:
     try:
         if secret is None:
             return await sync_to_async(session_caller, thread_sensitive=False)(scope=scope)
-        caller, used = await routing().key_caller(secret)
+        caller = await routing().key_caller(secret)
+        limit = (caller.key.rate_limit_per_minute
+                 if isinstance(caller, Caller) and caller.key else 0)
+        allowed = not limit or await routing().take(
+            key_id=caller.key.id, limit=limit)  # type: ignore[union-attr]
     except aioredis.RedisError:
         log.exception("the gateway's Redis is unreachable")
         return Refusal(503, "The gateway cannot check keys right now (Redis is unreachable); "
                        "try again shortly.", "service_unavailable", "gateway_unavailable")
-    limit = caller.key.rate_limit_per_minute if isinstance(caller, Caller) and caller.key else 0
-    if limit and used is not None and used > limit:
+    if not allowed:
         _, retry_after = services.rate_limit_key(key_id=caller.key.id)  # type: ignore[union-attr]
         return Refusal(429, f"Rate limit reached: this key may make {limit} requests per "
                        f"minute; retry in {retry_after} s.", "rate_limit_error",

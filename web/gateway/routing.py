@@ -6,9 +6,9 @@ process, so a request with a known key costs one Redis round trip before the eng
   in every panel process. Each process holds a subscription (EpochWatch) and knows the
   epoch without a round trip; while that subscription is not known good (not yet made,
   Redis restarting, silent for over EPOCH_WATCH_STALE_S) every request reads the epoch from
-  Redis instead. A key with a rate limit takes one round trip for its counter (with the
-  epoch). A grant is read again in the background once GRANT_TTL_S old (an owner's role
-  change); the request that finds it old is answered from it.
+  Redis instead. A key with a rate limit takes a round trip per lease of its minute's
+  requests (LEASE_SHARE), not per request. A grant is read again in the background once
+  GRANT_TTL_S old (an owner's role change); the request that finds it old is answered from it.
 - Deployments: the routing table (every active deployment's model name, status and engine
   URL) is read again once it is ROUTES_TTL_S old, in the background: the request that finds
   it stale is answered from it and does not wait for the database (waiting there was the
@@ -35,12 +35,20 @@ from web.gateway.admission import Caller, Refusal
 from web.gateway.selectors import Target, secret_digest
 from web.gateway.services import KEYS_EPOCH, keys_channel, rate_limit_key
 
-# The key epoch, and the one-minute counter taken (its expiry set on the window's first use).
-_EPOCH_AND_COUNT = """
-local used = redis.call("INCR", KEYS[2])
-if used == 1 then redis.call("EXPIRE", KEYS[2], 61) end
-return {redis.call("GET", KEYS[1]), used}
+# A lease of up to ARGV[2] requests from a key's one-minute window of ARGV[1]: never more
+# than the window has left, so all processes together never pass the limit (the window's
+# counter expires with it).
+_LEASE = """
+local used = tonumber(redis.call("GET", KEYS[1]) or "0")
+local grant = math.min(tonumber(ARGV[2]), tonumber(ARGV[1]) - used)
+if grant <= 0 then return 0 end
+if redis.call("INCRBY", KEYS[1], grant) == grant then redis.call("EXPIRE", KEYS[1], 61) end
+return grant
 """
+# The requests a process leases at once: a hundredth of the limit, so a limited key costs a
+# round trip per lease instead of per request, and requests leased by a process that then
+# gets none leave others short by at most this many each (a limit of 2 leases one at a time).
+LEASE_SHARE = 100
 GRANT_TTL_S = 60.0
 EPOCH_WATCH_POLL_S = 1.0
 EPOCH_WATCH_STALE_S = 3.0
@@ -121,31 +129,56 @@ class Routing:
     watch: EpochWatch = field(default_factory=EpochWatch)
     grants: dict[str, tuple[Any, float, Caller]] = field(default_factory=dict)
     regranting: set[str] = field(default_factory=set)
-    count_script: Any = None  # _EPOCH_AND_COUNT, sent by its digest (EVALSHA), not its text
-
-    def __post_init__(self) -> None:
-        self.count_script = self.redis.register_script(_EPOCH_AND_COUNT)
+    # key id -> [window, requests leased and not yet used, a top-up in flight]
+    leases: dict[int, list[Any]] = field(default_factory=dict)
+    lease_script: Any = None  # _LEASE, sent by its digest (EVALSHA), not its text
     table: list[Target] = field(default_factory=list)
     table_at: float = float("-inf")
     reading: asyncio.Task[list[Target]] | None = None
 
-    async def key_caller(self, secret: str) -> tuple[Caller | Refusal, int | None]:
-        """The key's caller, and its requests in this minute (None: no limit checked)."""
+    def __post_init__(self) -> None:
+        self.lease_script = self.redis.register_script(_LEASE)
+
+    async def key_caller(self, secret: str) -> Caller | Refusal:
+        """The key's caller (its rate limit is `take`'s)."""
         digest = secret_digest(secret)
         cached = self.grants.get(digest)
-        epoch, used = await self.epoch_and_count(cached[2] if cached else None)
+        epoch = await self.epoch()
         if cached and cached[0] == epoch:
             if time.monotonic() - cached[1] > GRANT_TTL_S and digest not in self.regranting:
                 self.regranting.add(digest)
                 task = asyncio.ensure_future(self._regrant(secret, digest, epoch))
                 task.add_done_callback(_quiet)
-            return cached[2], used
-        answer = await self._grant(secret, digest, epoch)
-        if isinstance(answer, Refusal):
-            return answer, None
-        if used is None and answer.key and answer.key.rate_limit_per_minute:
-            _, used = await self.epoch_and_count(answer)
-        return answer, used
+            return cached[2]
+        return await self._grant(secret, digest, epoch)
+
+    async def take(self, *, key_id: int, limit: int) -> bool:
+        """One request of the key's limit in this minute: from this process's lease, or a
+        new lease when it is used up (False: the window has none left)."""
+        counter, _ = rate_limit_key(key_id=key_id)
+        lease = self.leases.get(key_id)
+        if lease is None or lease[0] != counter:
+            lease = self.leases[key_id] = [counter, 0, False]
+        if lease[1] <= 0:
+            # (the lease awaited before the sum: `lease[1] += await ...` would add to the
+            # count as it was before the wait and undo what other requests took meanwhile)
+            got = int(await self.lease_script(keys=[counter], args=[limit, _share(limit)]))
+            lease[1] += got
+            if lease[1] <= 0:
+                return False
+        lease[1] -= 1
+        if lease[1] < _share(limit) // 2 and not lease[2] and _share(limit) > 1:
+            lease[2] = True  # topped up before it runs out: the next requests wait for none
+            task = asyncio.ensure_future(self._top_up(lease, limit))
+            task.add_done_callback(_quiet)
+        return True
+
+    async def _top_up(self, lease: list[Any], limit: int) -> None:
+        try:
+            got = int(await self.lease_script(keys=[lease[0]], args=[limit, _share(limit)]))
+            lease[1] += got
+        finally:
+            lease[2] = False
 
     async def _grant(self, secret: str, digest: str, epoch: Any) -> Caller | Refusal:
         """The key read from the database, kept for its epoch (a refusal is not kept)."""
@@ -164,17 +197,10 @@ class Routing:
         finally:
             self.regranting.discard(digest)
 
-    async def epoch_and_count(self, caller: Caller | None) -> tuple[Any, int | None]:
-        """The key epoch and, for a limited key, its count in this minute: no round trip for
-        a key without a limit while the subscription vouches for the epoch, else one (one
-        script, as a pipeline of three commands cost twice a plain GET here)."""
-        key = caller.key if caller is not None else None
-        if key is None or not key.rate_limit_per_minute:
-            known, epoch = self.watch.current()
-            return (epoch if known else await self.redis.get(KEYS_EPOCH)), None
-        counter, _ = rate_limit_key(key_id=key.id)
-        epoch, used = await self.count_script(keys=[KEYS_EPOCH, counter])
-        return epoch, int(used)
+    async def epoch(self) -> Any:
+        """The key epoch: no round trip while the subscription vouches for it, else one."""
+        known, epoch = self.watch.current()
+        return epoch if known else await self.redis.get(KEYS_EPOCH)
 
     async def targets(self, *, model: str | None = None) -> list[Target]:
         """The routing table: read afresh (and waited for) before the first answer and when
@@ -201,6 +227,10 @@ class Routing:
             return self.table
         finally:
             self.reading = None
+
+
+def _share(limit: int) -> int:
+    return max(1, limit // LEASE_SHARE)
 
 
 def _quiet(task: asyncio.Future[Any]) -> None:
