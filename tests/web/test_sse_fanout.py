@@ -193,3 +193,34 @@ def test_a_resumption_by_last_event_id_gets_exactly_the_seqs_after_it(live_chann
     resumed, inside, last = asyncio.run(scenario())
     assert resumed == list(range(651, last + 1))
     assert inside == list(range(before + 101, last + 1))
+
+
+def test_a_feed_pauses_after_a_fan_out_only_when_many_streams_follow_it() -> None:
+    assert sse.fanout_pause(1) == sse.fanout_pause(9) == 0  # an operator's tab: no delay
+    assert 0 < sse.fanout_pause(20) < sse.fanout_pause(60) < sse.FANOUT_MAX_S
+    assert sse.fanout_pause(100) == sse.fanout_pause(5000) == sse.FANOUT_MAX_S
+
+
+def test_many_streams_of_a_pausing_feed_get_every_event_once_in_order(live_channel):  # type: ignore[no-untyped-def]
+    pk = services.deployment_create(data=spec(), confirm_warnings=True).pk
+    start = _append(pk, 1)
+    streams_n, appends, size = 120, 30, 7
+    last = start + appends * size  # a deployment's seqs have no gaps
+    assert sse.fanout_pause(streams_n) == sse.FANOUT_MAX_S  # the feed pauses between reads
+
+    async def scenario() -> list[list[int]]:
+        streams = [sse._events(pk, start) for _ in range(streams_n)]
+        for stream in streams:
+            assert await anext(stream) == b"retry: 2000\n\n"
+        reading = [asyncio.ensure_future(_read_until(s, last)) for s in streams]
+        await asyncio.sleep(0.5)  # all attached to the feed
+        for _ in range(appends):  # one publish each, faster than the feed's pause
+            await _append_async(pk, size)
+        got = await asyncio.gather(*reading)
+        for stream in streams:
+            await stream.aclose()
+        return [_seqs(chunks) for chunks in got]
+
+    seqs = asyncio.run(scenario())
+    assert len(seqs) == streams_n
+    assert all(s == list(range(start + 1, last + 1)) for s in seqs)

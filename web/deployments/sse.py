@@ -9,7 +9,10 @@ all its streams. It frames each event once and keeps what it read in a ring of b
 (RING_FRAMES, RING_BYTES); a stream is only a place in that ring, and a stream that is
 caught up sends each batch as the very bytes object every other stream sends. So a slow
 client costs the others nothing and holds no backlog of its own: while the server waits
-on its socket it holds at most one send (SEND_BYTES, or one batch).
+on its socket it holds at most one send (SEND_BYTES, or one batch). A feed that many
+streams follow pauses a little after each fan-out (fanout_pause), so a busy engine's
+batches reach each of them joined, in fewer sends; the feed also wakes its streams for
+their keep-alives, so a waiting stream holds no timer.
 
 A stream behind the ring (it joined behind, or fell behind) catches up from the record in
 pages that the feed reads once for all such streams, one read at a time; a stream more
@@ -63,6 +66,12 @@ SKIP_LAG = 20_000  # a stream further behind the head than this skips ahead...
 SKIP_TAIL = 500  # ... to this many events before the head (the page's tail is as long)
 SEND_BYTES = 2**17  # what a stream hands the server at once, at most (but one whole batch)
 REDIS_RETRY_S = 1.0  # while Redis fails, a feed polls the database this often
+# After a fan-out a feed pauses this long per stream (fanout_pause), at most FANOUT_MAX_S
+# (100 streams and more on one process: a send each 50 ms), and not at all below
+# FANOUT_MIN_S (fewer than 10 streams).
+FANOUT_S_PER_STREAM = 0.000_5
+FANOUT_MIN_S = 0.005
+FANOUT_MAX_S = 0.05
 KEEPALIVE = b": keep-alive\n\n"
 
 
@@ -195,7 +204,8 @@ async def _events(pk: int, last: int) -> AsyncIterator[bytes]:
 
 
 async def _follow(stream: _Stream) -> AsyncGenerator[bytes, None]:
-    """What the feed has for this stream, as it comes, until the end (or the feed's)."""
+    """What the feed has for this stream, as it comes, until the end (or the feed's); a
+    keep-alive when the feed says its deployment was quiet for SSE_KEEPALIVE_S."""
     feed = _feed_for(stream.pk)
     viewer = feed.attach()
     try:
@@ -204,7 +214,7 @@ async def _follow(stream: _Stream) -> AsyncGenerator[bytes, None]:
             data = await feed.chunk_for(stream, viewer)
             if data:
                 yield data
-            elif not await viewer.wait(max(1, settings.SSE_KEEPALIVE_S)):
+            elif await viewer.wait() and not feed.closed:
                 yield KEEPALIVE
     finally:
         feed.detach(viewer)
@@ -213,28 +223,41 @@ async def _follow(stream: _Stream) -> AsyncGenerator[bytes, None]:
 # ------------------------------------------------------------- the live feed
 
 
+def fanout_pause(streams: int) -> float:
+    """How long a feed waits after a fan-out before it reads on, for this many streams.
+
+    Each fan-out costs one send per stream, and a busy engine's batches come 50 times a
+    second and more: with many streams the feed joins what comes meanwhile into one
+    batch, so each stream gets fewer, larger sends (issue 22's third round: the panel's
+    CPU per delivered event went down 2.4x under 200 viewers, see docs/performance.md).
+    A feed with few streams (an operator's tab, a log being watched) reads on at once,
+    and a quiet one is not slowed at all: its next event finds the read waiting."""
+    pause = min(FANOUT_MAX_S, FANOUT_S_PER_STREAM * streams)
+    return pause if pause >= FANOUT_MIN_S else 0.0
+
+
 class _Viewer:
     """A stream's place in its feed's ring (the next batch to look at) and a way to wake
-    it; nothing else per stream: the frames live once, in the feed."""
+    it; nothing else per stream: the frames live once, in the feed.
+
+    A waiting stream has no timer of its own: the feed, which reads the deployment for all
+    of its streams, wakes them for a keep-alive when it was quiet (a timer per wait was a
+    tenth of the panel's samples under 200 viewers)."""
 
     def __init__(self) -> None:
         self.next_batch = 0
         self.at = -1  # the stream's seq when next_batch was set: else it is looked up
-        self.waiter: asyncio.Future[None] | None = None
+        self.waiter: asyncio.Future[bool] | None = None
 
-    def wake(self) -> None:
+    def wake(self, *, keepalive: bool = False) -> None:
         if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_result(None)
+            self.waiter.set_result(keepalive)
 
-    async def wait(self, keepalive_s: float) -> bool:
-        """Until the feed has more (True) or keepalive_s of quiet (False)."""
+    async def wait(self) -> bool:
+        """Until the feed has more (False) or says it was quiet (True: a keep-alive)."""
         self.waiter = asyncio.get_running_loop().create_future()
         try:
-            async with asyncio.timeout(keepalive_s):
-                await self.waiter
-            return True
-        except TimeoutError:
-            return False
+            return await self.waiter
         finally:
             self.waiter = None
 
@@ -293,6 +316,7 @@ class _Feed:
         self.closed = False
         self.point_id = "$"  # the last metric point read; set from the stream at start
         self.checked_at = asyncio.get_running_loop().time()  # the record, while points flow
+        self.sent_at = self.checked_at  # the last fan-out or keep-alive
         self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         # A context of its own: the feed outlives the request that started it.
         self.task = asyncio.create_task(self._run(), context=contextvars.Context())
@@ -400,7 +424,12 @@ class _Feed:
             # cancel that lands as its read's own timeout fires, and retry the read.
             while not self.closed:
                 self.batch_after = self.head
-                self._fan_out(await self._next(client))
+                frames = await self._next(client)
+                if frames:
+                    self._fan_out(frames)
+                    await self._pace()
+                else:
+                    self._keep_alive()
         except Exception as exc:
             log.exception("live feed of deployment %s failed", self.pk)
             if not self.ready.done():
@@ -491,9 +520,21 @@ class _Feed:
         self.ring_frames = self.ring_bytes = 0
         self.floor = self.head = self.batch_after = at
 
+    async def _pace(self) -> None:
+        pause = fanout_pause(len(self.viewers))
+        if pause:
+            await asyncio.sleep(pause)
+
+    def _keep_alive(self) -> None:
+        """After SSE_KEEPALIVE_S with nothing for the streams, wake them to send one."""
+        now = asyncio.get_running_loop().time()
+        if now - self.sent_at >= max(1, settings.SSE_KEEPALIVE_S):
+            self.sent_at = now
+            for viewer in self.viewers:
+                viewer.wake(keepalive=True)
+
     def _fan_out(self, frames: list[Frame]) -> None:
-        if not frames:
-            return
+        self.sent_at = asyncio.get_running_loop().time()
         data = b"".join(f.data for f in frames)
         self.ring.append(_Batch(self.batch_after, self.head, tuple(frames), data,
                                 any(f.end for f in frames)))
