@@ -165,6 +165,10 @@ class _LineSplitter:
             space = data.find(b" ", 0, 40)
             data = data[space + 1:] if space > 0 else data
         text = self._decoders[stream].decode(data)
+        if "\x00" in text:
+            # PostgreSQL's jsonb cannot hold a NUL: a line with one failed its whole batch,
+            # on every retry from the cursor, and nothing after it was stored again.
+            text = text.replace("\x00", "\ufffd")
         pieces = (pending + text if pending else text).split("\n")
         self._pending[stream] = pieces.pop()
         out = [(stream, line, False) for line in pieces]

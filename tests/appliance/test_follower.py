@@ -190,3 +190,11 @@ def test_a_slow_health_answer_before_ready_holds_no_line_back(runtime):  # type:
     assert len(ticks) == 300
     # /health took 4 s an answer, over and over, while the lines came: none waited for it.
     assert max(shipped_at[text] - printed for text, printed in ticks.items()) < 1.0
+
+
+def test_a_nul_in_a_line_comes_back_as_the_replacement_character(runtime):  # type: ignore[no-untyped-def]
+    # PostgreSQL's jsonb refuses \u0000: stored as is, the line failed its batch forever.
+    script = "import sys\nsys.stdout.write('before\\nnul \\x00 here\\nafter\\n')\n"
+    sink = RecordingSink()
+    _run(runtime, script, sink)
+    assert sink.texts() == ["before", "nul \ufffd here", "after"]

@@ -178,3 +178,35 @@ def test_a_log_lines_live_data_is_the_json_encoders_own_text_byte_for_byte(live_
         row = stored[live.seq_of(entry_id)]
         wire = {"seq": row.seq, "ts": row.ts.isoformat(), "kind": kind, "payload": payload}
         assert fields[b"data"].decode() == live.wire_json(wire)
+
+
+def test_a_batch_of_several_chunks_is_stored_whole_with_its_cursor_and_live_entries(live_channel):  # type: ignore[no-untyped-def]
+    from web.deployments.models import Deployment
+
+    pk = _deployment()
+    Deployment.objects.filter(pk=pk).update(agent_id="agent@me")
+    before = Deployment.objects.values_list("last_seq", flat=True).get(pk=pk)
+    events = _log(2 * services.events.CHUNK_EVENTS + 7)
+    last = services.events_append_batch(deployment_id=pk, events=events, owner="agent@me",
+                                        row={"log_cursor": "99:3"})
+    stored = list(Event.objects.filter(deployment_id=pk, seq__gt=before).order_by("seq"))
+    assert [(e.kind, e.payload) for e in stored] == events
+    assert [e.seq for e in stored] == list(range(before + 1, last + 1))
+    assert Deployment.objects.values_list("log_cursor", flat=True).get(pk=pk) == "99:3"
+    entries = _entries(live_channel, pk, last)
+    by_seq = {e.seq: e for e in stored}
+    for entry_id, fields in entries[before:]:
+        assert json.loads(fields[b"data"]) == by_seq[live.seq_of(entry_id)].to_wire()
+
+
+def test_a_batch_of_several_chunks_under_another_lease_stores_no_chunk(live_channel):  # type: ignore[no-untyped-def]
+    from web.deployments.models import Deployment
+
+    pk = _deployment()
+    Deployment.objects.filter(pk=pk).update(agent_id="agent@other")
+    before = Event.objects.filter(deployment_id=pk).count()
+    with pytest.raises(Deployment.DoesNotExist):
+        services.events_append_batch(deployment_id=pk, events=_log(3 * services.events.CHUNK_EVENTS),
+                                     owner="agent@me", row={"log_cursor": "99:3"})
+    assert Event.objects.filter(deployment_id=pk).count() == before
+    assert Deployment.objects.values_list("log_cursor", flat=True).get(pk=pk) == ""

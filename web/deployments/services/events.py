@@ -111,12 +111,10 @@ def _append_sql(fields: tuple[str, ...], owned: bool) -> str:
 
 def _append_in_one_statement(deployment_id: int, events: Items, owner: str | None,
                              row: dict[str, Any]) -> int:
-    fields = tuple(sorted(name for name in row if name in ROW_FIELDS))
-    encoded = [_encode_payload(payload) for _, payload in events]
-    params: dict[str, Any] = {
-        "n": len(events), "pk": deployment_id, "owner": owner,
-        "kinds": " ".join([kind for kind, _ in events]), "payloads": "\n".join(encoded),
-        **{name: _encode(row[name]) if name in _JSON_FIELDS else row[name] for name in fields}}
+    """One statement per CHUNK_EVENTS; several go pipelined in one transaction, each sent
+    as soon as it is encoded, so PostgreSQL stores one while the next is encoded (a busy
+    engine's batch of 16,000 events as one statement waited for both in turn: 1.7x the
+    time). The row's fields go with the last, so the cursor commits with every row."""
     connection.ensure_connection()
     raw = connection.connection
     if raw.prepare_threshold is None:
@@ -124,19 +122,52 @@ def _append_in_one_statement(deployment_id: int, events: Items, owner: str | Non
         # parsing and planning this statement was 230 us of PostgreSQL's 370 for a batch of
         # ten rows. A threshold no query reaches keeps every other statement as it was.
         raw.prepare_threshold = _PREPARE_ONLY_WHEN_ASKED
+    chunks = [events[start:start + CHUNK_EVENTS]
+              for start in range(0, len(events), CHUNK_EVENTS)]
+    sent: list[tuple[psycopg.Cursor[Any], Items, list[str]]] = []
     # psycopg's own cursor binds on the server (Django's quotes each value into the SQL
     # text: a copy of megabytes per busy batch); Django's wrapper still maps its errors.
-    with connection.wrap_database_errors, psycopg.Cursor(raw) as cursor:
-        cursor.execute(_append_sql(fields, owner is not None), params, prepare=True)
-        claimed = cursor.fetchone()
-    if claimed is None:
+    with connection.wrap_database_errors:
+        if len(chunks) == 1:  # outside a transaction: committed on its own, one round trip
+            sent.append(_send_chunk(raw, deployment_id, chunks[0], owner, row))
+        else:
+            with transaction.atomic(savepoint=False), raw.pipeline():
+                for i, chunk in enumerate(chunks):
+                    last = i == len(chunks) - 1
+                    sent.append(_send_chunk(raw, deployment_id, chunk, owner,
+                                            row if last else {}))
+        claims = [cursor.fetchone() for cursor, _, _ in sent]
+    for cursor, _, _ in sent:
+        cursor.close()
+    if any(claimed is None for claimed in claims):
         raise Deployment.DoesNotExist(f"no deployment {deployment_id} held by {owner}")
-    first, stamp = int(claimed[0]) + 1, claimed[1].isoformat()
-    entries = [(first + i, kind, _wire(first + i, stamp, kind, text))
-               for i, ((kind, _), text) in enumerate(zip(events, encoded, strict=True))]
-    # Outside a transaction the statement has committed and this runs at once.
+    entries = [entry for (_, chunk, encoded), claimed in zip(sent, claims, strict=True)
+               for entry in _entries(chunk, encoded, claimed)]
+    # Outside a transaction the statements have committed and this runs at once.
     transaction.on_commit(lambda: live.publish_entries_later(deployment_id, entries))
-    return first + len(events) - 1
+    return entries[-1][0]
+
+
+CHUNK_EVENTS = 2000
+
+
+def _send_chunk(raw: Any, deployment_id: int, events: Items, owner: str | None,
+                row: dict[str, Any]) -> tuple[psycopg.Cursor[Any], Items, list[str]]:
+    fields = tuple(sorted(name for name in row if name in ROW_FIELDS))
+    encoded = [_encode_payload(payload) for _, payload in events]
+    params: dict[str, Any] = {
+        "n": len(events), "pk": deployment_id, "owner": owner,
+        "kinds": " ".join([kind for kind, _ in events]), "payloads": "\n".join(encoded),
+        **{name: _encode(row[name]) if name in _JSON_FIELDS else row[name] for name in fields}}
+    cursor = psycopg.Cursor(raw)
+    cursor.execute(_append_sql(fields, owner is not None), params, prepare=True)
+    return cursor, events, encoded
+
+
+def _entries(events: Items, encoded: list[str], claimed: Any) -> list[live.Entry]:
+    first, stamp = int(claimed[0]) + 1, claimed[1].isoformat()
+    return [(first + i, kind, _wire(first + i, stamp, kind, text))
+            for i, ((kind, _), text) in enumerate(zip(events, encoded, strict=True))]
 
 
 def _store(deployment_id: int, items: Items,
