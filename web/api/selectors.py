@@ -5,8 +5,8 @@ prepared on each pooled connection.
 Through the ORM a token read was three queries (token, permissions, row), each compiled
 by Django and parsed and planned by PostgreSQL: about 3 ms of CPU against /healthz's
 0.8 ms. Here the SQL is made once per process from the models' metadata, and psycopg
-prepares it after PREPARE_THRESHOLD runs on a connection (server-side binding, for this
-statement only), so a read costs PostgreSQL an execution of a kept plan. The decisions
+prepares it after prepare_threshold runs on a connection (settings.DATABASES), so a read
+costs PostgreSQL an execution of a kept plan. The decisions
 (digest, expiry, role) stay in Python beside the code they mirror (web/accounts/auth.py,
 web/deployments/permissions.py); this module only reads.
 """
@@ -72,7 +72,7 @@ def deployment_status_read(*, token_key: str, deployment_id: int, permission: st
     connection.ensure_connection()
     # Django's wrapper (its error mapping, its query log, execute_wrapper) around a
     # server-binding psycopg cursor on the request's connection: only such a cursor can be
-    # prepared, where the product's own cursors bind their parameters on the client.
+    # prepared, whatever OPTIONS["server_side_binding"] makes the product's own.
     with _wrapped(psycopg.Cursor(connection.connection)) as cursor:
         cursor.execute(statement.sql, [app_label, codename, deployment_id, token_key])
         rows = cursor.fetchall()
