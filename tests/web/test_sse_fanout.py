@@ -224,3 +224,25 @@ def test_many_streams_of_a_pausing_feed_get_every_event_once_in_order(live_chann
     seqs = asyncio.run(scenario())
     assert len(seqs) == streams_n
     assert all(s == list(range(start + 1, last + 1)) for s in seqs)
+
+
+def test_a_stream_behind_the_ring_whose_floor_lies_inside_a_page_gets_each_seq_once(live_channel):  # type: ignore[no-untyped-def]
+    pk = services.deployment_create(data=spec(), confirm_warnings=True).pk
+    floor = _append(pk, 700)  # where the feed's ring starts: inside the page 501-1000
+
+    async def scenario() -> tuple[list[int], int]:
+        first = sse._events(pk, floor)
+        await anext(first)
+        waiting = asyncio.ensure_future(_read_until(first, floor + 300))
+        await asyncio.sleep(0.5)  # the feed is up, its ring from the floor
+        last = await _append_async(pk, 300)
+        await waiting  # the feed's head is past the page's end
+        assert _feed(pk).floor == floor
+        behind = sse._events(pk, 650)  # its page is read whole: 501-1000
+        got = await _read_until(behind, last)
+        for stream in (first, behind):
+            await stream.aclose()
+        return _seqs(got), last
+
+    seqs, last = asyncio.run(scenario())
+    assert seqs == list(range(651, last + 1))

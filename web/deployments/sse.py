@@ -356,7 +356,10 @@ class _Feed:
         size = 0
         while stream.last < self.floor and size < SEND_BYTES and not stream.ended:
             page = await self.page(stream.last // REPLAY_PAGE, after=stream.last)
-            taken = stream.take(page.frames, upto=min(page.upto, self.floor))
+            # The whole page: it holds every event up to its upto, and the ring's floor
+            # may lie inside it (the stream then joins the ring mid-batch). Taking it to
+            # the floor only sent the events between the floor and the page's end twice.
+            taken = stream.take(page.frames, upto=page.upto)
             parts.extend(taken)
             size += sum(len(p) for p in taken)
         return b"".join(parts)
