@@ -176,3 +176,24 @@ def test_a_limit_of_two_is_two_requests_exactly() -> None:
     one_window_ahead()
     redis_client().delete(rate_limit_key(key_id=9_003)[0])
     assert asyncio.run(scenario()) == [True, True, False]
+
+
+def test_the_routing_table_names_each_active_deployment_as_the_orm_reads_it() -> None:
+    from web.deployments.models import Deployment, DeploymentStatus
+    from web.gateway.selectors import gateway_targets
+
+    def row(name: str, status: str, served: str | None) -> Deployment:
+        engine = {"served_model_name": served} if served is not None else {}
+        return Deployment.objects.create(name=name, spec={"name": name, "engine": engine},
+                                         recipe="t", algorithm="NONE", gpus=[0],
+                                         status=status, engine_url=f"http://{name}:30000")
+
+    named = row("named", DeploymentStatus.READY, "Kimi-K2.6 \u00e9\"quoted\"")
+    plain = row("plain", DeploymentStatus.LOADING, None)
+    row("gone", DeploymentStatus.STOPPED, "gone-model")
+    targets = {t.deployment_id: t for t in gateway_targets()}
+    assert set(targets) == {named.id, plain.id}  # a stopped one is not routed to
+    assert targets[named.id].model == "Kimi-K2.6 \u00e9\"quoted\""  # text, not JSON
+    assert targets[plain.id].model == "plain" and not targets[plain.id].ready
+    assert targets[named.id].ready and targets[named.id].engine_url == "http://named:30000"
+    assert targets[named.id].created == int(named.created_at.timestamp())
