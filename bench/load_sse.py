@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import re
 import secrets
@@ -435,6 +436,7 @@ async def scenario(args: argparse.Namespace, plan: Plan, pk: int, pg: kit.PgConn
         reference.wall = time.monotonic() - cpu0[2]
         await asyncio.wait([results], timeout=0.25)
     stop_profiler(profiler, args)
+    reference.client_gc = clients.gc
     channel.cancel()
     return results.result(), peak, appender.returncode, reference
 
@@ -454,6 +456,7 @@ class Clients:
         self.start = viewers[0].start_seq if viewers else 0
         self.rss_before = panel_rss()
         self.appended = ctx.Event()
+        self.gc = (0, 0.0, 0.0)  # the clients' collector: passes, the longest, all (s)
         self.out: Any = ctx.Queue()
         self.procs = [ctx.Process(target=client_main, daemon=True,
                                   args=(plan, viewers[i::n], self.appended, self.out))
@@ -467,7 +470,10 @@ class Clients:
     def results(self, deadline: float) -> list[Viewer]:
         viewers: list[Viewer] = []
         for _ in self.procs:
-            viewers.extend(self._get("done", max(5.0, deadline - time.monotonic() + 60)))
+            got, (passes, longest, total) = self._get(
+                "done", max(5.0, deadline - time.monotonic() + 60))
+            viewers.extend(got)
+            self.gc = (self.gc[0] + passes, max(self.gc[1], longest), self.gc[2] + total)
         for proc in self.procs:
             proc.join(timeout=10)
         return viewers
@@ -478,7 +484,32 @@ class Clients:
         return value
 
 
+class GcPauses:
+    """The garbage collector's passes in a client process: a pass stops every viewer of
+    the process at once, and shows as delivery latency that is none of the panel's."""
+
+    def __init__(self) -> None:
+        self.started = 0.0
+        self.longest = self.total = 0.0
+        self.passes = 0
+        gc.callbacks.append(self.record)
+
+    def record(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self.started = time.perf_counter()
+            return
+        took = time.perf_counter() - self.started
+        self.passes += 1
+        self.total += took
+        self.longest = max(self.longest, took)
+
+
 def client_main(plan: Plan, viewers: list[Viewer], appended: Any, out: Any) -> None:
+    # Off while the viewers read: the raw ids they keep are millions of small objects, and
+    # the collector's passes over them (up to 202 ms each, 1.2 s in a run) stopped all the
+    # viewers of the process at once; what they keep holds no reference cycle.
+    gc.disable()
+    pauses = GcPauses()
     try:  # the lighter loop, where it is installed: the client is not what is measured
         import uvloop
     except ImportError:
@@ -486,9 +517,11 @@ def client_main(plan: Plan, viewers: list[Viewer], appended: Any, out: Any) -> N
     else:
         uvloop.run(_client(plan, viewers, appended, out))
     times = read_times(plan.times) if Path(plan.times).exists() else {}
+    gc.callbacks.remove(pauses.record)
+    gc.enable()
     for viewer in viewers:
         settle_figures(viewer, times)
-    out.put(("done", viewers))
+    out.put(("done", (viewers, (pauses.passes, pauses.longest, pauses.total))))
 
 
 async def _client(plan: Plan, viewers: list[Viewer], appended: Any, out: Any) -> None:
@@ -514,6 +547,7 @@ class Reference:
     panel_cpu: float = 0.0  # CPU seconds the panel and the clients spent from the first
     client_cpu: float = 0.0  # append until the viewers were done
     wall: float = 0.0
+    client_gc: tuple[int, float, float] = (0, 0.0, 0.0)  # the clients' GC passes, longest, all
     appending: tuple[float, float, float] = (0.0, 0.0, 0.0)  # the same, until the appender
     # exits (2 s after its last append): the clients' figures, read after, left out
 
@@ -874,6 +908,10 @@ def report(args: argparse.Namespace, rounds: list[Round], before: dict[str, int]
         print(f"CPU while appending round {i}: panel {panel_cpu:.1f} s "
               f"({1e6 * panel_cpu / max(1, delivered):.2f} us a delivered event), the viewers' "
               f"clients {client_cpu:.1f} s, over {wall:.1f} s")
+        passes, longest, total = ref.client_gc
+        print(f"clients' GC         round {i}: {passes} passes, the longest "
+              f"{longest * 1000:.0f} ms, {total:.1f} s in all (each stops its process's "
+              "viewers; off while they read)")
         print(f"CPU seconds         round {i}: panel {ref.panel_cpu:.1f}, the viewers' clients "
               f"{ref.client_cpu:.1f}, over {ref.wall:.1f} s from the first append to the last "
               "viewer done")
