@@ -8,7 +8,14 @@ from tests.web.specs import spec
 from web.deployments.models import Deployment
 from web.gateway import selectors
 from web.gateway.models import ApiKey, ApiKeyUsage
-from web.gateway.services import ApiKeyError, apikey_create, apikey_revoke, usage_record
+from web.gateway.services import (
+    ApiKeyError,
+    Usage,
+    apikey_create,
+    apikey_revoke,
+    usage_record,
+    usage_record_many,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -82,3 +89,52 @@ def test_usage_adds_up_per_key_and_deployment_and_per_session_user(operator) -> 
     session = ApiKeyUsage.objects.get(key__isnull=True)
     assert (session.user, session.requests) == (operator, 1)
     assert made.key.__class__.objects.get().last_used_at is not None
+
+
+def test_usage_of_several_requests_at_once_adds_up_per_key_deployment_and_user(operator) -> None:  # type: ignore[no-untyped-def]
+    chatty, other = deployment(), deployment("other")
+    made = apikey_create(owner_username="otto", name="k")
+    usage_record(key_id=made.key.pk, user_id=None, deployment_id=chatty.pk,
+                 prompt_tokens=1, completion_tokens=1)  # a row that exists already
+    usage_record_many(usages=[
+        Usage(key_id=made.key.pk, user_id=None, deployment_id=chatty.pk, prompt_tokens=2,
+              completion_tokens=3),
+        Usage(key_id=made.key.pk, user_id=operator.pk, deployment_id=chatty.pk,
+              prompt_tokens=4, completion_tokens=-1),  # a key's: the user is not kept
+        Usage(key_id=made.key.pk, user_id=None, deployment_id=other.pk, prompt_tokens=5,
+              completion_tokens=6),
+        Usage(key_id=None, user_id=operator.pk, deployment_id=chatty.pk, prompt_tokens=7,
+              completion_tokens=8),
+        Usage(key_id=None, user_id=operator.pk, deployment_id=chatty.pk, prompt_tokens=1,
+              completion_tokens=1)])
+    counts = {(u.key_id, u.user_id, u.deployment_id):
+              (u.requests, u.prompt_tokens, u.completion_tokens)
+              for u in ApiKeyUsage.objects.all()}
+    assert counts == {(made.key.pk, None, chatty.pk): (3, 7, 4),
+                      (made.key.pk, None, other.pk): (1, 5, 6),
+                      (None, operator.pk, chatty.pk): (2, 8, 9)}
+    assert ApiKey.objects.get().last_used_at is not None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_gateway_stores_requests_that_end_together_in_fewer_writes(operator) -> None:  # type: ignore[no-untyped-def]
+    import asyncio
+
+    from web.gateway.proxy import UsageWriter
+
+    chatty = deployment()
+    made = apikey_create(owner_username="otto", name="k")
+    writer = UsageWriter()
+
+    async def one(i: int) -> None:
+        await asyncio.sleep(0.002 * (i % 7))  # ending at different moments
+        await writer.record(Usage(key_id=made.key.pk, user_id=None, deployment_id=chatty.pk,
+                                  prompt_tokens=1, completion_tokens=i))
+
+    async def scenario() -> None:
+        await asyncio.gather(*(one(i) for i in range(60)))
+
+    asyncio.run(scenario())
+    row = ApiKeyUsage.objects.get()
+    assert (row.requests, row.prompt_tokens, row.completion_tokens) == (60, 60, sum(range(60)))
+    assert writer.stored == 60 and 1 <= writer.writes < 60  # together, not one write each

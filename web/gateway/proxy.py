@@ -15,7 +15,7 @@ import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -226,16 +226,63 @@ async def _generate(scope: Scope, receive: Receive, send: Send, path: str,
     await _relay_watching(receive, send, target, path, body, stream, tap)
     if not tap.started:
         return  # the engine never answered (a 503 went out): nothing to count
-    await sync_to_async(_record_usage, thread_sensitive=False)(
+    await usage_writer().record(services.Usage(
         key_id=caller.key.id if caller.key else None, user_id=caller.user_id,
         deployment_id=target.deployment_id, prompt_tokens=tap.prompt_tokens,
-        completion_tokens=tap.completion_tokens)
+        completion_tokens=tap.completion_tokens))
     await tap.finish(send)
 
 
-def _record_usage(**counts: Any) -> None:
+@dataclass
+class UsageWriter:
+    """Group commit of usage: a request waits until its counts are stored (so a caller that
+    reads its usage right after its response sees it), and the requests that end while a
+    write is under way are stored by the next write, together."""
+
+    pending: list[tuple[services.Usage, asyncio.Future[None]]] = field(default_factory=list)
+    writing: bool = False
+    writes: int = 0  # how many writes stored how many requests: what the grouping saves
+    stored: int = 0
+
+    async def record(self, usage: services.Usage) -> None:
+        done = asyncio.get_running_loop().create_future()
+        self.pending.append((usage, done))
+        if not self.writing:
+            self.writing = True
+            asyncio.ensure_future(self._write())
+        await done
+
+    async def _write(self) -> None:
+        try:
+            while self.pending:
+                batch, self.pending = self.pending, []
+                self.writes, self.stored = self.writes + 1, self.stored + len(batch)
+                try:
+                    await sync_to_async(_record_usage, thread_sensitive=False)(
+                        usages=[usage for usage, _ in batch])
+                except Exception as exc:  # noqa: BLE001 - each waiting request gets it
+                    for _, done in batch:
+                        if not done.done():
+                            done.set_exception(exc)
+                else:
+                    for _, done in batch:
+                        if not done.done():
+                            done.set_result(None)
+        finally:
+            self.writing = False
+
+
+_USAGE: dict[int, UsageWriter] = {}
+
+
+def usage_writer() -> UsageWriter:
+    """One per event loop, as the HTTP session."""
+    return _USAGE.setdefault(id(asyncio.get_running_loop()), UsageWriter())
+
+
+def _record_usage(*, usages: list[services.Usage]) -> None:
     try:
-        services.usage_record(**counts)
+        services.usage_record_many(usages=usages)
     finally:
         connection.close()  # off Django's request cycle: hand the connection back
 
