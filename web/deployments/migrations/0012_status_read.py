@@ -1,8 +1,0 @@
-# Reserved for issue 22's third round (filled by its owner, or removed if unused).
-from django.db import migrations
-
-
-class Migration(migrations.Migration):
-    dependencies = [("deployments", "0011_model_store")]
-
-    operations = []  # type: ignore[var-annotated]
