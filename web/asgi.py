@@ -13,9 +13,12 @@ from web.serving import django_application  # noqa: E402 - needs the apps loaded
 # Sync views are served by Django's WSGI handler, async ones by its ASGI one (web/serving.py).
 _django = django_application()
 
+from web.api.asgi import with_status_reads  # noqa: E402 - needs the apps loaded
 from web.gateway.proxy import with_gateway  # noqa: E402 - needs the apps loaded
 
-application = with_gateway(_django)
+# A token GET of a deployment's detail or summary too (web/api/asgi.py), with Django's
+# own answer's headers; everything it is unsure of is Django's.
+application = with_gateway(with_status_reads(_django))
 
 from web.security import require_production_secrets  # noqa: E402 - needs settings loaded
 

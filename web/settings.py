@@ -189,6 +189,9 @@ def _database_pool() -> dict[str, object]:
 
 
 DATABASES = {"default": _database(_DATABASE_URL)}
+# A token GET of a deployment's detail or summary answered on the ASGI path before Django
+# (web/api/asgi.py, issue 22), with Django's own headers; off: every request is Django's.
+STATUS_READS_BEFORE_DJANGO = env_bool("APPLIANCE_STATUS_READS_BEFORE_DJANGO", True)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env_str("APPLIANCE_REDIS_URL", "redis://127.0.0.1:6379/0")

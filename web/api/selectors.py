@@ -67,16 +67,33 @@ def deployment_status_read(*, token_key: str, deployment_id: int, permission: st
     user, whether the user holds `permission` ("app_label.codename") and the deployment
     `deployment_id` with only `fields` loaded and its row version (`row_version`, the
     ETag's, as selectors.deployment_list(versioned=True) gives it)."""
-    statement = _statement(tuple(fields))
-    app_label, codename = permission.split(".", 1)
+    sql, params = status_query(token_key=token_key, deployment_id=deployment_id,
+                               permission=permission, fields=fields)
     connection.ensure_connection()
     # Django's wrapper (its error mapping, its query log, execute_wrapper) around a
     # server-binding psycopg cursor on the request's connection: only such a cursor can be
     # prepared, whatever OPTIONS["server_side_binding"] makes the product's own.
     with _wrapped(psycopg.Cursor(connection.connection)) as cursor:
-        cursor.execute(statement.sql, [app_label, codename, deployment_id, token_key])
+        cursor.execute(sql, params)
         rows = cursor.fetchall()
-    return [_row(statement, row) for row in rows]
+    return status_rows(rows=rows, fields=fields, wrapper=connection)
+
+
+def status_query(*, token_key: str, deployment_id: int, permission: str,
+                 fields: Sequence[str]) -> tuple[str, list[Any]]:
+    """deployment_status_read's SQL and parameters, for a caller with its own connection
+    (web/api/asgi.py's, async); its rows go through status_rows."""
+    app_label, codename = permission.split(".", 1)
+    return (_statement(tuple(fields)).sql,
+            [app_label, codename, deployment_id, token_key])
+
+
+def status_rows(*, rows: Sequence[Sequence[Any]], fields: Sequence[str],
+                wrapper: Any) -> list[StatusRow]:
+    """The statement's rows as StatusRows, the deployment's columns converted as the ORM
+    does on `wrapper` (a DatabaseWrapper of the database they came from)."""
+    statement = _statement(tuple(fields))
+    return [_row(statement, row, wrapper) for row in rows]
 
 
 def _wrapped(cursor: psycopg.Cursor[Any]) -> Any:
@@ -85,14 +102,14 @@ def _wrapped(cursor: psycopg.Cursor[Any]) -> Any:
     return connection.make_cursor(cursor)  # type: ignore[arg-type]
 
 
-def _row(statement: _Statement, row: Sequence[Any]) -> StatusRow:
+def _row(statement: _Statement, row: Sequence[Any], wrapper: Any) -> StatusRow:
     version, *values = row[_HEAD:]
     deployment = None
     if version is not None:
         for i, converters in statement.converters:
             for convert in converters:
-                values[i] = convert(values[i], statement.expression[i], connection)
-        deployment = Deployment.from_db(connection.alias, statement.attnames, values)
+                values[i] = convert(values[i], statement.expression[i], wrapper)
+        deployment = Deployment.from_db(wrapper.alias, statement.attnames, values)
         deployment.row_version = version  # type: ignore[attr-defined]
     return StatusRow(digest=row[0], expiry=row[1], user_active=row[2], user_superuser=row[3],
                      may_view=row[4], role=row[5], deployment=deployment)
@@ -160,9 +177,15 @@ def deployment_for_token(*, request: HttpRequest, deployment_id: int,
     token = token_in_header(request)
     if token is None or connection.vendor != "postgresql":
         return None
-    digest = hash_token(token)
     rows = deployment_status_read(token_key=token_key(token), deployment_id=deployment_id,
                                   permission=VIEW_PERMISSION, fields=fields)
+    return status_readable(token=token, rows=rows)
+
+
+def status_readable(*, token: str, rows: Sequence[StatusRow]) -> Deployment | None:
+    """The deployment of `rows` (deployment_status_read's for `token`) that the token may
+    view with nothing written; None for every other answer (deployment_for_token)."""
+    digest = hash_token(token)
     row = next((r for r in rows if compare_digest(digest, r.digest)), None)
     if row is None or row.deployment is None or not token_accepted(
             digest=digest, stored_digest=row.digest, expiry=row.expiry,

@@ -193,11 +193,10 @@ def conditional(request: Request | HttpRequest, deployment: Deployment, name: st
     """A representation of the deployment row with an ETag, or 304 Not Modified when the
     request's If-None-Match has it (django.utils.cache). The ETag is the row's version, so
     a 304 costs no serializing; without one (not PostgreSQL), a digest of the body."""
-    version = selectors.deployment_row_version(deployment=deployment)
-    data = body() if version is None else None
-    tag = (f"{name}-{deployment.pk}-{version}" if version is not None
-           else f"{name}-{hashlib.sha256(JSONRenderer().render(data)).hexdigest()[:32]}")
-    etag = quote_etag(tag)
+    versioned = status_etag(deployment=deployment, name=name)
+    data = body() if versioned is None else None
+    etag = versioned or quote_etag(
+        f"{name}-{hashlib.sha256(JSONRenderer().render(data)).hexdigest()[:32]}")
     unchanged = get_conditional_response(request, etag=etag)  # 304 (or 412 for If-Match)
     if unchanged is not None:
         response = Response(status=unchanged.status_code)
@@ -208,6 +207,13 @@ def conditional(request: Request | HttpRequest, deployment: Deployment, name: st
     # sends the ETag, never uses a stored copy unasked.
     patch_cache_control(response, private=True, no_cache=True)
     return response
+
+
+def status_etag(*, deployment: Deployment, name: str) -> str | None:
+    """The quoted ETag of a representation made of the row alone, from its version; None
+    where the database keeps none."""
+    version = selectors.deployment_row_version(deployment=deployment)
+    return None if version is None else quote_etag(f"{name}-{deployment.pk}-{version}")
 
 
 # The status reads a dashboard polls, by the router's URL name: the viewset's action, the
