@@ -12,11 +12,10 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from web.deployments import services
 from web.deployments.models import Deployment
 from web.gateway.services import apikey_create, apikey_revoke
 
-from .specs import spec
+from .rows import queued, ready
 
 pytestmark = pytest.mark.django_db
 
@@ -61,19 +60,8 @@ def _page(user, deployment: Deployment) -> _Elements:  # type: ignore[no-untyped
     return parsed
 
 
-def _queued(**changes) -> Deployment:  # type: ignore[no-untyped-def]
-    return services.deployment_create(data=spec(**changes), confirm_warnings=True)
-
-
-def _ready(**changes) -> Deployment:  # type: ignore[no-untyped-def]
-    d = _queued(**changes)
-    services.deployment_mark_starting(deployment_id=d.pk, image="img", start_token="t")
-    services.deployment_mark_ready(deployment_id=d.pk)
-    return Deployment.objects.get(pk=d.pk)
-
-
 def test_a_ready_deployment_says_its_base_url_model_and_how_to_call_it_with_the_key_elided(operator):  # type: ignore[no-untyped-def]
-    page = _page(operator, _ready())
+    page = _page(operator, ready())
     assert "hidden" not in page.attrs["call-ready"]
     assert "hidden" in page.attrs["call-not-ready"]
     assert page.text["call-base-url"] == "http://testserver/v1"
@@ -94,14 +82,14 @@ def test_a_ready_deployment_says_its_base_url_model_and_how_to_call_it_with_the_
 
 
 def test_the_examples_name_the_served_model_name_the_spec_gives(operator):  # type: ignore[no-untyped-def]
-    page = _page(operator, _ready(engine__served_model_name="kimi-k2.6"))
+    page = _page(operator, ready(engine__served_model_name="kimi-k2.6"))
     assert page.text["call-model"] == "kimi-k2.6"
     assert 'model="kimi-k2.6"' in page.text["call-python"]
     assert '"model": "kimi-k2.6"' in page.text["call-curl"]
 
 
-def test_a_deployment_not_yet_ready_says_it_will_be_callable_once_ready(operator):  # type: ignore[no-untyped-def]
-    page = _page(operator, _queued())
+def test_a_deployment_not_yet_ready_says_it_will_be_callable_onceready(operator):  # type: ignore[no-untyped-def]
+    page = _page(operator, queued())
     assert "hidden" not in page.attrs["call-not-ready"]
     assert "callable" in page.text["call-not-ready"] and "once it is ready" in page.text["call-not-ready"]
     # The examples are on the page, hidden: howto.js shows them when the live status is ready.
@@ -110,7 +98,7 @@ def test_a_deployment_not_yet_ready_says_it_will_be_callable_once_ready(operator
 
 
 def test_it_names_each_of_the_readers_keys_that_may_call_it_by_name_and_prefix(operator):  # type: ignore[no-untyped-def]
-    deployment = _ready()
+    deployment = ready()
     everywhere = apikey_create(owner_username=operator.username, name="laptop")
     scoped = apikey_create(owner_username=operator.username, name="ci",
                            deployment_ids=[deployment.pk])
@@ -124,8 +112,8 @@ def test_it_names_each_of_the_readers_keys_that_may_call_it_by_name_and_prefix(o
 
 
 def test_it_says_none_of_the_readers_keys_may_call_it_and_links_to_the_keys_page(operator, admin):  # type: ignore[no-untyped-def]
-    deployment = _ready()
-    other = _queued(name="other", gpus=[1])
+    deployment = ready()
+    other = queued(name="other", gpus=[1])
     apikey_create(owner_username=operator.username, name="elsewhere", deployment_ids=[other.pk])
     revoked = apikey_create(owner_username=operator.username, name="old")
     assert apikey_revoke(prefix=revoked.key.prefix)
@@ -138,7 +126,7 @@ def test_it_says_none_of_the_readers_keys_may_call_it_and_links_to_the_keys_page
 
 
 def test_the_page_never_shows_a_keys_secret(operator):  # type: ignore[no-untyped-def]
-    deployment = _ready()
+    deployment = ready()
     new = apikey_create(owner_username=operator.username, name="laptop")
     client = Client()
     client.force_login(operator)
@@ -146,7 +134,7 @@ def test_the_page_never_shows_a_keys_secret(operator):  # type: ignore[no-untype
 
 
 def test_an_operator_gets_a_link_to_the_playground_and_a_viewer_none(operator, viewer):  # type: ignore[no-untyped-def]
-    deployment = _ready()
+    deployment = ready()
     assert _page(operator, deployment).attrs["open-playground"]["href"] == \
         f"/deployments/{deployment.pk}/playground/"
     seen_by_viewer = _page(viewer, deployment)

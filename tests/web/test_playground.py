@@ -9,10 +9,7 @@ import re
 import pytest
 from django.test import Client
 
-from web.deployments import services
-from web.deployments.models import Deployment
-
-from .specs import spec
+from .rows import queued, ready
 
 pytestmark = pytest.mark.django_db
 
@@ -23,17 +20,6 @@ def _client(user) -> Client:  # type: ignore[no-untyped-def]
     return client
 
 
-def _queued(**changes) -> Deployment:  # type: ignore[no-untyped-def]
-    return services.deployment_create(data=spec(**changes), confirm_warnings=True)
-
-
-def _ready(**changes) -> Deployment:  # type: ignore[no-untyped-def]
-    d = _queued(**changes)
-    services.deployment_mark_starting(deployment_id=d.pk, image="img", start_token="t")
-    services.deployment_mark_ready(deployment_id=d.pk)
-    return Deployment.objects.get(pk=d.pk)
-
-
 def _script_data(html: str) -> dict[str, str]:
     tag = re.search(r'<script src="[^"]*playground\.js"([^>]*)>', html)
     assert tag, "the page loads playground.js"
@@ -41,7 +27,7 @@ def _script_data(html: str) -> dict[str, str]:
 
 
 def test_an_operator_opens_the_playground_of_a_ready_deployment(operator):  # type: ignore[no-untyped-def]
-    deployment = _ready(engine__served_model_name="kimi-k2.6")
+    deployment = ready(engine__served_model_name="kimi-k2.6")
     response = _client(operator).get(f"/deployments/{deployment.pk}/playground/")
     assert response.status_code == 200
     html = response.content.decode()
@@ -62,7 +48,7 @@ def test_an_operator_opens_the_playground_of_a_ready_deployment(operator):  # ty
 
 
 def test_a_deployment_without_speculation_says_so_to_the_script(operator):  # type: ignore[no-untyped-def]
-    deployment = _ready(recipe="kimi-k2.6-baseline", engine={
+    deployment = ready(recipe="kimi-k2.6-baseline", engine={
         "model_path": "/models/Kimi-K2.6", "tp_size": 1, "trust_remote_code": True})
     assert deployment.algorithm == "NONE"
     html = _client(operator).get(f"/deployments/{deployment.pk}/playground/").content.decode()
@@ -70,7 +56,7 @@ def test_a_deployment_without_speculation_says_so_to_the_script(operator):  # ty
 
 
 def test_the_playground_of_a_deployment_not_ready_warns_that_the_gateway_answers_503(operator):  # type: ignore[no-untyped-def]
-    deployment = _queued()
+    deployment = queued()
     response = _client(operator).get(f"/deployments/{deployment.pk}/playground/")
     assert response.status_code == 200
     assert b'id="pg-not-ready"' in response.content
@@ -78,14 +64,14 @@ def test_the_playground_of_a_deployment_not_ready_warns_that_the_gateway_answers
 
 
 def test_a_viewer_is_refused_the_playground(viewer):  # type: ignore[no-untyped-def]
-    deployment = _ready()
+    deployment = ready()
     response = _client(viewer).get(f"/deployments/{deployment.pk}/playground/")
     assert response.status_code == 403
     assert b"kimi" not in response.content  # nothing of the deployment is shown
 
 
 def test_the_playground_asks_a_stranger_to_log_in(client):  # type: ignore[no-untyped-def]
-    deployment = _ready()
+    deployment = ready()
     response = client.get(f"/deployments/{deployment.pk}/playground/")
     assert response.status_code == 302 and response["Location"].startswith("/login/")
 
@@ -95,7 +81,7 @@ def test_the_playground_of_an_unknown_deployment_is_404(operator):  # type: igno
 
 
 def test_the_playground_page_takes_no_post(operator):  # type: ignore[no-untyped-def]
-    deployment = _ready()
+    deployment = ready()
     client = Client(enforce_csrf_checks=False)
     client.force_login(operator)
     assert client.post(f"/deployments/{deployment.pk}/playground/").status_code == 405

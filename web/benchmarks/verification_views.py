@@ -10,7 +10,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST, require_safe
 
 from appliance.bench.lossless import NEAR_TIE_GAP
-from web.deployments.permissions import can_deploy, can_view
+from web.deployments.permissions import can_deploy, require_view
 
 from . import verification_selectors as selectors
 from . import verification_services as services
@@ -27,15 +27,10 @@ THRESHOLD_WHY = (
     "above it is a failure (a verify that changed the output), at or under it a near-tie.")
 
 
-def _require_view(request: HttpRequest) -> None:
-    if not can_view(request.user):
-        raise PermissionDenied("You need the viewer role (or operator) to see checks.")
-
-
 @login_required
 @require_safe
 def verification_list(request: HttpRequest) -> HttpResponse:
-    _require_view(request)
+    require_view(request.user, what="checks")
     return render(request, "benchmarks/verification_list.html", {
         "runs": selectors.verification_list()[:200], "can_run": can_deploy(request.user)})
 
@@ -81,7 +76,7 @@ def verification_new(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_safe
 def verification_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    _require_view(request)
+    require_view(request.user, what="checks")
     run = get_object_or_404(VerificationRun, pk=pk)
     return render(request, "benchmarks/verification_detail.html", {
         "run": run, "can_cancel": can_deploy(request.user), "threshold_why": THRESHOLD_WHY})

@@ -10,22 +10,17 @@ from django.views.decorators.http import require_POST, require_safe
 
 from appliance.bench.prompts import SOURCES
 from appliance.bench.runner import DEFAULT_LEVELS, MODES
-from web.deployments.permissions import can_deploy, can_view
+from web.deployments.permissions import can_deploy, require_view
 
 from . import selectors, services
 from .api import BenchmarkCreateSerializer, create_from
 from .models import BenchmarkRun
 
 
-def _require_view(request: HttpRequest) -> None:
-    if not can_view(request.user):
-        raise PermissionDenied("You need the viewer role (or operator) to see benchmarks.")
-
-
 @login_required
 @require_safe
 def benchmark_list(request: HttpRequest) -> HttpResponse:
-    _require_view(request)
+    require_view(request.user, what="benchmarks")
     return render(request, "benchmarks/list.html", {
         "runs": selectors.benchmark_list()[:200], "can_run": can_deploy(request.user)})
 
@@ -67,7 +62,7 @@ def benchmark_new(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_safe
 def benchmark_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    _require_view(request)
+    require_view(request.user, what="benchmarks")
     run = get_object_or_404(BenchmarkRun, pk=pk)
     return render(request, "benchmarks/detail.html", {
         "run": run, "can_cancel": can_deploy(request.user)})

@@ -9,6 +9,7 @@ permissions, and never more than its user's.
 from __future__ import annotations
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.core.exceptions import PermissionDenied
 
 VIEW_PERMISSION = "deployments.view_deployment"
 DEPLOY_PERMISSION = "deployments.add_deployment"
@@ -48,6 +49,12 @@ def can_delete(user: AbstractBaseUser | AnonymousUser) -> bool:
 def can_view(user: AbstractBaseUser | AnonymousUser) -> bool:
     """A viewer, operator or admin; a logged-in user with no role sees no deployment."""
     return _has(user, VIEW_PERMISSION)
+
+
+def require_view(user: AbstractBaseUser | AnonymousUser, *, what: str) -> None:
+    """PermissionDenied (403, its page says why) for a user who may not see `what`."""
+    if not can_view(user):
+        raise PermissionDenied(f"You need the viewer role (or operator) to see {what}.")
 
 
 def roles_of(user: AbstractBaseUser | AnonymousUser) -> list[str]:
