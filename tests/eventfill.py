@@ -29,8 +29,10 @@ SELECT %(pk)s, s, now() - make_interval(secs => (%(last)s - s) * %(step)s),
          'accept_len', 3.2 + (s %% 7) / 100.0, 'accept_rate', 0.4, 'cuda_graph', true,
          'gen_throughput', 100.5 + s %% 50, 'queue_req', 0, 'token_usage', 0.05)
   END
-FROM generate_series(%(first)s, %(last)s) AS s
+FROM generate_series((%(first)s)::bigint, (%(last)s)::bigint) AS s
 """
+# The casts: with server-side binding (web/settings.py) the seqs arrive as typed
+# parameters, and generate_series(smallint, smallint) has no single candidate.
 
 
 def fill_events(*, deployment_id: int, count: int, step_s: float = 0.07) -> int:
