@@ -13,8 +13,8 @@ Shortcuts it takes, said here so the figures are read right:
   the ones given. "gateway" uses a key with a rate limit, "gw-nolim" one without.
 - TTFB is from sending the request to the first body bytes (the stream's first event), by
   one aiohttp client, one request at a time, the paths interleaved (direct, gateway[,
-  router]) so the machine's load hits them alike. "added" is gateway minus direct at the
-  same percentile.
+  router]; each round in a random order) so the machine's load hits them alike. "added"
+  is gateway minus direct at the same percentile.
 - --router also puts sglang-router (PyPI, installed apart: it is no dependency of the
   product) in front of the same engine, for docs/gateway.md's comparison.
 
@@ -29,6 +29,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import secrets
 import socket
 import subprocess
@@ -179,9 +180,14 @@ async def measure_ttfb(paths: dict[str, tuple[str, dict[str, str]]], n: int,
         for url, headers in paths.values():  # warm each path's connections
             for _ in range(20):
                 await ttfb(session, url, headers, tokens)
-        names = list(paths)
-        for i in range(n):
-            for name in names[i % len(names):] + names[:i % len(names)]:
+        # Each round in a fresh random order (seeded: the same in every run): in a fixed
+        # rotation a path mostly follows the same neighbour, and what that neighbour leaves
+        # behind (an idle panel after a direct stream, a warm one after a gateway stream)
+        # showed up as a difference between the paths.
+        names, order = list(paths), random.Random(22)
+        for _ in range(n):
+            order.shuffle(names)
+            for name in names:
                 url, headers = paths[name]
                 out[name].append(await ttfb(session, url, headers, tokens))
     return out
