@@ -181,7 +181,7 @@ def panel(args: argparse.Namespace, log_path: Path) -> Iterator[str]:
             cwd=args.app_dir, env=env, stdout=log, stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}"
         try:
-            _wait_healthy(url, proc, log_path)
+            wait_healthy(url, proc, log_path)
             yield url
         finally:
             proc.terminate()
@@ -198,10 +198,12 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _wait_healthy(url: str, proc: subprocess.Popen[bytes], log_path: Path) -> None:
+def wait_healthy(url: str, proc: subprocess.Popen[bytes], log_path: Path, *,
+                 timeout_s: float = 30) -> None:
+    """Until the server started as `proc` answers /healthz (its log's tail if it never does)."""
     import requests
 
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise SystemExit(f"the panel exited: {log_path.read_text()[-2000:]}")
@@ -211,6 +213,18 @@ def _wait_healthy(url: str, proc: subprocess.Popen[bytes], log_path: Path) -> No
         except (requests.ConnectionError, requests.Timeout):  # a first answer slow under load
             time.sleep(0.2)
     raise SystemExit(f"the panel did not start: {log_path.read_text()[-2000:]}")
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU time of processes so far (/proc/PID/stat; the gone are not counted)."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def login_cookie(url: str) -> str:

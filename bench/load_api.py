@@ -235,7 +235,7 @@ def served(args: argparse.Namespace, app: str, log_path: Path) -> Iterator[Serve
             cwd=kit.ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}"
         try:
-            wait_healthy(url, proc, log_path)
+            kit.wait_healthy(url, proc, log_path, timeout_s=60)
             yield Server(url, proc.pid)
         finally:
             proc.terminate()  # uvicorn's supervisor stops its workers
@@ -250,22 +250,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def wait_healthy(url: str, proc: subprocess.Popen[bytes], log_path: Path) -> None:
-    import requests
-
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"the server exited: {log_path.read_text()[-2000:]}")
-        try:
-            if requests.get(f"{url}/healthz", timeout=1).status_code == 200:
-                return
-        except requests.RequestException:  # not listening yet, or still importing
-            pass
-        time.sleep(0.2)
-    raise SystemExit(f"the server did not start: {log_path.read_text()[-2000:]}")
 
 
 def serving_pids(server: Server) -> list[int]:
@@ -366,10 +350,10 @@ class CpuMeter:
 
     def measured(self, target: Target, loop: Callable[[], Tally]) -> Tally:
         pids = serving_pids(self.servers[target.base])
-        server, backends = proc_cpu(pids), proc_cpu(self.backends())
+        server, backends = kit.cpu_seconds(pids), kit.cpu_seconds(self.backends())
         tally = loop()
-        tally.server_cpu_s = proc_cpu(pids) - server
-        tally.pg_cpu_s = proc_cpu(self.backends()) - backends
+        tally.server_cpu_s = kit.cpu_seconds(pids) - server
+        tally.pg_cpu_s = kit.cpu_seconds(self.backends()) - backends
         return tally
 
     def backends(self) -> list[int]:
@@ -377,18 +361,6 @@ class CpuMeter:
             "SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
             [self.pg.name]).fetchall()
         return [pid for (pid,) in rows]
-
-
-def proc_cpu(pids: list[int]) -> float:
-    """CPU seconds so far of these processes (the ones gone since are not counted)."""
-    total = 0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total / os.sysconf("SC_CLK_TCK")
 
 
 def sample_peak(pg: kit.PgConnections, stop: threading.Event, peak: dict[str, int]) -> None:

@@ -415,14 +415,14 @@ async def scenario(args: argparse.Namespace, plan: Plan, pk: int, pg: kit.PgConn
     channel = asyncio.create_task(read_channel(args, pk, clients.start, plan, reference))
     profiler = start_profiler(args)
     client_pids = [p.pid for p in clients.procs if p.pid]
-    cpu0 = cpu_seconds(panel_pids()), cpu_seconds(client_pids), time.monotonic()
+    cpu0 = kit.cpu_seconds(panel_pids()), kit.cpu_seconds(client_pids), time.monotonic()
     appender = run_appender(args, pk, count, plan.times)
     while appender.poll() is None:
         peak = max(peak, await asyncio.to_thread(pg.count), key=lambda c: c["total"])
         reference.rss_peak = max(reference.rss_peak, panel_rss())
         await asyncio.sleep(0.25)
-    reference.appending = (cpu_seconds(panel_pids()) - cpu0[0],
-                           cpu_seconds(client_pids) - cpu0[1], time.monotonic() - cpu0[2])
+    reference.appending = (kit.cpu_seconds(panel_pids()) - cpu0[0],
+                           kit.cpu_seconds(client_pids) - cpu0[1], time.monotonic() - cpu0[2])
     plan.last_seq = await sync_to_async(last_bench_seq)(pk)
     clients.appended.set()
     if args.leave == "end":
@@ -430,9 +430,9 @@ async def scenario(args: argparse.Namespace, plan: Plan, pk: int, pg: kit.PgConn
     results = asyncio.create_task(asyncio.to_thread(clients.results, plan.deadline))
     while not results.done():
         reference.rss_peak = max(reference.rss_peak, panel_rss())
-        reference.panel_cpu = cpu_seconds(panel_pids()) - cpu0[0]
+        reference.panel_cpu = kit.cpu_seconds(panel_pids()) - cpu0[0]
         # The clients exit once done: their last reading stands.
-        reference.client_cpu = max(reference.client_cpu, cpu_seconds(client_pids) - cpu0[1])
+        reference.client_cpu = max(reference.client_cpu, kit.cpu_seconds(client_pids) - cpu0[1])
         reference.wall = time.monotonic() - cpu0[2]
         await asyncio.wait([results], timeout=0.25)
     stop_profiler(profiler, args)
@@ -593,18 +593,6 @@ def panel_pids() -> list[int]:
             todo.extend(mine)
             found.extend(mine)
     return found
-
-
-def cpu_seconds(pids: list[int]) -> float:
-    """User + system CPU time of processes so far (/proc/PID/stat)."""
-    total = 0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total / os.sysconf("SC_CLK_TCK")
 
 
 def panel_rss() -> int:
@@ -784,7 +772,7 @@ def served_panel(args: argparse.Namespace, log_path: Path) -> Iterator[str]:
             cwd=args.app_dir, env=env, stdout=log, stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}"
         try:
-            wait_healthy(url, proc, log_path)
+            kit.wait_healthy(url, proc, log_path, timeout_s=60)
             yield url
         finally:
             proc.terminate()  # uvicorn's supervisor stops its workers
@@ -793,21 +781,6 @@ def served_panel(args: argparse.Namespace, log_path: Path) -> Iterator[str]:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-
-
-def wait_healthy(url: str, proc: subprocess.Popen[bytes], log_path: Path) -> None:
-    import requests
-
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"the panel exited: {log_path.read_text()[-2000:]}")
-        try:
-            if requests.get(f"{url}/healthz", timeout=1).status_code == 200:
-                return
-        except requests.RequestException:  # not listening yet, or slow under load
-            time.sleep(0.2)
-    raise SystemExit(f"the panel did not start: {log_path.read_text()[-2000:]}")
 
 
 def panel_processes() -> int:
