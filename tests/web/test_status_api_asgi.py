@@ -19,11 +19,15 @@ from django.db import connection
 from django.utils import timezone
 from knox.models import AuthToken
 
+from appliance.runtime import series
+from appliance.runtime.alerts import Alert
 from tests.servers import panel_server
 from web.accounts.tokens import token_create, token_revoke
 from web.api.asgi import StatusReads
 from web.deployments import services
-from web.deployments.models import Deployment
+from web.deployments.models import Deployment, StatusBody
+from web.deployments.selectors import deployment_list
+from web.deployments.services.metrics import deployment_apply_alerts, metrics_store_point
 from web.serving import django_application
 
 from .specs import spec
@@ -105,6 +109,48 @@ def test_a_token_read_is_djangos_answer_header_for_header_and_byte_for_byte(
         changed = _get(fast, _url(deployment, read), **auth)
         assert changed == _get(django, _url(deployment, read), **auth)
         assert changed[0] == 200 and b'"renamed"' in changed[2]
+
+
+def _stored_is_current(deployment: Deployment) -> bool:
+    """Whether the writers' stored answers (StatusBody) are of the row's current version,
+    so the early path answers with them, decoding nothing."""
+    current = deployment_list(versioned=True).get(pk=deployment.pk).row_version
+    return StatusBody.objects.filter(pk=deployment.pk, version=current).exists()
+
+
+def test_the_answers_the_writers_stored_are_djangos_header_for_header_and_byte_for_byte(
+        panels: tuple[str, str], deployment: Deployment, viewer: Any, token_for: Any) -> None:
+    fast, django = panels
+    auth = {"Authorization": f"Token {token_for(viewer)}"}
+    point = series.MetricPoint(t=1_790_000_000.0, throughput=1234.5, accept_len=4.2,
+                               gpus=[[90.0, 70.0, 80.0]])
+    writes = [
+        lambda: metrics_store_point(deployment_id=deployment.pk, point=point, resolution_s=2),
+        lambda: deployment_apply_alerts(deployment_id=deployment.pk, alerts=[
+            Alert("stall", "firing", "warning", "no progress")]),
+        lambda: services.events_append(deployment_id=deployment.pk, events=[
+            ("log", {"text": "Decode batch. #running-req: 8"})]),
+        lambda: services.deployment_mark_building(deployment_id=deployment.pk),
+    ]
+    for write in writes:
+        write()
+        assert _stored_is_current(deployment)
+        for read in READS:
+            expected = _get(django, _url(deployment, read), **auth)
+            assert expected[0] == 200
+            for _ in range(2):  # the first may be Django's (learning its headers)
+                assert _get(fast, _url(deployment, read), **auth) == expected
+            etag = {k.lower(): v for k, v in expected[1]}["etag"]
+            assert _get(fast, _url(deployment, read), **{"If-None-Match": etag}, **auth) == \
+                _get(django, _url(deployment, read), **{"If-None-Match": etag}, **auth)
+    assert b'"throughput":1234.5' in expected[2] and b'"building"' in expected[2]
+    # A write that stores nothing: the early path renders the row, as Django does.
+    Deployment.objects.filter(pk=deployment.pk).update(phase="written elsewhere")
+    assert not _stored_is_current(deployment)
+    for read in READS:
+        changed = _get(fast, _url(deployment, read), **auth)
+        assert changed == _get(django, _url(deployment, read), **auth)
+        assert b'"written elsewhere"' in changed[2]
 
 
 def _same_everywhere(panels: tuple[str, str], path: str, **headers: str) -> Answer:

@@ -31,13 +31,13 @@ from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.cache import get_conditional_response
 from psycopg_pool import AsyncConnectionPool
-from rest_framework.renderers import JSONRenderer
 
 from web.accounts.auth import token_key, token_well_formed
 from web.deployments.permissions import VIEW_PERMISSION
 
-from .selectors import status_query, status_readable, status_rows
-from .views import PLAIN_JSON, READ_FIELDS, STATUS_READS, status_etag
+from .bodies import READ_FIELDS, STATUS_READS, status_body_render, status_etag_of
+from .selectors import status_query, status_row_readable, status_rows
+from .views import PLAIN_JSON
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,6 @@ MAX_TEMPLATES = 64
 # A request header any of these names: Django's (a precondition, a body, a session).
 _DJANGO_ONLY = frozenset({b"cookie", b"if-match", b"if-unmodified-since", b"if-modified-since",
                           b"content-length", b"transfer-encoding", b"range", b"if-range"})
-_JSON = JSONRenderer()
 
 
 class StatusReads:
@@ -136,26 +135,30 @@ class StatusReads:
     async def _answer(self, url_name: str, pk: int, token: str,
                       if_none_match: str | None) -> tuple[int, bytes, bytes] | None:
         """(status, ETag, body) as the status read's view answers, or None: Django's."""
-        action, name, body = STATUS_READS[url_name]
+        action, name, _ = STATUS_READS[url_name]
         fields = READ_FIELDS[action]
+        # With the body the row's writers stored at its current version, if they did
+        # (web/deployments/services/reads.py): then nothing is decoded or serialized here.
         sql, params = status_query(token_key=token_key(token), deployment_id=pk,
-                                   permission=VIEW_PERMISSION, fields=fields)
+                                   permission=VIEW_PERMISSION, fields=fields, stored=name)
         pool = await self._pool()
-        async with pool.connection() as conn, conn.cursor() as cursor:
+        async with pool.connection() as conn, conn.cursor(binary=True) as cursor:
             await cursor.execute(sql, params, prepare=True)
             rows = await cursor.fetchall()
-        deployment = status_readable(token=token, rows=status_rows(
-            rows=rows, fields=fields, wrapper=self.wrapper))
-        if deployment is None:
+        row = status_row_readable(token=token, rows=status_rows(
+            rows=rows, fields=fields, wrapper=self.wrapper, stored=name))
+        if row is None or row.version is None:
             return None
-        etag = status_etag(deployment=deployment, name=name)
-        if etag is None:
-            return None
+        etag = status_etag_of(pk=pk, version=row.version, name=name)
         unchanged = get_conditional_response(_conditions(if_none_match), etag=etag)
         if unchanged is not None:
             return (304, etag.encode("latin-1"), b"") if unchanged.status_code == 304 else None
-        data = _JSON.render(body(deployment), _JSON.media_type, {})
-        return 200, etag.encode("latin-1"), data
+        if row.stored is not None:
+            return 200, etag.encode("latin-1"), row.stored
+        if row.deployment is None:
+            return None
+        return 200, etag.encode("latin-1"), status_body_render(deployment=row.deployment,
+                                                               url_name=url_name)
 
     async def _pool(self) -> AsyncConnectionPool:
         """This event loop's pool, on Django's connection parameters (its adapters: JSON

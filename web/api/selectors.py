@@ -30,7 +30,7 @@ from knox.models import AuthToken
 
 from web.accounts.auth import token_accepted, token_in_header, token_key
 from web.accounts.models import TokenScope
-from web.deployments.models import Deployment
+from web.deployments.models import Deployment, StatusBody
 from web.deployments.permissions import ROLE_PERMISSIONS, VIEW_PERMISSION
 
 Converter = Callable[[Any, Any, Any], Any]
@@ -46,7 +46,11 @@ class StatusRow:
     user_superuser: bool
     may_view: bool  # the user's own or a group's permission (a superuser's aside)
     role: str | None  # the token's scope; None for a token made before scopes
-    deployment: Deployment | None  # None: no deployment with that id
+    deployment: Deployment | None  # None: no deployment with that id, or `stored` is its read
+    version: str | None = None  # the row's version (xmin); None: no deployment with that id
+    # The read's body as the row's writers stored it at this version (StatusBody), when the
+    # statement asked for it and it is current; the row's columns are then not read.
+    stored: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -55,9 +59,10 @@ class _Statement:
     attnames: list[str]  # the deployment's columns, in the model's field order
     converters: list[tuple[int, list[Converter]]]
     expression: dict[int, Any]  # the column expression each converter is given
+    stored: bool  # the statement reads a stored body (StatusBody) after the version
 
 
-_STATEMENTS: dict[tuple[str, ...], _Statement] = {}
+_STATEMENTS: dict[tuple[tuple[str, ...], str | None], _Statement] = {}
 _HEAD = 6  # digest, expiry, is_active, is_superuser, may_view, role; then xmin
 
 
@@ -80,19 +85,22 @@ def deployment_status_read(*, token_key: str, deployment_id: int, permission: st
 
 
 def status_query(*, token_key: str, deployment_id: int, permission: str,
-                 fields: Sequence[str]) -> tuple[str, list[Any]]:
+                 fields: Sequence[str], stored: str | None = None) -> tuple[str, list[Any]]:
     """deployment_status_read's SQL and parameters, for a caller with its own connection
-    (web/api/asgi.py's, async); its rows go through status_rows."""
+    (web/api/asgi.py's, async); its rows go through status_rows (the same `fields` and
+    `stored`). With `stored` ("detail" or "summary", a StatusBody column), each row also
+    has that body where it was stored at the row's current version, and then none of the
+    row's columns (NULLs: nothing to decode)."""
     app_label, codename = permission.split(".", 1)
-    return (_statement(tuple(fields)).sql,
+    return (_statement(tuple(fields), stored).sql,
             [app_label, codename, deployment_id, token_key])
 
 
-def status_rows(*, rows: Sequence[Sequence[Any]], fields: Sequence[str],
-                wrapper: Any) -> list[StatusRow]:
+def status_rows(*, rows: Sequence[Sequence[Any]], fields: Sequence[str], wrapper: Any,
+                stored: str | None = None) -> list[StatusRow]:
     """The statement's rows as StatusRows, the deployment's columns converted as the ORM
     does on `wrapper` (a DatabaseWrapper of the database they came from)."""
-    statement = _statement(tuple(fields))
+    statement = _statement(tuple(fields), stored)
     return [_row(statement, row, wrapper) for row in rows]
 
 
@@ -104,30 +112,45 @@ def _wrapped(cursor: psycopg.Cursor[Any]) -> Any:
 
 def _row(statement: _Statement, row: Sequence[Any], wrapper: Any) -> StatusRow:
     version, *values = row[_HEAD:]
+    body = values.pop(0) if statement.stored else None
     deployment = None
-    if version is not None:
+    if version is not None and body is None:
         for i, converters in statement.converters:
             for convert in converters:
                 values[i] = convert(values[i], statement.expression[i], wrapper)
         deployment = Deployment.from_db(wrapper.alias, statement.attnames, values)
         deployment.row_version = version  # type: ignore[attr-defined]
     return StatusRow(digest=row[0], expiry=row[1], user_active=row[2], user_superuser=row[3],
-                     may_view=row[4], role=row[5], deployment=deployment)
+                     may_view=row[4], role=row[5], deployment=deployment, version=version,
+                     stored=None if body is None else bytes(body))
 
 
-def _statement(fields: tuple[str, ...]) -> _Statement:
-    made = _STATEMENTS.get(fields)
+def _statement(fields: tuple[str, ...], stored: str | None = None) -> _Statement:
+    made = _STATEMENTS.get((fields, stored))
     if made is None:
-        made = _STATEMENTS[fields] = _make(fields)
+        made = _STATEMENTS[fields, stored] = _make(fields, stored)
     return made
 
 
-def _make(fields: tuple[str, ...]) -> _Statement:
+def _make(fields: tuple[str, ...], stored: str | None) -> _Statement:
     """The SQL from the models' tables and columns (made once per process and field set)."""
     q = connection.ops.quote_name
     shown = [f for f in Deployment._meta.concrete_fields if f.name in fields or f.primary_key]
     alias = "d"
     columns = ", ".join(f"{alias}.{q(f.column or f.attname)}" for f in shown)
+    body, body_join = "", ""
+    if stored is not None:
+        if stored not in ("detail", "summary"):
+            raise ValueError(f"no stored body {stored!r}: detail or summary")
+        # The body only where it was rendered from this version of the row; the row's
+        # columns only where it was not (a NULL costs neither PostgreSQL's output nor a
+        # decode here).
+        body = f"b.{q(stored)}, "
+        body_join = (f"LEFT JOIN {q(StatusBody._meta.db_table)} b ON b.{q('deployment_id')} "
+                     f"= {alias}.{q(Deployment._meta.pk.column or 'id')} "
+                     f"AND b.{q('version')} = {alias}.xmin::text")
+        columns = ", ".join(f"CASE WHEN b.{q('deployment_id')} IS NULL THEN "
+                            f"{alias}.{q(f.column or f.attname)} END" for f in shown)
     user = get_user_model()
     token_table, scope_table = AuthToken._meta.db_table, TokenScope._meta.db_table
     user_perms = User.user_permissions.through._meta.db_table
@@ -147,12 +170,13 @@ def _make(fields: tuple[str, ...]) -> _Statement:
                            ON gp.{q("group_id")} = ug.{q("group_id")}
                          WHERE ug.{q("user_id")} = u.{q("id")}
                            AND gp.{q("permission_id")} = p.{q("id")}))),
-          s.{q("role")}, {alias}.xmin::text, {columns}
+          s.{q("role")}, {alias}.xmin::text, {body}{columns}
         FROM {q(token_table)} t
         JOIN {q(user._meta.db_table)} u ON u.{q("id")} = t.{q("user_id")}
         LEFT JOIN {q(scope_table)} s ON s.{q("token_id")} = t.{q("digest")}
         LEFT JOIN {q(Deployment._meta.db_table)} {alias}
           ON {alias}.{q(Deployment._meta.pk.column or "id")} = %s
+        {body_join}
         WHERE t.{q("token_key")} = %s"""
     converters: list[tuple[int, list[Converter]]] = []
     expression: dict[int, Any] = {}
@@ -163,7 +187,8 @@ def _make(fields: tuple[str, ...]) -> _Statement:
             converters.append((i, found))
             expression[i] = col
     return _Statement(sql=" ".join(sql.split()), attnames=[f.attname for f in shown],
-                      converters=converters, expression=expression)
+                      converters=converters, expression=expression,
+                      stored=stored is not None)
 
 
 def deployment_for_token(*, request: HttpRequest, deployment_id: int,
@@ -185,9 +210,16 @@ def deployment_for_token(*, request: HttpRequest, deployment_id: int,
 def status_readable(*, token: str, rows: Sequence[StatusRow]) -> Deployment | None:
     """The deployment of `rows` (deployment_status_read's for `token`) that the token may
     view with nothing written; None for every other answer (deployment_for_token)."""
+    row = status_row_readable(token=token, rows=rows)
+    return None if row is None else row.deployment
+
+
+def status_row_readable(*, token: str, rows: Sequence[StatusRow]) -> StatusRow | None:
+    """The row of `rows` whose deployment (or stored body) the token may view with nothing
+    written; None for every other answer (status_readable)."""
     digest = hash_token(token)
     row = next((r for r in rows if compare_digest(digest, r.digest)), None)
-    if row is None or row.deployment is None or not token_accepted(
+    if row is None or row.version is None or not token_accepted(
             digest=digest, stored_digest=row.digest, expiry=row.expiry,
             user_active=row.user_active):
         return None
@@ -195,4 +227,4 @@ def status_readable(*, token: str, rows: Sequence[StatusRow]) -> Deployment | No
     # the rest), then the token's scope (web.deployments.permissions: at most its role's).
     held = row.user_superuser or row.may_view
     scoped = row.role is None or VIEW_PERMISSION in ROLE_PERMISSIONS.get(row.role, frozenset())
-    return row.deployment if held and scoped else None
+    return row if held and scoped else None

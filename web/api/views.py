@@ -27,6 +27,7 @@ from web.deployments.permissions import can_delete, can_deploy, can_stop, can_vi
 from web.deployments.services import lifecycle
 
 from . import metrics
+from .bodies import READ_FIELDS, STATUS_READS, status_etag
 from .pagination import bounded_int
 from .parsers import SPEC_PARSERS, spec_body
 from .schema import CREATE_SCHEMA, spec_request
@@ -40,17 +41,6 @@ from .serializers import (
 )
 
 MAX_SEQ = 2**63 - 1  # an event seq is a PostgreSQL bigint
-# The columns each status read shows (issue 22's profile: decoding the row's other JSON
-# columns was a fifth of the row's cost); a deferred one read anyway would be a query more,
-# which tests/web/test_status_api_queries.py counts.
-READ_FIELDS = {
-    "retrieve": tuple(DeploymentSerializer.Meta.fields),
-    "summary": ("name", "status", "phase", "progress", "decode_stats", "diagnosis", "alerts",
-                "alert_history", "latest_metrics", "engine_url", "last_seq", "graph_needed",
-                "load_estimate"),
-}
-
-
 class CanOperate(permissions.BasePermission):
     message = ("You need the viewer role to read deployments, the operator role to deploy, "
                "stop, restart or delete.")
@@ -209,20 +199,6 @@ def conditional(request: Request | HttpRequest, deployment: Deployment, name: st
     return response
 
 
-def status_etag(*, deployment: Deployment, name: str) -> str | None:
-    """The quoted ETag of a representation made of the row alone, from its version; None
-    where the database keeps none."""
-    version = selectors.deployment_row_version(deployment=deployment)
-    return None if version is None else quote_etag(f"{name}-{deployment.pk}-{version}")
-
-
-# The status reads a dashboard polls, by the router's URL name: the viewset's action, the
-# ETag's name and the body.
-STATUS_READS: dict[str, tuple[str, str, Callable[[Deployment], Any]]] = {
-    "deployment-detail": ("retrieve", "detail", deployment_data),
-    "deployment-summary": ("summary", "summary",
-                           lambda d: selectors.deployment_summary(deployment=d)),
-}
 # Accept headers DRF's negotiation answers with JSONRenderer's plain output; any other (the
 # browsable API's text/html, a JSON indent, a list) goes the whole way.
 PLAIN_JSON = frozenset({"*/*", "application/json"})

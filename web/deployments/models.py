@@ -201,6 +201,23 @@ class Event(models.Model):
         }
 
 
+class StatusBody(models.Model):
+    """The status reads' answers (the API's detail and summary JSON) as rendered from one
+    version of the deployment's row, stored by the row's writers (services/reads.py) so a
+    token read returns these bytes instead of serializing the row (issue 22). They are
+    served only while `version` is the row's current one (PostgreSQL's xmin, the ETag's):
+    any other write makes them unused, never wrong."""
+
+    deployment = models.OneToOneField(Deployment, primary_key=True, on_delete=models.CASCADE,
+                                      related_name="+")
+    version = models.CharField(max_length=20)  # the row's xmin::text they were rendered at
+    detail = models.BinaryField()
+    summary = models.BinaryField()
+
+    def __str__(self) -> str:
+        return f"{self.deployment_id} at {self.version}"
+
+
 class Run(models.Model):
     """One start of a deployment's engine; its events are those from first_seq up to the next
     run's first_seq. Run 1 is written when a second run begins (services/lifecycle.py)."""

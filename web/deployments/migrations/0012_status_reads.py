@@ -1,5 +1,7 @@
-# Reserved for parallel work (issue 22, status reads); its owner fills in the operations.
-from django.db import migrations
+# Issue 22, status reads: the detail and summary JSON stored by the row's writers
+# (StatusBody; web/deployments/services/reads.py).
+import django.db.models.deletion
+from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
@@ -8,4 +10,16 @@ class Migration(migrations.Migration):
         ("deployments", "0011_model_store"),
     ]
 
-    operations: list[migrations.operations.base.Operation] = []
+    operations = [
+        migrations.CreateModel(
+            name="StatusBody",
+            fields=[
+                ("deployment", models.OneToOneField(
+                    on_delete=django.db.models.deletion.CASCADE, primary_key=True,
+                    related_name="+", serialize=False, to="deployments.deployment")),
+                ("version", models.CharField(max_length=20)),
+                ("detail", models.BinaryField()),
+                ("summary", models.BinaryField()),
+            ],
+        ),
+    ]

@@ -24,6 +24,7 @@ from django.utils import timezone
 
 from .. import live
 from ..models import Deployment, Event
+from .reads import deployment_status_bodies_later
 
 COPY_MIN_ROWS = 50  # below this, one INSERT is as quick (events_append)
 # One encoder for every payload: json.dumps with separators builds a new one per call.
@@ -43,6 +44,8 @@ def events_append(
         return []
     with transaction.atomic():
         first, now = _store(deployment_id, items)
+        # The status reads' answers for the row as this write leaves it (issue 22).
+        deployment_status_bodies_later(deployment_id=deployment_id)
     return [Event(deployment_id=deployment_id, seq=first + i, kind=kind, payload=payload,
                   ts=now) for i, (kind, payload) in enumerate(items)]
 

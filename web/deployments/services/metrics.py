@@ -28,6 +28,7 @@ from .. import live
 from ..models import Deployment, EventKind, MetricPoint
 from ..selectors import alert_history_stored
 from .events import events_append
+from .reads import deployment_status_bodies_later
 
 
 def _at(t: float) -> datetime:
@@ -40,6 +41,7 @@ def metrics_store_point(*, deployment_id: int, point: series.MetricPoint,
     with transaction.atomic():
         MetricPoint.of(deployment_id, point, resolution_s).save()
         Deployment.objects.filter(pk=deployment_id).update(latest_metrics=point.to_dict())
+        deployment_status_bodies_later(deployment_id=deployment_id)  # issue 22's reads
     live.publish_point(deployment_id, point.to_dict())
 
 

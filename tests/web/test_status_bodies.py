@@ -1,0 +1,143 @@
+"""The status reads' answers stored by the deployment row's writers (issue 22;
+web/deployments/services/reads.py): rendered from the row as each write leaves it, kept
+with the row's version, read in the token statement only while that version is current."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+from django.db import connection
+from rest_framework.test import APIClient
+
+from appliance.runtime import series
+from appliance.runtime.alerts import Alert
+from web.accounts.auth import token_key
+from web.api.bodies import READ_FIELDS
+from web.api.selectors import StatusRow, status_query, status_rows
+from web.deployments import services
+from web.deployments.models import Deployment, StatusBody
+from web.deployments.permissions import VIEW_PERMISSION
+from web.deployments.selectors import deployment_list
+from web.deployments.services import lifecycle
+from web.deployments.services.metrics import deployment_apply_alerts, metrics_store_point
+from web.deployments.services.reads import deployment_status_bodies_store
+
+from .specs import spec
+
+pytestmark = pytest.mark.django_db(transaction=True)  # stored after each writer's commit
+READS = {"": ("retrieve", "detail"), "summary/": ("summary", "summary")}
+
+
+def _version(pk: int) -> str:
+    return str(deployment_list(versioned=True).get(pk=pk).row_version)
+
+
+def _django_answers(token: str, pk: int) -> dict[str, bytes]:
+    """The bodies Django's own view renders from the row now (the reference)."""
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Token {token}")
+    answers = {}
+    for read, (_, name) in READS.items():
+        answer = api.get(f"/api/deployments/{pk}/{read}")
+        assert answer.status_code == 200
+        answers[name] = answer.content
+    return answers
+
+
+def _stored_read(token: str, pk: int, read: str) -> StatusRow:
+    """The token statement with the stored body, as web/api/asgi.py runs it."""
+    action, name = READS[read]
+    sql, params = status_query(token_key=token_key(token), deployment_id=pk,
+                               permission=VIEW_PERMISSION, fields=READ_FIELDS[action],
+                               stored=name)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    [row] = status_rows(rows=rows, fields=READ_FIELDS[action], wrapper=connection, stored=name)
+    return row
+
+
+def _writes(pk: int) -> list[Callable[[], Any]]:
+    """What the engine agent and the panel write while an engine serves."""
+    point = series.MetricPoint(t=1_790_000_000.0, throughput=1234.5, accept_len=4.2,
+                               gpus=[[90.0, 70.0, 80.0]])
+    stall = Alert("stall", "firing", "warning", "no progress")
+    return [
+        lambda: metrics_store_point(deployment_id=pk, point=point, resolution_s=2),
+        lambda: deployment_apply_alerts(deployment_id=pk, alerts=[stall]),
+        lambda: services.events_append(deployment_id=pk, events=[
+            ("log", {"text": "Decode batch. #running-req: 8"})]),
+        lambda: deployment_apply_alerts(deployment_id=pk, alerts=[
+            Alert("stall", "resolved", "warning", "progress again")]),
+        lambda: services.deployment_mark_building(deployment_id=pk),
+    ]
+
+
+def test_each_writer_stores_the_reads_answers_as_django_renders_them_for_its_row(
+        viewer: Any, token_for: Any) -> None:
+    deployment = services.deployment_create(data=spec(), confirm_warnings=True)
+    token = token_for(viewer)
+    for write in [lambda: None, *_writes(deployment.pk)]:
+        write()
+        stored = StatusBody.objects.get(pk=deployment.pk)
+        assert stored.version == _version(deployment.pk)
+        expected = _django_answers(token, deployment.pk)
+        assert bytes(stored.detail) == expected["detail"]
+        assert bytes(stored.summary) == expected["summary"]
+        for read, (_, name) in READS.items():
+            row = _stored_read(token, deployment.pk, read)
+            # Nothing of the row is decoded: the bytes are the answer.
+            assert row.stored == expected[name] and row.deployment is None
+            assert row.version == stored.version
+    assert b'"alert_history":[{' in expected["summary"]
+    assert b'"throughput":1234.5' in expected["summary"]
+
+
+def test_a_write_by_any_other_path_leaves_the_stored_answers_unused(
+        viewer: Any, token_for: Any) -> None:
+    deployment = services.deployment_create(data=spec(), confirm_warnings=True)
+    token = token_for(viewer)
+    before = StatusBody.objects.get(pk=deployment.pk)
+    Deployment.objects.filter(pk=deployment.pk).update(name="renamed")  # no writer's hook
+    assert StatusBody.objects.get(pk=deployment.pk).version == before.version != _version(
+        deployment.pk)
+    for read in READS:
+        row = _stored_read(token, deployment.pk, read)
+        assert row.stored is None and row.deployment is not None
+        assert row.deployment.name == "renamed" and row.version == _version(deployment.pk)
+
+
+def test_answers_rendered_before_a_write_that_lands_in_between_are_not_stored(
+        viewer: Any, token_for: Any) -> None:
+    deployment = services.deployment_create(data=spec(), confirm_warnings=True)
+    stored_before = StatusBody.objects.get(pk=deployment.pk).version
+    dsn = connection.get_connection_params()
+
+    def write_first(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        if sql.startswith(f"INSERT INTO {connection.ops.quote_name(StatusBody._meta.db_table)}"):
+            # Another session's write, committed after the row was read and rendered.
+            with psycopg.connect(**{k: v for k, v in dsn.items() if k != "cursor_factory"},
+                                 autocommit=True) as other:
+                other.execute("UPDATE deployments_deployment SET name = 'raced' WHERE id = %s",
+                              [deployment.pk])
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(write_first):
+        assert deployment_status_bodies_store(deployment_id=deployment.pk) is False
+    assert StatusBody.objects.get(pk=deployment.pk).version == stored_before
+    for read in READS:
+        row = _stored_read(token_for(viewer), deployment.pk, read)
+        assert row.stored is None and row.deployment is not None
+        assert row.deployment.name == "raced"
+
+
+def test_a_deleted_deployment_takes_its_stored_answers_with_it() -> None:
+    deployment = services.deployment_create(data=spec(), confirm_warnings=True)
+    assert StatusBody.objects.filter(pk=deployment.pk).exists()
+    Deployment.objects.filter(pk=deployment.pk).update(status="stopped")
+    lifecycle.deployment_delete(deployment_id=deployment.pk)
+    assert not StatusBody.objects.filter(pk=deployment.pk).exists()
+    assert deployment_status_bodies_store(deployment_id=deployment.pk) is False

@@ -1,0 +1,55 @@
+"""What the status reads return (issue 22): the fields each shows, its ETag and its JSON
+body, made from the deployment row alone. One module, with nothing of the views', so the
+row's writers (web/deployments/services/reads.py) render the very bytes a read answers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from django.utils.http import quote_etag
+from rest_framework.renderers import JSONRenderer
+
+from web.deployments import selectors
+from web.deployments.models import Deployment
+
+from .serializers import DeploymentSerializer, deployment_data
+
+# The columns each status read shows (issue 22's profile: decoding the row's other JSON
+# columns was a fifth of the row's cost); a deferred one read anyway would be a query more,
+# which tests/web/test_status_api_queries.py counts.
+READ_FIELDS = {
+    "retrieve": tuple(DeploymentSerializer.Meta.fields),
+    "summary": ("name", "status", "phase", "progress", "decode_stats", "diagnosis", "alerts",
+                "alert_history", "latest_metrics", "engine_url", "last_seq", "graph_needed",
+                "load_estimate"),
+}
+# Both reads' columns: what a writer loads to render both bodies from one version.
+BOTH_FIELDS = tuple(dict.fromkeys(READ_FIELDS["retrieve"] + READ_FIELDS["summary"]))
+
+# The status reads a dashboard polls, by the router's URL name: the viewset's action, the
+# ETag's name and the body.
+STATUS_READS: dict[str, tuple[str, str, Callable[[Deployment], Any]]] = {
+    "deployment-detail": ("retrieve", "detail", deployment_data),
+    "deployment-summary": ("summary", "summary",
+                           lambda d: selectors.deployment_summary(deployment=d)),
+}
+_JSON = JSONRenderer()
+
+
+def status_etag(*, deployment: Deployment, name: str) -> str | None:
+    """The quoted ETag of a representation made of the row alone, from its version; None
+    where the database keeps none."""
+    version = selectors.deployment_row_version(deployment=deployment)
+    return None if version is None else status_etag_of(pk=deployment.pk, version=version,
+                                                       name=name)
+
+
+def status_etag_of(*, pk: int, version: str, name: str) -> str:
+    """status_etag from the deployment's id and row version."""
+    return quote_etag(f"{name}-{pk}-{version}")
+
+
+def status_body_render(*, deployment: Deployment, url_name: str) -> bytes:
+    """The JSON body of a status read's 200, as DRF renders it for a plain JSON Accept."""
+    return _JSON.render(STATUS_READS[url_name][2](deployment), _JSON.media_type, {})
