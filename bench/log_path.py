@@ -226,7 +226,7 @@ class CpuShares:
     """CPU seconds per part of the path over a phase, as shares of one core: this process
     (the agent's follower), the panel (uvicorn), PostgreSQL's backends on this database
     (a session opened during the phase is missed), dockerd and Redis (shared with anything
-    else using them), the printer, the viewer and `docker logs -f` (without its CLI)."""
+    else using them), the viewer and `docker logs -f` (without its CLI)."""
 
     def __init__(self, children: dict[str, int]) -> None:
         me = os.getpid()
@@ -262,12 +262,59 @@ class CpuShares:
                 "cpu_path_us_per_line": sum(used.values()) / max(1, lines) * 1e6}
 
 
+class ThreadCpu(threading.Thread):
+    """CPU seconds per thread name of this process (the agent's reader, follower, shipper,
+    publisher), sampled from /proc every half second so a thread that ends is still counted
+    (up to its last half second)."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True, name="bench-thread-cpu")
+        self.first: dict[int, tuple[str, float]] = {}
+        self.last: dict[int, float] = {}
+        self.done = threading.Event()
+        self._sample()
+
+    def run(self) -> None:
+        while not self.done.wait(0.5):
+            self._sample()
+
+    def _sample(self) -> None:
+        names = {thread.native_id: thread.name for thread in threading.enumerate()}
+        for task in Path("/proc/self/task").iterdir():
+            try:
+                stat = (task / "stat").read_text()
+            except OSError:
+                continue
+            tid = int(task.name)
+            name = names.get(tid) or stat[stat.index("(") + 1:stat.rindex(")")]
+            fields = stat.rsplit(")", 1)[1].split()
+            seconds = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            self.first.setdefault(tid, (name, seconds))
+            self.last[tid] = seconds
+
+    def per_line_us(self, lines: int) -> dict[str, float]:
+        self._sample()
+        self.done.set()
+        used: dict[str, float] = {}
+        for tid, (name, first) in self.first.items():
+            label = {"MainThread": "follower"}.get(name, name).replace("engine-log-", "")
+            used[label] = used.get(label, 0.0) + self.last[tid] - first
+        return {f"agent_thread_us_per_line_{name}": seconds / max(1, lines) * 1e6
+                for name, seconds in used.items() if seconds > 0}
+
+
 # ------------------------------------------------------------------ one followed engine
 
 
 def follow_run(args: argparse.Namespace, *, shape: str, n: int, rate: float, ready: bool,
-               panel_url: str, cookie: str, profile: str = "") -> dict[str, Any]:
-    """Print n lines from a container followed as the agent follows a deployment's engine."""
+               panel_url: str, cookie: str, profile: str = "",
+               reference_apart: bool = False) -> dict[str, Any]:
+    """Print n lines from a container followed as the agent follows a deployment's engine.
+
+    `docker logs -f` reads the same container alongside, or (reference_apart) a twin of it
+    (the same printer at the same rate) in a phase of its own right after: alongside, dockerd
+    serves two followers and the CLI and its reader take about a quarter of a core at
+    10,000 lines/s, CPU the path then does not have (issue 22, fourth round)."""
     from appliance.runtime.containers import ContainerPlan, EngineRuntime
     from appliance.runtime.follower import EngineFollower, FollowOptions, follow
     from web.deployments.models import Deployment
@@ -288,7 +335,7 @@ def follow_run(args: argparse.Namespace, *, shape: str, n: int, rate: float, rea
     viewer = _child("--sse-viewer", panel_url, cookie, str(deployment.pk), str(n))
     runtime = EngineRuntime()
     container = runtime.ensure_started(plan)
-    watcher = _child("--docker-watcher", container.id, str(n))
+    watcher = None if reference_apart else _child("--docker-watcher", container.id, str(n))
     sink = _FollowSink(deployment, agent, threading.Event())
     sink.identity = plan.identity
     agent.remove_engine = lambda identity: None  # type: ignore[method-assign] # keep it
@@ -296,6 +343,9 @@ def follow_run(args: argparse.Namespace, *, shape: str, n: int, rate: float, rea
     ship = sink.ship
     timing = {"wall": 0.0, "cpu": 0.0}
     backends: dict[int, float] = {}  # the shipper's PostgreSQL sessions: CPU when first seen
+    # Time spent runnable but waiting for a CPU during the ships (/proc schedstat): the
+    # shipper's thread and its PostgreSQL session.
+    waits = {"ship_thread": 0.0, "ship_backend": 0.0}
 
     def counted(events: Any, cursor: Any) -> None:
         from django.db import connection
@@ -305,21 +355,27 @@ def follow_run(args: argparse.Namespace, *, shape: str, n: int, rate: float, rea
         backend = connection.connection.info.backend_pid
         if backend not in backends:
             backends[backend] = _cpu_s(backend)
+        stats = {"ship_thread": f"/proc/self/task/{threading.get_native_id()}/schedstat",
+                 "ship_backend": f"/proc/{backend}/schedstat"}
+        before = {who: _runq_wait_s(path) for who, path in stats.items()}
         wall, cpu = time.monotonic(), time.thread_time()
         ship(events, cursor)
         timing["wall"] += time.monotonic() - wall
         timing["cpu"] += time.thread_time() - cpu
+        for who, path in stats.items():
+            waits[who] += _runq_wait_s(path) - before[who]
 
     sink.ship = counted  # type: ignore[method-assign]
     follower = EngineFollower(runtime, plan, sink, status=status, may_start=False,
                               options=FollowOptions(partials=False, ready_timeout_s=3600))
     spy = _profile(profile)
     container.reload()
-    shares = CpuShares({"viewer": viewer.pid, "watcher": watcher.pid,
-                        "printer": int(container.attrs["State"]["Pid"])})
+    shares = CpuShares({"viewer": viewer.pid, **({"watcher": watcher.pid} if watcher else {})})
     shares.add_postgres()  # the panel's and this process's sessions (pooled: kept open)
+    threads = ThreadCpu()
+    threads.start()
     follow(follower)
-    cpu_shares = shares.shares(n)
+    cpu_shares = {**shares.shares(n), **threads.per_line_us(n)}
     if spy is not None:
         spy.send_signal(2)
         spy.wait(30)
@@ -332,15 +388,50 @@ def follow_run(args: argparse.Namespace, *, shape: str, n: int, rate: float, rea
     # Sessions are pooled: one the shipper used may have served others too (none in the bench).
     figures["ship_backend_cpu_us_per_event"] = sum(  # a session gone since is left out
         max(0.0, _cpu_s(pid) - first) for pid, first in backends.items()) / events_shipped * 1e6
+    for who, seconds in waits.items():
+        figures[f"{who}_cpu_wait_us_per_event"] = seconds / events_shipped * 1e6
     figures["events_per_batch"] = statistics.mean(batches) if batches else 0
     figures.update(cpu_shares)
     figures.update(_child_figures(viewer, 120))
-    figures.update(_child_figures(watcher, 60))
     figures["docker_logs_replay_lines_per_s"] = _replay_rate(container.id, n)
     figures["_pk"] = deployment.pk
     figures["_batch_events"] = int(figures["events_per_batch"])
     container.remove(force=True)
+    if watcher is not None:
+        figures.update(_child_figures(watcher, 60))
+        figures["docker_logs_f_phase"] = "alongside"
+    else:
+        figures.update(reference_run(args, runtime, plan, shape=shape, n=n, rate=rate))
     return figures
+
+
+def reference_run(args: argparse.Namespace, runtime: Any, plan: Any, *, shape: str, n: int,
+                  rate: float) -> dict[str, Any]:
+    """`docker logs -f` alone on a twin of the phase's container (the same image, printer,
+    shape and rate; at most --reference-seconds of a paced printer, whose rate it only
+    confirms): the reference, in its own phase of the same run."""
+    from appliance.runtime.containers import ContainerPlan
+
+    count = n if rate <= 0 else min(n, int(rate * args.reference_seconds))
+    twin = ContainerPlan(deployment_id=f"{plan.deployment_id}-reference", image=plan.image,
+                         argv=["python3", "-c", PRINTER, str(count), str(rate), shape],
+                         instance_id=plan.instance_id, start_token=plan.start_token)
+    container = runtime.ensure_started(twin)
+    try:
+        watcher = _child("--docker-watcher", container.id, str(count))
+        figures = _child_figures(watcher, 60 + count / max(rate, 1000))
+    finally:
+        container.remove(force=True)
+    return {**figures, "docker_logs_f_phase": "own phase, twin container",
+            "docker_logs_f_lines_offered": count}
+
+
+def _runq_wait_s(schedstat: str) -> float:
+    """Seconds a thread or process spent runnable, waiting for a CPU (0 once it is gone)."""
+    try:
+        return int(Path(schedstat).read_text().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
 
 
 def _profile(directory: str) -> subprocess.Popen[bytes] | None:
@@ -551,6 +642,12 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--flood", type=int, default=300_000, help="plain lines unpaced")
     parser.add_argument("--phases", default="before,after,sustained,plain")
+    parser.add_argument("--reference", choices=("apart", "alongside"), default="apart",
+                        help="`docker logs -f` for the sustained and plain phases: in its "
+                             "own phase on a twin container (default), or on the same "
+                             "container at the same time (dockerd then serves two followers)")
+    parser.add_argument("--reference-seconds", type=float, default=20.0,
+                        help="how long the paced twin prints, at the phase's rate")
     parser.add_argument("--profile", default="", help="py-spy raw profiles into this folder")
     parser.add_argument("--compare-with", default="", metavar="CHECKOUT",
                         help="also print the CPU per stage of another checkout's code beside "
@@ -575,8 +672,9 @@ def main() -> None:
     with _loadkit.panel(args, Path("/tmp/log-path-panel.log")) as url:
         cookie = _loadkit.login_cookie(url)
         for phase in phases:
+            apart = args.reference == "apart" and phase in ("sustained", "plain")
             figures = follow_run(args, **plan[phase], panel_url=url, cookie=cookie,  # type: ignore[arg-type]
-                                 profile=args.profile)
+                                 profile=args.profile, reference_apart=apart)
             pk, batch = figures.pop("_pk"), figures.pop("_batch_events")
             if phase == "sustained":
                 figures.update(copy_reference(args, pk, batch))
@@ -607,7 +705,7 @@ def print_targets(results: dict[str, dict[str, Any]], args: argparse.Namespace) 
     if got:
         print(f"  {args.rate:,.0f} decode lines/s for {args.seconds:.0f} s: stored "
               f"{got['stored_events_per_s']:,.0f} events/s ({got['stored_lines_per_s']:,.0f} "
-              f"lines/s) | {2 * args.rate:,.0f} events/s | `docker logs -f` "
+              f"lines/s) | {2 * args.rate:,.0f} events/s | `docker logs -f` ({_where(got)}) "
               f"{got.get('docker_logs_f_lines_per_s', 0):,.0f} lines/s "
               f"({got.get('stored_over_docker_logs_f', float('nan')):.2f}x); PostgreSQL's own "
               f"COPY {got.get('copy_rows_per_s', 0):,.0f} rows/s "
@@ -618,15 +716,34 @@ def print_targets(results: dict[str, dict[str, Any]], args: argparse.Namespace) 
     got = results.get("plain")
     if got:
         print(f"  plain lines unpaced: stored {got['stored_lines_per_s']:,.0f} lines/s | 30,000 "
-              f"and >= 0.3x | `docker logs -f` {got.get('docker_logs_f_lines_per_s', 0):,.0f} "
+              f"and >= 0.3x | `docker logs -f` ({_where(got)}) "
+              f"{got.get('docker_logs_f_lines_per_s', 0):,.0f} "
               f"lines/s ({got.get('stored_over_docker_logs_f', float('nan')):.2f}x); "
               f"{_order(got)}")
     for phase, got in results.items():
         print(f"  CPU {phase}: agent {got['cpu_agent_us_per_line']:.1f} us/line, whole path "
               f"{got['cpu_path_us_per_line']:.1f} us/line (agent {got['cpu_agent']:.2f}, "
               f"panel {got.get('cpu_panel', 0):.2f}, PostgreSQL {got.get('cpu_postgres', 0):.2f}, "
-              f"dockerd {got.get('cpu_dockerd', 0):.2f}, Redis {got.get('cpu_redis', 0):.2f} "
-              "of a core)")
+              f"dockerd {got.get('cpu_dockerd', 0):.2f}, Redis {got.get('cpu_redis', 0):.2f}, "
+              f"the viewer "
+              f"{got.get('cpu_viewer', 0):.2f}, `docker logs -f`'s reader "
+              f"{got.get('cpu_watcher', 0):.2f} of a core)")
+        threads = {k[len("agent_thread_us_per_line_"):]: v for k, v in got.items()
+                   if k.startswith("agent_thread_us_per_line_")}
+        print("    the agent's threads, us of CPU per line: " + ", ".join(
+            f"{name} {us:.1f}" for name, us in sorted(threads.items(), key=lambda kv: -kv[1])))
+        print(f"    the shipper per event: {got['ship_wall_us_per_event']:.1f} us of wall, "
+              f"{got['ship_cpu_us_per_event']:.1f} us of its CPU and "
+              f"{got['ship_backend_cpu_us_per_event']:.1f} us of PostgreSQL's; waiting for a "
+              f"CPU: its thread {got.get('ship_thread_cpu_wait_us_per_event', 0):.1f} us, "
+              f"its session {got.get('ship_backend_cpu_wait_us_per_event', 0):.1f} us")
+
+
+def _where(got: dict[str, Any]) -> str:
+    if got.get("docker_logs_f_phase") == "alongside":
+        return "same container, same time"
+    return (f"own phase: a twin container, {got.get('docker_logs_f_lines_offered', 0):,} "
+            "lines at the same rate")
 
 
 def _order(got: dict[str, Any]) -> str:
