@@ -155,7 +155,8 @@ def chunked_blocks(body: Any) -> Iterator[bytes]:
         if not data:
             raise ConnectionError("the log stream ended inside its HTTP chunks")
         buffer = buffer + data if buffer else data
-        payloads, pos, end = [], 0, len(buffer)
+        payloads: list[bytes] = []
+        pos, end = 0, len(buffer)
         while True:
             eol = buffer.find(b"\r\n", pos)
             if eol < 0:
