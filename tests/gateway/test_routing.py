@@ -16,8 +16,11 @@ from django.db import connection
 from web.gateway.routing import (
     EPOCH_WATCH_STALE_S,
     LEASE_SHARE,
+    ROUTES_WATCH_NAME,
+    ROUTES_WATCH_STALE_S,
     WATCH_NAME,
     EpochWatch,
+    RoutesWatch,
     Routing,
 )
 from web.gateway.services import KEYS_EPOCH, apikey_create, apikey_revoke, rate_limit_key
@@ -197,3 +200,128 @@ def test_the_routing_table_names_each_active_deployment_as_the_orm_reads_it() ->
     assert targets[plain.id].model == "plain" and not targets[plain.id].ready
     assert targets[named.id].ready and targets[named.id].engine_url == "http://named:30000"
     assert targets[named.id].created == int(named.created_at.timestamp())
+
+
+def deployment_row(name: str, status: str, served: str | None = None):  # type: ignore[no-untyped-def]
+    from web.deployments.models import Deployment
+
+    engine = {"served_model_name": served} if served is not None else {}
+    try:
+        return Deployment.objects.create(name=name, spec={"name": name, "engine": engine},
+                                         recipe="t", algorithm="NONE", gpus=[0],
+                                         status=status, engine_url=f"http://{name}:30000")
+    finally:
+        connection.close()
+
+
+def update_deployment(pk: int, **fields) -> None:  # type: ignore[no-untyped-def]
+    """As the worker and the agent write: QuerySet.update, which sends no Django signal."""
+    from web.deployments.models import Deployment
+
+    try:
+        Deployment.objects.filter(pk=pk).update(**fields)
+    finally:
+        connection.close()
+
+
+def test_a_change_of_what_the_routing_table_holds_reaches_a_watching_process() -> None:
+    from web.deployments.models import DeploymentStatus
+
+    async def scenario() -> None:
+        watch = RoutesWatch()
+        watch.start()
+        try:
+            await until(lambda: watch.current()[0])
+            row = await asyncio.to_thread(deployment_row, "watched", DeploymentStatus.LOADING)
+            await until(lambda: watch.current()[1] >= 2)  # the connect's count, the insert
+            for fields in ({"status": DeploymentStatus.READY},
+                           {"engine_url": "http://elsewhere:30000"},
+                           {"spec": {"name": "watched", "engine": {"served_model_name": "m"}}}):
+                before = watch.current()[1]
+                await asyncio.to_thread(update_deployment, row.pk, **fields)
+                await until(lambda b=before: watch.current()[1] > b, timeout_s=2.0)
+            # A column the table does not hold (the status summary's writers) tells nothing.
+            before = watch.current()[1]
+            await asyncio.to_thread(update_deployment, row.pk, container_name="other")
+            await asyncio.sleep(0.5)
+            assert watch.current() == (True, before)
+        finally:
+            assert watch.task is not None
+            watch.task.cancel()
+
+    asyncio.run(scenario())
+
+
+def test_a_request_after_a_change_is_routed_by_the_new_table_not_the_old() -> None:
+    from web.deployments.models import DeploymentStatus
+
+    async def scenario() -> None:
+        client = redis.asyncio.Redis.from_url(settings.REDIS_URL)
+        routing = Routing(redis=client)
+        routing.routes_watch.start()
+        try:
+            row = await asyncio.to_thread(deployment_row, "turning", DeploymentStatus.LOADING)
+            await until(lambda: routing.routes_watch.current()[0])
+            [target] = await routing.targets(model="turning")
+            assert not target.ready
+            read_at = routing.table_at
+            await asyncio.to_thread(update_deployment, row.pk, status=DeploymentStatus.READY)
+            await until(lambda: routing.routes_watch.current()[1] != routing.table_changes)
+            [target] = await routing.targets(model="turning")
+            assert target.ready  # well within ROUTES_TTL_S: read because it changed
+            assert routing.table_at > read_at
+            # Nothing changed since: the table is not read again (no read per second).
+            read_at = routing.table_at
+            await asyncio.sleep(1.2)
+            await routing.targets(model="turning")
+            assert routing.table_at == read_at and routing.reading is None
+        finally:
+            assert routing.routes_watch.task is not None
+            routing.routes_watch.task.cancel()
+            await client.aclose()
+
+    asyncio.run(scenario())
+
+
+def kill_routes_watch_connections() -> None:
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                           "WHERE application_name = %s AND datname = current_database()",
+                           [ROUTES_WATCH_NAME])
+    finally:
+        connection.close()
+
+
+def test_a_killed_listen_connection_falls_back_to_polling_and_comes_back() -> None:
+    from web.deployments.models import DeploymentStatus
+
+    async def scenario() -> None:
+        client = redis.asyncio.Redis.from_url(settings.REDIS_URL)
+        routing = Routing(redis=client)
+        routing.routes_watch.start()
+        try:
+            await asyncio.to_thread(deployment_row, "polled", DeploymentStatus.READY)
+            await until(lambda: routing.routes_watch.current()[0])
+            await routing.targets(model="polled")
+            await asyncio.to_thread(kill_routes_watch_connections)
+            await until(lambda: not routing.routes_watch.current()[0], timeout_s=3.0)
+            # Untrusted: a table over ROUTES_TTL_S old is read again in the background.
+            read_at = routing.table_at
+            await asyncio.sleep(1.1)
+            await routing.targets(model="polled")
+            await until(lambda: routing.table_at > read_at, timeout_s=2.0)
+            await until(lambda: routing.routes_watch.current()[0], timeout_s=5.0)
+        finally:
+            assert routing.routes_watch.task is not None
+            routing.routes_watch.task.cancel()
+            await client.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_a_silent_listen_connection_is_not_trusted_past_its_staleness() -> None:
+    watch = RoutesWatch(changes=3, good=True, seen_at=time.monotonic())
+    assert watch.current() == (True, 3)
+    watch.seen_at -= ROUTES_WATCH_STALE_S + 0.1
+    assert watch.current() == (False, 3)

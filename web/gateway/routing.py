@@ -10,11 +10,15 @@ process, so a request with a known key costs one Redis round trip before the eng
   requests (LEASE_SHARE), not per request. A grant is read again in the background once
   GRANT_TTL_S old (an owner's role change); the request that finds it old is answered from it.
 - Deployments: the routing table (every active deployment's model name, status and engine
-  URL) is read again once it is ROUTES_TTL_S old, in the background: the request that finds
-  it stale is answered from it and does not wait for the database (waiting there was the
-  gateway's p99: bench/gateway_overhead.py). A model missing from it is looked up afresh
-  before the answer is 404, so a deployment that just became ready is found at once.
-  Concurrent reads share one database query.
+  URL) is read again when PostgreSQL says a row of it changed: a trigger on the deployments
+  table (migration gateway 0002) notifies ROUTES_CHANNEL, and each process LISTENs on a
+  connection of its own (RoutesWatch). The request that comes after a change waits for the
+  new table. While that connection is not known good, the table is read again once it is
+  ROUTES_TTL_S old, in the background, as before the watch: the request that finds it stale
+  is answered from it. That once-a-second read, started by a request, ran beside that very
+  request: it was in the tail of the gateway's time to first byte (bench/gateway_overhead.py).
+  Known good, the table is still read again every ROUTES_SAFETY_S. A model missing from it is
+  looked up afresh before the answer is 404. Concurrent reads share one database query.
 """
 
 from __future__ import annotations
@@ -26,9 +30,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import psycopg
 import redis.asyncio as aioredis
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.db import connections
 
 from web.gateway import admission
 from web.gateway.admission import Caller, Refusal
@@ -53,6 +59,12 @@ GRANT_TTL_S = 60.0
 EPOCH_WATCH_POLL_S = 1.0
 EPOCH_WATCH_STALE_S = 3.0
 ROUTES_TTL_S = 1.0
+ROUTES_SAFETY_S = 30.0
+ROUTES_WATCH_POLL_S = 1.0
+ROUTES_WATCH_STALE_S = 3.0
+# The channel migration gateway 0002's trigger notifies (tests/gateway/test_routing.py
+# checks that a change reaches a watch, so the two cannot drift apart unnoticed).
+ROUTES_CHANNEL = "appliance_gateway_routes"
 MAX_GRANTS = 10_000
 
 log = logging.getLogger(__name__)
@@ -124,9 +136,62 @@ WATCH_NAME = "appliance-gateway-epoch-watch"  # as Redis's CLIENT LIST names the
 
 
 @dataclass
+class RoutesWatch:
+    """How many times PostgreSQL said the routing table changed (`changes`), and whether the
+    LISTEN connection can be trusted now: it runs a trivial query each ROUTES_WATCH_POLL_S,
+    and an answer is what proves the connection would carry a notification."""
+
+    changes: int = 0
+    good: bool = False
+    seen_at: float = float("-inf")
+    task: asyncio.Task[None] | None = None
+
+    def current(self) -> tuple[bool, int]:
+        """(True, changes) when the connection vouches for them, else (False, changes)."""
+        trusted = self.good and time.monotonic() - self.seen_at < ROUTES_WATCH_STALE_S
+        return trusted, self.changes
+
+    def start(self) -> None:
+        if self.task is None or self.task.done():
+            self.task = asyncio.ensure_future(self._watch())
+
+    async def _watch(self) -> None:
+        params = dict(connections.create_connection("default").get_connection_params())
+        params.pop("cursor_factory", None)  # Django's sync cursor class
+        params["application_name"] = ROUTES_WATCH_NAME  # as pg_stat_activity names it
+        while True:
+            try:
+                conn = await psycopg.AsyncConnection.connect(**params, autocommit=True,
+                                                             connect_timeout=5)
+                async with conn:
+                    await conn.execute(f"LISTEN {ROUTES_CHANNEL}")
+                    # A change before the LISTEN was told to no one: count one.
+                    self.changes += 1
+                    self.seen_at, self.good = time.monotonic(), True
+                    while True:
+                        async for _ in conn.notifies(timeout=ROUTES_WATCH_POLL_S):
+                            self.changes += 1
+                        await asyncio.wait_for(conn.execute("SELECT 1"),
+                                               ROUTES_WATCH_STALE_S)
+                        self.seen_at = time.monotonic()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - any failure: poll, retry
+                log.warning("the gateway's routing-table watch failed (%s); reading the table "
+                            "every %s s until it is back", exc, ROUTES_TTL_S)
+            finally:
+                self.good = False
+            await asyncio.sleep(ROUTES_WATCH_POLL_S)
+
+
+ROUTES_WATCH_NAME = "appliance-gateway-routes-watch"
+
+
+@dataclass
 class Routing:
     redis: aioredis.Redis
     watch: EpochWatch = field(default_factory=EpochWatch)
+    routes_watch: RoutesWatch = field(default_factory=RoutesWatch)
     grants: dict[str, tuple[Any, float, Caller]] = field(default_factory=dict)
     regranting: set[str] = field(default_factory=set)
     # key id -> [window, requests leased and not yet used, a top-up in flight]
@@ -134,6 +199,7 @@ class Routing:
     lease_script: Any = None  # _LEASE, sent by its digest (EVALSHA), not its text
     table: list[Target] = field(default_factory=list)
     table_at: float = float("-inf")
+    table_changes: int = 0  # routes_watch.changes as it was when the table was read
     reading: asyncio.Task[list[Target]] | None = None
 
     def __post_init__(self) -> None:
@@ -205,11 +271,13 @@ class Routing:
     async def targets(self, *, model: str | None = None) -> list[Target]:
         """The routing table: read afresh (and waited for) before the first answer and when
         it does not know `model`; read again in the background when merely stale."""
+        trusted, changes = self.routes_watch.current()
         known = self.table_at > float("-inf") and (
             model is None or any(t.model == model for t in self.table))
-        if not known:
+        if not known or (trusted and changes != self.table_changes):
             return await self._read()
-        if time.monotonic() - self.table_at > ROUTES_TTL_S and self.reading is None:
+        age = time.monotonic() - self.table_at
+        if age > (ROUTES_SAFETY_S if trusted else ROUTES_TTL_S) and self.reading is None:
             task = asyncio.ensure_future(self._read())
             task.add_done_callback(_quiet)
         return self.table
@@ -221,9 +289,12 @@ class Routing:
         return self.reading
 
     async def _read_table(self) -> list[Target]:
+        # Counted before the query: a change told while it runs makes the next request read
+        # again, since the rows may predate it.
+        changes = self.routes_watch.changes
         try:
             self.table = await _thread(admission.routes)()
-            self.table_at = time.monotonic()
+            self.table_at, self.table_changes = time.monotonic(), changes
             return self.table
         finally:
             self.reading = None
@@ -254,4 +325,6 @@ def routing() -> Routing:
             socket_timeout=settings.REDIS_SOCKET_TIMEOUT_S)
         found = _ROUTING[id(loop)] = Routing(redis=aioredis.Redis(connection_pool=pool))
         found.watch.start(settings.REDIS_URL)
+        if connections["default"].vendor == "postgresql":  # SQLite (development) polls
+            found.routes_watch.start()
     return found
