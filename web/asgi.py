@@ -13,6 +13,12 @@ from web.serving import django_application  # noqa: E402 - needs the apps loaded
 # Sync views are served by Django's WSGI handler, async ones by its ASGI one (web/serving.py).
 _django = django_application()
 
+from web.deployments.sse import with_stream_sockets  # noqa: E402 - needs the apps loaded
+
+# An event stream's socket holds at most 64 KiB unsent (web/deployments/sse.py): a
+# background tab's stream then waits after that, not after 4 MiB written to it.
+_django = with_stream_sockets(_django)
+
 from web.api.asgi import with_status_reads  # noqa: E402 - needs the apps loaded
 from web.gateway.proxy import with_gateway  # noqa: E402 - needs the apps loaded
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import socket
 import threading
 import time
 from pathlib import Path
@@ -202,3 +204,91 @@ def test_many_viewers_get_every_event_once_in_order_across_live_gaps(server, ope
     assert len(results) == 12
     for seqs in results.values():
         assert seqs == list(range(1, last + 1))
+
+
+def _open_stalled(url: str, path: str, cookie: str, after: int) -> socket.socket:
+    """A stream that a client opens, reads the headers of, then stops reading (a background
+    tab on a slow link: a small receive window)."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8192)
+    host = url.removeprefix("http://")
+    sock.connect(("127.0.0.1", int(host.rsplit(":", 1)[1])))
+    sock.sendall(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nCookie: {cookie}\r\nAccept: text/event-"
+                 f"stream\r\nLast-Event-ID: {after}\r\n\r\n".encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += sock.recv(1)
+    assert head.startswith(b"HTTP/1.1 200"), head
+    return sock
+
+
+def _read_body_until(sock: socket.socket, last: int, limit_s: float = 60) -> bytes:
+    """The chunked body's data from here until the event `last` (the chunking undone)."""
+    sock.settimeout(limit_s)
+    raw = b""
+    body = b""
+    while f"id: {last}\n".encode() not in body:
+        raw += sock.recv(1 << 16)
+        while (eol := raw.find(b"\r\n")) >= 0:
+            size = int(raw[:eol], 16)
+            if len(raw) < eol + 2 + size + 2:
+                break
+            body += raw[eol + 2:eol + 2 + size]
+            raw = raw[eol + 2 + size + 2:]
+    return body
+
+
+def test_a_client_that_stops_reading_holds_little_of_the_stream_and_is_told_its_skip(server, operator):  # type: ignore[no-untyped-def]
+    from web.deployments import sse
+
+    deployment = services.deployment_create(data=spec(), confirm_warnings=True)
+    pk = deployment.pk
+    start = services.events_append(deployment_id=pk, events=[("log", {"text": "s"})])[-1].seq
+    session = login_session(server, "otto", "operator-pass-1")
+    cookie = "; ".join(f"{k}={v}" for k, v in session.cookies.items())
+    path = f"/deployments/{pk}/events/stream/"
+    stalled = [_open_stalled(server, path, cookie, start) for _ in range(10)]
+    n = sse.RING_FRAMES + 5000
+    last = start + n  # a deployment's seqs have no gaps
+    fast: list[int] = []
+
+    def follow() -> None:
+        with session.get(f"{server}{path}", stream=True, timeout=60,
+                         headers={"Last-Event-ID": str(start)}) as resp:
+            for raw in resp.iter_lines(decode_unicode=True):
+                if raw.startswith("data: "):
+                    fast.append(json.loads(raw[6:])["seq"])
+                    if fast[-1] >= last:
+                        break
+
+    reader = threading.Thread(target=follow)
+    reader.start()
+    time.sleep(1)  # all attached to the feed
+    # More than the feed's ring keeps (RING_FRAMES) and less than SKIP_LAG: only a stream
+    # whose client stopped reading skips; 15,000 x ~330 bytes is more than the kernel's
+    # autotuned send buffer (4 MiB) a stalled socket took before its unsent bytes were bound.
+    assert n < sse.SKIP_LAG
+    for _ in range(0, n, 1000):
+        services.events_append(deployment_id=pk, events=[("log", {"text": "x" * 200})] * 1000)
+    connection.close()
+    reader.join(timeout=60)
+    assert fast == list(range(start + 1, last + 1))  # the reading viewer: every event once
+    time.sleep(sse.STALL_S + 0.5)  # the stalled streams' sends have waited that long
+    for sock in stalled:
+        body = _read_body_until(sock, last)
+        sock.close()
+        held, _, rest = body.partition(b'"kind":"skip"')
+        # What the server held for it when it stopped reading, in the kernel and in the
+        # process: at most a send (SEND_BYTES), the transport's buffer (its 64 KiB high
+        # water and a write), the socket's unsent bytes (STREAM_UNSENT_BYTES and a write)
+        # and the client's own small window: not the 4 MiB of an unbounded socket.
+        assert rest and len(held) < 6 * 2**16
+        seqs = [int(s) for s in re.findall(rb"^id: (\d+)$", body, re.M)]
+        skip = json.loads(re.findall(rb'^data: (\{"seq":\d+,"kind":"skip".*)$', body, re.M)[0])
+        told = skip["payload"]
+        before = [s for s in seqs if s < told["from"]]
+        after = [s for s in seqs if s > told["to"]]
+        assert before == list(range(start + 1, told["from"]))
+        assert seqs == [*before, told["to"], *after]  # the skip frame's id is its `to`
+        assert after == list(range(told["to"] + 1, last + 1))
+        assert told["to"] >= last - sse.SKIP_TAIL  # on near the head, not through the record

@@ -8,16 +8,24 @@ The live feed is one Redis reader per deployment and process (an asyncio task), 
 all its streams. It frames each event once and keeps what it read in a ring of batches
 (RING_FRAMES, RING_BYTES); a stream is only a place in that ring, and a stream that is
 caught up sends each batch as the very bytes object every other stream sends. So a slow
-client costs the others nothing and holds no backlog of its own: while the server waits
-on its socket it holds at most one send (SEND_BYTES, or one batch). A feed that many
+client holds no backlog of its own: while the server waits on its socket it holds at most
+one send (SEND_BYTES, or one frame longer than that). Its socket holds at most
+STREAM_UNSENT_BYTES unsent in the kernel (with_stream_sockets): without that bound, a
+loopback or LAN socket of a client that stopped reading takes up to 4 MiB (the kernel's
+send buffer, autotuned) before its sends wait, 5 s of a busy engine written to every
+background tab at the full rate (issue 22's fourth round). A feed that many
 streams follow pauses a little after each fan-out (fanout_pause), so a busy engine's
 batches reach each of them joined, in fewer sends; the feed also wakes its streams for
 their keep-alives, so a waiting stream holds no timer.
 
 A stream behind the ring (it joined behind, or fell behind) catches up from the record in
-pages that the feed reads once for all such streams, one read at a time; a stream more
-than SKIP_LAG behind the head (a background tab, or a resumption from long ago) is sent a
-`skip` frame naming the seqs it will not get and goes on SKIP_TAIL events before the head.
+pages that the feed reads once for all such streams, one read at a time (the feed keeps
+the pages of the last SKIP_LAG events, so each is read once however many streams are
+behind); a stream more than SKIP_LAG behind the head (a background tab, or a resumption
+from long ago) is sent a `skip` frame naming the seqs it will not get and goes on
+SKIP_TAIL events before the head. So is a stream whose client stopped reading (a send of
+it waited STALL_S or more) once it is behind the ring: a background tab is told where it
+skipped to instead of crawling through the record, page by page, as it reads on.
 No path replays a long record: the page opens at the tail and pages back through the
 history view.
 
@@ -34,9 +42,11 @@ import asyncio
 import bisect
 import contextvars
 import logging
+import re
+import socket
 import weakref
 from collections import OrderedDict
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import aclosing
 from typing import Any, NamedTuple
 
@@ -61,10 +71,16 @@ REPLAY_PAGE = 500  # events per read of the record (a catch-up page)
 FEED_COUNT = 2000  # entries per XREAD: a feed behind the live stream catches up in few reads
 RING_FRAMES = 10_000  # what a feed keeps for its streams (5 s of a busy engine's 2,000/s)...
 RING_BYTES = 8 * 2**20  # ... and at most this much of it
-CATCHUP_PAGES = 16  # catch-up pages a feed keeps for the streams behind its ring
 SKIP_LAG = 20_000  # a stream further behind the head than this skips ahead...
 SKIP_TAIL = 500  # ... to this many events before the head (the page's tail is as long)
-SEND_BYTES = 2**17  # what a stream hands the server at once, at most (but one whole batch)
+# The catch-up pages a feed keeps: all those of the last SKIP_LAG events, so that streams
+# behind the ring at many places read each page once between them (16 pages made 1,000
+# viewers reading on from where each stalled read the same pages again and again).
+CATCHUP_PAGES = SKIP_LAG // REPLAY_PAGE + 2
+SEND_BYTES = 2**16  # what a stream hands the server at once, at most (or one frame)
+BATCH_BYTES = 2**16  # a batch of the ring, at most (or one frame): a read is cut into such
+STALL_S = 1.0  # a send that waited this long for its client: the client is not reading
+STREAM_UNSENT_BYTES = 2**16  # what an event stream's socket holds unsent in the kernel
 REDIS_RETRY_S = 1.0  # while Redis fails, a feed polls the database this often
 # After a fan-out a feed pauses this long per stream (fanout_pause), at most FANOUT_MAX_S
 # (100 streams and more on one process: a send each 50 ms), and not at all below
@@ -88,6 +104,40 @@ def _start_seq(request: HttpRequest) -> int:
 
 
 # ------------------------------------------------------------------ the view
+
+ASGIApp = Callable[[Any, Any, Any], Awaitable[None]]
+_STREAM_PATH = re.compile(r"/deployments/\d+/events/stream/\Z")
+
+
+def with_stream_sockets(app: ASGIApp) -> ASGIApp:
+    """The ASGI app, with each event stream's socket bounded to STREAM_UNSENT_BYTES unsent
+    in the kernel (TCP_NOTSENT_LOWAT): a client that stops reading then makes its stream's
+    sends wait after that much, not after the kernel's autotuned send buffer (up to 4 MiB
+    here, 5 s of a busy engine, written to every background tab at the full rate while the
+    other viewers waited). Data sent and not yet acknowledged is not counted, so a reading
+    client's throughput is not capped by it."""
+
+    async def application(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and _STREAM_PATH.search(scope["path"]):
+            stream_socket_bound(send)
+        await app(scope, receive, send)
+
+    return application
+
+
+def stream_socket_bound(send: Any) -> bool:
+    """Bound the unsent bytes of the socket that `send` writes to, where the server says
+    which that is (uvicorn's cycle keeps its transport); whether it was bounded."""
+    transport = getattr(getattr(send, "__self__", None), "transport", None)
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None or not hasattr(socket, "TCP_NOTSENT_LOWAT"):
+        return False
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT, STREAM_UNSENT_BYTES)
+    except OSError:  # not TCP (a Unix socket behind a proxy): the proxy buffers, not us
+        return False
+    return True
+
 
 
 @require_safe
@@ -166,17 +216,23 @@ class _Stream:
         self.last = last
         self.ended = False
 
-    def take(self, frames: Iterable[Frame], upto: int) -> list[bytes]:
+    def take(self, frames: Iterable[Frame], upto: int,
+             limit: int = MAX_SEQ) -> list[bytes]:
         """The frames after `last`, up to the end; then `last` is upto (the caller knows
-        nothing else lies in between: seqs the retention removed)."""
-        out = []
+        nothing else lies in between: seqs the retention removed). Once `limit` bytes
+        are taken the rest is left for the next call: `last` is then the last frame's."""
+        out: list[bytes] = []
+        size = 0
         for frame in frames:
             if frame.seq <= self.last:
                 continue
+            if size >= limit:
+                return out
             out.append(frame.data)
+            size += len(frame.data)
+            self.last = frame.seq
             if frame.end:
                 self.ended = True
-                self.last = frame.seq
                 return out
         self.last = max(self.last, upto)
         return out
@@ -208,14 +264,19 @@ async def _follow(stream: _Stream) -> AsyncGenerator[bytes, None]:
     keep-alive when the feed says its deployment was quiet for SSE_KEEPALIVE_S."""
     feed = _feed_for(stream.pk)
     viewer = feed.attach()
+    loop = asyncio.get_running_loop()
     try:
         await asyncio.shield(feed.ready)
         while not stream.ended and not feed.closed:
             data = await feed.chunk_for(stream, viewer)
-            if data:
-                yield data
-            elif await viewer.wait() and not feed.closed:
-                yield KEEPALIVE
+            if not data and not (await viewer.wait() and not feed.closed):
+                continue
+            # The server asks for the next part once this one is written: a send waits
+            # only while the socket is full (STREAM_UNSENT_BYTES), so a long one says
+            # that the client stopped reading.
+            handed = loop.time()
+            yield data or KEEPALIVE
+            viewer.stalled = loop.time() - handed >= STALL_S
     finally:
         feed.detach(viewer)
 
@@ -248,6 +309,7 @@ class _Viewer:
         self.next_batch = 0
         self.at = -1  # the stream's seq when next_batch was set: else it is looked up
         self.waiter: asyncio.Future[bool] | None = None
+        self.stalled = False  # its last send waited STALL_S or more for the client
 
     def wake(self, *, keepalive: bool = False) -> None:
         if self.waiter is not None and not self.waiter.done():
@@ -278,6 +340,22 @@ class _Page(NamedTuple):
 
     upto: int
     frames: tuple[Frame, ...]
+
+
+def _cut(frames: list[Frame], size: int) -> Iterable[list[Frame]]:
+    """Frames in runs of at most `size` bytes (or one frame): a feed behind Redis reads
+    2,000 entries at once and fills a gap with up to RING_FRAMES, and a stream hands
+    the server a batch whole."""
+    part: list[Frame] = []
+    held = 0
+    for frame in frames:
+        if part and held + len(frame.data) > size:
+            yield part
+            part, held = [], 0
+        part.append(frame)
+        held += len(frame.data)
+    if part:
+        yield part
 
 
 # The feeds of the running event loop (uvicorn runs one per process), by deployment.
@@ -337,13 +415,14 @@ class _Feed:
         """The next bytes for a stream (b"" when it has all there is): a skip frame, a
         catch-up from the record, or the ring's batches after its place."""
         if self.head - stream.last > SKIP_LAG:
-            return self._skip(stream)
+            return self._skip(stream, self.head - SKIP_TAIL)
         if stream.last < self.floor:
+            if viewer.stalled:  # its client stopped reading: on from the ring, told so
+                return self._skip(stream, max(self.floor, self.head - SKIP_TAIL))
             return await self._catch_up(stream)
         return self._from_ring(stream, viewer)
 
-    def _skip(self, stream: _Stream) -> bytes:
-        target = self.head - SKIP_TAIL
+    def _skip(self, stream: _Stream, target: int) -> bytes:
         frame = skip_frame(stream.last + 1, target)
         log.info("event stream of deployment %s skipped seqs %d-%d (too far behind)",
                  self.pk, stream.last + 1, target)
@@ -356,10 +435,11 @@ class _Feed:
         size = 0
         while stream.last < self.floor and size < SEND_BYTES and not stream.ended:
             page = await self.page(stream.last // REPLAY_PAGE, after=stream.last)
-            # The whole page: it holds every event up to its upto, and the ring's floor
-            # may lie inside it (the stream then joins the ring mid-batch). Taking it to
-            # the floor only sent the events between the floor and the page's end twice.
-            taken = stream.take(page.frames, upto=page.upto)
+            # On into the page's end, not to the floor only: the page holds every event up
+            # to its upto, and the ring's floor may lie inside it (the stream then joins
+            # the ring mid-batch); taking it to the floor sent the events between the
+            # floor and the page's end twice. A send's worth: the rest comes next time.
+            taken = stream.take(page.frames, upto=page.upto, limit=SEND_BYTES - size)
             parts.extend(taken)
             size += sum(len(p) for p in taken)
         return b"".join(parts)
@@ -393,8 +473,10 @@ class _Feed:
         i = viewer.next_batch - self.first_batch
         if viewer.at != stream.last or not 0 <= i <= len(self.ring):
             i = bisect.bisect_right(self.ring, stream.last, key=lambda b: b.last)
-        while i < len(self.ring) and size < SEND_BYTES and not stream.ended:
+        while i < len(self.ring) and not stream.ended:
             batch = self.ring[i]
+            if parts and size + len(batch.data) > SEND_BYTES:
+                break
             i += 1
             if batch.after == stream.last and not batch.end:
                 parts.append(batch.data)
@@ -538,11 +620,17 @@ class _Feed:
 
     def _fan_out(self, frames: list[Frame]) -> None:
         self.sent_at = asyncio.get_running_loop().time()
-        data = b"".join(f.data for f in frames)
-        self.ring.append(_Batch(self.batch_after, self.head, tuple(frames), data,
-                                any(f.end for f in frames)))
-        self.ring_frames += len(frames)
-        self.ring_bytes += len(data)
+        after = self.batch_after
+        parts = list(_cut(frames, BATCH_BYTES))
+        for n, part in enumerate(parts, 1):
+            data = b"".join(f.data for f in part)
+            # The last part ends at the head (past seqs the record no longer has); a
+            # point's seq is below any event's.
+            last = self.head if n == len(parts) else max(after, *(f.seq for f in part))
+            self.ring.append(_Batch(after, last, tuple(part), data, any(f.end for f in part)))
+            after = last
+            self.ring_frames += len(part)
+            self.ring_bytes += len(data)
         self._trim()
         for viewer in self.viewers:
             viewer.wake()
