@@ -31,9 +31,10 @@ is 0), and the panel's PostgreSQL sessions before, at peak, and after the viewer
 Beside them, measured in the same run: the live channel itself (a Redis reader in this
 process, the same events appended to receipt: the floor under any delivery latency) and
 the panel's memory (RSS of its process tree) before the viewers came, at peak, after.
---profile DIR records the panel's processes with py-spy (on PATH, or $PY_SPY) into
-DIR/panel.txt. The viewers' client reads each response in its transport's callback
-(uvloop where installed) and undoes the chunking itself: it must cost less than the panel.
+--profile DIR records the panel's processes with py-spy (on PATH, or $PY_SPY): the run's
+first 5 s into DIR/panel-first.txt, the rest into DIR/panel-rest.txt. The viewers' client
+reads each response in its transport's callback (uvloop where installed) and undoes the
+chunking itself: it must cost less than the panel.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ import _loadkit as kit
 
 RETRY_S = 2.0  # the stream's `retry:`, which EventSource waits before reconnecting
 PROFILE_RATE = 50  # py-spy samples/s
+PROFILE_FIRST_S = 5  # the profile's first part: the run's start
 WINDOW_S = 5.0  # the latency's p99 is also shown by this much of the run
 
 
@@ -418,6 +420,8 @@ async def scenario(args: argparse.Namespace, plan: Plan, pk: int, pg: kit.PgConn
     cpu0 = kit.cpu_seconds(panel_pids()), kit.cpu_seconds(client_pids), time.monotonic()
     appender = run_appender(args, pk, count, plan.times)
     while appender.poll() is None:
+        if profiler is not None:
+            profiler.poll()
         peak = max(peak, await asyncio.to_thread(pg.count), key=lambda c: c["total"])
         reference.rss_peak = max(reference.rss_peak, panel_rss())
         await asyncio.sleep(0.25)
@@ -607,34 +611,61 @@ def panel_rss() -> int:
     return total
 
 
-def start_profiler(args: argparse.Namespace) -> subprocess.Popen[bytes] | None:
-    if not args.profile:
-        return None
-    py_spy = os.environ.get("PY_SPY") or shutil.which("py-spy") or "py-spy"
-    args.profile.mkdir(parents=True, exist_ok=True)
-    pid = next(p for p in panel_pids() if b"uvicorn" in Path(f"/proc/{p}/cmdline").read_bytes())
-    return subprocess.Popen(
-        [py_spy, "record", "--pid", str(pid), "--subprocesses", "--rate", str(PROFILE_RATE),
-         "--format",
-         "raw", "--output", str(args.profile / "panel.txt")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+class Profiler:
+    """py-spy on the panel's processes in two parts: the run's first PROFILE_FIRST_S (the
+    fan-outs that reach 1,200 streams whose sockets are not yet full) and the rest."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.py_spy = os.environ.get("PY_SPY") or shutil.which("py-spy") or "py-spy"
+        self.dir: Path = args.profile
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.pid = next(p for p in panel_pids()
+                        if b"uvicorn" in Path(f"/proc/{p}/cmdline").read_bytes())
+        self.parts = [("first", self.dir / "panel-first.txt"),
+                      ("rest", self.dir / "panel-rest.txt")]
+        self.first = self._record(self.parts[0][1], PROFILE_FIRST_S)
+        self.rest: subprocess.Popen[bytes] | None = None
+
+    def _record(self, path: Path, seconds: float | None = None) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [self.py_spy, "record", "--pid", str(self.pid), "--subprocesses", "--rate",
+             str(PROFILE_RATE), "--format", "raw", "--output", str(path),
+             *(["--duration", str(int(seconds))] if seconds else [])],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def poll(self) -> None:
+        """The second part starts once the first is written."""
+        if self.rest is None and self.first.poll() is not None:
+            self.rest = self._record(self.parts[1][1])
+
+    def stop(self) -> None:
+        import signal
+
+        self.first.wait(timeout=60)
+        self.poll()
+        assert self.rest is not None
+        self.rest.send_signal(signal.SIGINT)
+        self.rest.wait(timeout=60)
+        for name, path in self.parts:
+            print(f"profile ({name} {PROFILE_FIRST_S:g} s of the run)" if name == "first"
+                  else f"profile (the {name})", f"{path}:")
+            (seconds, _), *top = profile_top(path)
+            print(f"  {seconds:.1f} seconds of busy samples in all; of them:")
+            for share, func in top:
+                print(f"  {share:5.1f} %  {func}")
 
 
-def stop_profiler(profiler: subprocess.Popen[bytes] | None, args: argparse.Namespace) -> None:
-    if profiler is None:
-        return
-    import signal
-
-    profiler.send_signal(signal.SIGINT)
-    profiler.wait(timeout=60)
-    print(f"profile: {args.profile / 'panel.txt'}")
-    (seconds, total), *top = profile_top(args.profile / "panel.txt")
-    print(f"  {seconds:.1f} {total}; of them:")
-    for share, name in top:
-        print(f"  {share:5.1f} %  {name}")
+def start_profiler(args: argparse.Namespace) -> Profiler | None:
+    return Profiler(args) if args.profile else None
 
 
-IDLE = ("_worker (concurrent/futures/thread.py", "wait (threading.py", ".select (selectors.py")
+def stop_profiler(profiler: Profiler | None, args: argparse.Namespace) -> None:
+    if profiler is not None:
+        profiler.stop()
+
+
+IDLE = ("_worker (concurrent/futures/thread.py", "wait (threading.py", ".select (selectors.py",
+        "_recv (multiprocessing/connection.py")  # the last: uvicorn's supervisor pipe
 
 
 def profile_top(path: Path, n: int = 12) -> list[tuple[float, str]]:
