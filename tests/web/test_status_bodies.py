@@ -4,6 +4,7 @@ with the row's version, read in the token statement only while that version is c
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -16,7 +17,7 @@ from appliance.runtime import series
 from appliance.runtime.alerts import Alert
 from web.accounts.auth import token_key
 from web.api.bodies import READ_FIELDS
-from web.api.selectors import StatusRow, status_query, status_rows
+from web.api.selectors import StatusRow, status_body_query, status_query, status_rows
 from web.deployments import services
 from web.deployments.models import Deployment, StatusBody
 from web.deployments.permissions import VIEW_PERMISSION
@@ -141,3 +142,33 @@ def test_a_deleted_deployment_takes_its_stored_answers_with_it() -> None:
     lifecycle.deployment_delete(deployment_id=deployment.pk)
     assert not StatusBody.objects.filter(pk=deployment.pk).exists()
     assert deployment_status_bodies_store(deployment_id=deployment.pk) is False
+
+
+def test_the_asyncpg_statement_reads_the_stored_body_and_only_the_current_one(
+        viewer: Any, token_for: Any) -> None:
+    asyncpg = pytest.importorskip("asyncpg")  # web/api/asgi.py uses it where installed
+    deployment = services.deployment_create(data=spec(), confirm_warnings=True)
+    token = token_for(viewer)
+    params = connection.get_connection_params()
+
+    async def read(name: str) -> StatusRow:
+        sql, args = status_body_query(token_key=token_key(token), deployment_id=deployment.pk,
+                                      permission=VIEW_PERMISSION, stored=name)
+        conn = await asyncpg.connect(host=params.get("host"), port=params.get("port"),
+                                     user=params.get("user"), password=params.get("password"),
+                                     database=params.get("dbname"))
+        try:
+            rows = await conn.fetch(sql, *args)
+        finally:
+            await conn.close()
+        [row] = status_rows(rows=rows, fields=(), wrapper=connection, stored=name)
+        return row
+
+    expected = _django_answers(token, deployment.pk)
+    for name in ("detail", "summary"):
+        row = asyncio.run(read(name))
+        assert row.stored == expected[name] and row.version == _version(deployment.pk)
+    Deployment.objects.filter(pk=deployment.pk).update(name="renamed")
+    for name in ("detail", "summary"):
+        row = asyncio.run(read(name))
+        assert row.stored is None and row.version == _version(deployment.pk)

@@ -96,6 +96,18 @@ def status_query(*, token_key: str, deployment_id: int, permission: str,
             [app_label, codename, deployment_id, token_key])
 
 
+def status_body_query(*, token_key: str, deployment_id: int, permission: str,
+                      stored: str) -> tuple[str, list[Any]]:
+    """status_query with `stored` and none of the row's shown columns (only its id), in
+    asyncpg's numbered placeholders, for web/api/asgi.py's asyncpg pool: its rows go
+    through status_rows with no fields, and where `stored` is None in them the caller reads
+    the row with status_query."""
+    sql, params = status_query(token_key=token_key, deployment_id=deployment_id,
+                               permission=permission, fields=(), stored=stored)
+    parts = sql.split("%s")
+    return "".join(f"{part}${i}" for i, part in enumerate(parts[:-1], 1)) + parts[-1], params
+
+
 def status_rows(*, rows: Sequence[Sequence[Any]], fields: Sequence[str], wrapper: Any,
                 stored: str | None = None) -> list[StatusRow]:
     """The statement's rows as StatusRows, the deployment's columns converted as the ORM
