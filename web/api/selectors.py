@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from functools import cache
 from hmac import compare_digest
 from typing import Any
 
@@ -104,8 +105,14 @@ def status_body_query(*, token_key: str, deployment_id: int, permission: str,
     the row with status_query."""
     sql, params = status_query(token_key=token_key, deployment_id=deployment_id,
                                permission=permission, fields=(), stored=stored)
+    return _numbered(sql), params
+
+
+@cache
+def _numbered(sql: str) -> str:
+    """psycopg's %s placeholders as asyncpg's $1, $2, ... (the SQL has no other %)."""
     parts = sql.split("%s")
-    return "".join(f"{part}${i}" for i, part in enumerate(parts[:-1], 1)) + parts[-1], params
+    return "".join(f"{part}${i}" for i, part in enumerate(parts[:-1], 1)) + parts[-1]
 
 
 def status_rows(*, rows: Sequence[Sequence[Any]], fields: Sequence[str], wrapper: Any,
