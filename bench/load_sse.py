@@ -433,6 +433,8 @@ async def scenario(args: argparse.Namespace, plan: Plan, pk: int, pg: kit.PgConn
         await sync_to_async(append_end)(pk)
     results = asyncio.create_task(asyncio.to_thread(clients.results, plan.deadline))
     while not results.done():
+        if profiler is not None:
+            profiler.poll()
         reference.rss_peak = max(reference.rss_peak, panel_rss())
         reference.panel_cpu = kit.cpu_seconds(panel_pids()) - cpu0[0]
         # The clients exit once done: their last reading stands.
@@ -627,11 +629,12 @@ class Profiler:
         self.rest: subprocess.Popen[bytes] | None = None
 
     def _record(self, path: Path, seconds: float | None = None) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
-            [self.py_spy, "record", "--pid", str(self.pid), "--subprocesses", "--rate",
-             str(PROFILE_RATE), "--format", "raw", "--output", str(path),
-             *(["--duration", str(int(seconds))] if seconds else [])],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        with path.with_suffix(".log").open("wb") as log:
+            return subprocess.Popen(
+                [self.py_spy, "record", "--pid", str(self.pid), "--subprocesses", "--rate",
+                 str(PROFILE_RATE), "--format", "raw", "--output", str(path),
+                 *(["--duration", str(int(seconds))] if seconds else [])],
+                stdout=log, stderr=subprocess.STDOUT)
 
     def poll(self) -> None:
         """The second part starts once the first is written."""
@@ -649,6 +652,9 @@ class Profiler:
         for name, path in self.parts:
             print(f"profile ({name} {PROFILE_FIRST_S:g} s of the run)" if name == "first"
                   else f"profile (the {name})", f"{path}:")
+            if not path.exists():  # py-spy says why in its log
+                print(f"  none written; {path.with_suffix('.log')}")
+                continue
             (seconds, _), *top = profile_top(path)
             print(f"  {seconds:.1f} seconds of busy samples in all; of them:")
             for share, func in top:
@@ -826,6 +832,19 @@ def panel_processes() -> int:
     return workers or 1
 
 
+def sse_setting(name: str) -> int:
+    from web.deployments import sse
+
+    return int(getattr(sse, name))
+
+
+def stalled_ceiling() -> int:
+    """What the panel's process holds for a stream whose client stopped reading, at most:
+    its send (SEND_BYTES), and in the transport's buffer its high water (uvloop's and
+    asyncio's 64 KiB) plus the write that passed it (a send's framed copy)."""
+    return 2 * sse_setting("SEND_BYTES") + 2**16
+
+
 LOST_SHOWN: list[str] = []
 
 
@@ -922,6 +941,11 @@ def report(args: argparse.Namespace, rounds: list[Round], before: dict[str, int]
         print(f"panel memory (RSS)  round {i}: before {ref.rss_before / 1024:.0f} MB, "
               f"viewers connected {ref.rss_connected / 1024:.0f} MB, peak "
               f"{ref.rss_peak / 1024:.0f} MB, after {ref.rss_after / 1024:.0f} MB")
+        if args.slow:
+            print(f"  peak over connected, a slow viewer: "
+                  f"{(ref.rss_peak - ref.rss_connected) / args.slow:.0f} kB (the panel's "
+                  f"ceiling for a stalled stream: {stalled_ceiling() // 1024} kB, and "
+                  f"{sse_setting('STREAM_UNSENT_BYTES') // 1024} kB unsent in the kernel)")
     print(f"panel's pg sessions before   {kit.show_counts(before)}")
     for i, r in enumerate(rounds, 1):
         print(f"  round {i}: peak {kit.show_counts(r.peak)}; after {kit.show_counts(r.after)}")
