@@ -62,6 +62,16 @@ def test_only_the_streaming_views_are_async() -> None:
     assert not view_is_async("/no/such/page/")  # Django's 404, from the WSGI handler
 
 
+def test_a_paths_handler_is_resolved_once() -> None:
+    view_is_async("/healthz")
+    before = view_is_async.cache_info()
+    assert [view_is_async("/healthz") for _ in range(3)] == [False] * 3
+    assert view_is_async("/deployments/90417/events/stream/")
+    after = view_is_async.cache_info()
+    assert (after.hits - before.hits, after.misses - before.misses) == (3, 1)
+    assert after.maxsize == 4096  # bounded: a client picks the paths
+
+
 def test_a_sync_view_answers_through_the_wsgi_handler(viewer: Any, token_for: Any) -> None:
     deployment = services.deployment_create(data=spec(), confirm_warnings=True)
     auth = [(b"authorization", f"Token {token_for(viewer)}".encode())]
