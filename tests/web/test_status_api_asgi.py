@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import http.client
+import socket
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-from django.db import connection
+from django.db import connection, connections
 from django.utils import timezone
 from knox.models import AuthToken
 
@@ -261,6 +262,51 @@ def test_once_an_answer_is_learnt_django_is_not_asked_again(
                     assert await get(path, (b"if-none-match", first[1])) == unchanged
                 assert asked == [_url(deployment, r) for r in READS[:READS.index(read) + 1]
                                  for _ in range(2)]
+        finally:
+            await app.close()
+
+    asyncio.run(reads())
+
+
+def test_an_asyncpg_pool_that_could_not_open_is_opened_by_a_later_read(
+        deployment: Deployment, viewer: Any, token_for: Any) -> None:
+    pytest.importorskip("asyncpg")  # its pool serves the stored bodies where installed
+    django_app, asked = django_application(), []
+
+    async def django(scope: Any, receive: Any, send: Any) -> None:
+        asked.append(scope["path"])
+        await django_app(scope, receive, send)
+
+    app = StatusReads(django)
+    app.wrapper = connections.create_connection("default")
+    port = app.wrapper.settings_dict["PORT"]
+    with socket.socket() as closed:  # a port nothing listens on: the database "down"
+        closed.bind(("127.0.0.1", 0))
+        app.wrapper.settings_dict["PORT"] = closed.getsockname()[1]
+    scope = {"type": "http", "method": "GET", "path": _url(deployment, ""), "query_string": b"",
+             "root_path": "", "scheme": "http", "http_version": "1.1",
+             "server": ("127.0.0.1", 8000), "client": ("127.0.0.1", 5000),
+             "headers": [(b"host", b"127.0.0.1"),
+                         (b"authorization", f"Token {token_for(viewer)}".encode())]}
+
+    async def get() -> int:
+        sent: list[dict[str, Any]] = []
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        await app(scope, receive, send)
+        return int(sent[0]["status"])
+
+    async def reads() -> None:
+        try:
+            assert await get() == 200 and len(asked) == 1  # could not connect: Django's
+            app.wrapper.settings_dict["PORT"] = port  # the database is back
+            assert await get() == 200 and len(asked) == 2  # opened; Django's headers learnt
+            assert [await get() for _ in range(3)] == [200] * 3 and len(asked) == 2
         finally:
             await app.close()
 

@@ -218,6 +218,8 @@ class StatusReads:
         """This event loop's asyncpg pool, on Django's connection parameters."""
         loop_id = id(asyncio.get_running_loop())
         opened = self.fast_pools.get(loop_id)
+        if opened is not None and opened.done() and opened.exception() is not None:
+            opened = None  # it could not open (the database down): the next read tries again
         if opened is None:
             if self.wrapper is None:
                 self.wrapper = connections.create_connection("default")
