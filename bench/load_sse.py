@@ -945,7 +945,11 @@ def report(args: argparse.Namespace, rounds: list[Round], before: dict[str, int]
             print(f"  peak over connected, a slow viewer: "
                   f"{(ref.rss_peak - ref.rss_connected) / args.slow:.0f} kB (the panel's "
                   f"ceiling for a stalled stream: {stalled_ceiling() // 1024} kB, and "
-                  f"{sse_setting('STREAM_UNSENT_BYTES') // 1024} kB unsent in the kernel)")
+                  f"{sse_setting('STREAM_UNSENT_BYTES') // 1024} kB unsent in the kernel; "
+                  f"on top, each process's feed: its ring, at most "
+                  f"{sse_setting('RING_BYTES') // 2**20} MiB, and up to "
+                  f"{sse_setting('CATCHUP_PAGES')} pages of {sse_setting('REPLAY_PAGE')} "
+                  "events)")
     print(f"panel's pg sessions before   {kit.show_counts(before)}")
     for i, r in enumerate(rounds, 1):
         print(f"  round {i}: peak {kit.show_counts(r.peak)}; after {kit.show_counts(r.after)}")
