@@ -49,10 +49,11 @@ RESUME_OVERLAP_S = 1.0  # re-read this much before the cursor; the cursor drops 
 # shipped as they came made 500 batches a second (0.4 of a core in the agent: issue 22).
 LINGER_S = 0.005
 LINGER_EVENTS = 1000  # a batch this large goes without lingering
-# After a batch of BUSY_EVENTS or more (some 15,000 events/s and up), the next gathers for
-# up to BUSY_LINGER_S: at 10,000 decode lines/s, batches of 160 events every 8 ms cost
-# more than their rows (each is a statement, a Redis call and a wake-up of the live feed:
-# issue 22, fourth round); a trickle (1,000 lines/s: batches of 10) keeps LINGER_S.
+# After two batches in a row of BUSY_EVENTS or more (some 15,000 events/s and up), the next
+# gathers for up to BUSY_LINGER_S: at 10,000 decode lines/s, batches of 160 events every
+# 8 ms cost more than their rows (each is a statement, a Redis call and a wake-up of the
+# live feed: issue 22, fourth round). A trickle (1,000 lines/s: batches of 10) keeps
+# LINGER_S, and so does the batch after a single large one (a stall, not a busy engine).
 BUSY_EVENTS = 100
 BUSY_LINGER_S = 0.02
 # The shipper gives its database connection back after this long with nothing to write:
@@ -210,7 +211,7 @@ class _Shipper(threading.Thread):
         self.pending = self.busy = self.closed = self.flushing = False
         self.error: BaseException | None = None
         self.last_ship = 0.0
-        self.last_size = 0
+        self.busy_batches = 0  # batches of BUSY_EVENTS or more in a row
 
     def run(self) -> None:
         try:
@@ -242,7 +243,7 @@ class _Shipper(threading.Thread):
                 self._linger()
                 self.last_ship = time.monotonic()
                 events, cursor = self.events, self.cursor
-                self.last_size = len(events)
+                self.busy_batches = self.busy_batches + 1 if len(events) >= BUSY_EVENTS else 0
                 self.events, self.cursor, self.pending, self.busy = [], None, False, True
                 self.changed.notify_all()
             holding = True
@@ -258,9 +259,9 @@ class _Shipper(threading.Thread):
 
     def _linger(self) -> None:
         """Wait (holding `changed`) until LINGER_S after the last ship began, gathering what
-        comes meanwhile (BUSY_LINGER_S after a busy batch); a large batch, a flush or the
-        close cuts it short."""
-        due = self.last_ship + (BUSY_LINGER_S if self.last_size >= BUSY_EVENTS else LINGER_S)
+        comes meanwhile (BUSY_LINGER_S while busy); a large batch, a flush or the close cuts
+        it short."""
+        due = self.last_ship + (BUSY_LINGER_S if self.busy_batches >= 2 else LINGER_S)
         while (not self.closed and not self.flushing and len(self.events) < LINGER_EVENTS
                and (left := due - time.monotonic()) > 0):
             self.changed.wait(left)
