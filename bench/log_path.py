@@ -9,7 +9,10 @@ printed: SGLang decode lines (`[date time.micros TP0] Decode batch, ..., #token:
 check, events_append_batch, cursor and progress in one transaction, live publish after
 commit) follows it into PostgreSQL and Redis, in this process as in the agent's; a panel
 started like the image's (uvicorn) streams the events to an SSE viewer in another
-process; a third process reads the same container with `docker logs -f`.
+process; a third process reads the same container with `docker logs -f` in the 1,000
+lines/s phases, and for the sustained and plain phases a twin container (the same
+printer at the same rate) in a phase of its own right after (`--reference alongside`: the
+same container at the same time, where dockerd serves two followers).
 
 Phases: 1,000 decode lines/s before ready (the follower polling /health, as while an
 engine loads) and after ready; the sustained rate of decode lines; plain lines unpaced.
