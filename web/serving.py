@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache, partial
 from typing import Any
@@ -35,7 +35,8 @@ from django.core.asgi import get_asgi_application
 from django.core.wsgi import get_wsgi_application
 from django.urls import Resolver404, resolve
 
-ASGIApp = Callable[[Any, Any, Any], Awaitable[None]]
+from web.asgitypes import ASGIApp
+
 # Requests in a view at once per process; more wait for a thread. Under the database pool
 # (APPLIANCE_DB_POOL_MAX_SIZE, 20), so a sync view never waits for a connection.
 WSGI_THREADS = 10

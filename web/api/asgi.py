@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import importlib
 import logging
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from django.conf import settings
@@ -34,6 +33,7 @@ from django.utils.cache import get_conditional_response
 from psycopg_pool import AsyncConnectionPool
 
 from web.accounts.auth import token_key, token_well_formed
+from web.asgitypes import ASGIApp, Headers, Receive, Scope, Send
 from web.deployments.permissions import VIEW_PERMISSION
 
 from .bodies import READ_FIELDS, STATUS_READS, status_body_render, status_etag_of
@@ -58,12 +58,6 @@ def _installed(module: str) -> Any:
 
 # asyncpg, when installed: the stored-body statement's driver (psycopg otherwise).
 _ASYNCPG = _installed("asyncpg")
-
-Scope = dict[str, Any]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
-ASGIApp = Callable[[Any, Any, Any], Awaitable[None]]
-Headers = list[tuple[bytes, bytes]]
 
 # Connections per process for these reads: one runs a statement at a time, in about 0.3 ms
 # of PostgreSQL's time; a few keep the two cores busy without crowding Django's pool.

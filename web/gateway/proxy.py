@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +23,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import connection
 
+from web.asgitypes import ASGIApp, Receive, Scope, Send
 from web.gateway import services
 from web.gateway.admission import (
     NO_CREDENTIALS,
@@ -38,10 +38,6 @@ from web.gateway.selectors import Target
 
 log = logging.getLogger(__name__)
 
-Scope = dict[str, Any]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
-ASGIApp = Callable[[Any, Any, Any], Awaitable[None]]
 
 ROUTES = {"/v1/models": "GET", "/v1/chat/completions": "POST", "/v1/completions": "POST"}
 DONE = b"data: [DONE]\n\n"
