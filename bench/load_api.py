@@ -188,7 +188,10 @@ def seed_deployment(events: int) -> int:
 
 
 def write_state(pk: int, stop: threading.Event) -> None:
-    """What the engine agent writes while the engine serves: a point and a decode line."""
+    """What the engine agent writes while the engine serves: a point, and a decode line as
+    its follower ships one (events_append_batch: the line, its decode stats, the row's log
+    cursor and last stats in one statement; the status reads' answers stored at most twice
+    a second after such batches)."""
     from django.db import connection
 
     from appliance.runtime import series
@@ -200,8 +203,10 @@ def write_state(pk: int, stop: threading.Event) -> None:
         n += 1
         metrics_store_point(deployment_id=pk, resolution_s=2, point=series.MetricPoint(
             t=time.time(), throughput=1000.0 + n % 50, accept_len=4.2, gpus=[[90.0, 70.0, 80.0]]))
-        services.events_append(deployment_id=pk, events=[
-            ("log", {"text": f"Decode batch. #running-req: 8, writer line {n}"})])
+        decode = {"kind": "decode_stats", "running_req": 8, "gen_throughput": 1000.0 + n % 50}
+        services.events_append_batch(deployment_id=pk, events=[
+            ("log", {"text": f"Decode batch. #running-req: 8, writer line {n}"}),
+            ("metric", decode)], row={"log_cursor": f"bench-{n}", "decode_stats": decode})
     connection.close()
 
 

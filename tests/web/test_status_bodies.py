@@ -5,6 +5,7 @@ with the row's version, read in the token statement only while that version is c
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -95,6 +96,38 @@ def test_each_writer_stores_the_reads_answers_as_django_renders_them_for_its_row
             assert row.version == stored.version
     assert b'"alert_history":[{' in expected["summary"]
     assert b'"throughput":1234.5' in expected["summary"]
+
+
+def test_an_agents_batches_store_the_answers_at_most_twice_a_second_and_once_more_when_quiet(
+        viewer: Any, token_for: Any) -> None:
+    from web.deployments.services.events import STATUS_BODIES_EVERY_S
+
+    deployment = services.deployment_create(data=spec(), confirm_warnings=True)
+    token = token_for(viewer)
+    pk = deployment.pk
+
+    def batch(n: int) -> None:  # as the agent's follower ships a decode line
+        decode = {"kind": "decode_stats", "gen_throughput": 100.0 + n, "running_req": 8}
+        services.events_append_batch(
+            deployment_id=pk, events=[("log", {"text": f"Decode batch {n}"}),
+                                      ("metric", decode)],
+            row={"log_cursor": f"cursor-{n}", "decode_stats": decode})
+
+    batch(1)
+    assert StatusBody.objects.get(pk=pk).version == _version(pk)  # the first one stores
+    assert bytes(StatusBody.objects.get(pk=pk).detail) == _django_answers(token, pk)["detail"]
+    batch(2)  # within STATUS_BODIES_EVERY_S: not stored, so the reads render the row
+    assert StatusBody.objects.get(pk=pk).version != _version(pk)
+    assert _stored_read(token, pk, "").stored is None
+    services.events_batches_quiet(deployment_id=pk)  # the follower's second without a batch
+    stored = StatusBody.objects.get(pk=pk)
+    assert stored.version == _version(pk)
+    assert bytes(stored.summary) == _django_answers(token, pk)["summary"]
+    services.events_batches_quiet(deployment_id=pk)  # nothing since: nothing to store
+    assert StatusBody.objects.get(pk=pk).version == stored.version
+    time.sleep(STATUS_BODIES_EVERY_S)
+    batch(3)  # a batch after the interval stores again
+    assert StatusBody.objects.get(pk=pk).version == _version(pk)
 
 
 def test_a_write_by_any_other_path_leaves_the_stored_answers_unused(

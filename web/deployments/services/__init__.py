@@ -34,7 +34,7 @@ from .deployments import (
 )
 from .engines import container_plan as container_plan  # the worker tests build a plan
 from .engines import deployment_run, deployment_stop, identity_of
-from .events import events_append, events_append_batch
+from .events import events_append, events_append_batch, events_batches_quiet
 from .leases import gpu_leases_acquire, gpu_leases_release
 
 __all__ = [
@@ -61,6 +61,7 @@ __all__ = [
     "deployment_validate",
     "events_append",
     "events_append_batch",
+    "events_batches_quiet",
     "gpu_leases_acquire",
     "gpu_leases_release",
     "recipe_load",

@@ -51,7 +51,7 @@ from .deployments import (
     deployment_mark_stopped,
 )
 from .engines import container_plan, identity_of, progress_fold
-from .events import events_append, events_append_batch
+from .events import events_append, events_append_batch, events_batches_quiet
 from .hosts import docker_facts, start_failure
 from .lifecycle import deployment_restart_after_death
 from .loadtime import deployment_models_refused
@@ -121,6 +121,8 @@ class _FollowSink:
             self.monitor.observe(events)
 
     def idle(self) -> None:
+        # The status reads' answers, if the last batches left them stale (events.py).
+        events_batches_quiet(deployment_id=self.pk)
         # The shipper keeps its connection while batches keep coming (each checkout is a
         # pool check, a round trip) and gives it back after a second with none.
         if _POOLED:

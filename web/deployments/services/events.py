@@ -12,6 +12,7 @@ COPY row and the live entry's `data` (the SSE frame's JSON, byte for byte what
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterable
 from datetime import datetime
 from functools import cache
@@ -65,12 +66,44 @@ def events_append_batch(*, deployment_id: int, events: Items, owner: str | None 
     if not events:
         return 0
     if connection.vendor == "postgresql":
-        return _append_in_one_statement(deployment_id, events, owner, row or {})
+        last = _append_in_one_statement(deployment_id, events, owner, row or {})
+        _bodies_after_batch(deployment_id)
+        return last
     with transaction.atomic():
         if _claim_row(deployment_id, owner, row or {}) is None:
             raise Deployment.DoesNotExist(f"no deployment {deployment_id} held by {owner}")
         first, _ = _store(deployment_id, events, copy_min_rows=1)
     return first + len(events) - 1
+
+
+# The status reads' stored answers (issue 22, services/reads.py) after an agent's batch: a
+# batch moves the row (its log cursor, decode stats), so the answers stored before it are
+# no longer current and reads render the row again. A store costs the writer about 1.5 ms,
+# and a busy engine's batches come every few milliseconds: at most one store per
+# STATUS_BODIES_EVERY_S per deployment in this process, and one more when its batches stop
+# (events_batches_quiet, which the agent's follower calls after a second without one).
+STATUS_BODIES_EVERY_S = 0.5
+_bodies_at: dict[int, float] = {}
+_bodies_due: set[int] = set()
+
+
+def _bodies_after_batch(deployment_id: int) -> None:
+    now = time.monotonic()
+    if now - _bodies_at.get(deployment_id, float("-inf")) < STATUS_BODIES_EVERY_S:
+        _bodies_due.add(deployment_id)
+        return
+    _bodies_at[deployment_id] = now
+    _bodies_due.discard(deployment_id)
+    deployment_status_bodies_later(deployment_id=deployment_id)
+
+
+def events_batches_quiet(*, deployment_id: int) -> None:
+    """A deployment's batches have stopped for now: store the status reads' answers if a
+    batch since the last store left them stale (at once outside a transaction)."""
+    if deployment_id in _bodies_due:
+        _bodies_due.discard(deployment_id)
+        _bodies_at[deployment_id] = time.monotonic()
+        deployment_status_bodies_later(deployment_id=deployment_id)
 
 
 ROW_FIELDS = frozenset({"log_cursor", "progress", "decode_stats"})
