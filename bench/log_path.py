@@ -561,6 +561,8 @@ def _cleanup(pk: int) -> None:
     live.forget(pk)  # the live stream: a later run's deployment may get the same pk
     with connection.cursor() as cursor:
         cursor.execute("DELETE FROM deployments_event WHERE deployment_id = %s", [pk])
+        # the status reads' stored answers, which the agent's batches now keep (issue 22)
+        cursor.execute("DELETE FROM deployments_statusbody WHERE deployment_id = %s", [pk])
         cursor.execute("DELETE FROM deployments_deployment WHERE id = %s", [pk])
 
 
