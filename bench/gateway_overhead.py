@@ -244,8 +244,26 @@ def report_ttfb(samples: dict[str, list[float]]) -> None:
                      f"{pct(values, 50) / pct(base, 50):.2f} p99 "
                      f"{pct(values, 99) / pct(base, 99):.2f}")
         print(line)
+    for name in samples:
+        if name != "direct":
+            low, high = added_p99_interval(samples[name], base)
+            print(f"  {name:<8} added p99, 95 % bootstrap interval: {ms(low)} - {ms(high)}")
     added99 = pct(samples["gateway"], 99) - pct(base, 99)
-    print(f"  target: gateway added p99 < 2 ms: {'met' if added99 < 0.002 else 'NOT met'}")
+    _, high = added_p99_interval(samples["gateway"], base)
+    verdict = ("met" if high < 0.002 else
+               "met in this run, not beyond its noise" if added99 < 0.002 else "NOT met")
+    print(f"  target: gateway added p99 < 2 ms: {verdict} (met: the interval's top under it)")
+
+
+def added_p99_interval(values: list[float], base: list[float], rounds: int = 2000,
+                       seed: int = 21) -> tuple[float, float]:
+    """How far this run's added p99 could be off: the p99 of a few hundred samples is set
+    by its few slowest, so runs minutes apart on one code gave 1.0-4.5 ms
+    (docs/gateway.md). Each path resampled with replacement, `rounds` times."""
+    pct, draw = _loadkit.percentile, random.Random(seed)
+    added = sorted(pct(draw.choices(values, k=len(values)), 99)
+                   - pct(draw.choices(base, k=len(base)), 99) for _ in range(rounds))
+    return added[int(rounds * 0.025)], added[int(rounds * 0.975) - 1]
 
 
 def main() -> None:
