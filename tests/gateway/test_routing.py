@@ -6,6 +6,7 @@ all processes together never overdraw."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 import pytest
@@ -252,14 +253,25 @@ def test_a_change_of_what_the_routing_table_holds_reaches_a_watching_process() -
     asyncio.run(scenario())
 
 
+@contextlib.asynccontextmanager
+async def watching_routing():  # type: ignore[no-untyped-def]
+    """A Routing whose routes watch runs, as routing() makes it in a panel process."""
+    client = redis.asyncio.Redis.from_url(settings.REDIS_URL)
+    routing = Routing(redis=client)
+    routing.routes_watch.start()
+    try:
+        yield routing
+    finally:
+        assert routing.routes_watch.task is not None
+        routing.routes_watch.task.cancel()
+        await client.aclose()
+
+
 def test_a_request_after_a_change_is_routed_by_the_new_table_not_the_old() -> None:
     from web.deployments.models import DeploymentStatus
 
     async def scenario() -> None:
-        client = redis.asyncio.Redis.from_url(settings.REDIS_URL)
-        routing = Routing(redis=client)
-        routing.routes_watch.start()
-        try:
+        async with watching_routing() as routing:
             row = await asyncio.to_thread(deployment_row, "turning", DeploymentStatus.LOADING)
             await until(lambda: routing.routes_watch.current()[0])
             [target] = await routing.targets(model="turning")
@@ -275,10 +287,6 @@ def test_a_request_after_a_change_is_routed_by_the_new_table_not_the_old() -> No
             await asyncio.sleep(1.2)
             await routing.targets(model="turning")
             assert routing.table_at == read_at and routing.reading is None
-        finally:
-            assert routing.routes_watch.task is not None
-            routing.routes_watch.task.cancel()
-            await client.aclose()
 
     asyncio.run(scenario())
 
@@ -297,10 +305,7 @@ def test_a_killed_listen_connection_falls_back_to_polling_and_comes_back() -> No
     from web.deployments.models import DeploymentStatus
 
     async def scenario() -> None:
-        client = redis.asyncio.Redis.from_url(settings.REDIS_URL)
-        routing = Routing(redis=client)
-        routing.routes_watch.start()
-        try:
+        async with watching_routing() as routing:
             await asyncio.to_thread(deployment_row, "polled", DeploymentStatus.READY)
             await until(lambda: routing.routes_watch.current()[0])
             await routing.targets(model="polled")
@@ -312,10 +317,6 @@ def test_a_killed_listen_connection_falls_back_to_polling_and_comes_back() -> No
             await routing.targets(model="polled")
             await until(lambda: routing.table_at > read_at, timeout_s=2.0)
             await until(lambda: routing.routes_watch.current()[0], timeout_s=5.0)
-        finally:
-            assert routing.routes_watch.task is not None
-            routing.routes_watch.task.cancel()
-            await client.aclose()
 
     asyncio.run(scenario())
 
