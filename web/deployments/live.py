@@ -25,7 +25,14 @@ from django.conf import settings
 
 log = logging.getLogger(__name__)
 
-STREAM_MAXLEN = 5000
+# What a deployment's live stream keeps (Redis trims to about this many entries): 2 s of the
+# busiest engine issue 22 asks for (10,000 decode lines/s: 20,000 events/s), about 12 MB.
+# A panel's feed that falls further behind fills the gap from PostgreSQL, through the ORM,
+# which costs the panel and the database more than the stream did; at 5,000 (0.25 s of that
+# rate) one hiccup made every feed read the database, the feed fell further behind, and the
+# one viewer of bench/log_path.py's sustained phase was skipped past 200,000-550,000 events
+# (py-spy on the panel: `_db_frames` 30.6 % of its samples; fifth round, docs/performance.md).
+STREAM_MAXLEN = 40_000
 POINTS_MAXLEN = 100  # a late stream gets later points only; the REST API has the rest
 
 
