@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import json
 import re
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import requests
 from openai import OpenAI
 
 from tests.servers import login_session
-from web.deployments.models import DeploymentStatus
+from tests.web.specs import spec
+from web.deployments.models import Deployment, DeploymentStatus
 from web.gateway.models import ApiKeyUsage
 from web.gateway.services import apikey_revoke
 
@@ -237,3 +241,61 @@ def test_a_stream_is_counted_by_the_time_its_client_reads_done(panel, engine_for
                 break  # and look at once, without reading the response's end
         usage = ApiKeyUsage.objects.get(deployment=chatty)
     assert (usage.requests, usage.completion_tokens) == (1, 5)
+
+
+class _SlowEngine(ThreadingHTTPServer):
+    """An engine on loopback that streams a chunk every 20 ms for 10 s and notes when its
+    client (the gateway) goes away: what a client that disconnects should stop."""
+
+    chunks_written = 0
+    client_gone = threading.Event()
+
+
+class _SlowHandler(BaseHTTPRequestHandler):
+    server: _SlowEngine
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        chunk = {"id": "slow", "object": "chat.completion.chunk", "choices": [
+            {"index": 0, "delta": {"content": "x"}, "finish_reason": None}]}
+        data = f"data: {json.dumps(chunk)}\n\n".encode()
+        try:
+            for _ in range(500):
+                self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+                self.wfile.flush()
+                self.server.chunks_written += 1
+                time.sleep(0.02)
+        except OSError:
+            self.server.client_gone.set()
+
+
+def test_a_client_that_goes_away_stops_the_engines_stream(panel, operator, key_for) -> None:  # type: ignore[no-untyped-def]
+    engine = _SlowEngine(("127.0.0.1", 0), _SlowHandler)
+    threading.Thread(target=engine.serve_forever, daemon=True).start()
+    try:
+        data = spec(name="slowpoke")
+        Deployment.objects.create(
+            name="slowpoke", spec=data, recipe=data["recipe"], algorithm="DDTREE",
+            gpus=data["gpus"], status=DeploymentStatus.READY,
+            engine_url=f"http://127.0.0.1:{engine.server_address[1]}")
+        secret = key_for(operator)
+        with post(panel, "/v1/chat/completions", {**CHAT, "model": "slowpoke", "stream": True},
+                  bearer(secret), stream=True) as answer:
+            assert answer.status_code == 200
+            first = next(answer.iter_lines())
+            assert first.startswith(b"data: ")
+        # The response closed after its first event: the gateway drops the engine's stream,
+        # long before the engine's 500 chunks (10 s) are written.
+        assert engine.client_gone.wait(5), "the engine's stream went on after the client left"
+        assert engine.chunks_written < 250
+    finally:
+        engine.shutdown()
+        engine.server_close()
