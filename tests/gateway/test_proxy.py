@@ -247,8 +247,10 @@ class _SlowEngine(ThreadingHTTPServer):
     """An engine on loopback that streams a chunk every 20 ms for 10 s and notes when its
     client (the gateway) goes away: what a client that disconnects should stop."""
 
-    chunks_written = 0
-    client_gone = threading.Event()
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _SlowHandler)
+        self.chunks_written = 0
+        self.client_gone = threading.Event()
 
 
 class _SlowHandler(BaseHTTPRequestHandler):
@@ -278,7 +280,7 @@ class _SlowHandler(BaseHTTPRequestHandler):
 
 
 def test_a_client_that_goes_away_stops_the_engines_stream(panel, operator, key_for) -> None:  # type: ignore[no-untyped-def]
-    engine = _SlowEngine(("127.0.0.1", 0), _SlowHandler)
+    engine = _SlowEngine()
     threading.Thread(target=engine.serve_forever, daemon=True).start()
     try:
         data = spec(name="slowpoke")

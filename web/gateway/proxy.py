@@ -360,9 +360,12 @@ async def _relay_watching(receive: Receive, send: Send, target: Target, path: st
     relaying = asyncio.current_task()
     assert relaying is not None
     watching = True  # the watcher cancels the relay only while it runs
+    stopped = False  # ... and says so: any other cancel is the server's, and goes on up
 
     def client_gone(watcher: asyncio.Future[None]) -> None:
+        nonlocal stopped
         if watching and not watcher.cancelled() and watcher.exception() is None:
+            stopped = True
             relaying.cancel()
 
     gone = asyncio.ensure_future(_disconnected(receive))
@@ -370,7 +373,7 @@ async def _relay_watching(receive: Receive, send: Send, target: Target, path: st
     try:
         await _relay(send, target, path, body, stream, tap)
     except asyncio.CancelledError:
-        if not (gone.done() and not gone.cancelled()):
+        if not stopped:
             raise  # cancelled from outside (the server shutting down), not by the watcher
         relaying.uncancel()  # the client went away: the relay was stopped, nothing more
     finally:
