@@ -171,8 +171,9 @@ async def ttfb(session: Any, url: str, headers: dict[str, str], tokens: int) -> 
     return first
 
 
-async def measure_ttfb(paths: dict[str, tuple[str, dict[str, str]]], n: int,
-                       tokens: int) -> dict[str, list[float]]:
+async def measure_ttfb(paths: dict[str, tuple[str, dict[str, str]]], n: int, tokens: int,
+                       stamps: list[tuple[float, str, float]]) -> dict[str, list[float]]:
+    """Each path's TTFBs; `stamps` gets (wall clock, path, TTFB) of every one, in order."""
     import aiohttp
 
     out: dict[str, list[float]] = {name: [] for name in paths}
@@ -189,7 +190,9 @@ async def measure_ttfb(paths: dict[str, tuple[str, dict[str, str]]], n: int,
             order.shuffle(names)
             for name in names:
                 url, headers = paths[name]
+                at = time.time()
                 out[name].append(await ttfb(session, url, headers, tokens))
+                stamps.append((at, name, out[name][-1]))
     return out
 
 
@@ -276,6 +279,8 @@ def main() -> None:
                         help="the test engine's seconds per decode step")
     parser.add_argument("--router", default="", help="an sglang-router executable")
     parser.add_argument("--engine-url", default="")
+    parser.add_argument("--samples", type=Path, default=None,
+                        help="write every TTFB sample here (JSON lines: wall clock, path, s)")
     args = parser.parse_args()
     _loadkit.setup_django(args)
     print(f"# {_loadkit.command_line()}")
@@ -291,7 +296,10 @@ def main() -> None:
                  "gw-nolim": (panel_url, unlimited)}
         if router_url:
             paths["router"] = (router_url, {})
-        report_ttfb(asyncio.run(measure_ttfb(paths, args.requests, args.tokens)))
+        stamps: list[tuple[float, str, float]] = []
+        report_ttfb(asyncio.run(measure_ttfb(paths, args.requests, args.tokens, stamps)))
+        if args.samples:
+            args.samples.write_text("".join(json.dumps(s) + "\n" for s in stamps))
         if args.streams:
             print(f"{args.streams} concurrent streams of {args.tokens} tokens:")
             direct_wall, direct_bad = asyncio.run(many_streams(
