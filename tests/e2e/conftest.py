@@ -35,9 +35,9 @@ _CALL_FAILED = pytest.StashKey[bool]()
 @pytest.fixture
 def page(request: pytest.FixtureRequest) -> Iterator[Page]:
     """A page of Debian's Chromium, driven by Playwright (no browser download). When the test
-    fails, the page's URL and status and the tails of the stack's logs (worker, agent,
-    panel: appliance_stack writes them under tmp_path) are printed with the failure, so a
-    failure seen once in CI can be read afterwards."""
+    fails, the page's URL, its status and live-feed state, and the tails of the stack's logs
+    (worker, agent, panel: appliance_stack writes them under tmp_path) are printed with the
+    failure, so a failure seen once in CI can be read afterwards."""
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         context = browser.new_context(viewport={"width": 1280, "height": 1000})
@@ -50,9 +50,11 @@ def page(request: pytest.FixtureRequest) -> Iterator[Page]:
 
 def _print_failure_context(page: Page, tmp_path: Path | None) -> None:
     try:
-        status = page.locator("#status")
-        shown = status.first.inner_text(timeout=1000) if status.count() else "(none)"
-        print(f"page {page.url}: #status {shown!r}")
+        shown = {}
+        for selector in ("#status", "#conn"):  # the deployment's status, its live feed's
+            found = page.locator(selector)
+            shown[selector] = found.first.inner_text(timeout=1000) if found.count() else None
+        print(f"page {page.url}: {shown}")
     except Exception as exc:  # noqa: BLE001 (the failure itself is what matters)
         print(f"page state unreadable: {exc}")
     for log in sorted(tmp_path.glob("*.log")) if tmp_path else []:
