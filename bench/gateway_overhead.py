@@ -171,12 +171,12 @@ async def ttfb(session: Any, url: str, headers: dict[str, str], tokens: int) -> 
     return first
 
 
-async def measure_ttfb(paths: dict[str, tuple[str, dict[str, str]]], n: int, tokens: int,
-                       stamps: list[tuple[float, str, float]]) -> dict[str, list[float]]:
-    """Each path's TTFBs; `stamps` gets (wall clock, path, TTFB) of every one, in order."""
+async def measure_ttfb(paths: dict[str, tuple[str, dict[str, str]]], n: int,
+                       tokens: int) -> list[tuple[float, str, float]]:
+    """(wall clock, path, TTFB) of every timed request, in the order they ran."""
     import aiohttp
 
-    out: dict[str, list[float]] = {name: [] for name in paths}
+    stamps: list[tuple[float, str, float]] = []
     async with aiohttp.ClientSession() as session:
         for url, headers in paths.values():  # warm each path's connections
             for _ in range(20):
@@ -191,9 +191,8 @@ async def measure_ttfb(paths: dict[str, tuple[str, dict[str, str]]], n: int, tok
             for name in names:
                 url, headers = paths[name]
                 at = time.time()
-                out[name].append(await ttfb(session, url, headers, tokens))
-                stamps.append((at, name, out[name][-1]))
-    return out
+                stamps.append((at, name, await ttfb(session, url, headers, tokens)))
+    return stamps
 
 
 async def one_stream(session: Any, url: str, headers: dict[str, str], tokens: int) -> str:
@@ -296,8 +295,8 @@ def main() -> None:
                  "gw-nolim": (panel_url, unlimited)}
         if router_url:
             paths["router"] = (router_url, {})
-        stamps: list[tuple[float, str, float]] = []
-        report_ttfb(asyncio.run(measure_ttfb(paths, args.requests, args.tokens, stamps)))
+        stamps = asyncio.run(measure_ttfb(paths, args.requests, args.tokens))
+        report_ttfb({name: [s for _, n, s in stamps if n == name] for name in paths})
         if args.samples:
             args.samples.write_text("".join(json.dumps(s) + "\n" for s in stamps))
         if args.streams:

@@ -93,7 +93,8 @@ class PacedServer:
             self._event(writer, {"choices": [{"index": 0, "delta": {"content": " tok"},
                                               "finish_reason": None}]})
             last = time.perf_counter()
-            first = last if k == 0 else first
+            if k == 0:
+                first = last
             await writer.drain()
         self._event(writer, {"choices": [], "usage": {"prompt_tokens": 8,
                                                       "completion_tokens": n}})

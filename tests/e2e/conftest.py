@@ -19,6 +19,7 @@ CHROMIUM_ARGS = [
 
 
 LOG_TAIL_LINES = 60
+_CALL_FAILED = pytest.StashKey[bool]()  # set by the hook below: the test's own call failed
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -27,9 +28,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
     report = outcome.get_result()
     if report.when == "call":
         item.stash[_CALL_FAILED] = report.failed
-
-
-_CALL_FAILED = pytest.StashKey[bool]()
 
 
 @pytest.fixture
