@@ -47,6 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 WORDS = ("the", "draft", "tree", "verifies", "tokens", "in", "one", "forward", "pass", "and",
          "accepts", "a", "longer", "prefix", "so", "decoding", "runs", "faster")
 MODEL = "gw-bench"
+WARMUPS = 20  # requests a path before the timed ones
 # The test engine's HTTP server listens with a backlog of 5 (socketserver's default); 1,000
 # clients at once would sit in SYN retries on it in either path, so the bench raises it.
 ENGINE_MAIN = ("import socketserver, sys; socketserver.TCPServer.request_queue_size = 4096; "
@@ -84,7 +85,7 @@ def process(argv: list[str], url: str, what: str, env: dict[str, str] | None = N
                                 env={**os.environ, **(env or {})}, cwd=ROOT)
     try:
         wait_http(url, proc, what)
-        yield
+        yield proc.pid
     finally:
         proc.terminate()
         try:
@@ -96,6 +97,7 @@ def process(argv: list[str], url: str, what: str, env: dict[str, str] | None = N
 
 @contextmanager
 def engine(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """The engine's URL."""
     if args.engine_url:
         yield args.engine_url.rstrip("/")
         return
@@ -124,15 +126,16 @@ def router(args: argparse.Namespace, engine_url: str):  # type: ignore[no-untype
 
 @contextmanager
 def panel(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    """The panel as the panel image runs it (bench/_loadkit.py's environment)."""
+    """The panel as the panel image runs it (bench/_loadkit.py's environment): its URL and
+    process id."""
     port = free_port()
     env = {"APPLIANCE_DATABASE_URL": args.database_url, "APPLIANCE_REDIS_URL": args.redis_url,
            "APPLIANCE_SECRET_KEY": secrets.token_urlsafe(48), "APPLIANCE_DEBUG": "0",
            "DJANGO_SETTINGS_MODULE": "web.settings", "PYTHONUNBUFFERED": "1"}
     with process([sys.executable, "-m", "uvicorn", "web.asgi:application", "--host",
                   "127.0.0.1", "--port", str(port), "--log-level", "warning"],
-                 f"http://127.0.0.1:{port}/healthz", "panel", env):
-        yield f"http://127.0.0.1:{port}"
+                 f"http://127.0.0.1:{port}/healthz", "panel", env) as pid:
+        yield f"http://127.0.0.1:{port}", pid
 
 
 def gateway_fixture(engine_url: str, rate_limit: int) -> str:
@@ -179,7 +182,7 @@ async def measure_ttfb(paths: dict[str, tuple[str, dict[str, str]]], n: int,
     stamps: list[tuple[float, str, float]] = []
     async with aiohttp.ClientSession() as session:
         for url, headers in paths.values():  # warm each path's connections
-            for _ in range(20):
+            for _ in range(WARMUPS):
                 await ttfb(session, url, headers, tokens)
         # Each round in a fresh random order (seeded: the same in every run): in a fixed
         # rotation a path mostly follows the same neighbour, and what that neighbour leaves
@@ -227,6 +230,12 @@ async def many_streams(url: str, headers: dict[str, str], n: int,
                                          for _ in range(n)), return_exceptions=True)
         wall = time.perf_counter() - start
     return wall, [str(r) for r in results if r]
+
+
+def cpu_s(pid: int) -> float:
+    """A process's user and system CPU seconds so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def ms(seconds: float) -> str:
@@ -286,7 +295,7 @@ def main() -> None:
     print(f"# load: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} (1, 5 min), "
           f"{os.cpu_count()} CPUs")
     with engine(args) as engine_url, router(args, engine_url) as router_url, \
-            panel(args) as panel_url:
+            panel(args) as (panel_url, panel_pid):
         auth = {"Authorization": f"Bearer {gateway_fixture(engine_url, 1_000_000)}"}
         unlimited = {"Authorization": f"Bearer {gateway_fixture(engine_url, 0)}"}
         # gateway: a rate-limited key (the Redis round trip carries the limit's counter
@@ -295,8 +304,14 @@ def main() -> None:
                  "gw-nolim": (panel_url, unlimited)}
         if router_url:
             paths["router"] = (router_url, {})
+        cpu_before = cpu_s(panel_pid)
         stamps = asyncio.run(measure_ttfb(paths, args.requests, args.tokens))
+        panel_cpu = cpu_s(panel_pid) - cpu_before
         report_ttfb({name: [s for _, n, s in stamps if n == name] for name in paths})
+        through = sum(WARMUPS + len([1 for _, n, _ in stamps if n == name])
+                      for name in ("gateway", "gw-nolim"))
+        print(f"  panel CPU: {panel_cpu * 1e6 / through:.0f} us per request through the "
+              f"gateway ({panel_cpu:.2f} s for {through} requests, warm-ups included)")
         if args.samples:
             args.samples.write_text("".join(json.dumps(s) + "\n" for s in stamps))
         if args.streams:

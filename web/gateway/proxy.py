@@ -17,7 +17,6 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
 import redis.asyncio as aioredis
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -35,6 +34,7 @@ from web.gateway.admission import (
 )
 from web.gateway.routing import routing
 from web.gateway.selectors import Target
+from web.gateway.upstream import Response, UpstreamError, pool
 
 log = logging.getLogger(__name__)
 
@@ -52,24 +52,6 @@ def with_gateway(django_app: ASGIApp) -> ASGIApp:
         else:
             await django_app(scope, receive, send)
     return app
-
-
-# ------------------------------------------------------------------ shared clients, per loop
-
-_HTTP: dict[int, aiohttp.ClientSession] = {}
-
-
-def _http() -> aiohttp.ClientSession:
-    """One HTTP session per event loop: its connection pool to the engines stays warm."""
-    loop_id = id(asyncio.get_running_loop())
-    session = _HTTP.get(loop_id)
-    if session is None or session.closed:
-        session = _HTTP[loop_id] = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
-            # A generation may run for many minutes; only the connect is bounded.
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
-            auto_decompress=False)
-    return session
 
 
 # ------------------------------------------------------------------ responses
@@ -393,14 +375,13 @@ async def _relay(send: Send, target: Target, path: str, body: bytes, stream: boo
                  tap: UsageTap) -> None:
     url = target.engine_url.rstrip("/") + path
     try:
-        async with _http().post(url, data=body, headers={
-                "Content-Type": "application/json"}) as upstream:
-            kind = upstream.headers.get("Content-Type", "application/json").encode()
+        async with pool().post(url, body) as upstream:
+            kind = upstream.headers.get("content-type", "application/json").encode()
             if stream and upstream.status == 200:
                 await _relay_stream(send, upstream, kind, tap)
             else:
                 await _relay_whole(send, upstream, kind, tap)
-    except aiohttp.ClientError as exc:
+    except UpstreamError as exc:
         log.warning("engine %s unreachable: %s", target.engine_url, exc)
         if not tap.started:
             await _refuse(send, Refusal(503, "The deployment's engine did not answer; it may "
@@ -408,20 +389,20 @@ async def _relay(send: Send, target: Target, path: str, body: bytes, stream: boo
                                         "service_unavailable", "engine_unreachable"))
 
 
-async def _relay_stream(send: Send, upstream: aiohttp.ClientResponse, kind: bytes,
+async def _relay_stream(send: Send, upstream: Response, kind: bytes,
                         tap: UsageTap) -> None:
     await send({"type": "http.response.start", "status": 200, "headers": [
         (b"content-type", kind), (b"cache-control", b"no-cache"),
         (b"x-accel-buffering", b"no")]})
     tap.started = True
-    async for data in upstream.content.iter_any():
+    async for data in upstream.chunks():
         out = tap.feed(data)
         if out:
             await send({"type": "http.response.body", "body": out, "more_body": True})
     # the end (any unterminated tail) goes out in tap.finish, after usage is recorded
 
 
-async def _relay_whole(send: Send, upstream: aiohttp.ClientResponse, kind: bytes,
+async def _relay_whole(send: Send, upstream: Response, kind: bytes,
                        tap: UsageTap) -> None:
     data = await upstream.read()
     if upstream.status == 200:

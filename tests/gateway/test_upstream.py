@@ -1,0 +1,273 @@
+"""The gateway's engine client (web/gateway/upstream.py) against real loopback HTTP servers:
+each test's server is a few lines of asyncio that answer as a test scripts them, and count
+the connections and requests they saw."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import pytest
+
+from web.gateway.upstream import HIGH_WATER, Pool, UpstreamError
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[bool]]
+
+
+@dataclass
+class Server:
+    """Reads each request (head and Content-Length body), then lets `answer` write a reply;
+    the connection stays open for the next request while `answer` returns True."""
+
+    answer: Handler
+    connections: int = 0
+    requests: list[bytes] = field(default_factory=list)
+    closed: asyncio.Event = field(default_factory=asyncio.Event)
+    port: int = 0
+
+    async def start(self) -> asyncio.Server:
+        server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = server.sockets[0].getsockname()[1]
+        return server
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1/chat/completions"
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length:")), 0)
+                self.requests.append(head + await reader.readexactly(length))
+                if not await self.answer(reader, writer, len(self.requests)):
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+            self.closed.set()
+
+
+def whole(body: bytes, *extra: bytes) -> bytes:
+    return (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+            + str(len(body)).encode() + b"\r\n" + b"".join(extra) + b"\r\n" + body)
+
+
+def chunk(data: bytes) -> bytes:
+    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
+
+
+STREAM_HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+               b"Transfer-Encoding: chunked\r\n\r\n")
+
+
+def run(test: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(asyncio.wait_for(test(), 20))
+
+
+def test_connections_are_kept_alive_and_reused() -> None:
+    async def answer(reader, writer, n) -> bool:  # type: ignore[no-untyped-def]
+        writer.write(whole(b'{"n": %d}' % n))
+        return True
+
+    async def test() -> None:
+        server = Server(answer)
+        async with await server.start():
+            pool = Pool(asyncio.get_running_loop())
+            for n in (1, 2, 3):
+                async with pool.post(server.url, b'{"q": 1}') as response:
+                    assert response.status == 200
+                    assert response.headers["content-type"] == "application/json"
+                    assert await response.read() == b'{"n": %d}' % n
+            assert server.connections == 1
+            assert len(server.requests) == 3
+            assert server.requests[0].startswith(b"POST /v1/chat/completions HTTP/1.1\r\n")
+            assert server.requests[0].endswith(b'Content-Length: 8\r\n'
+                                               b'Accept-Encoding: identity\r\n\r\n{"q": 1}')
+            pool.close()
+    run(test)
+
+
+def test_a_stream_comes_piece_by_piece_as_the_engine_writes_it() -> None:
+    go_on = asyncio.Event()
+
+    async def answer(reader, writer, n) -> bool:  # type: ignore[no-untyped-def]
+        writer.write(STREAM_HEAD + chunk(b"data: one\n\n"))
+        await go_on.wait()  # the second piece only once the first was read
+        writer.write(chunk(b"data: two\n\n") + chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+        return True
+
+    async def test() -> None:
+        server = Server(answer)
+        async with await server.start():
+            pool = Pool(asyncio.get_running_loop())
+            async with pool.post(server.url, b"{}") as response:
+                pieces = response.chunks()
+                assert await anext(pieces) == b"data: one\n\n"
+                go_on.set()
+                assert b"".join([p async for p in pieces]) == b"data: two\n\ndata: [DONE]\n\n"
+            async with pool.post(server.url, b"{}") as response:  # the same connection
+                assert await response.read() == b"data: one\n\ndata: two\n\ndata: [DONE]\n\n"
+            assert server.connections == 1
+            pool.close()
+    run(test)
+
+
+def test_a_pooled_connection_the_engine_closed_is_replaced_without_an_error() -> None:
+    async def answer(reader, writer, n) -> bool:  # type: ignore[no-untyped-def]
+        writer.write(whole(b"ok"))
+        await writer.drain()
+        return False  # the engine closes every connection after one answer
+
+    async def test() -> None:
+        server = Server(answer)
+        async with await server.start():
+            pool = Pool(asyncio.get_running_loop())
+            for _ in range(3):
+                async with pool.post(server.url, b"{}") as response:
+                    assert await response.read() == b"ok"
+                await server.closed.wait()
+                server.closed.clear()
+            assert server.connections == 3
+            assert len(server.requests) == 3
+            pool.close()
+    run(test)
+
+
+def test_a_body_that_ends_with_the_connection_is_read_whole_and_not_pooled() -> None:
+    async def answer(reader, writer, n) -> bool:  # type: ignore[no-untyped-def]
+        writer.write(b"HTTP/1.1 502 Bad Gateway\r\nConnection: close\r\n\r\nno length")
+        return False
+
+    async def test() -> None:
+        server = Server(answer)
+        async with await server.start():
+            pool = Pool(asyncio.get_running_loop())
+            for _ in range(2):
+                async with pool.post(server.url, b"{}") as response:
+                    assert response.status == 502
+                    assert await response.read() == b"no length"
+            assert server.connections == 2
+            pool.close()
+    run(test)
+
+
+def test_leaving_a_stream_early_closes_the_connection_so_the_engine_stops() -> None:
+    async def answer(reader, writer, n) -> bool:  # type: ignore[no-untyped-def]
+        writer.write(STREAM_HEAD)
+        while True:  # an endless generation, until the client goes away
+            writer.write(chunk(b"data: more\n\n"))
+            await writer.drain()
+            await asyncio.sleep(0.01)
+
+    async def test() -> None:
+        server = Server(answer)
+        async with await server.start():
+            pool = Pool(asyncio.get_running_loop())
+            async with pool.post(server.url, b"{}") as response:
+                assert await anext(response.chunks()) == b"data: more\n\n"
+            await asyncio.wait_for(server.closed.wait(), 5)
+            pool.close()
+    run(test)
+
+
+def test_a_caller_cancelled_while_waiting_closes_the_connection() -> None:
+    async def answer(reader, writer, n) -> bool:  # type: ignore[no-untyped-def]
+        assert await reader.read(1) == b""  # a prefill that never ends, until the client goes
+        return False
+
+    async def test() -> None:
+        server = Server(answer)
+        async with await server.start():
+            pool = Pool(asyncio.get_running_loop())
+
+            async def call() -> None:
+                async with pool.post(server.url, b"{}"):
+                    pass
+
+            task = asyncio.ensure_future(call())
+            while not server.requests:
+                await asyncio.sleep(0.01)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            await asyncio.wait_for(server.closed.wait(), 5)
+            assert not pool.idle.get(("127.0.0.1", server.port))
+            pool.close()
+    run(test)
+
+
+def test_a_slow_reader_pauses_the_engines_socket_and_loses_nothing() -> None:
+    piece = b"x" * 65536
+    pieces = 64  # 4 MiB: far over what the client buffers plus the sockets hold
+    sent = asyncio.Event()
+
+    async def answer(reader, writer, n) -> bool:  # type: ignore[no-untyped-def]
+        writer.write(STREAM_HEAD)
+        for _ in range(pieces):
+            writer.write(chunk(piece))
+            await writer.drain()
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        sent.set()
+        return True
+
+    async def test() -> None:
+        server = Server(answer)
+        async with await server.start():
+            pool = Pool(asyncio.get_running_loop())
+            async with pool.post(server.url, b"{}") as response:
+                stream = response.chunks()
+                got = len(await anext(stream))
+                await asyncio.sleep(0.5)
+                assert not sent.is_set(), "the engine could write it all: nothing held it back"
+                assert got < HIGH_WATER
+                async for data in stream:
+                    got += len(data)
+            assert got == len(piece) * pieces
+            assert sent.is_set()
+            pool.close()
+    run(test)
+
+
+def test_an_engine_that_breaks_off_mid_body_is_an_error() -> None:
+    async def answer(reader, writer, n) -> bool:  # type: ignore[no-untyped-def]
+        writer.write(STREAM_HEAD + chunk(b"data: one\n\n"))
+        await writer.drain()
+        return False  # gone, without the last chunk
+
+    async def test() -> None:
+        server = Server(answer)
+        async with await server.start():
+            pool = Pool(asyncio.get_running_loop())
+            async with pool.post(server.url, b"{}") as response:
+                with pytest.raises(UpstreamError, match="closed the connection"):
+                    async for _ in response.chunks():
+                        pass
+            pool.close()
+    run(test)
+
+
+def test_no_engine_or_no_http_is_an_error_naming_it() -> None:
+    async def answer(reader, writer, n) -> bool:  # type: ignore[no-untyped-def]
+        writer.write(b"SSH-2.0-OpenSSH_9.6\r\n\r\n")
+        return True
+
+    async def test() -> None:
+        pool = Pool(asyncio.get_running_loop())
+        with pytest.raises(UpstreamError, match=r"cannot connect to 127\.0\.0\.1:1"):
+            async with pool.post("http://127.0.0.1:1/v1/models", b""):
+                pass
+        server = Server(answer)
+        async with await server.start():
+            with pytest.raises(UpstreamError, match="not HTTP"):
+                async with pool.post(server.url, b"{}"):
+                    pass
+        with pytest.raises(UpstreamError, match="not an http:// URL"):
+            pool.post("https://127.0.0.1/v1/models", b"")
+        pool.close()
+    run(test)

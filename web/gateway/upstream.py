@@ -1,0 +1,267 @@
+"""The gateway's client to the engines: HTTP/1.1 over pooled keep-alive connections, parsed by
+httptools (llhttp, the C parser uvicorn itself serves the panel with).
+
+Why not aiohttp's client, which the gateway used first: on the path whose added time to first
+byte is issue 21's, aiohttp cost 225-249 us of CPU a request and this 112-127 us (round 4's
+measurement, docs/gateway.md). The gateway needs a small part of a client: one POST to a known
+engine, a status, one header and the body as it arrives. What it does need is here: keep-alive
+reuse, a retry when a pooled connection turns out to be closed before any byte came back,
+back-pressure (the engine's socket stops being read while a slow client has not taken what is
+buffered), and a connection closed (so the engine stops generating) when the caller stops
+early or is cancelled. Only connecting is bounded in time: a generation may run for minutes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import cast
+from urllib.parse import urlsplit
+
+import httptools
+
+CONNECT_TIMEOUT_S = 10.0
+HIGH_WATER = 256 * 1024  # bytes held for a slow client before the engine's socket is paused
+LOW_WATER = 64 * 1024
+
+
+class UpstreamError(Exception):
+    """The engine could not be reached, or broke off (or spoke something other than HTTP)."""
+
+
+class _Exchange(asyncio.Protocol):
+    """One connection; one request and response on it at a time."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self._reset()
+
+    def _reset(self) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+        self.status = 0
+        self.headers: dict[str, str] = {}
+        self.head: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.chunks: deque[bytes] = deque()
+        self.buffered = 0
+        self.paused = False
+        self.complete = False  # the whole response is in
+        self.keep_alive = False  # ... and the engine keeps the connection open after it
+        self.received = False  # any byte of it came
+        self.error: BaseException | None = None
+        self.waiter: asyncio.Future[None] | None = None
+
+    # -- asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass of it
+
+    def data_received(self, data: bytes) -> None:
+        self.received = True
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(UpstreamError(f"the engine's answer is not HTTP: {exc}"))
+            self.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.complete:
+            return
+        if self.head.done() and not self._framed():
+            self._end()  # a body that ends with the connection: it has ended
+        else:
+            self._fail(UpstreamError(f"the engine closed the connection: {exc or 'EOF'}"))
+
+    # -- httptools callbacks
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+        if not self.head.done():
+            self.head.set_result(None)
+
+    def on_body(self, body: bytes) -> None:
+        self.chunks.append(body)
+        self.buffered += len(body)
+        if self.buffered > HIGH_WATER and not self.paused and self.transport is not None:
+            self.paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        self.keep_alive = self.parser.should_keep_alive()  # (False once the callback is over)
+        self._end()
+
+    # -- the rest
+    def _end(self) -> None:
+        self.complete = True
+        if not self.head.done():
+            self.head.set_result(None)
+        self._wake()
+
+    def _framed(self) -> bool:
+        return ("content-length" in self.headers
+                or "chunked" in self.headers.get("transfer-encoding", "").lower())
+
+    def _fail(self, error: BaseException) -> None:
+        if self.error is None:
+            self.error = error
+        if not self.head.done():
+            self.head.set_exception(error)
+            self.head.exception()  # retrieved: a failure nobody awaits is not logged as lost
+        self._wake()
+
+    def _wake(self) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    async def next_chunk(self) -> bytes | None:
+        """The next piece of the body as it came, or None at its end."""
+        while not self.chunks:
+            if self.complete:
+                return None
+            if self.error is not None:
+                raise self.error
+            self.waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self.waiter
+            finally:
+                self.waiter = None
+        chunk = self.chunks.popleft()
+        self.buffered -= len(chunk)
+        if self.paused and self.buffered < LOW_WATER and self.transport is not None:
+            self.paused = False
+            self.transport.resume_reading()
+        return chunk
+
+    def reusable(self) -> bool:
+        return self.complete and self.keep_alive and not self.closed and not self.chunks
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+
+@dataclass
+class Response:
+    """An engine's answer: the status and headers are in; the body comes on demand."""
+
+    status: int
+    headers: dict[str, str]  # names lower-cased
+    _exchange: _Exchange
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        while (chunk := await self._exchange.next_chunk()) is not None:
+            yield chunk
+
+    async def read(self) -> bytes:
+        return b"".join([chunk async for chunk in self.chunks()])
+
+
+@dataclass
+class Pool:
+    """Keep-alive connections per engine (host, port), for one event loop."""
+
+    loop: asyncio.AbstractEventLoop
+    idle: dict[tuple[str, int], list[_Exchange]] = field(default_factory=dict)
+
+    def post(self, url: str, body: bytes, content_type: str = "application/json") -> _Call:
+        parts = urlsplit(url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise UpstreamError(f"{url!r} is not an http:// URL")
+        host, port = parts.hostname, parts.port or 80
+        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        head = (f"POST {target} HTTP/1.1\r\nHost: {parts.netloc}\r\n"
+                f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
+                "Accept-Encoding: identity\r\n\r\n").encode("latin-1")
+        return _Call(self, (host, port), head + body)
+
+    async def _connect(self, key: tuple[str, int]) -> _Exchange:
+        try:
+            async with asyncio.timeout(CONNECT_TIMEOUT_S):
+                _, exchange = await self.loop.create_connection(_Exchange, *key)
+        except (OSError, TimeoutError) as exc:
+            raise UpstreamError(f"cannot connect to {key[0]}:{key[1]}: "
+                                f"{exc or 'timed out'}") from exc
+        return exchange
+
+    def _take_idle(self, key: tuple[str, int]) -> _Exchange | None:
+        idle = self.idle.get(key)
+        while idle:
+            exchange = idle.pop()
+            if not exchange.closed:
+                return exchange
+        return None
+
+    async def _send(self, key: tuple[str, int], request: bytes) -> _Exchange:
+        """Write the request, wait for the answer's head. A pooled connection that fails
+        before a byte comes back was closed by the engine in between: one fresh try."""
+        exchange = self._take_idle(key)
+        for pooled in (exchange is not None, False):
+            if exchange is None:
+                exchange = await self._connect(key)
+            exchange._reset()
+            assert exchange.transport is not None
+            exchange.transport.write(request)
+            try:
+                await exchange.head
+            except UpstreamError:
+                exchange.close()
+                if pooled and not exchange.received:
+                    exchange = None
+                    continue
+                raise
+            except BaseException:
+                exchange.close()  # cancelled while waiting: the engine drops the request
+                raise
+            return exchange
+        raise AssertionError("unreachable")
+
+    def _release(self, key: tuple[str, int], exchange: _Exchange) -> None:
+        if exchange.reusable():
+            self.idle.setdefault(key, []).append(exchange)
+        else:
+            exchange.close()
+
+    def close(self) -> None:
+        for idle in self.idle.values():
+            for exchange in idle:
+                exchange.close()
+        self.idle.clear()
+
+
+@dataclass
+class _Call:
+    """`async with pool.post(url, body) as response:`; leaving the block early (or being
+    cancelled in it) closes the connection, so the engine stops the request's work."""
+
+    pool: Pool
+    key: tuple[str, int]
+    request: bytes
+    _exchange: _Exchange | None = None
+
+    async def __aenter__(self) -> Response:
+        self._exchange = await self.pool._send(self.key, self.request)
+        return Response(self._exchange.status, self._exchange.headers, self._exchange)
+
+    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        if self._exchange is not None:
+            self.pool._release(self.key, self._exchange)
+
+
+_POOLS: dict[int, Pool] = {}
+
+
+def pool() -> Pool:
+    """The running event loop's pool (uvicorn runs one loop a process)."""
+    loop = asyncio.get_running_loop()
+    found = _POOLS.get(id(loop))
+    if found is None or found.loop is not loop:  # an id is reused after a loop is gone
+        found = _POOLS[id(loop)] = Pool(loop)
+    return found
