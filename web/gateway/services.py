@@ -162,11 +162,15 @@ def usage_record_many(*, usages: Sequence[Usage]) -> None:
         totals[1] += max(0, usage.prompt_tokens)
         totals[2] += max(0, usage.completion_tokens)
     keys = {key_id for key_id, _, _ in groups if key_id is not None}
-    if keys:
-        ApiKey.objects.filter(pk__in=keys).update(last_used_at=now)
-    for (key_id, user_id, deployment_id), (requests, prompt, completion) in groups.items():
-        _usage_add(key_id=key_id, user_id=user_id, deployment_id=deployment_id, now=now,
-                   requests=requests, prompt_tokens=prompt, completion_tokens=completion)
+    # One commit (one WAL flush) for them all, not one an update. The rows are taken in one
+    # order (keys, then usage rows sorted) so panel processes writing at once cannot deadlock.
+    with transaction.atomic():
+        if keys:
+            ApiKey.objects.filter(pk__in=keys).update(last_used_at=now)
+        for (key_id, user_id, deployment_id), (requests, prompt, completion) in sorted(
+                groups.items(), key=lambda item: tuple(part or 0 for part in item[0])):
+            _usage_add(key_id=key_id, user_id=user_id, deployment_id=deployment_id, now=now,
+                       requests=requests, prompt_tokens=prompt, completion_tokens=completion)
 
 
 def _usage_add(*, key_id: int | None, user_id: int | None, deployment_id: int, now: Any,
