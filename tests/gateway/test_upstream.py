@@ -117,7 +117,7 @@ def test_a_stream_comes_piece_by_piece_as_the_engine_writes_it() -> None:
     run(test)
 
 
-def test_a_pooled_connection_the_engine_closed_is_replaced_without_an_error() -> None:
+def test_a_connection_the_engine_closes_while_idle_leaves_the_pool() -> None:
     async def answer(reader, writer, n) -> bool:  # type: ignore[no-untyped-def]
         writer.write(whole(b"ok"))
         await writer.drain()
@@ -132,7 +132,29 @@ def test_a_pooled_connection_the_engine_closed_is_replaced_without_an_error() ->
                     assert await response.read() == b"ok"
                 await server.closed.wait()
                 server.closed.clear()
+                await asyncio.sleep(0.05)  # the close reaches the client's side
+                assert pool.idle[("127.0.0.1", server.port)] == []
             assert server.connections == 3
+            assert len(server.requests) == 3
+            pool.close()
+    run(test)
+
+
+def test_a_pooled_connection_that_closes_on_the_next_request_is_retried_once() -> None:
+    async def answer(reader, writer, n) -> bool:  # type: ignore[no-untyped-def]
+        if n == 2:  # an engine whose idle timeout struck as the request came: no answer
+            return False
+        writer.write(whole(b"ok %d" % n))
+        return True
+
+    async def test() -> None:
+        server = Server(answer)
+        async with await server.start():
+            pool = Pool(asyncio.get_running_loop())
+            for expected in (b"ok 1", b"ok 3"):
+                async with pool.post(server.url, b"{}") as response:
+                    assert await response.read() == expected
+            assert server.connections == 2
             assert len(server.requests) == 3
             pool.close()
     run(test)

@@ -1,14 +1,19 @@
 """The gateway's client to the engines: HTTP/1.1 over pooled keep-alive connections, parsed by
 httptools (llhttp, the C parser uvicorn itself serves the panel with).
 
-Why not aiohttp's client, which the gateway used first: on the path whose added time to first
-byte is issue 21's, aiohttp cost 225-249 us of CPU a request and this 112-127 us (round 4's
-measurement, docs/gateway.md). The gateway needs a small part of a client: one POST to a known
-engine, a status, one header and the body as it arrives. What it does need is here: keep-alive
-reuse, a retry when a pooled connection turns out to be closed before any byte came back,
-back-pressure (the engine's socket stops being read while a slow client has not taken what is
-buffered), and a connection closed (so the engine stops generating) when the caller stops
-early or is cancelled. Only connecting is bounded in time: a generation may run for minutes.
+Why not aiohttp's client, which the gateway used until the seventh round: the gateway needs a
+small part of a client (one POST to a known engine, a status, one header, the body as it
+arrives), and on the path whose added time to first byte is issue 21's, aiohttp's generality
+cost. Against it in the same hour (`bench/gateway_overhead.py --streams 0 --requests 1000`),
+this client took the added TTFB from 1.02 to 0.70 ms at p50 and from 2.28 to 1.20 ms at p99,
+and the panel's CPU for a 32-token stream from 9.8 to 8.7 ms (docs/gateway.md).
+
+What it does: keep-alive reuse; one retry on a fresh connection when a pooled one fails
+before any byte of the answer came (the engine's idle timeout struck as the request went
+out); back-pressure (the engine's socket stops being read while a slow client has not taken
+what is buffered); and the connection closed, so the engine stops generating, when the
+caller leaves early or is cancelled. Only connecting is bounded in time: a generation may
+run for minutes.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ class _Exchange(asyncio.Protocol):
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.closed = False
+        self.pooled_in: list[_Exchange] | None = None  # the idle list it waits in, if any
         self._reset()
 
     def _reset(self) -> None:
@@ -66,8 +72,14 @@ class _Exchange(asyncio.Protocol):
             self._fail(UpstreamError(f"the engine's answer is not HTTP: {exc}"))
             self.close()
 
+    def eof_received(self) -> None:
+        self.closed = True  # at once: connection_lost comes a loop turn later
+
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if self.pooled_in is not None:  # closed by the engine while idle: out of the pool
+            self.pooled_in.remove(self)
+            self.pooled_in = None
         if self.complete:
             return
         if self.head.done() and not self._framed():
@@ -194,6 +206,7 @@ class Pool:
         idle = self.idle.get(key)
         while idle:
             exchange = idle.pop()
+            exchange.pooled_in = None
             if not exchange.closed:
                 return exchange
         return None
@@ -207,14 +220,16 @@ class Pool:
                 exchange = await self._connect(key)
             exchange._reset()
             assert exchange.transport is not None
-            exchange.transport.write(request)
             try:
+                exchange.transport.write(request)
                 await exchange.head
-            except UpstreamError:
+            except (UpstreamError, RuntimeError) as exc:  # RuntimeError: a closed transport
                 exchange.close()
                 if pooled and not exchange.received:
                     exchange = None
                     continue
+                if isinstance(exc, RuntimeError):
+                    raise UpstreamError(f"the connection to the engine closed: {exc}") from exc
                 raise
             except BaseException:
                 exchange.close()  # cancelled while waiting: the engine drops the request
@@ -224,13 +239,14 @@ class Pool:
 
     def _release(self, key: tuple[str, int], exchange: _Exchange) -> None:
         if exchange.reusable():
-            self.idle.setdefault(key, []).append(exchange)
+            exchange.pooled_in = self.idle.setdefault(key, [])
+            exchange.pooled_in.append(exchange)
         else:
             exchange.close()
 
     def close(self) -> None:
         for idle in self.idle.values():
-            for exchange in idle:
+            for exchange in list(idle):
                 exchange.close()
         self.idle.clear()
 
