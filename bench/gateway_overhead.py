@@ -308,8 +308,7 @@ def main() -> None:
         stamps = asyncio.run(measure_ttfb(paths, args.requests, args.tokens))
         panel_cpu = cpu_s(panel_pid) - cpu_before
         report_ttfb({name: [s for _, n, s in stamps if n == name] for name in paths})
-        through = sum(WARMUPS + len([1 for _, n, _ in stamps if n == name])
-                      for name in ("gateway", "gw-nolim"))
+        through = 2 * WARMUPS + sum(1 for _, n, _ in stamps if n in ("gateway", "gw-nolim"))
         print(f"  panel CPU: {panel_cpu * 1e6 / through:.0f} us per request through the "
               f"gateway ({panel_cpu:.2f} s for {through} requests, warm-ups included)")
         if args.samples:

@@ -5,7 +5,8 @@ the connections and requests they saw."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 import pytest
@@ -52,6 +53,18 @@ class Server:
             self.closed.set()
 
 
+@contextlib.asynccontextmanager
+async def serving(answer: Handler) -> AsyncIterator[tuple[Server, Pool]]:
+    """A scripted server, and a pool of the gateway's client to call it with."""
+    server = Server(answer)
+    async with await server.start():
+        pool = Pool(asyncio.get_running_loop())
+        try:
+            yield server, pool
+        finally:
+            pool.close()
+
+
 def whole(body: bytes, *extra: bytes) -> bytes:
     return (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
             + str(len(body)).encode() + b"\r\n" + b"".join(extra) + b"\r\n" + body)
@@ -75,9 +88,7 @@ def test_connections_are_kept_alive_and_reused() -> None:
         return True
 
     async def test() -> None:
-        server = Server(answer)
-        async with await server.start():
-            pool = Pool(asyncio.get_running_loop())
+        async with serving(answer) as (server, pool):
             for n in (1, 2, 3):
                 async with pool.post(server.url, b'{"q": 1}') as response:
                     assert response.status == 200
@@ -88,7 +99,6 @@ def test_connections_are_kept_alive_and_reused() -> None:
             assert server.requests[0].startswith(b"POST /v1/chat/completions HTTP/1.1\r\n")
             assert server.requests[0].endswith(b'Content-Length: 8\r\n'
                                                b'Accept-Encoding: identity\r\n\r\n{"q": 1}')
-            pool.close()
     run(test)
 
 
@@ -102,9 +112,7 @@ def test_a_stream_comes_piece_by_piece_as_the_engine_writes_it() -> None:
         return True
 
     async def test() -> None:
-        server = Server(answer)
-        async with await server.start():
-            pool = Pool(asyncio.get_running_loop())
+        async with serving(answer) as (server, pool):
             async with pool.post(server.url, b"{}") as response:
                 pieces = response.chunks()
                 assert await anext(pieces) == b"data: one\n\n"
@@ -113,7 +121,6 @@ def test_a_stream_comes_piece_by_piece_as_the_engine_writes_it() -> None:
             async with pool.post(server.url, b"{}") as response:  # the same connection
                 assert await response.read() == b"data: one\n\ndata: two\n\ndata: [DONE]\n\n"
             assert server.connections == 1
-            pool.close()
     run(test)
 
 
@@ -124,9 +131,7 @@ def test_a_connection_the_engine_closes_while_idle_leaves_the_pool() -> None:
         return False  # the engine closes every connection after one answer
 
     async def test() -> None:
-        server = Server(answer)
-        async with await server.start():
-            pool = Pool(asyncio.get_running_loop())
+        async with serving(answer) as (server, pool):
             for _ in range(3):
                 async with pool.post(server.url, b"{}") as response:
                     assert await response.read() == b"ok"
@@ -136,7 +141,6 @@ def test_a_connection_the_engine_closes_while_idle_leaves_the_pool() -> None:
                 assert pool.idle[("127.0.0.1", server.port)] == []
             assert server.connections == 3
             assert len(server.requests) == 3
-            pool.close()
     run(test)
 
 
@@ -148,15 +152,12 @@ def test_a_pooled_connection_that_closes_on_the_next_request_is_retried_once() -
         return True
 
     async def test() -> None:
-        server = Server(answer)
-        async with await server.start():
-            pool = Pool(asyncio.get_running_loop())
+        async with serving(answer) as (server, pool):
             for expected in (b"ok 1", b"ok 3"):
                 async with pool.post(server.url, b"{}") as response:
                     assert await response.read() == expected
             assert server.connections == 2
             assert len(server.requests) == 3
-            pool.close()
     run(test)
 
 
@@ -166,15 +167,12 @@ def test_a_body_that_ends_with_the_connection_is_read_whole_and_not_pooled() -> 
         return False
 
     async def test() -> None:
-        server = Server(answer)
-        async with await server.start():
-            pool = Pool(asyncio.get_running_loop())
+        async with serving(answer) as (server, pool):
             for _ in range(2):
                 async with pool.post(server.url, b"{}") as response:
                     assert response.status == 502
                     assert await response.read() == b"no length"
             assert server.connections == 2
-            pool.close()
     run(test)
 
 
@@ -187,13 +185,10 @@ def test_leaving_a_stream_early_closes_the_connection_so_the_engine_stops() -> N
             await asyncio.sleep(0.01)
 
     async def test() -> None:
-        server = Server(answer)
-        async with await server.start():
-            pool = Pool(asyncio.get_running_loop())
+        async with serving(answer) as (server, pool):
             async with pool.post(server.url, b"{}") as response:
                 assert await anext(response.chunks()) == b"data: more\n\n"
             await asyncio.wait_for(server.closed.wait(), 5)
-            pool.close()
     run(test)
 
 
@@ -203,9 +198,7 @@ def test_a_caller_cancelled_while_waiting_closes_the_connection() -> None:
         return False
 
     async def test() -> None:
-        server = Server(answer)
-        async with await server.start():
-            pool = Pool(asyncio.get_running_loop())
+        async with serving(answer) as (server, pool):
 
             async def call() -> None:
                 async with pool.post(server.url, b"{}"):
@@ -219,7 +212,6 @@ def test_a_caller_cancelled_while_waiting_closes_the_connection() -> None:
                 await task
             await asyncio.wait_for(server.closed.wait(), 5)
             assert not pool.idle.get(("127.0.0.1", server.port))
-            pool.close()
     run(test)
 
 
@@ -239,9 +231,7 @@ def test_a_slow_reader_pauses_the_engines_socket_and_loses_nothing() -> None:
         return True
 
     async def test() -> None:
-        server = Server(answer)
-        async with await server.start():
-            pool = Pool(asyncio.get_running_loop())
+        async with serving(answer) as (server, pool):
             async with pool.post(server.url, b"{}") as response:
                 stream = response.chunks()
                 got = len(await anext(stream))
@@ -252,7 +242,6 @@ def test_a_slow_reader_pauses_the_engines_socket_and_loses_nothing() -> None:
                     got += len(data)
             assert got == len(piece) * pieces
             assert sent.is_set()
-            pool.close()
     run(test)
 
 
@@ -263,14 +252,10 @@ def test_an_engine_that_breaks_off_mid_body_is_an_error() -> None:
         return False  # gone, without the last chunk
 
     async def test() -> None:
-        server = Server(answer)
-        async with await server.start():
-            pool = Pool(asyncio.get_running_loop())
-            async with pool.post(server.url, b"{}") as response:
-                with pytest.raises(UpstreamError, match="closed the connection"):
-                    async for _ in response.chunks():
-                        pass
-            pool.close()
+        async with serving(answer) as (server, pool), pool.post(server.url, b"{}") as response:
+            with pytest.raises(UpstreamError, match="closed the connection"):
+                async for _ in response.chunks():
+                    pass
     run(test)
 
 

@@ -163,7 +163,8 @@ def usage_record_many(*, usages: Sequence[Usage]) -> None:
         totals[2] += max(0, usage.completion_tokens)
     keys = {key_id for key_id, _, _ in groups if key_id is not None}
     # One commit (one WAL flush) for them all, not one an update. The rows are taken in one
-    # order (keys, then usage rows sorted) so panel processes writing at once cannot deadlock.
+    # order (the keys in one statement, then the usage rows sorted) so panel processes
+    # writing at once do not wait on each other in a circle.
     with transaction.atomic():
         if keys:
             ApiKey.objects.filter(pk__in=keys).update(last_used_at=now)

@@ -82,7 +82,7 @@ class _Exchange(asyncio.Protocol):
             self.pooled_in = None
         if self.complete:
             return
-        if self.head.done() and not self._framed():
+        if self.error is None and self.head.done() and not self._framed():
             self._end()  # a body that ends with the connection: it has ended
         else:
             self._fail(UpstreamError(f"the engine closed the connection: {exc or 'EOF'}"))
