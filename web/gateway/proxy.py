@@ -199,8 +199,7 @@ async def _generate(scope: Scope, receive: Receive, send: Send, path: str,
     stream = bool(data.get("stream"))
     tap = UsageTap(strip=stream and not _asked_usage(data))
     if tap.strip:  # the engine tells usage only when asked; the client sees no difference
-        body = json.dumps({**data, "stream_options": {
-            **(data.get("stream_options") or {}), "include_usage": True}}).encode()
+        body = usage_asked(body, data)
     await _relay_watching(receive, send, target, path, body, stream, tap)
     if not tap.started:
         return  # the engine never answered (a 503 went out): nothing to count
@@ -263,6 +262,23 @@ def _record_usage(*, usages: list[services.Usage]) -> None:
         services.usage_record_many(usages=usages)
     finally:
         connection.close()  # off Django's request cycle: hand the connection back
+
+
+USAGE_OPTION = b',"stream_options":{"include_usage":true}}'
+
+
+def usage_asked(body: bytes, data: dict[str, Any]) -> bytes:
+    """The request body (`data` is what it parsed to) with stream_options.include_usage
+    set. Without stream_options in it, the option is appended to the object as the client
+    wrote it: a long prompt's JSON is not encoded again (a 130 kB body took 105 us more to
+    encode than to parse, on the path to the first byte). Otherwise, or when the body is not
+    plain UTF-8 JSON (an object's first and last bytes not its braces), it is re-encoded."""
+    if "stream_options" not in data:
+        end = body.rstrip()
+        if body.lstrip()[:1] == b"{" and end[-1:] == b"}":
+            return end[:-1] + USAGE_OPTION
+    return json.dumps({**data, "stream_options": {
+        **(data.get("stream_options") or {}), "include_usage": True}}).encode()
 
 
 def _asked_usage(data: dict[str, Any]) -> bool:
