@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from web.gateway.proxy import usage_asked
+from web.gateway.proxy import with_usage_option
 
 CHAT = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "héllo " * 500}]}
 
@@ -18,14 +18,14 @@ CHAT = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "
     b"  " + json.dumps(CHAT, separators=(",", ":")).encode(),
 ])
 def test_the_option_is_appended_to_the_body_as_written(body: bytes) -> None:
-    out = usage_asked(body, json.loads(body))
+    out = with_usage_option(body, json.loads(body))
     assert out.startswith(body.rstrip()[:-1])  # the client's bytes, not encoded again
     assert json.loads(out) == {**CHAT, "stream_options": {"include_usage": True}}
 
 
 def test_options_the_client_gave_are_kept() -> None:
     data = {**CHAT, "stream_options": {"continuous_usage_stats": True}}
-    out = json.loads(usage_asked(json.dumps(data).encode(), data))
+    out = json.loads(with_usage_option(json.dumps(data).encode(), data))
     assert out["stream_options"] == {"continuous_usage_stats": True, "include_usage": True}
     assert out["messages"] == CHAT["messages"]
 
@@ -33,5 +33,5 @@ def test_options_the_client_gave_are_kept() -> None:
 @pytest.mark.parametrize("encoding", ["utf-16-le", "utf-16-be", "utf-32"])
 def test_a_body_in_another_encoding_is_encoded_again(encoding: str) -> None:
     body = json.dumps(CHAT).encode(encoding)
-    out = usage_asked(body, json.loads(body))  # json.loads reads these; appending would not
+    out = with_usage_option(body, json.loads(body))  # json.loads reads these; appending would not
     assert json.loads(out) == {**CHAT, "stream_options": {"include_usage": True}}

@@ -199,7 +199,7 @@ async def _generate(scope: Scope, receive: Receive, send: Send, path: str,
     stream = bool(data.get("stream"))
     tap = UsageTap(strip=stream and not _asked_usage(data))
     if tap.strip:  # the engine tells usage only when asked; the client sees no difference
-        body = usage_asked(body, data)
+        body = with_usage_option(body, data)
     await _relay_watching(receive, send, target, path, body, stream, tap)
     if not tap.started:
         return  # the engine never answered (a 503 went out): nothing to count
@@ -267,7 +267,7 @@ def _record_usage(*, usages: list[services.Usage]) -> None:
 USAGE_OPTION = b',"stream_options":{"include_usage":true}}'
 
 
-def usage_asked(body: bytes, data: dict[str, Any]) -> bytes:
+def with_usage_option(body: bytes, data: dict[str, Any]) -> bytes:
     """The request body (`data` is what it parsed to) with stream_options.include_usage
     set. Without stream_options in it, the option is appended to the object as the client
     wrote it: a long prompt's JSON is not encoded again (a 130 kB body took 105 us more to
