@@ -22,6 +22,7 @@ from appliance.engine.spec import (
     read_spec_file,
     spec_from_dict,
 )
+from appliance.logs.catalogue import catalogue_rows
 
 EXIT_OK, EXIT_FINDINGS, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -131,6 +132,17 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
             print(f"cause:   {result.cause}\nsummary: {result.summary}\nfix:     {result.fix}")
     else:
         _emit({"diagnosis": result.to_dict() if result else None})
+    return EXIT_OK
+
+
+def cmd_causes(args: argparse.Namespace) -> int:
+    rows = catalogue_rows()
+    if args.text:
+        for row in rows:
+            print(f"{row['id']} ({row['part']}, priority {row['priority']})\n"
+                  f"  summary: {row['summary']}\n  fix:     {row['fix']}")
+    else:
+        _emit({"causes": rows})
     return EXIT_OK
 
 
@@ -318,6 +330,8 @@ def build_parser() -> argparse.ArgumentParser:
     cmd = add("diagnose", "print the most likely failure cause of an engine log")
     cmd.add_argument("file", help="log file, or - for stdin")
     cmd.set_defaults(func=cmd_diagnose)
+    cmd = add("causes", "list the failure catalogue: every cause a diagnosis may name")
+    cmd.set_defaults(func=cmd_causes)
     from appliance.bench.cli import add_parser as add_bench
 
     add_bench(sub)

@@ -20,6 +20,14 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from appliance.logs.appliance_causes import (
+    ENGINE_EXITED,
+    ENGINE_OOM_KILLED,
+    ENGINE_TIMEOUT,
+    ENGINE_VANISHED,
+    GENERATION_FAILED,
+)
+from appliance.logs.cause import Cause
 from appliance.logs.causes import Diagnosis
 from appliance.logs.diagnosis import diagnose
 from appliance.logs.parser import LogEvent, LogParser
@@ -405,7 +413,7 @@ class EngineFollower:
                 if health.healthy.is_set() and health.client is not None:
                     self._confirm_ready(container, reader, health.client)
                 elif time.monotonic() > deadline:
-                    return self._fail(None, "engine-timeout", "the engine was not ready within "
+                    return self._fail(None, ENGINE_TIMEOUT, "the engine was not ready within "
                                       f"{self.options.ready_timeout_s:.0f} s")
 
     def _container(self) -> Any:
@@ -416,8 +424,7 @@ class EngineFollower:
             return container
         container = self.runtime.find(self.plan.identity)
         if container is None:
-            self._fail(None, "engine-vanished", "the engine container is gone",
-                       fix="Redeploy; check `docker ps -a` for who removed it.")
+            self._fail(None, ENGINE_VANISHED, "the engine container is gone")
         return container
 
     def _readers(self, container: Any) -> tuple[_Reader, _Reader | None]:
@@ -445,8 +452,7 @@ class EngineFollower:
             self._exited(state)
             return None, None
         if state.get("status") == "missing":
-            self._fail(None, "engine-vanished", "the engine container is gone",
-                       fix="Redeploy; check `docker ps -a` for who removed it.")
+            self._fail(None, ENGINE_VANISHED, "the engine container is gone")
             return None, None
         time.sleep(1.0)  # dockerd restarting, or a broken stream: resume from the cursor
         self.state.ended = False
@@ -553,7 +559,7 @@ class EngineFollower:
         except Exception as exc:  # noqa: BLE001 - any failure of the probe fails the deployment
             # An engine that crashes on its first generation prints why as it dies.
             self._wait_exit(container, reader, 10.0)
-            self._fail(None, "generation-failed",
+            self._fail(None, GENERATION_FAILED,
                        f"/health was 200 but a one-token generation failed: {exc}")
             raise _Done() from None
         self._flush()
@@ -573,22 +579,18 @@ class EngineFollower:
             message = f"the GPU self-check failed (exit code {code}); the model was not loaded"
         elif state.get("oom_killed"):
             message = f"the engine was killed for lack of host memory (OOM) {when}"
-            found = found or Diagnosis(
-                "engine-oom-killed", message,
-                "Give the engine more host memory or lower its CPU-side caches.",
-                {"exit_code": code})
+            found = found or ENGINE_OOM_KILLED.worded(summary=message,
+                                                      evidence={"exit_code": code})
         elif isinstance(code, int) and code > 128:
             message = f"the engine was killed by signal {code - 128} {when}"
         else:
             message = f"the engine container exited with code {code} {when}"
-        self._fail(found, "engine-exited", message, evidence={"exit_code": code, **state})
+        self._fail(found, ENGINE_EXITED, message, evidence={"exit_code": code, **state})
 
-    def _fail(self, found: Diagnosis | None, cause: str, message: str, *,
-              fix: str = "", evidence: dict[str, Any] | None = None) -> str:
-        found = found or diagnose(list(self.all_lines)) or Diagnosis(
-            cause, message,
-            fix or "Read the engine's last lines below; the cause was not recognised.",
-            evidence or {})
+    def _fail(self, found: Diagnosis | None, cause: Cause, message: str, *,
+              evidence: dict[str, Any] | None = None) -> str:
+        found = found or diagnose(list(self.all_lines)) or cause.worded(
+            summary=message, evidence=evidence)
         self._flush()
         self.sink.failed(found, message, list(self.tail))
         return self._end("failed")

@@ -10,11 +10,11 @@ import pytest
 from django.core import serializers
 from django.test import Client, override_settings
 
+from appliance.logs.appliance_causes import start_failure
 from appliance.runtime.containers import EngineRuntimeError, docker_run_kwargs, secret_values
 from appliance.runtime.secrets import ENV_PREFIX
 from web.deployments import services
 from web.deployments.models import Deployment, Event
-from web.deployments.services.hosts import start_failure
 
 from .specs import spec
 

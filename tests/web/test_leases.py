@@ -9,6 +9,7 @@ import pytest
 from django.db import connection, transaction
 from django.test import Client
 
+from appliance.logs.catalogue import CATALOGUE
 from web.deployments import services
 from web.deployments.models import Deployment, GpuLease
 
@@ -52,7 +53,7 @@ def test_a_deployment_that_ends_gives_its_gpus_back(end: str) -> None:
         assert _held() == {0: first.pk, 1: first.pk}  # stopping still holds: the engine runs
         services.deployment_mark_stopped(deployment_id=first.pk)
     else:
-        services.deployment_mark_failed(deployment_id=first.pk, diagnosis={"summary": "x"},
+        services.deployment_mark_failed(deployment_id=first.pk, diagnosis=CATALOGUE["cuda-oom-load"].diagnosis(),
                                         last_lines=[])
     assert _held() == {}
     second = _create(name="second", gpus=[0, 1])

@@ -9,6 +9,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from appliance.logs.appliance_causes import ENGINE_EXITED
+from appliance.logs.cause import Diagnosis
 from web.deployments import selectors, services
 from web.deployments.models import Deployment, DeploymentStatus, Event, GpuLease, MetricPoint, Run
 from web.deployments.services import lifecycle
@@ -18,7 +20,7 @@ from .specs import spec
 pytestmark = pytest.mark.django_db
 S = DeploymentStatus
 ON_FAILURE = {"policy": "on-failure", "max_restarts": 2}
-DIED = {"cause": "engine-exited", "summary": "the engine exited", "fix": "", "evidence": {}}
+DIED = ENGINE_EXITED.worded(summary="the engine exited")
 
 
 def _create(**changes):  # type: ignore[no-untyped-def]
@@ -34,8 +36,8 @@ def _ready(deployment: Deployment, token: str = "t1") -> Deployment:
 
 def _failed(deployment: Deployment) -> Deployment:
     _ready(deployment)
-    diagnosis = {"cause": "cuda-oom-capture", "summary": "OOM", "fix": "lower it",
-                 "evidence": {"bs": 64}, "patch": {"engine.cuda_graph_max_bs": 32}}
+    diagnosis = Diagnosis("cuda-oom-capture", "OOM", "lower it", {"bs": 64},
+                          {"engine.cuda_graph_max_bs": 32})
     assert services.deployment_mark_failed(deployment_id=deployment.pk, diagnosis=diagnosis,
                                            last_lines=["Traceback"])
     return Deployment.objects.get(pk=deployment.pk)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
+from appliance.logs.cause import Diagnosis
 from web.deployments import services
 from web.deployments.models import Deployment, DeploymentStatus
 
@@ -13,9 +14,8 @@ from .specs import spec
 
 pytestmark = pytest.mark.django_db
 S = DeploymentStatus
-OOM = {"cause": "cuda-oom-capture", "summary": "CUDA ran out of memory while capturing.",
-       "fix": "Lower the CUDA-graph batch limit", "evidence": {"bs": 64},
-       "patch": {"engine.cuda_graph_max_bs": 32}}
+OOM = Diagnosis("cuda-oom-capture", "CUDA ran out of memory while capturing.",
+                "Lower the CUDA-graph batch limit", {"bs": 64}, {"engine.cuda_graph_max_bs": 32})
 
 
 def _client(user) -> Client:  # type: ignore[no-untyped-def]

@@ -35,6 +35,7 @@ from django.utils import timezone
 
 from appliance.engine.spec import spec_from_dict
 from appliance.engine.widths import needed_graph_widths
+from appliance.logs.appliance_causes import MODEL_NOT_READY, start_failure
 from appliance.logs.causes import Diagnosis
 from appliance.runtime import gpu_telemetry
 from appliance.runtime.containers import EngineRuntime, EngineRuntimeError
@@ -52,7 +53,7 @@ from .deployments import (
 )
 from .engines import container_plan, identity_of, progress_fold
 from .events import events_append, events_append_batch, events_batches_quiet
-from .hosts import docker_facts, start_failure
+from .hosts import docker_facts
 from .lifecycle import deployment_restart_after_death
 from .loadtime import deployment_models_refused
 from .metrics import metrics_prune
@@ -147,10 +148,10 @@ class _FollowSink:
         # Died while serving: the spec's restart policy may start it again (lifecycle.py).
         if self.status == S.READY and deployment_restart_after_death(
                 deployment_id=self.pk, start_token=self.start_token,
-                diagnosis=diagnosis.to_dict(), message=message):
+                diagnosis=diagnosis, message=message):
             return
         deployment_mark_failed(
-            deployment_id=self.pk, diagnosis=diagnosis.to_dict(), last_lines=last_lines,
+            deployment_id=self.pk, diagnosis=diagnosis, last_lines=last_lines,
             message=message, sources=RUNNING_STATUSES)
 
     def keep_following(self) -> bool:
@@ -285,9 +286,8 @@ class EngineAgent:
         refused = deployment_models_refused(deployment=deployment)
         if refused:
             message = f"not verified in the model store: {', '.join(refused)}"
-            sink.failed(Diagnosis("model-not-ready", f"The engine was not started: {message}.",
-                                  "Resume or repeat the download on the store page, then "
-                                  "deploy again.", {"models": refused}), message, [])
+            sink.failed(MODEL_NOT_READY.worded(summary=f"The engine was not started: {message}.",
+                                               evidence={"models": refused}), message, [])
             return False
         if not (settings.ENGINE_GPU_REQUESTS and deployment.gpus):
             return True

@@ -14,6 +14,8 @@ from django.db import connection as db_connection
 from django.db.models import Q
 from django.utils import timezone
 
+from appliance.logs.appliance_causes import IMAGE_BUILD_FAILED
+
 from ..models import Deployment, DeploymentStatus, EventKind
 from ._shared import engine_runtime
 from .deployments import (
@@ -167,12 +169,7 @@ def _build_stopped(pk: int) -> BuildStopped:
 
 
 def _mark_build_failed(pk: int, exc: BuildFailed) -> None:
-    diagnosis = {
-        "cause": "image-build-failed",
-        "summary": str(exc),
-        "fix": "Read the failing build step below; fix the recipe or the patch it names.",
-        "evidence": exc.to_dict(),
-    }
+    diagnosis = IMAGE_BUILD_FAILED.worded(summary=str(exc), evidence=exc.to_dict())
     deployment_mark_failed(
         deployment_id=pk, diagnosis=diagnosis, last_lines=list(exc.last_output_lines)
     )

@@ -28,6 +28,8 @@ from appliance.engine.spec import (
     spec_to_dict,
 )
 from appliance.engine.widths import needed_graph_widths
+from appliance.logs.catalogue import catalogued
+from appliance.logs.cause import Diagnosis
 from appliance.preflight import Finding, has_errors, run_preflight
 
 from ..models import (
@@ -308,22 +310,25 @@ def deployment_mark_stopped(*, deployment_id: int) -> bool:
 def deployment_mark_failed(
     *,
     deployment_id: int,
-    diagnosis: dict[str, Any],
+    diagnosis: Diagnosis,
     last_lines: list[str],
     message: str = "",
     sources: Iterable[str] = ACTIVE_STATUSES,
 ) -> bool:
     """Failed from an active state, carrying a diagnosis and the engine's last lines.
 
-    The engine agent passes the running states only: an engine that ends while a stop
-    is under way has stopped, not failed.
+    The diagnosis is one of the failure catalogue's causes (UncataloguedCause otherwise),
+    so the panel never shows a cause the catalogue does not list. The engine agent passes
+    the running states only: an engine that ends while a stop is under way has stopped,
+    not failed.
     """
+    stored = catalogued(diagnosis).to_dict()
     done = _transition(
         deployment_id,
         sources=list(sources),
         target=S.FAILED,
-        message=message or diagnosis.get("summary", ""),
-        diagnosis=diagnosis,
+        message=message or diagnosis.summary,
+        diagnosis=stored,
         last_lines=last_lines[-60:],
         ended_at=timezone.now(),
     )
@@ -331,7 +336,7 @@ def deployment_mark_failed(
         events_append(
             deployment_id=deployment_id,
             events=[
-                (EventKind.DIAGNOSIS, diagnosis),
+                (EventKind.DIAGNOSIS, stored),
                 (EventKind.END, {"status": S.FAILED, "message": message}),
             ],
         )

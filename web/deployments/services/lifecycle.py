@@ -19,6 +19,8 @@ from django.db.models import F
 from django.utils import timezone
 
 from appliance.engine.restart import backoff_s, restart_from
+from appliance.logs.catalogue import catalogued
+from appliance.logs.cause import Diagnosis
 
 from .. import live
 from ..models import TERMINAL_STATUSES, Deployment, DeploymentStatus, EventKind, Run
@@ -112,13 +114,14 @@ def deployment_delete(*, deployment_id: int) -> None:
 
 
 def deployment_restart_after_death(*, deployment_id: int, start_token: str,
-                                   diagnosis: dict[str, Any], message: str) -> bool:
+                                   diagnosis: Diagnosis, message: str) -> bool:
     """The restart policy: an engine that died while serving starts again after a wait.
 
     Only from ready, and only the run whose engine died (its start token): a failure before
     ready needs a fix, not a retry. False when the spec has no policy or it is used up; the
     caller then marks the deployment failed.
     """
+    stored = catalogued(diagnosis).to_dict()
     row = Deployment.objects.get(pk=deployment_id)
     policy, _ = restart_from((row.spec or {}).get("restart"))
     if not policy.on_failure or row.restarts >= policy.max_restarts:
@@ -135,10 +138,10 @@ def deployment_restart_after_death(*, deployment_id: int, start_token: str,
             updated_at=now, **_FRESH_RUN)
         if not updated:
             return False
-        _close_run(row, outcome="died", diagnosis=diagnosis)
+        _close_run(row, outcome="died", diagnosis=stored)
         row.refresh_from_db()
         _open_run(row, reason=Run.Reason.POLICY, user=None, restarts=row.restarts,
-                  diagnosis=diagnosis,
+                  diagnosis=stored,
                   message=f"{message}; restart {row.restarts} of {policy.max_restarts} "
                           f"in {wait:.0f} s (restart policy on-failure), run {row.run}")
     return True

@@ -20,7 +20,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from appliance.engine.spec import DeploymentSpec, spec_from_dict
-from appliance.logs.cause import Diagnosis
+from appliance.logs.appliance_causes import MODEL_DOWNLOAD_FAILED
 from appliance.preflight import MODELS_MOUNT, StoreModel, config_from_summary
 from appliance.preflight.store import UNUSABLE_STATES, WAITING_STATES
 from appliance.store.diskrate import ReadRateError, measure_read_rate
@@ -243,13 +243,11 @@ def _fail(deployment_id: int, entry: ModelEntry) -> str:
     from .deployments import deployment_mark_failed  # it imports this module
 
     why = f": {entry.error}" if entry.error else ""
-    diagnosis = Diagnosis(
-        "model-download-failed",
-        f"The model {entry.engine_path} is {entry.state} in the model store{why}; a partial "
-        "or failed model is never mounted into an engine.",
-        "Resume or repeat the download on the store page, then deploy again.",
-        {"entry_id": entry.pk, "state": entry.state})
-    deployment_mark_failed(deployment_id=deployment_id, diagnosis=diagnosis.to_dict(),
+    diagnosis = MODEL_DOWNLOAD_FAILED.worded(
+        summary=f"The model {entry.engine_path} is {entry.state} in the model store{why}; a "
+        "partial or failed model is never mounted into an engine.",
+        evidence={"entry_id": entry.pk, "state": entry.state})
+    deployment_mark_failed(deployment_id=deployment_id, diagnosis=diagnosis,
                            last_lines=[], message=diagnosis.summary, sources=[S.QUEUED])
     return S.FAILED
 
