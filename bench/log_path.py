@@ -350,8 +350,8 @@ def follow_run(args: argparse.Namespace, *, shape: str, n: int, rate: float, rea
     10,000 lines/s, CPU the path then does not have (issue 22, fourth round)."""
     from appliance.runtime.containers import ContainerPlan, EngineRuntime
     from appliance.runtime.follower import EngineFollower, FollowOptions, follow
+    from web.agent.controller import EngineAgent, _FollowSink
     from web.deployments.models import Deployment
-    from web.deployments.services.agent import EngineAgent, _FollowSink
 
     agent = EngineAgent(agent_id="bench-agent")
     status = "ready" if ready else "starting"

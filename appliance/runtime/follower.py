@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from appliance.lifecycle import ENGINE_PHASES, Status
 from appliance.logs.appliance_causes import (
     ENGINE_EXITED,
     ENGINE_OOM_KILLED,
@@ -34,20 +35,20 @@ from appliance.logs.parser import LogEvent, LogParser
 from appliance.runtime.client import EngineClient
 from appliance.runtime.containers import ContainerPlan, EngineRuntime, LogLine
 
-# Parser kinds that move the deployment forward, and the status each means.
+# Parser kinds that move the deployment forward, and the engine phase each means.
 PHASE_OF_KIND = {
-    "selfcheck_start": "checking",
-    "selfcheck_begin": "checking",
-    "weights_begin": "loading",
-    "weights_progress": "loading",
-    "capture_begin": "capturing",
-    "capture_progress": "capturing",
+    "selfcheck_start": Status.CHECKING,
+    "selfcheck_begin": Status.CHECKING,
+    "weights_begin": Status.LOADING,
+    "weights_progress": Status.LOADING,
+    "capture_begin": Status.CAPTURING,
+    "capture_progress": Status.CAPTURING,
 }
 PROGRESS_KINDS = frozenset(
     {"weights_begin", "weights_progress", "weights_end", "kv_cache", "capture_begin",
      "capture_progress", "capture_end", "ready"}
 )
-PHASE_ORDER = ("starting", "checking", "loading", "capturing", "ready")
+PHASE_ORDER: tuple[str, ...] = ENGINE_PHASES  # the agent's moves, appliance.lifecycle
 LAST_LINES = 60
 READ_AHEAD_LINES = 50_000  # lines read from Docker and not yet parsed, at most
 MAX_PENDING_EVENTS = 20_000  # parsed and waiting for the database, at most (about 1 s)

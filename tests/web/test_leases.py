@@ -53,7 +53,8 @@ def test_a_deployment_that_ends_gives_its_gpus_back(end: str) -> None:
         assert _held() == {0: first.pk, 1: first.pk}  # stopping still holds: the engine runs
         services.deployment_mark_stopped(deployment_id=first.pk)
     else:
-        services.deployment_mark_failed(deployment_id=first.pk, diagnosis=CATALOGUE["cuda-oom-load"].diagnosis(),
+        services.deployment_mark_failed(deployment_id=first.pk,
+                                        diagnosis=CATALOGUE["cuda-oom-load"].diagnosis(),
                                         last_lines=[])
     assert _held() == {}
     second = _create(name="second", gpus=[0, 1])

@@ -13,6 +13,7 @@ import pytest
 import requests
 from django.db import connection
 
+from appliance.lifecycle import Process
 from tests.servers import login_session, panel_server
 from web.deployments import services
 
@@ -114,7 +115,7 @@ def test_a_quiet_stream_gets_keepalives_and_stays_open(server, operator):  # typ
     def later() -> None:
         time.sleep(quiet_s)
         services.events_append(deployment_id=pk, events=[("log", {"text": "after the quiet"})])
-        services.deployment_mark_stopped(deployment_id=pk)
+        services.deployment_mark_stopped(deployment_id=pk, by=Process.WEB)  # still queued
         connection.close()
 
     threading.Thread(target=later).start()
@@ -196,7 +197,7 @@ def test_many_viewers_get_every_event_once_in_order_across_live_gaps(server, ope
         else:
             services.events_append(deployment_id=pk, events=[("log", {"text": "y"})] * 5)
         time.sleep(0.05)
-    services.deployment_mark_stopped(deployment_id=pk)
+    services.deployment_mark_stopped(deployment_id=pk, by=Process.WEB)  # still queued
     for thread in threads:
         thread.join(timeout=40)
     last = selectors.events_after(deployment_id=pk, after_seq=0, limit=1000)[-1].seq

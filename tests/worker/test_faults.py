@@ -31,9 +31,11 @@ from appliance.runtime.follower import SCRAPE_ACCESS
 from tests.conftest_docker import engines_of, remove_engines
 from tests.servers import celery_worker, engine_agent, free_port, login_session, panel_server
 from tests.web.specs import spec
+from web.agent.controller import wait_for
+from web.agent.engines import identity_of
 from web.deployments import services
 from web.deployments.models import Deployment, DeploymentStatus
-from web.deployments.services.engines import instance_id
+from web.deployments.services.installation import instance_id
 from worker import tasks
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
@@ -60,7 +62,7 @@ def _deployment(**changes: Any) -> Deployment:
 
 
 def _wait(pk: int, statuses: set[str], timeout_s: float = 60) -> str:
-    status = services.wait_for(pk, statuses, timeout_s)
+    status = wait_for(pk, statuses, timeout_s)
     assert status in statuses, f"deployment {pk} is {status}, not {statuses}"
     return status
 
@@ -68,7 +70,7 @@ def _wait(pk: int, statuses: set[str], timeout_s: float = 60) -> str:
 def _printed(pk: int) -> list[str]:
     """What the engine printed, stdout and stderr in Docker's order ("\\r" updates folded)."""
     deployment = Deployment.objects.get(pk=pk)
-    container = docker.from_env().containers.get(services.identity_of(deployment).name)
+    container = docker.from_env().containers.get(identity_of(deployment).name)
     raw = container.logs(stdout=True, stderr=True, timestamps=True).decode()
     lines = [line.split(" ", 1)[1] if " " in line else "" for line in raw.split("\n") if line]
     # The agent's own /metrics scrapes are not stored (appliance.runtime.follower).

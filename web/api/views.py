@@ -24,7 +24,6 @@ from appliance.runtime import series
 from web.deployments import selectors, services
 from web.deployments.models import Deployment, DeploymentStatus
 from web.deployments.permissions import can_delete, can_deploy, can_stop, can_view
-from web.deployments.services import lifecycle
 
 from . import metrics
 from .bodies import READ_FIELDS, STATUS_READS, status_etag
@@ -104,13 +103,13 @@ class DeploymentViewSet(
     @action(detail=True, methods=["post"])
     def restart(self, request: Request, pk: str | None = None) -> Response:
         """Start a stopped or failed deployment again: same spec, same id, a new run."""
-        deployment = lifecycle.deployment_restart(deployment_id=self.get_object().pk,
+        deployment = services.deployment_restart(deployment_id=self.get_object().pk,
                                                   user=request.user)
         return Response(DeploymentSerializer(deployment).data, status=status.HTTP_202_ACCEPTED)
 
     def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         """Delete a stopped or failed deployment with its events, runs and metric series."""
-        lifecycle.deployment_delete(deployment_id=self.get_object().pk)
+        services.deployment_delete(deployment_id=self.get_object().pk)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
     @extend_schema(

@@ -20,6 +20,7 @@ from appliance.bench import (
     speedups,
 )
 from appliance.bench.runner import MODES, BenchCancelled, BenchUnreachable, RunResult
+from web import tasks
 from web.deployments.models import Deployment, DeploymentStatus
 
 from .models import BenchmarkRun, BenchmarkStatus
@@ -94,14 +95,9 @@ def benchmark_create(*, deployment_ids: list[int], config: dict[str, Any],
             targets=[_snapshot(d) for d in deployments],
             created_by=user if getattr(user, "is_authenticated", False) else None)
         run.deployments.set(deployments)
-        transaction.on_commit(lambda: _enqueue(run.pk))
+        tasks.benchmark_run_later(run.pk)
     return run
 
-
-def _enqueue(run_id: int) -> None:
-    from worker.celery import app
-
-    app.send_task("worker.tasks.benchmark", args=[run_id])
 
 
 def benchmark_request_cancel(*, run: BenchmarkRun) -> BenchmarkRun:

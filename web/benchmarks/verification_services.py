@@ -22,6 +22,7 @@ from appliance.bench.verify import (
     shipped_prompts,
     verify,
 )
+from web import tasks
 from web.deployments.models import Deployment, DeploymentStatus
 
 from .models import BenchmarkStatus
@@ -112,14 +113,9 @@ def verification_create(*, candidate_id: int | None, baseline_id: int | None,
             targets={"candidate": _snapshot(candidate), "baseline": _snapshot(baseline)},
             progress={"done": 0, "total": total},
             created_by=user if getattr(user, "is_authenticated", False) else None)
-        transaction.on_commit(lambda: _enqueue(run.pk))
+        tasks.verification_run_later(run.pk)
     return run
 
-
-def _enqueue(run_id: int) -> None:
-    from worker.celery import app
-
-    app.send_task("worker.tasks.verification", args=[run_id])
 
 
 def verification_request_cancel(*, run: VerificationRun) -> VerificationRun:

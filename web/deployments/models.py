@@ -1,7 +1,7 @@
 """Deployments and their append-only event log.
 
-Status changes only through the transition functions in services.py, each a
-conditional UPDATE; nothing here assigns status.
+Status changes only through services/lifecycle.py, which applies appliance.lifecycle's
+table as conditional UPDATEs; nothing here assigns status.
 """
 
 from __future__ import annotations
@@ -12,10 +12,13 @@ from typing import Any
 from django.conf import settings
 from django.db import models
 
+from appliance import lifecycle
 from appliance.runtime import series
 
 
 class DeploymentStatus(models.TextChoices):
+    """appliance.lifecycle.Status as Django's choices (the same names and values)."""
+
     QUEUED = "queued"
     BUILDING = "building"
     STARTING = "starting"
@@ -28,29 +31,12 @@ class DeploymentStatus(models.TextChoices):
     FAILED = "failed"
 
 
-ACTIVE_STATUSES = frozenset(
-    {
-        DeploymentStatus.QUEUED,
-        DeploymentStatus.BUILDING,
-        DeploymentStatus.STARTING,
-        DeploymentStatus.CHECKING,
-        DeploymentStatus.LOADING,
-        DeploymentStatus.CAPTURING,
-        DeploymentStatus.READY,
-        DeploymentStatus.STOPPING,
-    }
-)
-TERMINAL_STATUSES = frozenset({DeploymentStatus.STOPPED, DeploymentStatus.FAILED})
-# The engine container may be running in these; the supervisor watches them.
-RUNNING_STATUSES = frozenset(
-    {
-        DeploymentStatus.STARTING,
-        DeploymentStatus.CHECKING,
-        DeploymentStatus.LOADING,
-        DeploymentStatus.CAPTURING,
-        DeploymentStatus.READY,
-    }
-)
+# The sets are appliance.lifecycle's (its table says which process moves which status);
+# tests/web/test_status_writes.py holds DeploymentStatus to lifecycle.Status.
+ACTIVE_STATUSES = frozenset(DeploymentStatus(s) for s in lifecycle.ACTIVE)
+TERMINAL_STATUSES = frozenset(DeploymentStatus(s) for s in lifecycle.TERMINAL)
+# The engine container may be running in these; the agent watches them.
+RUNNING_STATUSES = frozenset(DeploymentStatus(s) for s in lifecycle.RUNNING)
 
 
 class Deployment(models.Model):

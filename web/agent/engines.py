@@ -1,35 +1,24 @@
-"""The engine container: what to start for a deployment, its identity, and progress folding.
+"""The engine container as the agent starts it: its plan, its identity, and the progress
+its log lines fold into.
 
-A run (the build task) ensures the image and hands the deployment to the engine agent
-(services/agent.py), which starts, follows and ends the container.
+The build worker (web/builder/) ensures the image and hands the deployment over; the agent
+(controller.py) starts, follows and ends the container.
 """
 
 from __future__ import annotations
 
 import json
-import logging
-import secrets
 from typing import Any
 
 from django.conf import settings
 
+from appliance.engine.launch import launch_args
 from appliance.engine.spec import spec_from_dict
 from appliance.preflight import gpu_check_args
-from appliance.runtime.containers import EngineRuntimeError, Identity
-
-from ..models import Deployment, DeploymentStatus
-from ._shared import engine_runtime, instance_id
-from .builds import BuildStopped, build_claim, ensure_image
-from .deployments import deployment_mark_starting, deployment_mark_stopped
-from .loadtime import (
-    MODEL_WAIT_POLL_S,
-    deployment_model_wait,
-    deployment_models_refused,
-    engine_model_mounts,
-)
-
-log = logging.getLogger(__name__)
-S = DeploymentStatus
+from appliance.runtime.containers import ContainerPlan, EngineRuntimeError, Identity
+from web.deployments.models import Deployment
+from web.deployments.services.installation import instance_id
+from web.deployments.services.loadtime import deployment_models_refused, engine_model_mounts
 
 
 def _fold_selfcheck(progress: dict[str, Any], event: dict[str, Any]) -> None:
@@ -131,10 +120,7 @@ def identity_of(deployment: Deployment) -> Identity:
     return Identity(str(deployment.pk), instance_id(), deployment.start_token)
 
 
-def container_plan(deployment: Deployment, image: str) -> Any:
-    from appliance.engine.launch import launch_args
-    from appliance.runtime.containers import ContainerPlan
-
+def container_plan(deployment: Deployment, image: str) -> ContainerPlan:
     spec = spec_from_dict(deployment.spec)
     launch = launch_args(spec)
     refused = deployment_models_refused(deployment=deployment)
@@ -166,45 +152,3 @@ def container_plan(deployment: Deployment, image: str) -> Any:
         secrets=list(launch.secrets),
         secrets_dir=settings.ENGINE_SECRETS_DIR,
     )
-
-
-def deployment_run(*, deployment_id: int) -> str:
-    """The build task's one service: the image, then hand the engine to the engine agent.
-
-    The deployment goes to `starting` with a new start token; the agent that owns this
-    host's engines starts the container, follows it to ready, and on for its whole life.
-    """
-    deployment = Deployment.objects.get(pk=deployment_id)
-    if deployment.status == S.QUEUED:
-        waited = deployment_model_wait(deployment_id=deployment_id)
-        if waited == "waiting":  # the download runs on: look again in a moment
-            _enqueue_later("worker.tasks.deploy", deployment_id, MODEL_WAIT_POLL_S)
-        if waited != "ready":
-            return waited
-    if deployment.status not in {S.QUEUED, S.BUILDING} or not build_claim(deployment_id):
-        return str(deployment.status)  # done already, or a live worker builds it
-    try:
-        image = ensure_image(deployment)
-    except BuildStopped as exc:
-        return exc.outcome
-    if image is None:
-        return str(Deployment.objects.get(pk=deployment_id).status)
-    deployment_mark_starting(deployment_id=deployment_id, image=image,
-                             start_token=secrets.token_hex(8))
-    return str(Deployment.objects.get(pk=deployment_id).status)
-
-
-def _enqueue_later(task_name: str, deployment_id: int, countdown: float) -> None:
-    from worker.celery import app
-
-    app.send_task(task_name, args=[deployment_id], countdown=countdown)
-
-
-def deployment_stop(*, deployment_id: int) -> str:
-    """The stop task's one service: docker stop with a timeout, remove, mark stopped."""
-    deployment = Deployment.objects.get(pk=deployment_id)
-    if deployment.status != S.STOPPING:
-        return str(deployment.status)
-    engine_runtime().stop(identity_of(deployment), timeout_s=settings.ENGINE_STOP_TIMEOUT_S)
-    deployment_mark_stopped(deployment_id=deployment_id)
-    return S.STOPPED
