@@ -20,6 +20,18 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from appliance.events import (
+    BAR_KINDS,
+    DIAGNOSIS,
+    LOG,
+    METRIC,
+    PARSED_DIAGNOSIS,
+    PROGRESS,
+    PROGRESS_KINDS,
+    SELFCHECK,
+    STATS_KINDS,
+    STATUS,
+)
 from appliance.lifecycle import ENGINE_PHASES, Status
 from appliance.logs.appliance_causes import (
     ENGINE_EXITED,
@@ -44,10 +56,6 @@ PHASE_OF_KIND = {
     "capture_begin": Status.CAPTURING,
     "capture_progress": Status.CAPTURING,
 }
-PROGRESS_KINDS = frozenset(
-    {"weights_begin", "weights_progress", "weights_end", "kv_cache", "capture_begin",
-     "capture_progress", "capture_end", "ready"}
-)
 PHASE_ORDER: tuple[str, ...] = ENGINE_PHASES  # the agent's moves, appliance.lifecycle
 LAST_LINES = 60
 READ_AHEAD_LINES = 50_000  # lines read from Docker and not yet parsed, at most
@@ -70,6 +78,7 @@ BUSY_LINGER_S = 0.02
 # for nearly every batch, 0.37 ms of the agent's CPU each (issue 22).
 KEEP_CONNECTION_S = 1.0
 
+# (stored kind, payload) pairs: appliance.events says what each kind carries.
 Events = list[tuple[str, dict[str, Any]]]
 # uvicorn's access line for a /metrics scrape (the agent's own, every 2 s, and any
 # Prometheus'): not stored, or it would be most of a quiet engine's log.
@@ -420,8 +429,8 @@ class EngineFollower:
     def _container(self) -> Any:
         if self.may_start and self.state.status == "starting":
             container = self.runtime.ensure_started(self.plan)
-            self._ship([("status", {"message": f"engine container {container.name} "
-                                                   "running"})], None)
+            self._ship([(STATUS, {"message": f"engine container {container.name} "  # StatusNote
+                                             "running"})], None)
             return container
         container = self.runtime.find(self.plan.identity)
         if container is None:
@@ -512,7 +521,7 @@ class EngineFollower:
             shown = text.rsplit("\r", 1)[-1] if "\r" in text else text
             self.tail.append(shown)
             self.all_lines.append(text)
-            append(("log", {"stream": line.stream, "text": shown}))
+            append((LOG, {"stream": line.stream, "text": shown}))  # a LogLine
             found = feed(text)
             if found:
                 extend(parsed(found))
@@ -521,8 +530,8 @@ class EngineFollower:
     def _partial_progress(self, text: str) -> Events:
         events: Events = []
         for event in self.progress_parser.feed(text):
-            if event.kind in {"weights_progress", "capture_progress"}:
-                events.append(("progress", {**event.to_dict(), "partial": True}))
+            if event.kind in BAR_KINDS:
+                events.append((PROGRESS, {**event.to_dict(), "partial": True}))
                 self._advance_for(event.kind)
         return events
 
@@ -531,13 +540,13 @@ class EngineFollower:
         for event in parsed:
             payload = event.to_dict()
             if event.kind in PROGRESS_KINDS:
-                events.append(("progress", payload))
-            elif event.kind in {"decode_stats", "prefill_stats"}:
-                events.append(("metric", payload))
-            elif event.kind == "diagnosis":
-                events.append(("diagnosis", payload))
+                events.append((PROGRESS, payload))
+            elif event.kind in STATS_KINDS:
+                events.append((METRIC, payload))
+            elif event.kind == PARSED_DIAGNOSIS:
+                events.append((DIAGNOSIS, payload))
             elif event.kind.startswith("selfcheck_"):
-                events.append(("selfcheck", payload))
+                events.append((SELFCHECK, payload))
             self._advance_for(event.kind)
         return events
 

@@ -36,6 +36,7 @@ from django.utils import timezone
 
 from appliance.engine.spec import spec_from_dict
 from appliance.engine.widths import needed_graph_widths
+from appliance.events import DECODE_STATS
 from appliance.lifecycle import AGENT_OWNED
 from appliance.logs.appliance_causes import MODEL_NOT_READY, start_failure
 from appliance.logs.causes import Diagnosis
@@ -104,7 +105,7 @@ class _FollowSink:
 
     def ship(self, events: Events, cursor: Cursor | None) -> None:
         decode = next((p for k, p in reversed(events)
-                       if k == EventKind.METRIC and p.get("kind") == "decode_stats"), None)
+                       if k == EventKind.METRIC and p.get("kind") == DECODE_STATS), None)
         changed = False
         for kind, payload in events:
             if kind in (EventKind.PROGRESS, EventKind.SELFCHECK):

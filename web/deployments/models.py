@@ -12,7 +12,7 @@ from typing import Any
 from django.conf import settings
 from django.db import models
 
-from appliance import lifecycle
+from appliance import events, lifecycle
 from appliance.runtime import series
 
 
@@ -126,17 +126,19 @@ class Deployment(models.Model):
 
 
 class EventKind(models.TextChoices):
-    LOG = "log"
-    PHASE = "phase"
-    PROGRESS = "progress"
-    METRIC = "metric"
-    DIAGNOSIS = "diagnosis"
-    BUILD = "build"
-    SELFCHECK = "selfcheck"
-    STATUS = "status"
-    PREFLIGHT = "preflight"
-    ALERT = "alert"
-    END = "end"
+    """An Event row's kind; what each carries is appliance.events'."""
+
+    LOG = events.LOG
+    PHASE = events.PHASE
+    PROGRESS = events.PROGRESS
+    METRIC = events.METRIC
+    DIAGNOSIS = events.DIAGNOSIS
+    BUILD = events.BUILD
+    SELFCHECK = events.SELFCHECK
+    STATUS = events.STATUS
+    PREFLIGHT = events.PREFLIGHT
+    ALERT = events.ALERT
+    END = events.END
 
 
 # What the detail page's log shows as lines (log lines, and markers for the others).
