@@ -22,7 +22,7 @@ from appliance.engine.spec import DeploymentSpec, spec_from_dict
 from appliance.lifecycle import Process
 from appliance.logs.appliance_causes import MODEL_DOWNLOAD_FAILED
 from appliance.preflight import MODELS_MOUNT, StoreModel, config_from_summary
-from appliance.preflight.store import UNUSABLE_STATES, WAITING_STATES
+from appliance.preflight.types import UNUSABLE_STATES, WAITING_STATES
 from appliance.store.diskrate import ReadRateError, measure_read_rate
 from appliance.store.loadtime import describe_load, load_seconds
 from web import tasks
