@@ -23,7 +23,8 @@ from appliance.bench.runner import MODES, BenchCancelled, BenchUnreachable, RunR
 from web import tasks
 from web.deployments.models import Deployment, DeploymentStatus
 
-from .models import BenchmarkRun, BenchmarkStatus
+from .choices import BenchmarkStatus
+from .models import BenchmarkRun
 
 MAX_LEVEL, MAX_PROMPTS, MAX_LEN = 1024, 10000, 131072
 POLL_S = 0.5

@@ -25,7 +25,7 @@ from appliance.bench.verify import (
 from web import tasks
 from web.deployments.models import Deployment, DeploymentStatus
 
-from .models import BenchmarkStatus
+from .choices import BenchmarkStatus
 from .services import BenchmarkInputError, target_name
 from .verification_models import VerificationRun
 
