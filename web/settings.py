@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from datetime import timedelta
 from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -124,8 +125,6 @@ def _database(url: str) -> dict[str, object]:
     if not url:
         (BASE_DIR / "var").mkdir(exist_ok=True)
         return {"ENGINE": "django.db.backends.sqlite3", "NAME": BASE_DIR / "var" / "db.sqlite3"}
-    from urllib.parse import unquote, urlparse
-
     parsed = urlparse(url)
     if parsed.scheme not in {"postgres", "postgresql"}:
         raise ValueError(

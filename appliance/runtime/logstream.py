@@ -7,6 +7,7 @@ redrawing with "\\r") come as they are written, for live progress.
 
 from __future__ import annotations
 
+import calendar
 import codecs
 import itertools
 import struct
@@ -48,7 +49,6 @@ class LogLine:
 
 def parse_docker_ts(text: str) -> int:
     """Docker's RFC 3339 timestamp with up to 9 fraction digits -> Unix nanoseconds."""
-    import calendar
 
     day, _, rest = text.partition("T")
     clock = rest.rstrip("Z")

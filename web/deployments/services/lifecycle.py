@@ -40,11 +40,11 @@ from django.utils import timezone
 from appliance.engine.restart import backoff_s, restart_from
 from appliance.lifecycle import Process, Status, sources_of
 
-from ..models import TERMINAL_STATUSES, Deployment, DeploymentStatus, Event, EventKind, Run
+from ..models import TERMINAL_STATUSES, Deployment, Event, EventKind, Run
 from .events import events_append
 from .leases import gpu_leases_release
 
-S = DeploymentStatus
+S = Status
 User = AbstractBaseUser | AnonymousUser | None
 
 # What a new run starts without: the last run's engine, figures and verdict.
