@@ -76,7 +76,7 @@ def test_failed_carries_a_diagnosis_and_the_last_lines_and_ends_the_stream():  #
 
 def test_stopping_a_queued_deployment_stops_it_at_once():  # type: ignore[no-untyped-def]
     deployment = _create()
-    stopped = services.deployment_request_stop(deployment=deployment)
+    stopped = services.deployment_stop(deployment_id=deployment.pk)
     assert stopped.status == S.STOPPED
 
 
@@ -84,7 +84,7 @@ def test_stopping_a_running_deployment_hands_it_to_the_worker():  # type: ignore
     deployment = _create()
     services.deployment_mark_starting(deployment_id=deployment.pk, image="img")
     deployment.refresh_from_db()
-    assert services.deployment_request_stop(deployment=deployment).status == S.STOPPING
+    assert services.deployment_stop(deployment_id=deployment.pk).status == S.STOPPING
 
 
 @pytest.mark.django_db(transaction=True)
