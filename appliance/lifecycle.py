@@ -1,26 +1,28 @@
 """A deployment's lifecycle: its statuses, the one table of moves between them, and who
 makes each move.
 
-    status     may come from                                  made by
-    ---------  ---------------------------------------------  ------------------------------
-    queued     stopped, failed                                web (Restart)
-    building   queued                                         build worker
-    starting   queued, building                               build worker (the image exists)
-    starting   ready                                          agent (restart policy)
-    checking   starting                                       agent (GPU self-check)
-    loading    starting, checking                             agent (weights)
-    capturing  starting, checking, loading                    agent (CUDA graphs)
-    ready      starting, checking, loading, capturing         agent (/health, one token)
-    stopping   building, starting .. ready                    web (Stop)
-    stopped    queued                                         web (Stop before anything ran)
-    stopped    stopping                                       agent (the container is gone)
-    failed     queued, building                               build worker (download, build)
-    failed     starting, checking, loading, capturing, ready  agent (the engine failed)
+    status     may come from                                            made by
+    ---------- -------------------------------------------------------  ----------------------------
+    queued     stopped, failed                                          web (Restart)
+    building   queued                                                   build worker (no image yet)
+    starting   queued, building                                         build worker (image exists)
+    starting   ready                                                    agent (restart policy)
+    checking   starting                                                 agent (GPU self-check)
+    loading    starting, checking                                       agent (weights)
+    capturing  starting, checking, loading                              agent (CUDA graphs)
+    ready      starting, checking, loading, capturing                   agent (/health, one token)
+    stopping   building, starting, checking, loading, capturing, ready  web (Stop)
+    stopped    queued                                                   web (Stop, nothing ran)
+    stopped    stopping                                                 agent (container gone)
+    failed     queued, building                                         build worker (model, build)
+    failed     starting, checking, loading, capturing, ready            agent (engine failed)
 
 Stopped and failed are terminal (the deployment's GPUs are free again); the agent owns a
 deployment's engine from `starting` until it is stopped or failed. Code in `web/` moves a
 status only through this table (web/deployments/services/lifecycle.py applies it as one
-conditional UPDATE; tests/web/test_status_writes.py fails on any other write of it).
+conditional UPDATE; tests/web/test_status_writes.py fails on any other write of it;
+tests/web/test_architecture_doc.py holds this drawing and docs/architecture.md's to the
+table).
 
 Framework-free: the engine follower (appliance.runtime.follower) reads the engine phases
 from here, the Django side builds its choices and status sets from it.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from datetime import timedelta
 from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -89,7 +90,7 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # WhiteNoise is sync-only. Under ASGI, Django runs every middleware outside the first
     # sync-only one in sync mode, all in the request's one thread; those inside it run in
-    # async mode, which moves each of their hooks to a thread and back (issue 22's profile:
+    # async mode, which moves each of their hooks to a thread and back (the profile:
     # /healthz 6-7x a bare ASGI app, most of it those hops). Here, next to the view, it
     # leaves the whole list sync; static files pass the (lazy) session, CSRF and auth hooks.
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -124,8 +125,6 @@ def _database(url: str) -> dict[str, object]:
     if not url:
         (BASE_DIR / "var").mkdir(exist_ok=True)
         return {"ENGINE": "django.db.backends.sqlite3", "NAME": BASE_DIR / "var" / "db.sqlite3"}
-    from urllib.parse import unquote, urlparse
-
     parsed = urlparse(url)
     if parsed.scheme not in {"postgres", "postgresql"}:
         raise ValueError(
@@ -152,9 +151,10 @@ def _database(url: str) -> dict[str, object]:
             **_database_pool(),
             # Parameters bound by PostgreSQL rather than quoted into the SQL by psycopg, so
             # psycopg can prepare a statement a pooled connection has run this many times
-            # (Django's default: client-side binding, nothing prepared). Issue 22's third
-            # round: PostgreSQL's CPU for the ORM's reads fell by 60-75 % (parse and plan
-            # once per connection); the status reads' statement is prepared the same way.
+            # (Django's default: client-side binding, nothing prepared). Measured
+            # (docs/performance.md, Status API, third round): PostgreSQL's CPU for the
+            # ORM's reads fell by 60-75 % (parse and plan once per connection); the status
+            # reads' statement is prepared the same way.
             "server_side_binding": True,
             "prepare_threshold": _prepare_threshold(),
         },
@@ -190,7 +190,8 @@ def _database_pool() -> dict[str, object]:
 
 DATABASES = {"default": _database(_DATABASE_URL)}
 # A token GET of a deployment's detail or summary answered on the ASGI path before Django
-# (web/api/asgi.py, issue 22), with Django's own headers; off: every request is Django's.
+# (web/api/asgi.py: the reads polled most), with Django's own headers; off: every request
+# is Django's.
 STATUS_READS_BEFORE_DJANGO = env_bool("APPLIANCE_STATUS_READS_BEFORE_DJANGO", True)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

@@ -37,10 +37,11 @@ from appliance.events import (
     PROGRESS,
     SELFCHECK,
 )
+from appliance.lifecycle import Status
 from appliance.runtime.series import MetricPoint
 
 Events = list[tuple[str, dict[str, Any]]]
-STALL_STATUSES = frozenset({"loading", "capturing"})
+STALL_STATUSES = frozenset({Status.LOADING, Status.CAPTURING})  # the phases that must show progress
 # uvicorn's access lines (the agent's own /health polls) are not progress.
 _ACCESS_LINE = re.compile(r'^INFO:\s+\S+ - "[A-Z]+ \S+ HTTP/[\d.]+" \d{3}')
 

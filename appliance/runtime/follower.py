@@ -63,19 +63,21 @@ MAX_PENDING_EVENTS = 20_000  # parsed and waiting for the database, at most (abo
 RESUME_OVERLAP_S = 1.0  # re-read this much before the cursor; the cursor drops repeats
 # A trickle of lines is shipped at most this often, a line after a quiet spell at once: each
 # batch costs a statement, a live publish and a wake-up of every viewer, and 1,000 lines/s
-# shipped as they came made 500 batches a second (0.4 of a core in the agent: issue 22).
+# shipped as they came made 500 batches a second (0.4 of a core in the agent:
+# docs/performance.md, Log path).
 LINGER_S = 0.005
 LINGER_EVENTS = 1000  # a batch this large goes without lingering
 # After two batches in a row of BUSY_EVENTS or more (some 15,000 events/s and up), the next
 # gathers for up to BUSY_LINGER_S: at 10,000 decode lines/s, batches of 160 events every
 # 8 ms cost more than their rows (each is a statement, a Redis call and a wake-up of the
-# live feed: issue 22, fourth round). A trickle (1,000 lines/s: batches of 10) keeps
-# LINGER_S, and so does the batch after a single large one (a stall, not a busy engine).
+# live feed: docs/performance.md, Log path, fourth round). A trickle (1,000 lines/s:
+# batches of 10) keeps LINGER_S, and so does the batch after a single large one (a stall,
+# not a busy engine).
 BUSY_EVENTS = 100
 BUSY_LINGER_S = 0.02
 # The shipper gives its database connection back after this long with nothing to write:
 # on each catch-up, 1,000 lines/s took a pooled connection (and its check, a round trip)
-# for nearly every batch, 0.37 ms of the agent's CPU each (issue 22).
+# for nearly every batch, 0.37 ms of the agent's CPU each (docs/performance.md).
 KEEP_CONNECTION_S = 1.0
 
 # (stored kind, payload) pairs: appliance.events says what each kind carries.
@@ -174,7 +176,7 @@ class _Reader(threading.Thread):
     """Reads container output on its own thread so health polling never waits on it.
 
     Lines go into a deque the follower empties a batch at a time: a queue.Queue's lock and
-    condition per line cost more than parsing a line (issue 22). The follower clears
+    condition per line cost more than parsing a line (measured). The follower clears
     `arrived` before it takes lines, and the reader sets it after each append, so a line is
     never left waiting unseen."""
 
@@ -213,7 +215,7 @@ class _Reader(threading.Thread):
 
 class _Shipper(threading.Thread):
     """Ships to the sink on its own thread, so the next lines are read and parsed while the
-    database writes (the write was 40 % of the follower's time: issue 22). What the follower
+    database writes (the write was 40 % of the follower's time, profiled). What the follower
     hands over while a write runs is shipped together by the next one (group commit): a
     busy engine's batches grow with the write's cost, a quiet one's line goes at once.
     Any other sink call waits for what is handed over first (flush), so the sink sees
@@ -319,7 +321,7 @@ class _Shipper(threading.Thread):
 class _HealthPoller(threading.Thread):
     """Polls /health on its own thread until it answers 200. On the follower's thread a
     slow answer (an engine loading may take the client's whole timeout) held every line
-    behind it for that long (issue 22)."""
+    behind it for that long."""
 
     def __init__(self, connect: Callable[[], EngineClient | None], every_s: float) -> None:
         super().__init__(daemon=True, name="engine-health")
@@ -483,7 +485,7 @@ class EngineFollower:
         taken = reader.take(self.options.batch_lines, self.options.batch_s)
         if taken and len(taken) < LINGER_EVENTS and taken[-1] is not None:
             # A trickle is taken at most every LINGER_S (see there): parsing and handing
-            # over a line at a time cost more than the lines (issue 22).
+            # over a line at a time cost more than the lines (profiled).
             left = self.last_drain + LINGER_S - time.monotonic()
             if left > 0:
                 time.sleep(left)

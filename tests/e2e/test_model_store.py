@@ -1,4 +1,4 @@
-"""Issue 23's browser test, as a user: add a model from the (local) hub in the panel, watch
+"""The model store's browser test, as a user: add a model from the (local) hub in the panel, watch
 its progress, kill the worker mid-file and see the download resume where it stopped, see it
 verified. The stack is real: the uvicorn panel and Celery workers as processes, Chromium."""
 

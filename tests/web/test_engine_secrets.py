@@ -83,7 +83,7 @@ def test_a_planted_secret_is_in_no_row_event_answer_or_stream(operator, viewer, 
     with override_settings(ENGINE_SECRETS_DIR=str(tmp_path)):
         deployment = _create(client, secrets=["HF_TOKEN"])
         secret_values(container_plan(deployment, "img"))
-    services.deployment_request_stop(deployment=deployment)
+    services.deployment_stop(deployment_id=deployment.pk)
     dump = serializers.serialize("json", [*Deployment.objects.all(), *Event.objects.all()])
     assert PLANTED not in dump
     reader = Client()

@@ -64,13 +64,13 @@ def test_a_deployment_that_ends_gives_its_gpus_back(end: str) -> None:
 @pytest.mark.django_db
 def test_a_stopped_deployment_takes_its_gpus_again_through_acquire() -> None:
     first = _create(gpus=[2])
-    services.deployment_request_stop(deployment=first)  # queued: stopped at once
+    services.deployment_stop(deployment_id=first.pk)  # queued: stopped at once
     other = _create(name="other", gpus=[2])
     first.refresh_from_db()
     with pytest.raises(services.DeploymentInputError) as caught, transaction.atomic():
         services.gpu_leases_acquire(deployment=first)
     assert f"#{other.pk} 'other'" in caught.value.errors["gpus"][0]
-    services.deployment_request_stop(deployment=other)
+    services.deployment_stop(deployment_id=other.pk)
     services.gpu_leases_acquire(deployment=first)
     services.gpu_leases_acquire(deployment=first)  # a retried restart keeps what it holds
     assert _held() == {2: first.pk}

@@ -1,6 +1,6 @@
-"""Lifecycle services (web/deployments/services/lifecycle.py) on the real database: Restart
-keeps the row and its earlier runs, Delete takes the log with it, the restart policy restarts
-only an engine that died while serving, with a doubling wait and a count."""
+"""Lifecycle services (services/deployments.py, services/lifecycle.py) on the real database:
+Restart keeps the row and its earlier runs, Delete takes the log with it, the restart policy
+restarts only an engine that died while serving, with a doubling wait and a count."""
 
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ def test_it_refuses_to_restart_an_active_deployment_naming_its_status():  # type
 
 def test_it_refuses_a_restart_when_another_deployment_now_holds_its_gpu():  # type: ignore[no-untyped-def]
     first = _create()
-    services.deployment_request_stop(deployment=first)  # queued: stopped at once, GPU 0 free
+    services.deployment_stop(deployment_id=first.pk)  # queued: stopped at once, GPU 0 free
     other = _create(name="other")
     with pytest.raises(services.DeploymentInputError) as caught:
         services.deployment_restart(deployment_id=first.pk)
@@ -88,7 +88,7 @@ def test_delete_takes_a_stopped_deployment_with_its_events_runs_and_series():  #
     MetricPoint.objects.create(deployment_id=failed.pk, ts=timezone.now(), resolution_s=2,
                                throughput=1.0)
     services.deployment_restart(deployment_id=failed.pk)
-    services.deployment_request_stop(deployment=Deployment.objects.get(pk=failed.pk))
+    services.deployment_stop(deployment_id=failed.pk)
     services.deployment_delete(deployment_id=failed.pk)
     assert not Deployment.objects.filter(pk=failed.pk).exists()
     assert not Event.objects.filter(deployment_id=failed.pk).exists()

@@ -69,7 +69,7 @@ def test_restart_from_the_panel_queues_run_two_and_refuses_a_ready_one(operator)
 def test_clone_fills_the_form_with_the_spec_and_deploying_it_gives_the_same_spec(operator):  # type: ignore[no-untyped-def]
     source = _failed(engine__mem_fraction_static=0.8, restart={"policy": "on-failure",
                                                                "max_restarts": 3})
-    services.deployment_request_stop(deployment=source)
+    services.deployment_stop(deployment_id=source.pk)
     client = _client(operator)
     form = client.get(f"/deployments/new/?from={source.pk}").context["form"]
     assert form.initial["model_path"] == "/models/Kimi-K2.6"

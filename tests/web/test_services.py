@@ -89,7 +89,7 @@ def test_failed_refuses_a_diagnosis_whose_cause_is_not_in_the_catalogue():  # ty
 
 def test_stopping_a_queued_deployment_stops_it_at_once():  # type: ignore[no-untyped-def]
     deployment = _create()
-    stopped = services.deployment_request_stop(deployment=deployment)
+    stopped = services.deployment_stop(deployment_id=deployment.pk)
     assert stopped.status == S.STOPPED
 
 
@@ -97,7 +97,7 @@ def test_stopping_a_running_deployment_hands_it_to_the_worker():  # type: ignore
     deployment = _create()
     services.deployment_mark_starting(deployment_id=deployment.pk, image="img")
     deployment.refresh_from_db()
-    assert services.deployment_request_stop(deployment=deployment).status == S.STOPPING
+    assert services.deployment_stop(deployment_id=deployment.pk).status == S.STOPPING
 
 
 @pytest.mark.django_db(transaction=True)

@@ -78,7 +78,7 @@ def test_it_resumes_after_last_event_id_from_the_database(server, operator, live
     pk = deployment.pk
     services.events_append(deployment_id=pk, events=[("log", {"text": f"l{i}"}) for i in range(5)])
     live_channel.delete(f"appliance:deployment:{pk}:events")  # the live channel lost everything
-    services.deployment_request_stop(deployment=deployment)
+    services.deployment_stop(deployment_id=deployment.pk)
     session = login_session(server, "otto", "operator-pass-1")
     headers = {"Last-Event-ID": "3"}
     with session.get(

@@ -1,5 +1,5 @@
-"""The status reads' answers stored by the deployment row's writers (issue 22;
-web/deployments/services/reads.py): rendered from the row as each write leaves it, kept
+"""The status reads' answers stored by the deployment row's writers
+(web/deployments/services/reads.py): rendered from the row as each write leaves it, kept
 with the row's version, read in the token statement only while that version is current."""
 
 from __future__ import annotations

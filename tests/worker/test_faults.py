@@ -113,7 +113,7 @@ def test_an_agent_killed_in_any_phase_is_replaced_and_no_line_is_lost_or_doubled
     with engine_agent(tmp_path / "agent-1.log", **engine_env) as first:
         if phase == "stopping":
             _wait(pk, {S.READY}, 90)
-            services.deployment_request_stop(deployment=Deployment.objects.get(pk=pk))
+            services.deployment_stop(deployment_id=pk)
         else:
             _wait(pk, {phase}, 90)
         first.send_signal(signal.SIGKILL)
@@ -217,7 +217,7 @@ def test_a_stop_is_carried_out_within_3_s_behind_a_backlog_of_50_queued_deployme
         for i in range(50):  # queued for a worker that is busy elsewhere (none runs here)
             _deployment(name=f"backlog-{i}", gpus=[i + 1])
         asked = time.monotonic()
-        services.deployment_request_stop(deployment=Deployment.objects.get(pk=ready.pk))
+        services.deployment_stop(deployment_id=ready.pk)
         _wait(ready.pk, {S.STOPPED}, 10)
         took = time.monotonic() - asked
     assert took < 3, f"the stop took {took:.1f} s"
@@ -279,7 +279,7 @@ def test_a_redis_restart_keeps_the_worker_and_agent_up_and_loses_no_queued_task(
             after = _deployment(name="queued-after-restart", gpus=[1])  # GPU 0: "waiting"
             queue_deploy(after.pk)
             _wait(after.pk, {S.READY}, 120)
-            services.deployment_request_stop(deployment=Deployment.objects.get(pk=waiting.pk))
+            services.deployment_stop(deployment_id=waiting.pk)
             _wait(waiting.pk, {S.STOPPED}, 30)
             _assert_every_line_once(after.pk)
             viewer.join(timeout=30)

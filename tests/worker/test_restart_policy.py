@@ -84,7 +84,7 @@ def test_restart_brings_a_stopped_deployment_back_in_a_new_container(engine, age
     pk = _deploy()
     assert controller.wait_for(pk, {S.READY, S.FAILED}, 90) == S.READY
     first_token = Deployment.objects.get(pk=pk).start_token
-    services.deployment_request_stop(deployment=Deployment.objects.get(pk=pk))
+    services.deployment_stop(deployment_id=pk)
     assert controller.wait_for(pk, {S.STOPPED}, 30) == S.STOPPED
 
     services.deployment_restart(deployment_id=pk)

@@ -135,7 +135,7 @@ def test_a_planted_secret_reaches_its_engine_and_no_event_row_log_key_or_layer(
     pk = services.deployment_create(data=spec(secrets=["HF_TOKEN"]), confirm_warnings=True).pk
     assert wait_for(pk, {S.READY, S.FAILED}, 150) == S.READY
     places = _container_checks(pk, planted)
-    services.deployment_request_stop(deployment=Deployment.objects.get(pk=pk))
+    services.deployment_stop(deployment_id=pk)
     assert wait_for(pk, {S.STOPPED}, 60) == S.STOPPED
     places.update(_api_and_stream(stack["url"], pk))
     places.update(_everything_else(stack["logs"]))

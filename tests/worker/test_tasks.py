@@ -110,7 +110,7 @@ def test_deploy_goes_from_queued_to_ready_with_phases_and_progress_then_stops(en
     assert container.labels["appliance.start-token"] == deployment.start_token
     assert EngineClient(deployment.engine_url).health() == 200
 
-    services.deployment_request_stop(deployment=deployment)
+    services.deployment_stop(deployment_id=deployment.pk)
     assert wait_for(deployment.pk, {S.STOPPED}, 30) == S.STOPPED  # the agent stops it
     deployment.refresh_from_db()
     assert deployment.status == S.STOPPED
@@ -196,7 +196,7 @@ def test_a_stop_during_loading_stops_the_engine_and_its_container_within_seconds
         tasks.deploy.apply(args=[deployment.pk]).get()
         assert wait_for(deployment.pk, {S.LOADING}, 30) == S.LOADING
         started = time.monotonic()
-        services.deployment_request_stop(deployment=Deployment.objects.get(pk=deployment.pk))
+        services.deployment_stop(deployment_id=deployment.pk)
         assert wait_for(deployment.pk, {S.STOPPED, S.FAILED}, 30) == S.STOPPED
         assert time.monotonic() - started < 10
     assert EngineRuntime().find(identity_of(deployment)) is None
@@ -238,7 +238,7 @@ def test_a_container_with_our_labels_but_not_our_identity_is_never_adopted_or_st
             time.sleep(0.2)
         page = _admin_client().get("/").content.decode()
         assert impostor.name in page and "never adopted or stopped" in page
-        services.deployment_request_stop(deployment=Deployment.objects.get(pk=pk))
+        services.deployment_stop(deployment_id=pk)
         assert wait_for(pk, {S.STOPPED}, 30) == S.STOPPED
         impostor.reload()
         assert impostor.status == "running", "another appliance's engine is never stopped"

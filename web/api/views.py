@@ -96,7 +96,7 @@ class DeploymentViewSet(
     @extend_schema(request=None, responses={202: DeploymentSerializer})
     @action(detail=True, methods=["post"])
     def stop(self, request: Request, pk: str | None = None) -> Response:
-        deployment = services.deployment_request_stop(deployment=self.get_object())
+        deployment = services.deployment_stop(deployment_id=self.get_object().pk)
         return Response(DeploymentSerializer(deployment).data, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(request=None, responses={202: DeploymentSerializer})
@@ -208,7 +208,7 @@ def status_read(url_name: str, viewset_view: Callable[..., HttpResponseBase],
                 ) -> Callable[..., HttpResponseBase]:
     """The router's view for a status read, with a token GET answered from one prepared
     statement (web/api/selectors.py) instead of DRF's dispatch, authentication and
-    permissions and three ORM queries (issue 22's profile: 3 ms of CPU a read, /healthz
+    permissions and three ORM queries (the profile: 3 ms of CPU a read, /healthz
     0.8 ms). The answer is the viewset's: the same body, ETag and 304, headers. Anything
     else, and every refusal (401, 403, 404), is the viewset's own (`viewset_view`)."""
     action, name, body = STATUS_READS[url_name]

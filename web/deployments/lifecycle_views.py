@@ -39,7 +39,7 @@ def deployment_stop(request: HttpRequest, pk: int) -> HttpResponse:
     deployment = get_object_or_404(Deployment, pk=pk)
     if request.method != "POST" or request.POST.get("confirm") != "yes":
         return _confirm(request, deployment, action="stop")
-    deployment = services.deployment_request_stop(deployment=deployment)
+    deployment = services.deployment_stop(deployment_id=deployment.pk)
     verb = "Stopped" if deployment.status == DeploymentStatus.STOPPED else "Stopping"
     messages.info(request, f"{verb} {deployment.name}.",
                   extra_tags=f"while-{deployment.status}")

@@ -154,7 +154,7 @@ NOTABLE_KINDS = frozenset({EventKind.PHASE, EventKind.STATUS, EventKind.DIAGNOSI
 class Event(models.Model):
     """One thing that happened to a deployment; seq is gap-free per deployment."""
 
-    # No database foreign key and no index of its own (issue 22): the constraint's check per
+    # No database foreign key and no index of its own: the constraint's check per
     # row was 40 % of PostgreSQL's COPY of a busy engine's events, and (deployment, seq) below
     # already indexes deployment first. Integrity is kept by the only paths that write and
     # delete: an append claims its seqs by updating the deployment's row in its transaction
@@ -192,7 +192,7 @@ class Event(models.Model):
 class StatusBody(models.Model):
     """The status reads' answers (the API's detail and summary JSON) as rendered from one
     version of the deployment's row, stored by the row's writers (services/reads.py) so a
-    token read returns these bytes instead of serializing the row (issue 22). They are
+    token read returns these bytes instead of serializing the row. They are
     served only while `version` is the row's current one (PostgreSQL's xmin, the ETag's):
     any other write makes them unused, never wrong."""
 

@@ -201,13 +201,12 @@ def deployment_create(
     return deployment
 
 
-def deployment_request_stop(*, deployment: Deployment) -> Deployment:
+def deployment_stop(*, deployment_id: int) -> Deployment:
     """A queued deployment stops at once; a running one goes to stopping, and the engine
     agent stops its engine at its next tick (a build under way sees it and is cancelled)."""
-    pk = deployment.pk
-    if not deployment_mark_stopped(deployment_id=pk, by=Process.WEB):
-        deployment_mark_stopping(deployment_id=pk)
-    return Deployment.objects.get(pk=pk)
+    if not deployment_mark_stopped(deployment_id=deployment_id, by=Process.WEB):
+        deployment_mark_stopping(deployment_id=deployment_id)
+    return Deployment.objects.get(pk=deployment_id)
 
 
 def _not_terminal(deployment: Deployment, verb: str) -> DeploymentInputError:

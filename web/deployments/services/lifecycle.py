@@ -6,21 +6,8 @@ terminal status, the GPU leases' release, in one transaction; zero rows updated 
 another process won, and the caller is told so (False). A restart is a move too: it closes
 the run that ended and opens the next (models.Run), whose events run from its phase event.
 
-    status     may come from                                 made by
-    queued     stopped, failed                               web (Restart)
-    building   queued                                        build worker
-    starting   queued, building                              build worker
-    starting   ready                                         agent (restart policy)
-    checking   starting                                      agent
-    loading    starting, checking                            agent
-    capturing  starting, checking, loading                   agent
-    ready      starting, checking, loading, capturing        agent
-    stopping   building .. ready                             web (Stop)
-    stopped    queued                                        web (Stop)
-    stopped    stopping                                      agent
-    failed     queued, building                              build worker
-    failed     starting .. ready                             agent
-
+The table itself (which status may follow which, and which process makes each move) is
+appliance.lifecycle's, drawn in its docstring and in docs/architecture.md.
 tests/web/test_status_writes.py fails when code anywhere else writes `status`.
 """
 
@@ -42,11 +29,11 @@ from appliance.lifecycle import Process, Status, sources_of
 from appliance.logs.catalogue import catalogued
 from appliance.logs.cause import Diagnosis
 
-from ..models import TERMINAL_STATUSES, Deployment, DeploymentStatus, Event, EventKind, Run
+from ..models import TERMINAL_STATUSES, Deployment, Event, EventKind, Run
 from .events import events_append
 from .leases import gpu_leases_release
 
-S = DeploymentStatus
+S = Status
 User = AbstractBaseUser | AnonymousUser | None
 
 # What a new run starts without: the last run's engine, figures and verdict.
