@@ -80,7 +80,7 @@ def _error(status: int, message: str, kind: str) -> web.Response:
 
 
 def app_for(served: StandIn, *, near_ties: frozenset[int], diverge_at: int | None,
-            logprobs: bool, api_key: str, strict: bool) -> web.Application:
+            logprobs: bool, api_key: str, strict: bool, model: str) -> web.Application:
     def refused(request: web.Request) -> web.Response | None:
         served.auth.append(request.headers.get("Authorization", ""))
         if api_key and request.headers.get("Authorization") != f"Bearer {api_key}":
@@ -89,7 +89,7 @@ def app_for(served: StandIn, *, near_ties: frozenset[int], diverge_at: int | Non
 
     async def models(request: web.Request) -> web.Response:
         return refused(request) or web.json_response({"object": "list", "data": [
-            {"id": MODEL, "object": "model", "created": 0, "owned_by": "standin"}]})
+            {"id": model, "object": "model", "created": 0, "owned_by": "standin"}]})
 
     async def generate(request: web.Request, chat: bool) -> web.Response:
         no = refused(request)
@@ -101,7 +101,7 @@ def app_for(served: StandIn, *, near_ties: frozenset[int], diverge_at: int | Non
             unknown = sorted(set(body) - KNOWN)[0]
             return _error(400, f"Unrecognized request argument supplied: {unknown}",
                           "invalid_request_error")
-        if body.get("model") != MODEL:
+        if body.get("model") != model:
             return _error(404, f"The model {body.get('model')!r} does not exist",
                           "invalid_request_error")
         wants = bool(body.get("logprobs"))
@@ -119,7 +119,7 @@ def app_for(served: StandIn, *, near_ties: frozenset[int], diverge_at: int | Non
         else:
             choice["text"] = text
         return web.json_response({"id": "cmpl-standin", "object": "chat.completion" if chat
-                                  else "text_completion", "created": 0, "model": MODEL,
+                                  else "text_completion", "created": 0, "model": model,
                                   "choices": [choice], "usage": {
                                       "prompt_tokens": 4, "completion_tokens": len(steps),
                                       "total_tokens": 4 + len(steps)}})
@@ -158,14 +158,15 @@ def _logprobs(steps: list[tuple[str, list[tuple[str, float]]]], n: int,
 
 @contextmanager
 def standin(*, near_ties: frozenset[int] = frozenset(), diverge_at: int | None = None,
-            logprobs: bool = True, api_key: str = "", strict: bool = False
-            ) -> Iterator[StandIn]:
+            logprobs: bool = True, api_key: str = "", strict: bool = False,
+            model: str = MODEL) -> Iterator[StandIn]:
     """The server on a loopback port, in a thread of its own, for the block."""
     sock = socket.create_server(("127.0.0.1", 0))
     served = StandIn(f"http://127.0.0.1:{sock.getsockname()[1]}")
     loop = asyncio.new_event_loop()
     runner = web.AppRunner(app_for(served, near_ties=near_ties, diverge_at=diverge_at,
-                                   logprobs=logprobs, api_key=api_key, strict=strict))
+                                   logprobs=logprobs, api_key=api_key, strict=strict,
+                                   model=model))
     loop.run_until_complete(runner.setup())
     loop.run_until_complete(web.SockSite(runner, sock).start())
     thread = threading.Thread(target=loop.run_forever, daemon=True)
