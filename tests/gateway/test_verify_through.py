@@ -16,8 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 
+from appliance.engine.launch import launch_args
+from appliance.engine.spec import spec_from_dict
 from tests.appliance.openai_standin import GAP, NEAR_TIE, standin
+from tests.benchmarks.pair import FIB, FOX, baseline_spec, speculative_spec
+from tests.conftest_docker import FAST_ENV, TEST_LABELS, host_port, wait_for
 from tests.web.specs import spec
 from web.deployments.models import Deployment, DeploymentStatus
 from web.gateway.models import ApiKeyUsage
@@ -95,3 +100,49 @@ def test_verify_through_the_gateway_without_a_key_says_how_to_give_one(
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert f"--a {panel}/v1/models refused the call (HTTP 401" in done.stderr
     assert "give the gateway's API key with --api-key or $SD_API_KEY" in done.stderr
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+def test_verify_through_the_gateway_finds_the_test_engines_planted_divergences(
+        panel: str, operator: Any, key_for: Callable[..., str], docker_client: Any,
+        test_engine_image: str, tmp_path: Path, endpoint: str) -> None:
+    """The test engine (docker/test-engine) as the product launches it, from the check's own
+    spec pair (tests/benchmarks/pair.py): a failure at token 5 of the fibonacci prompt, a
+    near-tie at token 12 of the fox prompt."""
+    path = tmp_path / "three.jsonl"
+    path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in (FIB, FOX, "A B C")))
+    with ExitStack() as stack:
+        rows = []
+        for data, algorithm in ((speculative_spec(), "DDTREE"), (baseline_spec(), "NONE")):
+            plan = launch_args(spec_from_dict(data))
+            container = docker_client.containers.run(
+                test_engine_image, command=plan.argv, detach=True,
+                environment={**FAST_ENV, **plan.env}, labels=dict(TEST_LABELS),
+                ports={"30000/tcp": ("127.0.0.1", None)})
+            stack.callback(container.remove, force=True)
+            url = f"http://127.0.0.1:{host_port(container)}"
+            wait_for(lambda url=url: _healthy(url), 90, 0.2)
+            rows.append(Deployment.objects.create(
+                name=data["name"], spec=data, recipe=data["recipe"], algorithm=algorithm,
+                gpus=data["gpus"], status=DeploymentStatus.READY, engine_url=url))
+        secret = key_for(operator, deployments=rows)
+        done = verify("--a", panel, "--b", panel, "--a-model", "spec", "--b-model", "base",
+                      "--endpoint", endpoint, "--prompts", str(path), "--max-tokens", "16",
+                      "--json", env={"SD_API_KEY": secret})
+    assert done.returncode == 1, done.stderr
+    result = json.loads(done.stdout)
+    assert (result["api"], result["models"]) == (endpoint, {"a": "spec", "b": "base"})
+    fib, fox, plain = result["prompts"]
+    assert (fib["verdict"], fib["position"]) == ("failure", 5) and fib["gap"] >= 1.5
+    assert (fox["verdict"], fox["position"], fox["gap"]) == ("near-tie", 12, 0.0625)
+    assert plain["verdict"] == "identical"
+    assert "does not support return_logprob" in result["a_logprobs"]
+    assert secret not in done.stdout + done.stderr
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return requests.get(f"{url}/health", timeout=2).status_code == 200
+    except requests.RequestException:
+        return False
