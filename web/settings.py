@@ -212,6 +212,9 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("APPLIANCE_MAX_BODY_BYTES", 1024 * 1024)
 DATA_UPLOAD_MAX_NUMBER_FIELDS = 200
 # The gateway (/v1, web/gateway): a prompt of a long context is far larger than a spec.
 GATEWAY_MAX_BODY_BYTES = env_int("APPLIANCE_GATEWAY_MAX_BODY_BYTES", 32 * 1024 * 1024)
+# The gateway's base URL as the worker reaches it (compose: http://web:8000): a losslessness
+# check "through the gateway" calls /v1 there, as a client would. Empty: that route is off.
+GATEWAY_URL = env_str("APPLIANCE_GATEWAY_URL", "").rstrip("/")
 
 # Login throttling (django-axes): after LOGIN_FAILURE_LIMIT wrong passwords for one username
 # from one address, that pair is refused for LOGIN_COOLOFF_MINUTES. Counters live in Redis.
