@@ -76,6 +76,7 @@ INSTALLED_APPS = [
     "web.benchmarks",
     "web.gateway",
     "web.store",
+    "web.fleet",
 ]
 
 MIDDLEWARE = [
