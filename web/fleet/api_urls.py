@@ -2,16 +2,12 @@
 heartbeat, the ingest of events), which take a host's credential and nothing else."""
 
 from django.urls import include, path
-from rest_framework.routers import DefaultRouter
+from rest_framework.routers import SimpleRouter
 
 from . import api, hostapi
 
-
-class _JSONRouter(DefaultRouter):
-    include_format_suffixes = False
-
-
-router = _JSONRouter()
+# No root view (the panel's API root lists its own), no ".json" suffixes (JSON only).
+router = SimpleRouter()
 router.register("tokens", api.JoinTokenViewSet, basename="fleet-jointoken")
 router.register("hosts", api.HostViewSet, basename="fleet-host")
 
