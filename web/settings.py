@@ -77,6 +77,7 @@ INSTALLED_APPS = [
     "web.benchmarks",
     "web.gateway",
     "web.store",
+    "web.fleet",
 ]
 
 MIDDLEWARE = [
