@@ -10,10 +10,17 @@ import argparse
 import json
 import re
 import sys
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from docker.client import from_env
+
+from appliance import selfcheck
+from appliance.bench.cli import add_parser as add_bench
+from appliance.bench.verify import add_parser as add_verify
+from appliance.engine.launch import launch_args
 from appliance.engine.recipes import Recipe, RecipeError, load_recipe
 from appliance.engine.spec import (
     DeploymentSpec,
@@ -22,6 +29,14 @@ from appliance.engine.spec import (
     read_spec_file,
     spec_from_dict,
 )
+from appliance.images.build import BuildCancelled, BuildFailed, build_image, image_exists, image_id
+from appliance.images.lock import LockError, lock_text, reports_from_image
+from appliance.images.plan import BuildError, plan_build
+from appliance.logs.catalogue import catalogue_rows
+from appliance.logs.diagnosis import diagnose
+from appliance.logs.parser import parse_lines
+from appliance.preflight import Finding, has_errors, run_preflight
+from appliance.store.loadtime import add_parser as add_store
 
 EXIT_OK, EXIT_FINDINGS, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -57,8 +72,6 @@ def resolve_spec(path: str) -> tuple[DeploymentSpec, Recipe | None, list[FieldEr
 
 
 def cmd_launch_args(args: argparse.Namespace) -> int:
-    from appliance.engine.launch import launch_args
-
     spec, _, recipe_errors = resolve_spec(args.spec)
     if recipe_errors:
         return _bad_input([FieldError("recipe", e.message, e.fix) for e in recipe_errors],
@@ -73,8 +86,6 @@ def cmd_launch_args(args: argparse.Namespace) -> int:
 
 
 def cmd_preflight(args: argparse.Namespace) -> int:
-    from appliance.preflight import Finding, has_errors, run_preflight
-
     spec, recipe, recipe_errors = resolve_spec(args.spec)
     findings = [Finding("recipe", "error", "recipe", e.message, e.fix) for e in recipe_errors]
     if not recipe_errors:
@@ -113,16 +124,12 @@ def _print_event(event: dict[str, Any], text: bool, out: TextIO) -> None:
 
 
 def cmd_parse_log(args: argparse.Namespace) -> int:
-    from appliance.logs.parser import parse_lines
-
     for event in parse_lines(_open_lines(args.file), include_all=args.all):
         _print_event(event.to_dict(), args.text, sys.stdout)
     return EXIT_OK
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
-    from appliance.logs.diagnosis import diagnose
-
     result = diagnose(_open_lines(args.file))
     if args.text:
         if result is None:
@@ -131,6 +138,17 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
             print(f"cause:   {result.cause}\nsummary: {result.summary}\nfix:     {result.fix}")
     else:
         _emit({"diagnosis": result.to_dict() if result else None})
+    return EXIT_OK
+
+
+def cmd_causes(args: argparse.Namespace) -> int:
+    rows = catalogue_rows()
+    if args.text:
+        for row in rows:
+            print(f"{row['id']} ({row['part']}, priority {row['priority']})\n"
+                  f"  summary: {row['summary']}\n  fix:     {row['fix']}")
+    else:
+        _emit({"causes": rows})
     return EXIT_OK
 
 
@@ -149,10 +167,6 @@ def _build_line(kind: str, data: dict[str, Any], text: bool) -> None:
 
 def cmd_build(args: argparse.Namespace) -> int:
     """Build (or find) a recipe's engine image, streaming each step; Ctrl-C cancels."""
-    from docker.client import from_env
-
-    from appliance.images.build import image_id
-    from appliance.images.plan import BuildError, plan_build
 
     client = from_env()
     try:
@@ -171,7 +185,6 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 def _print_plan(client: Any, recipe: Any, plan: Any, text: bool) -> int:
     """What the build would use: the values, not just their names (the CA bundle aside)."""
-    from appliance.images.build import image_exists
 
     exists = image_exists(client, plan.tag)
     args = {k: v for k, v in sorted(plan.buildargs.items()) if not k.startswith("APPLIANCE_CA")}
@@ -194,9 +207,6 @@ def _print_plan(client: Any, recipe: Any, plan: Any, text: bool) -> int:
 
 def cmd_lock(args: argparse.Namespace) -> int:
     """Write a recipe's lock from the pip reports of an image built without one."""
-    from docker.client import from_env
-
-    from appliance.images.lock import LockError, lock_text, reports_from_image
 
     recipe = load_recipe(args.recipe)
     out = args.out or (recipe.lock_path or Path(f"{recipe.name}.lock.txt"))
@@ -218,9 +228,6 @@ def cmd_lock(args: argparse.Namespace) -> int:
 
 def _run_build(client: Any, plan: Any, args: argparse.Namespace) -> dict[str, Any]:
     """Runs the build on a thread so Ctrl-C (in the main thread) can cancel it."""
-    import threading
-
-    from appliance.images.build import build_image
 
     cancel, finished = threading.Event(), threading.Event()
     outcome: dict[str, Any] = {}
@@ -248,8 +255,6 @@ def _run_build(client: Any, plan: Any, args: argparse.Namespace) -> dict[str, An
 
 
 def _build_outcome(outcome: dict[str, Any], text: bool) -> int:
-    from appliance.images.build import BuildCancelled, BuildFailed
-
     error = outcome.get("error")
     if isinstance(error, BuildCancelled):
         _build_line("cancelled", {"text": "build cancelled"}, text)
@@ -270,8 +275,6 @@ def _build_outcome(outcome: dict[str, Any], text: bool) -> int:
 
 
 def cmd_gpu_check(rest: list[str]) -> int:
-    from appliance import selfcheck
-
     return int(selfcheck.main(rest))
 
 
@@ -318,13 +321,12 @@ def build_parser() -> argparse.ArgumentParser:
     cmd = add("diagnose", "print the most likely failure cause of an engine log")
     cmd.add_argument("file", help="log file, or - for stdin")
     cmd.set_defaults(func=cmd_diagnose)
-    from appliance.bench.cli import add_parser as add_bench
+    cmd = add("causes", "list the failure catalogue: every cause a diagnosis may name")
+    cmd.set_defaults(func=cmd_causes)
 
     add_bench(sub)
-    from appliance.bench.verify import add_parser as add_verify
 
     add_verify(sub)
-    from appliance.store.loadtime import add_parser as add_store
 
     add_store(sub)
     # Listed for --help only: main() hands gpu-check's own arguments (--help, --gpus ...)

@@ -27,10 +27,21 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from appliance.events import (
+    CAPTURE_PROGRESS,
+    DECODE_STATS,
+    DIAGNOSIS,
+    LOG,
+    METRIC,
+    PHASE,
+    PROGRESS,
+    SELFCHECK,
+)
+from appliance.lifecycle import Status
 from appliance.runtime.series import MetricPoint
 
 Events = list[tuple[str, dict[str, Any]]]
-STALL_STATUSES = frozenset({"loading", "capturing"})
+STALL_STATUSES = frozenset({Status.LOADING, Status.CAPTURING})  # the phases that must show progress
 # uvicorn's access lines (the agent's own /health polls) are not progress.
 _ACCESS_LINE = re.compile(r'^INFO:\s+\S+ - "[A-Z]+ \S+ HTTP/[\d.]+" \d{3}')
 
@@ -146,15 +157,15 @@ class AlertWatch:
             if _is_progress(kind, payload):
                 self.last_activity = now
                 out += self._resolve("stall", "The engine is making progress again.")
-            if kind == "progress" and payload.get("kind") == "capture_progress":
+            if kind == PROGRESS and payload.get("kind") == CAPTURE_PROGRESS:
                 self.max_captured_bs = max(self.max_captured_bs, int(payload.get("bs") or 0))
-            if kind == "diagnosis" and payload.get("cause") == "silent-eager-verify":
+            if kind == DIAGNOSIS and payload.get("cause") == "silent-eager-verify":
                 self.graph_lines = 0
                 self.eager_by = self.eager_by or "log"
                 out += self._fire("silent-eager", str(payload.get("summary", "")),
                                   str(payload.get("fix", "")),
                                   **(payload.get("evidence") or {}))
-            elif kind == "metric" and payload.get("kind") == "decode_stats":
+            elif kind == METRIC and payload.get("kind") == DECODE_STATS:
                 out += self._decode(payload)
         return out
 
@@ -249,6 +260,6 @@ class AlertWatch:
 
 
 def _is_progress(kind: str, payload: dict[str, Any]) -> bool:
-    if kind in ("progress", "selfcheck", "phase"):
+    if kind in (PROGRESS, SELFCHECK, PHASE):
         return True
-    return kind == "log" and not _ACCESS_LINE.match(str(payload.get("text", "")))
+    return kind == LOG and not _ACCESS_LINE.match(str(payload.get("text", "")))

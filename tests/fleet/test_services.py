@@ -7,6 +7,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from appliance.logs.catalogue import CATALOGUE
 from tests.web.rows import queued, ready
 from web.deployments.models import Deployment, Event, Host
 from web.deployments.services import deployment_mark_failed
@@ -157,8 +158,8 @@ def test_a_host_whose_engines_ended_is_removed_with_its_credential_and_tokens() 
     done = joined("gpu-2")
     ended = ready()
     services.placement_assign(deployment=ended, host_name="gpu-2")
-    deployment_mark_failed(deployment_id=ended.pk, diagnosis={"cause": "x"}, message="x",
-                           last_lines=[], sources={"ready"})
+    deployment_mark_failed(deployment_id=ended.pk,
+                           diagnosis=CATALOGUE["cuda-oom-load"].diagnosis(), last_lines=[])
     assert services.host_remove(name="gpu-2") == 1  # the token it joined with, still usable
     assert selectors.host_for_credential(credential=done.credential) is None
     assert not Host.objects.filter(name="gpu-2").exists()

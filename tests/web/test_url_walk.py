@@ -129,7 +129,7 @@ def people(django_user_model, viewer, operator, admin):  # type: ignore[no-untyp
 
 def test_every_url_every_method_every_role(people) -> None:  # type: ignore[no-untyped-def]
     deployment = services.deployment_create(data=spec(), confirm_warnings=True)
-    services.deployment_request_stop(deployment=deployment)  # its stream ends at once
+    services.deployment_stop(deployment_id=deployment.pk)  # its stream ends at once
     paths = _paths(deployment.pk, people["viewer"].pk)
     assert len(paths) > 40 and "/api/deployments/" in paths
     wrong: list[str] = []
