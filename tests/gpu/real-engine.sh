@@ -98,11 +98,13 @@ case "$phase" in
   # all at once; then Kimi K2.6's INT4 checkpoint format, each served alone.
   round2) waves="drafter_missing,tp2_one_gpu,dflash_block4,ddtree_nograph,ddtree_bs4_load,refusals_ddtree,refusals_dflash,refusals_base ddtree_int4,dflash_int4,base_int4" ;;
   int4) waves="ddtree_int4,dflash_int4,base_int4" ;;
+  # Capture-only, one engine at a time; the first builds the INT4 JIT kernels itself.
+  int4-alone) waves="dflash_int4_alone base_int4_alone" ;;
   *) waves="$*" ;;
 esac
 # The INT4 runs' Marlin kernels are JIT-built at first use: built once here, in the background
 # while earlier waves run, instead of by each INT4 engine at its start ($OUT/jit_warm.log).
-case " $waves " in *int4*)
+case "$phase" in round2|int4)
   if [ ! -f "$stash/jit.ok" ]; then
     ( PYTHONPATH="$stash/site:$stash/stubs:$stash/sglang-433c58ed70cd1dabe5a07a83da12f1513cd599ae/python" \
         python3 tests/gpu/realengine/jit_warm.py > "$out/jit_warm.log" 2>&1 && touch "$stash/jit.ok" ) &
@@ -110,7 +112,7 @@ case " $waves " in *int4*)
   fi ;;
 esac
 for wave in $waves; do
-  case "$wave" in *int4*) [ -n "${jit_pid:-}" ] && wait "$jit_pid" && jit_pid= ;; esac
+  case "$wave" in *_int4*) [ -n "${jit_pid:-}" ] && wait "$jit_pid" && jit_pid= ;; esac
   todo=()
   for run in ${wave//,/ }; do
     if [ -f "$stash/runs/$run/run.json" ]; then echo "[$run] recorded earlier"; else todo+=("$run"); fi

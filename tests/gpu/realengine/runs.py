@@ -161,6 +161,15 @@ RUNS = _runs(
     Run("base_int4", "no speculation, triton, on the INT4 target", "ddtree",
         spec_overrides={**NO_SPECULATION, **INT4}, argv_overrides=TRITON, self_check=False,
         refusals=True, grammar=True, exclusive_serve=True),
+    # Alone on the GPU, capture only: each graph's memory without another engine's in it (a
+    # capture's "mem usage" is the device's free memory before less after). The first on a
+    # fresh host builds the Marlin JIT kernels at its own start, as a first INT4 deployment does.
+    Run("dflash_int4_alone", "DFLASH triton on the INT4 target, alone, JIT kernels built at "
+        "its start", "dflash", argv_overrides=TRITON, spec_overrides=INT4, serve=False,
+        self_check=False),
+    Run("base_int4_alone", "no speculation, triton, on the INT4 target, alone", "ddtree",
+        spec_overrides={**NO_SPECULATION, **INT4}, argv_overrides=TRITON, serve=False,
+        self_check=False, start_timeout=200),
     # Memory calibration: capture at other batch-size limits and context lengths, then stop.
     Run("ddtree_triton_bs16", "DDTREE triton, cuda_graph_max_bs 16", "ddtree",
         argv_overrides=TRITON, spec_overrides={"engine.cuda_graph_max_bs": 16}, serve=False,
