@@ -23,6 +23,8 @@ import psycopg
 from django.db import connection, transaction
 from django.utils import timezone
 
+from appliance.events import LogLine
+
 from .. import live
 from ..models import Deployment, Event
 from .reads import deployment_status_bodies_later
@@ -248,7 +250,7 @@ def _encode_payload(payload: dict[str, Any]) -> str:
     return _encode(payload)
 
 
-_LOG_KEYS = ["stream", "text"]
+_LOG_KEYS = list(LogLine.__annotations__)  # ["stream", "text"], in the follower's order
 _json_text = encode_basestring_ascii  # what the ensure_ascii encoder uses for a string
 
 
