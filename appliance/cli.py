@@ -96,12 +96,15 @@ def cmd_preflight(args: argparse.Namespace) -> int:
 
 
 def _open_lines(name: str) -> Iterator[str]:
-    """Lines of a file or stdin, undecodable bytes replaced (engine logs hold tqdm bars)."""
+    """Lines of a file or stdin as the engine printed them: undecodable bytes replaced
+    (engine logs hold tqdm bars), Docker's time prefix (`docker logs -t`) split off."""
+    from appliance.logs.stamps import without_docker_stamps
+
     if name == "-":
-        yield from sys.stdin
+        yield from without_docker_stamps(sys.stdin)
         return
     with open(name, encoding="utf-8", errors="replace", newline="\n") as handle:
-        yield from handle
+        yield from without_docker_stamps(handle)
 
 
 def _print_event(event: dict[str, Any], text: bool, out: TextIO) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -155,17 +154,15 @@ def load_text(row: dict[str, Any]) -> str:
     return ""
 
 
-_DOCKER_STAMP = re.compile(r"^\d{4}-\d\d-\d\dT[\d:.]+Z ")
-
-
 def measured_load(lines: Iterable[str]) -> dict[str, float]:
     """The weight-load seconds an engine log reports, per model ("weights", "draft_weights"):
     the slowest rank's "Load weight end. elapsed=" (lines as `docker logs -t` or the engine
     printed them)."""
     from appliance.logs.parser import parse_lines
+    from appliance.logs.stamps import without_docker_stamps
 
     found: dict[str, float] = {}
-    for event in parse_lines(_DOCKER_STAMP.sub("", line) for line in lines):
+    for event in parse_lines(without_docker_stamps(lines)):
         elapsed = event.fields.get("elapsed_s")
         if event.kind != "weights_end" or elapsed is None:
             continue
