@@ -115,10 +115,20 @@ def _print_event(event: dict[str, Any], text: bool, out: TextIO) -> None:
         out.write(json.dumps(event) + "\n")
 
 
+def _log_facts(args: argparse.Namespace) -> dict[str, Any] | None:
+    """What the deployment's spec says (--spec), for the causes that quote it."""
+    if not getattr(args, "spec", None):
+        return None
+    from appliance.logs.facts import spec_facts
+
+    return spec_facts(resolve_spec(args.spec)[0])
+
+
 def cmd_parse_log(args: argparse.Namespace) -> int:
     from appliance.logs.parser import parse_lines
 
-    for event in parse_lines(_open_lines(args.file), include_all=args.all):
+    for event in parse_lines(_open_lines(args.file), include_all=args.all,
+                             facts=_log_facts(args)):
         _print_event(event.to_dict(), args.text, sys.stdout)
     return EXIT_OK
 
@@ -126,7 +136,7 @@ def cmd_parse_log(args: argparse.Namespace) -> int:
 def cmd_diagnose(args: argparse.Namespace) -> int:
     from appliance.logs.diagnosis import diagnose
 
-    result = diagnose(_open_lines(args.file))
+    result = diagnose(_open_lines(args.file), facts=_log_facts(args))
     if args.text:
         if result is None:
             print("no failure cause found")
@@ -299,6 +309,8 @@ def build_parser() -> argparse.ArgumentParser:
     cmd = add("parse-log", "print one JSON object per engine log event")
     cmd.add_argument("file", help="log file, or - for stdin")
     cmd.add_argument("--all", action="store_true", help="also print lines that match nothing")
+    cmd.add_argument("--spec", help="the deployment's spec YAML: its paths, GPUs and tp_size "
+                     "tell the causes whose value is wrong")
     cmd.set_defaults(func=cmd_parse_log)
     cmd = add("build", "build a recipe's engine image (skipped when built); Ctrl-C cancels")
     cmd.add_argument("recipe", help="recipe name or YAML file")
@@ -320,6 +332,8 @@ def build_parser() -> argparse.ArgumentParser:
     cmd.set_defaults(func=cmd_lock)
     cmd = add("diagnose", "print the most likely failure cause of an engine log")
     cmd.add_argument("file", help="log file, or - for stdin")
+    cmd.add_argument("--spec", help="the deployment's spec YAML: its paths, GPUs and tp_size "
+                     "tell the causes whose value is wrong")
     cmd.set_defaults(func=cmd_diagnose)
     from appliance.bench.cli import add_parser as add_bench
 

@@ -21,6 +21,7 @@ from appliance.logs.cause import Cause, Diagnosis, Refiner
 from appliance.logs.context import ParseContext
 from appliance.logs.ddtree_causes import DDTREE_CAUSES
 from appliance.logs.recorded_causes import RECORDED_CAUSES
+from appliance.logs.spec_causes import SPEC_CAUSES, model_not_found
 
 __all__ = ["BY_PRIORITY", "CAUSES", "LINE_TRIGGERS", "SELFCHECK_CAUSE", "Cause", "Diagnosis",
            "Refiner"]
@@ -94,6 +95,7 @@ SELFCHECK_CAUSE = Cause(
 _CATALOGUE: Sequence[Cause] = (
     *DDTREE_CAUSES,
     *RECORDED_CAUSES,
+    *SPEC_CAUSES,
     Cause(
         "driver-too-old",
         "The NVIDIA driver is too old for the CUDA version of the engine image.",
@@ -121,6 +123,7 @@ _CATALOGUE: Sequence[Cause] = (
             "Repository Not Found",
             "is not a local folder and is not a valid model identifier",
         ),
+        model_not_found,
     ),
     Cause(
         "trust-remote-code",

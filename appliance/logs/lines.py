@@ -25,6 +25,7 @@ import re
 from typing import Any
 
 from appliance import selfcheck
+from appliance.logs.facts import SERVER_ARGS_PREFIX, server_args_facts
 
 TRACEBACK_START = "Traceback (most recent call last):"
 CHAIN_MARKERS = (
@@ -258,6 +259,8 @@ def classify(message: str) -> tuple[str, dict[str, Any]] | None:
         return _classify_selfcheck(message)
     if first in ("L", "M"):
         return _classify_load(message)
+    if first == "s" and message.startswith(SERVER_ARGS_PREFIX):
+        return "server_args", server_args_facts(message)
     if "KV Cache is allocated" in message or "KV cache allocated" in message:
         return _kv_cache(message)
     if "ready to roll" in message and "fired up" in message:

@@ -36,6 +36,7 @@ from django.utils import timezone
 from appliance.engine.spec import spec_from_dict
 from appliance.engine.widths import needed_graph_widths
 from appliance.logs.causes import Diagnosis
+from appliance.logs.facts import spec_facts
 from appliance.runtime import gpu_telemetry
 from appliance.runtime.containers import EngineRuntime, EngineRuntimeError
 from appliance.runtime.follower import Cursor, EngineFollower, Events, FollowOptions, follow
@@ -268,7 +269,8 @@ class EngineAgent:
             status=deployment.status, cursor=Cursor.decode(deployment.log_cursor),
             may_start=deployment.status == S.STARTING,
             options=self.follow_options,
-            needed_widths=needed_graph_widths(spec_from_dict(deployment.spec).engine))
+            needed_widths=needed_graph_widths(spec_from_dict(deployment.spec).engine),
+            facts=spec_facts(spec_from_dict(deployment.spec)))
         monitor = sink.monitor = monitor_start(deployment=deployment, followed=sink,
                                                agent_id=self.agent_id, pooled=_POOLED)
         try:
