@@ -20,6 +20,7 @@ from typing import Any
 from appliance.logs.cause import Cause, Diagnosis, Refiner
 from appliance.logs.context import ParseContext
 from appliance.logs.ddtree_causes import DDTREE_CAUSES
+from appliance.logs.eager_causes import EAGER_CAUSES
 from appliance.logs.recorded_causes import RECORDED_CAUSES
 from appliance.logs.spec_causes import SPEC_CAUSES, model_not_found
 
@@ -96,6 +97,7 @@ _CATALOGUE: Sequence[Cause] = (
     *DDTREE_CAUSES,
     *RECORDED_CAUSES,
     *SPEC_CAUSES,
+    *EAGER_CAUSES,
     Cause(
         "driver-too-old",
         "The NVIDIA driver is too old for the CUDA version of the engine image.",

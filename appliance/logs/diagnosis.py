@@ -31,6 +31,8 @@ def diagnose(lines: Iterable[str], facts: Mapping[str, Any] | None = None) -> Di
     for event in parse_lines(lines, facts=facts):
         if event.kind == "error":
             last_error = {"line": event.line, **event.fields}
+        elif event.kind == "diagnosis" and event.fields.get("severity"):
+            continue  # a finding while running (a note, an engine warning), not a failure
         elif event.kind == "diagnosis":
             found = Diagnosis(
                 event.fields["cause"],
