@@ -21,6 +21,7 @@ from appliance.logs.cause import Cause, Diagnosis, Refiner
 from appliance.logs.context import ParseContext
 from appliance.logs.ddtree_causes import DDTREE_CAUSES
 from appliance.logs.eager_causes import EAGER_CAUSES
+from appliance.logs.engine_warnings import ENGINE_WARNINGS
 from appliance.logs.recorded_causes import RECORDED_CAUSES
 from appliance.logs.spec_causes import SPEC_CAUSES, model_not_found
 
@@ -98,6 +99,7 @@ _CATALOGUE: Sequence[Cause] = (
     *RECORDED_CAUSES,
     *SPEC_CAUSES,
     *EAGER_CAUSES,
+    *ENGINE_WARNINGS,
     Cause(
         "driver-too-old",
         "The NVIDIA driver is too old for the CUDA version of the engine image.",

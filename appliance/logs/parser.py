@@ -14,6 +14,7 @@ from typing import Any
 from appliance.logs import matchers as diag
 from appliance.logs.causes import Diagnosis
 from appliance.logs.context import ParseContext
+from appliance.logs.engine_warnings import match_engine_warning
 from appliance.logs.facts import DEVICE_CONTEXT_PREFIX, device_context_facts
 from appliance.logs.lines import (
     CHAIN_MARKERS,
@@ -127,7 +128,7 @@ class LogParser:
         events: list[LogEvent] = []
         if message[:16] == DEVICE_CONTEXT_PREFIX:
             self.context.facts.update(device_context_facts(message))
-        found = diag.match_line(message)
+        found = diag.match_line(message) or match_engine_warning(message)
         if found is not None:
             events.extend(self._diagnosis_event(found, self.line))
         if self.include_all:
