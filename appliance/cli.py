@@ -82,8 +82,10 @@ def cmd_preflight(args: argparse.Namespace) -> int:
         if args.gpu_name:  # the host's GPU model, for the architecture rules
             count = max(spec.gpus, default=0) + 1
             host = [{"index": i, "name": args.gpu_name} for i in range(count)]
+        folders, local, unchecked = _local_model_facts(spec, args.models_dir)
         findings += run_preflight(spec, recipe=recipe, gpu_memory_gb=args.gpu_memory_gb,
-                                  host_gpus=host)
+                                  host_gpus=host, model_folders=folders, **local)
+        findings += unchecked
     if args.text:
         for f in findings:
             print(f"{f.severity:<7} {f.rule} [{f.field}]: {f.message}\n        fix: {f.fix}")
@@ -93,6 +95,34 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     else:
         _emit({"findings": [f.to_dict() for f in findings]})
     return EXIT_FINDINGS if has_errors(findings) else EXIT_OK
+
+
+def _local_model_facts(spec: DeploymentSpec, models_dir: str | None
+                       ) -> tuple[dict[str, Any] | None, dict[str, Any], list[Any]]:
+    """The model folders as the panel checks them (appliance.preflight.folders), found under
+    --models-dir, else $APPLIANCE_MODELS_DIR, else /models; where none is on this machine,
+    a finding that says the folders were not checked."""
+    import os
+
+    from appliance.preflight import Finding, read_config, read_weights_bytes
+    from appliance.preflight import folders as local
+    from appliance.preflight.files import MODEL_FIELDS
+
+    root = models_dir or os.environ.get("APPLIANCE_MODELS_DIR") or local.MODELS_MOUNT
+    paths = {f: getattr(spec.engine, f.split(".", 1)[1]) for f in MODEL_FIELDS}
+    if not os.path.isdir(root):
+        return None, {}, [Finding(
+            "model-files-not-checked", "info", fld,
+            f"not checked: {path!r} was not looked for, no models folder {root!r} on this "
+            "machine", "run pre-flight on the GPU host, or pass --models-dir DIR (the "
+            "host's APPLIANCE_MODELS_DIR), to check that the folder exists with config.json "
+            "and weights") for fld, path in paths.items() if path]
+    target = local.model_local_path(spec.engine.model_path, [root])
+    drafter = local.model_local_path(spec.engine.speculative_draft_model_path, [root])
+    facts = {"model_config": read_config(target), "drafter_config": read_config(drafter),
+             "weights_bytes": read_weights_bytes(target),
+             "drafter_weights_bytes": read_weights_bytes(drafter)}
+    return local.model_folders(spec, [root]), facts, []
 
 
 def _open_lines(name: str) -> Iterator[str]:
@@ -305,6 +335,9 @@ def build_parser() -> argparse.ArgumentParser:
     cmd.add_argument("--gpu-memory-gb", type=float, help="memory of one GPU, for gpu-memory")
     cmd.add_argument("--gpu-name", help="the host's GPU model as nvidia-smi names it (e.g. "
                      "'NVIDIA B200'), for the attention backend rules")
+    cmd.add_argument("--models-dir", help="the host's models folder (APPLIANCE_MODELS_DIR; "
+                     "default $APPLIANCE_MODELS_DIR, else /models): the spec's /models/<name> "
+                     "paths are checked there, as the panel checks them")
     cmd.set_defaults(func=cmd_preflight)
     cmd = add("parse-log", "print one JSON object per engine log event")
     cmd.add_argument("file", help="log file, or - for stdin")
