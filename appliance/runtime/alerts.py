@@ -117,6 +117,9 @@ class AlertWatch:
         # saying "cuda graph: True" never clears what the pass counters still show.
         self.eager_by = ""  # unknown for an alert still firing from before: either clears
         self.max_captured_bs = 0  # the largest batch size seen in capture progress
+        # The log said graphs are off by the spec (server_args): eager is then no fault,
+        # whatever the rules were told.
+        self.graphs_off = False
         # The target's verify capture at another width than the spec needs, if one was seen.
         self.width_mismatch: tuple[int, int] | None = None
         self.last_activity = now
@@ -169,6 +172,8 @@ class AlertWatch:
                 self._capture(payload)
             alert_id = EAGER_ALERT_OF.get(str(payload.get("cause"))) if kind == "diagnosis" \
                 else None
+            if alert_id == "eager-by-spec":
+                self.graphs_off = True
             if alert_id == "silent-eager":
                 self.graph_lines = 0
                 self.eager_by = self.eager_by or "log"
@@ -246,7 +251,7 @@ class AlertWatch:
         share, rules = point.cuda_graph, self.rules
         if share is None:
             return []  # no decode pass since the last scrape
-        if not rules.expect_cuda_graph:
+        if not rules.expect_cuda_graph or self.graphs_off:
             if share >= rules.eager_share:
                 return []
             return self._fire(

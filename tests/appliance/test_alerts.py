@@ -178,3 +178,12 @@ def test_graph_backed_log_lines_do_not_clear_what_the_pass_counters_still_show()
     graph = {"kind": "decode_stats", "accept_len": 1.1, "cuda_graph": True}
     assert watch.events([("metric", graph)] * 3, 1.0) == []
     assert _shares(watch, [1.0]) == [("silent-eager", "resolved")]
+
+
+def test_once_the_log_says_graphs_are_off_by_the_spec_the_pass_counters_raise_no_fault(
+        ) -> None:
+    watch = AlertWatch(AlertRules(eager_points=1))  # told nothing of the spec
+    [note] = watch.events([("diagnosis", {"cause": "cuda-graphs-disabled", "summary": "off",
+                                          "fix": "cost", "evidence": {}})], 0.0)
+    assert (note.id, note.severity) == ("eager-by-spec", "info")
+    assert _shares(watch, [0.0, 0.0, 0.0]) == []
