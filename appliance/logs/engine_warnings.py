@@ -180,16 +180,19 @@ ENGINE_WARNINGS: tuple[Cause, ...] = (
     ),
 )
 ENGINE_WARNING_IDS = frozenset(cause.id for cause in ENGINE_WARNINGS)
-# Lines the warnings can be on start with none of these (the parser skips them cheaply).
-_NOT_WARNINGS = ("INFO:", "Decode batch", "Prefill batch")
+# Every line the parser does not classify passes here. Each warning's message begins with its
+# needle (the format string's start, after the log prefix): a first-character test, then one
+# anchored match for all of them (a loop over the warnings halved the parser's rate).
+_BY_NEEDLE = {needle: cause for cause in ENGINE_WARNINGS for needle in cause.needles}
+_FIRST = frozenset(needle[0] for needle in _BY_NEEDLE)
+_ANY_NEEDLE = re.compile("|".join(re.escape(n) for n in _BY_NEEDLE))
 
 
 def match_engine_warning(message: str) -> Diagnosis | None:
     """The finding one engine log line is, if it is one of the warnings above."""
-    if message.startswith(_NOT_WARNINGS):
+    if message[:1] not in _FIRST:
         return None
-    for cause in ENGINE_WARNINGS:
-        found = cause.match(message, None)
-        if found is not None:
-            return found
-    return None
+    found = _ANY_NEEDLE.match(message)
+    if found is None:
+        return None
+    return _BY_NEEDLE[found.group(0)].match(message, None)
