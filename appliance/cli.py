@@ -8,12 +8,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from docker.client import from_env
+
+from appliance import selfcheck
+from appliance.bench.cli import add_parser as add_bench
+from appliance.bench.verify import add_parser as add_verify
+from appliance.engine.launch import launch_args
 from appliance.engine.recipes import Recipe, RecipeError, load_recipe
 from appliance.engine.spec import (
     DeploymentSpec,
@@ -22,6 +30,18 @@ from appliance.engine.spec import (
     read_spec_file,
     spec_from_dict,
 )
+from appliance.images.build import BuildCancelled, BuildFailed, build_image, image_exists, image_id
+from appliance.images.lock import LockError, lock_text, reports_from_image
+from appliance.images.plan import BuildError, plan_build
+from appliance.logs.catalogue import catalogue_rows
+from appliance.logs.diagnosis import diagnose
+from appliance.logs.facts import spec_facts
+from appliance.logs.parser import parse_lines
+from appliance.logs.stamps import without_docker_stamps
+from appliance.preflight import Finding, has_errors, read_config, read_weights_bytes, run_preflight
+from appliance.preflight import folders as local_folders
+from appliance.preflight.files import MODEL_FIELDS
+from appliance.store.loadtime import add_parser as add_store
 
 EXIT_OK, EXIT_FINDINGS, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -57,8 +77,6 @@ def resolve_spec(path: str) -> tuple[DeploymentSpec, Recipe | None, list[FieldEr
 
 
 def cmd_launch_args(args: argparse.Namespace) -> int:
-    from appliance.engine.launch import launch_args
-
     spec, _, recipe_errors = resolve_spec(args.spec)
     if recipe_errors:
         return _bad_input([FieldError("recipe", e.message, e.fix) for e in recipe_errors],
@@ -73,8 +91,6 @@ def cmd_launch_args(args: argparse.Namespace) -> int:
 
 
 def cmd_preflight(args: argparse.Namespace) -> int:
-    from appliance.preflight import Finding, has_errors, run_preflight
-
     spec, recipe, recipe_errors = resolve_spec(args.spec)
     findings = [Finding("recipe", "error", "recipe", e.message, e.fix) for e in recipe_errors]
     if not recipe_errors:
@@ -102,13 +118,7 @@ def _local_model_facts(spec: DeploymentSpec, models_dir: str | None
     """The model folders as the panel checks them (appliance.preflight.folders), found under
     --models-dir, else $APPLIANCE_MODELS_DIR, else /models; where none is on this machine,
     a finding that says the folders were not checked."""
-    import os
-
-    from appliance.preflight import Finding, read_config, read_weights_bytes
-    from appliance.preflight import folders as local
-    from appliance.preflight.files import MODEL_FIELDS
-
-    root = models_dir or os.environ.get("APPLIANCE_MODELS_DIR") or local.MODELS_MOUNT
+    root = models_dir or os.environ.get("APPLIANCE_MODELS_DIR") or local_folders.MODELS_MOUNT
     paths = {f: getattr(spec.engine, f.split(".", 1)[1]) for f in MODEL_FIELDS}
     if not os.path.isdir(root):
         return None, {}, [Finding(
@@ -117,19 +127,17 @@ def _local_model_facts(spec: DeploymentSpec, models_dir: str | None
             "machine", "run pre-flight on the GPU host, or pass --models-dir DIR (the "
             "host's APPLIANCE_MODELS_DIR), to check that the folder exists with config.json "
             "and weights") for fld, path in paths.items() if path]
-    target = local.model_local_path(spec.engine.model_path, [root])
-    drafter = local.model_local_path(spec.engine.speculative_draft_model_path, [root])
+    target = local_folders.model_local_path(spec.engine.model_path, [root])
+    drafter = local_folders.model_local_path(spec.engine.speculative_draft_model_path, [root])
     facts = {"model_config": read_config(target), "drafter_config": read_config(drafter),
              "weights_bytes": read_weights_bytes(target),
              "drafter_weights_bytes": read_weights_bytes(drafter)}
-    return local.model_folders(spec, [root]), facts, []
+    return local_folders.model_folders(spec, [root]), facts, []
 
 
 def _open_lines(name: str) -> Iterator[str]:
     """Lines of a file or stdin as the engine printed them: undecodable bytes replaced
     (engine logs hold tqdm bars), Docker's time prefix (`docker logs -t`) split off."""
-    from appliance.logs.stamps import without_docker_stamps
-
     if name == "-":
         yield from without_docker_stamps(sys.stdin)
         return
@@ -149,14 +157,10 @@ def _log_facts(args: argparse.Namespace) -> dict[str, Any] | None:
     """What the deployment's spec says (--spec), for the causes that quote it."""
     if not getattr(args, "spec", None):
         return None
-    from appliance.logs.facts import spec_facts
-
     return spec_facts(resolve_spec(args.spec)[0])
 
 
 def cmd_parse_log(args: argparse.Namespace) -> int:
-    from appliance.logs.parser import parse_lines
-
     for event in parse_lines(_open_lines(args.file), include_all=args.all,
                              facts=_log_facts(args)):
         _print_event(event.to_dict(), args.text, sys.stdout)
@@ -164,8 +168,6 @@ def cmd_parse_log(args: argparse.Namespace) -> int:
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
-    from appliance.logs.diagnosis import diagnose
-
     result = diagnose(_open_lines(args.file), facts=_log_facts(args))
     if args.text:
         if result is None:
@@ -174,6 +176,17 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
             print(f"cause:   {result.cause}\nsummary: {result.summary}\nfix:     {result.fix}")
     else:
         _emit({"diagnosis": result.to_dict() if result else None})
+    return EXIT_OK
+
+
+def cmd_causes(args: argparse.Namespace) -> int:
+    rows = catalogue_rows()
+    if args.text:
+        for row in rows:
+            print(f"{row['id']} ({row['part']}, priority {row['priority']})\n"
+                  f"  summary: {row['summary']}\n  fix:     {row['fix']}")
+    else:
+        _emit({"causes": rows})
     return EXIT_OK
 
 
@@ -192,10 +205,6 @@ def _build_line(kind: str, data: dict[str, Any], text: bool) -> None:
 
 def cmd_build(args: argparse.Namespace) -> int:
     """Build (or find) a recipe's engine image, streaming each step; Ctrl-C cancels."""
-    from docker.client import from_env
-
-    from appliance.images.build import image_id
-    from appliance.images.plan import BuildError, plan_build
 
     client = from_env()
     try:
@@ -214,7 +223,6 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 def _print_plan(client: Any, recipe: Any, plan: Any, text: bool) -> int:
     """What the build would use: the values, not just their names (the CA bundle aside)."""
-    from appliance.images.build import image_exists
 
     exists = image_exists(client, plan.tag)
     args = {k: v for k, v in sorted(plan.buildargs.items()) if not k.startswith("APPLIANCE_CA")}
@@ -237,9 +245,6 @@ def _print_plan(client: Any, recipe: Any, plan: Any, text: bool) -> int:
 
 def cmd_lock(args: argparse.Namespace) -> int:
     """Write a recipe's lock from the pip reports of an image built without one."""
-    from docker.client import from_env
-
-    from appliance.images.lock import LockError, lock_text, reports_from_image
 
     recipe = load_recipe(args.recipe)
     out = args.out or (recipe.lock_path or Path(f"{recipe.name}.lock.txt"))
@@ -261,9 +266,6 @@ def cmd_lock(args: argparse.Namespace) -> int:
 
 def _run_build(client: Any, plan: Any, args: argparse.Namespace) -> dict[str, Any]:
     """Runs the build on a thread so Ctrl-C (in the main thread) can cancel it."""
-    import threading
-
-    from appliance.images.build import build_image
 
     cancel, finished = threading.Event(), threading.Event()
     outcome: dict[str, Any] = {}
@@ -291,8 +293,6 @@ def _run_build(client: Any, plan: Any, args: argparse.Namespace) -> dict[str, An
 
 
 def _build_outcome(outcome: dict[str, Any], text: bool) -> int:
-    from appliance.images.build import BuildCancelled, BuildFailed
-
     error = outcome.get("error")
     if isinstance(error, BuildCancelled):
         _build_line("cancelled", {"text": "build cancelled"}, text)
@@ -313,8 +313,6 @@ def _build_outcome(outcome: dict[str, Any], text: bool) -> int:
 
 
 def cmd_gpu_check(rest: list[str]) -> int:
-    from appliance import selfcheck
-
     return int(selfcheck.main(rest))
 
 
@@ -368,13 +366,12 @@ def build_parser() -> argparse.ArgumentParser:
     cmd.add_argument("--spec", help="the deployment's spec YAML: its paths, GPUs and tp_size "
                      "tell the causes whose value is wrong")
     cmd.set_defaults(func=cmd_diagnose)
-    from appliance.bench.cli import add_parser as add_bench
+    cmd = add("causes", "list the failure catalogue: every cause a diagnosis may name")
+    cmd.set_defaults(func=cmd_causes)
 
     add_bench(sub)
-    from appliance.bench.verify import add_parser as add_verify
 
     add_verify(sub)
-    from appliance.store.loadtime import add_parser as add_store
 
     add_store(sub)
     # Listed for --help only: main() hands gpu-check's own arguments (--help, --gpus ...)

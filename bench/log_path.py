@@ -1,11 +1,12 @@
 """The log path, engine line to stored event and to an SSE viewer, beside `docker logs -f`
-reading the same container and PostgreSQL's own COPY of the same rows (issue 22).
+reading the same container and PostgreSQL's own COPY of the same rows (docs/performance.md,
+Log path).
 
 A container on the local base image prints numbered lines, each carrying the time it was
 printed: SGLang decode lines (`[date time.micros TP0] Decode batch, ..., #token: <n>,
 ...`, each stored as a log event and a metric, as a serving engine's) or plain lines
 (`line seq=<n> t=<ns>`, one event each). The engine agent's real follower
-(appliance.runtime.follower) with the real database sink (services/agent.py: ownership
+(appliance.runtime.follower) with the real database sink (web/agent/controller.py: ownership
 check, events_append_batch, cursor and progress in one transaction, live publish after
 commit) follows it into PostgreSQL and Redis, in this process as in the agent's; a panel
 started like the image's (uvicorn) streams the events to an SSE viewer in another
@@ -347,11 +348,11 @@ def follow_run(args: argparse.Namespace, *, shape: str, n: int, rate: float, rea
     `docker logs -f` reads the same container alongside, or (reference_apart) a twin of it
     (the same printer at the same rate) in a phase of its own right after: alongside, dockerd
     serves two followers and the CLI and its reader take about a quarter of a core at
-    10,000 lines/s, CPU the path then does not have (issue 22, fourth round)."""
+    10,000 lines/s, CPU the path then does not have (measured)."""
     from appliance.runtime.containers import ContainerPlan, EngineRuntime
     from appliance.runtime.follower import EngineFollower, FollowOptions, follow
+    from web.agent.controller import EngineAgent, _FollowSink
     from web.deployments.models import Deployment
-    from web.deployments.services.agent import EngineAgent, _FollowSink
 
     agent = EngineAgent(agent_id="bench-agent")
     status = "ready" if ready else "starting"
@@ -561,7 +562,7 @@ def _cleanup(pk: int) -> None:
     live.forget(pk)  # the live stream: a later run's deployment may get the same pk
     with connection.cursor() as cursor:
         cursor.execute("DELETE FROM deployments_event WHERE deployment_id = %s", [pk])
-        # the status reads' stored answers, which the agent's batches now keep (issue 22)
+        # the status reads' stored answers, which the agent's batches now keep
         cursor.execute("DELETE FROM deployments_statusbody WHERE deployment_id = %s", [pk])
         cursor.execute("DELETE FROM deployments_deployment WHERE id = %s", [pk])
 
@@ -735,7 +736,7 @@ def main() -> None:
 
 def print_targets(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
     """The issue's targets, each beside its figure and its reference from this same run."""
-    print("\ntargets (issue 22, log path): figure | target | reference in this run")
+    print("\ntargets (log path): figure | target | reference in this run")
     for phase in ("before", "after"):
         got = results.get(phase)
         if got:

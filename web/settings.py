@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from datetime import timedelta
 from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -76,6 +77,7 @@ INSTALLED_APPS = [
     "web.benchmarks",
     "web.gateway",
     "web.store",
+    "web.fleet",
 ]
 
 MIDDLEWARE = [
@@ -89,7 +91,7 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # WhiteNoise is sync-only. Under ASGI, Django runs every middleware outside the first
     # sync-only one in sync mode, all in the request's one thread; those inside it run in
-    # async mode, which moves each of their hooks to a thread and back (issue 22's profile:
+    # async mode, which moves each of their hooks to a thread and back (the profile:
     # /healthz 6-7x a bare ASGI app, most of it those hops). Here, next to the view, it
     # leaves the whole list sync; static files pass the (lazy) session, CSRF and auth hooks.
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -124,8 +126,6 @@ def _database(url: str) -> dict[str, object]:
     if not url:
         (BASE_DIR / "var").mkdir(exist_ok=True)
         return {"ENGINE": "django.db.backends.sqlite3", "NAME": BASE_DIR / "var" / "db.sqlite3"}
-    from urllib.parse import unquote, urlparse
-
     parsed = urlparse(url)
     if parsed.scheme not in {"postgres", "postgresql"}:
         raise ValueError(
@@ -152,9 +152,10 @@ def _database(url: str) -> dict[str, object]:
             **_database_pool(),
             # Parameters bound by PostgreSQL rather than quoted into the SQL by psycopg, so
             # psycopg can prepare a statement a pooled connection has run this many times
-            # (Django's default: client-side binding, nothing prepared). Issue 22's third
-            # round: PostgreSQL's CPU for the ORM's reads fell by 60-75 % (parse and plan
-            # once per connection); the status reads' statement is prepared the same way.
+            # (Django's default: client-side binding, nothing prepared). Measured
+            # (docs/performance.md, Status API, third round): PostgreSQL's CPU for the
+            # ORM's reads fell by 60-75 % (parse and plan once per connection); the status
+            # reads' statement is prepared the same way.
             "server_side_binding": True,
             "prepare_threshold": _prepare_threshold(),
         },
@@ -190,7 +191,8 @@ def _database_pool() -> dict[str, object]:
 
 DATABASES = {"default": _database(_DATABASE_URL)}
 # A token GET of a deployment's detail or summary answered on the ASGI path before Django
-# (web/api/asgi.py, issue 22), with Django's own headers; off: every request is Django's.
+# (web/api/asgi.py: the reads polled most), with Django's own headers; off: every request
+# is Django's.
 STATUS_READS_BEFORE_DJANGO = env_bool("APPLIANCE_STATUS_READS_BEFORE_DJANGO", True)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -211,6 +213,9 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("APPLIANCE_MAX_BODY_BYTES", 1024 * 1024)
 DATA_UPLOAD_MAX_NUMBER_FIELDS = 200
 # The gateway (/v1, web/gateway): a prompt of a long context is far larger than a spec.
 GATEWAY_MAX_BODY_BYTES = env_int("APPLIANCE_GATEWAY_MAX_BODY_BYTES", 32 * 1024 * 1024)
+# The gateway's base URL as the worker reaches it (compose: http://web:8000): a losslessness
+# check "through the gateway" calls /v1 there, as a client would. Empty: that route is off.
+GATEWAY_URL = env_str("APPLIANCE_GATEWAY_URL", "").rstrip("/")
 
 # Login throttling (django-axes): after LOGIN_FAILURE_LIMIT wrong passwords for one username
 # from one address, that pair is refused for LOGIN_COOLOFF_MINUTES. Counters live in Redis.

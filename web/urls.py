@@ -26,6 +26,7 @@ urlpatterns = [
     path("benchmarks/", include("web.benchmarks.urls")),
     path("keys/", include("web.gateway.urls")),
     path("models/", include("web.store.urls")),
+    path("fleet/", include("web.fleet.urls")),
     path("account/", include("web.accounts.urls")),
     path("", include("web.deployments.urls")),
 ]

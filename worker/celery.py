@@ -1,4 +1,9 @@
-"""The Celery app: Redis broker, Django settings, thin tasks in worker.tasks."""
+"""The Celery worker process: `celery -A worker.celery worker` (the compose `worker` service).
+
+The app, its queues and the names of its tasks are web/tasks.py's (web sends every job
+there and never imports this package); this module sets Django up for the worker, registers
+the thin tasks (worker/tasks.py, worker/model_tasks.py) and the worker's start-up hooks.
+"""
 
 from __future__ import annotations
 
@@ -7,43 +12,20 @@ import os
 from typing import Any
 
 import django
-from celery import Celery
 from celery.signals import worker_init, worker_ready
-from kombu import Queue
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "web.settings")
 django.setup()
 
 from django.conf import settings  # noqa: E402
 
+from appliance.runtime.containers import EngineRuntime  # noqa: E402
+from web import tasks  # noqa: E402
+from web.agent.controller import join_engine_network  # noqa: E402
+
 log = logging.getLogger(__name__)
 
-app = Celery("appliance")
-app.conf.update(
-    broker_url=settings.CELERY_BROKER_URL,
-    task_acks_late=settings.CELERY_TASK_ACKS_LATE,
-    task_reject_on_worker_lost=True,
-    worker_prefetch_multiplier=settings.CELERY_WORKER_PREFETCH_MULTIPLIER,
-    task_always_eager=settings.CELERY_TASK_ALWAYS_EAGER,
-    broker_connection_retry_on_startup=True,
-    task_ignore_result=True,
-    # An image build (CUDA kernels) can take hours; the broker must not redeliver it early.
-    # A build whose worker died is queued again by the engine agent (its lease ran out).
-    broker_transport_options={"visibility_timeout": 4 * 3600},
-    # Separate queues: a stop never waits behind image builds. A worker with no -Q
-    # consumes both.
-    task_queues=[Queue("control", routing_key="control"),
-                 Queue("builds", routing_key="builds"),
-                 Queue("bench", routing_key="bench"),
-                 Queue("models", routing_key="models")],
-    task_default_queue="control",
-    task_routes={"worker.tasks.deploy": {"queue": "builds"},
-                 "worker.tasks.stop": {"queue": "control"},
-                 "worker.tasks.benchmark": {"queue": "bench"},
-                 "worker.tasks.verification": {"queue": "bench"},
-                 # Model downloads (web/store): hours long, never ahead of a stop or a build.
-                 "worker.model_tasks.*": {"queue": "models"}},
-)
+app = tasks.app
 app.autodiscover_tasks(["worker"], related_name="tasks")
 app.autodiscover_tasks(["worker"], related_name="model_tasks")
 
@@ -55,9 +37,9 @@ def resume_model_downloads(sender: Any = None, **_: Any) -> None:
     and scan the roots, so folders copied in while it was down are listed. Only a worker
     that consumes the models queue does it."""
     consumer = getattr(sender, "app", app).amqp.queues.consume_from
-    if consumer is None or "models" in consumer:
-        app.send_task("worker.model_tasks.model_downloads_resume")
-        app.send_task("worker.model_tasks.model_store_scan")
+    if consumer is None or tasks.QUEUE_OF[tasks.MODEL_DOWNLOAD] in consumer:
+        tasks.model_downloads_resume_later()
+        tasks.model_store_scan_later()
 
 
 @worker_init.connect
@@ -70,9 +52,6 @@ def join_engine_network_on_start(**_: Any) -> None:
     (shared/DESIGN.md "Growing past one machine"); an engine network is a bridge local to
     its host, so a benchmark runs on the worker of the host that holds its engines.
     """
-    from appliance.runtime.containers import EngineRuntime
-    from web.deployments.services.agent import join_engine_network
-
     try:
         join_engine_network(EngineRuntime())
     except Exception:  # no Docker: builds fail on their own; say why benchmarks will

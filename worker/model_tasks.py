@@ -6,13 +6,14 @@ from typing import Any
 
 from celery import Task
 
+from web import tasks as names
 from web.store import services
 
 from .celery import app
 
 
 # bind: the retry count and the task id (the entry's lease owner) come from the request.
-@app.task(name="worker.model_tasks.model_download", bind=True, acks_late=True,
+@app.task(name=names.MODEL_DOWNLOAD, bind=True, acks_late=True,
           max_retries=None)
 def model_download(self: Task, entry_id: int) -> str:  # type: ignore[type-arg]
     attempt = int(self.request.retries or 0)
@@ -24,12 +25,12 @@ def model_download(self: Task, entry_id: int) -> str:  # type: ignore[type-arg]
     return outcome.state
 
 
-@app.task(name="worker.model_tasks.model_downloads_resume", acks_late=True)
+@app.task(name=names.MODEL_DOWNLOADS_RESUME, acks_late=True)
 def model_downloads_resume(*_: Any) -> list[int]:
     return services.model_downloads_resume()
 
 
-@app.task(name="worker.model_tasks.model_store_scan", acks_late=True)
+@app.task(name=names.MODEL_STORE_SCAN, acks_late=True)
 def model_store_scan() -> int:
     """The roots looked through (at worker start): folders copied by hand become entries."""
     return len(services.model_store_scan())

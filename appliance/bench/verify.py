@@ -1,12 +1,29 @@
 """`appliance verify`: does a speculative server (A) give its baseline's (B) tokens?
 
-Each prompt goes to SGLang's native `/generate` of both servers at temperature 0 with
-`ignore_eos`, so both answer the same number of tokens. Only B is asked for log-probs (top 2):
-SGLang's speculative servers answer 400 "does not support return_logprob yet" (433c58ed7,
-DDTREE and DFLASH, tests/fixtures/real-engine). A is asked for them too, since a server that
-gives them costs nothing more; after its first refusal it is asked without them. The outputs are
-compared by `first_divergence`: a part at a near-tie is bf16 noise, one at a clear margin a
-failure. Prompts go one at a time: a batch changes bf16 outputs even without speculation.
+Each prompt goes to both servers at temperature 0 with `ignore_eos`, so both answer the same
+number of tokens, through one of two APIs (`--api`, detected when not given):
+
+- `sglang`: SGLang's native `/generate`. The token ids are compared.
+- `openai`: `/v1/completions` with `logprobs` (or `/v1/chat/completions` with `logprobs` and
+  `top_logprobs`, the prompt as one user message), with `--api-key` and `--model`: any
+  OpenAI-compatible server, the appliance's gateway included. These APIs give no token ids,
+  so the tokens compared are their texts (`logprobs.tokens`, `logprobs.content[].token`), one
+  by one: a token split differently (`"ab"` against `"a"`, `"b"`) parts there, but two ids of
+  the same text (byte pieces shown as U+FFFD) are the same token here, and the top log-probs
+  of two tokens of one text come merged (SGLang keys them by text).
+
+Only B must give log-probs (its top TOP_LOGPROBS): SGLang's speculative servers refuse them
+with a 400 "does not support return_logprob yet" (433c58ed7, DDTREE and DFLASH, on both APIs,
+tests/fixtures/real-engine). A is asked for them too, since a server that gives them costs
+nothing more; after its first refusal it is asked without them. Over OpenAI an A without
+log-probs gives only its text: its tokens are taken to be B's as far as the two texts agree,
+and its token where they part is the one of B's top log-probs there whose text the rest of
+A's text starts with (none: a token outside them). A split of the same characters into other
+tokens cannot be seen that way; the report says which comparison ran.
+
+The outputs are compared by `first_divergence`: a part at a near-tie is bf16 noise, one at a
+clear margin a failure. Prompts go one at a time: a batch changes bf16 outputs even without
+speculation.
 """
 
 from __future__ import annotations
@@ -24,8 +41,20 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from appliance.bench.lossless import NEAR_TIE_GAP, TOP_LOGPROBS, first_divergence
+from appliance.bench.lossless import NEAR_TIE_GAP, first_divergence
 from appliance.bench.prompts import PromptError, from_jsonl
+from appliance.bench.verify_api import (
+    APIS,
+    ENDPOINTS,
+    PATHS,
+    Endpoint,
+    VerifyError,
+    answer,
+    endpoints,
+    post,
+    refuses_ignore_eos,
+    refuses_logprobs,
+)
 
 # Written for this project, and the prompts the real-engine rig probes with
 # (tests/gpu/realengine/runs.py), so NEAR_TIE_GAP was measured on them: prose, code, SQL,
@@ -47,17 +76,14 @@ BUILTIN_PROMPTS = (
 # The set shipped for the check (the twelve above and 24 MT-Bench questions, Apache-2.0):
 # its source and license in appliance/bench/data/README.md.
 SHIPPED_PROMPTS_FILE = Path(__file__).with_name("data") / "lossless-prompts.jsonl"
+API_KEY_ENV = "SD_API_KEY"
 SHOWN_TOKENS = 12  # of each continuation, from the first divergence
 TIMEOUT_S = 600.0  # one answer; a cold Triton compile takes minutes
 
 
-class VerifyError(Exception):
-    """A usage error: exit 2 with this message (bad URL, prompts file, unreachable server)."""
-
-
 @dataclass
 class Side:
-    ids: list[int]
+    ids: list[int | str]  # token ids (SGLang's /generate) or token texts (OpenAI /v1)
     text: str | None  # the answer's text from the first divergence, where it is known
     text_from: str = "token"  # or "character": from the first character the texts differ at
     # The divergent token's own text, where a per-token text names it (the panel marks it).
@@ -85,6 +111,10 @@ class VerifyResult:
     max_tokens: int
     a_logprobs: str  # "given" or the refusal, as A answered it
     prompts: list[PromptResult] = field(default_factory=list)
+    api: str = "sglang"  # the API both were called through: sglang, completions or chat
+    models: dict[str, str] = field(default_factory=dict)  # {"a": ..., "b": ...} (OpenAI)
+    compared: str = "token ids"  # what was compared token by token (module docstring)
+    notes: list[str] = field(default_factory=list)  # e.g. a server that refused ignore_eos
 
     @property
     def identical(self) -> int:
@@ -107,6 +137,8 @@ class VerifyResult:
         total = len(self.prompts)
         return {"a": self.a_url, "b": self.b_url, "threshold": self.threshold,
                 "max_tokens": self.max_tokens, "a_logprobs": self.a_logprobs,
+                "api": self.api, "models": self.models, "compared": self.compared,
+                "notes": self.notes,
                 "prompts": [asdict(p) for p in self.prompts],
                 "total": total, "identical": self.identical,
                 "match_rate": self.identical / total if total else None,
@@ -149,75 +181,50 @@ def shipped_prompts() -> list[str]:
 
 # ---------------------------------------------------------------- the servers
 
-def generate_body(prompt: str, *, max_tokens: int, logprobs: bool) -> dict[str, Any]:
-    body: dict[str, Any] = {"text": prompt, "sampling_params": {
-        "temperature": 0, "max_new_tokens": max_tokens, "ignore_eos": True}}
-    if logprobs:
-        # Per-token text lets the continuations be shown as text, not only as ids.
-        body.update(return_logprob=True, top_logprobs_num=TOP_LOGPROBS,
-                    return_text_in_logprobs=True)
-    return body
-
-
-def _refuses_logprobs(status: int, body: str) -> bool:
-    return status == 400 and "logprob" in body
-
-
-async def _post(session: aiohttp.ClientSession, url: str,
-                body: dict[str, Any]) -> tuple[int, str]:
-    try:
-        async with session.post(url + "/generate", json=body) as resp:
-            return resp.status, await resp.text()
-    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-        raise VerifyError(f"{url} is unreachable: {exc or type(exc).__name__}; is the server "
-                          "up and the URL its base URL?") from exc
-
-
-def _answer(url: str, status: int, text: str, prompt_index: int) -> dict[str, Any]:
-    if status != 200:
-        raise VerifyError(f"{url}/generate answered HTTP {status} for prompt {prompt_index}: "
-                          f"{text[:300]}")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise VerifyError(f"{url}/generate answered prompt {prompt_index} with no JSON; is it "
-                          "an SGLang server?") from exc
-    if not isinstance(data, dict) or not isinstance(data.get("output_ids"), list):
-        raise VerifyError(f"{url}/generate answered prompt {prompt_index} without "
-                          "output_ids; is it an SGLang server?")
-    return data
-
-
 class _Candidate:
     """A, asked for log-probs until it first refuses them."""
 
-    def __init__(self, url: str) -> None:
-        self.url, self.logprobs, self.refusal = url, True, ""
+    def __init__(self, endpoint: Endpoint) -> None:
+        self.endpoint, self.logprobs, self.refusal = endpoint, True, ""
 
     async def generate(self, session: aiohttp.ClientSession, prompt: str, index: int, *,
                        max_tokens: int) -> dict[str, Any]:
         if self.logprobs:
-            status, text = await _post(session, self.url, generate_body(
-                prompt, max_tokens=max_tokens, logprobs=True))
-            if not _refuses_logprobs(status, text):
-                return _answer(self.url, status, text, index)
+            status, text = await _call(session, self.endpoint, prompt, max_tokens=max_tokens,
+                                       logprobs=True)
+            if not refuses_logprobs(status, text):
+                return answer(self.endpoint, status, text, index)
             self.logprobs, self.refusal = False, f"HTTP {status}: {text[:300]}"
-        status, text = await _post(session, self.url, generate_body(
-            prompt, max_tokens=max_tokens, logprobs=False))
-        return _answer(self.url, status, text, index)
+        status, text = await _call(session, self.endpoint, prompt, max_tokens=max_tokens,
+                                   logprobs=False)
+        return answer(self.endpoint, status, text, index)
 
 
-async def _baseline(session: aiohttp.ClientSession, url: str, prompt: str, index: int, *,
-                    max_tokens: int) -> dict[str, Any]:
-    status, text = await _post(session, url, generate_body(prompt, max_tokens=max_tokens,
-                                                           logprobs=True))
-    if _refuses_logprobs(status, text):
+async def _call(session: aiohttp.ClientSession, endpoint: Endpoint, prompt: str, *,
+                max_tokens: int, logprobs: bool) -> tuple[int, str]:
+    """One request; once more without `ignore_eos` where the server refused that field."""
+    status, text = await post(session, endpoint, endpoint.body(
+        prompt, max_tokens=max_tokens, logprobs=logprobs))
+    if endpoint.ignore_eos and endpoint.api != "sglang" and refuses_ignore_eos(status, text):
+        endpoint.ignore_eos = False
+        status, text = await post(session, endpoint, endpoint.body(
+            prompt, max_tokens=max_tokens, logprobs=logprobs))
+    return status, text
+
+
+async def _baseline(session: aiohttp.ClientSession, endpoint: Endpoint, prompt: str,
+                    index: int, *, max_tokens: int) -> dict[str, Any]:
+    status, text = await _call(session, endpoint, prompt, max_tokens=max_tokens,
+                               logprobs=True)
+    url = endpoint.url
+    if refuses_logprobs(status, text):
         raise VerifyError(f"--b {url} refuses log-probs ({text[:200]}); the baseline judges "
                           "each divergence, so give a server without speculation as --b")
-    data = _answer(url, status, text, index)
+    data = answer(endpoint, status, text, index)
     if not (data.get("meta_info") or {}).get("output_top_logprobs"):
-        raise VerifyError(f"--b {url} gave no output_top_logprobs; give an SGLang server "
-                          "that serves return_logprob as --b")
+        what = ("output_top_logprobs" if endpoint.api == "sglang"
+                else "no top log-probs (choices[0].logprobs)")
+        raise VerifyError(f"--b {url} gave {what}; give a server that serves log-probs as --b")
     return data
 
 
@@ -225,7 +232,8 @@ async def _baseline(session: aiohttp.ClientSession, url: str, prompt: str, index
 
 def _continuation(answer: dict[str, Any], shared: str, position: int, text_from: str) -> Side:
     """From `position` on: ids, and the text after the shared prefix `shared`."""
-    ids = [int(i) for i in answer["output_ids"][position:position + SHOWN_TOKENS]]
+    ids = [i if isinstance(i, str) else int(i)
+           for i in answer["output_ids"][position:position + SHOWN_TOKENS]]
     text = answer.get("text")
     if not isinstance(text, str) or not text.startswith(shared):
         return Side(ids, None, text_from)
@@ -244,8 +252,43 @@ def _shared_text(baseline: dict[str, Any], candidate: dict[str, Any],
     return os.path.commonprefix([a, b]), "character"
 
 
+def by_text(candidate: dict[str, Any], baseline: dict[str, Any]) -> dict[str, Any]:
+    """A's answer with its tokens filled in from its text, where only the text is known (an
+    OpenAI answer without log-probs): B's tokens as far as the two texts agree; where they
+    part, the one of B's top tokens there whose text the rest of A's text starts with (the
+    longest), or A's rest as one token outside them; none where A's text ends there."""
+    text = str(candidate.get("text") or "")
+    tokens = baseline["meta_info"].get("output_token_logprobs") or []
+    tops = baseline["meta_info"].get("output_top_logprobs") or []
+    ids: list[Any] = []
+    start = 0
+    for position, entry in enumerate(tokens):
+        piece = str(entry[2] or "")
+        if text.startswith(piece, start):
+            ids.append(entry[1])
+            start += len(piece)
+            continue
+        fits = [e for e in (tops[position] if position < len(tops) else [])
+                if e[2] and text.startswith(str(e[2]), start)]
+        if fits:
+            ids.append(max(fits, key=lambda e: len(str(e[2])))[1])
+        elif start < len(text):
+            ids.append(_outside(text[start:]))
+        return {**candidate, "output_ids": ids}
+    if start < len(text):  # A wrote on past B's last token
+        ids.append(_outside(text[start:]))
+    return {**candidate, "output_ids": ids}
+
+
+def _outside(rest: str) -> str:
+    """A token of A's that is none of B's top ones: named by the text it starts."""
+    return f"<not in B's top: {rest[:16]!r}...>"
+
+
 def compare(index: int, prompt: str, candidate: dict[str, Any], baseline: dict[str, Any], *,
             threshold: float) -> PromptResult:
+    if candidate.get("output_ids") is None:
+        candidate = by_text(candidate, baseline)
     top = baseline["meta_info"]["output_top_logprobs"]
     found = first_divergence(baseline["output_ids"], top, candidate["output_ids"],
                              threshold=threshold)
@@ -274,26 +317,40 @@ class VerifyCancelled(Exception):
 
 
 async def verify(*, a_url: str, b_url: str, prompts: Sequence[str], max_tokens: int,
-                 threshold: float, on_prompt: Callable[[PromptResult], None] | None = None,
+                 threshold: float, api: str = "auto", endpoint: str = "completions",
+                 api_key: str = "", a_model: str = "", b_model: str = "",
+                 on_prompt: Callable[[PromptResult], None] | None = None,
                  cancelled: Callable[[], bool] | None = None) -> VerifyResult:
-    """`on_prompt` hears each prompt's result as it is judged (the panel's progress);
+    """`api`, `endpoint`, `api_key` and the models: appliance.bench.verify_api.endpoints.
+    `on_prompt` hears each prompt's result as it is judged (the panel's progress);
     `cancelled` is asked before each prompt."""
-    candidate = _Candidate(a_url)
     results = []
     timeout = aiohttp.ClientTimeout(total=TIMEOUT_S)
     async with aiohttp.ClientSession(timeout=timeout) as session:
+        a_end, b_end = await endpoints(session, a_url=a_url, b_url=b_url, api=api,
+                                       endpoint=endpoint, api_key=api_key, a_model=a_model,
+                                       b_model=b_model)
+        candidate = _Candidate(a_end)
         for index, prompt in enumerate(prompts, 1):
             if cancelled is not None and cancelled():
                 raise VerifyCancelled(f"cancelled before prompt {index}")
             # A and B at once (two servers), but one prompt at a time on each.
             a, b = await asyncio.gather(
                 candidate.generate(session, prompt, index, max_tokens=max_tokens),
-                _baseline(session, b_url, prompt, index, max_tokens=max_tokens))
+                _baseline(session, b_end, prompt, index, max_tokens=max_tokens))
             results.append(compare(index, prompt, a, b, threshold=threshold))
             if on_prompt is not None:
                 on_prompt(results[-1])
-    return VerifyResult(a_url, b_url, threshold, max_tokens,
-                        "given" if candidate.logprobs else candidate.refusal, results)
+    result = VerifyResult(a_url, b_url, threshold, max_tokens,
+                          "given" if candidate.logprobs else candidate.refusal, results,
+                          api=a_end.api)
+    if a_end.api != "sglang":
+        result.models = {"a": a_end.model, "b": b_end.model}
+        result.compared = "token texts" if candidate.logprobs else (
+            "token texts (A's tokens read from its text: it gave no log-probs)")
+    result.notes = [f"{e.flag} {e.url} refused ignore_eos: its answers end at its EOS"
+                    for e in (a_end, b_end) if not e.ignore_eos]
+    return result
 
 
 # ---------------------------------------------------------------- the command
@@ -301,9 +358,25 @@ async def verify(*, a_url: str, b_url: str, prompts: Sequence[str], max_tokens: 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     cmd = sub.add_parser("verify", help="check a speculative server (A) gives its baseline's "
                          "(B) tokens at temperature 0; exit 1 on a divergence at a clear margin")
-    cmd.add_argument("--a", required=True, help="the speculative server's base URL")
+    cmd.add_argument("--a", required=True, help="the speculative server's base URL (an "
+                     "engine's, or the gateway's: the panel's URL, without /v1)")
     cmd.add_argument("--b", required=True, help="the baseline's base URL (no speculation: it "
                      "must give log-probs)")
+    cmd.add_argument("--api", choices=APIS, default="auto", help="sglang: SGLang's /generate "
+                     "(token ids compared); openai: /v1 (token texts compared); auto (the "
+                     "default): sglang where both servers answer SGLang's /model_info and no "
+                     "model is named, else openai")
+    cmd.add_argument("--endpoint", choices=ENDPOINTS, default="completions",
+                     help="with openai: /v1/completions (the default) or /v1/chat/completions "
+                     "(each prompt as one user message)")
+    cmd.add_argument("--model", default="", help="with openai: the request's model on both "
+                     "servers (default: the one /v1/models lists); through the gateway, the "
+                     "deployment's served model name")
+    cmd.add_argument("--a-model", default="", help="A's model, where it differs from B's "
+                     "(two deployments behind one gateway)")
+    cmd.add_argument("--b-model", default="", help="B's model")
+    cmd.add_argument("--api-key", default="", help="sent as 'Authorization: Bearer KEY' to "
+                     f"both (default: ${API_KEY_ENV}); the gateway's keys are sk-sd-...")
     cmd.add_argument("--prompts", type=Path, help='JSONL, one {"prompt": "..."} per line '
                      "(default: the built-in set, appliance/bench/data/lossless-prompts.jsonl)")
     cmd.add_argument("--max-tokens", type=int, default=64, help="tokens per answer")
@@ -314,14 +387,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     cmd.set_defaults(func=cmd_verify)
 
 
-def _side(side: Side | None) -> str:
+def _side(side: Side | None, api: str) -> str:
     if side is None:
         return "-"
     text = "" if side.text is None else f"  text {json.dumps(side.text[:60])}"
-    return f"ids {side.ids}{text}"
+    if api == "sglang":
+        return f"ids {side.ids}{text}"
+    return f"tokens {json.dumps(side.ids, ensure_ascii=False)}{text}"
 
 
 def print_text(result: VerifyResult) -> None:
+    if result.api != "sglang":
+        print(f"OpenAI {PATHS[result.api]}, A model {result.models.get('a')!r}, B model "
+              f"{result.models.get('b')!r}; compared: {result.compared}")
+    for note in result.notes:
+        print(f"note: {note}")
     if result.a_logprobs != "given":
         print(f"A gives no log-probs ({result.a_logprobs}); B's log-probs judge each divergence")
     for p in result.prompts:
@@ -331,7 +411,7 @@ def print_text(result: VerifyResult) -> None:
             continue
         gap = "-" if p.gap is None else f"{p.gap:.4f}"
         print(f"{head} at token {p.position}, B's top-2 gap {gap}: {p.prompt[:60]!r}")
-        print(f"      A: {_side(p.a)}\n      B: {_side(p.b)}")
+        print(f"      A: {_side(p.a, result.api)}\n      B: {_side(p.b, result.api)}")
         if p.a is not None and p.a.text_from == "character":
             print("      (text from the first character the two texts differ at)")
     total = len(result.prompts)
@@ -347,8 +427,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
         if args.threshold < 0:
             raise VerifyError("--threshold must be 0 or more")
         prompts = prompts_from_jsonl(args.prompts) if args.prompts else shipped_prompts()
-        result = asyncio.run(verify(a_url=a_url, b_url=b_url, prompts=prompts,
-                                    max_tokens=args.max_tokens, threshold=args.threshold))
+        result = asyncio.run(verify(
+            a_url=a_url, b_url=b_url, prompts=prompts, max_tokens=args.max_tokens,
+            threshold=args.threshold, api=args.api, endpoint=args.endpoint,
+            api_key=args.api_key or os.environ.get(API_KEY_ENV, ""),
+            a_model=args.a_model or args.model, b_model=args.b_model or args.model))
     except VerifyError as exc:
         print(f"error  {exc}", file=sys.stderr)
         return 2

@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from appliance.engine.flags import flag_list_for_commit
 from appliance.engine.spec import FieldError, engine_field_names
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
@@ -76,7 +77,6 @@ class Recipe:
             return self.sglang.flags
         if self.sglang.pip:
             return f"sglang-{self.sglang.pip}"
-        from appliance.engine.flags import flag_list_for_commit
         return flag_list_for_commit(self.sglang.ref) if self.sglang.ref else None
 
     def resolve_path(self, value: str) -> Path:

@@ -18,6 +18,9 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+import docker.errors
+from docker.errors import ImageNotFound
+
 from appliance.images.plan import BuildError, BuildPlan, context_tar
 
 PATCH_FAILED_MARKER = "APPLIANCE_PATCH_FAILED"
@@ -142,7 +145,6 @@ def _failed(chunk: Mapping[str, Any], state: _StreamState) -> BuildFailed:
 def _kill_containers(client: Any, ids: Iterable[str]) -> None:
     """Stop the legacy builder's RUN containers; it removes them itself (forcerm), and
     we remove them too in case the daemon lost track once the client went away."""
-    import docker.errors
 
     for cid in ids:
         with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
@@ -169,7 +171,6 @@ def _cancel_watch(
 
 def image_id(client: Any, name: str) -> str | None:
     """The local image's id (sha256:...), or None when the daemon does not have it."""
-    from docker.errors import ImageNotFound
 
     try:
         return str(client.images.get(name).id)
@@ -178,8 +179,6 @@ def image_id(client: Any, name: str) -> str | None:
 
 
 def image_exists(client: Any, tag: str) -> bool:
-    import docker.errors
-
     try:
         client.api.inspect_image(tag)
     except docker.errors.ImageNotFound:

@@ -57,6 +57,13 @@ class Cause:
     def diagnosis(self, **evidence: Any) -> Diagnosis:
         return Diagnosis(self.id, self.summary, self.fix, evidence, self.patch, self.severity)
 
+    def worded(self, *, summary: str | None = None, fix: str | None = None,
+               evidence: Mapping[str, Any] | None = None) -> Diagnosis:
+        """This cause's diagnosis with a summary (or fix) that names the case: Docker's
+        message, the model's state; the cause's own words where none is given."""
+        return Diagnosis(self.id, summary or self.summary, fix or self.fix,
+                         dict(evidence or {}), self.patch)
+
     def match(self, text: str, ctx: ParseContext | None) -> Diagnosis | None:
         needle = next((n for n in self.needles if n in text), None)
         if needle is None:

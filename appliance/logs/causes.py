@@ -72,13 +72,7 @@ def _driver(cause: Cause, text: str, ctx: ParseContext | None) -> Diagnosis | No
 
 def _nccl(cause: Cause, text: str, ctx: ParseContext | None) -> Diagnosis | None:
     if "shared memory" in text or "/dev/shm" in text:
-        return Diagnosis(
-            "shm-too-small",
-            CAUSES["shm-too-small"].summary,
-            CAUSES["shm-too-small"].fix,
-            {"via": "nccl"},
-            CAUSES["shm-too-small"].patch,
-        )
+        return CAUSES["shm-too-small"].diagnosis(via="nccl")
     return cause.diagnosis(timeout="Watchdog caught collective operation timeout" in text)
 
 

@@ -6,6 +6,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from appliance.logs.appliance_causes import UNKNOWN_ERROR
 from appliance.logs.causes import CAUSES, Diagnosis
 from appliance.logs.parser import parse_lines
 
@@ -53,11 +54,11 @@ def _pick(candidates: list[_Candidate], last_error: dict[str, Any] | None) -> Di
     if candidates:
         return max(candidates, key=lambda c: (c.line, c.priority)).diagnosis
     if last_error is not None:
-        return Diagnosis(
-            "unknown-error",
-            f"The engine failed with an error the catalogue does not know: "
-            f"{last_error['message']}",
-            "Read the traceback (line {}) and the lines before it.".format(last_error["line"]),
-            {"line": last_error["line"], "message": last_error["message"]},
+        return UNKNOWN_ERROR.worded(
+            summary="The engine failed with an error the catalogue does not know: "
+                    f"{last_error['message']}",
+            fix="Read the traceback (line {}) and the lines before it.".format(
+                last_error["line"]),
+            evidence={"line": last_error["line"], "message": last_error["message"]},
         )
     return None

@@ -10,6 +10,7 @@ False`), by what the evidence shows; never a recipe change when the recipe is no
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from appliance.logs.cause import Cause, Diagnosis
@@ -60,7 +61,7 @@ def needed_target_width(ctx: ParseContext) -> int | None:
     return None
 
 
-def eager_decode(stats: dict[str, Any], ctx: ParseContext | None,
+def eager_decode(stats: Mapping[str, Any], ctx: ParseContext | None,
                  silent: Cause, disabled: Cause, above: Cause) -> Diagnosis:
     """The cause a speculative decode line without CUDA graphs shows."""
     running = stats.get("running_req")

@@ -16,15 +16,45 @@ Before SGLang starts, the engine image's entrypoint may run the GPU self-check: 
 lines (`gpu-check: {json}`) become selfcheck_* events, and a failed check a diagnosis.
 
 Every container output line passes through `classify` (from LogParser.feed), so the
-per-line path is a handful of `startswith`/`in` checks before any regex.
+per-line path is a handful of `startswith`/`in` checks before any regex. What each kind
+carries is appliance.events' (WeightsBegin, CaptureProgress, ...): the fields built here
+are checked against those types.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, cast
 
 from appliance import selfcheck
+from appliance.events import (
+    BAR_KINDS,
+    CAPTURE_BEGIN,
+    CAPTURE_BS,
+    CAPTURE_END,
+    CAPTURE_PROGRESS,
+    DECODE_STATS,
+    KV_CACHE,
+    PREFILL_STATS,
+    READY,
+    SELFCHECK_EXIT,
+    SELFCHECK_START,
+    SERVER_ARGS,
+    WEIGHTS_BEGIN,
+    WEIGHTS_END,
+    WEIGHTS_PROGRESS,
+    CaptureBegin,
+    CaptureBs,
+    CaptureEnd,
+    CaptureProgress,
+    DecodeStats,
+    KvCache,
+    PrefillStats,
+    WeightsBegin,
+    WeightsEnd,
+    WeightsProgress,
+)
 from appliance.logs.facts import SERVER_ARGS_PREFIX, server_args_facts
 
 TRACEBACK_START = "Traceback (most recent call last):"
@@ -36,7 +66,7 @@ CHAIN_MARKERS = (
 # "Possible solutions:" list, NCCL's "Last error:"). Keep a few, not a flood.
 MAX_CONTINUATION_LINES = 12
 MAX_TRACEBACK_LINES = 400
-PROGRESS_KINDS = frozenset({"weights_progress", "capture_progress"})
+PROGRESS_KINDS = BAR_KINDS  # a redrawn tqdm bar's kinds (appliance.events)
 
 _AVAIL_MEM = re.compile(r"avail[ _]mem=([\d.]+) ?GB")
 _MEM_USAGE = re.compile(r"mem usage=([\d.]+) GB")
@@ -188,27 +218,31 @@ def _stats_body(message: str, head: str) -> str:
     return rest[2:]
 
 
-def _capture_event(match: re.Match[str], message: str) -> tuple[str, dict[str, Any]]:
+def _capture_event(match: re.Match[str],
+                   message: str) -> tuple[str, CaptureBegin | CaptureEnd]:
     words = (match.group("name") or "").split()
     role = next((w for w in words if w in ("target", "draft")), None)
     rest = [w for w in words if w != role]
     mode = " ".join(rest) if rest else None
     bs_match = _BS_LIST.search(message)
     bs = _int_list(bs_match.group(1)) if bs_match else None
-    common: dict[str, Any] = {"role": role, "mode": mode}
     if match.group("event") == "begin":
         width = _NUM_TOKENS_PER_REQ.search(message)
         backend = _BACKEND.search(message)
-        begin = {
-            **common,
+        begin: CaptureBegin = {
+            "role": role,
+            "mode": mode,
             "num_tokens_per_req": int(width.group(1)) if width else None,
             "backend": backend.group(1) if backend else None,
             "avail_mem_gb": _float(_AVAIL_MEM, message),
         }
         # Newer SGLang (the DFlash v2 runtime) lists the batch sizes on the begin line.
-        return "capture_begin", begin | ({"bs": bs} if bs is not None else {})
-    return "capture_end", {
-        **common,
+        if bs is not None:
+            begin["bs"] = bs
+        return CAPTURE_BEGIN, begin
+    return CAPTURE_END, {
+        "role": role,
+        "mode": mode,
         "elapsed_s": _float(_ELAPSED, message),
         "bs": bs,
         "mem_usage_gb": _float(_MEM_USAGE, message),
@@ -226,7 +260,7 @@ _DECODE_LINE = re.compile(
     r"gen throughput \(token/s\): (\d+\.\d+), #queue-req: (\d+)$")
 
 
-def decode_stats_fast(message: str) -> dict[str, Any] | None:
+def decode_stats_fast(message: str) -> DecodeStats | None:
     """The decode_stats fields of an SGLang 0.5.x decode line; None for any other shape."""
     match = _DECODE_LINE.match(message)
     if match is None:
@@ -239,20 +273,22 @@ def decode_stats_fast(message: str) -> dict[str, Any] | None:
             "queue_req": int(queue)}
 
 
-def decode_stats(message: str) -> dict[str, Any]:
+def decode_stats(message: str) -> DecodeStats:
     """The decode_stats fields of any version's decode line (the general parse)."""
     stats = parse_stats(_stats_body(message, "Decode batch"))
-    return {name: stats.get(name) for name in DECODE_FIELDS}
+    return cast(DecodeStats, {name: stats.get(name) for name in DECODE_FIELDS})
 
 
-def classify(message: str) -> tuple[str, dict[str, Any]] | None:
-    """One log message (prefix already stripped) -> (kind, fields), or None."""
+def classify(message: str) -> tuple[str, Mapping[str, Any]] | None:
+    """One log message (prefix already stripped) -> (kind, fields), or None; the fields of
+    each kind are appliance.events' type of that name."""
     first = message[:1]
     if first == "D" and message.startswith("Decode batch"):
-        return "decode_stats", decode_stats_fast(message) or decode_stats(message)
+        return DECODE_STATS, decode_stats_fast(message) or decode_stats(message)
     if first == "P" and message.startswith("Prefill batch"):
         stats = parse_stats(_stats_body(message, "Prefill batch"))
-        return "prefill_stats", {name: stats.get(name) for name in PREFILL_FIELDS}
+        return PREFILL_STATS, cast(PrefillStats,
+                                     {name: stats.get(name) for name in PREFILL_FIELDS})
     if first == "C":
         return _classify_capture(message)
     if first in ("g", "a"):
@@ -260,21 +296,22 @@ def classify(message: str) -> tuple[str, dict[str, Any]] | None:
     if first in ("L", "M"):
         return _classify_load(message)
     if first == "s" and message.startswith(SERVER_ARGS_PREFIX):
-        return "server_args", server_args_facts(message)
+        return SERVER_ARGS, server_args_facts(message)
     if "KV Cache is allocated" in message or "KV cache allocated" in message:
         return _kv_cache(message)
     if "ready to roll" in message and "fired up" in message:
-        return "ready", {}
+        return READY, {}
     return None
 
 
-def _classify_capture(message: str) -> tuple[str, dict[str, Any]] | None:
+def _classify_capture(
+        message: str) -> tuple[str, CaptureProgress | CaptureBegin | CaptureEnd | CaptureBs] | None:
     if message.startswith("Capturing batches"):
         match = _CAPTURING.search(message)
         count = _TQDM_COUNT.search(message)
         if not match:
             return None
-        return "capture_progress", {
+        return CAPTURE_PROGRESS, {
             "bs": int(match.group(1)),
             "done": int(count.group(1)) if count else None,
             "total": int(count.group(2)) if count else None,
@@ -287,11 +324,11 @@ def _classify_capture(message: str) -> tuple[str, dict[str, Any]] | None:
         return _capture_event(match, message)
     old_bs = _OLD_CAPTURE_BS.match(message)
     if old_bs:
-        return "capture_bs", {"bs": _int_list(old_bs.group(1)[1:-1])}
+        return CAPTURE_BS, {"bs": _int_list(old_bs.group(1)[1:-1])}
     return None
 
 
-def _classify_selfcheck(message: str) -> tuple[str, dict[str, Any]] | None:
+def _classify_selfcheck(message: str) -> tuple[str, Mapping[str, Any]] | None:
     if message.startswith(selfcheck.STREAM_PREFIX):
         event = selfcheck.parse_stream_line(message)
         if event is None:
@@ -299,20 +336,21 @@ def _classify_selfcheck(message: str) -> tuple[str, dict[str, Any]] | None:
         kind = str(event.pop("event"))
         return f"selfcheck_{kind}", event
     if message.startswith(SELFCHECK_BEGIN):
-        return "selfcheck_start", {}
+        return SELFCHECK_START, {}
     match = _SELFCHECK_END.match(message)
     if match:
-        return "selfcheck_exit", {"rc": int(match.group(1))}
+        return SELFCHECK_EXIT, {"rc": int(match.group(1))}
     return None
 
 
-def _classify_load(message: str) -> tuple[str, dict[str, Any]] | None:
+def _classify_load(
+        message: str) -> tuple[str, WeightsBegin | WeightsEnd | WeightsProgress] | None:
     if message.startswith("Load weight begin"):
-        return "weights_begin", {"avail_mem_gb": _float(_AVAIL_MEM, message)}
+        return WEIGHTS_BEGIN, {"avail_mem_gb": _float(_AVAIL_MEM, message)}
     if message.startswith("Load weight end"):
         model_type = _LOAD_TYPE.search(message)
         quant = _QUANT.search(message)
-        return "weights_end", {
+        return WEIGHTS_END, {
             "elapsed_s": _float(_ELAPSED, message),
             "mem_usage_gb": _float(_MEM_USAGE, message),
             "avail_mem_gb": _float(_AVAIL_MEM, message),
@@ -324,17 +362,17 @@ def _classify_load(message: str) -> tuple[str, dict[str, Any]] | None:
     if message.startswith(("Loading ", "Multi-thread loading")) and "shards" in message:
         count = _TQDM_COUNT.search(message)
         if count:
-            return "weights_progress", {"done": int(count.group(1)), "total": int(count.group(2))}
+            return WEIGHTS_PROGRESS, {"done": int(count.group(1)), "total": int(count.group(2))}
     return None
 
 
-def _kv_cache(message: str) -> tuple[str, dict[str, Any]] | None:
+def _kv_cache(message: str) -> tuple[str, KvCache] | None:
     tokens = _TOKENS.search(message)
     if not tokens:
         return None
     sizes = {name: float(value) for name, value in _SIZE.findall(message)}
     dtype = _DTYPE.search(message)
-    return "kv_cache", {
+    return KV_CACHE, {
         "tokens": int(tokens.group(1)),
         "k_size_gb": sizes.get("K"),
         "v_size_gb": sizes.get("V"),

@@ -3,7 +3,7 @@ self-check report. Each returns the Diagnosis of the catalogue's cause it recogn
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from appliance.logs.causes import BY_PRIORITY, CAUSES, LINE_TRIGGERS, SELFCHECK_CAUSE, Diagnosis
@@ -33,7 +33,7 @@ def match_line(message: str) -> Diagnosis | None:
     return None
 
 
-def match_capture(fields: dict[str, Any]) -> Diagnosis | None:
+def match_capture(fields: Mapping[str, Any]) -> Diagnosis | None:
     """graph-width-mismatch: a role's verify graph captured at another width than the spec
     needs (DDTree's target at the block size instead of budget+1), seen at capture time."""
     needed, captured = fields.get("needed_tokens_per_req"), fields.get("num_tokens_per_req")
@@ -43,7 +43,7 @@ def match_capture(fields: dict[str, Any]) -> Diagnosis | None:
         role=fields.get("role"), captured_width=captured, needed_width=needed)
 
 
-def match_decode(stats: dict[str, Any], ctx: ParseContext | None = None) -> Diagnosis | None:
+def match_decode(stats: Mapping[str, Any], ctx: ParseContext | None = None) -> Diagnosis | None:
     """Speculative decode stats reporting `cuda graph: False`, by the cause the evidence
     shows (appliance.logs.eager_causes): graphs off by the spec, a batch above the captured
     sizes, a verify width the graph was not captured at, or none of these."""
@@ -53,7 +53,7 @@ def match_decode(stats: dict[str, Any], ctx: ParseContext | None = None) -> Diag
                         CAUSES["cuda-graphs-disabled"], CAUSES["eager-above-max-bs"])
 
 
-def match_selfcheck(report: dict[str, Any]) -> Diagnosis | None:
+def match_selfcheck(report: Mapping[str, Any]) -> Diagnosis | None:
     """gpu-selfcheck-failed from a self-check report (appliance.selfcheck --stream)."""
     if report.get("ok"):
         return None

@@ -1,6 +1,7 @@
 """The incremental log parser: raw engine output lines in, events out.
 
-Each line is classified by appliance.logs.lines; tracebacks are collected across lines;
+Each line is classified by appliance.logs.lines (what each kind carries: appliance.events);
+tracebacks are collected across lines;
 what the log has said so far (appliance.logs.context) feeds the diagnoses
 (appliance.logs.matchers), at most one per cause.
 """
@@ -11,6 +12,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from appliance.events import KV_CACHE, SERVER_ARGS, WEIGHTS_BEGIN, WEIGHTS_END
 from appliance.logs import matchers as diag
 from appliance.logs.causes import Diagnosis
 from appliance.logs.context import ParseContext
@@ -27,7 +29,7 @@ from appliance.logs.lines import (
 )
 
 # Lines that belong to one model of a deployment: the target's or the drafter's.
-_MODEL_KINDS = frozenset({"weights_begin", "weights_end", "kv_cache"})
+_MODEL_KINDS = frozenset({WEIGHTS_BEGIN, WEIGHTS_END, KV_CACHE})
 
 
 @dataclass
@@ -113,8 +115,9 @@ class LogParser:
         if kind == "capture_bs":
             self.context.capture_bs = fields["bs"]
             return events + self._unmatched(text, message)
-        if kind == "server_args":
+        if kind == SERVER_ARGS:  # facts for the causes, not an event of its own
             self.context.facts.update(fields)  # what the engine resolved wins over the spec
+            return events + self._unmatched(text, message)
         if kind in _MODEL_KINDS:
             fields = self._with_model(kind, fields, ranks)
         self._observe(kind, fields)
@@ -185,7 +188,7 @@ class LogParser:
             events.extend(self._diagnosis_event(found, pending.line, fatal=True))
         return events
 
-    def _observe(self, kind: str, fields: dict[str, Any]) -> None:
+    def _observe(self, kind: str, fields: Mapping[str, Any]) -> None:
         """Remember what later diagnoses need: phase, graph widths, batch sizes."""
         ctx = self.context
         if kind in ("decode_stats", "prefill_stats"):  # first: a serving engine's every line
@@ -215,7 +218,7 @@ class LogParser:
         elif kind == "ready":
             ctx.phase = "serving"
 
-    def _observe_capture(self, fields: dict[str, Any]) -> None:
+    def _observe_capture(self, fields: Mapping[str, Any]) -> None:
         ctx = self.context
         width = fields.get("num_tokens_per_req")
         if fields.get("mode") == "verify":
@@ -225,8 +228,8 @@ class LogParser:
             elif fields.get("role") == "draft" and width:
                 ctx.draft_width = width
 
-    def _with_model(self, kind: str, fields: dict[str, Any],
-                    ranks: dict[str, int]) -> dict[str, Any]:
+    def _with_model(self, kind: str, fields: Mapping[str, Any],
+                    ranks: dict[str, int]) -> Mapping[str, Any]:
         """Whose load or KV pool a line is: the first on a rank is the target's, a later one
         the drafter's (the real 433c58ed7 log: target load, draft load, target KV with
         `KV size`, draft KV with `K size`/`V size`; tests/fixtures/real-engine)."""
@@ -240,14 +243,14 @@ class LogParser:
             return {**fields, "model": model, "draft": model == "draft"}
         return {**fields, "model": model}
 
-    def _with_needed_width(self, fields: dict[str, Any]) -> dict[str, Any]:
+    def _with_needed_width(self, fields: Mapping[str, Any]) -> Mapping[str, Any]:
         """A verify capture's line with the width the spec needs for that role beside it."""
         needed = self.context.needed_widths or {}
         if fields.get("mode") != "verify" or fields.get("role") not in needed:
             return fields
         return {**fields, "needed_tokens_per_req": needed[fields["role"]]}
 
-    def _diagnose_event(self, kind: str, fields: dict[str, Any]) -> list[LogEvent]:
+    def _diagnose_event(self, kind: str, fields: Mapping[str, Any]) -> list[LogEvent]:
         if kind == "capture_begin":
             found = diag.match_capture(self._with_needed_width(fields))
             return self._diagnosis_event(found, self.line) if found else []

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 
+from appliance.events import STATS_KINDS
 from appliance.logs import matchers
 from appliance.logs.lines import (
     CHAIN_MARKERS,
@@ -23,7 +24,6 @@ from appliance.logs.lines import (
     split_prefix,
 )
 
-STATS_KINDS = frozenset({"decode_stats", "prefill_stats"})
 # Portable as it stands to PostgreSQL's and SQLite's REGEXP (the retention's SQL uses it too).
 NOTABLE_PATTERN = (
     r"error|exception|traceback|warn|fatal|critical|fail|killed|abort|panic|"

@@ -29,9 +29,6 @@ from appliance.preflight.arguments import (
     rule_unknown_flag,
 )
 from appliance.preflight.context import (
-    Context,
-    Finding,
-    Severity,
     block_size,
     ddtree_budget,
     drafter_block_size,
@@ -54,7 +51,6 @@ from appliance.preflight.ddtree_graphs import (
 from appliance.preflight.files import (
     MODELS_MOUNT,
     WEIGHT_SUFFIXES,
-    ModelFolder,
     rule_model_files,
     rule_secret_in_store,
 )
@@ -91,11 +87,11 @@ from appliance.preflight.speculative import (
     rule_tree_attention_backend,
 )
 from appliance.preflight.store import (
-    StoreModel,
     config_from_summary,
     rule_load_time,
     rule_model_store_state,
 )
+from appliance.preflight.types import Context, Finding, ModelFolder, Severity, StoreModel
 
 __all__ = [
     "DFLASH_DEFAULT_BLOCK",

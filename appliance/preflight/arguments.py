@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from appliance.engine.flags import closest_flag, flags_in_argv
 from appliance.engine.launch import launch_args
 from appliance.engine.spec import SECRET_NAME, SECRET_VALUE, EngineOptions, flag_for
-from appliance.preflight.context import Context, Finding, findings
+from appliance.preflight.types import Context, Finding, findings
 
 
 def _engine_flag_findings(ctx: Context, known: frozenset[str], source: str) -> list[Finding]:

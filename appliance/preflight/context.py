@@ -1,70 +1,15 @@
-"""What the pre-flight rules look at (Context), what they report (Finding), and shared helpers.
-
-Also the readers of local checkpoint files (config.json, weight sizes) that fill a Context.
-"""
+"""The pre-flight rules' shared helpers (a model's text config, MLA, the block size and
+DDTree budget), and the readers of local checkpoint files (config.json, weight sizes) that
+fill a Context (appliance.preflight.types)."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any
 
-from appliance.engine.recipes import Recipe
-from appliance.engine.spec import DeploymentSpec, EngineOptions
-
-if TYPE_CHECKING:
-    from appliance.preflight.files import ModelFolder
-    from appliance.preflight.store import StoreModel
-
-Severity = Literal["error", "warning", "info"]
-
-
-@dataclass(frozen=True)
-class Finding:
-    rule: str
-    severity: Severity
-    field: str
-    message: str
-    fix: str
-
-    def to_dict(self) -> dict[str, str]:
-        return dataclasses.asdict(self)
-
-
-@dataclass
-class Context:
-    """Everything the rules may look at; None where unknown (rules then stay quiet)."""
-
-    spec: DeploymentSpec
-    recipe: Recipe | None = None
-    model: dict[str, Any] | None = None  # the target's text config
-    drafter: dict[str, Any] | None = None
-    gpu_memory_gb: float | None = None
-    weights_bytes: int | None = None
-    drafter_weights_bytes: int | None = None
-    flags: frozenset[str] | None = None
-    # The host's GPU inventory, one mapping per GPU as NVML reports it (Host.gpu_telemetry
-    # "gpus", the self-check's "gpus"): name, index, optionally compute_capability ("9.0").
-    host_gpus: list[dict[str, Any]] | None = None
-    # What the file system shows of each model path field (appliance.preflight.files), and
-    # the names in the engine secret store; None: not looked at, those rules stay quiet.
-    model_folders: dict[str, ModelFolder] | None = None
-    secret_names: frozenset[str] | None = None
-    # What the model store says of each model path field it knows (preflight.store).
-    store_models: dict[str, StoreModel] | None = None
-    notes: list[Finding] = field(default_factory=list)
-
-    @property
-    def engine(self) -> EngineOptions:
-        return self.spec.engine
-
-    @property
-    def algorithm(self) -> str:
-        return self.engine.speculative_algorithm
-
+from appliance.preflight.types import Context
 
 # ---------------------------------------------------------------- helpers
 
@@ -108,15 +53,11 @@ def ddtree_budget(ctx: Context) -> int | None:
     return block - 1 if block else None
 
 
-def _version(text: str | None) -> tuple[int, ...] | None:
+def version_tuple(text: str | None) -> tuple[int, ...] | None:
     if not text:
         return None
     nums = re.findall(r"\d+", text.split("+")[0])
     return tuple(int(n) for n in nums[:3]) if nums else None
-
-
-def findings(rule: str, severity: Severity, fld: str, message: str, fix: str) -> list[Finding]:
-    return [Finding(rule, severity, fld, message, fix)]
 
 
 # ---------------------------------------------------------------- local files

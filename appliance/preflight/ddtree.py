@@ -6,15 +6,9 @@ beyond a warning where the known sources disagree.
 
 from __future__ import annotations
 
-from appliance.preflight.context import (
-    Context,
-    Finding,
-    Severity,
-    block_size,
-    ddtree_budget,
-    findings,
-)
+from appliance.preflight.context import block_size, ddtree_budget
 from appliance.preflight.sources import FLASH_ATTENTION, DDTreeSource, ddtree_source
+from appliance.preflight.types import Context, Finding, Severity, findings
 
 VERIFY_WIDTH_PATCH = "ddtree-verify-graph-width"
 DRAFT_FIX = "set speculative_draft_attention_backend: flashinfer (or triton)"

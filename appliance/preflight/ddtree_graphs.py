@@ -17,8 +17,8 @@ python/sglang/srt/ of that source.
 from __future__ import annotations
 
 from appliance.engine.flags import flags_in_argv
-from appliance.preflight.context import Context, Finding, findings
 from appliance.preflight.sources import FLASH_ATTENTION, DDTreeSource, ddtree_source
+from appliance.preflight.types import Context, Finding, findings
 
 ONE_WIDTH_SOURCES = ("433c58ed7",)  # one target verify graph width, eager otherwise
 NARROWING_FLAGS = ("--is-ddtree-prune", "--speculative-ddtree-cuda-graph-buckets")

@@ -8,10 +8,8 @@ rules stay pure: ModelFolder per model path field, the names in the secret store
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass
 
-from appliance.preflight.context import Context, Finding, findings
-from appliance.preflight.store import WAITING_STATES
+from appliance.preflight.types import WAITING_STATES, Context, Finding, ModelFolder, findings
 
 # Where engines see the models folder (compose mounts APPLIANCE_MODELS_DIR there, read-only).
 MODELS_MOUNT = "/models"
@@ -20,20 +18,6 @@ SECRETS_HOST_DIR = "./engine-secrets"
 MODEL_FIELDS = ("engine.model_path", "engine.speculative_draft_model_path")
 WEIGHT_SUFFIXES = (".safetensors", ".bin")
 GB = 1000**3
-
-
-@dataclass(frozen=True)
-class ModelFolder:
-    """What the file system shows of one model path (the engine's path, as written)."""
-
-    path: str
-    mounted: bool  # under MODELS_MOUNT, so the engine can see it at all
-    exists: bool  # a folder by that name in the models folder
-    has_config: bool = False
-    weight_files: int = 0
-    weights_bytes: int = 0
-    # Folder names beside it, for a "did you mean" on a typo.
-    siblings: tuple[str, ...] = ()
 
 
 def _what(fld: str) -> str:

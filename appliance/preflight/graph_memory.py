@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from appliance.engine.spec import EngineOptions
 from appliance.engine.widths import needed_graph_widths
-from appliance.preflight.context import Context, Finding
+from appliance.preflight.types import Context, Finding
 
 GIB = 1024**3
 KV_INDEX_BYTES = 8  # per token of context, per verify token (int64)

@@ -28,7 +28,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from appliance.engine.spec import DFLASH_FAMILY
-from appliance.preflight.context import Context, Finding, findings, is_mla
+from appliance.preflight.context import is_mla
+from appliance.preflight.types import Context, Finding, findings
 
 RULE = "gpu-arch-attention-backend"
 ARCH_NAMES = {8: "Ampere/Ada (SM8x)", 9: "Hopper (SM90)", 10: "Blackwell datacenter (SM100)",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from appliance.engine.launch import launch_args
-from appliance.preflight.context import Context, Finding, findings
+from appliance.preflight.types import Context, Finding, findings
 
 GIB = 1024**3
 

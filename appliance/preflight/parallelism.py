@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from appliance.engine.spec import DFLASH_FAMILY
-from appliance.preflight.context import Context, Finding, findings, is_mla
+from appliance.preflight.context import is_mla
+from appliance.preflight.types import Context, Finding, findings
 
 
 def rule_parallel_gpu_count(ctx: Context) -> list[Finding]:

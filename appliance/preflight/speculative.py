@@ -7,16 +7,9 @@ are in appliance.preflight.ddtree.
 from __future__ import annotations
 
 from appliance.engine.spec import DFLASH_FAMILY, EngineOptions
-from appliance.preflight.context import (
-    Context,
-    Finding,
-    _version,
-    block_size,
-    drafter_block_size,
-    findings,
-    is_mla,
-)
+from appliance.preflight.context import block_size, drafter_block_size, is_mla, version_tuple
 from appliance.preflight.sources import ddtree_source
+from appliance.preflight.types import Context, Finding, findings
 
 # Attention backends that take a tree (custom) mask in target verify.
 TREE_BACKENDS = ("fa3", "triton", "flashinfer")
@@ -80,7 +73,7 @@ def rule_dflash_dp_attention(ctx: Context) -> list[Finding]:
         return findings("dflash-dp-attention", "error", fld,
                         "DDTree's worker extends this source's DFlashWorker, which does not "
                         "support dp attention", "remove enable_dp_attention")
-    version = _version(ctx.recipe.sglang_version if ctx.recipe else None)
+    version = version_tuple(ctx.recipe.sglang_version if ctx.recipe else None)
     if version is not None and version < (0, 5, 23):
         return findings("dflash-dp-attention", "error", fld,
                         "DFLASH does not support dp attention before SGLang 0.5.23",

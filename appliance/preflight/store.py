@@ -9,30 +9,12 @@ has no config.json yet (config_from_summary).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
-from appliance.preflight.context import Context, Finding
+from appliance.preflight.types import UNUSABLE_STATES, WAITING_STATES, Context, Finding, StoreModel
 from appliance.store.loadtime import describe_load
 
-# The entry's states (web.store.models.ModelState): the deployment waits for these...
-WAITING_STATES = frozenset({"downloading", "verifying"})
-# ...and these are never mounted into an engine.
-UNUSABLE_STATES = frozenset({"partial", "failed", "cancelled"})
 GB = 1e9
-
-
-@dataclass(frozen=True)
-class StoreModel:
-    """What the model store says of one model path (the engine's path, as written)."""
-
-    path: str
-    entry_id: int | None = None  # None: a folder in a root the store has no entry for
-    state: str = ""
-    size_bytes: int = 0
-    bytes_done: int = 0
-    error: str = ""
-    read_gbps: float | None = None  # the root's measured sequential read rate
 
 
 def _what(fld: str) -> str:

@@ -32,13 +32,25 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from appliance.events import (
+    CAPTURE_BEGIN,
+    CAPTURE_PROGRESS,
+    DECODE_STATS,
+    DIAGNOSIS,
+    LOG,
+    METRIC,
+    PHASE,
+    PROGRESS,
+    SELFCHECK,
+)
+from appliance.lifecycle import Status
 from appliance.logs.eager_causes import EAGER_CAUSES, RECIPE_FIX
 from appliance.runtime.series import MetricPoint
 
 EAGER_BY_CAUSE = {cause.id: cause for cause in EAGER_CAUSES}
 
 Events = list[tuple[str, dict[str, Any]]]
-STALL_STATUSES = frozenset({"loading", "capturing"})
+STALL_STATUSES = frozenset({Status.LOADING, Status.CAPTURING})  # the phases that must show progress
 # uvicorn's access lines (the agent's own /health polls) are not progress.
 _ACCESS_LINE = re.compile(r'^INFO:\s+\S+ - "[A-Z]+ \S+ HTTP/[\d.]+" \d{3}')
 
@@ -166,11 +178,11 @@ class AlertWatch:
             if _is_progress(kind, payload):
                 self.last_activity = now
                 out += self._resolve("stall", "The engine is making progress again.")
-            if kind == "progress" and payload.get("kind") == "capture_progress":
+            if kind == PROGRESS and payload.get("kind") == CAPTURE_PROGRESS:
                 self.max_captured_bs = max(self.max_captured_bs, int(payload.get("bs") or 0))
-            elif kind == "progress" and payload.get("kind") == "capture_begin":
+            elif kind == PROGRESS and payload.get("kind") == CAPTURE_BEGIN:
                 self._capture(payload)
-            alert_id = EAGER_ALERT_OF.get(str(payload.get("cause"))) if kind == "diagnosis" \
+            alert_id = EAGER_ALERT_OF.get(str(payload.get("cause"))) if kind == DIAGNOSIS \
                 else None
             if alert_id == "eager-by-spec":
                 self.graphs_off = True
@@ -181,7 +193,7 @@ class AlertWatch:
                 out += self._fire(alert_id, str(payload.get("summary", "")),
                                   str(payload.get("fix", "")),
                                   **(payload.get("evidence") or {}))
-            elif kind == "metric" and payload.get("kind") == "decode_stats":
+            elif kind == METRIC and payload.get("kind") == DECODE_STATS:
                 out += self._decode(payload)
         return out
 
@@ -309,6 +321,6 @@ class AlertWatch:
 
 
 def _is_progress(kind: str, payload: dict[str, Any]) -> bool:
-    if kind in ("progress", "selfcheck", "phase"):
+    if kind in (PROGRESS, SELFCHECK, PHASE):
         return True
-    return kind == "log" and not _ACCESS_LINE.match(str(payload.get("text", "")))
+    return kind == LOG and not _ACCESS_LINE.match(str(payload.get("text", "")))

@@ -20,47 +20,67 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from appliance.events import (
+    BAR_KINDS,
+    DIAGNOSIS,
+    LOG,
+    METRIC,
+    PARSED_DIAGNOSIS,
+    PROGRESS,
+    PROGRESS_KINDS,
+    SELFCHECK,
+    STATS_KINDS,
+    STATUS,
+)
+from appliance.lifecycle import ENGINE_PHASES, Status
+from appliance.logs.appliance_causes import (
+    ENGINE_EXITED,
+    ENGINE_OOM_KILLED,
+    ENGINE_TIMEOUT,
+    ENGINE_VANISHED,
+    GENERATION_FAILED,
+)
+from appliance.logs.cause import Cause
 from appliance.logs.causes import Diagnosis
 from appliance.logs.diagnosis import diagnose
 from appliance.logs.parser import LogEvent, LogParser
 from appliance.runtime.client import EngineClient
 from appliance.runtime.containers import ContainerPlan, EngineRuntime, LogLine
 
-# Parser kinds that move the deployment forward, and the status each means.
+# Parser kinds that move the deployment forward, and the engine phase each means.
 PHASE_OF_KIND = {
-    "selfcheck_start": "checking",
-    "selfcheck_begin": "checking",
-    "weights_begin": "loading",
-    "weights_progress": "loading",
-    "capture_begin": "capturing",
-    "capture_progress": "capturing",
+    "selfcheck_start": Status.CHECKING,
+    "selfcheck_begin": Status.CHECKING,
+    "weights_begin": Status.LOADING,
+    "weights_progress": Status.LOADING,
+    "capture_begin": Status.CAPTURING,
+    "capture_progress": Status.CAPTURING,
 }
-PROGRESS_KINDS = frozenset(
-    {"weights_begin", "weights_progress", "weights_end", "kv_cache", "capture_begin",
-     "capture_progress", "capture_end", "ready"}
-)
-PHASE_ORDER = ("starting", "checking", "loading", "capturing", "ready")
+PHASE_ORDER: tuple[str, ...] = ENGINE_PHASES  # the agent's moves, appliance.lifecycle
 LAST_LINES = 60
 READ_AHEAD_LINES = 50_000  # lines read from Docker and not yet parsed, at most
 MAX_PENDING_EVENTS = 20_000  # parsed and waiting for the database, at most (about 1 s)
 RESUME_OVERLAP_S = 1.0  # re-read this much before the cursor; the cursor drops repeats
 # A trickle of lines is shipped at most this often, a line after a quiet spell at once: each
 # batch costs a statement, a live publish and a wake-up of every viewer, and 1,000 lines/s
-# shipped as they came made 500 batches a second (0.4 of a core in the agent: issue 22).
+# shipped as they came made 500 batches a second (0.4 of a core in the agent:
+# docs/performance.md, Log path).
 LINGER_S = 0.005
 LINGER_EVENTS = 1000  # a batch this large goes without lingering
 # After two batches in a row of BUSY_EVENTS or more (some 15,000 events/s and up), the next
 # gathers for up to BUSY_LINGER_S: at 10,000 decode lines/s, batches of 160 events every
 # 8 ms cost more than their rows (each is a statement, a Redis call and a wake-up of the
-# live feed: issue 22, fourth round). A trickle (1,000 lines/s: batches of 10) keeps
-# LINGER_S, and so does the batch after a single large one (a stall, not a busy engine).
+# live feed: docs/performance.md, Log path, fourth round). A trickle (1,000 lines/s:
+# batches of 10) keeps LINGER_S, and so does the batch after a single large one (a stall,
+# not a busy engine).
 BUSY_EVENTS = 100
 BUSY_LINGER_S = 0.02
 # The shipper gives its database connection back after this long with nothing to write:
 # on each catch-up, 1,000 lines/s took a pooled connection (and its check, a round trip)
-# for nearly every batch, 0.37 ms of the agent's CPU each (issue 22).
+# for nearly every batch, 0.37 ms of the agent's CPU each (docs/performance.md).
 KEEP_CONNECTION_S = 1.0
 
+# (stored kind, payload) pairs: appliance.events says what each kind carries.
 Events = list[tuple[str, dict[str, Any]]]
 # uvicorn's access line for a /metrics scrape (the agent's own, every 2 s, and any
 # Prometheus'): not stored, or it would be most of a quiet engine's log.
@@ -156,7 +176,7 @@ class _Reader(threading.Thread):
     """Reads container output on its own thread so health polling never waits on it.
 
     Lines go into a deque the follower empties a batch at a time: a queue.Queue's lock and
-    condition per line cost more than parsing a line (issue 22). The follower clears
+    condition per line cost more than parsing a line (measured). The follower clears
     `arrived` before it takes lines, and the reader sets it after each append, so a line is
     never left waiting unseen."""
 
@@ -195,7 +215,7 @@ class _Reader(threading.Thread):
 
 class _Shipper(threading.Thread):
     """Ships to the sink on its own thread, so the next lines are read and parsed while the
-    database writes (the write was 40 % of the follower's time: issue 22). What the follower
+    database writes (the write was 40 % of the follower's time, profiled). What the follower
     hands over while a write runs is shipped together by the next one (group commit): a
     busy engine's batches grow with the write's cost, a quiet one's line goes at once.
     Any other sink call waits for what is handed over first (flush), so the sink sees
@@ -301,7 +321,7 @@ class _Shipper(threading.Thread):
 class _HealthPoller(threading.Thread):
     """Polls /health on its own thread until it answers 200. On the follower's thread a
     slow answer (an engine loading may take the client's whole timeout) held every line
-    behind it for that long (issue 22)."""
+    behind it for that long."""
 
     def __init__(self, connect: Callable[[], EngineClient | None], every_s: float) -> None:
         super().__init__(daemon=True, name="engine-health")
@@ -408,19 +428,18 @@ class EngineFollower:
                 if health.healthy.is_set() and health.client is not None:
                     self._confirm_ready(container, reader, health.client)
                 elif time.monotonic() > deadline:
-                    return self._fail(None, "engine-timeout", "the engine was not ready within "
+                    return self._fail(None, ENGINE_TIMEOUT, "the engine was not ready within "
                                       f"{self.options.ready_timeout_s:.0f} s")
 
     def _container(self) -> Any:
         if self.may_start and self.state.status == "starting":
             container = self.runtime.ensure_started(self.plan)
-            self._ship([("status", {"message": f"engine container {container.name} "
-                                                   "running"})], None)
+            self._ship([(STATUS, {"message": f"engine container {container.name} "  # StatusNote
+                                             "running"})], None)
             return container
         container = self.runtime.find(self.plan.identity)
         if container is None:
-            self._fail(None, "engine-vanished", "the engine container is gone",
-                       fix="Redeploy; check `docker ps -a` for who removed it.")
+            self._fail(None, ENGINE_VANISHED, "the engine container is gone")
         return container
 
     def _readers(self, container: Any) -> tuple[_Reader, _Reader | None]:
@@ -448,8 +467,7 @@ class EngineFollower:
             self._exited(state)
             return None, None
         if state.get("status") == "missing":
-            self._fail(None, "engine-vanished", "the engine container is gone",
-                       fix="Redeploy; check `docker ps -a` for who removed it.")
+            self._fail(None, ENGINE_VANISHED, "the engine container is gone")
             return None, None
         time.sleep(1.0)  # dockerd restarting, or a broken stream: resume from the cursor
         self.state.ended = False
@@ -470,7 +488,7 @@ class EngineFollower:
         taken = reader.take(self.options.batch_lines, self.options.batch_s)
         if taken and len(taken) < LINGER_EVENTS and taken[-1] is not None:
             # A trickle is taken at most every LINGER_S (see there): parsing and handing
-            # over a line at a time cost more than the lines (issue 22).
+            # over a line at a time cost more than the lines (profiled).
             left = self.last_drain + LINGER_S - time.monotonic()
             if left > 0:
                 time.sleep(left)
@@ -508,7 +526,7 @@ class EngineFollower:
             shown = text.rsplit("\r", 1)[-1] if "\r" in text else text
             self.tail.append(shown)
             self.all_lines.append(text)
-            append(("log", {"stream": line.stream, "text": shown}))
+            append((LOG, {"stream": line.stream, "text": shown}))  # a LogLine
             found = feed(text)
             if found:
                 extend(parsed(found))
@@ -517,8 +535,8 @@ class EngineFollower:
     def _partial_progress(self, text: str) -> Events:
         events: Events = []
         for event in self.progress_parser.feed(text):
-            if event.kind in {"weights_progress", "capture_progress"}:
-                events.append(("progress", {**event.to_dict(), "partial": True}))
+            if event.kind in BAR_KINDS:
+                events.append((PROGRESS, {**event.to_dict(), "partial": True}))
                 self._advance_for(event.kind)
         return events
 
@@ -527,13 +545,13 @@ class EngineFollower:
         for event in parsed:
             payload = event.to_dict()
             if event.kind in PROGRESS_KINDS:
-                events.append(("progress", payload))
-            elif event.kind in {"decode_stats", "prefill_stats"}:
-                events.append(("metric", payload))
-            elif event.kind == "diagnosis":
-                events.append(("diagnosis", payload))
+                events.append((PROGRESS, payload))
+            elif event.kind in STATS_KINDS:
+                events.append((METRIC, payload))
+            elif event.kind == PARSED_DIAGNOSIS:
+                events.append((DIAGNOSIS, payload))
             elif event.kind.startswith("selfcheck_"):
-                events.append(("selfcheck", payload))
+                events.append((SELFCHECK, payload))
             self._advance_for(event.kind)
         return events
 
@@ -556,7 +574,7 @@ class EngineFollower:
         except Exception as exc:  # noqa: BLE001 - any failure of the probe fails the deployment
             # An engine that crashes on its first generation prints why as it dies.
             self._wait_exit(container, reader, 10.0)
-            self._fail(None, "generation-failed",
+            self._fail(None, GENERATION_FAILED,
                        f"/health was 200 but a one-token generation failed: {exc}")
             raise _Done() from None
         self._flush()
@@ -576,22 +594,18 @@ class EngineFollower:
             message = f"the GPU self-check failed (exit code {code}); the model was not loaded"
         elif state.get("oom_killed"):
             message = f"the engine was killed for lack of host memory (OOM) {when}"
-            found = found or Diagnosis(
-                "engine-oom-killed", message,
-                "Give the engine more host memory or lower its CPU-side caches.",
-                {"exit_code": code})
+            found = found or ENGINE_OOM_KILLED.worded(summary=message,
+                                                      evidence={"exit_code": code})
         elif isinstance(code, int) and code > 128:
             message = f"the engine was killed by signal {code - 128} {when}"
         else:
             message = f"the engine container exited with code {code} {when}"
-        self._fail(found, "engine-exited", message, evidence={"exit_code": code, **state})
+        self._fail(found, ENGINE_EXITED, message, evidence={"exit_code": code, **state})
 
-    def _fail(self, found: Diagnosis | None, cause: str, message: str, *,
-              fix: str = "", evidence: dict[str, Any] | None = None) -> str:
-        found = found or diagnose(list(self.all_lines), self.facts) or Diagnosis(
-            cause, message,
-            fix or "Read the engine's last lines below; the cause was not recognised.",
-            evidence or {})
+    def _fail(self, found: Diagnosis | None, cause: Cause, message: str, *,
+              evidence: dict[str, Any] | None = None) -> str:
+        found = found or diagnose(list(self.all_lines), self.facts) or cause.worded(
+            summary=message, evidence=evidence)
         self._flush()
         self.sink.failed(found, message, list(self.tail))
         return self._end("failed")

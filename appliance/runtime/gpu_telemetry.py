@@ -119,7 +119,7 @@ def collect(nvml: Any | None = None) -> Telemetry:
     """A snapshot of every GPU NVML sees; available=False (with the reason) without NVML."""
     if nvml is None:
         try:
-            import pynvml as nvml_module
+            import pynvml as nvml_module  # noqa: PLC0415 - optional: nvidia-ml-py, absent on a host without NVIDIA
         except ImportError:
             return Telemetry(False, f"{NO_TELEMETRY}: nvidia-ml-py is not installed")
         nvml = nvml_module
@@ -143,7 +143,7 @@ def _held_nvml() -> Any | None:
     """NVML kept open (nvmlInit is counted, so collect()'s own init/shutdown still pair up)."""
     if "nvml" not in _held:
         try:
-            import pynvml
+            import pynvml  # noqa: PLC0415 - optional: nvidia-ml-py, absent on a host without NVIDIA
 
             pynvml.nvmlInit()
             _held["nvml"] = pynvml

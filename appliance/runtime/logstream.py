@@ -28,7 +28,7 @@ STREAM_NAMES: dict[int, StreamName] = {1: "stdout", 2: "stderr"}
 # reader waits READ_LINGER_S for more to gather. Docker writes each line as an HTTP chunk,
 # so a reader that keeps up took one small read (a wake-up, a system call and urllib3's
 # parse of the chunk) per line: 22 us of the agent's CPU per line at 10,000 lines/s
-# (issue 22, fourth round). A line waits at most this much longer.
+# (docs/performance.md, Log path, fourth round). A line waits at most this much longer.
 READ_BYTES = 1 << 16
 READ_FULL_BYTES = 1 << 14
 READ_LINGER_S = 0.002
@@ -114,7 +114,7 @@ def _read_frames(raw: Any) -> Iterator[tuple[int, bytes]]:
 
     Docker writes each log line as one frame in one HTTP chunk; the body is read a block at
     a time (chunked_blocks: all the whole chunks that arrived, joined) and the frames are
-    cut out of it (issue 22's profiles: two buffered reads per frame, then urllib3's read
+    cut out of it (the agent's profiles: two buffered reads per frame, then urllib3's read
     of each chunk, were a fifth of the agent's CPU)."""
     if not (raw.chunked and raw.supports_chunked_reads()):
         yield from _read_frames_unchunked(raw)

@@ -74,7 +74,7 @@ def parse_gpu_list(text: str) -> list[int]:
 
 def import_torch() -> tuple[Any | None, str | None]:
     try:
-        import torch
+        import torch  # noqa: PLC0415 - optional: torch, in the engine image only
     except Exception as exc:  # ImportError, or a broken CUDA install raising OSError
         return None, f"{type(exc).__name__}: {exc}"
     return torch, None
@@ -82,7 +82,7 @@ def import_torch() -> tuple[Any | None, str | None]:
 
 def import_nvml() -> tuple[Any | None, str | None]:
     try:
-        import pynvml
+        import pynvml  # noqa: PLC0415 - optional: nvidia-ml-py, absent on a host without NVIDIA
     except Exception as exc:
         return None, f"{type(exc).__name__}: {exc}"
     return pynvml, None

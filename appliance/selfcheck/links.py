@@ -88,8 +88,8 @@ def _allreduce_worker(rank: int, gpus: list[int], port: int, size_mb: float, ite
     Runs in a spawned process (CUDA cannot be forked), one per GPU, as the
     engine's tensor-parallel workers do.
     """
-    import torch
-    import torch.distributed as dist
+    import torch  # noqa: PLC0415 - optional: torch, in the engine image only
+    import torch.distributed as dist  # noqa: PLC0415 - as above
 
     world = len(gpus)
     torch.cuda.set_device(gpus[rank])
@@ -126,7 +126,7 @@ def _allreduce_worker(rank: int, gpus: list[int], port: int, size_mb: float, ite
 
 def run_allreduce(torch: Any, gpus: list[int], size_mb: float = DEFAULT_ALLREDUCE_MB,
                   iters: int = 20, timeout_s: float = ALLREDUCE_TIMEOUT_S) -> dict[str, Any]:
-    import torch.multiprocessing as mp
+    import torch.multiprocessing as mp  # noqa: PLC0415 - optional: torch, in the engine image only
 
     # Multicast (NVLS) can wedge shared hosts and is not what the engine's TP path needs here.
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")

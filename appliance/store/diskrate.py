@@ -14,6 +14,8 @@ call it on a GPU host directly.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import dataclasses
 import errno
 import mmap
@@ -129,9 +131,6 @@ def filesystem_type(path: str | os.PathLike[str]) -> str:
 
 
 def _libc() -> Any:
-    import ctypes
-    import ctypes.util
-
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
     libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
     return libc
@@ -140,7 +139,6 @@ def _libc() -> Any:
 def _resident(file: Path, limit: int) -> tuple[int, int]:
     """(pages of the file's first `limit` bytes in the page cache, pages looked at): mincore
     over a private mapping that is never touched, so nothing is read from the disk."""
-    import ctypes
 
     size = min(file.stat().st_size, limit)
     if size == 0:

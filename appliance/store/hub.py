@@ -69,7 +69,7 @@ class RepoPlan:
 
 
 def _hub_error(exc: Exception, what: str) -> StoreError:
-    from huggingface_hub.errors import (
+    from huggingface_hub.errors import (  # noqa: PLC0415 - heavy: only a download job needs the hub client
         GatedRepoError,
         RepositoryNotFoundError,
         RevisionNotFoundError,
@@ -96,7 +96,7 @@ def _hub_error(exc: Exception, what: str) -> StoreError:
 
 def repo_plan(*, repo_id: str, revision: str, endpoint: str, token: str | None) -> RepoPlan:
     """The files of repo_id at revision, with sizes and LFS sha256, pinned to a commit."""
-    from huggingface_hub import HfApi
+    from huggingface_hub import HfApi  # noqa: PLC0415 - heavy: only a download job needs the hub client
 
     what = f"{repo_id}@{revision}"
     try:
@@ -195,9 +195,12 @@ def file_download(*, plan: RepoPlan, file: RemoteFile, folder: Path, endpoint: s
                   token: str | None, progress: Callable[[int], None],
                   chunk_bytes: int = CHUNK_BYTES) -> Path:
     """Bring one file to its full size at folder/<path>, resuming its .incomplete part."""
-    from huggingface_hub import constants, hf_hub_url
-    from huggingface_hub.file_download import http_get
-    from huggingface_hub.utils import build_hf_headers, disable_progress_bars
+    from huggingface_hub import constants, hf_hub_url  # noqa: PLC0415 - heavy: only a download job needs the hub client
+    from huggingface_hub.file_download import http_get  # noqa: PLC0415 - as above
+    from huggingface_hub.utils import (  # noqa: PLC0415 - as above
+        build_hf_headers,
+        disable_progress_bars,
+    )
 
     disable_progress_bars()  # the store reports progress itself; no tqdm in the worker log
     # http_get reads the body in chunks of this size (10 MiB by default): each is one

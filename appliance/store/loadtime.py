@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from appliance.logs.parser import parse_lines
+from appliance.logs.stamps import without_docker_stamps
 from appliance.store.diskrate import (
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_SECONDS,
@@ -158,8 +160,6 @@ def measured_load(lines: Iterable[str]) -> dict[str, float]:
     """The weight-load seconds an engine log reports, per model ("weights", "draft_weights"):
     the slowest rank's "Load weight end. elapsed=" (lines as `docker logs -t` or the engine
     printed them)."""
-    from appliance.logs.parser import parse_lines
-    from appliance.logs.stamps import without_docker_stamps
 
     found: dict[str, float] = {}
     for event in parse_lines(without_docker_stamps(lines)):

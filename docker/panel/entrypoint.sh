@@ -3,7 +3,7 @@
 #   init    make the install's secrets once (secret key, database password) in the volume
 #   web     refuse known secrets, migrate, create roles and the first admin once, serve ASGI
 #   serve   the ASGI server alone (what web ends with; bench/load_api.py runs it as it is)
-#   worker  the Celery worker: image builds (queue builds) and stops (queue control)
+#   worker  the Celery worker: image builds, benchmarks, model downloads (web/tasks.py)
 #   agent   the engine agent: owns this host's engine containers from start to exit
 set -eu
 
@@ -38,9 +38,9 @@ case "${1:-web}" in
     serve "$@"
     ;;
   worker)
-    # control: stops; builds: image builds; bench: benchmark runs; models: model downloads
-    # (worker/celery.py).
-    exec celery -A worker.celery worker --loglevel INFO -Q control,builds,bench,models \
+    # builds: image builds; bench: benchmark runs; models: model downloads (web/tasks.py).
+    # No stop waits here: the engine agent carries out stops.
+    exec celery -A worker.celery worker --loglevel INFO -Q builds,bench,models \
       --concurrency "${APPLIANCE_WORKER_CONCURRENCY:-4}"
     ;;
   agent)

@@ -1,5 +1,6 @@
-"""Fix texts and patches of the failure catalogue (appliance/logs/cause.py, causes.py,
-ddtree_causes.py): a fix names what a person can act on, and a one-setting fix is a patch."""
+"""Fix texts and patches of the failure catalogue (appliance/logs/catalogue.py: the engine's
+causes.py, ddtree_causes.py, recorded_causes.py and the appliance's appliance_causes.py): a
+fix names what a person can act on, and a one-setting fix is a patch."""
 
 from __future__ import annotations
 
@@ -8,25 +9,25 @@ from pathlib import Path
 import pytest
 
 from appliance.engine.spec import SpecError, spec_from_dict
+from appliance.logs.catalogue import CATALOGUE
 from appliance.logs.cause import spec_patched
-from appliance.logs.causes import CAUSES
 from appliance.logs.diagnosis import diagnose
 from tests.web.specs import spec
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 
 
-@pytest.mark.parametrize("cause", sorted(CAUSES))
+@pytest.mark.parametrize("cause", sorted(CATALOGUE))
 def test_no_fix_names_an_action_that_does_not_exist_or_a_container_path(cause: str) -> None:
-    fix = CAUSES[cause].fix
+    fix = CATALOGUE[cause].fix
     assert "restart the deployment" not in fix.lower()
     assert "/run/secrets" not in fix
     assert "--ipc host" not in fix  # engines get their own IPC namespace (shm_size)
 
 
-@pytest.mark.parametrize("cause", sorted(CAUSES))
+@pytest.mark.parametrize("cause", sorted(CATALOGUE))
 def test_a_fix_naming_an_engine_key_says_where_to_set_it(cause: str) -> None:
-    fix = CAUSES[cause].fix
+    fix = CATALOGUE[cause].fix
     if "engine." not in fix:
         return
     assert "Extra engine arguments" in fix or "the form" in fix or "spec" in fix, fix
@@ -50,9 +51,9 @@ def test_a_diagnosis_carries_its_fix_as_a_spec_patch_where_it_is_one_setting(
         assert found.to_dict()["patch"] == patch
 
 
-@pytest.mark.parametrize("cause", sorted(c for c in CAUSES if CAUSES[c].patch))
+@pytest.mark.parametrize("cause", sorted(c for c in CATALOGUE if CATALOGUE[c].patch))
 def test_every_patch_gives_a_valid_spec(cause: str) -> None:
-    patched = spec_patched(spec(), CAUSES[cause].patch or {})
+    patched = spec_patched(spec(), CATALOGUE[cause].patch or {})
     try:
         spec_from_dict(patched)
     except SpecError as exc:

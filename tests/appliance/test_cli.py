@@ -205,3 +205,12 @@ def test_preflight_checks_the_attention_backend_against_a_named_gpu(tmp_path: Pa
     assert on_b200.returncode == 1 and rules["gpu-arch-attention-backend"]["severity"] == "error"
     on_h200 = run("preflight", str(spec_file), "--gpu-name", "NVIDIA H200")
     assert "gpu-arch-attention-backend" not in on_h200.stdout
+
+
+def test_causes_lists_the_whole_failure_catalogue() -> None:
+    listed = json.loads(run("causes").stdout)["causes"]
+    ids = {row["id"] for row in listed}
+    assert {"cuda-oom-capture", "image-build-failed", "no-gpu-runtime", "model-not-ready"} <= ids
+    assert all(row["summary"] and row["fix"] for row in listed)
+    text = run("causes", "--text").stdout
+    assert "image-build-failed (appliance, priority 0)" in text

@@ -41,6 +41,7 @@ from pathlib import Path
 
 import pytest
 
+from appliance.logs.catalogue import CATALOGUE
 from appliance.logs.causes import CAUSES, Diagnosis
 from appliance.logs.context import ParseContext
 from appliance.logs.diagnosis import diagnose
@@ -105,7 +106,7 @@ def test_a_healthy_log_has_no_diagnosis(fixture: str) -> None:
 
 
 def test_every_cause_has_an_id_summary_and_fix() -> None:
-    for cause_id, cause in CAUSES.items():
+    for cause_id, cause in CATALOGUE.items():
         assert cause.id == cause_id
         assert cause.summary.strip() and cause.fix.strip()
 

@@ -58,9 +58,15 @@ def generate_server(answers: list[dict[str, Any]], *, logprobs: bool) -> Iterato
                                 content_type="application/json")
         return web.json_response(answer["response"])
 
+    async def model_info(request: web.Request) -> web.Response:
+        # What `appliance verify` tells SGLang by (its --api auto).
+        return web.json_response({"model_path": "/root/stash/models/tiny-kimi",
+                                  "is_generation": True})
+
     loop = asyncio.new_event_loop()
     app = web.Application()
     app.router.add_post("/generate", generate)
+    app.router.add_get("/model_info", model_info)
     runner = web.AppRunner(app)
     loop.run_until_complete(runner.setup())
     sock = socket.create_server(("127.0.0.1", 0))

@@ -172,3 +172,32 @@ def test_a_planted_near_tie_off_the_models_near_ties_stops_the_engine_saying_whe
     said = stopped.value.stderr.decode()
     assert "'near-tie:13': token 13 is not one of the model's near-ties" in said
     assert "(tokens p with p % 8 == 4: 4, 12, 20, ...)" in said
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+def test_over_openai_the_planted_divergences_are_found_where_generate_finds_them(
+        engines, tmp_path: Path, endpoint: str) -> None:  # type: ignore[no-untyped-def]
+    a, b = engines(*DDTREE, diverge=PLANTED), engines()
+    path = tmp_path / "three.jsonl"
+    path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in (FIB, FOX, "A B C")))
+    native = verify("--a", a, "--b", b, "--prompts", str(path), "--max-tokens", "16",
+                    "--json")
+    openai = verify("--a", a, "--b", b, "--prompts", str(path), "--max-tokens", "16",
+                    "--json", "--api", "openai", "--endpoint", endpoint)
+    assert native.returncode == openai.returncode == 1, native.stderr + openai.stderr
+    by_ids, by_texts = json.loads(native.stdout), json.loads(openai.stdout)
+    assert (by_ids["api"], by_ids["compared"]) == ("sglang", "token ids")
+    assert by_texts["api"] == endpoint and by_texts["compared"].startswith("token texts (A's")
+    assert by_texts["models"] == {"a": "/models/Kimi-K2.6", "b": "/models/Kimi-K2.6"}
+    assert "does not support return_logprob" in by_texts["a_logprobs"]
+    assert [(p["verdict"], p["position"]) for p in by_texts["prompts"]] == [
+        (p["verdict"], p["position"]) for p in by_ids["prompts"]] == [
+        ("failure", 5), ("near-tie", 12), ("identical", None)]
+    fib, fox = by_texts["prompts"][:2]
+    assert fox["gap"] == 0.0625 and fib["gap"] >= 1.5
+    if endpoint == "completions":  # the same context as /generate's: the same tokens
+        assert fib["gap"] == by_ids["prompts"][0]["gap"]
+        assert fib["b"]["ids"][0] == fib["b"]["token_text"] == by_ids["prompts"][0]["b"][
+            "token_text"]
+        assert fib["a"]["ids"][0] == by_ids["prompts"][0]["a"]["token_text"]
+    # (A chat's context is its messages, so its tokens are others.)

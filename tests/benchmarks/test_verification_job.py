@@ -34,7 +34,7 @@ from tests.servers import celery_worker, engine_agent
 from web.benchmarks.models import VerificationRun
 from web.deployments import services
 from web.deployments.models import Deployment, DeploymentStatus
-from web.deployments.services.engines import instance_id
+from web.deployments.services.installation import instance_id
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
 

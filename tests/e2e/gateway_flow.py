@@ -1,17 +1,25 @@
 """Issue 21's 'Done when' steps as a user takes them, for the compose test (one compose stack,
 tests/e2e/test_compose.py): a key made in the panel, a deployment called through the gateway
-with the Python `openai` client (streaming), a chat in the playground."""
+with the Python `openai` client (streaming), a chat in the playground, the losslessness check
+through the gateway from the panel and with `appliance verify`."""
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import openai
 from playwright.sync_api import Page, expect
 
 from tests.e2e.screenshots import screenshot_path
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def make_key(page: Page, *, url: str, name: str, deployment_ids: list[int]) -> str:
@@ -127,18 +135,22 @@ def deploy_dflash(page: Page, *, url: str, name: str, model: str, drafter: str, 
 
 
 def losslessness_check(page: Page, *, url: str, a: int, b: int) -> dict[str, Any]:
-    """A check of A against B from the panel (built-in prompts); the planted failure found at
-    token 5 of the fibonacci prompt, the planted near-tie at token 12 of the fox prompt."""
+    """A check of A against B from the panel (built-in prompts) through the gateway, as the
+    shipped compose file lets the worker reach it (APPLIANCE_GATEWAY_URL); the planted
+    failure found at token 5 of the fibonacci prompt, the planted near-tie at token 12 of the
+    fox prompt."""
     page.goto(f"{url}/benchmarks/")
     page.click("#verifications")
     page.click("#new-verification")
     page.select_option("#id_candidate", str(a))
     page.select_option("#id_baseline", str(b))
     expect(page.locator("#id_prompt_source")).to_have_value("builtin")
+    page.select_option("#id_route", "gateway")
     page.fill("#id_max_tokens", "16")
     started = time.monotonic()
     page.click("#run-verification")
     expect(page.locator("h1")).to_have_text(re.compile(r"Losslessness check #\d+"))
+    expect(page.locator("#verify-route")).to_contain_text("through the gateway")
     expect(page.locator("#verify-status")).to_have_text("done", timeout=180_000)
     took = time.monotonic() - started
     expect(page.locator("#verify-verdict")).to_have_text("failed")
@@ -155,6 +167,32 @@ def losslessness_check(page: Page, *, url: str, a: int, b: int) -> dict[str, Any
     expect(fox.locator("td.position")).to_have_text("12")
     page.screenshot(path=screenshot_path("compose-losslessness.png"), full_page=True)
     return {"match_rate": page.locator("#match-rate").inner_text(), "seconds": round(took, 1)}
+
+
+def cli_verify(*, url: str, secret: str, a_model: str, b_model: str) -> dict[str, Any]:
+    """`appliance verify` from the host through the gateway with a key made in the panel, on
+    the planted prompts: exit 1, the failure at token 5, the near-tie at token 12."""
+    prompts = ("def fibonacci(n):\n    ", "The quick brown fox", "A B C D E F G H I J K L M N O P")
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "planted.jsonl"
+        path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+        started = time.monotonic()
+        done = subprocess.run(
+            [sys.executable, "-m", "appliance.cli", "verify", "--a", url, "--b", url,
+             "--a-model", a_model, "--b-model", b_model, "--api-key", secret, "--prompts",
+             str(path), "--max-tokens", "16", "--json"],
+            capture_output=True, text=True, cwd=ROOT, timeout=180, check=False)
+    assert done.returncode == 1, done.stderr
+    assert secret not in done.stdout + done.stderr
+    result = json.loads(done.stdout)
+    fib, fox, plain = result["prompts"]
+    assert (fib["verdict"], fib["position"]) == ("failure", 5) and fib["gap"] >= 1.5
+    assert (fox["verdict"], fox["position"], fox["gap"]) == ("near-tie", 12, 0.0625)
+    assert plain["verdict"] == "identical"
+    assert "does not support return_logprob" in result["a_logprobs"]
+    return {"api": result["api"], "compared": result["compared"],
+            "seconds": round(time.monotonic() - started, 1),
+            "verdicts": [(p["verdict"], p["position"]) for p in result["prompts"]]}
 
 
 def serve_and_verify(page: Page, *, url: str, served: int, served_name: str, other_name: str,
@@ -178,5 +216,8 @@ def serve_and_verify(page: Page, *, url: str, served: int, served_name: str, oth
                          drafter="/models/test-dflash", gpu=spec_gpu, more_spec=PLANTED_ENV)
     expect(page.locator("#status")).to_have_text("ready", timeout=240_000)
     check = losslessness_check(page, url=url, a=spec, b=served)
+    both = make_key(page, url=url, name="e2e-verify", deployment_ids=[spec, served])
+    cli = cli_verify(url=url, secret=both, a_model="e2e-spec", b_model=served_name)
     streamed.pop("text")
-    return {"openai_stream": streamed, "playground": chat, "losslessness": check}
+    return {"openai_stream": streamed, "playground": chat, "losslessness": check,
+            "verify_cli": cli}

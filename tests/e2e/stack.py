@@ -13,7 +13,7 @@ from playwright.sync_api import Page, expect
 
 from tests.conftest_docker import remove_engines
 from tests.servers import celery_worker, engine_agent, panel_server
-from web.deployments.services.engines import instance_id
+from web.deployments.services.installation import instance_id
 
 
 @contextlib.contextmanager

@@ -53,7 +53,7 @@ PANEL_IMAGE = "sd-appliance:e2e"
 ADMIN_PASSWORD = r"Admin account 'admin' password: '([^']+)'"
 COMPOSE = shutil.which("docker-compose")
 # A busy deployment's log (about 15 events/s: 1,000,000 is under a day) and the detail page's
-# limits on it (issue 20), measured in the browser under compose.
+# limits on it (docs/events-retention.md), measured in the browser under compose.
 EVENTS = 1_000_000
 PAGES_BACK = 5
 
@@ -154,7 +154,7 @@ class Stack:
         self.images: set[str] = set()
         # The folder the test deploys (/models/test): pre-flight reads it through web's mount.
         write_model(tmp / "models" / "test", CONFIGS["test"])
-        # Its DFlash drafter, for the speculative side of the losslessness check (issue 21).
+        # Its DFlash drafter, for the speculative side of the losslessness check.
         write_model(tmp / "models" / "test-dflash", CONFIGS["Kimi-K2.6-DFlash"])
         self.values = {
             **LOCAL_IMAGES,
@@ -187,7 +187,7 @@ class Stack:
 
     def wait_healthy(self, timeout: float = 240) -> float:
         """Healthy and on the engine network: the agent connects a new web container to it
-        once, which briefly drops web's published port (web/deployments/services/agent.py),
+        once, which briefly drops web's published port (web/agent/controller.py),
         so a page opened before that may find nothing listening."""
         started = time.monotonic()
         while time.monotonic() - started < timeout:
@@ -548,7 +548,7 @@ def test_compose_up_runs_the_appliance_as_shipped(stack: Stack, page: Page) -> N
     # 3d. Clone it: as it is, the form refuses its held GPU by name; on GPU 2 it deploys.
     _clone_onto_a_held_gpu(page, stack, token, third)
 
-    # 3e. Issue 21: a key made in the panel, the openai client streaming through the gateway
+    # 3e. Serving: a key made in the panel, the openai client streaming through the gateway
     #     with it, a chat in the playground, and a losslessness check of a DFLASH deployment
     #     with a planted divergence against e2e-served, found at its token and class.
     served = serve_and_verify(page, url=stack.url, served=second, served_name="e2e-served",

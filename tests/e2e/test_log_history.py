@@ -16,6 +16,7 @@ import requests
 from django.db import connection
 from playwright.sync_api import Page, expect
 
+from appliance.logs.catalogue import CATALOGUE
 from tests.e2e.logpane import FIRST_PAINT_MS, INTERACTION_MS
 from tests.e2e.logpane import SCROLL_TOP as _SCROLL_TOP
 from tests.e2e.logpane import TIMED as _TIMED
@@ -191,8 +192,8 @@ def failed_while_loading(operator, server: str) -> int:  # type: ignore[no-untyp
         ("log", {"stream": "stdout", "text": f"loading shard {i}"}) for i in range(3000)])
     services.deployment_mark_failed(
         deployment_id=pk, last_lines=["oom"],
-        diagnosis={"cause": "oom-load", "summary": "out of memory loading weights",
-                   "fix": "use more GPUs"})
+        diagnosis=CATALOGUE["cuda-oom-load"].worded(summary="out of memory loading weights",
+                                                    fix="use more GPUs"))
     return pk
 
 
@@ -214,7 +215,7 @@ def test_a_page_opened_later_draws_its_cards_without_replaying_the_log(  # type:
     expect(page.locator("#selfcheck-text")).to_contain_text("passed in 3.5 s")
     expect(page.locator("#selfcheck-checks .check-ok")).to_have_count(1)
     # The log's tail ends with the failure's markers; its start is a scroll away.
-    expect(page.locator("#log .line.marker").last).to_contain_text("diagnosis oom-load")
+    expect(page.locator("#log .line.marker").last).to_contain_text("diagnosis cuda-oom-load")
     assert _lines(page)["lines"] == 500
     expect(page.locator("#log")).not_to_contain_text("loading shard 2400\n")
     page.locator("#log").evaluate("p => { p.scrollTop = 0; }")

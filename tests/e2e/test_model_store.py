@@ -1,4 +1,4 @@
-"""Issue 23's browser test, as a user: add a model from the (local) hub in the panel, watch
+"""The model store's browser test, as a user: add a model from the (local) hub in the panel, watch
 its progress, kill the worker mid-file and see the download resume where it stopped, see it
 verified. The stack is real: the uvicorn panel and Celery workers as processes, Chromium."""
 
@@ -20,7 +20,7 @@ from tests.conftest_docker import remove_engines
 from tests.e2e.stack import login
 from tests.servers import celery_worker, engine_agent, panel_server
 from tests.store.hubserver import HubServer, small_repo
-from web.deployments.services.engines import instance_id
+from web.deployments.services.installation import instance_id
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
 TOKEN = "hf_e2eTokenNeverShown0123456789"

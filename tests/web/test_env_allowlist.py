@@ -80,7 +80,7 @@ def test_a_refused_key_stores_nothing(client: Client) -> None:
 
 
 def test_the_container_plan_sizes_dev_shm_from_the_spec_else_the_setting(client: Client) -> None:
-    from web.deployments import services
+    from web.agent.engines import container_plan
     from web.deployments.models import Deployment
 
     def plan_of(**changes: object) -> str:
@@ -89,7 +89,7 @@ def test_the_container_plan_sizes_dev_shm_from_the_spec_else_the_setting(client:
                                content_type="application/json")
         assert response.status_code == 201, response.json()
         deployment = Deployment.objects.get(pk=response.json()["id"])
-        return str(services.container_plan(deployment, "img").shm_size)
+        return str(container_plan(deployment, "img").shm_size)
 
     with override_settings(ENGINE_SHM_SIZE="48g"):
         assert plan_of(name="sized", shm_size="96g") == "96g"

@@ -35,7 +35,7 @@ def test_it_shows_each_configured_gpu_and_the_deployment_holding_it(viewer, sett
     for gpu in (1, 2):
         assert f'href="/deployments/{held.pk}/">#{held.pk} kimi-ddtree</a>' in _row(page, "gpu-host", gpu)
     assert "free" in _row(page, "gpu-host", 0) and "free" in _row(page, "gpu-host", 3)
-    services.deployment_request_stop(deployment=held)
+    services.deployment_stop(deployment_id=held.pk)
     assert "free" in _row(_page(viewer), "gpu-host", 1)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from web.deployments.services.hosts import start_failure
+from appliance.logs.appliance_causes import start_failure
 
 
 @pytest.mark.parametrize(

@@ -98,7 +98,7 @@ def test_a_last_event_id_that_is_no_seq_replays_from_the_start(raw: str, seq: in
 @pytest.mark.django_db(transaction=True)
 def test_under_the_asgi_server_huge_ids_and_bodies_are_handled(tmp_path: Path, live_channel, viewer) -> None:  # type: ignore[no-untyped-def]
     deployment = services.deployment_create(data=spec(), confirm_warnings=True)
-    services.deployment_request_stop(deployment=deployment)
+    services.deployment_stop(deployment_id=deployment.pk)
     with panel_server(tmp_path / "uvicorn.log") as url:
         session = login_session(url, "vera", "viewer-pass-1")
         stream = f"{url}/deployments/{deployment.pk}/events/stream/"

@@ -9,6 +9,7 @@ import pytest
 from django.db import connection, transaction
 from django.test import Client
 
+from appliance.logs.catalogue import CATALOGUE
 from web.deployments import services
 from web.deployments.models import Deployment, GpuLease
 
@@ -52,7 +53,8 @@ def test_a_deployment_that_ends_gives_its_gpus_back(end: str) -> None:
         assert _held() == {0: first.pk, 1: first.pk}  # stopping still holds: the engine runs
         services.deployment_mark_stopped(deployment_id=first.pk)
     else:
-        services.deployment_mark_failed(deployment_id=first.pk, diagnosis={"summary": "x"},
+        services.deployment_mark_failed(deployment_id=first.pk,
+                                        diagnosis=CATALOGUE["cuda-oom-load"].diagnosis(),
                                         last_lines=[])
     assert _held() == {}
     second = _create(name="second", gpus=[0, 1])
@@ -62,13 +64,13 @@ def test_a_deployment_that_ends_gives_its_gpus_back(end: str) -> None:
 @pytest.mark.django_db
 def test_a_stopped_deployment_takes_its_gpus_again_through_acquire() -> None:
     first = _create(gpus=[2])
-    services.deployment_request_stop(deployment=first)  # queued: stopped at once
+    services.deployment_stop(deployment_id=first.pk)  # queued: stopped at once
     other = _create(name="other", gpus=[2])
     first.refresh_from_db()
     with pytest.raises(services.DeploymentInputError) as caught, transaction.atomic():
         services.gpu_leases_acquire(deployment=first)
     assert f"#{other.pk} 'other'" in caught.value.errors["gpus"][0]
-    services.deployment_request_stop(deployment=other)
+    services.deployment_stop(deployment_id=other.pk)
     services.gpu_leases_acquire(deployment=first)
     services.gpu_leases_acquire(deployment=first)  # a retried restart keeps what it holds
     assert _held() == {2: first.pk}

@@ -1,6 +1,6 @@
-"""Lifecycle services (web/deployments/services/lifecycle.py) on the real database: Restart
-keeps the row and its earlier runs, Delete takes the log with it, the restart policy restarts
-only an engine that died while serving, with a doubling wait and a count."""
+"""Lifecycle services (services/deployments.py, services/lifecycle.py) on the real database:
+Restart keeps the row and its earlier runs, Delete takes the log with it, the restart policy
+restarts only an engine that died while serving, with a doubling wait and a count."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from appliance.logs.appliance_causes import ENGINE_EXITED
+from appliance.logs.cause import Diagnosis
 from web.deployments import selectors, services
 from web.deployments.models import Deployment, DeploymentStatus, Event, GpuLease, MetricPoint, Run
 from web.deployments.services import lifecycle
@@ -18,7 +20,7 @@ from .specs import spec
 pytestmark = pytest.mark.django_db
 S = DeploymentStatus
 ON_FAILURE = {"policy": "on-failure", "max_restarts": 2}
-DIED = {"cause": "engine-exited", "summary": "the engine exited", "fix": "", "evidence": {}}
+DIED = ENGINE_EXITED.worded(summary="the engine exited")
 
 
 def _create(**changes):  # type: ignore[no-untyped-def]
@@ -34,8 +36,8 @@ def _ready(deployment: Deployment, token: str = "t1") -> Deployment:
 
 def _failed(deployment: Deployment) -> Deployment:
     _ready(deployment)
-    diagnosis = {"cause": "cuda-oom-capture", "summary": "OOM", "fix": "lower it",
-                 "evidence": {"bs": 64}, "patch": {"engine.cuda_graph_max_bs": 32}}
+    diagnosis = Diagnosis("cuda-oom-capture", "OOM", "lower it", {"bs": 64},
+                          {"engine.cuda_graph_max_bs": 32})
     assert services.deployment_mark_failed(deployment_id=deployment.pk, diagnosis=diagnosis,
                                            last_lines=["Traceback"])
     return Deployment.objects.get(pk=deployment.pk)
@@ -44,7 +46,7 @@ def _failed(deployment: Deployment) -> Deployment:
 def test_a_restart_keeps_the_row_and_spec_and_starts_run_two_after_the_kept_events(operator):  # type: ignore[no-untyped-def]
     failed = _failed(_create())
     events_before = failed.last_seq
-    restarted = lifecycle.deployment_restart(deployment_id=failed.pk, user=operator)
+    restarted = services.deployment_restart(deployment_id=failed.pk, user=operator)
     assert restarted.pk == failed.pk and restarted.spec == failed.spec
     assert restarted.status == S.QUEUED and restarted.run == 2
     assert restarted.diagnosis is None and restarted.start_token == "" and restarted.ended_at is None
@@ -64,17 +66,17 @@ def test_a_restart_keeps_the_row_and_spec_and_starts_run_two_after_the_kept_even
 def test_it_refuses_to_restart_an_active_deployment_naming_its_status():  # type: ignore[no-untyped-def]
     ready = _ready(_create())
     with pytest.raises(services.DeploymentInputError) as caught:
-        lifecycle.deployment_restart(deployment_id=ready.pk)
+        services.deployment_restart(deployment_id=ready.pk)
     assert "ready" in caught.value.errors["status"][0]
     assert Deployment.objects.get(pk=ready.pk).run == 1
 
 
 def test_it_refuses_a_restart_when_another_deployment_now_holds_its_gpu():  # type: ignore[no-untyped-def]
     first = _create()
-    services.deployment_request_stop(deployment=first)  # queued: stopped at once, GPU 0 free
+    services.deployment_stop(deployment_id=first.pk)  # queued: stopped at once, GPU 0 free
     other = _create(name="other")
     with pytest.raises(services.DeploymentInputError) as caught:
-        lifecycle.deployment_restart(deployment_id=first.pk)
+        services.deployment_restart(deployment_id=first.pk)
     assert f"#{other.pk}" in caught.value.errors["gpus"][0]
     first.refresh_from_db()
     assert first.status == S.STOPPED and first.run == 1  # nothing changed
@@ -85,9 +87,9 @@ def test_delete_takes_a_stopped_deployment_with_its_events_runs_and_series():  #
     failed = _failed(_create())
     MetricPoint.objects.create(deployment_id=failed.pk, ts=timezone.now(), resolution_s=2,
                                throughput=1.0)
-    lifecycle.deployment_restart(deployment_id=failed.pk)
-    services.deployment_request_stop(deployment=Deployment.objects.get(pk=failed.pk))
-    lifecycle.deployment_delete(deployment_id=failed.pk)
+    services.deployment_restart(deployment_id=failed.pk)
+    services.deployment_stop(deployment_id=failed.pk)
+    services.deployment_delete(deployment_id=failed.pk)
     assert not Deployment.objects.filter(pk=failed.pk).exists()
     assert not Event.objects.filter(deployment_id=failed.pk).exists()
     assert not Run.objects.filter(deployment_id=failed.pk).exists()
@@ -97,7 +99,7 @@ def test_delete_takes_a_stopped_deployment_with_its_events_runs_and_series():  #
 def test_it_refuses_to_delete_a_running_deployment():  # type: ignore[no-untyped-def]
     ready = _ready(_create())
     with pytest.raises(services.DeploymentInputError) as caught:
-        lifecycle.deployment_delete(deployment_id=ready.pk)
+        services.deployment_delete(deployment_id=ready.pk)
     assert "Stop it first" in caught.value.errors["status"][0]
     assert Deployment.objects.filter(pk=ready.pk).exists()
 

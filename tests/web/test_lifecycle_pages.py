@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
+from appliance.logs.cause import Diagnosis
 from web.deployments import services
 from web.deployments.models import Deployment, DeploymentStatus
 
@@ -13,9 +14,8 @@ from .specs import spec
 
 pytestmark = pytest.mark.django_db
 S = DeploymentStatus
-OOM = {"cause": "cuda-oom-capture", "summary": "CUDA ran out of memory while capturing.",
-       "fix": "Lower the CUDA-graph batch limit", "evidence": {"bs": 64},
-       "patch": {"engine.cuda_graph_max_bs": 32}}
+OOM = Diagnosis("cuda-oom-capture", "CUDA ran out of memory while capturing.",
+                "Lower the CUDA-graph batch limit", {"bs": 64}, {"engine.cuda_graph_max_bs": 32})
 
 
 def _client(user) -> Client:  # type: ignore[no-untyped-def]
@@ -69,7 +69,7 @@ def test_restart_from_the_panel_queues_run_two_and_refuses_a_ready_one(operator)
 def test_clone_fills_the_form_with_the_spec_and_deploying_it_gives_the_same_spec(operator):  # type: ignore[no-untyped-def]
     source = _failed(engine__mem_fraction_static=0.8, restart={"policy": "on-failure",
                                                                "max_restarts": 3})
-    services.deployment_request_stop(deployment=source)
+    services.deployment_stop(deployment_id=source.pk)
     client = _client(operator)
     form = client.get(f"/deployments/new/?from={source.pk}").context["form"]
     assert form.initial["model_path"] == "/models/Kimi-K2.6"

@@ -14,6 +14,7 @@ from django.test import Client
 from django.urls import reverse
 
 from tests.models import write_model
+from web.agent.engines import container_plan
 from web.deployments import services
 from web.deployments.models import Deployment, EventKind, RootReadRate
 from web.deployments.services.loadtime import (
@@ -174,14 +175,14 @@ def test_an_unverified_model_is_never_mounted_and_the_others_are_mounted_alone(
     settings.MODELS_DIR = "/srv/models"
     write_model(root / "half-downloaded")
     deployment = services.deployment_create(data=spec(), confirm_warnings=True)
-    plan = services.container_plan(deployment, "img")
+    plan = container_plan(deployment, "img")
     assert plan.volumes == {
         "/srv/models/Kimi-K2.6": {"bind": "/models/Kimi-K2.6", "mode": "ro"},
         "/srv/models/Kimi-K2.6-DFlash": {"bind": "/models/Kimi-K2.6-DFlash", "mode": "ro"}}
     ModelEntry.objects.filter(relative_path="Kimi-K2.6").update(state=ModelState.PARTIAL)
     with pytest.raises(Exception, match=r"not verified in the model store: "
                                         r"/models/Kimi-K2.6 \(partial\)"):
-        services.container_plan(deployment, "img")
+        container_plan(deployment, "img")
 
 
 def test_the_weights_card_shows_the_expected_load_then_the_rate_reached(
@@ -265,7 +266,7 @@ def test_the_real_engines_load_lines_give_the_rate_it_reached() -> None:
     from appliance.logs.parser import LogParser
     from appliance.store.loadtime import load_report, load_text
     from tests.appliance import real_engine as rec
-    from web.deployments.services.engines import progress_fold
+    from web.agent.engines import progress_fold
 
     progress: dict = {}  # type: ignore[type-arg]
     parser = LogParser()

@@ -6,7 +6,7 @@ from typing import Any
 
 from appliance.logs.parser import LogParser
 from tests.appliance import real_engine as rec
-from web.deployments.services.engines import progress_fold
+from web.agent.engines import progress_fold
 
 
 def _folded(texts: list[str]) -> dict[str, Any]:

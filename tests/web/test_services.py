@@ -5,6 +5,8 @@ import threading
 import pytest
 from django.db import connection
 
+from appliance.logs.catalogue import CATALOGUE, UncataloguedCause
+from appliance.logs.cause import Diagnosis
 from web.deployments import services
 from web.deployments.models import Deployment, DeploymentStatus, Event
 
@@ -62,7 +64,7 @@ def test_it_moves_status_only_along_its_edges():  # type: ignore[no-untyped-def]
 def test_failed_carries_a_diagnosis_and_the_last_lines_and_ends_the_stream():  # type: ignore[no-untyped-def]
     pk = _create().pk
     services.deployment_mark_starting(deployment_id=pk, image="img")
-    diagnosis = {"cause": "cuda-oom-capture", "summary": "OOM", "fix": "lower it"}
+    diagnosis = CATALOGUE["cuda-oom-capture"].worded(summary="OOM", fix="lower it")
     assert services.deployment_mark_failed(
         deployment_id=pk, diagnosis=diagnosis, last_lines=["a", "b"]
     )
@@ -74,9 +76,20 @@ def test_failed_carries_a_diagnosis_and_the_last_lines_and_ends_the_stream():  #
     assert not services.deployment_mark_failed(deployment_id=pk, diagnosis=diagnosis, last_lines=[])
 
 
+def test_failed_refuses_a_diagnosis_whose_cause_is_not_in_the_catalogue():  # type: ignore[no-untyped-def]
+    pk = _create().pk
+    services.deployment_mark_starting(deployment_id=pk, image="img")
+    with pytest.raises(UncataloguedCause, match="'oom-load'"):
+        services.deployment_mark_failed(
+            deployment_id=pk, diagnosis=Diagnosis("oom-load", "OOM", "lower it"), last_lines=[])
+    deployment = Deployment.objects.get(pk=pk)
+    assert deployment.status == S.STARTING and deployment.diagnosis is None
+    assert not deployment.events.filter(kind="diagnosis").exists()
+
+
 def test_stopping_a_queued_deployment_stops_it_at_once():  # type: ignore[no-untyped-def]
     deployment = _create()
-    stopped = services.deployment_request_stop(deployment=deployment)
+    stopped = services.deployment_stop(deployment_id=deployment.pk)
     assert stopped.status == S.STOPPED
 
 
@@ -84,7 +97,7 @@ def test_stopping_a_running_deployment_hands_it_to_the_worker():  # type: ignore
     deployment = _create()
     services.deployment_mark_starting(deployment_id=deployment.pk, image="img")
     deployment.refresh_from_db()
-    assert services.deployment_request_stop(deployment=deployment).status == S.STOPPING
+    assert services.deployment_stop(deployment_id=deployment.pk).status == S.STOPPING
 
 
 @pytest.mark.django_db(transaction=True)

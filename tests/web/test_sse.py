@@ -13,6 +13,7 @@ import pytest
 import requests
 from django.db import connection
 
+from appliance.lifecycle import Process
 from tests.servers import login_session, panel_server
 from web.deployments import services
 
@@ -77,7 +78,7 @@ def test_it_resumes_after_last_event_id_from_the_database(server, operator, live
     pk = deployment.pk
     services.events_append(deployment_id=pk, events=[("log", {"text": f"l{i}"}) for i in range(5)])
     live_channel.delete(f"appliance:deployment:{pk}:events")  # the live channel lost everything
-    services.deployment_request_stop(deployment=deployment)
+    services.deployment_stop(deployment_id=deployment.pk)
     session = login_session(server, "otto", "operator-pass-1")
     headers = {"Last-Event-ID": "3"}
     with session.get(
@@ -114,7 +115,7 @@ def test_a_quiet_stream_gets_keepalives_and_stays_open(server, operator):  # typ
     def later() -> None:
         time.sleep(quiet_s)
         services.events_append(deployment_id=pk, events=[("log", {"text": "after the quiet"})])
-        services.deployment_mark_stopped(deployment_id=pk)
+        services.deployment_mark_stopped(deployment_id=pk, by=Process.WEB)  # still queued
         connection.close()
 
     threading.Thread(target=later).start()
@@ -196,7 +197,7 @@ def test_many_viewers_get_every_event_once_in_order_across_live_gaps(server, ope
         else:
             services.events_append(deployment_id=pk, events=[("log", {"text": "y"})] * 5)
         time.sleep(0.05)
-    services.deployment_mark_stopped(deployment_id=pk)
+    services.deployment_mark_stopped(deployment_id=pk, by=Process.WEB)  # still queued
     for thread in threads:
         thread.join(timeout=40)
     last = selectors.events_after(deployment_id=pk, after_seq=0, limit=1000)[-1].seq

@@ -37,7 +37,7 @@ def test_points_arrive_live_without_ids_and_events_keep_their_order(server, oper
             time.sleep(0.4)
             if i == 5:
                 services.events_append(deployment_id=pk, events=[("log", {"text": "between"})])
-        services.deployment_request_stop(deployment=deployment)
+        services.deployment_stop(deployment_id=deployment.pk)
         connection.close()
 
     threading.Thread(target=later).start()

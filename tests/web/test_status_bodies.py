@@ -1,5 +1,5 @@
-"""The status reads' answers stored by the deployment row's writers (issue 22;
-web/deployments/services/reads.py): rendered from the row as each write leaves it, kept
+"""The status reads' answers stored by the deployment row's writers
+(web/deployments/services/reads.py): rendered from the row as each write leaves it, kept
 with the row's version, read in the token statement only while that version is current."""
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from web.deployments import services
 from web.deployments.models import Deployment, StatusBody
 from web.deployments.permissions import VIEW_PERMISSION
 from web.deployments.selectors import deployment_list
-from web.deployments.services import lifecycle
 from web.deployments.services.metrics import deployment_apply_alerts, metrics_store_point
 from web.deployments.services.reads import deployment_status_bodies_store
 
@@ -172,7 +171,7 @@ def test_a_deleted_deployment_takes_its_stored_answers_with_it() -> None:
     deployment = services.deployment_create(data=spec(), confirm_warnings=True)
     assert StatusBody.objects.filter(pk=deployment.pk).exists()
     Deployment.objects.filter(pk=deployment.pk).update(status="stopped")
-    lifecycle.deployment_delete(deployment_id=deployment.pk)
+    services.deployment_delete(deployment_id=deployment.pk)
     assert not StatusBody.objects.filter(pk=deployment.pk).exists()
     assert deployment_status_bodies_store(deployment_id=deployment.pk) is False
 

@@ -64,6 +64,12 @@ def _kind(path: str) -> str:
         return "preflight"
     if bare.startswith("account/"):
         return "account"  # one's own API tokens: any role, never someone else's
+    if bare.startswith(("api/fleet/join", "api/fleet/host/")):
+        return "host"  # a GPU host's agent: its join token or credential, never a session
+    if bare.startswith(("api/fleet/tokens", "fleet/tokens")):
+        return "fleet-admin"  # join tokens are an admin's
+    if bare.startswith(("api/fleet/hosts", "fleet/")):
+        return "fleet"  # viewers read; draining and removing a host is an admin's
     if bare.startswith(("keys/", "api/keys")):
         return "keys"  # gateway API keys call deployments: an operator's and an admin's
     if bare.startswith(("api/deployments", "deployments/")) or bare in ("", "api/", "api.json"):
@@ -77,6 +83,8 @@ def _allowed(actor: str, kind: str, method: str, path: str) -> set[int]:
         return {200, 401, 403, 405}
     if kind == "public":
         return {200, 302, 405}
+    if kind == "host":
+        return {400, 401, 403, 405}
     if actor == "anonymous":
         return {302, 401, 403, 405}
     if kind == "admin":
@@ -90,6 +98,8 @@ def _allowed(actor: str, kind: str, method: str, path: str) -> set[int]:
     if actor == "nobody":
         return {403, 405}
     if actor == "viewer" and kind == "keys":
+        return {403, 405}
+    if actor != "admin" and (kind == "fleet-admin" or (kind == "fleet" and not read)):
         return {403, 405}
     if actor == "viewer":
         # The new form, the Stop and Delete confirm pages and the playground (it calls the
@@ -119,7 +129,7 @@ def people(django_user_model, viewer, operator, admin):  # type: ignore[no-untyp
 
 def test_every_url_every_method_every_role(people) -> None:  # type: ignore[no-untyped-def]
     deployment = services.deployment_create(data=spec(), confirm_warnings=True)
-    services.deployment_request_stop(deployment=deployment)  # its stream ends at once
+    services.deployment_stop(deployment_id=deployment.pk)  # its stream ends at once
     paths = _paths(deployment.pk, people["viewer"].pk)
     assert len(paths) > 40 and "/api/deployments/" in paths
     wrong: list[str] = []

@@ -55,7 +55,8 @@ def test_a_check_of_a_speculative_deployment_against_its_baseline_is_queued(
     assert r.status_code == 201, r.content
     body = r.json()
     assert body["status"] == "queued" and (body["candidate"], body["baseline"]) == (a.pk, b.pk)
-    assert body["config"] == {"max_tokens": 64, "threshold": 0.5, "prompt_source": "builtin"}
+    assert body["config"] == {"max_tokens": 64, "threshold": 0.5, "prompt_source": "builtin",
+                              "route": "direct"}
     assert body["progress"] == {"done": 0, "total": 36}
     assert body["targets"]["candidate"]["model"] == "/models/Kimi-K2.6"
     assert r.enqueued == [mock.call(body["id"])]
@@ -115,7 +116,8 @@ def test_an_uploaded_jsonl_chooses_the_prompts(operator, pair) -> None:  # type:
     assert r.status_code == 201, r.content
     run = VerificationRun.objects.get()
     assert run.progress == {"done": 0, "total": 2}
-    assert run.config == {"max_tokens": 8, "threshold": 0.25, "prompt_source": "jsonl"}
+    assert run.config == {"max_tokens": 8, "threshold": 0.25, "prompt_source": "jsonl",
+                          "route": "direct"}
 
 
 def test_a_viewer_reads_checks_but_cannot_start_or_cancel_one(viewer, operator, pair) -> None:  # type: ignore[no-untyped-def]

@@ -9,7 +9,7 @@ from tests.conftest_docker import docker_client, test_engine_image  # noqa: F401
 def agent():  # type: ignore[no-untyped-def]
     """The real engine agent, ticking on a thread of the test process."""
     from appliance.runtime.follower import FollowOptions
-    from web.deployments.services import EngineAgent
+    from web.agent.controller import EngineAgent
 
     engine_agent = EngineAgent(agent_id="test-agent",
                                follow_options=FollowOptions(ready_timeout_s=90))

@@ -16,13 +16,14 @@ from django.conf import settings
 from django.test import override_settings
 
 import docker
-from tests.conftest_docker import engines_of
+from tests.conftest_docker import engines_of, remove_engines
 from tests.servers import celery_worker, engine_agent, panel_server
 from tests.site_recipes import SLOW_EXTRAS, engine_source_repo, write_recipe
 from tests.web.specs import spec
+from web.agent.controller import wait_for
 from web.deployments import services
 from web.deployments.models import Deployment, DeploymentStatus
-from web.deployments.services.engines import instance_id
+from web.deployments.services.installation import instance_id
 from worker import tasks
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
@@ -47,15 +48,14 @@ def site_recipe(tmp_path: Path):  # type: ignore[no-untyped-def]
     tags = set()
     for deployment in Deployment.objects.all():
         tags.add(deployment.image)
-        services.deployment_request_stop(deployment=deployment)
-        services.deployment_stop(deployment_id=deployment.pk)
+    remove_engines(instance_id())  # the agent is gone by now: its engines go by hand
     _remove_images(tags)
 
 
 def _run(pk: int) -> str:
     """The deploy task (the build), then the agent beside the test until the engine settles."""
     tasks.deploy.apply(args=[pk]).get()
-    return services.wait_for(pk, {S.READY, S.FAILED, S.STOPPED}, 90)
+    return wait_for(pk, {S.READY, S.FAILED, S.STOPPED}, 90)
 
 
 def _baseline(recipe: str, name: str, self_check: bool = True,

@@ -31,9 +31,11 @@ from appliance.runtime.follower import SCRAPE_ACCESS
 from tests.conftest_docker import engines_of, remove_engines
 from tests.servers import celery_worker, engine_agent, free_port, login_session, panel_server
 from tests.web.specs import spec
+from web.agent.controller import wait_for
+from web.agent.engines import identity_of
 from web.deployments import services
 from web.deployments.models import Deployment, DeploymentStatus
-from web.deployments.services.engines import instance_id
+from web.deployments.services.installation import instance_id
 from worker import tasks
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
@@ -60,7 +62,7 @@ def _deployment(**changes: Any) -> Deployment:
 
 
 def _wait(pk: int, statuses: set[str], timeout_s: float = 60) -> str:
-    status = services.wait_for(pk, statuses, timeout_s)
+    status = wait_for(pk, statuses, timeout_s)
     assert status in statuses, f"deployment {pk} is {status}, not {statuses}"
     return status
 
@@ -68,7 +70,7 @@ def _wait(pk: int, statuses: set[str], timeout_s: float = 60) -> str:
 def _printed(pk: int) -> list[str]:
     """What the engine printed, stdout and stderr in Docker's order ("\\r" updates folded)."""
     deployment = Deployment.objects.get(pk=pk)
-    container = docker.from_env().containers.get(services.identity_of(deployment).name)
+    container = docker.from_env().containers.get(identity_of(deployment).name)
     raw = container.logs(stdout=True, stderr=True, timestamps=True).decode()
     lines = [line.split(" ", 1)[1] if " " in line else "" for line in raw.split("\n") if line]
     # The agent's own /metrics scrapes are not stored (appliance.runtime.follower).
@@ -111,7 +113,7 @@ def test_an_agent_killed_in_any_phase_is_replaced_and_no_line_is_lost_or_doubled
     with engine_agent(tmp_path / "agent-1.log", **engine_env) as first:
         if phase == "stopping":
             _wait(pk, {S.READY}, 90)
-            services.deployment_request_stop(deployment=Deployment.objects.get(pk=pk))
+            services.deployment_stop(deployment_id=pk)
         else:
             _wait(pk, {phase}, 90)
         first.send_signal(signal.SIGKILL)
@@ -215,7 +217,7 @@ def test_a_stop_is_carried_out_within_3_s_behind_a_backlog_of_50_queued_deployme
         for i in range(50):  # queued for a worker that is busy elsewhere (none runs here)
             _deployment(name=f"backlog-{i}", gpus=[i + 1])
         asked = time.monotonic()
-        services.deployment_request_stop(deployment=Deployment.objects.get(pk=ready.pk))
+        services.deployment_stop(deployment_id=ready.pk)
         _wait(ready.pk, {S.STOPPED}, 10)
         took = time.monotonic() - asked
     assert took < 3, f"the stop took {took:.1f} s"
@@ -277,7 +279,7 @@ def test_a_redis_restart_keeps_the_worker_and_agent_up_and_loses_no_queued_task(
             after = _deployment(name="queued-after-restart", gpus=[1])  # GPU 0: "waiting"
             queue_deploy(after.pk)
             _wait(after.pk, {S.READY}, 120)
-            services.deployment_request_stop(deployment=Deployment.objects.get(pk=waiting.pk))
+            services.deployment_stop(deployment_id=waiting.pk)
             _wait(waiting.pk, {S.STOPPED}, 30)
             _assert_every_line_once(after.pk)
             viewer.join(timeout=30)

@@ -18,9 +18,11 @@ from django.test import override_settings
 from tests.conftest_docker import engines_of, remove_engines
 from tests.servers import celery_worker, engine_agent
 from tests.web.specs import spec
+from web.agent.controller import wait_for
+from web.builder.builds import deployment_run
 from web.deployments import services
 from web.deployments.models import Deployment, DeploymentStatus, EventKind, RootReadRate
-from web.deployments.services.engines import instance_id
+from web.deployments.services.installation import instance_id
 from web.store.models import ModelEntry, ModelState
 from web.store.services.scan import model_store_scan
 
@@ -79,7 +81,7 @@ def test_it_waits_for_the_download_then_starts_the_engine_once_verified(
     assert Deployment.objects.get(pk=pk).status == S.QUEUED
     ModelEntry.objects.filter(relative_path="Kimi-K2.6").update(
         state=ModelState.READY, bytes_done=4 * GIB)
-    assert services.wait_for(pk, {S.READY, S.FAILED}, 120) == S.READY
+    assert wait_for(pk, {S.READY, S.FAILED}, 120) == S.READY
     assert _download_events(pk)[-1]["state"] == "ready"
     assert len(engines_of(instance_id(), pk)) == 1
     # The root had no read rate: the create queued its measurement, the worker made it.
@@ -96,7 +98,7 @@ def test_a_download_that_fails_while_it_waits_fails_the_deployment_and_starts_no
     _until(lambda: _download_events(pk), "the worker waits for the drafter")
     ModelEntry.objects.filter(relative_path="Kimi-K2.6-DFlash").update(
         state=ModelState.FAILED, error="sha256 of model.safetensors differs")
-    assert services.wait_for(pk, {S.READY, S.FAILED}, 30) == S.FAILED
+    assert wait_for(pk, {S.READY, S.FAILED}, 30) == S.FAILED
     deployment = Deployment.objects.get(pk=pk)
     assert deployment.diagnosis["cause"] == "model-download-failed"
     assert "sha256 of model.safetensors differs" in deployment.diagnosis["summary"]
@@ -106,7 +108,7 @@ def test_a_download_that_fails_while_it_waits_fails_the_deployment_and_starts_no
 def test_the_agent_never_starts_an_engine_on_a_model_that_is_no_longer_verified(
         test_engine_image: str) -> None:  # noqa: F811
     from appliance.runtime.follower import FollowOptions
-    from web.deployments.services import EngineAgent
+    from web.agent.controller import EngineAgent
 
     # Verified when the deploy task let it through; partial by the time the agent would
     # start it (a file gone from the folder, found by the next scan).
@@ -116,12 +118,12 @@ def test_the_agent_never_starts_an_engine_on_a_model_that_is_no_longer_verified(
     with override_settings(ENGINE_IMAGE=test_engine_image, ENGINE_GPU_REQUESTS=False,
                            ENGINE_EXTRA_ENV=FAST):
         pk = services.deployment_create(data=spec(), confirm_warnings=True).pk
-        assert services.deployment_run(deployment_id=pk) == S.STARTING
+        assert deployment_run(deployment_id=pk) == S.STARTING
         ModelEntry.objects.filter(relative_path="Kimi-K2.6").update(
             state=ModelState.PARTIAL, error="model.safetensors is missing")
         try:
             engine_agent_.tick()  # the agent's next look: it would start the engine now
-            assert services.wait_for(pk, {S.READY, S.FAILED}, 30) == S.FAILED
+            assert wait_for(pk, {S.READY, S.FAILED}, 30) == S.FAILED
         finally:
             engine_agent_.release_all()
     deployment = Deployment.objects.get(pk=pk)

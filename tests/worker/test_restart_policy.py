@@ -12,10 +12,11 @@ from django.test import override_settings
 import docker
 from tests.conftest_docker import remove_engines, wait_for
 from tests.web.specs import spec
+from web.agent import controller
+from web.agent.engines import identity_of
 from web.deployments import selectors, services
 from web.deployments.models import Deployment, DeploymentStatus
-from web.deployments.services import lifecycle
-from web.deployments.services.engines import instance_id
+from web.deployments.services.installation import instance_id
 from worker import tasks
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
@@ -35,7 +36,7 @@ def engine(test_engine_image: str) -> Iterator[dict[str, str]]:  # noqa: F811
 
 
 def _container_name(pk: int) -> str:
-    return services.identity_of(Deployment.objects.get(pk=pk)).name
+    return identity_of(Deployment.objects.get(pk=pk)).name
 
 
 def _deploy(**changes) -> int:  # type: ignore[no-untyped-def]
@@ -51,7 +52,7 @@ def _restarted_ready(pk: int, run: int) -> bool:
 
 def test_an_engine_killed_while_serving_comes_back_once_then_the_deployment_fails(engine, agent):  # type: ignore[no-untyped-def]
     pk = _deploy(restart=ON_FAILURE)
-    assert services.wait_for(pk, {S.READY, S.FAILED}, 90) == S.READY
+    assert controller.wait_for(pk, {S.READY, S.FAILED}, 90) == S.READY
     first = _container_name(pk)
     docker.from_env().containers.get(first).kill()
 
@@ -67,28 +68,28 @@ def test_an_engine_killed_while_serving_comes_back_once_then_the_deployment_fail
     assert row.events.filter(seq__lt=runs[1]["first_seq"], kind="progress").exists()
 
     docker.from_env().containers.get(_container_name(pk)).kill()  # the policy is used up now
-    assert services.wait_for(pk, {S.FAILED}, 30) == S.FAILED
+    assert controller.wait_for(pk, {S.FAILED}, 30) == S.FAILED
     assert Deployment.objects.get(pk=pk).restarts == 1
 
 
 def test_an_engine_that_fails_before_ready_is_not_restarted_by_the_policy(engine, agent):  # type: ignore[no-untyped-def]
     with override_settings(ENGINE_EXTRA_ENV={**engine, "TEST_ENGINE_FAIL": "load-exit"}):
         pk = _deploy(restart=ON_FAILURE)
-        assert services.wait_for(pk, {S.READY, S.FAILED}, 90) == S.FAILED
+        assert controller.wait_for(pk, {S.READY, S.FAILED}, 90) == S.FAILED
     row = Deployment.objects.get(pk=pk)
     assert row.restarts == 0 and row.run == 1
 
 
 def test_restart_brings_a_stopped_deployment_back_in_a_new_container(engine, agent):  # type: ignore[no-untyped-def]
     pk = _deploy()
-    assert services.wait_for(pk, {S.READY, S.FAILED}, 90) == S.READY
+    assert controller.wait_for(pk, {S.READY, S.FAILED}, 90) == S.READY
     first_token = Deployment.objects.get(pk=pk).start_token
-    services.deployment_request_stop(deployment=Deployment.objects.get(pk=pk))
-    assert services.wait_for(pk, {S.STOPPED}, 30) == S.STOPPED
+    services.deployment_stop(deployment_id=pk)
+    assert controller.wait_for(pk, {S.STOPPED}, 30) == S.STOPPED
 
-    lifecycle.deployment_restart(deployment_id=pk)
+    services.deployment_restart(deployment_id=pk)
     tasks.deploy.apply(args=[pk]).get()  # what the queued task does (on_commit sends it)
-    assert services.wait_for(pk, {S.READY, S.FAILED}, 90) == S.READY
+    assert controller.wait_for(pk, {S.READY, S.FAILED}, 90) == S.READY
     row = Deployment.objects.get(pk=pk)
     assert row.run == 2 and row.start_token not in ("", first_token)
     labels = docker.from_env().containers.get(_container_name(pk)).labels

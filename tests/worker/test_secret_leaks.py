@@ -31,9 +31,11 @@ from tests.servers import (
 )
 from tests.web.specs import spec
 from web.accounts.tokens import token_create
+from web.agent.controller import wait_for
+from web.agent.engines import identity_of
 from web.deployments import services
 from web.deployments.models import Deployment, DeploymentStatus
-from web.deployments.services.engines import instance_id
+from web.deployments.services.installation import instance_id
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
 S = DeploymentStatus
@@ -70,7 +72,7 @@ def _engine_port(container: Any) -> str:
 def _container_checks(pk: int, value: str) -> dict[str, str]:
     """What the running engine's container shows: the engine sees the value (by hash);
     `docker inspect` and the image's history do not; the file is gone."""
-    name = services.identity_of(Deployment.objects.get(pk=pk)).name
+    name = identity_of(Deployment.objects.get(pk=pk)).name
     container = docker.from_env().containers.get(name)
     info = requests.get(f"http://127.0.0.1:{_engine_port(container)}/server_info", timeout=10)
     seen = info.json()["secrets_seen"]
@@ -131,10 +133,10 @@ def test_a_planted_secret_reaches_its_engine_and_no_event_row_log_key_or_layer(
     # planted first: the agent reports the store's names at its start, and pre-flight
     # refuses a secret the fresh agents do not report.
     pk = services.deployment_create(data=spec(secrets=["HF_TOKEN"]), confirm_warnings=True).pk
-    assert services.wait_for(pk, {S.READY, S.FAILED}, 150) == S.READY
+    assert wait_for(pk, {S.READY, S.FAILED}, 150) == S.READY
     places = _container_checks(pk, planted)
-    services.deployment_request_stop(deployment=Deployment.objects.get(pk=pk))
-    assert services.wait_for(pk, {S.STOPPED}, 60) == S.STOPPED
+    services.deployment_stop(deployment_id=pk)
+    assert wait_for(pk, {S.STOPPED}, 60) == S.STOPPED
     places.update(_api_and_stream(stack["url"], pk))
     places.update(_everything_else(stack["logs"]))
     assert len(places) >= 14

@@ -15,9 +15,11 @@ from appliance.runtime.client import EngineClient
 from appliance.runtime.containers import EngineRuntime
 from tests.conftest_docker import engines_of, remove_engines
 from tests.web.specs import spec
+from web.agent.controller import wait_for
+from web.agent.engines import container_plan, identity_of
 from web.deployments import services
 from web.deployments.models import Deployment, DeploymentStatus, Host
-from web.deployments.services.engines import instance_id
+from web.deployments.services.installation import instance_id
 from worker import tasks
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
@@ -37,12 +39,12 @@ def engine(test_engine_image: str) -> Iterator[dict[str, str]]:  # noqa: F811
 def _run(pk: int) -> str:
     """The deploy task, then the agent (running beside the test) until the engine settles."""
     tasks.deploy.apply(args=[pk]).get()
-    return services.wait_for(pk, {S.READY, S.FAILED, S.STOPPED}, 90)
+    return wait_for(pk, {S.READY, S.FAILED, S.STOPPED}, 90)
 
 
 def _container(deployment: Deployment):  # type: ignore[no-untyped-def]
     deployment.refresh_from_db()
-    return docker.from_env().containers.get(services.identity_of(deployment).name)
+    return docker.from_env().containers.get(identity_of(deployment).name)
 
 
 def _admin_client():  # type: ignore[no-untyped-def]
@@ -108,11 +110,11 @@ def test_deploy_goes_from_queued_to_ready_with_phases_and_progress_then_stops(en
     assert container.labels["appliance.start-token"] == deployment.start_token
     assert EngineClient(deployment.engine_url).health() == 200
 
-    services.deployment_request_stop(deployment=deployment)
-    assert tasks.stop.apply(args=[deployment.pk]).get() == S.STOPPED
+    services.deployment_stop(deployment_id=deployment.pk)
+    assert wait_for(deployment.pk, {S.STOPPED}, 30) == S.STOPPED  # the agent stops it
     deployment.refresh_from_db()
     assert deployment.status == S.STOPPED
-    assert EngineRuntime().find(services.identity_of(deployment)) is None
+    assert EngineRuntime().find(identity_of(deployment)) is None
     assert deployment.events.order_by("-seq").first().kind == "end"  # type: ignore[union-attr]
 
 
@@ -136,7 +138,7 @@ def test_a_failed_self_check_fails_the_deployment_before_the_model_loads(engine,
     assert [p["status"] for p in phases] == ["starting", "checking", "failed"]
     assert "GPU self-check failed" in phases[-1]["message"]
     assert not _events(deployment, "progress"), "no weights were loaded"
-    assert EngineRuntime().find(services.identity_of(deployment)) is None
+    assert EngineRuntime().find(identity_of(deployment)) is None
 
 
 def test_a_spec_can_skip_the_self_check(engine, agent):  # type: ignore[no-untyped-def]
@@ -162,7 +164,7 @@ def test_a_failing_engine_fails_the_deployment_with_a_diagnosis(engine, agent, m
     if cause:
         assert deployment.diagnosis["cause"] == cause
     assert deployment.last_lines, "the last engine lines travel with the failure"
-    assert EngineRuntime().find(services.identity_of(deployment)) is None
+    assert EngineRuntime().find(identity_of(deployment)) is None
 
 
 def test_an_engine_that_exits_at_once_is_diagnosed_from_its_own_output(engine, agent):  # type: ignore[no-untyped-def]
@@ -176,7 +178,7 @@ def test_an_engine_that_exits_at_once_is_diagnosed_from_its_own_output(engine, a
     assert "exited with code 1 before it was ready" in phases[-1]["message"]
     assert any("does not appear to have a file named config.json" in line
                for line in deployment.last_lines)
-    assert EngineRuntime().find(services.identity_of(deployment)) is None
+    assert EngineRuntime().find(identity_of(deployment)) is None
 
 
 def test_the_width_crash_names_block_size_and_budget_plus_one(engine, agent):  # type: ignore[no-untyped-def]
@@ -192,12 +194,12 @@ def test_a_stop_during_loading_stops_the_engine_and_its_container_within_seconds
     deployment = _deployment()
     with _with_failure(engine, "hang-load"):
         tasks.deploy.apply(args=[deployment.pk]).get()
-        assert services.wait_for(deployment.pk, {S.LOADING}, 30) == S.LOADING
+        assert wait_for(deployment.pk, {S.LOADING}, 30) == S.LOADING
         started = time.monotonic()
-        services.deployment_request_stop(deployment=Deployment.objects.get(pk=deployment.pk))
-        assert services.wait_for(deployment.pk, {S.STOPPED, S.FAILED}, 30) == S.STOPPED
+        services.deployment_stop(deployment_id=deployment.pk)
+        assert wait_for(deployment.pk, {S.STOPPED, S.FAILED}, 30) == S.STOPPED
         assert time.monotonic() - started < 10
-    assert EngineRuntime().find(services.identity_of(deployment)) is None
+    assert EngineRuntime().find(identity_of(deployment)) is None
 
 
 def test_a_restarted_agent_adopts_the_running_container_instead_of_starting_another(engine, agent):  # type: ignore[no-untyped-def]
@@ -207,10 +209,10 @@ def test_a_restarted_agent_adopts_the_running_container_instead_of_starting_anot
     services.deployment_mark_starting(deployment_id=pk, image=str(settings.ENGINE_IMAGE),
                                       start_token="first-start")
     # The first agent started the container and died before it was ready.
-    plan = services.container_plan(Deployment.objects.get(pk=pk), str(settings.ENGINE_IMAGE))
+    plan = container_plan(Deployment.objects.get(pk=pk), str(settings.ENGINE_IMAGE))
     first = EngineRuntime().ensure_started(plan)
     agent.paused.clear()
-    assert services.wait_for(pk, {S.READY, S.FAILED}, 60) == S.READY
+    assert wait_for(pk, {S.READY, S.FAILED}, 60) == S.READY
     running = [c for c in engines_of(instance_id(), pk) if c.status == "running"]
     assert [c.id for c in running] == [first.id]
 
@@ -236,8 +238,8 @@ def test_a_container_with_our_labels_but_not_our_identity_is_never_adopted_or_st
             time.sleep(0.2)
         page = _admin_client().get("/").content.decode()
         assert impostor.name in page and "never adopted or stopped" in page
-        services.deployment_request_stop(deployment=Deployment.objects.get(pk=pk))
-        assert services.wait_for(pk, {S.STOPPED}, 30) == S.STOPPED
+        services.deployment_stop(deployment_id=pk)
+        assert wait_for(pk, {S.STOPPED}, 30) == S.STOPPED
         impostor.reload()
         assert impostor.status == "running", "another appliance's engine is never stopped"
     finally:
@@ -260,7 +262,7 @@ def test_the_agent_ships_decode_stats_and_fails_an_engine_that_dies_while_servin
     assert deployment.decode_stats.get("cuda_graph") is True
 
     _container(deployment).kill()
-    assert services.wait_for(deployment.pk, {S.FAILED}, 20) == S.FAILED
+    assert wait_for(deployment.pk, {S.FAILED}, 20) == S.FAILED
     deployment.refresh_from_db()
     assert "signal 9" in deployment.diagnosis["summary"] or "killed" in str(deployment.diagnosis)
 

@@ -39,6 +39,7 @@ def _with_status_reads(patterns: list[URLPattern | URLResolver],
 urlpatterns = [
     path("", include(_with_status_reads(router.urls))),
     path("preflight/", views.preflight, name="preflight"),
+    path("fleet/", include("web.fleet.api_urls")),
     # The schema names every endpoint and field: for logged-in users only.
     path("schema/", SpectacularAPIView.as_view(permission_classes=[IsAuthenticated]),
          name="schema"),

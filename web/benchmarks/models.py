@@ -5,20 +5,10 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 
+from .choices import ACTIVE_STATUSES, TERMINAL_STATUSES, BenchmarkStatus
 
-class BenchmarkStatus(models.TextChoices):
-    QUEUED = "queued"
-    RUNNING = "running"
-    CANCELLING = "cancelling"
-    CANCELLED = "cancelled"
-    DONE = "done"
-    FAILED = "failed"
-
-
-ACTIVE_STATUSES = frozenset({BenchmarkStatus.QUEUED, BenchmarkStatus.RUNNING,
-                             BenchmarkStatus.CANCELLING})
-TERMINAL_STATUSES = frozenset({BenchmarkStatus.CANCELLED, BenchmarkStatus.DONE,
-                               BenchmarkStatus.FAILED})
+# The losslessness check's run lives in its own module; imported here so Django finds it.
+from .verification_models import VerificationRun
 
 
 class BenchmarkRun(models.Model):
@@ -57,8 +47,6 @@ class BenchmarkRun(models.Model):
         return self.status in ACTIVE_STATUSES
 
 
-# The losslessness check's run lives in its own module; imported here so Django finds it.
-from .verification_models import VerificationRun  # noqa: E402
-
+# The statuses are choices.py's; named here too, where the models' readers look for them.
 __all__ = ["ACTIVE_STATUSES", "TERMINAL_STATUSES", "BenchmarkRun", "BenchmarkStatus",
            "VerificationRun"]

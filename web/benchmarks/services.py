@@ -20,9 +20,11 @@ from appliance.bench import (
     speedups,
 )
 from appliance.bench.runner import MODES, BenchCancelled, BenchUnreachable, RunResult
+from web import tasks
 from web.deployments.models import Deployment, DeploymentStatus
 
-from .models import BenchmarkRun, BenchmarkStatus
+from .choices import BenchmarkStatus
+from .models import BenchmarkRun
 
 MAX_LEVEL, MAX_PROMPTS, MAX_LEN = 1024, 10000, 131072
 POLL_S = 0.5
@@ -94,14 +96,9 @@ def benchmark_create(*, deployment_ids: list[int], config: dict[str, Any],
             targets=[_snapshot(d) for d in deployments],
             created_by=user if getattr(user, "is_authenticated", False) else None)
         run.deployments.set(deployments)
-        transaction.on_commit(lambda: _enqueue(run.pk))
+        tasks.benchmark_run_later(run.pk)
     return run
 
-
-def _enqueue(run_id: int) -> None:
-    from worker.celery import app
-
-    app.send_task("worker.tasks.benchmark", args=[run_id])
 
 
 def benchmark_request_cancel(*, run: BenchmarkRun) -> BenchmarkRun:

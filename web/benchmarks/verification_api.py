@@ -44,6 +44,11 @@ class VerificationCreateSerializer(serializers.Serializer[Any]):
                                     help_text='JSONL, one {"prompt": "..."} a line')
     max_tokens = serializers.IntegerField(min_value=1, max_value=services.MAX_TOKENS,
                                           default=services.DEFAULT_MAX_TOKENS)
+    route = serializers.ChoiceField(
+        choices=services.ROUTES, default="direct",
+        help_text="direct: each engine's own /generate, token ids compared; gateway: the "
+        "panel's /v1 by served model name as a client calls it (token texts compared), "
+        "with a key the check makes for the caller, scoped to the two and revoked after")
     threshold = serializers.FloatField(min_value=0, max_value=services.MAX_THRESHOLD,
                                        default=NEAR_TIE_GAP,
                                        help_text="B's top-2 log-prob gap at or under which a "
@@ -56,8 +61,8 @@ def create_from(body: VerificationCreateSerializer, user: Any) -> VerificationRu
         return services.verification_create(
             candidate_id=data["candidate"], baseline_id=data["baseline"],
             prompt_source=data["prompt_source"], prompts_text=data["prompts"],
-            max_tokens=data["max_tokens"], threshold=data["threshold"], name=data["name"],
-            user=user)
+            max_tokens=data["max_tokens"], threshold=data["threshold"], route=data["route"],
+            name=data["name"], user=user)
     except BenchmarkInputError as exc:
         raise ValidationError({k: [v] for k, v in exc.errors.items()}) from exc
 

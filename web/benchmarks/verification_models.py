@@ -7,7 +7,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 
-from .models import ACTIVE_STATUSES, BenchmarkStatus
+from .choices import ACTIVE_STATUSES, BenchmarkStatus
 
 
 class VerificationRun(models.Model):

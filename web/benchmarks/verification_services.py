@@ -10,6 +10,7 @@ import traceback
 from dataclasses import asdict
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -22,13 +23,19 @@ from appliance.bench.verify import (
     shipped_prompts,
     verify,
 )
+from web import tasks
 from web.deployments.models import Deployment, DeploymentStatus
+from web.gateway.services import ApiKeyError, apikey_create, apikey_revoke
 
-from .models import BenchmarkStatus
+from .choices import BenchmarkStatus
 from .services import BenchmarkInputError, target_name
 from .verification_models import VerificationRun
 
 PROMPT_SOURCES = ("builtin", "jsonl")
+# direct: each engine's own /generate (token ids compared); gateway: the panel's /v1 by served
+# model name, as a client calls them (token texts compared), with a key the check makes for
+# itself, scoped to the two deployments and revoked when it ends.
+ROUTES = ("direct", "gateway")
 MAX_TOKENS, MAX_PROMPTS, MAX_THRESHOLD = 4096, 1000, 100.0
 DEFAULT_MAX_TOKENS = 64
 POLL_S = 0.5
@@ -38,10 +45,18 @@ def target_model(deployment: Deployment) -> str:
     return str((deployment.spec.get("engine") or {}).get("model_path") or "")
 
 
+def served_model(deployment: Deployment) -> str:
+    """The name the gateway routes by (appliance.engine.launch: the spec's, else the
+    deployment's name)."""
+    return str((deployment.spec.get("engine") or {}).get("served_model_name")
+               or deployment.name)
+
+
 def _snapshot(deployment: Deployment) -> dict[str, Any]:
     return {"id": deployment.pk, "name": target_name(deployment),
             "model": target_model(deployment), "algorithm": deployment.algorithm,
-            "image": deployment.image, "engine_url": deployment.engine_url}
+            "image": deployment.image, "engine_url": deployment.engine_url,
+            "served_model": served_model(deployment)}
 
 
 def _ready(pk: int | None, field: str) -> Deployment:
@@ -89,7 +104,16 @@ def verification_prompts(*, source: str, text: str) -> list[str]:
     return prompts
 
 
-def _check_config(config: dict[str, Any]) -> None:
+def _check_config(config: dict[str, Any], user: Any) -> None:
+    if config["route"] not in ROUTES:
+        raise BenchmarkInputError({"route": f"one of {', '.join(ROUTES)}"})
+    if config["route"] == "gateway" and not settings.GATEWAY_URL:
+        raise BenchmarkInputError({"route": "the gateway route needs APPLIANCE_GATEWAY_URL "
+                                   "(the panel's URL as the worker reaches it, e.g. "
+                                   "http://web:8000); choose direct, or set it"})
+    if config["route"] == "gateway" and not getattr(user, "is_authenticated", False):
+        raise BenchmarkInputError({"route": "the gateway route calls with a key of the user "
+                                   "who starts the check; log in"})
     if not 1 <= config["max_tokens"] <= MAX_TOKENS:
         raise BenchmarkInputError({"max_tokens": f"from 1 to {MAX_TOKENS}"})
     if not 0 <= config["threshold"] <= MAX_THRESHOLD:
@@ -100,10 +124,12 @@ def _check_config(config: dict[str, Any]) -> None:
 def verification_create(*, candidate_id: int | None, baseline_id: int | None,
                         prompt_source: str = "builtin", prompts_text: str = "",
                         max_tokens: int = DEFAULT_MAX_TOKENS, threshold: float = NEAR_TIE_GAP,
-                        name: str = "", user: Any = None) -> VerificationRun:
+                        route: str = "direct", name: str = "",
+                        user: Any = None) -> VerificationRun:
     candidate, baseline = _pair(candidate_id, baseline_id)
-    config = {"max_tokens": max_tokens, "threshold": threshold, "prompt_source": prompt_source}
-    _check_config(config)
+    config = {"max_tokens": max_tokens, "threshold": threshold, "prompt_source": prompt_source,
+              "route": route}
+    _check_config(config, user)
     total = len(verification_prompts(source=prompt_source, text=prompts_text))
     with transaction.atomic():
         run = VerificationRun.objects.create(
@@ -112,14 +138,9 @@ def verification_create(*, candidate_id: int | None, baseline_id: int | None,
             targets={"candidate": _snapshot(candidate), "baseline": _snapshot(baseline)},
             progress={"done": 0, "total": total},
             created_by=user if getattr(user, "is_authenticated", False) else None)
-        transaction.on_commit(lambda: _enqueue(run.pk))
+        tasks.verification_run_later(run.pk)
     return run
 
-
-def _enqueue(run_id: int) -> None:
-    from worker.celery import app
-
-    app.send_task("worker.tasks.verification", args=[run_id])
 
 
 def verification_request_cancel(*, run: VerificationRun) -> VerificationRun:
@@ -189,18 +210,52 @@ def verification_run(*, run_id: int) -> str:
 def _check(run: VerificationRun, prompts: list[str], progress: _Progress,
            cancel: threading.Event, outcome: dict[str, Any]) -> None:
     targets, config = run.targets, run.config
+    key = None
     try:
+        where = _direct(targets)
+        if config.get("route") == "gateway":
+            key = _check_key(run)
+            where = _through_gateway(targets, key.secret)
         outcome["result"] = asyncio.run(verify(
-            a_url=targets["candidate"]["engine_url"].rstrip("/"),
-            b_url=targets["baseline"]["engine_url"].rstrip("/"), prompts=prompts,
-            max_tokens=config["max_tokens"], threshold=config["threshold"],
-            on_prompt=progress.add, cancelled=cancel.is_set))
+            prompts=prompts, max_tokens=config["max_tokens"], threshold=config["threshold"],
+            on_prompt=progress.add, cancelled=cancel.is_set, **where))
     except VerifyCancelled:
         outcome["cancelled"] = True
     except VerifyError as exc:  # an engine that cannot be reached or answers wrong: said
         outcome["error"] = _named(str(exc), targets)
+    except ApiKeyError as exc:
+        outcome["error"] = f"the check could not make its gateway key: {exc}"
     except Exception:  # recorded on the row: the check failed, the worker goes on
         outcome["error"] = traceback.format_exc()
+    finally:
+        if key is not None:
+            apikey_revoke(prefix=key.key.prefix)
+
+
+def _direct(targets: dict[str, Any]) -> dict[str, Any]:
+    return {"a_url": targets["candidate"]["engine_url"].rstrip("/"),
+            "b_url": targets["baseline"]["engine_url"].rstrip("/"), "api": "sglang"}
+
+
+def _check_key(run: VerificationRun) -> Any:
+    """A key of the check's own, for the user who started it, scoped to the two deployments:
+    its secret lives in this process only (never on the row, in an event or an answer); the
+    keys page lists it, with its usage, revoked once the check ends."""
+    if run.created_by is None:
+        raise ApiKeyError("owner", "the user who started the check is gone")
+    return apikey_create(owner_username=run.created_by.get_username(),
+                         name=f"losslessness check #{run.pk}",
+                         deployment_ids=[run.targets[r]["id"] for r in ("candidate", "baseline")])
+
+
+def _through_gateway(targets: dict[str, Any], secret: str) -> dict[str, Any]:
+    return {"a_url": settings.GATEWAY_URL, "b_url": settings.GATEWAY_URL, "api": "openai",
+            "api_key": secret, "a_model": _served(targets["candidate"]),
+            "b_model": _served(targets["baseline"])}
+
+
+def _served(target: dict[str, Any]) -> str:
+    return str(target["served_model"])
 
 
 def _named(message: str, targets: dict[str, Any]) -> str:

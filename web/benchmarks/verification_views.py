@@ -3,6 +3,7 @@ polled from the REST API, the per-prompt table with both continuations side by s
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
@@ -70,6 +71,7 @@ def verification_new(request: HttpRequest) -> HttpResponse:
         "errors": errors, "values": values, "default_threshold": NEAR_TIE_GAP,
         "default_max_tokens": services.DEFAULT_MAX_TOKENS, "threshold_why": THRESHOLD_WHY,
         "builtin_count": len(services.verification_prompts(source="builtin", text="")),
+        "gateway_url": settings.GATEWAY_URL,
     }, status=400 if errors else 200)
 
 

@@ -10,6 +10,9 @@ import yaml
 from django import forms
 from django.conf import settings
 
+from .services import recipe_load, recipe_names
+from .services.loadtime import store_model_options
+
 ALGORITHMS = [("NONE", "None (autoregressive)"), ("DFLASH", "DFlash"), ("DDTREE", "DDTree")]
 
 # Spec field path -> form field, so the service's errors land beside the right input.
@@ -40,15 +43,11 @@ MORE_SPEC_KEYS = ("env", "secrets", "shm_size", "restart")
 
 
 def _recipe_choices() -> list[tuple[str, str]]:
-    from .services import recipe_names
-
     return [(name, name) for name in recipe_names()]
 
 
 def _store_choices(kind: str) -> list[tuple[str, str]]:
     """The store's entries of one kind, each labelled with its state and expected load."""
-    from .services.loadtime import store_model_options
-
     none = "(none: give the path below)"
     return [("", none)] + [(str(o["id"]), f"{o['path']} ({o['state']}): {o['estimate']}")
                            for o in store_model_options() if o["kind"] == kind]
@@ -76,8 +75,6 @@ def recipe_initial(engine_defaults: Mapping[str, Any]) -> dict[str, Any]:
 
 def recipe_defaults() -> dict[str, dict[str, Any]]:
     """recipe_initial of every recipe that loads, by name (the page's script reads it too)."""
-    from .services import recipe_load, recipe_names
-
     defaults: dict[str, dict[str, Any]] = {}
     for name in recipe_names():
         try:
@@ -135,8 +132,6 @@ class DeploymentForm(forms.Form):
             # This panel runs one fixed image (APPLIANCE_ENGINE_IMAGE) and builds nothing.
             del self.fields["rebuild_image"]
         self.recipe_defaults = recipe_defaults()
-        from .services.loadtime import store_model_options
-
         # The page's script shows the chosen model's expected load time from these.
         self.store_options = store_model_options()
         if recipe not in self.recipe_defaults:

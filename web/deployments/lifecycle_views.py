@@ -2,7 +2,7 @@
 deployment a new-deployment form is filled from (Clone, Redeploy with the fix).
 
 Every one works without JavaScript: Stop and Delete are a confirm page with a form.
-The services (services/lifecycle.py, services/deployments.py) do the work.
+The actions are services/deployments.py's; lifecycle.py moves the status.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from . import selectors, services
 from .clone import FilledForm, form_from_deployment
 from .models import Deployment, DeploymentStatus
 from .permissions import can_delete, can_deploy, can_stop, can_view
-from .services import lifecycle
 
 
 def _confirm(request: HttpRequest, deployment: Deployment, *, action: str,
@@ -40,7 +39,7 @@ def deployment_stop(request: HttpRequest, pk: int) -> HttpResponse:
     deployment = get_object_or_404(Deployment, pk=pk)
     if request.method != "POST" or request.POST.get("confirm") != "yes":
         return _confirm(request, deployment, action="stop")
-    deployment = services.deployment_request_stop(deployment=deployment)
+    deployment = services.deployment_stop(deployment_id=deployment.pk)
     verb = "Stopped" if deployment.status == DeploymentStatus.STOPPED else "Stopping"
     messages.info(request, f"{verb} {deployment.name}.",
                   extra_tags=f"while-{deployment.status}")
@@ -54,7 +53,7 @@ def deployment_restart(request: HttpRequest, pk: int) -> HttpResponse:
         raise PermissionDenied("You need the operator role to restart deployments.")
     get_object_or_404(Deployment, pk=pk)
     try:
-        deployment = lifecycle.deployment_restart(deployment_id=pk, user=request.user)
+        deployment = services.deployment_restart(deployment_id=pk, user=request.user)
     except services.DeploymentInputError as exc:
         for field, texts in exc.errors.items():
             for text in texts:
@@ -74,7 +73,7 @@ def deployment_delete(request: HttpRequest, pk: int) -> HttpResponse:
     if request.method != "POST" or request.POST.get("confirm") != "yes":
         return _confirm(request, deployment, action="delete")
     try:
-        lifecycle.deployment_delete(deployment_id=pk)
+        services.deployment_delete(deployment_id=pk)
     except services.DeploymentInputError as exc:
         for texts in exc.errors.values():
             for text in texts:

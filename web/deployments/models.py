@@ -1,7 +1,7 @@
 """Deployments and their append-only event log.
 
-Status changes only through the transition functions in services.py, each a
-conditional UPDATE; nothing here assigns status.
+Status changes only through services/lifecycle.py, which applies appliance.lifecycle's
+table as conditional UPDATEs; nothing here assigns status.
 """
 
 from __future__ import annotations
@@ -12,10 +12,13 @@ from typing import Any
 from django.conf import settings
 from django.db import models
 
+from appliance import events, lifecycle
 from appliance.runtime import series
 
 
 class DeploymentStatus(models.TextChoices):
+    """appliance.lifecycle.Status as Django's choices (the same names and values)."""
+
     QUEUED = "queued"
     BUILDING = "building"
     STARTING = "starting"
@@ -28,29 +31,12 @@ class DeploymentStatus(models.TextChoices):
     FAILED = "failed"
 
 
-ACTIVE_STATUSES = frozenset(
-    {
-        DeploymentStatus.QUEUED,
-        DeploymentStatus.BUILDING,
-        DeploymentStatus.STARTING,
-        DeploymentStatus.CHECKING,
-        DeploymentStatus.LOADING,
-        DeploymentStatus.CAPTURING,
-        DeploymentStatus.READY,
-        DeploymentStatus.STOPPING,
-    }
-)
-TERMINAL_STATUSES = frozenset({DeploymentStatus.STOPPED, DeploymentStatus.FAILED})
-# The engine container may be running in these; the supervisor watches them.
-RUNNING_STATUSES = frozenset(
-    {
-        DeploymentStatus.STARTING,
-        DeploymentStatus.CHECKING,
-        DeploymentStatus.LOADING,
-        DeploymentStatus.CAPTURING,
-        DeploymentStatus.READY,
-    }
-)
+# The sets are appliance.lifecycle's (its table says which process moves which status);
+# tests/web/test_status_writes.py holds DeploymentStatus to lifecycle.Status.
+ACTIVE_STATUSES = frozenset(DeploymentStatus(s) for s in lifecycle.ACTIVE)
+TERMINAL_STATUSES = frozenset(DeploymentStatus(s) for s in lifecycle.TERMINAL)
+# The engine container may be running in these; the agent watches them.
+RUNNING_STATUSES = frozenset(DeploymentStatus(s) for s in lifecycle.RUNNING)
 
 
 class Deployment(models.Model):
@@ -140,17 +126,19 @@ class Deployment(models.Model):
 
 
 class EventKind(models.TextChoices):
-    LOG = "log"
-    PHASE = "phase"
-    PROGRESS = "progress"
-    METRIC = "metric"
-    DIAGNOSIS = "diagnosis"
-    BUILD = "build"
-    SELFCHECK = "selfcheck"
-    STATUS = "status"
-    PREFLIGHT = "preflight"
-    ALERT = "alert"
-    END = "end"
+    """An Event row's kind; what each carries is appliance.events'."""
+
+    LOG = events.LOG
+    PHASE = events.PHASE
+    PROGRESS = events.PROGRESS
+    METRIC = events.METRIC
+    DIAGNOSIS = events.DIAGNOSIS
+    BUILD = events.BUILD
+    SELFCHECK = events.SELFCHECK
+    STATUS = events.STATUS
+    PREFLIGHT = events.PREFLIGHT
+    ALERT = events.ALERT
+    END = events.END
 
 
 # What the detail page's log shows as lines (log lines, and markers for the others).
@@ -166,7 +154,7 @@ NOTABLE_KINDS = frozenset({EventKind.PHASE, EventKind.STATUS, EventKind.DIAGNOSI
 class Event(models.Model):
     """One thing that happened to a deployment; seq is gap-free per deployment."""
 
-    # No database foreign key and no index of its own (issue 22): the constraint's check per
+    # No database foreign key and no index of its own: the constraint's check per
     # row was 40 % of PostgreSQL's COPY of a busy engine's events, and (deployment, seq) below
     # already indexes deployment first. Integrity is kept by the only paths that write and
     # delete: an append claims its seqs by updating the deployment's row in its transaction
@@ -204,7 +192,7 @@ class Event(models.Model):
 class StatusBody(models.Model):
     """The status reads' answers (the API's detail and summary JSON) as rendered from one
     version of the deployment's row, stored by the row's writers (services/reads.py) so a
-    token read returns these bytes instead of serializing the row (issue 22). They are
+    token read returns these bytes instead of serializing the row. They are
     served only while `version` is the row's current one (PostgreSQL's xmin, the ETag's):
     any other write makes them unused, never wrong."""
 

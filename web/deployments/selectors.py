@@ -25,6 +25,7 @@ from .models import (
     DeploymentStatus,
     Event,
     EventKind,
+    GpuLease,
     Host,
     MetricPoint,
     Run,
@@ -427,8 +428,6 @@ class HostGpus:
 
 def hosts_gpu_board(*, lease_host: str, configured_count: int) -> list[HostGpus]:
     """Each GPU host's GPUs with the deployment that leases each (one query per table)."""
-    from .models import GpuLease
-
     leases: dict[tuple[str, int], Deployment] = {
         (lease.host, lease.gpu_index): lease.deployment
         for lease in GpuLease.objects.select_related("deployment")}

@@ -38,7 +38,7 @@ def source_root(arg: str) -> tuple[Path, int] | None:
     if checkout.is_dir():
         return checkout, 1
     try:
-        import sglang  # type: ignore[import-not-found]
+        import sglang  # type: ignore[import-not-found]  # noqa: PLC0415 - optional here
     except ImportError:
         return None
     return Path(sglang.__file__).resolve().parent.parent, 2

@@ -1,21 +1,20 @@
-"""Writes: creating deployments, moving their status, requesting a stop.
+"""The deployment actions a person takes (panel and API): deploy (validate, pre-flight,
+create), stop, restart and delete; and the recipes a spec may name.
 
-Every status change is one function per edge, a conditional UPDATE on the
-expected source states; zero rows updated means someone else won.
+Each action checks what the request may do and moves the status through lifecycle.py (the
+one writer of `status`); work a worker or the engine agent does follows after commit.
+Adding an action: docs/architecture.md, "Add a deployment action".
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import transaction
-from django.utils import timezone
 
 from appliance.engine.envkeys import env_key_errors
 from appliance.engine.extra_args import absorb, original_field
@@ -28,15 +27,13 @@ from appliance.engine.spec import (
     spec_to_dict,
 )
 from appliance.engine.widths import needed_graph_widths
+from appliance.lifecycle import Process
 from appliance.preflight import Finding, has_errors, run_preflight
+from web import tasks
 
-from ..models import (
-    ACTIVE_STATUSES,
-    TERMINAL_STATUSES,
-    Deployment,
-    DeploymentStatus,
-    EventKind,
-)
+from .. import live
+from ..models import TERMINAL_STATUSES, Deployment, DeploymentStatus
+from .errors import DeploymentInputError
 from .events import events_append
 from .hosts import (
     host_gpu_findings,
@@ -44,7 +41,13 @@ from .hosts import (
     host_gpu_inventory_findings,
     host_secret_names,
 )
-from .leases import gpu_leases_acquire, gpu_leases_release
+from .leases import gpu_leases_acquire
+from .lifecycle import (
+    User,
+    deployment_mark_requeued,
+    deployment_mark_stopped,
+    deployment_mark_stopping,
+)
 from .loadtime import (
     deployment_entries_resolve,
     load_estimate,
@@ -58,18 +61,6 @@ S = DeploymentStatus
 
 
 # ---------------------------------------------------------------- validation
-
-
-@dataclass
-class DeploymentInputError(Exception):
-    """Bad input: field -> messages, plus the pre-flight findings that blocked it."""
-
-    errors: dict[str, list[str]] = field(default_factory=dict)
-    findings: list[Finding] = field(default_factory=list)
-    needs_confirmation: bool = False
-
-    def __str__(self) -> str:
-        return "; ".join(f"{name}: {' '.join(msgs)}" for name, msgs in self.errors.items())
 
 
 def _spec_errors(exc: SpecError) -> dict[str, list[str]]:
@@ -204,156 +195,56 @@ def deployment_create(
                 ("preflight", {"findings": [f.to_dict() for f in findings]}),
             ],
         )
-        transaction.on_commit(lambda: _enqueue("worker.tasks.deploy", deployment.pk))
+        tasks.deployment_start_later(deployment.pk)
         for root in unmeasured_roots(spec):  # the Weights card compares the load with it
             root_read_rate_request(root=root)
     return deployment
 
 
-def _enqueue(task_name: str, deployment_id: int) -> None:
-    from worker.celery import app
-
-    app.send_task(task_name, args=[deployment_id])  # queue by task (worker/celery.py routes)
-
-
-# --------------------------------------------------------------- transitions
-
-
-def _transition(
-    deployment_id: int, *, sources: Iterable[str], target: str, message: str = "", **fields: Any
-) -> bool:
-    now = timezone.now()
-    with transaction.atomic():
-        updated = Deployment.objects.filter(pk=deployment_id, status__in=list(sources)).update(
-            status=target, updated_at=now, **fields
-        )
-        if updated:
-            _note_status_time(deployment_id, target, now)
-            if target in TERMINAL_STATUSES:
-                gpu_leases_release(deployment_id=deployment_id)  # ended: its GPUs are free
-            events_append(
-                deployment_id=deployment_id,
-                events=[(EventKind.PHASE, {"status": target, "message": message})],
-            )
-    return bool(updated)
+def deployment_stop(*, deployment_id: int) -> Deployment:
+    """A queued deployment stops at once; a running one goes to stopping, and the engine
+    agent stops its engine at its next tick (a build under way sees it and is cancelled)."""
+    if not deployment_mark_stopped(deployment_id=deployment_id, by=Process.WEB):
+        deployment_mark_stopping(deployment_id=deployment_id)
+    return Deployment.objects.get(pk=deployment_id)
 
 
-def _note_status_time(deployment_id: int, status: str, now: Any) -> None:
-    """When each status began (the phase durations); the UPDATE before holds the row."""
-    times = Deployment.objects.values_list("status_times", flat=True).get(pk=deployment_id)
-    Deployment.objects.filter(pk=deployment_id).update(
-        status_times={**(times or {}), status: now.isoformat()})
+def _not_terminal(deployment: Deployment, verb: str) -> DeploymentInputError:
+    return DeploymentInputError(errors={"status": [
+        f"Only a stopped or failed deployment can be {verb}; {deployment.name} is "
+        f"{deployment.status}. Stop it first."]})
 
 
-def deployment_mark_building(*, deployment_id: int) -> bool:
-    return _transition(deployment_id, sources=[S.QUEUED], target=S.BUILDING, phase="build")
+def deployment_restart(*, deployment_id: int, user: User = None) -> Deployment:
+    """Start a stopped or failed deployment again: the same spec and row, a new run.
 
-
-def deployment_mark_starting(*, deployment_id: int, image: str, start_token: str = "") -> bool:
-    return _transition(
-        deployment_id, sources=[S.QUEUED, S.BUILDING], target=S.STARTING, phase="start",
-        image=image, start_token=start_token, build_owner="", build_lease_until=None,
-    )
-
-
-def deployment_mark_checking(*, deployment_id: int) -> bool:
-    return _transition(deployment_id, sources=[S.STARTING], target=S.CHECKING, phase="self_check")
-
-
-def deployment_mark_loading(*, deployment_id: int) -> bool:
-    return _transition(
-        deployment_id, sources=[S.STARTING, S.CHECKING], target=S.LOADING, phase="weights"
-    )
-
-
-def deployment_mark_capturing(*, deployment_id: int) -> bool:
-    return _transition(
-        deployment_id,
-        sources=[S.STARTING, S.CHECKING, S.LOADING],
-        target=S.CAPTURING,
-        phase="cuda_graph",
-    )
-
-
-def deployment_mark_ready(*, deployment_id: int, engine_url: str = "") -> bool:
-    fields: dict[str, Any] = {"phase": "serving", "ready_at": timezone.now()}
-    if engine_url:
-        fields["engine_url"] = engine_url
-    return _transition(
-        deployment_id,
-        sources=[S.STARTING, S.CHECKING, S.LOADING, S.CAPTURING],
-        target=S.READY,
-        **fields,
-    )
-
-
-def deployment_mark_stopping(*, deployment_id: int) -> bool:
-    sources = [s for s in ACTIVE_STATUSES if s not in {S.STOPPING, S.QUEUED}]
-    return _transition(deployment_id, sources=sources, target=S.STOPPING, message="stop requested")
-
-
-def deployment_mark_stopped(*, deployment_id: int) -> bool:
-    done = _transition(
-        deployment_id,
-        sources=[S.STOPPING, S.QUEUED],
-        target=S.STOPPED,
-        phase="",
-        ended_at=timezone.now(),
-    )
-    if done:
-        events_append(deployment_id=deployment_id, events=[(EventKind.END, {"status": S.STOPPED})])
-    return done
-
-
-def deployment_mark_failed(
-    *,
-    deployment_id: int,
-    diagnosis: dict[str, Any],
-    last_lines: list[str],
-    message: str = "",
-    sources: Iterable[str] = ACTIVE_STATUSES,
-) -> bool:
-    """Failed from an active state, carrying a diagnosis and the engine's last lines.
-
-    The engine agent passes the running states only: an engine that ends while a stop
-    is under way has stopped, not failed.
+    Its GPUs are leased again in this transaction (a GPU another deployment took meanwhile
+    is a 400 naming it, and nothing changes); the deploy task then builds or finds the image
+    and the engine starts with a new start token, so no container of an earlier run is
+    ever adopted. A restart keeps the row, its spec and its earlier events: each start of
+    the engine is a run (models.Run) whose events are those from its first seq to the next
+    run's.
     """
-    done = _transition(
-        deployment_id,
-        sources=list(sources),
-        target=S.FAILED,
-        message=message or diagnosis.get("summary", ""),
-        diagnosis=diagnosis,
-        last_lines=last_lines[-60:],
-        ended_at=timezone.now(),
-    )
-    if done:
-        events_append(
-            deployment_id=deployment_id,
-            events=[
-                (EventKind.DIAGNOSIS, diagnosis),
-                (EventKind.END, {"status": S.FAILED, "message": message}),
-            ],
-        )
-    return done
+    with transaction.atomic():
+        row = Deployment.objects.select_for_update().get(pk=deployment_id)
+        if row.status not in TERMINAL_STATUSES:
+            raise _not_terminal(row, "restarted")
+        gpu_leases_acquire(deployment=row)  # raises (400, rolled back) when a GPU is taken
+        if not deployment_mark_requeued(deployment=row, user=user):
+            raise _not_terminal(row, "restarted")
+        row.refresh_from_db()
+        tasks.deployment_start_later(row.pk)
+    return row
 
 
-ADVANCE = {
-    "checking": deployment_mark_checking,
-    "loading": deployment_mark_loading,
-    "capturing": deployment_mark_capturing,
-    "ready": deployment_mark_ready,
-}
-
-
-def deployment_request_stop(*, deployment: Deployment) -> Deployment:
-    """A queued deployment stops at once; a running one goes to stopping and the worker stops it."""
-    pk = deployment.pk
-    if deployment_mark_stopped(deployment_id=pk):
-        return Deployment.objects.get(pk=pk)
-    if deployment_mark_stopping(deployment_id=pk):
-        transaction.on_commit(lambda: _enqueue("worker.tasks.stop", pk))
-    return Deployment.objects.get(pk=pk)
+def deployment_delete(*, deployment_id: int) -> None:
+    """Delete a stopped or failed deployment with its events, runs and metric series."""
+    with transaction.atomic():
+        row = Deployment.objects.select_for_update().get(pk=deployment_id)
+        if row.status not in TERMINAL_STATUSES:
+            raise _not_terminal(row, "deleted")
+        Deployment.objects.filter(pk=row.pk, status__in=list(TERMINAL_STATUSES)).delete()
+        transaction.on_commit(lambda: live.forget(deployment_id))
 
 
 def deployment_set_progress(

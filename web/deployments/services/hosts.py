@@ -1,4 +1,4 @@
-"""What the GPU host can do (Docker's GPU support), and why an engine could not start.
+"""What the GPU host can do (Docker's GPU support).
 
 The engine agent reports Docker's facts in a Host row; pre-flight reads them, so a
 deployment that asks for GPUs on a host whose Docker has no NVIDIA runtime is refused
@@ -13,7 +13,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from appliance.logs.causes import Diagnosis
+from appliance.logs.appliance_causes import NO_NVIDIA_FIX
 from appliance.preflight import Finding
 from appliance.runtime.secrets import secret_names_available
 
@@ -22,51 +22,6 @@ from ..models import Host
 HOST_FRESH_S = 120  # a report older than this says nothing about the host now
 _FACTS_TTL_S = 30.0
 _facts_cache: dict[str, Any] = {}
-
-NO_NVIDIA_FIX = (
-    "Install the NVIDIA Container Toolkit on the host and register its runtime with Docker "
-    "(`nvidia-ctk runtime configure --runtime=docker`, then restart dockerd), or generate CDI "
-    "specs (`nvidia-ctk cdi generate`). On a machine without GPUs, run the test engine with "
-    "APPLIANCE_ENGINE_GPU_REQUESTS=false."
-)
-
-# Start errors Docker reports, and what to do about each (first match wins). An entry
-# matches when every word of one of its needle groups ("a|b" means both) is in the message.
-START_ERRORS: tuple[tuple[tuple[str, ...], str, str, str], ...] = (
-    (("could not select device driver", "no NVIDIA runtime", "nvidia-container-cli"),
-     "no-gpu-runtime", "This host's Docker has no NVIDIA runtime, so it cannot give the engine "
-     "its GPUs.", NO_NVIDIA_FIX),
-    (("is not on this Docker engine", "No such image", "pull access denied"),
-     "image-missing", "The engine image is not on this Docker engine.",
-     "Build the image (deploy from a recipe, or `appliance build RECIPE`) or set "
-     "APPLIANCE_ENGINE_IMAGE to an image that exists here (`docker images`)."),
-    (("is not in the secret store", "cannot be read from"),
-     "secret-missing", "A secret the spec declares is not in the secret store.",
-     "Put its value in the file ./engine-secrets/<NAME> on the host (the folder "
-     "APPLIANCE_ENGINE_SECRETS_HOST_DIR names; compose mounts it into the agent), or set "
-     "APPLIANCE_ENGINE_SECRET_<NAME> in the agent's environment; then press Restart."),
-    (("port is already allocated", "address already in use"),
-     "port-in-use", "The engine's port is taken on this host.",
-     "Stop what holds the port, or publish the engine on another one."),
-    (("network|not found",),
-     "engine-network-missing", "The engine network does not exist.",
-     "Start the appliance with `docker compose up` (the agent creates the network), or set "
-     "APPLIANCE_ENGINE_NETWORK to an existing network."),
-    (("cannot reach the Docker engine", "Connection refused", "No such file or directory"),
-     "docker-unreachable", "The agent cannot reach the Docker engine.",
-     "Check that dockerd runs and that /var/run/docker.sock is mounted into the agent."),
-)
-
-
-def start_failure(message: str) -> Diagnosis:
-    """The diagnosis of an engine that could not be started, from Docker's message."""
-    lowered = message.lower()
-    for groups, cause, summary, fix in START_ERRORS:
-        if any(all(word.lower() in lowered for word in group.split("|")) for group in groups):
-            return Diagnosis(cause, summary, fix, {"docker": message})
-    return Diagnosis("engine-start-failed", f"The engine container could not start: {message}",
-                     "Read Docker's message above; `docker info` and `docker images` on the "
-                     "host show what it has.", {"docker": message})
 
 
 def docker_facts(runtime: Any) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from ..models import Deployment, GpuLease
+from .errors import DeploymentInputError
 
 
 def lease_host() -> str:
@@ -53,9 +54,6 @@ class DeploymentBusyError(RuntimeError):
 
 
 def _refuse(*, deployment: Deployment, host: str, gpus: Iterable[int]) -> None:
-    # Imported here: deployments.py imports this module for the create transaction.
-    from .deployments import DeploymentInputError
-
     holders = (GpuLease.objects.filter(host=host, gpu_index__in=list(gpus))
                .exclude(deployment=deployment).select_related("deployment"))
     messages = [gpu_lease_conflict_text(lease=lease) for lease in holders]

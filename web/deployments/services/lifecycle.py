@@ -1,14 +1,20 @@
-"""A deployment's life beyond Stop: Restart, Delete, and the restart policy's restarts.
+"""The only writer of a deployment's `status`: the moves of appliance.lifecycle, applied.
 
-Each is a conditional UPDATE (or DELETE) on the statuses it starts from, under the row's
-lock; zero rows means another request won, and the caller is told so. A restart keeps the
-row, its spec and its earlier events: each start of the engine is a run (models.Run) whose
-events are those from its first seq to the next run's.
+Each move is one conditional UPDATE on the statuses the table lets its process move from
+(`filter(pk, status__in=sources)`), with the status time, the phase event, and, into a
+terminal status, the GPU leases' release, in one transaction; zero rows updated means
+another process won, and the caller is told so (False). A restart is a move too: it closes
+the run that ended and opens the next (models.Run), whose events run from its phase event.
+
+The table itself (which status may follow which, and which process makes each move) is
+appliance.lifecycle's, drawn in its docstring and in docs/architecture.md.
+tests/web/test_status_writes.py fails when code anywhere else writes `status`.
 """
 
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -19,14 +25,15 @@ from django.db.models import F
 from django.utils import timezone
 
 from appliance.engine.restart import backoff_s, restart_from
+from appliance.lifecycle import Process, Status, sources_of
+from appliance.logs.catalogue import catalogued
+from appliance.logs.cause import Diagnosis
 
-from .. import live
-from ..models import TERMINAL_STATUSES, Deployment, DeploymentStatus, EventKind, Run
-from .deployments import DeploymentInputError
+from ..models import TERMINAL_STATUSES, Deployment, Event, EventKind, Run
 from .events import events_append
-from .leases import gpu_leases_acquire
+from .leases import gpu_leases_release
 
-S = DeploymentStatus
+S = Status
 User = AbstractBaseUser | AnonymousUser | None
 
 # What a new run starts without: the last run's engine, figures and verdict.
@@ -36,10 +43,125 @@ _FRESH_RUN: dict[str, Any] = {
 }
 
 
-def _not_terminal(deployment: Deployment, verb: str) -> DeploymentInputError:
-    return DeploymentInputError(errors={"status": [
-        f"Only a stopped or failed deployment can be {verb}; {deployment.name} is "
-        f"{deployment.status}. Stop it first."]})
+def _transition(deployment_id: int, *, target: Status, by: Process, message: str = "",
+                match: dict[str, Any] | None = None, event: dict[str, Any] | None = None,
+                **fields: Any) -> Event | None:
+    """Apply one move of the table; its phase event, or None when no row moved.
+
+    `match` narrows the UPDATE further (the run whose engine died); `event` adds to the
+    phase event's payload.
+    """
+    sources = sources_of(target, by=by)
+    if not sources:
+        raise ValueError(f"the {by} never moves a deployment to {target}")
+    now = timezone.now()
+    with transaction.atomic():
+        updated = Deployment.objects.filter(
+            pk=deployment_id, status__in=list(sources), **(match or {})).update(
+            status=target, updated_at=now, **fields)
+        if not updated:
+            return None
+        _note_status_time(deployment_id, target, now)
+        if target in TERMINAL_STATUSES:
+            gpu_leases_release(deployment_id=deployment_id)  # ended: its GPUs are free
+        return events_append(deployment_id=deployment_id, events=[
+            (EventKind.PHASE, {"status": target, "message": message, **(event or {})})])[0]
+
+
+def _note_status_time(deployment_id: int, status: str, now: Any) -> None:
+    """When each status began (the phase durations); the UPDATE before holds the row."""
+    times = Deployment.objects.values_list("status_times", flat=True).get(pk=deployment_id)
+    Deployment.objects.filter(pk=deployment_id).update(
+        status_times={**(times or {}), status: now.isoformat()})
+
+
+def deployment_mark_building(*, deployment_id: int) -> bool:
+    return bool(_transition(deployment_id, target=S.BUILDING, by=Process.BUILDER,
+                            phase="build"))
+
+
+def deployment_mark_starting(*, deployment_id: int, image: str, start_token: str = "") -> bool:
+    return bool(_transition(deployment_id, target=S.STARTING, by=Process.BUILDER,
+                            phase="start", image=image, start_token=start_token,
+                            build_owner="", build_lease_until=None))
+
+
+def deployment_mark_checking(*, deployment_id: int) -> bool:
+    return bool(_transition(deployment_id, target=S.CHECKING, by=Process.AGENT,
+                            phase="self_check"))
+
+
+def deployment_mark_loading(*, deployment_id: int) -> bool:
+    return bool(_transition(deployment_id, target=S.LOADING, by=Process.AGENT,
+                            phase="weights"))
+
+
+def deployment_mark_capturing(*, deployment_id: int) -> bool:
+    return bool(_transition(deployment_id, target=S.CAPTURING, by=Process.AGENT,
+                            phase="cuda_graph"))
+
+
+def deployment_mark_ready(*, deployment_id: int, engine_url: str = "") -> bool:
+    fields: dict[str, Any] = {"phase": "serving", "ready_at": timezone.now()}
+    if engine_url:
+        fields["engine_url"] = engine_url
+    return bool(_transition(deployment_id, target=S.READY, by=Process.AGENT, **fields))
+
+
+# The engine phases the follower reports (appliance.runtime.follower), each with its move.
+ADVANCE: dict[str, Callable[..., bool]] = {
+    S.CHECKING: deployment_mark_checking,
+    S.LOADING: deployment_mark_loading,
+    S.CAPTURING: deployment_mark_capturing,
+    S.READY: deployment_mark_ready,
+}
+
+
+def deployment_mark_stopping(*, deployment_id: int) -> bool:
+    return bool(_transition(deployment_id, target=S.STOPPING, by=Process.WEB,
+                            message="stop requested"))
+
+
+def deployment_mark_stopped(*, deployment_id: int, by: Process = Process.AGENT) -> bool:
+    """Stopped: by the agent once the engine is gone, by web for a deployment still queued."""
+    done = _transition(deployment_id, target=S.STOPPED, by=by, phase="",
+                       ended_at=timezone.now())
+    if done:
+        events_append(deployment_id=deployment_id, events=[(EventKind.END, {"status": S.STOPPED})])
+    return bool(done)
+
+
+def deployment_mark_failed(
+    *,
+    deployment_id: int,
+    diagnosis: Diagnosis,
+    last_lines: list[str],
+    message: str = "",
+    by: Process = Process.AGENT,
+) -> bool:
+    """Failed, carrying a diagnosis and the engine's last lines.
+
+    The diagnosis is one of the failure catalogue's causes (UncataloguedCause otherwise),
+    so the panel never shows a cause the catalogue does not list. The agent fails a running
+    engine only: an engine that ends while a stop is under way has stopped, not failed. The
+    build worker fails what it has not handed over yet.
+    """
+    stored = catalogued(diagnosis).to_dict()
+    done = _transition(
+        deployment_id, target=S.FAILED, by=by, message=message or diagnosis.summary,
+        diagnosis=stored, last_lines=last_lines[-60:], ended_at=timezone.now())
+    if done:
+        events_append(
+            deployment_id=deployment_id,
+            events=[
+                (EventKind.DIAGNOSIS, stored),
+                (EventKind.END, {"status": S.FAILED, "message": message}),
+            ],
+        )
+    return bool(done)
+
+
+# ------------------------------------------------------------------------- restarts
 
 
 def _who(user: User) -> Any:
@@ -55,90 +177,60 @@ def _close_run(deployment: Deployment, *, outcome: str, diagnosis: Any) -> None:
         outcome=outcome, diagnosis=diagnosis)
 
 
-def _open_run(deployment: Deployment, *, reason: str, message: str, user: User,
-              **payload: Any) -> None:
-    """The new run's first event (its phase line in the log) and its row."""
-    event = events_append(deployment_id=deployment.pk, events=[(EventKind.PHASE, {
-        "status": deployment.status, "message": message, "run": deployment.run, **payload})])
-    Run.objects.create(deployment=deployment, number=deployment.run, reason=reason,
-                       first_seq=event[0].seq, started_at=timezone.now(),
-                       started_by=_who(user))
+def _open_run(deployment: Deployment, *, reason: str, user: User, event: Event) -> None:
+    """The new run's row; its events begin at the move's phase event."""
+    Run.objects.create(deployment=deployment, number=deployment.run + 1, reason=reason,
+                       first_seq=event.seq, started_at=timezone.now(), started_by=_who(user))
 
 
-def deployment_restart(*, deployment_id: int, user: User = None) -> Deployment:
-    """Start a stopped or failed deployment again: the same spec and row, a new run.
+def deployment_mark_requeued(*, deployment: Deployment, user: User = None) -> bool:
+    """Restart's move: a stopped or failed deployment is queued again as its next run.
 
-    Its GPUs are leased again in this transaction (a GPU another deployment took meanwhile
-    is a 400 naming it, and nothing changes); the deploy task then builds or finds the image
-    and the engine starts with a new start token, so no container of an earlier run is
-    ever adopted.
+    The caller holds the row's lock (select_for_update) and has leased its GPUs again.
     """
-    now = timezone.now()
+    number = deployment.run + 1
+    who = getattr(user, "username", "") or "the API"
     with transaction.atomic():
-        row = Deployment.objects.select_for_update().get(pk=deployment_id)
-        if row.status not in TERMINAL_STATUSES:
-            raise _not_terminal(row, "restarted")
-        _close_run(row, outcome=row.status, diagnosis=row.diagnosis)
-        updated = Deployment.objects.filter(pk=row.pk, status__in=list(TERMINAL_STATUSES)).update(
-            status=S.QUEUED, phase="", run=F("run") + 1, restarts=0, restart_not_before=None,
-            start_token="", diagnosis=None, last_lines=[], ended_at=None, rebuild_image=False,
-            build_owner="", build_lease_until=None, status_times={S.QUEUED: now.isoformat()},
-            updated_at=now, **_FRESH_RUN)
-        if not updated:
-            raise _not_terminal(row, "restarted")
-        row.refresh_from_db()
-        gpu_leases_acquire(deployment=row)  # raises (400, rolled back) when a GPU is taken
-        who = getattr(user, "username", "") or "the API"
-        _open_run(row, reason=Run.Reason.RESTART, user=user,
-                  message=f"run {row.run} queued: restarted by {who}")
-        transaction.on_commit(lambda: _enqueue_deploy(row.pk))
-    return row
-
-
-def _enqueue_deploy(deployment_id: int) -> None:
-    from worker.celery import app
-
-    app.send_task("worker.tasks.deploy", args=[deployment_id])
-
-
-def deployment_delete(*, deployment_id: int) -> None:
-    """Delete a stopped or failed deployment with its events, runs and metric series."""
-    with transaction.atomic():
-        row = Deployment.objects.select_for_update().get(pk=deployment_id)
-        if row.status not in TERMINAL_STATUSES:
-            raise _not_terminal(row, "deleted")
-        Deployment.objects.filter(pk=row.pk, status__in=list(TERMINAL_STATUSES)).delete()
-        transaction.on_commit(lambda: live.forget(deployment_id))
+        _close_run(deployment, outcome=deployment.status, diagnosis=deployment.diagnosis)
+        event = _transition(
+            deployment.pk, target=S.QUEUED, by=Process.WEB, event={"run": number},
+            message=f"run {number} queued: restarted by {who}",
+            phase="", run=F("run") + 1, restarts=0, restart_not_before=None, start_token="",
+            diagnosis=None, last_lines=[], ended_at=None, rebuild_image=False, build_owner="",
+            build_lease_until=None, status_times={}, **_FRESH_RUN)
+        if event is None:
+            return False
+        _open_run(deployment, reason=Run.Reason.RESTART, user=user, event=event)
+    return True
 
 
 def deployment_restart_after_death(*, deployment_id: int, start_token: str,
-                                   diagnosis: dict[str, Any], message: str) -> bool:
+                                   diagnosis: Diagnosis, message: str) -> bool:
     """The restart policy: an engine that died while serving starts again after a wait.
 
     Only from ready, and only the run whose engine died (its start token): a failure before
     ready needs a fix, not a retry. False when the spec has no policy or it is used up; the
     caller then marks the deployment failed.
     """
+    stored = catalogued(diagnosis).to_dict()
     row = Deployment.objects.get(pk=deployment_id)
     policy, _ = restart_from((row.spec or {}).get("restart"))
     if not policy.on_failure or row.restarts >= policy.max_restarts:
         return False
     wait = backoff_s(row.restarts, first_s=float(settings.RESTART_BACKOFF_S),
                      max_s=float(settings.RESTART_BACKOFF_MAX_S))
-    now = timezone.now()
+    number, restarts = row.run + 1, row.restarts + 1
     with transaction.atomic():
-        updated = Deployment.objects.filter(
-            pk=row.pk, status=S.READY, start_token=start_token).update(
-            status=S.STARTING, phase="start", run=F("run") + 1, restarts=F("restarts") + 1,
-            start_token=secrets.token_hex(8), restart_not_before=now + timedelta(seconds=wait),
-            status_times={**(row.status_times or {}), S.STARTING: now.isoformat()},
-            updated_at=now, **_FRESH_RUN)
-        if not updated:
+        event = _transition(
+            row.pk, target=S.STARTING, by=Process.AGENT, match={"start_token": start_token},
+            event={"run": number, "restarts": restarts, "diagnosis": stored},
+            message=f"{message}; restart {restarts} of {policy.max_restarts} "
+                    f"in {wait:.0f} s (restart policy on-failure), run {number}",
+            phase="start", run=F("run") + 1, restarts=F("restarts") + 1,
+            start_token=secrets.token_hex(8),
+            restart_not_before=timezone.now() + timedelta(seconds=wait), **_FRESH_RUN)
+        if event is None:
             return False
-        _close_run(row, outcome="died", diagnosis=diagnosis)
-        row.refresh_from_db()
-        _open_run(row, reason=Run.Reason.POLICY, user=None, restarts=row.restarts,
-                  diagnosis=diagnosis,
-                  message=f"{message}; restart {row.restarts} of {policy.max_restarts} "
-                          f"in {wait:.0f} s (restart policy on-failure), run {row.run}")
+        _close_run(row, outcome="died", diagnosis=stored)
+        _open_run(row, reason=Run.Reason.POLICY, user=None, event=event)
     return True

@@ -13,25 +13,26 @@ from __future__ import annotations
 
 import os
 from pathlib import PurePosixPath
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.conf import settings
-from django.db import transaction
 from django.utils import timezone
 
 from appliance.engine.spec import DeploymentSpec, spec_from_dict
-from appliance.logs.cause import Diagnosis
+from appliance.lifecycle import Process
+from appliance.logs.appliance_causes import MODEL_DOWNLOAD_FAILED
 from appliance.preflight import MODELS_MOUNT, StoreModel, config_from_summary
-from appliance.preflight.store import UNUSABLE_STATES, WAITING_STATES
+from appliance.preflight.types import UNUSABLE_STATES, WAITING_STATES
 from appliance.store.diskrate import ReadRateError, measure_read_rate
 from appliance.store.loadtime import describe_load, load_seconds
+from web import tasks
+from web.store.models import ModelEntry
+from web.store.selectors import model_entries_list, model_entry_for_path, model_entry_get
 
 from ..models import Deployment, DeploymentStatus, EventKind, RootReadRate
 from .events import events_append
-from .modelfiles import model_local_path
-
-if TYPE_CHECKING:
-    from web.store.models import ModelEntry
+from .lifecycle import deployment_mark_failed
+from .modelfiles import model_folder, model_local_path
 
 S = DeploymentStatus
 MODEL_WAIT_POLL_S = 2.0  # how often a waiting deploy looks at its download again
@@ -54,12 +55,7 @@ def root_read_rate_request(*, root: str) -> None:
     if root not in settings.MODEL_ROOTS:
         raise ValueError(f"{root!r} is not a model root (APPLIANCE_MODEL_ROOTS)")
 
-    def send() -> None:
-        from worker.celery import app
-
-        app.send_task("worker.tasks.store_read_rate", args=[root], queue="models")
-
-    transaction.on_commit(send)
+    tasks.root_read_rate_later(root)
 
 
 def root_read_rates_list() -> list[dict[str, Any]]:
@@ -99,8 +95,6 @@ ENTRY_FIELDS = {"model_entry": "model_path", "drafter_entry": "speculative_draft
 
 def store_model_options() -> list[dict[str, Any]]:
     """The store's entries as the deployment form offers them, each with its expected load."""
-    from web.store.selectors import model_entries_list
-
     rates = {r.root: r.gbps for r in RootReadRate.objects.all()}
     options = []
     for entry in model_entries_list():
@@ -113,9 +107,6 @@ def store_model_options() -> list[dict[str, Any]]:
 
 
 def _entry_path(value: Any) -> str | None:
-    from web.store.models import ModelEntry
-    from web.store.selectors import model_entry_get
-
     if isinstance(value, bool) or not isinstance(value, int | str):
         return None
     try:
@@ -148,8 +139,6 @@ def deployment_entries_resolve(*, data: Any) -> tuple[Any, dict[str, list[str]]]
 # ---------------------------------------------------------------- store facts
 
 def _entry(path: str) -> ModelEntry | None:
-    from web.store.selectors import model_entry_for_path
-
     return model_entry_for_path(engine_path=path)
 
 
@@ -215,8 +204,6 @@ def load_estimate(spec: DeploymentSpec) -> dict[str, Any]:
 
 
 def _bytes_on_disk(path: str) -> int:
-    from .modelfiles import model_folder
-
     return model_folder(path).weights_bytes
 
 
@@ -240,17 +227,13 @@ def _download(entry: ModelEntry) -> dict[str, Any]:
 
 
 def _fail(deployment_id: int, entry: ModelEntry) -> str:
-    from .deployments import deployment_mark_failed  # it imports this module
-
     why = f": {entry.error}" if entry.error else ""
-    diagnosis = Diagnosis(
-        "model-download-failed",
-        f"The model {entry.engine_path} is {entry.state} in the model store{why}; a partial "
-        "or failed model is never mounted into an engine.",
-        "Resume or repeat the download on the store page, then deploy again.",
-        {"entry_id": entry.pk, "state": entry.state})
-    deployment_mark_failed(deployment_id=deployment_id, diagnosis=diagnosis.to_dict(),
-                           last_lines=[], message=diagnosis.summary, sources=[S.QUEUED])
+    diagnosis = MODEL_DOWNLOAD_FAILED.worded(
+        summary=f"The model {entry.engine_path} is {entry.state} in the model store{why}; a "
+        "partial or failed model is never mounted into an engine.",
+        evidence={"entry_id": entry.pk, "state": entry.state})
+    deployment_mark_failed(deployment_id=deployment_id, diagnosis=diagnosis,
+                           last_lines=[], message=diagnosis.summary, by=Process.BUILDER)
     return S.FAILED
 
 

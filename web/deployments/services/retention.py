@@ -34,6 +34,7 @@ from django.db.models import Q
 from django.db.models.fields.json import KeyTextTransform
 from django.utils import timezone
 
+from appliance.events import STATS_KINDS as PARSER_STATS_KINDS
 from appliance.logs.retention import NOTABLE_PATTERN, LineKeeper
 from appliance.runtime import series
 
@@ -47,7 +48,7 @@ CONTEXT = 50  # events kept either side of a diagnosis or an alert
 DELETE_SPAN = 50_000  # seqs per DELETE: no single statement holds a huge range
 SCAN_CHUNK = 5000  # rows per fetch while the log lines are sorted
 BACKSCAN = 500  # seqs before the last pass's end re-read for a traceback crossing it
-STATS_KINDS = ("decode_stats", "prefill_stats")
+STATS_KINDS = tuple(sorted(PARSER_STATS_KINDS))  # the metric rows' parser kinds
 _RUN_ENDS = frozenset({"stopping", "stopped", "failed"})
 
 Range = tuple[int, int]  # inclusive seqs

@@ -29,7 +29,9 @@
       td.appendChild(el("mark", "[id " + (side.ids.length ? side.ids[0] : "?") + "]", "divergent"));
       td.appendChild(el("span", text === null || text === undefined ? "" : " " + text, "rest"));
     }
-    td.appendChild(el("div", "ids " + JSON.stringify(side.ids), "muted ids"));
+    // Ids from an engine's /generate; through the gateway (/v1) the tokens are their texts.
+    const named = side.ids.length && typeof side.ids[0] === "string" ? "tokens " : "ids ";
+    td.appendChild(el("div", named + JSON.stringify(side.ids), "muted ids"));
     return td;
   }
 

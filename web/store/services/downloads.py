@@ -29,6 +29,7 @@ from appliance.runtime.secrets import SecretMissingError, resolve_secrets
 from appliance.store import hub
 from appliance.store.config import config_summary, is_drafter, read_config_file
 from appliance.store.scan import PARTIAL_SUFFIX, write_marker
+from web import tasks
 
 from ..models import ACTIVE_STATES, FileState, ModelEntry, ModelFile, ModelKind, ModelSource
 from ..models import ModelState as S
@@ -78,11 +79,6 @@ def _checked(repo_id: str, revision: str, root: str, relative_path: str) -> dict
     return errors
 
 
-def _enqueue(entry_id: int) -> None:
-    from worker.celery import app
-
-    app.send_task("worker.model_tasks.model_download", args=[entry_id])
-
 
 def model_download_request(*, repo_id: str, revision: str = "main", root: str | None = None,
                            relative_path: str | None = None) -> ModelEntry:
@@ -95,7 +91,7 @@ def model_download_request(*, repo_id: str, revision: str = "main", root: str | 
         raise StoreInputError(errors)
     with transaction.atomic():
         entry = _entry_for_download(repo_id, revision, root, relative_path)
-        transaction.on_commit(lambda: _enqueue(entry.pk))
+        tasks.model_download_later(entry.pk)
     return entry
 
 
@@ -145,7 +141,7 @@ def model_downloads_resume() -> list[int]:
     ids = list(ModelEntry.objects.filter(state__in=ACTIVE_STATES, source=ModelSource.HUB)
                .values_list("pk", flat=True))
     for entry_id in ids:
-        _enqueue(entry_id)
+        tasks.model_download_later(entry_id)
     return ids
 
 

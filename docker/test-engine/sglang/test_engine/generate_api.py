@@ -17,6 +17,10 @@ from sglang.test_engine.logits import Step, steps, token_text
 LOGPROB_REFUSAL = {"error": {"message":
                              "DFLASH speculative decoding does not support return_logprob yet."}}
 REFUSES_LOGPROBS = ("DFLASH", "DDTREE")
+# The same refusal on /v1 (433c58ed7's serving_base.create_error_response of that message).
+OPENAI_LOGPROB_REFUSAL = {"object": "error",
+                          "message": LOGPROB_REFUSAL["error"]["message"],
+                          "type": "BadRequestError", "param": None, "code": 400}
 
 
 def prompt_key(body: dict[str, Any]) -> str:
@@ -61,3 +65,43 @@ def answer(body: dict[str, Any], *, max_tokens: int, prompt_tokens: int,
                  "e2e_latency": latency_s})
     return {"text": "".join(token_text(s.token) for s in out),
             "output_ids": [s.token for s in out], "meta_info": meta}
+
+
+# ---------------------------------------------------------------- /v1 with logprobs
+
+def openai_wants_logprobs(body: dict[str, Any], *, chat: bool) -> bool:
+    """As SGLang's /v1 sets return_logprob: chat `logprobs: true`; completions any
+    `logprobs` number, 0 included."""
+    return bool(body.get("logprobs")) if chat else body.get("logprobs") is not None
+
+
+def openai_refuses(body: dict[str, Any], *, chat: bool) -> bool:
+    """/v1 asks the scheduler for log-probs too, so a DFLASH or DDTREE engine refuses them
+    there as on /generate."""
+    return openai_wants_logprobs(body, chat=chat) and engine.CFG.algo in REFUSES_LOGPROBS
+
+
+def openai_answer(prompt: str, max_tokens: int, body: dict[str, Any], *,
+                  chat: bool) -> tuple[str, dict[str, Any] | None]:
+    """The simulated model's text for `prompt` (the completion's prompt, or the chat's
+    messages as JSON) and, when asked, its log-probs in the shapes SGLang's /v1 gives them
+    (433c58ed7, entrypoints/openai/utils.to_openai_style_logprobs and serving_chat):
+    completions `tokens`/`token_logprobs`/`top_logprobs` ({text: logprob}, text_offset -1),
+    chat `content[]` of {token, bytes, logprob, top_logprobs}."""
+    out = steps(prompt, max_tokens, engine.PLANTED)
+    text = "".join(token_text(s.token) for s in out)
+    if not openai_wants_logprobs(body, chat=chat):
+        return text, None
+    n = int(body.get("top_logprobs") or 0) if chat else int(body.get("logprobs") or 0)
+    chosen = [(token_text(s.token), next((lp for t, lp in s.top if t == s.token),
+                                         s.top[0][1])) for s in out]
+    tops = [[(token_text(t), lp) for t, lp in s.top[:max(n, 0)]] for s in out]
+    if not chat:
+        return text, {"text_offset": [-1] * len(out), "token_logprobs": [lp for _, lp in chosen],
+                      "tokens": [t for t, _ in chosen],
+                      "top_logprobs": [dict(top) for top in tops]}
+    return text, {"content": [
+        {"token": t, "bytes": list(t.encode()), "logprob": lp,
+         "top_logprobs": [{"token": w, "bytes": list(w.encode()), "logprob": wl}
+                          for w, wl in top]}
+        for (t, lp), top in zip(chosen, tops, strict=True)]}

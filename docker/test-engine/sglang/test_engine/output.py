@@ -7,6 +7,7 @@ import threading
 import time
 from typing import Any
 
+from sglang.test_engine import engine  # its CFG: set by launch_server.main() before any line
 from sglang.test_engine.config import Config
 from sglang.test_engine.settings import PACE_S
 
@@ -27,8 +28,6 @@ def log(msg: str, rank: int | None = None, pace: bool = True) -> None:
     """One logging line as SGLang's configure_logger formats it (stderr). The scheduler's
     ` TPn` is there only when tp_size > 1 (433c58ed7 scheduler.py; the recordings at TP1
     have none)."""
-    from sglang.test_engine import engine  # set by launch_server.main() before any line
-
     shown = rank is not None and engine.CFG.args.tp_size > 1
     prefix = f" TP{rank}" if shown else ""
     emit(sys.stderr, f"[{now_str()}{prefix}] {msg}\n")

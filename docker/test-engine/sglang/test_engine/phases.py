@@ -144,7 +144,7 @@ def drafter_block_size_check(cfg: Config) -> None:
     """433c58ed7's DFlashWorkerV2 (DDTree's too) after the drafter's load, on every rank
     (speculative/dflash_worker_v2.py): a drafter config of another block size is warned of,
     and the engine runs speculative_num_draft_tokens."""
-    if DRAFTER_BLOCK_SIZE and DRAFTER_BLOCK_SIZE != cfg.block:
+    if DRAFTER_BLOCK_SIZE and cfg.block != DRAFTER_BLOCK_SIZE:
         log_ranks(cfg, lambda r: "DFLASH block size mismatch: using speculative_num_draft_tokens="
                   f"{cfg.block} but draft config block_size={DRAFTER_BLOCK_SIZE}.")
 

@@ -1,4 +1,7 @@
-"""The HTTP server: SGLang's endpoints (health, info, metrics, OpenAI chat, /generate)."""
+"""The HTTP server: SGLang's endpoints (health, info, metrics, OpenAI chat, /generate).
+
+A whole (not streamed) /v1 answer is the simulated model's text (logits.py), with its
+log-probs when asked, as /generate's is; a stream's pieces are the pacing's words."""
 
 from __future__ import annotations
 
@@ -157,17 +160,23 @@ class Handler(BaseHTTPRequestHandler):
                                  "type": "BadRequestError", "code": 400})
             return
         max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
+        if generate_api.openai_refuses(body, chat=True):
+            self.send_json(400, generate_api.OPENAI_LOGPROB_REFUSAL)
+            return
         pieces = generate(engine.CFG, prompt_len(messages), max_tokens)
         rid = uuid.uuid4().hex
         if body.get("stream"):
             self.stream_chat(rid, pieces, prompt_len(messages), max_tokens, body)
             return
-        text = "".join(pieces)
+        for _ in pieces:
+            pass  # the decode steps' time and counters; the text is the model's
+        text, logprobs = generate_api.openai_answer(json.dumps(messages), max_tokens, body,
+                                                    chat=True)
         self.send_json(200, {
             "id": rid, "object": "chat.completion", "created": int(time.time()),
             "model": engine.CFG.model_name,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "finish_reason": "length"}],
+                         "logprobs": logprobs, "finish_reason": "length"}],
             "usage": {"prompt_tokens": prompt_len(messages), "completion_tokens": max_tokens,
                       "total_tokens": prompt_len(messages) + max_tokens}})
 
@@ -220,16 +229,23 @@ class Handler(BaseHTTPRequestHandler):
                                  "type": "BadRequestError", "code": 400})
             return
         max_tokens = int(body.get("max_tokens") or 16)
+        if generate_api.openai_refuses(body, chat=False):
+            self.send_json(400, generate_api.OPENAI_LOGPROB_REFUSAL)
+            return
         pieces = generate(engine.CFG, prompt_len(prompt), max_tokens)
         rid = uuid.uuid4().hex
 
-        def choice(text: str, finish: str | None) -> dict[str, Any]:
-            return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        def choice(text: str, finish: str | None,
+                   logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+            return {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
 
         if not body.get("stream"):
+            for _ in pieces:
+                pass  # the decode steps' time and counters; the text is the model's
+            text, logprobs = generate_api.openai_answer(prompt, max_tokens, body, chat=False)
             self.send_json(200, {
                 "id": rid, "object": "text_completion", "created": int(time.time()),
-                "model": engine.CFG.model_name, "choices": [choice("".join(pieces), "length")],
+                "model": engine.CFG.model_name, "choices": [choice(text, "length", logprobs)],
                 "usage": usage(prompt_len(prompt), max_tokens)})
             return
         self.start_stream()

@@ -1,47 +1,57 @@
-"""The engine container: what to start for a deployment, its identity, and progress folding.
+"""The engine container as the agent starts it: its plan, its identity, and the progress
+its log lines fold into.
 
-A run (the build task) ensures the image and hands the deployment to the engine agent
-(services/agent.py), which starts, follows and ends the container.
+The build worker (web/builder/) ensures the image and hands the deployment over; the agent
+(controller.py) starts, follows and ends the container.
 """
 
 from __future__ import annotations
 
 import json
-import logging
-import secrets
+from collections.abc import Mapping
 from typing import Any
 
 from django.conf import settings
 
+from appliance.engine.launch import launch_args
 from appliance.engine.spec import spec_from_dict
-from appliance.preflight import gpu_check_args
-from appliance.runtime.containers import EngineRuntimeError, Identity
-
-from ..models import Deployment, DeploymentStatus
-from ._shared import engine_runtime, instance_id
-from .builds import BuildStopped, build_claim, ensure_image
-from .deployments import deployment_mark_starting, deployment_mark_stopped
-from .loadtime import (
-    MODEL_WAIT_POLL_S,
-    deployment_model_wait,
-    deployment_models_refused,
-    engine_model_mounts,
+from appliance.events import (
+    CAPTURE_BEGIN,
+    CAPTURE_END,
+    CAPTURE_PROGRESS,
+    KV_CACHE,
+    SELFCHECK_BEGIN,
+    SELFCHECK_CHECK,
+    SELFCHECK_REPORT,
+    WEIGHTS_BEGIN,
+    WEIGHTS_END,
+    WEIGHTS_PROGRESS,
+    CaptureBeginEvent,
+    SelfcheckBeginEvent,
+    SelfcheckCheckEvent,
+    SelfcheckReportEvent,
+    WeightsBeginEvent,
+    WeightsEndEvent,
+    engine_event,
 )
+from appliance.preflight import gpu_check_args
+from appliance.runtime.containers import ContainerPlan, EngineRuntimeError, Identity
+from web.deployments.models import Deployment
+from web.deployments.services.installation import instance_id
+from web.deployments.services.loadtime import deployment_models_refused, engine_model_mounts
 
-log = logging.getLogger(__name__)
-S = DeploymentStatus
 
-
-def _fold_selfcheck(progress: dict[str, Any], event: dict[str, Any]) -> None:
+def _fold_selfcheck(progress: dict[str, Any],
+                    event: SelfcheckBeginEvent | SelfcheckCheckEvent | SelfcheckReportEvent
+                    ) -> None:
     """The self-check's state for the summary: its checks so far, then the verdict."""
-    kind = event["kind"]
-    if kind == "selfcheck_begin":
+    if event["kind"] == SELFCHECK_BEGIN:
         progress["self_check"] = {"finished": False, "ok": None, "gpus": len(event["gpus"]),
                                   "widths": {r["role"]: r["width"] for r in event["roles"]},
                                   "checks": []}
         return
     state = progress.setdefault("self_check", {"finished": False, "ok": None, "checks": []})
-    if kind == "selfcheck_check":
+    if event["kind"] == SELFCHECK_CHECK:
         state["checks"].append({"id": event["id"], "ok": event["ok"]})
     else:
         allreduce = event.get("allreduce") or {}
@@ -50,7 +60,7 @@ def _fold_selfcheck(progress: dict[str, Any], event: dict[str, Any]) -> None:
                      checks=[{"id": c["id"], "ok": c["ok"]} for c in event.get("checks", [])])
 
 
-def _fold_width(progress: dict[str, Any], event: dict[str, Any]) -> None:
+def _fold_width(progress: dict[str, Any], event: CaptureBeginEvent) -> None:
     """Each role's captured verify width beside the width the spec needs."""
     role, captured = event.get("role"), event.get("num_tokens_per_req")
     if event.get("mode") == "verify" and role and captured:
@@ -58,12 +68,12 @@ def _fold_width(progress: dict[str, Any], event: dict[str, Any]) -> None:
             "captured": captured, "needed": event.get("needed_tokens_per_req")}
 
 
-def _model_key(event: dict[str, Any]) -> str:
+def _model_key(event: WeightsBeginEvent | WeightsEndEvent) -> str:
     """The progress key of a weight load: the target's "weights", the drafter's its own."""
     return "draft_weights" if event.get("model") == "draft" else "weights"
 
 
-def _fold_load(progress: dict[str, Any], event: dict[str, Any]) -> None:
+def _fold_load(progress: dict[str, Any], event: WeightsEndEvent) -> None:
     """Each model's load time (every TP rank loads its part: the slowest is the load)."""
     key = _model_key(event)
     weights = progress.setdefault(key, {"done": None, "total": None})
@@ -86,22 +96,31 @@ def _fold_capture(captures: list[dict[str, Any]], capture: dict[str, Any]) -> No
     captures.append({**capture, "ranks": 1})
 
 
-def progress_fold(progress: dict[str, Any], event: dict[str, Any]) -> bool:
+# The parser kinds that move the progress the detail page and the API show.
+FOLDED_KINDS = frozenset({SELFCHECK_BEGIN, SELFCHECK_CHECK, SELFCHECK_REPORT, WEIGHTS_BEGIN,
+                          WEIGHTS_PROGRESS, WEIGHTS_END, KV_CACHE, CAPTURE_BEGIN,
+                          CAPTURE_PROGRESS, CAPTURE_END})
+
+
+def progress_fold(progress: dict[str, Any], payload: Mapping[str, Any]) -> bool:
     """Keep the latest shard and graph-capture progress for the detail page and the API."""
-    kind = event.get("kind")
-    if kind in ("selfcheck_begin", "selfcheck_check", "selfcheck_report"):
+    if payload.get("kind") not in FOLDED_KINDS:
+        return False
+    event = engine_event(payload)
+    if (event["kind"] == SELFCHECK_BEGIN or event["kind"] == SELFCHECK_CHECK
+            or event["kind"] == SELFCHECK_REPORT):
         _fold_selfcheck(progress, event)
-    elif kind == "weights_begin":
+    elif event["kind"] == WEIGHTS_BEGIN:
         progress["loading"] = _model_key(event)
         progress[progress["loading"]] = {"done": 0, "total": None, "finished": False}
-    elif kind == "weights_progress":
+    elif event["kind"] == WEIGHTS_PROGRESS:
         progress[progress.get("loading", "weights")] = {
             "done": event["done"], "total": event["total"], "finished": False}
-    elif kind == "weights_end":
+    elif event["kind"] == WEIGHTS_END:
         _fold_load(progress, event)
-    elif kind == "kv_cache":
+    elif event["kind"] == KV_CACHE:
         progress["kv_cache_tokens"] = event.get("tokens")
-    elif kind == "capture_begin":
+    elif event["kind"] == CAPTURE_BEGIN:
         _fold_width(progress, event)
         progress["capture"] = {
             "role": event.get("role"),
@@ -113,16 +132,14 @@ def progress_fold(progress: dict[str, Any], event: dict[str, Any]) -> bool:
             "total": None,
             "finished": False,
         }
-    elif kind == "capture_progress":
+    elif event["kind"] == CAPTURE_PROGRESS:
         capture = progress.setdefault("capture", {})
         capture.update(bs=event["bs"], done=event["done"], total=event["total"])
-    elif kind == "capture_end":
+    elif event["kind"] == CAPTURE_END:
         capture = progress.setdefault("capture", {})
         capture.update(finished=True, elapsed_s=event.get("elapsed_s"),
                        mem_usage_gb=event.get("mem_usage_gb"))
         _fold_capture(progress.setdefault("captures", []), capture)
-    else:
-        return False
     return True
 
 
@@ -131,10 +148,7 @@ def identity_of(deployment: Deployment) -> Identity:
     return Identity(str(deployment.pk), instance_id(), deployment.start_token)
 
 
-def container_plan(deployment: Deployment, image: str) -> Any:
-    from appliance.engine.launch import launch_args
-    from appliance.runtime.containers import ContainerPlan
-
+def container_plan(deployment: Deployment, image: str) -> ContainerPlan:
     spec = spec_from_dict(deployment.spec)
     launch = launch_args(spec)
     refused = deployment_models_refused(deployment=deployment)
@@ -166,45 +180,3 @@ def container_plan(deployment: Deployment, image: str) -> Any:
         secrets=list(launch.secrets),
         secrets_dir=settings.ENGINE_SECRETS_DIR,
     )
-
-
-def deployment_run(*, deployment_id: int) -> str:
-    """The build task's one service: the image, then hand the engine to the engine agent.
-
-    The deployment goes to `starting` with a new start token; the agent that owns this
-    host's engines starts the container, follows it to ready, and on for its whole life.
-    """
-    deployment = Deployment.objects.get(pk=deployment_id)
-    if deployment.status == S.QUEUED:
-        waited = deployment_model_wait(deployment_id=deployment_id)
-        if waited == "waiting":  # the download runs on: look again in a moment
-            _enqueue_later("worker.tasks.deploy", deployment_id, MODEL_WAIT_POLL_S)
-        if waited != "ready":
-            return waited
-    if deployment.status not in {S.QUEUED, S.BUILDING} or not build_claim(deployment_id):
-        return str(deployment.status)  # done already, or a live worker builds it
-    try:
-        image = ensure_image(deployment)
-    except BuildStopped as exc:
-        return exc.outcome
-    if image is None:
-        return str(Deployment.objects.get(pk=deployment_id).status)
-    deployment_mark_starting(deployment_id=deployment_id, image=image,
-                             start_token=secrets.token_hex(8))
-    return str(Deployment.objects.get(pk=deployment_id).status)
-
-
-def _enqueue_later(task_name: str, deployment_id: int, countdown: float) -> None:
-    from worker.celery import app
-
-    app.send_task(task_name, args=[deployment_id], countdown=countdown)
-
-
-def deployment_stop(*, deployment_id: int) -> str:
-    """The stop task's one service: docker stop with a timeout, remove, mark stopped."""
-    deployment = Deployment.objects.get(pk=deployment_id)
-    if deployment.status != S.STOPPING:
-        return str(deployment.status)
-    engine_runtime().stop(identity_of(deployment), timeout_s=settings.ENGINE_STOP_TIMEOUT_S)
-    deployment_mark_stopped(deployment_id=deployment_id)
-    return S.STOPPED

@@ -1,14 +1,10 @@
-"""What builds and engines both need, kept apart so neither imports the other for it."""
+"""This install's id: containers carry it, so an agent adopts only this install's engines."""
 
 from __future__ import annotations
 
-from typing import Any
+import secrets
 
-
-def engine_runtime() -> Any:
-    from appliance.runtime.containers import EngineRuntime
-
-    return EngineRuntime()
+from ..models import Installation
 
 
 def instance_id() -> str:
@@ -17,10 +13,6 @@ def instance_id() -> str:
     Read each time (one indexed row), not cached: a process must never carry the id of a
     database that has since been reset into a new install.
     """
-    import secrets
-
-    from ..models import Installation
-
     row = Installation.objects.order_by("pk").first()
     if row is None:
         row, _ = Installation.objects.get_or_create(

@@ -18,9 +18,12 @@ from django.db import connection as db_connection
 from appliance.runtime import series
 from appliance.runtime.alerts import Alert, AlertRules
 from appliance.runtime.monitor import EngineMonitor, MonitorOptions
-
-from ..models import Deployment
-from .metrics import deployment_apply_alerts, metrics_compact, metrics_store_point
+from web.deployments.models import Deployment
+from web.deployments.services.metrics import (
+    deployment_apply_alerts,
+    metrics_compact,
+    metrics_store_point,
+)
 
 log = logging.getLogger(__name__)
 COMPACT_EVERY_S = 60.0

@@ -1,38 +1,83 @@
-"""The engine image for a deployment: the configured one, or a build of its recipe."""
+"""The build worker's part of a deployment: the deploy task's one service (deployment_run)
+and the engine image it needs, the configured one or a build of its recipe.
+
+The build worker hands a deployment over to the engine agent by moving it to `starting`;
+it never starts, stops or removes an engine container (the agent owns those). A stop
+requested during a build moves the deployment to `stopping`: the build sees it and is
+cancelled (a build, not an engine, is ended here), and the agent marks it stopped.
+"""
 
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 import threading
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.conf import settings
 from django.db import connection as db_connection
 from django.db.models import Q
 from django.utils import timezone
 
-from ..models import Deployment, DeploymentStatus, EventKind
-from ._shared import engine_runtime
-from .deployments import (
+from appliance.images.build import (
+    BuildCancelled,
+    BuildFailed,
+    BuildResult,
+    build_image,
+    image_id,
+)
+from appliance.images.plan import plan_build
+from appliance.lifecycle import Process
+from appliance.logs.appliance_causes import IMAGE_BUILD_FAILED
+from appliance.runtime.containers import EngineRuntime
+from web import tasks
+from web.deployments.models import Deployment, DeploymentStatus, EventKind
+from web.deployments.services.deployments import recipe_load
+from web.deployments.services.events import events_append
+from web.deployments.services.lifecycle import (
     deployment_mark_building,
     deployment_mark_failed,
-    deployment_mark_stopped,
-    recipe_load,
+    deployment_mark_starting,
 )
-from .events import events_append
-
-if TYPE_CHECKING:
-    from appliance.images.build import BuildFailed, BuildResult
+from web.deployments.services.loadtime import MODEL_WAIT_POLL_S, deployment_model_wait
 
 S = DeploymentStatus
 
 
 class BuildStopped(Exception):
+    """The build ended without an image (stopped or failed); outcome: the status it left."""
+
     def __init__(self, outcome: str) -> None:
         self.outcome = outcome
+
+
+def deployment_run(*, deployment_id: int) -> str:
+    """The deploy task's one service: the image, then hand the engine to the engine agent.
+
+    The deployment goes to `starting` with a new start token; the agent that owns this
+    host's engines starts the container, follows it to ready, and on for its whole life.
+    """
+    deployment = Deployment.objects.get(pk=deployment_id)
+    if deployment.status == S.QUEUED:
+        waited = deployment_model_wait(deployment_id=deployment_id)
+        if waited == "waiting":  # the download runs on: look again in a moment
+            tasks.deployment_start_later(deployment_id, countdown=MODEL_WAIT_POLL_S)
+        if waited != "ready":
+            return waited
+    if deployment.status not in {S.QUEUED, S.BUILDING} or not build_claim(deployment_id):
+        return str(deployment.status)  # done already, or a live worker builds it
+    try:
+        image = ensure_image(deployment)
+    except BuildStopped as exc:
+        return exc.outcome
+    if image is None:
+        return str(Deployment.objects.get(pk=deployment_id).status)
+    deployment_mark_starting(deployment_id=deployment_id, image=image,
+                             start_token=secrets.token_hex(8))
+    return str(Deployment.objects.get(pk=deployment_id).status)
 
 
 BUILD_LEASE_S = 6.0  # a build with no heartbeat this long is queued again (engine agent)
@@ -85,8 +130,6 @@ def _image_for(deployment: Deployment) -> str | None:
 
 
 def _build(deployment: Deployment) -> str | None:
-    from appliance.images.build import BuildCancelled, BuildFailed
-
     pk = deployment.pk
     cancel = threading.Event()
     finished = threading.Event()
@@ -94,7 +137,7 @@ def _build(deployment: Deployment) -> str | None:
     try:
         result = _run_build(deployment, cancel)
     except BuildCancelled:
-        raise _build_stopped(pk) from None
+        raise _build_cancelled(pk) from None
     except BuildFailed as exc:
         _mark_build_failed(pk, exc)
         raise BuildStopped(S.FAILED) from None
@@ -102,7 +145,7 @@ def _build(deployment: Deployment) -> str | None:
         finished.set()
         watcher.join(timeout=5)
     if cancel.is_set():  # stopped just as the last step finished: honour the stop
-        raise _build_stopped(pk)
+        raise _build_cancelled(pk)
     return str(result.tag)
 
 
@@ -132,11 +175,8 @@ def _watch_for_stop(pk: int, cancel: threading.Event, finished: threading.Event)
 
 def _run_build(deployment: Deployment, cancel: threading.Event) -> BuildResult:
     """Build the recipe's image, each build event appended to the deployment's log."""
-    from appliance.images.build import build_image, image_id
-    from appliance.images.plan import plan_build
-
     pk = deployment.pk
-    client = engine_runtime().client
+    client = EngineRuntime().client
     recipe = recipe_load(deployment.recipe)
 
     def on_event(event: Any) -> None:
@@ -160,19 +200,14 @@ def _ca_bundle() -> Path | None:
     return path
 
 
-def _build_stopped(pk: int) -> BuildStopped:
-    """Mark the deployment stopped; the exception that ends its build, for the caller to raise."""
-    deployment_mark_stopped(deployment_id=pk)
-    return BuildStopped(S.STOPPED)
+def _build_cancelled(pk: int) -> BuildStopped:
+    """The exception that ends a cancelled build, for the caller to raise. The deployment is
+    stopping (or already stopped): the engine agent marks it stopped, as for any stop."""
+    return BuildStopped(str(Deployment.objects.values_list("status", flat=True).get(pk=pk)))
 
 
 def _mark_build_failed(pk: int, exc: BuildFailed) -> None:
-    diagnosis = {
-        "cause": "image-build-failed",
-        "summary": str(exc),
-        "fix": "Read the failing build step below; fix the recipe or the patch it names.",
-        "evidence": exc.to_dict(),
-    }
+    diagnosis = IMAGE_BUILD_FAILED.worded(summary=str(exc), evidence=exc.to_dict())
     deployment_mark_failed(
-        deployment_id=pk, diagnosis=diagnosis, last_lines=list(exc.last_output_lines)
-    )
+        deployment_id=pk, diagnosis=diagnosis, last_lines=list(exc.last_output_lines),
+        by=Process.BUILDER)

@@ -11,11 +11,12 @@ step. Every step is idempotent, so a restarted agent simply runs the loop again.
   container and follows it from the stored cursor for its whole life; its batches and
   the cursor are written in one statement, guarded by the lease, so no line is
   stored twice or lost when an agent dies.
-- Beside each follower a monitor thread (services/monitoring.py) scrapes the engine's
+- Beside each follower a monitor thread (monitoring.py) scrapes the engine's
   /metrics into the deployment's series once ready, and raises alerts (stalls, acceptance
   collapse, silent eager decoding, KV pressure, an unreachable /metrics).
-- A stop request is carried out here (stop, remove, mark stopped), so it never waits
-  behind image builds; a build whose worker died is queued again once its lease ends.
+- Stopping an engine is this agent's alone (stop, remove, mark stopped): it owns the
+  containers, and a stop never waits behind a Celery job. A build whose worker died is
+  queued again once its lease ends.
 """
 
 from __future__ import annotations
@@ -35,34 +36,41 @@ from django.utils import timezone
 
 from appliance.engine.spec import spec_from_dict
 from appliance.engine.widths import needed_graph_widths
+from appliance.events import DECODE_STATS
+from appliance.lifecycle import AGENT_OWNED
+from appliance.logs.appliance_causes import MODEL_NOT_READY, start_failure
 from appliance.logs.causes import Diagnosis
 from appliance.logs.facts import spec_facts
 from appliance.runtime import gpu_telemetry
 from appliance.runtime.containers import EngineRuntime, EngineRuntimeError
 from appliance.runtime.follower import Cursor, EngineFollower, Events, FollowOptions, follow
 from appliance.runtime.secrets import secret_names_available
-
-from ..models import RUNNING_STATUSES, Deployment, DeploymentStatus, EventKind, Host
-from ._shared import instance_id
-from .deployments import (
+from web import tasks
+from web.deployments.models import Deployment, DeploymentStatus, EventKind, Host
+from web.deployments.services.events import (
+    events_append,
+    events_append_batch,
+    events_batches_quiet,
+)
+from web.deployments.services.hosts import docker_facts
+from web.deployments.services.installation import instance_id
+from web.deployments.services.lifecycle import (
     ADVANCE,
-    _enqueue,
     deployment_mark_failed,
     deployment_mark_ready,
     deployment_mark_stopped,
+    deployment_restart_after_death,
 )
+from web.deployments.services.loadtime import deployment_models_refused
+from web.deployments.services.metrics import metrics_prune
+from web.deployments.services.retention import events_prune_in_background
+
 from .engines import container_plan, identity_of, progress_fold
-from .events import events_append, events_append_batch, events_batches_quiet
-from .hosts import docker_facts, start_failure
-from .lifecycle import deployment_restart_after_death
-from .loadtime import deployment_models_refused
-from .metrics import metrics_prune
 from .monitoring import MonitorHandle, monitor_start
-from .retention import events_prune_in_background
 
 log = logging.getLogger(__name__)
 S = DeploymentStatus
-OWNED_STATUSES = frozenset(RUNNING_STATUSES | {S.STOPPING})
+OWNED_STATUSES = AGENT_OWNED  # the statuses the agent makes a move from (appliance.lifecycle)
 QUEUED_GRACE_S = 600  # a queued deployment waits this long behind others before a re-queue
 REQUEUE_GRACE_S = 30  # after a re-queue, how long a worker has to take the build
 PRUNE_EVERY_TICKS = 600  # metric series compaction and retention for every deployment
@@ -91,14 +99,14 @@ class _FollowSink:
         self.agent = agent
         self.stop = stop
         self.progress: dict[str, Any] = dict(deployment.progress or {})
-        # The follower's view, read by the engine's monitor (services/monitoring.py).
+        # The follower's view, read by the engine's monitor (monitoring.py).
         self.status = str(deployment.status)
         self.engine_url = deployment.engine_url
         self.monitor: MonitorHandle | None = None
 
     def ship(self, events: Events, cursor: Cursor | None) -> None:
         decode = next((p for k, p in reversed(events)
-                       if k == EventKind.METRIC and p.get("kind") == "decode_stats"), None)
+                       if k == EventKind.METRIC and p.get("kind") == DECODE_STATS), None)
         changed = False
         for kind, payload in events:
             if kind in (EventKind.PROGRESS, EventKind.SELFCHECK):
@@ -148,11 +156,11 @@ class _FollowSink:
         # Died while serving: the spec's restart policy may start it again (lifecycle.py).
         if self.status == S.READY and deployment_restart_after_death(
                 deployment_id=self.pk, start_token=self.start_token,
-                diagnosis=diagnosis.to_dict(), message=message):
+                diagnosis=diagnosis, message=message):
             return
         deployment_mark_failed(
-            deployment_id=self.pk, diagnosis=diagnosis.to_dict(), last_lines=last_lines,
-            message=message, sources=RUNNING_STATUSES)
+            deployment_id=self.pk, diagnosis=diagnosis, last_lines=last_lines,
+            message=message)
 
     def keep_following(self) -> bool:
         return not self.stop.is_set()
@@ -287,9 +295,8 @@ class EngineAgent:
         refused = deployment_models_refused(deployment=deployment)
         if refused:
             message = f"not verified in the model store: {', '.join(refused)}"
-            sink.failed(Diagnosis("model-not-ready", f"The engine was not started: {message}.",
-                                  "Resume or repeat the download on the store page, then "
-                                  "deploy again.", {"models": refused}), message, [])
+            sink.failed(MODEL_NOT_READY.worded(summary=f"The engine was not started: {message}.",
+                                               evidence={"models": refused}), message, [])
             return False
         if not (settings.ENGINE_GPU_REQUESTS and deployment.gpus):
             return True
@@ -323,7 +330,7 @@ class EngineAgent:
                 log.warning("deployment %s: its build has no live worker; queued again", pk)
                 events_append(deployment_id=pk, events=[(EventKind.STATUS, {
                     "message": "the build's worker went away; the build was queued again"})])
-                _enqueue("worker.tasks.deploy", pk)
+                tasks.deployment_start_later(pk)
 
     def _report_host(self, now: Any) -> None:
         known = {(str(d.pk), d.start_token) for d in

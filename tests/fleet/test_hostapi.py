@@ -1,0 +1,154 @@
+"""What a host's agent calls: the join with a join token, then its heartbeat and its
+engines' events with its own credential, and nothing else with it."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+
+from tests.web.rows import ready
+from web.deployments.models import Event
+from web.fleet import services
+from web.fleet.models import FleetHost, JoinToken
+
+from .hosts import joined, report
+
+pytestmark = pytest.mark.django_db
+
+
+def _post(path: str, body: dict, credential: str = "") -> tuple[int, dict]:  # type: ignore[type-arg]
+    headers = {"HTTP_AUTHORIZATION": f"Bearer {credential}"} if credential else {}
+    # enforce_csrf_checks: the host's views must not need a CSRF token (they read no cookie).
+    answer = Client(enforce_csrf_checks=True).post(path, json.dumps(body),
+                                                   content_type="application/json", **headers)
+    return answer.status_code, answer.json()
+
+
+def _join(name: str = "gpu-2") -> tuple[int, dict]:  # type: ignore[type-arg]
+    made = services.jointoken_create(host_name=name)
+    return _post("/api/fleet/join/", {"token": made.secret, "name": name, **report()})
+
+
+def test_a_host_joins_over_the_api_and_receives_its_credential_once() -> None:
+    status, body = _join()
+    assert status == 201, body
+    assert body["credential"].startswith("sdh-") and body["host"] == "gpu-2"
+    assert body["heartbeat_s"] == 10 and body["lost_after_s"] >= 1
+    host = FleetHost.objects.get()
+    assert body["credential"] not in json.dumps(list(FleetHost.objects.values()), default=str)
+    status, me = _post("/api/fleet/host/heartbeat/", report(), body["credential"])
+    assert status == 200 and "credential" not in me and me["host"] == "gpu-2"
+    host.refresh_from_db()
+    assert host.credential_last_used_at is not None
+
+
+def test_an_expired_join_token_is_refused_saying_so() -> None:
+    made = services.jointoken_create(host_name="gpu-2")
+    JoinToken.objects.update(expires_at=timezone.now() - timedelta(minutes=1))
+    status, body = _post("/api/fleet/join/", {"token": made.secret, "name": "gpu-2", **report()})
+    assert status == 403 and "expired" in body["detail"] and not FleetHost.objects.exists()
+
+
+def test_a_join_without_a_token_names_the_field() -> None:
+    status, body = _post("/api/fleet/join/", {"name": "gpu-2", **report()})
+    assert status == 400 and "token" in body
+
+
+def test_a_join_with_a_bad_report_names_the_field() -> None:
+    made = services.jointoken_create(host_name="gpu-2")
+    status, body = _post("/api/fleet/join/", {"token": made.secret, "name": "gpu-2",
+                                              **report(agent_version="")})
+    assert status == 400 and "agent_version" in body and not FleetHost.objects.exists()
+
+
+def test_a_body_that_is_not_json_is_a_400_not_a_500() -> None:
+    answer = Client().post("/api/fleet/join/", "{nope", content_type="application/json")
+    assert answer.status_code == 400 and "not JSON" in answer.json()["detail"]
+
+
+def test_a_heartbeat_without_or_with_a_wrong_credential_is_401() -> None:
+    assert _post("/api/fleet/host/heartbeat/", report())[0] == 401
+    assert _post("/api/fleet/host/heartbeat/", report(), "sdh-nothing")[0] == 401
+    answer = Client().post("/api/fleet/host/heartbeat/", "{}", content_type="application/json")
+    assert answer.headers["WWW-Authenticate"].startswith("Bearer")
+
+
+def test_a_removed_hosts_credential_is_refused() -> None:
+    done = joined("gpu-2")
+    services.host_remove(name="gpu-2")
+    status, body = _post("/api/fleet/host/heartbeat/", report(), done.credential)
+    assert status == 401 and "join again" in body["detail"]
+
+
+def test_a_join_token_is_not_a_credential() -> None:
+    made = services.jointoken_create(host_name="gpu-2")
+    services.host_join(token=made.secret, name="gpu-2",
+                       facts=services.host_facts_from(report()))
+    assert _post("/api/fleet/host/heartbeat/", report(), made.secret)[0] == 401
+
+
+def test_a_hosts_credential_opens_none_of_the_users_api(live_channel) -> None:  # type: ignore[no-untyped-def]
+    done = joined("gpu-2")
+    client = Client()
+    for path in ("/api/deployments/", "/api/keys/", "/api/fleet/tokens/", "/api/fleet/hosts/",
+                 "/api/models/"):
+        for scheme in ("Bearer", "Token"):
+            answer = client.get(path, HTTP_AUTHORIZATION=f"{scheme} {done.credential}")
+            assert answer.status_code in (401, 403), (path, scheme, answer.status_code)
+
+
+def test_a_host_writes_events_for_its_own_deployment(live_channel) -> None:  # type: ignore[no-untyped-def]
+    done = joined("gpu-2")
+    mine = ready()
+    services.placement_assign(deployment=mine, host_name="gpu-2")
+    status, body = _post(f"/api/fleet/host/deployments/{mine.pk}/events/", {
+        "events": [["log", {"stream": "stdout", "text": f"line {i}"}] for i in range(3)],
+        "row": {"log_cursor": "1767225600.25"}}, done.credential)
+    assert status == 200, body
+    texts = [e.payload.get("text") for e in Event.objects.filter(deployment=mine, kind="log")]
+    assert texts[-3:] == ["line 0", "line 1", "line 2"]
+    assert Event.objects.filter(deployment=mine).order_by("-seq")[0].seq == body["last_seq"]
+
+
+def test_a_host_cannot_write_another_hosts_deployments_events(live_channel) -> None:  # type: ignore[no-untyped-def]
+    mine = joined("gpu-2")
+    joined("gpu-3")
+    theirs = ready()
+    services.placement_assign(deployment=theirs, host_name="gpu-3")
+    unplaced = ready(gpus=[1])
+    before = Event.objects.count()
+    for target in (theirs.pk, unplaced.pk, 999999):
+        status, body = _post(f"/api/fleet/host/deployments/{target}/events/",
+                             {"events": [["log", {"stream": "stdout", "text": "forged"}]]},
+                             mine.credential)
+        assert status == 404 and "placed on it" in body["detail"]
+    assert Event.objects.count() == before
+
+
+def test_a_host_may_not_write_a_status_event_or_the_status(live_channel) -> None:  # type: ignore[no-untyped-def]
+    done = joined("gpu-2")
+    mine = ready()
+    services.placement_assign(deployment=mine, host_name="gpu-2")
+    status, body = _post(f"/api/fleet/host/deployments/{mine.pk}/events/",
+                         {"events": [["status", {"message": "forged"}]]}, done.credential)
+    assert status == 400 and "events" in body
+    status, body = _post(f"/api/fleet/host/deployments/{mine.pk}/events/",
+                         {"events": [["log", {"text": "x"}]], "row": {"status": "failed"}},
+                         done.credential)
+    assert status == 400 and "row" in body
+    mine.refresh_from_db()
+    assert mine.status == "ready"
+
+
+def test_a_host_reads_its_own_placements_only() -> None:
+    mine = joined("gpu-2")
+    joined("gpu-3")
+    here, there = ready(), ready(gpus=[1])
+    services.placement_assign(deployment=here, host_name="gpu-2")
+    services.placement_assign(deployment=there, host_name="gpu-3")
+    answer = Client().get("/api/fleet/host/", HTTP_AUTHORIZATION=f"Bearer {mine.credential}")
+    assert answer.status_code == 200 and answer.json()["deployments"] == [here.pk]

@@ -1,0 +1,100 @@
+"""The fleet pages: hosts (viewers see them; admins drain and remove) and join tokens
+(admins only; a new token is on the answer that made it and never again)."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+
+from tests.web.rows import ready
+from web.fleet import services
+from web.fleet.models import FleetHost, JoinToken
+
+from .hosts import joined
+
+pytestmark = pytest.mark.django_db
+
+
+def _client(user) -> Client:  # type: ignore[no-untyped-def]
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def test_the_token_page_shows_a_new_token_once_and_never_again(admin) -> None:  # type: ignore[no-untyped-def]
+    client = _client(admin)
+    made = client.post("/fleet/tokens/", {"host_name": "gpu-2", "ttl_hours": 24})
+    assert made.status_code == 200
+    page = made.content.decode()
+    token = JoinToken.objects.get()
+    start = page.index(f"sdj-{token.prefix}")
+    secret = page[start:page.index("<", start)]
+    assert services.secret_digest(secret) == token.digest
+    assert "APPLIANCE_JOIN_TOKEN=" + secret in page
+    again = client.get("/fleet/tokens/").content.decode()
+    assert secret not in again and f"sdj-{token.prefix}…" in again and "usable" in again
+
+
+def test_the_token_page_shows_who_used_a_token_and_revokes_it(admin) -> None:  # type: ignore[no-untyped-def]
+    joined("gpu-2")
+    client = _client(admin)
+    row = client.get("/fleet/tokens/").content.decode()
+    assert "gpu-2 (1 join)" in row
+    token = JoinToken.objects.get()
+    client.post(f"/fleet/tokens/{token.pk}/revoke/")
+    assert "revoked" in client.get("/fleet/tokens/").content.decode()
+
+
+@pytest.mark.parametrize("actor", ["operator", "viewer"])
+def test_only_an_admin_opens_the_token_page(actor, request) -> None:  # type: ignore[no-untyped-def]
+    client = _client(request.getfixturevalue(actor))
+    assert client.get("/fleet/tokens/").status_code == 403
+    assert client.post("/fleet/tokens/", {"host_name": "gpu-2", "ttl_hours": 1}).status_code == 403
+    assert not JoinToken.objects.exists()
+
+
+def test_the_fleet_page_lists_a_hosts_gpus_docker_agent_heartbeat_and_state(viewer) -> None:  # type: ignore[no-untyped-def]
+    joined("gpu-2")
+    page = _client(viewer).get("/fleet/").content.decode()
+    start = page.index('id="fleet-host-gpu-2"')
+    row = page[start:page.index("</tr>", start)]
+    assert "8 GPUs (NVML)" in row and "NVIDIA H200, 140 GB" in row
+    assert "Docker 26.1.5" in row and "NVIDIA runtime" in row and "0.9.0" in row
+    assert "status-ready" in row and "s ago" in row
+    assert "Drain" not in row  # a viewer's page has no admin buttons
+
+
+def test_the_fleet_page_says_lost_for_a_silent_host(viewer, settings) -> None:  # type: ignore[no-untyped-def]
+    settings.AGENT_SILENT_S = 30
+    joined("gpu-2")
+    from datetime import timedelta
+
+    from django.utils import timezone
+    FleetHost.objects.update(heartbeat_at=timezone.now() - timedelta(seconds=45))
+    page = _client(viewer).get("/fleet/").content.decode()
+    assert "status-lost" in page and "for 30 s is" in page
+
+
+def test_an_admin_drains_and_is_refused_removal_while_an_engine_runs(admin) -> None:  # type: ignore[no-untyped-def]
+    joined("gpu-2")
+    running = ready()
+    services.placement_assign(deployment=running, host_name="gpu-2")
+    client = _client(admin)
+    drained = client.post("/fleet/hosts/gpu-2/drain/", {"draining": "1"}, follow=True)
+    assert "is draining" in drained.content.decode() and FleetHost.objects.get().draining
+    refused = client.post("/fleet/hosts/gpu-2/remove/", follow=True).content.decode()
+    assert f"#{running.pk} kimi-ddtree (ready)" in refused and FleetHost.objects.exists()
+
+
+@pytest.mark.parametrize("actor", ["operator", "viewer"])
+def test_only_an_admin_drains_or_removes_on_the_page(actor, request) -> None:  # type: ignore[no-untyped-def]
+    joined("gpu-2")
+    client = _client(request.getfixturevalue(actor))
+    assert client.post("/fleet/hosts/gpu-2/drain/").status_code == 403
+    assert client.post("/fleet/hosts/gpu-2/remove/").status_code == 403
+    assert FleetHost.objects.exists() and not FleetHost.objects.get().draining
+
+
+def test_a_person_without_a_role_does_not_see_the_fleet(django_user_model) -> None:  # type: ignore[no-untyped-def]
+    nobody = django_user_model.objects.create_user(username="nobody", password="x-pass-12")
+    assert _client(nobody).get("/fleet/").status_code == 403

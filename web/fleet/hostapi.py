@@ -1,0 +1,133 @@
+"""What a GPU host's agent calls: the join (with a join token), its heartbeat, and the
+ingest of its engines' events (with its own credential, `Authorization: Bearer sdh-...`).
+
+Plain Django views, not DRF's: no session or cookie is read (so no CSRF applies), and the
+ingest is the hot path of a busy host (thousands of events a second), where DRF's parsing
+and checks per request would be most of the cost. A host's credential is accepted here and
+nowhere else: the user API's authentication does not know it, and these views know no
+other.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_POST, require_safe
+
+from . import selectors, services
+from .models import FleetHost
+
+HEARTBEAT_S = 10  # how often an agent reports; the host is lost after selectors' threshold
+
+
+def _error(status: int, detail: str, field: str | None = None) -> JsonResponse:
+    body: dict[str, Any] = {field: [detail]} if field else {"detail": detail}
+    response = JsonResponse(body, status=status)
+    if status == 401:
+        response["WWW-Authenticate"] = 'Bearer realm="appliance-host"'
+    return response
+
+
+def _body(request: HttpRequest) -> dict[str, Any] | JsonResponse:
+    try:
+        data = json.loads(request.body)
+    except (ValueError, RecursionError):
+        return _error(400, "The body is not JSON (or nests too deep).")
+    if not isinstance(data, dict):
+        return _error(400, "The body is a JSON object.")
+    return data
+
+
+def _bearer(request: HttpRequest) -> str:
+    scheme, _, value = request.META.get("HTTP_AUTHORIZATION", "").partition(" ")
+    return value.strip() if scheme.lower() == "bearer" else ""
+
+
+def _host(request: HttpRequest) -> FleetHost | JsonResponse:
+    credential = _bearer(request)
+    if not credential:
+        return _error(401, "Send the host's credential: Authorization: Bearer sdh-...")
+    host = selectors.host_for_credential(credential=credential)
+    if host is None:
+        return _error(401, "This credential names no joined host (the host was removed, or "
+                      "joined again and has a newer one): join again with a new join token.")
+    services.host_credential_used(host=host)
+    return host
+
+
+def _host_answer(host: FleetHost) -> dict[str, Any]:
+    return {"host": host.name, "draining": host.draining, "heartbeat_s": HEARTBEAT_S,
+            "lost_after_s": selectors.host_lost_after_s(),
+            "deployments": selectors.host_deployment_ids(host=host)}
+
+
+@csrf_exempt
+@require_POST
+def host_join(request: HttpRequest) -> JsonResponse:
+    """{token, name, agent_version, gpus | gpu_count, docker, secret_names} -> 201 with the
+    host's credential (in this answer only)."""
+    body = _body(request)
+    if isinstance(body, JsonResponse):
+        return body
+    token = body.get("token") or _bearer(request)
+    if not isinstance(token, str) or not token:
+        return _error(400, "Send the join token (token) an admin made for this host.", "token")
+    try:
+        facts = services.host_facts_from(body)
+        joined = services.host_join(token=token, name=str(body.get("name") or ""),
+                                    facts=facts)
+    except services.FleetError as exc:
+        return _error(400, str(exc), exc.field)
+    except services.JoinRefused as exc:
+        return _error(403, str(exc))
+    return JsonResponse({**_host_answer(joined.host), "credential": joined.credential},
+                        status=201)
+
+
+@csrf_exempt
+@require_POST
+def host_heartbeat(request: HttpRequest) -> JsonResponse:
+    host = _host(request)
+    if isinstance(host, JsonResponse):
+        return host
+    body = _body(request)
+    if isinstance(body, JsonResponse):
+        return body
+    try:
+        facts = services.host_facts_from(body)
+    except services.FleetError as exc:
+        return _error(400, str(exc), exc.field)
+    return JsonResponse(_host_answer(services.host_heartbeat(host=host, facts=facts)))
+
+
+@require_safe
+def host_me(request: HttpRequest) -> JsonResponse:
+    host = _host(request)
+    if isinstance(host, JsonResponse):
+        return host
+    return JsonResponse(_host_answer(host))
+
+
+@csrf_exempt
+@require_POST
+def host_events(request: HttpRequest, deployment_id: int) -> JsonResponse:
+    """{events: [[kind, payload], ...], row: {log_cursor, progress, decode_stats}} for a
+    deployment placed on this host -> {last_seq}; 404 for any other deployment."""
+    host = _host(request)
+    if isinstance(host, JsonResponse):
+        return host
+    body = _body(request)
+    if isinstance(body, JsonResponse):
+        return body
+    try:
+        batch = services.event_batch_from(body)
+        last = services.host_events_append(host=host, deployment_id=deployment_id, batch=batch)
+    except services.FleetError as exc:
+        return _error(400, str(exc), exc.field)
+    except services.NotPlacedHere as exc:
+        # 404, not 403: a host learns nothing of deployments that are not its own.
+        return _error(404, f"{exc}: a host writes only the deployments placed on it.")
+    return JsonResponse({"last_seq": last})

@@ -1,0 +1,101 @@
+"""The fleet: GPU hosts that joined the panel, the tokens they joined with, and which
+deployment runs where.
+
+Secrets are never stored: a join token and a host's credential are kept as their SHA-256
+(a 256-bit random secret needs no slow hash) with a short prefix that names them in lists.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+from web.deployments.models import Deployment
+
+
+class JoinToken(models.Model):
+    """What an admin gives one GPU host so that it can join: `sdj-<prefix><secret>`.
+
+    It joins only the host it names, until it expires or is revoked; a second use by that
+    host (its agent's stored credential lost) gives it a new credential and ends the old.
+    """
+
+    host_name = models.SlugField(max_length=63, help_text="The host this token may join.")
+    prefix = models.CharField(max_length=16, unique=True)
+    digest = models.CharField(max_length=64, unique=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                                   on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    # Who used it (the host's name as it joined) and when, first and last.
+    used_by = models.CharField(max_length=63, blank=True, default="")
+    first_used_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    uses = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"sdj-{self.prefix}... for {self.host_name}"
+
+
+class FleetHost(models.Model):
+    """A GPU host that joined with a token, and the credential its agent and worker use.
+
+    Its name is the one its engine agent reports under (deployments.Host) and its GPU
+    leases carry (deployments.GpuLease.host). Removing a host deletes this row, so its
+    credential is refused from then on.
+    """
+
+    name = models.SlugField(max_length=63, unique=True)
+    credential_prefix = models.CharField(max_length=16, unique=True)
+    credential_digest = models.CharField(max_length=64, unique=True)
+    credential_made_at = models.DateTimeField()
+    credential_last_used_at = models.DateTimeField(null=True, blank=True)
+    joined_at = models.DateTimeField(auto_now_add=True)
+    joined_with = models.ForeignKey(JoinToken, null=True, blank=True, on_delete=models.SET_NULL,
+                                    related_name="+")
+    agent_version = models.CharField(max_length=64, blank=True, default="")
+    # Each GPU: index, name, memory_total_gb, uuid where NVML gave them; `gpu_source` says
+    # whether NVML listed them or the host stated a count (APPLIANCE_GPU_COUNT).
+    gpus = models.JSONField(default=list, blank=True)
+    gpu_source = models.CharField(max_length=16, blank=True, default="")
+    # Docker's facts: server version, runtimes, CDI devices, whether NVIDIA's runtime is there.
+    docker = models.JSONField(default=dict, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    # Drained: the placement puts no new engine here; the engines it runs go on.
+    draining = models.BooleanField(default=False)
+    drained_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Placement(models.Model):
+    """A deployment's engine (one replica of it) placed on a host: what the host may write.
+
+    The ingest lets a host store events only for the deployments placed on it; a
+    replica's number leaves room for a deployment with several engines on several hosts.
+    """
+
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE,
+                                   related_name="placements")
+    replica = models.PositiveSmallIntegerField(default=0)
+    host = models.ForeignKey(FleetHost, on_delete=models.PROTECT, related_name="placements")
+    reason = models.CharField(max_length=300, blank=True, default="")
+    placed_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["deployment", "replica"]
+        constraints = [
+            models.UniqueConstraint(fields=["deployment", "replica"],
+                                    name="placement_replica_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.deployment_id}/{self.replica} on {self.host_id}"
