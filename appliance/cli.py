@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import threading
@@ -34,8 +35,12 @@ from appliance.images.lock import LockError, lock_text, reports_from_image
 from appliance.images.plan import BuildError, plan_build
 from appliance.logs.catalogue import catalogue_rows
 from appliance.logs.diagnosis import diagnose
+from appliance.logs.facts import spec_facts
 from appliance.logs.parser import parse_lines
-from appliance.preflight import Finding, has_errors, run_preflight
+from appliance.logs.stamps import without_docker_stamps
+from appliance.preflight import Finding, has_errors, read_config, read_weights_bytes, run_preflight
+from appliance.preflight import folders as local_folders
+from appliance.preflight.files import MODEL_FIELDS
 from appliance.store.loadtime import add_parser as add_store
 
 EXIT_OK, EXIT_FINDINGS, EXIT_BAD_INPUT = 0, 1, 2
@@ -93,8 +98,10 @@ def cmd_preflight(args: argparse.Namespace) -> int:
         if args.gpu_name:  # the host's GPU model, for the architecture rules
             count = max(spec.gpus, default=0) + 1
             host = [{"index": i, "name": args.gpu_name} for i in range(count)]
+        folders, local, unchecked = _local_model_facts(spec, args.models_dir)
         findings += run_preflight(spec, recipe=recipe, gpu_memory_gb=args.gpu_memory_gb,
-                                  host_gpus=host)
+                                  host_gpus=host, model_folders=folders, **local)
+        findings += unchecked
     if args.text:
         for f in findings:
             print(f"{f.severity:<7} {f.rule} [{f.field}]: {f.message}\n        fix: {f.fix}")
@@ -106,13 +113,36 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     return EXIT_FINDINGS if has_errors(findings) else EXIT_OK
 
 
+def _local_model_facts(spec: DeploymentSpec, models_dir: str | None
+                       ) -> tuple[dict[str, Any] | None, dict[str, Any], list[Any]]:
+    """The model folders as the panel checks them (appliance.preflight.folders), found under
+    --models-dir, else $APPLIANCE_MODELS_DIR, else /models; where none is on this machine,
+    a finding that says the folders were not checked."""
+    root = models_dir or os.environ.get("APPLIANCE_MODELS_DIR") or local_folders.MODELS_MOUNT
+    paths = {f: getattr(spec.engine, f.split(".", 1)[1]) for f in MODEL_FIELDS}
+    if not os.path.isdir(root):
+        return None, {}, [Finding(
+            "model-files-not-checked", "info", fld,
+            f"not checked: {path!r} was not looked for, no models folder {root!r} on this "
+            "machine", "run pre-flight on the GPU host, or pass --models-dir DIR (the "
+            "host's APPLIANCE_MODELS_DIR), to check that the folder exists with config.json "
+            "and weights") for fld, path in paths.items() if path]
+    target = local_folders.model_local_path(spec.engine.model_path, [root])
+    drafter = local_folders.model_local_path(spec.engine.speculative_draft_model_path, [root])
+    facts = {"model_config": read_config(target), "drafter_config": read_config(drafter),
+             "weights_bytes": read_weights_bytes(target),
+             "drafter_weights_bytes": read_weights_bytes(drafter)}
+    return local_folders.model_folders(spec, [root]), facts, []
+
+
 def _open_lines(name: str) -> Iterator[str]:
-    """Lines of a file or stdin, undecodable bytes replaced (engine logs hold tqdm bars)."""
+    """Lines of a file or stdin as the engine printed them: undecodable bytes replaced
+    (engine logs hold tqdm bars), Docker's time prefix (`docker logs -t`) split off."""
     if name == "-":
-        yield from sys.stdin
+        yield from without_docker_stamps(sys.stdin)
         return
     with open(name, encoding="utf-8", errors="replace", newline="\n") as handle:
-        yield from handle
+        yield from without_docker_stamps(handle)
 
 
 def _print_event(event: dict[str, Any], text: bool, out: TextIO) -> None:
@@ -123,14 +153,22 @@ def _print_event(event: dict[str, Any], text: bool, out: TextIO) -> None:
         out.write(json.dumps(event) + "\n")
 
 
+def _log_facts(args: argparse.Namespace) -> dict[str, Any] | None:
+    """What the deployment's spec says (--spec), for the causes that quote it."""
+    if not getattr(args, "spec", None):
+        return None
+    return spec_facts(resolve_spec(args.spec)[0])
+
+
 def cmd_parse_log(args: argparse.Namespace) -> int:
-    for event in parse_lines(_open_lines(args.file), include_all=args.all):
+    for event in parse_lines(_open_lines(args.file), include_all=args.all,
+                             facts=_log_facts(args)):
         _print_event(event.to_dict(), args.text, sys.stdout)
     return EXIT_OK
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
-    result = diagnose(_open_lines(args.file))
+    result = diagnose(_open_lines(args.file), facts=_log_facts(args))
     if args.text:
         if result is None:
             print("no failure cause found")
@@ -295,10 +333,15 @@ def build_parser() -> argparse.ArgumentParser:
     cmd.add_argument("--gpu-memory-gb", type=float, help="memory of one GPU, for gpu-memory")
     cmd.add_argument("--gpu-name", help="the host's GPU model as nvidia-smi names it (e.g. "
                      "'NVIDIA B200'), for the attention backend rules")
+    cmd.add_argument("--models-dir", help="the host's models folder (APPLIANCE_MODELS_DIR; "
+                     "default $APPLIANCE_MODELS_DIR, else /models): the spec's /models/<name> "
+                     "paths are checked there, as the panel checks them")
     cmd.set_defaults(func=cmd_preflight)
     cmd = add("parse-log", "print one JSON object per engine log event")
     cmd.add_argument("file", help="log file, or - for stdin")
     cmd.add_argument("--all", action="store_true", help="also print lines that match nothing")
+    cmd.add_argument("--spec", help="the deployment's spec YAML: its paths, GPUs and tp_size "
+                     "tell the causes whose value is wrong")
     cmd.set_defaults(func=cmd_parse_log)
     cmd = add("build", "build a recipe's engine image (skipped when built); Ctrl-C cancels")
     cmd.add_argument("recipe", help="recipe name or YAML file")
@@ -320,6 +363,8 @@ def build_parser() -> argparse.ArgumentParser:
     cmd.set_defaults(func=cmd_lock)
     cmd = add("diagnose", "print the most likely failure cause of an engine log")
     cmd.add_argument("file", help="log file, or - for stdin")
+    cmd.add_argument("--spec", help="the deployment's spec YAML: its paths, GPUs and tp_size "
+                     "tell the causes whose value is wrong")
     cmd.set_defaults(func=cmd_diagnose)
     cmd = add("causes", "list the failure catalogue: every cause a diagnosis may name")
     cmd.set_defaults(func=cmd_causes)

@@ -54,6 +54,9 @@ CAPTURE_BEGIN: Final = "capture_begin"
 CAPTURE_PROGRESS: Final = "capture_progress"
 CAPTURE_END: Final = "capture_end"
 CAPTURE_BS: Final = "capture_bs"  # SGLang 0.4's batch-size list: the parser's own, not shipped
+# The engine's `server_args=ServerArgs(...)` line: facts for the causes (appliance.logs.facts),
+# the parser's own, not shipped.
+SERVER_ARGS: Final = "server_args"
 READY: Final = "ready"
 DECODE_STATS: Final = "decode_stats"
 PREFILL_STATS: Final = "prefill_stats"
@@ -235,6 +238,8 @@ class ParsedDiagnosis(TypedDict):
     fix: str
     evidence: dict[str, Any]
     patch: NotRequired[dict[str, Any]]
+    # A finding while the engine runs (an engine warning, a note): "info" or "warning".
+    severity: NotRequired[str]
     fatal: bool
 
 
@@ -344,7 +349,7 @@ class Alert(TypedDict):
 
     id: str
     state: str  # "firing" or "resolved"
-    severity: str  # "warning" or "critical"
+    severity: str  # "info", "warning" or "critical"
     summary: str
     fix: str
     evidence: dict[str, Any]

@@ -22,6 +22,9 @@ class Diagnosis:
     fix: str
     evidence: dict[str, Any] = field(default_factory=dict)
     patch: Mapping[str, Any] | None = None
+    # A finding while the engine runs: "info" (a note: what runs differs from what was
+    # asked, by design) or "warning"; None for a failure's cause.
+    severity: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         found: dict[str, Any] = {
@@ -32,6 +35,8 @@ class Diagnosis:
         }
         if self.patch:
             found["patch"] = dict(self.patch)
+        if self.severity:
+            found["severity"] = self.severity
         return found
 
 
@@ -47,9 +52,10 @@ class Cause:
     needles: tuple[str, ...] = ()
     refine: Refiner | None = None
     patch: Mapping[str, Any] | None = None  # the fix as spec keys, where it is one setting
+    severity: str | None = None  # a run-time finding's (Diagnosis.severity)
 
     def diagnosis(self, **evidence: Any) -> Diagnosis:
-        return Diagnosis(self.id, self.summary, self.fix, evidence, self.patch)
+        return Diagnosis(self.id, self.summary, self.fix, evidence, self.patch, self.severity)
 
     def worded(self, *, summary: str | None = None, fix: str | None = None,
                evidence: Mapping[str, Any] | None = None) -> Diagnosis:

@@ -21,7 +21,10 @@ from typing import Any
 from appliance.logs.cause import Cause, Diagnosis, Refiner
 from appliance.logs.context import ParseContext
 from appliance.logs.ddtree_causes import DDTREE_CAUSES
+from appliance.logs.eager_causes import EAGER_CAUSES
+from appliance.logs.engine_warnings import ENGINE_WARNINGS
 from appliance.logs.recorded_causes import RECORDED_CAUSES
+from appliance.logs.spec_causes import SPEC_CAUSES, model_not_found
 
 __all__ = ["BY_PRIORITY", "CAUSES", "LINE_TRIGGERS", "SELFCHECK_CAUSE", "Cause", "Diagnosis",
            "Refiner"]
@@ -89,6 +92,9 @@ SELFCHECK_CAUSE = Cause(
 _CATALOGUE: Sequence[Cause] = (
     *DDTREE_CAUSES,
     *RECORDED_CAUSES,
+    *SPEC_CAUSES,
+    *EAGER_CAUSES,
+    *ENGINE_WARNINGS,
     Cause(
         "driver-too-old",
         "The NVIDIA driver is too old for the CUDA version of the engine image.",
@@ -116,6 +122,7 @@ _CATALOGUE: Sequence[Cause] = (
             "Repository Not Found",
             "is not a local folder and is not a valid model identifier",
         ),
+        model_not_found,
     ),
     Cause(
         "trust-remote-code",

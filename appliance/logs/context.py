@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -25,3 +26,9 @@ class ParseContext:
     loads_begun: dict[tuple[tuple[str, int], ...], int] = field(default_factory=dict)
     loads_ended: dict[tuple[tuple[str, int], ...], int] = field(default_factory=dict)
     kv_pools: dict[tuple[tuple[str, int], ...], int] = field(default_factory=dict)
+    # What the deployment runs with (appliance.logs.facts): the spec's values where the
+    # caller knows the spec, then what the engine's own `server_args=` line says. Causes
+    # quote them (the drafter's path, the GPU list, tp_size) and tell roles apart by them.
+    facts: dict[str, Any] = field(default_factory=dict)
+    # The ranks of the traceback being matched (its log prefix: {"tp": 1}).
+    error_ranks: dict[str, int] = field(default_factory=dict)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +19,7 @@ class _Candidate:
     diagnosis: Diagnosis
 
 
-def diagnose(lines: Iterable[str]) -> Diagnosis | None:
+def diagnose(lines: Iterable[str], facts: Mapping[str, Any] | None = None) -> Diagnosis | None:
     """The most likely failure cause of a log.
 
     A cause found in a fatal traceback wins over warnings seen earlier; among
@@ -29,9 +29,11 @@ def diagnose(lines: Iterable[str]) -> Diagnosis | None:
     """
     candidates: list[_Candidate] = []
     last_error: dict[str, Any] | None = None
-    for event in parse_lines(lines):
+    for event in parse_lines(lines, facts=facts):
         if event.kind == "error":
             last_error = {"line": event.line, **event.fields}
+        elif event.kind == "diagnosis" and event.fields.get("severity"):
+            continue  # a finding while running (a note, an engine warning), not a failure
         elif event.kind == "diagnosis":
             found = Diagnosis(
                 event.fields["cause"],

@@ -40,6 +40,7 @@ from appliance.events import (
     READY,
     SELFCHECK_EXIT,
     SELFCHECK_START,
+    SERVER_ARGS,
     WEIGHTS_BEGIN,
     WEIGHTS_END,
     WEIGHTS_PROGRESS,
@@ -54,6 +55,7 @@ from appliance.events import (
     WeightsEnd,
     WeightsProgress,
 )
+from appliance.logs.facts import SERVER_ARGS_PREFIX, server_args_facts
 
 TRACEBACK_START = "Traceback (most recent call last):"
 CHAIN_MARKERS = (
@@ -293,6 +295,8 @@ def classify(message: str) -> tuple[str, Mapping[str, Any]] | None:
         return _classify_selfcheck(message)
     if first in ("L", "M"):
         return _classify_load(message)
+    if first == "s" and message.startswith(SERVER_ARGS_PREFIX):
+        return SERVER_ARGS, server_args_facts(message)
     if "KV Cache is allocated" in message or "KV cache allocated" in message:
         return _kv_cache(message)
     if "ready to roll" in message and "fired up" in message:

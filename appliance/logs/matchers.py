@@ -8,6 +8,7 @@ from typing import Any
 
 from appliance.logs.causes import BY_PRIORITY, CAUSES, LINE_TRIGGERS, SELFCHECK_CAUSE, Diagnosis
 from appliance.logs.context import ParseContext
+from appliance.logs.eager_causes import eager_decode
 
 
 def match_error(
@@ -43,20 +44,13 @@ def match_capture(fields: Mapping[str, Any]) -> Diagnosis | None:
 
 
 def match_decode(stats: Mapping[str, Any], ctx: ParseContext | None = None) -> Diagnosis | None:
-    """silent-eager-verify: speculative decode stats reporting `cuda graph: False`."""
+    """Speculative decode stats reporting `cuda graph: False`, by the cause the evidence
+    shows (appliance.logs.eager_causes): graphs off by the spec, a batch above the captured
+    sizes, a verify width the graph was not captured at, or none of these."""
     if stats.get("cuda_graph") is not False or stats.get("accept_len") is None:
         return None
-    running = stats.get("running_req")
-    max_bs = max(ctx.capture_bs) if ctx is not None and ctx.capture_bs else None
-    if max_bs is not None and running is not None and running > max_bs:
-        return None  # a batch above the largest captured size is eager by design
-    cause = CAUSES["silent-eager-verify"]
-    return cause.diagnosis(
-        running_req=running,
-        accept_len=stats.get("accept_len"),
-        captured_width=ctx.verify_width if ctx else None,
-        max_captured_bs=max_bs,
-    )
+    return eager_decode(stats, ctx, CAUSES["silent-eager-verify"],
+                        CAUSES["cuda-graphs-disabled"], CAUSES["eager-above-max-bs"])
 
 
 def match_selfcheck(report: Mapping[str, Any]) -> Diagnosis | None:

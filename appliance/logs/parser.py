@@ -12,10 +12,12 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from appliance.events import KV_CACHE, WEIGHTS_BEGIN, WEIGHTS_END
+from appliance.events import KV_CACHE, SERVER_ARGS, WEIGHTS_BEGIN, WEIGHTS_END
 from appliance.logs import matchers as diag
 from appliance.logs.causes import Diagnosis
 from appliance.logs.context import ParseContext
+from appliance.logs.engine_warnings import match_engine_warning
+from appliance.logs.facts import DEVICE_CONTEXT_PREFIX, device_context_facts
 from appliance.logs.lines import (
     CHAIN_MARKERS,
     MAX_CONTINUATION_LINES,
@@ -56,10 +58,13 @@ class LogParser:
     """Incremental parser: one raw output line in, the events it completes out."""
 
     def __init__(self, include_all: bool = False,
-                 needed_widths: Mapping[str, int] | None = None) -> None:
+                 needed_widths: Mapping[str, int] | None = None,
+                 facts: Mapping[str, Any] | None = None) -> None:
+        """facts: what the deployment's spec says (appliance.logs.facts.spec_facts)."""
         self.include_all = include_all
         self.line = 0
-        self.context = ParseContext(needed_widths=dict(needed_widths) if needed_widths else None)
+        self.context = ParseContext(needed_widths=dict(needed_widths) if needed_widths else None,
+                                    facts=dict(facts or {}))
         self._pending: _Pending | None = None
         self._diagnosed: set[str] = set()
 
@@ -110,6 +115,9 @@ class LogParser:
         if kind == "capture_bs":
             self.context.capture_bs = fields["bs"]
             return events + self._unmatched(text, message)
+        if kind == SERVER_ARGS:  # facts for the causes, not an event of its own
+            self.context.facts.update(fields)  # what the engine resolved wins over the spec
+            return events + self._unmatched(text, message)
         if kind in _MODEL_KINDS:
             fields = self._with_model(kind, fields, ranks)
         self._observe(kind, fields)
@@ -121,7 +129,9 @@ class LogParser:
 
     def _unmatched(self, text: str, message: str) -> list[LogEvent]:
         events: list[LogEvent] = []
-        found = diag.match_line(message)
+        if message[:16] == DEVICE_CONTEXT_PREFIX:
+            self.context.facts.update(device_context_facts(message))
+        found = diag.match_line(message) or match_engine_warning(message)
         if found is not None:
             events.extend(self._diagnosis_event(found, self.line))
         if self.include_all:
@@ -172,6 +182,7 @@ class LogParser:
         message = pending.message or (lines[-1].strip() if lines else "")
         fields = {"message": message, "traceback": lines, **pending.ranks}
         events = [LogEvent(pending.line, "error", fields)]
+        self.context.error_ranks = dict(pending.ranks)
         found = diag.match_error(message, lines, self.context)
         if found is not None:
             events.extend(self._diagnosis_event(found, pending.line, fatal=True))
@@ -268,9 +279,10 @@ class LogParser:
         return [LogEvent(line, "diagnosis", fields)]
 
 
-def parse_lines(lines: Iterable[str], include_all: bool = False) -> Iterator[LogEvent]:
-    """Parse a whole log (an iterable of lines, e.g. an open file)."""
-    parser = LogParser(include_all=include_all)
+def parse_lines(lines: Iterable[str], include_all: bool = False,
+                facts: Mapping[str, Any] | None = None) -> Iterator[LogEvent]:
+    """Parse a whole log (an iterable of lines, e.g. an open file); facts: the spec's."""
+    parser = LogParser(include_all=include_all, facts=facts)
     for text in lines:
         yield from parser.feed(text)
     yield from parser.finish()

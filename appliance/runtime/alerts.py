@@ -12,8 +12,13 @@ event per change, not one per scrape.
   excepted; resolves after as many points at eager_recover or above. From the log: the
   parser's silent-eager-verify diagnosis (speculative decode lines saying `cuda graph:
   False`); resolves after several graph-backed decode lines. A point without a share
-  (no decode pass since the last scrape: idle) changes nothing. Off for an engine started
-  with CUDA graphs disabled (expect_cuda_graph).
+  (no decode pass since the last scrape: idle) changes nothing. Its summary and fix say the
+  cause the evidence shows (appliance.logs.eager_causes): a verify width the graph was not
+  captured at (then the recipe is the fix), or neither cause below (no recipe change).
+- eager-by-spec (info): the spec turned CUDA graphs off (expect_cuda_graph False, or the
+  log's cuda-graphs-disabled): a note with the speed cost, raised once, not a fault.
+- eager-above-max-bs (info): eager passes while batches exceed the largest captured batch
+  size (cuda_graph_max_bs): by design; resolves when the passes are back on graphs.
 - stall: no progress (engine output other than HTTP access lines, progress bars,
   phases) for `stall_s` while loading weights or capturing CUDA graphs.
 - kv-high: KV token usage above 95 %.
@@ -28,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from appliance.events import (
+    CAPTURE_BEGIN,
     CAPTURE_PROGRESS,
     DECODE_STATS,
     DIAGNOSIS,
@@ -38,7 +44,10 @@ from appliance.events import (
     SELFCHECK,
 )
 from appliance.lifecycle import Status
+from appliance.logs.eager_causes import EAGER_CAUSES, RECIPE_FIX
 from appliance.runtime.series import MetricPoint
+
+EAGER_BY_CAUSE = {cause.id: cause for cause in EAGER_CAUSES}
 
 Events = list[tuple[str, dict[str, Any]]]
 STALL_STATUSES = frozenset({Status.LOADING, Status.CAPTURING})  # the phases that must show progress
@@ -50,7 +59,7 @@ _ACCESS_LINE = re.compile(r'^INFO:\s+\S+ - "[A-Z]+ \S+ HTTP/[\d.]+" \d{3}')
 class Alert:
     id: str
     state: str  # firing | resolved
-    severity: str  # warning | critical
+    severity: str  # info | warning | critical
     summary: str
     fix: str = ""
     evidence: dict[str, Any] = field(default_factory=dict)
@@ -88,12 +97,19 @@ FIXES = {
                "length, raise --mem-fraction-static, or spread the model over more GPUs.",
     "metrics-unreachable": "Check that the engine is alive and runs with --enable-metrics; "
                            "charts and alerts resume when /metrics answers.",
-    "silent-eager": "The engine decodes without its CUDA graphs: check the capture lines of "
-                    "the log (each role's width and batch sizes) against the spec; a DDTree "
-                    "target must capture its verify graph at budget+1 (the kimi-k2.6-ddtree "
-                    "recipe's source does), and batches above cuda_graph_max_bs run eagerly.",
+    "silent-eager": "The engine decodes without its CUDA graphs and neither the spec nor the "
+                    "batch size explains it: read the capture lines of the log (the Capture "
+                    "widths card shows each role's captured and needed width) and the lines "
+                    "before the first eager decode line; the recipe is not shown to be the "
+                    "cause.",
+    "eager-by-spec": EAGER_BY_CAUSE["cuda-graphs-disabled"].fix,
+    "eager-above-max-bs": EAGER_BY_CAUSE["eager-above-max-bs"].fix,
 }
-SEVERITY = {"metrics-unreachable": "critical"}
+SEVERITY = {"metrics-unreachable": "critical", "eager-by-spec": "info",
+            "eager-above-max-bs": "info"}
+# The log's eager-decoding causes (appliance.logs.eager_causes) -> the alert each raises.
+EAGER_ALERT_OF = {"silent-eager-verify": "silent-eager", "cuda-graphs-disabled": "eager-by-spec",
+                  "eager-above-max-bs": "eager-above-max-bs"}
 
 
 class AlertWatch:
@@ -113,6 +129,11 @@ class AlertWatch:
         # saying "cuda graph: True" never clears what the pass counters still show.
         self.eager_by = ""  # unknown for an alert still firing from before: either clears
         self.max_captured_bs = 0  # the largest batch size seen in capture progress
+        # The log said graphs are off by the spec (server_args): eager is then no fault,
+        # whatever the rules were told.
+        self.graphs_off = False
+        # The target's verify capture at another width than the spec needs, if one was seen.
+        self.width_mismatch: tuple[int, int] | None = None
         self.last_activity = now
         self.status = ""
 
@@ -159,15 +180,28 @@ class AlertWatch:
                 out += self._resolve("stall", "The engine is making progress again.")
             if kind == PROGRESS and payload.get("kind") == CAPTURE_PROGRESS:
                 self.max_captured_bs = max(self.max_captured_bs, int(payload.get("bs") or 0))
-            if kind == DIAGNOSIS and payload.get("cause") == "silent-eager-verify":
+            elif kind == PROGRESS and payload.get("kind") == CAPTURE_BEGIN:
+                self._capture(payload)
+            alert_id = EAGER_ALERT_OF.get(str(payload.get("cause"))) if kind == DIAGNOSIS \
+                else None
+            if alert_id == "eager-by-spec":
+                self.graphs_off = True
+            if alert_id == "silent-eager":
                 self.graph_lines = 0
                 self.eager_by = self.eager_by or "log"
-                out += self._fire("silent-eager", str(payload.get("summary", "")),
+            if alert_id is not None:
+                out += self._fire(alert_id, str(payload.get("summary", "")),
                                   str(payload.get("fix", "")),
                                   **(payload.get("evidence") or {}))
             elif kind == METRIC and payload.get("kind") == DECODE_STATS:
                 out += self._decode(payload)
         return out
+
+    def _capture(self, payload: dict[str, Any]) -> None:
+        captured, needed = payload.get("num_tokens_per_req"), payload.get("needed_tokens_per_req")
+        if (payload.get("role") == "target" and payload.get("mode") == "verify"
+                and isinstance(captured, int) and isinstance(needed, int) and captured != needed):
+            self.width_mismatch = (captured, needed)
 
     def tick(self, status: str, now: float) -> list[Alert]:
         """The stall check, every scrape interval, whatever the engine prints."""
@@ -227,23 +261,50 @@ class AlertWatch:
 
     def _graph_share(self, point: MetricPoint) -> list[Alert]:
         share, rules = point.cuda_graph, self.rules
+        if share is None:
+            return []  # no decode pass since the last scrape
+        if not rules.expect_cuda_graph or self.graphs_off:
+            if share >= rules.eager_share:
+                return []
+            return self._fire(
+                "eager-by-spec", "CUDA graphs are off by the spec (engine.disable_cuda_graph): "
+                f"{share:.0%} of the decode passes ran on graphs since the last scrape, as "
+                "asked (sglang:cuda_graph_passes_total).", cuda_graph_share=round(share, 3))
         above = bool(self.max_captured_bs and point.running
                      and point.running > self.max_captured_bs)
-        if share is None or not rules.expect_cuda_graph or above:
-            return []  # no decode pass, graphs off on purpose, or eager by design
         self.eager_run = self.eager_run + 1 if share < rules.eager_share else 0
         self.graph_run = self.graph_run + 1 if share >= rules.eager_recover else 0
+        if self.eager_run >= rules.eager_points and above:
+            return self._fire(
+                "eager-above-max-bs", f"{point.running:.0f} running requests, above the "
+                f"largest captured batch size {self.max_captured_bs}: {share:.0%} of the decode "
+                "passes ran on CUDA graphs since the last scrape (eager by design).",
+                cuda_graph_share=round(share, 3), running=point.running,
+                max_captured_bs=self.max_captured_bs)
         if self.eager_run >= rules.eager_points:
             self.eager_by = self.eager_by or "metrics"
-            return self._fire(
-                "silent-eager", f"The engine decodes eagerly: {share:.0%} of its decode passes "
-                f"ran on CUDA graphs since the last scrape, under {rules.eager_share:.0%} for "
-                f"{self.eager_run} scrapes in a row (sglang:cuda_graph_passes_total).",
-                cuda_graph_share=round(share, 3), running=point.running)
-        if self.graph_run >= rules.eager_points and self.eager_by != "log":
-            return self._resolve_eager(f"{share:.0%} of the decode passes run on CUDA graphs "
-                                       "again.", cuda_graph_share=round(share, 3))
+            return self._fire("silent-eager", *self._eager_cause(share),
+                              cuda_graph_share=round(share, 3), running=point.running)
+        if self.graph_run >= rules.eager_points:
+            out = self._resolve("eager-above-max-bs", "The decode passes run on CUDA graphs "
+                                "again.", cuda_graph_share=round(share, 3))
+            if self.eager_by != "log":
+                out += self._resolve_eager(f"{share:.0%} of the decode passes run on CUDA "
+                                           "graphs again.", cuda_graph_share=round(share, 3))
+            return out
         return []
+
+    def _eager_cause(self, share: float) -> tuple[str, str]:
+        """The silent-eager summary and fix from the pass counters and what the log showed."""
+        rules = self.rules
+        summary = (f"The engine decodes eagerly: {share:.0%} of its decode passes ran on CUDA "
+                   f"graphs since the last scrape, under {rules.eager_share:.0%} for "
+                   f"{self.eager_run} scrapes in a row (sglang:cuda_graph_passes_total)")
+        if self.width_mismatch is None:
+            return summary + ".", FIXES["silent-eager"]
+        captured, needed = self.width_mismatch
+        return (f"{summary}; the target's verify graph was captured {captured} tokens wide and "
+                f"the tree needs {needed}."), RECIPE_FIX
 
     def _decode(self, stats: dict[str, Any]) -> list[Alert]:
         if stats.get("accept_len") is None or stats.get("cuda_graph") is not True:

@@ -361,6 +361,7 @@ class EngineFollower:
         options: FollowOptions | None = None,
         client_factory: Callable[[str], EngineClient] | None = None,
         needed_widths: Mapping[str, int] | None = None,
+        facts: Mapping[str, Any] | None = None,
     ) -> None:
         self.runtime = runtime
         self.plan = plan
@@ -370,7 +371,9 @@ class EngineFollower:
         self.client_factory = client_factory or (lambda url: EngineClient(url, timeout=5.0))
         self.state = _State(status=status, cursor=cursor or Cursor())
         # The graph widths the spec needs per role: a capture at another width is a finding.
-        self.parser = LogParser(needed_widths=needed_widths)
+        # What the spec says (appliance.logs.facts.spec_facts): the causes quote its values.
+        self.facts = dict(facts or {})
+        self.parser = LogParser(needed_widths=needed_widths, facts=self.facts)
         self.progress_parser = LogParser()  # for unfinished progress-bar pieces only
         self.tail: deque[str] = deque(maxlen=LAST_LINES)
         self.all_lines: deque[str] = deque(maxlen=2000)
@@ -591,7 +594,7 @@ class EngineFollower:
 
     def _exited(self, state: dict[str, Any]) -> None:
         code = state.get("exit_code")
-        found = diagnose(list(self.all_lines))
+        found = diagnose(list(self.all_lines), self.facts)
         when = "while serving" if self.state.status == "ready" else "before it was ready"
         if found is not None and found.cause == "gpu-selfcheck-failed":
             message = f"the GPU self-check failed (exit code {code}); the model was not loaded"
@@ -607,7 +610,7 @@ class EngineFollower:
 
     def _fail(self, found: Diagnosis | None, cause: Cause, message: str, *,
               evidence: dict[str, Any] | None = None) -> str:
-        found = found or diagnose(list(self.all_lines)) or cause.worded(
+        found = found or diagnose(list(self.all_lines), self.facts) or cause.worded(
             summary=message, evidence=evidence)
         self._flush()
         self.sink.failed(found, message, list(self.tail))

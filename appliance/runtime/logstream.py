@@ -7,7 +7,6 @@ redrawing with "\\r") come as they are written, for live progress.
 
 from __future__ import annotations
 
-import calendar
 import codecs
 import itertools
 import struct
@@ -17,6 +16,11 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from docker.utils.socket import frames_iter
+
+from appliance.logs.stamps import parse_docker_ts, split_docker_stamp
+
+__all__ = ["LogLine", "attach_frames", "chunked_blocks", "lines_of", "log_frames",
+           "parse_docker_ts"]
 
 StreamName = Literal["stdout", "stderr"]
 STREAM_NAMES: dict[int, StreamName] = {1: "stdout", 2: "stderr"}
@@ -45,18 +49,6 @@ class LogLine:
     text: str
     partial: bool = False
     ts_ns: int | None = None  # Docker's timestamp of the line (follow_logs(timestamps=True))
-
-
-def parse_docker_ts(text: str) -> int:
-    """Docker's RFC 3339 timestamp with up to 9 fraction digits -> Unix nanoseconds."""
-
-    day, _, rest = text.partition("T")
-    clock = rest.rstrip("Z")
-    whole, _, frac = clock.partition(".")
-    y, mo, d = (int(x) for x in day.split("-"))
-    h, mi, s = (int(x) for x in whole.split(":"))
-    seconds = calendar.timegm((y, mo, d, h, mi, s, 0, 0, 0))
-    return seconds * 1_000_000_000 + int((frac + "000000000")[:9])
 
 
 def lines_of(frames: Iterable[tuple[int, bytes]], partials: bool = False,
@@ -241,8 +233,8 @@ class _Stamps:
         self._seconds: dict[str, int] = {}
 
     def line(self, stream: StreamName, text: str, partial: bool) -> LogLine:
-        stamp, sep, rest = text.partition(" ")
-        if not sep or not stamp[:4].isdigit():
+        stamp, rest = split_docker_stamp(text)
+        if stamp is None:
             return LogLine(stream, text, partial)
         try:
             return LogLine(stream, rest, partial, self._ns(stamp))

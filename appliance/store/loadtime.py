@@ -11,13 +11,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from appliance.logs.parser import parse_lines
+from appliance.logs.stamps import without_docker_stamps
 from appliance.store.diskrate import (
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_SECONDS,
@@ -156,16 +156,13 @@ def load_text(row: dict[str, Any]) -> str:
     return ""
 
 
-_DOCKER_STAMP = re.compile(r"^\d{4}-\d\d-\d\dT[\d:.]+Z ")
-
-
 def measured_load(lines: Iterable[str]) -> dict[str, float]:
     """The weight-load seconds an engine log reports, per model ("weights", "draft_weights"):
     the slowest rank's "Load weight end. elapsed=" (lines as `docker logs -t` or the engine
     printed them)."""
 
     found: dict[str, float] = {}
-    for event in parse_lines(_DOCKER_STAMP.sub("", line) for line in lines):
+    for event in parse_lines(without_docker_stamps(lines)):
         elapsed = event.fields.get("elapsed_s")
         if event.kind != "weights_end" or elapsed is None:
             continue

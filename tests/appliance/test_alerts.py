@@ -3,6 +3,8 @@ resolves once when it ends."""
 
 from __future__ import annotations
 
+import pytest
+
 from appliance.runtime.alerts import AlertRules, AlertWatch
 from appliance.runtime.series import MetricPoint
 
@@ -128,14 +130,46 @@ def test_silent_eager_fires_from_the_pass_counters_share_and_resolves_on_graphs(
     assert _shares(watch, [1.0]) == [("silent-eager", "resolved")]
 
 
-def test_no_silent_eager_when_the_spec_turned_graphs_off_or_batches_exceed_the_captured(
-        ) -> None:
+def test_graphs_off_by_the_spec_is_an_info_note_not_a_silent_eager_fault() -> None:
     off = AlertWatch(AlertRules(eager_points=1, expect_cuda_graph=False))
-    assert _shares(off, [0.0, 0.0]) == []
+    assert _shares(off, [0.0, 0.0]) == [("eager-by-spec", "firing")]
+    note = off.point(MetricPoint(t=9, cuda_graph=0.0))
+    assert note == []  # raised once
+    assert "silent-eager" not in off.active
+
+
+def test_batches_above_the_captured_size_say_so_and_not_silent_eager() -> None:
     big = AlertWatch(AlertRules(eager_points=1))
     big.events([("progress", {"kind": "capture_progress", "bs": 48})], 0.0)
-    assert _shares(big, [0.0, 0.0], running=64.0) == []  # above bs 48: eager by design
+    assert _shares(big, [0.0, 0.0], running=64.0) == [("eager-above-max-bs", "firing")]
+    assert _shares(big, [1.0], running=8.0) == [("eager-above-max-bs", "resolved")]
     assert _shares(big, [0.0], running=32.0) == [("silent-eager", "firing")]
+
+
+def test_the_metrics_alert_names_the_recipe_only_when_the_capture_showed_a_width_mismatch(
+        ) -> None:
+    [alert] = AlertWatch(AlertRules(eager_points=1)).point(
+        MetricPoint(t=0, cuda_graph=0.0, running=1.0))
+    assert "recipe" in alert.fix and "kimi-k2.6-ddtree" not in alert.fix
+    wrong = AlertWatch(AlertRules(eager_points=1))
+    wrong.events([("progress", {"kind": "capture_begin", "role": "target", "mode": "verify",
+                                "num_tokens_per_req": 8, "needed_tokens_per_req": 33})], 0.0)
+    [alert] = wrong.point(MetricPoint(t=1, cuda_graph=0.0, running=1.0))
+    assert "captured 8 tokens wide and the tree needs 33" in alert.summary
+    assert "kimi-k2.6-ddtree" in alert.fix
+
+
+@pytest.mark.parametrize(("cause", "alert_id", "severity"), [
+    ("silent-eager-verify", "silent-eager", "warning"),
+    ("cuda-graphs-disabled", "eager-by-spec", "info"),
+    ("eager-above-max-bs", "eager-above-max-bs", "info"),
+])
+def test_each_eager_cause_of_the_log_raises_its_own_alert(cause: str, alert_id: str,
+                                                          severity: str) -> None:
+    watch = AlertWatch()
+    [alert] = watch.events([("diagnosis", {"cause": cause, "summary": "s", "fix": "f",
+                                           "evidence": {}})], 0.0)
+    assert (alert.id, alert.severity, alert.summary, alert.fix) == (alert_id, severity, "s", "f")
 
 
 def test_graph_backed_log_lines_do_not_clear_what_the_pass_counters_still_show() -> None:
@@ -144,3 +178,12 @@ def test_graph_backed_log_lines_do_not_clear_what_the_pass_counters_still_show()
     graph = {"kind": "decode_stats", "accept_len": 1.1, "cuda_graph": True}
     assert watch.events([("metric", graph)] * 3, 1.0) == []
     assert _shares(watch, [1.0]) == [("silent-eager", "resolved")]
+
+
+def test_once_the_log_says_graphs_are_off_by_the_spec_the_pass_counters_raise_no_fault(
+        ) -> None:
+    watch = AlertWatch(AlertRules(eager_points=1))  # told nothing of the spec
+    [note] = watch.events([("diagnosis", {"cause": "cuda-graphs-disabled", "summary": "off",
+                                          "fix": "cost", "evidence": {}})], 0.0)
+    assert (note.id, note.severity) == ("eager-by-spec", "info")
+    assert _shares(watch, [0.0, 0.0, 0.0]) == []

@@ -198,3 +198,34 @@ def test_a_nul_in_a_line_comes_back_as_the_replacement_character(runtime):  # ty
     sink = RecordingSink()
     _run(runtime, script, sink)
     assert sink.texts() == ["before", "nul \ufffd here", "after"]
+
+
+def test_the_failure_of_an_engine_is_diagnosed_with_the_specs_facts(runtime):  # type: ignore[no-untyped-def]
+    # TP2 in a container that sees one GPU (tests/fixtures/logs/fewer_gpus_visible.log, as
+    # 433c58ed7 prints it), for a spec that lists one GPU: the fix quotes the spec's list.
+    from pathlib import Path
+
+    from appliance.logs.stamps import without_docker_stamps
+
+    log = Path(__file__).resolve().parents[1] / "fixtures" / "logs" / "fewer_gpus_visible.log"
+    text = "".join(without_docker_stamps(log.read_text().splitlines(keepends=True)))
+    script = f"import sys\nsys.stdout.write({text!r})\nsys.stdout.flush()\nsys.exit(1)\n"
+
+    class DiagnosedSink(RecordingSink):
+        diagnosis: Diagnosis | None = None
+
+        def failed(self, diagnosis: Diagnosis, message: str, last_lines: list[str]) -> None:
+            super().failed(diagnosis, message, last_lines)
+            self.diagnosis = diagnosis
+
+    plan = ContainerPlan(deployment_id=unique_id("fol"), image=BASE_IMAGE,
+                         argv=["python3", "-c", script], labels=dict(TEST_LABELS),
+                         instance_id="follower-test", start_token="t1")
+    runtime.ensure_started(plan)
+    sink = DiagnosedSink()
+    follower = EngineFollower(runtime, plan, sink, status="loading", may_start=False,
+                              options=FollowOptions(partials=False, health_poll_s=3600),
+                              facts={"gpus": [0], "tp_size": 2, "pp_size": 1})
+    assert follow(follower) == "failed"
+    assert sink.diagnosis is not None and sink.diagnosis.cause == "fewer-gpus-visible"
+    assert "GPU ids in the form (spec key gpus), now [0]" in sink.diagnosis.fix

@@ -1,6 +1,10 @@
 """While an engine captures its CUDA graphs the detail page shows each role's captured verify
 width beside the width the spec needs (DDTree: target budget+1 = 33, draft the block, 8), and
-a width that disagrees is a finding at capture time, before the first request."""
+a width that disagrees is a finding at capture time, before the first request.
+
+The right-width engine's drafter says block size 16 in its config (TEST_ENGINE_DRAFTER_BLOCK_SIZE:
+the test engine prints 433c58ed7's `DFLASH block size mismatch` line from the source text,
+speculative/dflash_worker_v2.py, until a recording has it): a warning finding on the page."""
 
 from __future__ import annotations
 
@@ -27,8 +31,10 @@ def deployments(operator, tmp_path: Path, test_engine_image: str,  # type: ignor
            "APPLIANCE_ENGINE_STOP_TIMEOUT_S": "5"}
     with appliance_stack(tmp_path, env) as url:
         # Made before the page: Playwright's loop makes the ORM refuse afterwards.
-        right = services.deployment_create(data=spec(name="widths-right", self_check=False),
-                                           confirm_warnings=True).pk
+        right = services.deployment_create(
+            data=spec(name="widths-right", self_check=False,
+                      env={"TEST_ENGINE_DRAFTER_BLOCK_SIZE": "16"}),
+            confirm_warnings=True).pk
         wrong = services.deployment_create(
             data=spec(name="widths-wrong", self_check=False, gpus=[1],  # GPU 0 is leased
                       env={"TEST_ENGINE_FAIL": "ddtree-width"}),  # the PR head's capture
@@ -53,6 +59,12 @@ def test_captured_widths_show_beside_the_needed_ones_and_a_difference_is_found_a
     expect(page.locator("#status")).to_have_text("ready", timeout=60_000)
     expect(page.locator("#capture-widths tr.mismatch")).to_have_count(0)
     expect(page.locator("#diagnosis")).to_be_hidden()
+    block = page.locator('#finding-list li[data-cause="dflash-block-size-mismatch"]')
+    expect(block.locator("b")).to_have_text("warning")
+    expect(block).to_contain_text("8 draft tokens per block")
+    expect(block).to_contain_text("trained with block size 16")
+    expect(block.locator(".fix")).to_contain_text(
+        "Block size in the form (spec key engine.speculative_num_draft_tokens), now 8")
 
     page.goto(f"{url}/deployments/{wrong}/")
     target = _row(page, "target")

@@ -3,7 +3,9 @@ tests/fixtures/real-engine): the test engine prints what SGLang printed and serv
 /metrics it served, on a clock 4x faster with no gap over 2 s (a 137 s cold start in about
 18 s). The detail page must read the real output right: the phases up to ready, the
 captured widths 33 (target verify) and 8 (draft), charts with points, and no alert or
-diagnosis, though the real engine's `sglang:is_cuda_graph` gauge reads 0 once idle."""
+failure diagnosis, though the real engine's `sglang:is_cuda_graph` gauge reads 0 once idle.
+What the engine warned of that changes what runs is a finding on the page: the recording's
+`Max running requests is reset to 48 for speculative decoding` (the spec sets none)."""
 
 from __future__ import annotations
 
@@ -80,10 +82,17 @@ def test_the_real_ddtree_run_replayed_reads_right_on_the_detail_page(  # type: i
     expect(page.locator("#stat-cuda_graph")).not_to_have_text("no (eager)")
     expect(page.locator("#alerts")).to_be_hidden()
     expect(page.locator("#diagnosis")).to_be_hidden()
+    cap = page.locator('#finding-list li[data-cause="max-running-requests-reset"]')
+    expect(cap).to_contain_text("at most 48 requests at once")
+    expect(cap).to_contain_text("engine.max_running_requests")
+    expect(cap.locator("b")).to_have_text("info")
+    page.reload()  # the page names the stored findings on load too
+    expect(cap).to_have_count(1)
     page.screenshot(path=screenshot_path("replay-real-ddtree.png"), full_page=True)
     stored = _in_thread(_stored, pk)
     assert stored["alerts"] == [], stored["alerts"]
-    assert stored["diagnoses"] == [], stored["diagnoses"]
+    assert [d for d in stored["diagnoses"] if not d.get("severity")] == [], stored["diagnoses"]
+    assert [d["cause"] for d in stored["diagnoses"]] == ["max-running-requests-reset"]
     assert stored["busy_points"] > 0, "no point of the recorded load reached the series"
     assert stored["status"] == "ready"
 

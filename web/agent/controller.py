@@ -40,6 +40,7 @@ from appliance.events import DECODE_STATS
 from appliance.lifecycle import AGENT_OWNED
 from appliance.logs.appliance_causes import MODEL_NOT_READY, start_failure
 from appliance.logs.causes import Diagnosis
+from appliance.logs.facts import spec_facts
 from appliance.runtime import gpu_telemetry
 from appliance.runtime.containers import EngineRuntime, EngineRuntimeError
 from appliance.runtime.follower import Cursor, EngineFollower, Events, FollowOptions, follow
@@ -276,7 +277,8 @@ class EngineAgent:
             status=deployment.status, cursor=Cursor.decode(deployment.log_cursor),
             may_start=deployment.status == S.STARTING,
             options=self.follow_options,
-            needed_widths=needed_graph_widths(spec_from_dict(deployment.spec).engine))
+            needed_widths=needed_graph_widths(spec_from_dict(deployment.spec).engine),
+            facts=spec_facts(spec_from_dict(deployment.spec)))
         monitor = sink.monitor = monitor_start(deployment=deployment, followed=sink,
                                                agent_id=self.agent_id, pooled=_POOLED)
         try:

@@ -38,7 +38,7 @@ class Followed(Protocol):
 
 def monitor_options(*, disable_cuda_graph: bool = False) -> MonitorOptions:
     """The settings' interval and stall limit; an engine deployed with CUDA graphs disabled
-    decodes eagerly on purpose, so the silent-eager alert stays off for it."""
+    decodes eagerly on purpose: it gets the eager-by-spec note, never the silent-eager alert."""
     interval = settings.METRICS_INTERVAL_S
     rules = AlertRules(stall_s=float(settings.ALERT_STALL_S),
                        expect_cuda_graph=not disable_cuda_graph)

@@ -196,6 +196,24 @@ def deployment_summary(*, deployment: Deployment) -> dict[str, Any]:
 
 
 ALERT_EVENTS = 200  # the newest alert events read for the page; alerts change seldom
+FINDING_EVENTS = 100  # the findings read for the page: one per cause, a few causes a run
+
+
+def deployment_findings(*, deployment: Deployment) -> list[dict[str, Any]]:
+    """The current run's findings while it ran (engine warnings that change what runs,
+    notes: diagnosis events with a severity, appliance.logs.engine_warnings), one per cause,
+    first seen first. Read on the event_notable index, as the alerts are."""
+    first = (Run.objects.filter(deployment=deployment, number=deployment.run)
+             .values_list("first_seq", flat=True).first() or 1)
+    rows = (Event.objects.filter(deployment_id=deployment.pk, kind=EventKind.DIAGNOSIS,
+                                 seq__gte=first, payload__has_key="severity")
+            .order_by("seq")[:FINDING_EVENTS])
+    found: dict[str, dict[str, Any]] = {}
+    for event in rows:
+        p = event.payload or {}
+        found.setdefault(str(p.get("cause", "")), {
+            key: p.get(key, "") for key in ("cause", "severity", "summary", "fix")})
+    return list(found.values())
 
 
 def deployment_alerts(*, deployment_id: int) -> list[dict[str, Any]]:

@@ -124,6 +124,7 @@ def deployment_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "can_deploy": can_deploy(request.user),
             "can_delete": can_delete(request.user),
             "runs": selectors.deployment_runs(deployment=deployment),
+            "findings": selectors.deployment_findings(deployment=deployment),
             "call": how_to_call(request=request, deployment=deployment),
         },
     )

@@ -210,7 +210,31 @@
     document.getElementById("alerts").hidden = list.children.length === 0;
   }
 
+  // A finding while running (an engine warning, a note: it has a severity) joins the list of
+  // findings, one line per cause; a failure's cause takes the diagnosis card.
+  function showFinding(d) {
+    const list = document.getElementById("finding-list");
+    if (list.querySelector('[data-cause="' + d.cause + '"]')) return;
+    const li = document.createElement("li");
+    li.className = "finding finding-" + d.severity;
+    li.dataset.cause = d.cause;
+    li.appendChild(document.createElement("b")).textContent = d.severity;
+    li.appendChild(document.createTextNode(" ["));
+    li.appendChild(document.createElement("span")).className = "cause";
+    li.lastChild.textContent = d.cause;
+    li.appendChild(document.createTextNode("] "));
+    li.appendChild(document.createElement("span")).className = "summary";
+    li.lastChild.textContent = d.summary || "";
+    const fix = li.appendChild(document.createElement("i"));
+    fix.appendChild(document.createTextNode(" Fix: "));
+    fix.appendChild(document.createElement("span")).className = "fix";
+    fix.lastChild.textContent = d.fix || "";
+    list.appendChild(li);
+    document.getElementById("findings").hidden = false;
+  }
+
   function showDiagnosis(d) {
+    if (d.severity) { showFinding(d); return; }
     document.getElementById("diagnosis").hidden = false;
     // A finding seen before anything failed (a graph width that will not fit) is not a cause yet.
     document.getElementById("diag-title").textContent = d.fatal === false ? "Finding" : "Why it failed";

@@ -19,7 +19,14 @@ from sglang.test_engine.loglines import (
     prefill_line,
 )
 from sglang.test_engine.output import Bar, log, log_ranks, uvicorn_line
-from sglang.test_engine.settings import FAIL, PACE_S, SHARDS, STALL_S, STYLE
+from sglang.test_engine.settings import (
+    DRAFTER_BLOCK_SIZE,
+    FAIL,
+    PACE_S,
+    SHARDS,
+    STALL_S,
+    STYLE,
+)
 from sglang.test_engine.tracebacks import (
     capture_oom_traceback,
     load_exit_traceback,
@@ -108,6 +115,7 @@ def start_up(cfg: Config) -> None:
     else:
         if cfg.speculative:
             load_weights(cfg, "draft")
+            drafter_block_size_check(cfg)
         log_ranks(cfg, lambda r: kv_cache_line())
         log_ranks(cfg, lambda r: memory_pool_end_line(63.08))
         if cfg.speculative:
@@ -130,6 +138,15 @@ def start_up(cfg: Config) -> None:
     STATE.ready = True
     log("The server is fired up and ready to roll!")
     start_traffic(cfg)
+
+
+def drafter_block_size_check(cfg: Config) -> None:
+    """433c58ed7's DFlashWorkerV2 (DDTree's too) after the drafter's load, on every rank
+    (speculative/dflash_worker_v2.py): a drafter config of another block size is warned of,
+    and the engine runs speculative_num_draft_tokens."""
+    if DRAFTER_BLOCK_SIZE and cfg.block != DRAFTER_BLOCK_SIZE:
+        log_ranks(cfg, lambda r: "DFLASH block size mismatch: using speculative_num_draft_tokens="
+                  f"{cfg.block} but draft config block_size={DRAFTER_BLOCK_SIZE}.")
 
 
 def warm_up(cfg: Config) -> None:

@@ -32,6 +32,9 @@ COLLAPSE_AFTER_S = env_float("TEST_ENGINE_COLLAPSE_AFTER_S", 20.0)
 COLLAPSED_ACCEPT_LEN = env_float("TEST_ENGINE_COLLAPSED_ACCEPT_LEN", 1.3)
 # capture-stall: how long the target's capture stops (then it goes on).
 STALL_S = env_float("TEST_ENGINE_STALL_S", 3600.0)
+# The block size the drafter's config.json says (0: the same as the one the engine runs):
+# another one makes the engine print 433c58ed7's block-size-mismatch warning and run its own.
+DRAFTER_BLOCK_SIZE = int(env_float("TEST_ENGINE_DRAFTER_BLOCK_SIZE", 0))
 # Replay mode: a recording folder (relative to the image's recordings, or absolute), how
 # many times faster than recorded it plays, and the longest any one gap may last (0: no cap).
 # Divergences planted in /generate's output (sglang/test_engine/logits.py says the syntax).

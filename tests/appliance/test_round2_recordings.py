@@ -1,0 +1,78 @@
+"""The second round of real-engine recordings (433c58ed7, one H200, the rig's round2 runs in
+tests/gpu/realengine/runs.py) read right: each failure named with a fix that names the field
+and quotes the value, each warning a finding, the graphs-off run's eager decoding a note.
+
+The rig records these runs; a run not recorded yet is skipped, saying so."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from appliance.logs.diagnosis import diagnose
+from appliance.logs.stamps import without_docker_stamps
+from tests.appliance import real_engine as rec
+
+
+def _needs(run: str) -> None:
+    if not (rec.folder(run) / "engine.log").exists():
+        pytest.skip(f"the rig has not recorded {run} yet (tests/gpu/realengine/runs.py)")
+
+
+def _diagnosis(run: str) -> Any:
+    with open(rec.folder(run) / "engine.log", encoding="utf-8", newline="\n") as log:
+        return diagnose(without_docker_stamps(log))
+
+
+def _argv_value(run: str, flag: str) -> str:
+    argv = rec.run_info(run)["argv"]
+    return str(argv[argv.index(flag) + 1])
+
+
+def _findings(run: str) -> dict[str, dict[str, Any]]:
+    return {d["cause"]: d for d in rec.of_kind(run, "diagnosis") if d.get("severity")}
+
+
+def test_the_missing_drafter_is_named_with_its_field_and_path() -> None:
+    _needs("drafter_missing")
+    found = _diagnosis("drafter_missing")
+    path = _argv_value("drafter_missing", "--speculative-draft-model-path")
+    assert found is not None and found.cause == "drafter-not-found"
+    assert found.evidence["path"] == path
+    assert repr(path) in found.fix and "engine.speculative_draft_model_path" in found.fix
+    assert "engine.model_path" not in found.fix
+
+
+def test_tp2_with_one_visible_gpu_names_tp_size_and_the_visible_count() -> None:
+    _needs("tp2_one_gpu")
+    found = _diagnosis("tp2_one_gpu")
+    assert found is not None and found.cause == "fewer-gpus-visible"
+    assert found.evidence["tp_size"] == 2 and found.evidence["visible_at_most"] == 1
+    assert "engine.tp_size" in found.fix and "gpus" in found.fix
+
+
+def test_dflash_at_4_on_a_block_8_drafter_is_a_warning_finding_and_serves() -> None:
+    _needs("dflash_block4")
+    finding = _findings("dflash_block4")["dflash-block-size-mismatch"]
+    assert finding["severity"] == "warning"
+    assert (finding["evidence"]["used"], finding["evidence"]["drafter"]) == ("4", "8")
+    assert finding["patch"] == {"engine.speculative_num_draft_tokens": 8}
+    assert _diagnosis("dflash_block4") is None
+    assert rec.of_kind("dflash_block4", "ready")
+
+
+def test_graphs_off_by_the_spec_is_a_note_and_no_silent_eager() -> None:
+    _needs("ddtree_nograph")
+    causes = {d["cause"] for d in rec.of_kind("ddtree_nograph", "diagnosis")}
+    assert "cuda-graphs-disabled" in causes and "silent-eager-verify" not in causes
+    assert _findings("ddtree_nograph")["cuda-graphs-disabled"]["severity"] == "info"
+    assert _diagnosis("ddtree_nograph") is None
+
+
+def test_the_graphs_off_runs_alerts_are_the_note_only() -> None:
+    _needs("ddtree_nograph")
+    from tests.appliance.test_metrics_real_engine import replay
+
+    raised = [(a.id, a.severity) for a in replay("ddtree_nograph").raised]
+    assert raised == [("eager-by-spec", "info")]
