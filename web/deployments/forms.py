@@ -10,6 +10,8 @@ import yaml
 from django import forms
 from django.conf import settings
 
+from web.api.parsers import spec_yaml_load
+
 ALGORITHMS = [("NONE", "None (autoregressive)"), ("DFLASH", "DFlash"), ("DDTREE", "DDTree")]
 
 # Spec field path -> form field, so the service's errors land beside the right input.
@@ -167,7 +169,7 @@ class DeploymentForm(forms.Form):
     def clean_more_spec(self) -> dict[str, Any]:
         raw = self.cleaned_data.get("more_spec") or ""
         try:
-            more = yaml.safe_load(raw) if raw.strip() else {}
+            more = spec_yaml_load(raw) if raw.strip() else {}  # bounded in depth
         except yaml.YAMLError as exc:
             raise forms.ValidationError(f"Not valid YAML: {str(exc)[:200]}") from None
         if not isinstance(more, dict):
