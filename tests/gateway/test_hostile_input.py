@@ -262,6 +262,20 @@ def test_a_call_refused_out_of_scope_uses_none_of_the_rate_limit(panel, operator
         assert codes == [200, 200, 429]
 
 
+def test_a_key_scoped_to_the_older_of_two_deployments_of_one_name_reaches_it(panel, operator, key_for) -> None:  # type: ignore[no-untyped-def]
+    """Two active deployments of one name (made before the service refused a second): the
+    call goes where /v1/models said it would, not to a 403."""
+    with loop_engine(name="twin") as (older_engine, older), loop_engine(name="twin") as (
+            newer_engine, _):
+        secret = key_for(operator, deployments=[older])
+        models = requests.get(f"{panel}/v1/models", headers=bearer(secret), timeout=30).json()
+        assert [m["id"] for m in models["data"]] == ["twin"]
+        answer = requests.post(f"{panel}/v1/chat/completions", headers=bearer(secret),
+                               json={**CHAT, "model": "twin"}, timeout=30)
+        assert answer.status_code == 200, answer.text
+        assert len(older_engine.bodies) == 1 and newer_engine.bodies == []
+
+
 # ------------------------------------------------------------------ ended deployments
 
 

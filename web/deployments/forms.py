@@ -20,6 +20,7 @@ FIELD_OF_SPEC = {
     "recipe": "recipe",
     "gpus": "gpu_ids",
     "extra_args": "extra_args",
+    "engine.served_model_name": "extra_args",  # the form sets it as --served-model-name
     "engine.model_path": "model_path",
     "model_entry": "model_entry",
     "drafter_entry": "drafter_entry",

@@ -112,7 +112,10 @@ def target_for(*, caller: Caller, model: str, targets: list[Target]) -> Target |
     """The deployment serving `model` among the routed ones, if the caller may reach it: a
     ready one first (the newest), else any active one (503: not ready yet), else 404."""
     named = [t for t in targets if t.model == model]
-    candidates = [t for t in named if t.ready] or named
+    # (One active deployment a name since services/served_names.py; two from before it: the
+    # one this caller may call, as /v1/models lists it.)
+    candidates = ([t for t in named if t.ready and caller.allows(t.deployment_id)]
+                  or [t for t in named if t.ready] or named)
     target = candidates[0] if candidates else None
     if target is None:
         return Refusal(404, f"No deployment serves the model {model!r}: GET /v1/models lists "

@@ -53,6 +53,7 @@ from .loadtime import (
     unmeasured_roots,
 )
 from .modelfiles import local_model_facts
+from .served_names import served_name_conflict
 
 S = DeploymentStatus
 
@@ -183,6 +184,8 @@ def deployment_create(
             needs_confirmation=True,
         )
     with transaction.atomic():
+        # Another active deployment of this served name is a 400 naming it; nothing stored.
+        taken = served_name_conflict(spec=spec_to_dict(spec), name=spec.name)
         deployment = Deployment.objects.create(
             name=spec.name,
             spec=spec_to_dict(spec),
@@ -195,8 +198,14 @@ def deployment_create(
             rebuild_image=rebuild_image,
             created_by=user if user is not None and user.is_authenticated else None,  # type: ignore[misc]
         )
-        # In this transaction: a GPU another deployment holds rolls the row back (400).
-        gpu_leases_acquire(deployment=deployment)
+        # In this transaction: a GPU another deployment holds rolls the row back (400), and
+        # so does a taken name; both said at once (a Clone as it is takes both).
+        try:
+            gpu_leases_acquire(deployment=deployment)
+        except DeploymentInputError as exc:
+            raise DeploymentInputError(errors={**taken, **exc.errors}) from None
+        if taken:
+            raise DeploymentInputError(errors=taken)
         events_append(
             deployment_id=deployment.pk,
             events=[

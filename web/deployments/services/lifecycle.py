@@ -25,6 +25,7 @@ from ..models import TERMINAL_STATUSES, Deployment, DeploymentStatus, EventKind,
 from .deployments import DeploymentInputError
 from .events import events_append
 from .leases import gpu_leases_acquire
+from .served_names import served_name_conflict
 
 S = DeploymentStatus
 User = AbstractBaseUser | AnonymousUser | None
@@ -78,6 +79,9 @@ def deployment_restart(*, deployment_id: int, user: User = None) -> Deployment:
         row = Deployment.objects.select_for_update().get(pk=deployment_id)
         if row.status not in TERMINAL_STATUSES:
             raise _not_terminal(row, "restarted")
+        taken = served_name_conflict(spec=row.spec, name=row.name, pk=row.pk)
+        if taken:  # another deployment took its served name meanwhile
+            raise DeploymentInputError(errors=taken)
         _close_run(row, outcome=row.status, diagnosis=row.diagnosis)
         updated = Deployment.objects.filter(pk=row.pk, status__in=list(TERMINAL_STATUSES)).update(
             status=S.QUEUED, phase="", run=F("run") + 1, restarts=0, restart_not_before=None,
