@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -220,3 +221,30 @@ def test_a_worker_start_queues_a_job_for_each_download_left_running(store_root: 
     assert services.model_downloads_resume() == [running.pk]
     queued = [json.loads(m) for m in live_channel.lrange("models", 0, -1)]
     assert [m["headers"]["argsrepr"] for m in queued] == [f"[{running.pk}]"]
+
+
+def test_a_folder_outside_the_model_roots_is_refused_with_the_roots_named(store_root: Path) -> None:
+    with pytest.raises(services.StoreInputError) as bad:
+        services.model_download_request(repo_id=REPO, relative_path="/etc")
+    message = bad.value.errors["path"]
+    assert message.startswith("/etc is outside the model roots") and str(store_root) in message
+    for escape in ("../etc", "org/../../etc"):
+        with pytest.raises(services.StoreInputError) as bad:
+            services.model_download_request(repo_id=REPO, relative_path=escape)
+        assert "no '..'" in bad.value.errors["path"]
+    assert not ModelEntry.objects.exists()
+
+
+def test_a_folder_a_symlink_leads_out_of_the_root_is_refused(store_root: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (store_root / "org").symlink_to(outside)
+    with pytest.raises(services.StoreInputError) as bad:
+        services.model_download_request(repo_id=REPO, relative_path="org/tiny")
+    assert f"resolves to {os.path.realpath(outside)}/tiny, outside the model roots" in bad.value.errors["path"]
+    assert not ModelEntry.objects.exists()
+
+
+def test_a_full_path_inside_the_root_is_the_folder_below_it(store_root: Path) -> None:
+    entry = services.model_download_request(repo_id=REPO, relative_path=f"{store_root}/acme/x")
+    assert entry.relative_path == "acme/x" and entry.root == str(store_root)

@@ -57,6 +57,15 @@ def model_local_path(path: str | None) -> str | None:
     return None
 
 
+def _escapes(rest: PurePosixPath) -> bool:
+    """Whether the path is there under a root but resolves out of it (a symlink)."""
+    for root in settings.MODEL_ROOTS:
+        candidate = os.path.join(root, str(rest))
+        if os.path.lexists(candidate) and not _inside(os.path.realpath(candidate), root):
+            return True
+    return False
+
+
 def _siblings(rest: PurePosixPath) -> tuple[str, ...]:
     names: set[str] = set()
     for root in settings.MODEL_ROOTS:
@@ -85,7 +94,8 @@ def model_folder(path: str) -> ModelFolder:
         return ModelFolder(path=path, mounted=False, exists=False)
     local = model_local_path(path)
     if local is None:
-        return ModelFolder(path=path, mounted=True, exists=False, siblings=_siblings(rest))
+        return ModelFolder(path=path, mounted=True, exists=False, siblings=_siblings(rest),
+                           escapes=_escapes(rest))
     folder = Path(local)
     try:
         count, size = _weights(folder)
