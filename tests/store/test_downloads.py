@@ -156,14 +156,35 @@ def test_a_second_job_waits_for_the_first_ones_lease(store_root: Path, hub: HubS
     assert not [r for r in hub.state.requests if "/resolve/" in r.path]
 
 
-def test_an_unreachable_hub_is_tried_again_then_marked_partial(store_root: Path, hub: HubServer, settings) -> None:  # type: ignore[no-untyped-def]
+def test_a_hub_that_takes_no_connection_fails_the_add_in_seconds_naming_it(store_root: Path, settings) -> None:  # type: ignore[no-untyped-def]
     settings.HF_ENDPOINT = "http://127.0.0.1:9"  # nothing listens there
-    settings.STORE_RETRIES = 1
     entry = _request()
-    first = _run(entry)
+    started = time.monotonic()
+    assert _run(entry).state == ModelState.FAILED
+    assert time.monotonic() - started < 5
+    error = ModelEntry.objects.get(pk=entry.pk).error
+    assert error.startswith("cannot reach the hub at http://127.0.0.1:9: ")
+    assert "Connection refused" in error and "3 tries" in error
+    assert "APPLIANCE_HF_ENDPOINT" in error
+
+
+def test_a_name_that_does_not_resolve_is_said_so(store_root: Path, settings) -> None:  # type: ignore[no-untyped-def]
+    settings.HF_ENDPOINT = "http://no-such-hub.invalid"
+    entry = _request()
+    assert _run(entry).state == ModelState.FAILED
+    error = ModelEntry.objects.get(pk=entry.pk).error
+    assert "cannot reach the hub at http://no-such-hub.invalid" in error
+    assert "not known" in error or "resolution" in error
+
+
+def test_a_hub_that_goes_away_after_the_first_try_is_tried_again_then_marked_partial(store_root: Path, hub: HubServer, settings) -> None:  # type: ignore[no-untyped-def]
+    settings.STORE_RETRIES = 2
+    entry = _request()
+    settings.HF_ENDPOINT = "http://127.0.0.1:9"  # it answered the first job, not this one
+    first = _run(entry, attempt=1)
     assert first.state == "retry" and ModelEntry.objects.get(pk=entry.pk).state == "downloading"
-    assert _run(entry, attempt=1).state == ModelState.PARTIAL
-    assert "did not answer" in ModelEntry.objects.get(pk=entry.pk).error
+    assert _run(entry, attempt=2).state == ModelState.PARTIAL
+    assert "gave up after 2 tries" in ModelEntry.objects.get(pk=entry.pk).error
 
 
 def test_an_unknown_repo_fails_with_what_to_do(store_root: Path) -> None:

@@ -229,6 +229,14 @@ def model_download_run(*, entry_id: int, job_id: str, attempt: int = 0) -> JobOu
         _release(entry_id, job_id, state=S.CANCELLED, finished_at=timezone.now(), rate_bps=0,
                  error="cancelled")
         return JobOutcome(S.CANCELLED)
+    except hub.HubNotReachedError as exc:
+        if attempt > 0:  # it answered before, then went away: a network fault, tried again
+            return _unreachable(entry, job_id, str(exc), attempt)
+        # The first request found no hub: said at once, not after STORE_RETRIES waits.
+        state = S.PARTIAL if entry.commit else S.FAILED  # bytes on disk are resumed later
+        _release(entry_id, job_id, state=state, finished_at=timezone.now(), rate_bps=0,
+                 error=str(exc))
+        return JobOutcome(state)
     except hub.HubUnreachableError as exc:
         return _unreachable(entry, job_id, str(exc), attempt)
     except hub.StoreError as exc:
