@@ -302,6 +302,9 @@ ENGINE_STOP_TIMEOUT_S = env_int("APPLIANCE_ENGINE_STOP_TIMEOUT_S", 30)
 # The engine agent: its id (stable per host; default agent@<hostname>) and its tick.
 AGENT_ID = env_str("APPLIANCE_AGENT_ID", "")
 AGENT_TICK_S = float(env_int("APPLIANCE_AGENT_TICK_MS", 1000)) / 1000
+# An agent whose heartbeat (every tick) is older than this is silent: its
+# deployments show `unknown` with an alert until it reports again (deployments/silence.py).
+AGENT_SILENT_S = env_int("APPLIANCE_AGENT_SILENT_S", 30)
 SSE_KEEPALIVE_S = env_int("APPLIANCE_SSE_KEEPALIVE_S", 15)
 MODELS_DIR = env_str("APPLIANCE_MODELS_DIR", "")
 # Where the web process may read a model's config.json for pre-flight (the mount engines

@@ -31,6 +31,13 @@ def _folder_finding(fld: str, folder: ModelFolder) -> list[Finding]:
                         f"models folder, mounted at {MODELS_MOUNT}",
                         f"put {_what(fld)} in the models folder on the host "
                         f"(APPLIANCE_MODELS_DIR) and write {MODELS_MOUNT}/<folder>")
+    if folder.escapes:
+        return findings("model-path-outside-models", "error", fld,
+                        f"{folder.path!r} resolves outside {MODELS_MOUNT}: a symlink leads out "
+                        "of the models folder, so the engine would read another folder",
+                        f"put {_what(fld)} itself in the models folder on the host "
+                        f"(APPLIANCE_MODELS_DIR), not a link to it, and write "
+                        f"{MODELS_MOUNT}/<folder>")
     if not folder.exists:
         name = folder.path.rstrip("/").rsplit("/", 1)[-1]
         near = difflib.get_close_matches(name, folder.siblings, n=3, cutoff=0.6)

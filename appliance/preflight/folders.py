@@ -48,6 +48,15 @@ def model_local_path(path: str | None, roots: Sequence[str]) -> str | None:
     return None
 
 
+def _escapes(rest: PurePosixPath, roots: Sequence[str]) -> bool:
+    """Whether the path is there under a root but resolves out of it (a symlink)."""
+    for root in roots:
+        candidate = os.path.join(root, str(rest))
+        if os.path.lexists(candidate) and not _inside(os.path.realpath(candidate), root):
+            return True
+    return False
+
+
 def _siblings(rest: PurePosixPath, roots: Sequence[str]) -> tuple[str, ...]:
     names: set[str] = set()
     for root in roots:
@@ -76,7 +85,8 @@ def model_folder(path: str, roots: Sequence[str]) -> ModelFolder:
         return ModelFolder(path=path, mounted=False, exists=False)
     local = model_local_path(path, roots)
     if local is None:
-        return ModelFolder(path=path, mounted=True, exists=False, siblings=_siblings(rest, roots))
+        return ModelFolder(path=path, mounted=True, exists=False, siblings=_siblings(rest, roots),
+                           escapes=_escapes(rest, roots))
     folder = Path(local)
     try:
         count, size = _weights(folder)

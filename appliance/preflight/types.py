@@ -30,6 +30,8 @@ class ModelFolder:
     weights_bytes: int = 0
     # Folder names beside it, for a "did you mean" on a typo.
     siblings: tuple[str, ...] = ()
+    # It is there, but a symlink leads out of the models folder: never mounted or read.
+    escapes: bool = False
 
 
 @dataclass(frozen=True)

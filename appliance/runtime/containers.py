@@ -9,6 +9,7 @@ No Django, no Celery: plain dataclasses in and out.
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from collections.abc import Iterator, Mapping
@@ -31,8 +32,17 @@ COMPOSE_SERVICE = "com.docker.compose.service"
 LABEL_INSTANCE = "appliance.instance"
 LABEL_START = "appliance.start-token"
 NAME_PREFIX = "appliance-engine-"
+log = logging.getLogger(__name__)
 # A container in one of these states is (or is about to be) the deployment's engine.
 LIVE_STATES = frozenset({"created", "running", "restarting", "paused"})
+# The engine network is closed: an engine's HTTP port has no key (SGLang's /server_info even
+# returns its api_key), so only the network's members (the agent, the gateway in web, the
+# worker's benchmark jobs) may reach it. `internal` stops traffic to and from other
+# networks, and with no address on the bridge the host itself has no route to it either
+# (an internal bridge alone still lets the host connect to every engine).
+INHIBIT_IPV4 = "com.docker.network.bridge.inhibit_ipv4"
+ENGINE_NETWORK_OPTIONS: dict[str, Any] = {
+    "driver": "bridge", "internal": True, "options": {INHIBIT_IPV4: "true"}}
 
 
 class EngineRuntimeError(RuntimeError):
@@ -192,17 +202,38 @@ class EngineRuntime:
 
     def ensure_network(self, name: str) -> Any:
         """The engines' own network, made once; it outlives the appliance's containers so
-        that `docker compose down` leaves running engines (and their network) alone."""
+        that `docker compose down` leaves running engines (and their network) alone.
+
+        It is closed (see ENGINE_NETWORK_OPTIONS): only its members reach an engine. A
+        network of that name left open by an older version is made again while nothing is
+        on it; with engines on it, it is kept and a warning says how to close it.
+        """
         try:
-            return self.client.networks.get(name)
+            network = self.client.networks.get(name)
         except docker.errors.NotFound:
-            pass
+            return self._create_network(name)
+        if network_is_closed(network.attrs):
+            return network
+        try:
+            network.remove()
+        except docker.errors.NotFound:
+            pass  # the worker or the agent, starting beside us, removed it first
+        except docker.errors.APIError as exc:
+            log.warning(open_network_warning(name, exc.explanation or str(exc)))
+            network.reload()
+            return network
+        log.warning("engine network %s was open to the host (made by an older version); "
+                    "made again as an internal network", name)
+        return self._create_network(name)
+
+    def _create_network(self, name: str) -> Any:
         # The agent and the worker both make it at start; older daemons (API < 1.44) allow
         # two networks of one name unless asked to check, and then the loser takes the
         # winner's.
         try:
-            return self.client.networks.create(name, driver="bridge", check_duplicate=True,
-                                               labels={LABEL_MANAGED: "1"})
+            return self.client.networks.create(name, check_duplicate=True,
+                                               labels={LABEL_MANAGED: "1"},
+                                               **ENGINE_NETWORK_OPTIONS)
         except docker.errors.APIError as exc:
             if exc.status_code != 409:
                 raise
@@ -400,6 +431,21 @@ def docker_run_kwargs(plan: ContainerPlan) -> dict[str, Any]:
                           capabilities=[["gpu"]])
         ]
     return kwargs
+
+
+def network_is_closed(attrs: Mapping[str, Any]) -> bool:
+    """Whether a network (Docker's inspect) reaches no one but its members."""
+    options = attrs.get("Options") or {}
+    return bool(attrs.get("Internal")) and str(options.get(INHIBIT_IPV4, "")).lower() == "true"
+
+
+def open_network_warning(name: str, reason: str) -> str:
+    """What to do about an engine network an older version left open, with engines on it."""
+    return (f"engine network {name} is open to the host (made by an older version): its "
+            f"engines answer anyone on this machine without an API key. It cannot be made "
+            f"again while containers use it ({reason}). Stop its deployments (or "
+            f"`docker rm -f` their containers), `docker network rm {name}`, then restart the "
+            "agent and the worker (`docker compose restart agent worker`).")
 
 
 def secret_values(plan: ContainerPlan,

@@ -30,6 +30,12 @@ GB = 1000**3
 HASH_CHUNK = 8 * 1024 * 1024
 CHUNK_BYTES = 1024 * 1024
 DEFAULT_ENDPOINT = "https://huggingface.co"
+# The first request (the repo's file list): a hub that takes no connection is tried this many
+# times, CONNECT_PAUSE_S apart, each request bounded by REQUEST_TIMEOUT_S; then the job says
+# so instead of waiting on retries (a wrong APPLIANCE_HF_ENDPOINT, no route out).
+CONNECT_TRIES = 3
+CONNECT_PAUSE_S = 0.5
+REQUEST_TIMEOUT_S = 10.0
 
 
 class StoreError(Exception):
@@ -38,6 +44,11 @@ class StoreError(Exception):
 
 class HubUnreachableError(StoreError):
     """The hub did not answer (network fault): worth trying again later."""
+
+
+class HubNotReachedError(HubUnreachableError):
+    """No connection to the hub at all (refused, a name that does not resolve, a connect
+    timeout): at a job's first request this is a wrong endpoint or no network, not a blip."""
 
 
 class JobInterruptedError(Exception):
@@ -94,16 +105,40 @@ def _hub_error(exc: Exception, what: str) -> StoreError:
                                f"{str(exc)[:300]})")
 
 
+def _no_connection(exc: BaseException) -> bool:
+    """A connection never made (httpx's ConnectError or ConnectTimeout, whichever HTTP
+    client huggingface_hub uses): the server was never asked anything."""
+    return any(k.__name__ in ("ConnectError", "ConnectTimeout") for k in type(exc).__mro__)
+
+
+def _cause(exc: BaseException) -> str:
+    """The operating system's words for it (connection refused, name not known, timed out)."""
+    inner = exc.__cause__ or exc.__context__
+    text = str(inner if isinstance(inner, OSError) and str(inner) else exc)
+    return text[:300] or type(exc).__name__
+
+
 def repo_plan(*, repo_id: str, revision: str, endpoint: str, token: str | None) -> RepoPlan:
     """The files of repo_id at revision, with sizes and LFS sha256, pinned to a commit."""
     from huggingface_hub import HfApi  # noqa: PLC0415 - heavy: only a download job needs the hub client
 
     what = f"{repo_id}@{revision}"
-    try:
-        info = HfApi(endpoint=endpoint, token=token or False).model_info(
-            repo_id, revision=revision, files_metadata=True)
-    except Exception as exc:  # huggingface_hub's errors and httpx's, all turned into ours
-        raise _hub_error(exc, what) from None
+    api = HfApi(endpoint=endpoint, token=token or False)
+    started = time.monotonic()
+    for attempt in range(1, CONNECT_TRIES + 1):
+        try:
+            info = api.model_info(repo_id, revision=revision, files_metadata=True,
+                                  timeout=REQUEST_TIMEOUT_S)
+            break
+        except Exception as exc:  # huggingface_hub's errors and httpx's, all turned into ours
+            if not _no_connection(exc):
+                raise _hub_error(exc, what) from None
+            if attempt == CONNECT_TRIES:
+                raise HubNotReachedError(
+                    f"cannot reach the hub at {endpoint}: {_cause(exc)} ({attempt} tries in "
+                    f"{time.monotonic() - started:.1f} s); check APPLIANCE_HF_ENDPOINT and "
+                    "this machine's network (a proxy?), then add the model again") from None
+            time.sleep(CONNECT_PAUSE_S * attempt)
     files = []
     for sibling in info.siblings or []:
         lfs = sibling.lfs

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 
 import docker.errors
@@ -21,6 +23,7 @@ from appliance.runtime.containers import (
     LogLine,
     container_name,
     docker_run_kwargs,
+    network_is_closed,
 )
 from tests.conftest_docker import (  # noqa: F401 (fixtures)
     FAST_ENV,
@@ -235,6 +238,93 @@ def test_on_a_network_the_engine_is_reached_by_name_and_nothing_is_published(
     finally:
         runtime.stop(deployment_id, timeout_s=5)
         network.remove()
+
+
+def _engine_answers(url: str) -> bool:
+    """Whether the engine's own /server_info answers at url (something else may: this
+    machine's outbound traffic passes a proxy that answers any address it cannot reach)."""
+    try:
+        with urllib.request.urlopen(f"{url}/server_info", timeout=3) as response:
+            return "max_total_num_tokens" in json.loads(response.read() or b"{}")
+    except (OSError, ValueError):
+        return False
+
+
+def _probe_from_container(runtime: EngineRuntime, image: str, url: str,
+                          network: str | None = None, tries: int = 1) -> int:
+    """The exit code of a container that asks url/server_info (up to `tries` times, a
+    second apart): 0 when the engine answered, 1 when it did not (see _engine_answers)."""
+    probe = ("import sys, time, urllib.request as u\n"
+             f"for _ in range({tries}):\n"
+             "    try:\n"
+             f"        body = u.urlopen({url + '/server_info'!r}, timeout=3).read()\n"
+             "        sys.exit(0 if b'max_total_num_tokens' in body else 1)\n"
+             "    except OSError: time.sleep(1)\n"
+             "sys.exit(1)\n")
+    container = runtime.client.containers.run(
+        image, entrypoint=["python3", "-c", probe], detach=True, network=network,
+        labels={TEST_LABEL: "1"})
+    try:
+        return int(container.wait(timeout=60)["StatusCode"])
+    finally:
+        container.remove(force=True)
+
+
+@pytest.fixture
+def engine_network(runtime: EngineRuntime) -> Iterator[str]:
+    name = unique_id("enet")
+    yield name
+    with contextlib.suppress(docker.errors.NotFound):
+        network = runtime.client.networks.get(name)
+        for container in network.containers:  # an engine whose own teardown comes later
+            network.disconnect(container, force=True)
+        network.remove()
+
+
+def test_an_engine_on_the_engine_network_is_reached_by_its_members_only(
+        runtime: EngineRuntime, deployment_id: str, test_engine_image: str,  # noqa: F811
+        engine_network: str) -> None:
+    network = runtime.ensure_network(engine_network)
+    assert network.attrs["Internal"] is True
+    plan = plan_for(deployment_id, test_engine_image, network=engine_network)
+    container = runtime.ensure_started(plan)
+    by_name = runtime.engine_url(container, plan)
+    assert _probe_from_container(runtime, test_engine_image, by_name, engine_network,
+                                 tries=30) == 0
+    container.reload()
+    address = container.attrs["NetworkSettings"]["Networks"][engine_network]["IPAddress"]
+    by_address = f"http://{address}:30000"
+    # A member (the agent, web's gateway, the worker) reaches it; the host and a container
+    # on another network do not, by name or by address.
+    assert _probe_from_container(runtime, test_engine_image, by_address, engine_network) == 0
+    assert not _engine_answers(by_address)
+    assert _probe_from_container(runtime, test_engine_image, by_address) != 0
+    assert _probe_from_container(runtime, test_engine_image, by_name) != 0
+
+
+def test_an_open_engine_network_left_by_an_older_version_is_made_again_while_empty(
+        runtime: EngineRuntime, engine_network: str) -> None:
+    old = runtime.client.networks.create(engine_network, driver="bridge",
+                                         labels={LABEL_MANAGED: "1"})
+    assert not network_is_closed(old.attrs)
+    network = runtime.ensure_network(engine_network)
+    assert network.id != old.id and network_is_closed(network.attrs)
+    assert runtime.ensure_network(engine_network).id == network.id  # closed: kept as it is
+
+
+def test_an_open_engine_network_with_engines_on_it_is_kept_with_a_warning(
+        runtime: EngineRuntime, deployment_id: str, test_engine_image: str,  # noqa: F811
+        engine_network: str, caplog: pytest.LogCaptureFixture) -> None:
+    old = runtime.client.networks.create(engine_network, driver="bridge",
+                                         labels={LABEL_MANAGED: "1"})
+    runtime.ensure_started(plan_for(deployment_id, test_engine_image, network=engine_network))
+    with caplog.at_level("WARNING"):
+        network = runtime.ensure_network(engine_network)
+    assert network.id == old.id and not network_is_closed(network.attrs)
+    warning = next(r.getMessage() for r in caplog.records if "is open to the host" in r.getMessage())
+    assert f"docker network rm {engine_network}" in warning
+    assert "without an API key" in warning
+    runtime.stop(deployment_id, timeout_s=5)
 
 
 def test_a_missing_image_is_named_with_how_to_build_it(

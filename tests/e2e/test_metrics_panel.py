@@ -116,6 +116,19 @@ def test_a_ready_deployment_charts_live_and_an_acceptance_collapse_alerts(  # ty
     expect(_alert(page, "accept-collapse")).to_contain_text("fell to", timeout=90_000)
     expect(page.locator("#alerts")).to_be_visible()
 
+    # Stopped, its page shows the figures as last seen, never as live: at the stop, and after.
+    page.goto(f"{stack}/deployments/{healthy}/")
+    page.click("#stop")
+    page.click("#confirm")
+    expect(page.locator("#status")).to_have_text("stopped", timeout=30_000)
+    expect(page.locator("#conn")).to_have_text("ended")
+    for _ in range(2):
+        expect(page.locator("#decode-source")).to_contain_text(
+            re.compile(r"^last seen at \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC, before the engine "
+                       r"stopped; not live$"))
+        expect(page.locator("#charts-title")).to_contain_text("not live")
+        page.reload()
+
 
 def _keeps_up_with_a_full_window(page: Page) -> None:
     """Fifteen minutes of points at one a second (the window's most), then one more a

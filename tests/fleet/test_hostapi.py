@@ -119,7 +119,7 @@ def test_a_host_cannot_write_another_hosts_deployments_events(live_channel) -> N
     joined("gpu-3")
     theirs = ready()
     services.placement_assign(deployment=theirs, host_name="gpu-3")
-    unplaced = ready(gpus=[1])
+    unplaced = ready(name="second", gpus=[1])
     before = Event.objects.count()
     for target in (theirs.pk, unplaced.pk, 999999):
         status, body = _post(f"/api/fleet/host/deployments/{target}/events/",
@@ -147,7 +147,7 @@ def test_a_host_may_not_write_a_status_event_or_the_status(live_channel) -> None
 def test_a_host_reads_its_own_placements_only() -> None:
     mine = joined("gpu-2")
     joined("gpu-3")
-    here, there = ready(), ready(gpus=[1])
+    here, there = ready(), ready(name="second", gpus=[1])
     services.placement_assign(deployment=here, host_name="gpu-2")
     services.placement_assign(deployment=there, host_name="gpu-3")
     answer = Client().get("/api/fleet/host/", HTTP_AUTHORIZATION=f"Bearer {mine.credential}")

@@ -38,7 +38,7 @@ def test_a_host_joins_once_and_keeps_its_credential_to_itself(live_server, tmp_p
 def test_a_host_ships_its_engines_events_and_is_refused_anothers(live_server, tmp_path,  # type: ignore[no-untyped-def]
                                                                  live_channel) -> None:
     link = _open(live_server, tmp_path / "c", services.jointoken_create(host_name="gpu-2").secret)
-    mine, theirs = ready(), ready(gpus=[1])
+    mine, theirs = ready(), ready(name="second", gpus=[1])
     services.placement_assign(deployment=mine, host_name="gpu-2")
     last = link.ship(mine.pk, [("log", {"stream": "stdout", "text": "hello"})],
                      row={"log_cursor": "1767225600.5"})

@@ -142,7 +142,7 @@ def test_a_drained_host_takes_no_new_placement_and_says_so() -> None:
     with pytest.raises(services.FleetError, match="draining"):
         services.placement_assign(deployment=queued(), host_name="gpu-2")
     services.host_set_draining(name="gpu-2", draining=False)
-    assert services.placement_assign(deployment=queued(gpus=[1]), host_name="gpu-2").host.name == "gpu-2"
+    assert services.placement_assign(deployment=queued(name="second", gpus=[1]), host_name="gpu-2").host.name == "gpu-2"
 
 
 def test_a_host_running_an_engine_is_not_removed_and_the_refusal_names_it() -> None:

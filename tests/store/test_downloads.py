@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -155,14 +156,35 @@ def test_a_second_job_waits_for_the_first_ones_lease(store_root: Path, hub: HubS
     assert not [r for r in hub.state.requests if "/resolve/" in r.path]
 
 
-def test_an_unreachable_hub_is_tried_again_then_marked_partial(store_root: Path, hub: HubServer, settings) -> None:  # type: ignore[no-untyped-def]
+def test_a_hub_that_takes_no_connection_fails_the_add_in_seconds_naming_it(store_root: Path, settings) -> None:  # type: ignore[no-untyped-def]
     settings.HF_ENDPOINT = "http://127.0.0.1:9"  # nothing listens there
-    settings.STORE_RETRIES = 1
     entry = _request()
-    first = _run(entry)
+    started = time.monotonic()
+    assert _run(entry).state == ModelState.FAILED
+    assert time.monotonic() - started < 5
+    error = ModelEntry.objects.get(pk=entry.pk).error
+    assert error.startswith("cannot reach the hub at http://127.0.0.1:9: ")
+    assert "Connection refused" in error and "3 tries" in error
+    assert "APPLIANCE_HF_ENDPOINT" in error
+
+
+def test_a_name_that_does_not_resolve_is_said_so(store_root: Path, settings) -> None:  # type: ignore[no-untyped-def]
+    settings.HF_ENDPOINT = "http://no-such-hub.invalid"
+    entry = _request()
+    assert _run(entry).state == ModelState.FAILED
+    error = ModelEntry.objects.get(pk=entry.pk).error
+    assert "cannot reach the hub at http://no-such-hub.invalid" in error
+    assert "not known" in error or "resolution" in error
+
+
+def test_a_hub_that_goes_away_after_the_first_try_is_tried_again_then_marked_partial(store_root: Path, hub: HubServer, settings) -> None:  # type: ignore[no-untyped-def]
+    settings.STORE_RETRIES = 2
+    entry = _request()
+    settings.HF_ENDPOINT = "http://127.0.0.1:9"  # it answered the first job, not this one
+    first = _run(entry, attempt=1)
     assert first.state == "retry" and ModelEntry.objects.get(pk=entry.pk).state == "downloading"
-    assert _run(entry, attempt=1).state == ModelState.PARTIAL
-    assert "did not answer" in ModelEntry.objects.get(pk=entry.pk).error
+    assert _run(entry, attempt=2).state == ModelState.PARTIAL
+    assert "gave up after 2 tries" in ModelEntry.objects.get(pk=entry.pk).error
 
 
 def test_an_unknown_repo_fails_with_what_to_do(store_root: Path) -> None:
@@ -220,3 +242,30 @@ def test_a_worker_start_queues_a_job_for_each_download_left_running(store_root: 
     assert services.model_downloads_resume() == [running.pk]
     queued = [json.loads(m) for m in live_channel.lrange("models", 0, -1)]
     assert [m["headers"]["argsrepr"] for m in queued] == [f"[{running.pk}]"]
+
+
+def test_a_folder_outside_the_model_roots_is_refused_with_the_roots_named(store_root: Path) -> None:
+    with pytest.raises(services.StoreInputError) as bad:
+        services.model_download_request(repo_id=REPO, relative_path="/etc")
+    message = bad.value.errors["path"]
+    assert message.startswith("/etc is outside the model roots") and str(store_root) in message
+    for escape in ("../etc", "org/../../etc"):
+        with pytest.raises(services.StoreInputError) as bad:
+            services.model_download_request(repo_id=REPO, relative_path=escape)
+        assert "no '..'" in bad.value.errors["path"]
+    assert not ModelEntry.objects.exists()
+
+
+def test_a_folder_a_symlink_leads_out_of_the_root_is_refused(store_root: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (store_root / "org").symlink_to(outside)
+    with pytest.raises(services.StoreInputError) as bad:
+        services.model_download_request(repo_id=REPO, relative_path="org/tiny")
+    assert f"resolves to {os.path.realpath(outside)}/tiny, outside the model roots" in bad.value.errors["path"]
+    assert not ModelEntry.objects.exists()
+
+
+def test_a_full_path_inside_the_root_is_the_folder_below_it(store_root: Path) -> None:
+    entry = services.model_download_request(repo_id=REPO, relative_path=f"{store_root}/acme/x")
+    assert entry.relative_path == "acme/x" and entry.root == str(store_root)

@@ -55,3 +55,17 @@ def test_a_person_without_a_role_may_not_see_it(django_user_model) -> None:  # t
     client = Client()
     client.force_login(django_user_model.objects.create_user(username="nobody", password="x-pass-12"))
     assert client.get("/hosts/").status_code == 403
+
+
+def test_it_names_orphaned_engines_with_the_command_that_removes_them(viewer) -> None:  # type: ignore[no-untyped-def]
+    strays = [{"name": f"appliance-engine-0123abcd-{i}-old", "status": "running",
+               "labels": {"appliance.instance": "0123abcd"}} for i in (1, 2)]
+    Host.objects.create(name="gpu-host", agent_id="agent@gpu-host", heartbeat_at=timezone.now(),
+                        docker={"nvidia": True, "engine_network_open": "engine network "
+                                "appliance-engines is open to the host"},
+                        foreign_containers=strays)
+    page = _page(viewer)
+    assert ("docker rm -f appliance-engine-0123abcd-1-old appliance-engine-0123abcd-2-old"
+            in page)
+    assert "docker compose down -v" in page and "keeps its GPUs" in page
+    assert "engine-network-open" in page and "appliance-engines is open to the host" in page

@@ -54,6 +54,18 @@ def test_a_symlink_out_of_the_root_is_not_followed(root: Path, tmp_path_factory)
     assert not model_folder("/models/../etc").mounted
 
 
+def test_a_model_or_drafter_path_outside_the_models_folder_is_refused_naming_the_field(root: Path, tmp_path_factory) -> None:  # type: ignore[no-untyped-def]
+    write_model(root / "Kimi-K2.6")
+    outside = write_model(tmp_path_factory.mktemp("elsewhere") / "drafter")
+    os.symlink(outside, root / "linked-drafter")
+    for path in ("/etc", "/models/../etc"):
+        errors = _errors(spec(engine__model_path=path))
+        assert any("is outside /models" in m for m in errors["engine.model_path"]), errors
+    errors = _errors(spec(engine__speculative_draft_model_path="/models/linked-drafter"))
+    assert any("resolves outside /models: a symlink leads out" in m
+               for m in errors["engine.speculative_draft_model_path"]), errors
+
+
 def test_a_typo_in_the_model_path_is_refused_naming_the_field_and_the_folder(root: Path) -> None:
     write_model(root / "Kimi-K2.6")
     write_model(root / "Kimi-K2.6-DFlash")

@@ -178,3 +178,17 @@ def test_a_fixed_image_hides_the_rebuild_choice_and_the_form_still_deploys(  # t
     response = operator_client.post(reverse("deployments:new"), data)
     assert response.status_code == 302, response.content.decode()[:2000]
     assert Deployment.objects.get().rebuild_image is False
+
+
+def test_a_stopped_deployments_page_shows_no_live_figures(operator_client):  # type: ignore[no-untyped-def]
+    from .rows import ready
+
+    deployment = ready()
+    live = operator_client.get(f"/deployments/{deployment.pk}/").content.decode()
+    assert "Live metrics" in live and "waiting for the first scrape" in live
+    services.deployment_request_stop(deployment=deployment)
+    services.deployment_mark_stopped(deployment_id=deployment.pk)
+    page = operator_client.get(f"/deployments/{deployment.pk}/").content.decode()
+    assert "Live metrics" not in page
+    assert "(as last seen, before the engine stopped; not live)" in page
+    assert "the engine is stopped: no live figures" in page

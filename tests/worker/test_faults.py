@@ -165,6 +165,43 @@ def test_a_new_agent_takes_over_an_engine_only_when_the_old_lease_has_expired(
         _assert_every_line_once(pk)
 
 
+def _shown_status(client: Any, pk: int) -> str:
+    rows = client.get("/deployments/rows/").json()["deployments"]
+    return str(next(r["status"] for r in rows if r["id"] == pk))
+
+
+def _until_shown(client: Any, pk: int, status: str, timeout_s: float) -> float:
+    started = time.monotonic()
+    while _shown_status(client, pk) != status:
+        assert time.monotonic() - started < timeout_s, f"deployment {pk} never shown {status}"
+        time.sleep(0.5)
+    return time.monotonic() - started
+
+
+def test_a_silent_agent_turns_its_deployment_unknown_and_back_when_it_returns(
+        engine_env: dict[str, str], tmp_path: Path, admin: Any) -> None:
+    from django.test import Client
+
+    client = Client()
+    client.force_login(admin)
+    pk = _deployment().pk
+    tasks.deploy.apply(args=[pk]).get()
+    with override_settings(AGENT_SILENT_S=3), engine_agent(
+            tmp_path / "agent.log", APPLIANCE_AGENT_ID="agent@silent", **engine_env) as agent:
+        _wait(pk, {S.READY}, 90)
+        assert _shown_status(client, pk) == "ready"
+        agent.send_signal(signal.SIGSTOP)  # alive, but it says nothing: a hung agent
+        try:
+            # Its heartbeat comes every tick (1 s): unknown after the 3 s of silence.
+            assert 1.5 <= _until_shown(client, pk, "unknown", 10) < 10
+            polled = client.get(f"/deployments/{pk}/agent/").json()
+            assert polled["status"] == "ready" and polled["silence"]["agent_id"] == "agent@silent"
+        finally:
+            agent.send_signal(signal.SIGCONT)
+        assert _until_shown(client, pk, "ready", 5) < 5
+        assert client.get(f"/deployments/{pk}/agent/").json()["silence"] is None
+
+
 # ---------------------------------------------------------------- the Celery worker
 
 

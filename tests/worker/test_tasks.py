@@ -246,6 +246,31 @@ def test_a_container_with_our_labels_but_not_our_identity_is_never_adopted_or_st
         impostor.remove(force=True)
 
 
+def test_an_engine_left_running_by_a_reset_database_is_named_with_how_to_remove_it(engine, agent, caplog):  # type: ignore[no-untyped-def]
+    """`docker compose down -v` deletes the database, so the next `up` is a new install (a new
+    instance id): the old engines are no deployment's, never adopted, and said so."""
+    orphan = docker.from_env().containers.run(
+        str(settings.ENGINE_IMAGE), ["sleep", "600"], entrypoint=[], detach=True,
+        labels={"appliance.deployment": "7", "appliance.managed": "1",
+                "appliance.instance": "0123456789abcdef", "appliance.start-token": "old"},
+        name=f"appliance-engine-01234567-7-old-{instance_id()[:6]}")
+    try:
+        with caplog.at_level("WARNING"):
+            deadline = time.monotonic() + 15
+            while not any(orphan.name in r.getMessage() for r in caplog.records):
+                assert time.monotonic() < deadline, "the agent warns of the orphaned engine"
+                time.sleep(0.2)
+        warning = next(r.getMessage() for r in caplog.records if orphan.name in r.getMessage())
+        assert "docker compose down -v" in warning and f"docker rm -f {orphan.name}" in warning
+        page = _admin_client().get("/hosts/").content.decode()
+        assert orphan.name in page and "docker compose down -v" in page
+        assert "docker rm -f" in page
+        orphan.reload()
+        assert orphan.status == "running", "never stopped by this install"
+    finally:
+        orphan.remove(force=True)
+
+
 def test_the_agent_ships_decode_stats_and_fails_an_engine_that_dies_while_serving(engine, agent):  # type: ignore[no-untyped-def]
     deployment = _deployment()
     assert _run(deployment.pk) == S.READY

@@ -42,7 +42,12 @@ from appliance.logs.appliance_causes import MODEL_NOT_READY, start_failure
 from appliance.logs.causes import Diagnosis
 from appliance.logs.facts import spec_facts
 from appliance.runtime import gpu_telemetry
-from appliance.runtime.containers import EngineRuntime, EngineRuntimeError
+from appliance.runtime.containers import (
+    EngineRuntime,
+    EngineRuntimeError,
+    network_is_closed,
+    open_network_warning,
+)
 from appliance.runtime.follower import Cursor, EngineFollower, Events, FollowOptions, follow
 from appliance.runtime.secrets import secret_names_available
 from web import tasks
@@ -79,6 +84,10 @@ PRUNE_EVERY_TICKS = 600  # metric series compaction and retention for every depl
 # With Django's connection pool, close() hands the connection back instead of ending it.
 _OPTIONS: Any = settings.DATABASES["default"].get("OPTIONS") or {}
 _POOLED = "pool" in _OPTIONS
+
+
+# What join_engine_network found wrong with the engine network, for the host's report.
+_network_notes: dict[str, str] = {}
 
 
 def default_agent_id() -> str:
@@ -185,6 +194,7 @@ class EngineAgent:
     work: dict[int, _Work] = field(default_factory=dict)
     paused: threading.Event = field(default_factory=threading.Event)  # tests hold it still
     _ticks: int = 0
+    _strays_said: frozenset[str] = frozenset()
 
     def run(self, stop: threading.Event, tick_s: float = 1.0) -> None:
         log.info("engine agent %s running (instance %s)", self.agent_id, instance_id())
@@ -211,6 +221,8 @@ class EngineAgent:
         self._requeue_builds(now)
         if self._ticks % 10 == 0:
             self._report_host(now)
+        else:  # the heartbeat alone, every tick: a silent agent is seen in seconds (silence.py)
+            Host.objects.filter(agent_id=self.agent_id).update(heartbeat_at=now)
         if self._ticks % PRUNE_EVERY_TICKS == 0:
             metrics_prune(now=time.time())
             events_prune_in_background()  # the event log's retention, off this loop
@@ -332,6 +344,13 @@ class EngineAgent:
                     "message": "the build's worker went away; the build was queued again"})])
                 tasks.deployment_start_later(pk)
 
+    def _say_strays(self, strays: list[dict[str, Any]]) -> None:
+        """A warning in the agent's log when new strays appear (the Hosts page lists them)."""
+        names = frozenset(str(c["name"]) for c in strays)
+        if names - self._strays_said:
+            log.warning(_strays_warning(sorted(names)))
+        self._strays_said = names
+
     def _report_host(self, now: Any) -> None:
         known = {(str(d.pk), d.start_token) for d in
                  Deployment.objects.filter(status__in=OWNED_STATUSES)}
@@ -344,15 +363,25 @@ class EngineAgent:
                 strays.append({"name": container.name, "status": container.status,
                                "labels": {k: v for k, v in labels.items()
                                           if k.startswith("appliance.")}})
+        self._say_strays(strays)
         # Named after the agent (agent@<host>), not the container: a recreated agent
         # container is the same host, not a new row.
         host = self.agent_id.split("@", 1)[-1]
         Host.objects.update_or_create(name=host, defaults={
             "agent_id": self.agent_id, "heartbeat_at": now,
-            "docker": docker_facts(self.runtime), "foreign_containers": strays,
+            "docker": {**docker_facts(self.runtime),
+                       "engine_network_open": _network_notes.get("open", "")},
+            "foreign_containers": strays,
             "gpu_telemetry": gpu_telemetry.collect().to_dict(),
             # Names only: pre-flight refuses a spec whose secret this store lacks.
             "secret_names": secret_names_available(directory=settings.ENGINE_SECRETS_DIR)})
+
+
+def _strays_warning(names: list[str]) -> str:
+    return (f"containers with the appliance's labels that no deployment of this install owns: "
+            f"{', '.join(names)} (an engine left running by `docker compose down -v`, which "
+            "deletes the database, is one; a running one keeps its GPUs). They are never "
+            f"adopted or stopped; if they are yours, remove them: docker rm -f {' '.join(names)}")
 
 
 def _waiting_to_restart(deployment: Deployment) -> bool:
@@ -375,6 +404,8 @@ def join_engine_network(runtime: EngineRuntime) -> None:
     if not settings.ENGINE_NETWORK:
         return
     network = runtime.ensure_network(settings.ENGINE_NETWORK)
+    if not network_is_closed(network.attrs):  # an older version's, engines on it: said on Hosts
+        _network_notes["open"] = open_network_warning(settings.ENGINE_NETWORK, "in use")
     if runtime.join_network(network, socket.gethostname()):
         log.info("engine network %s joined", settings.ENGINE_NETWORK)
         for web in runtime.compose_peers(socket.gethostname(), "web"):

@@ -8,7 +8,7 @@ from web.benchmarks.verification_api import VerificationViewSet
 from web.gateway.api import ApiKeyViewSet
 from web.store.api import ModelEntryViewSet
 
-from . import views
+from . import hosts, views
 
 
 # No ".json" suffix routes: the API speaks JSON only, and the viewset's actions take no
@@ -40,6 +40,7 @@ urlpatterns = [
     path("", include(_with_status_reads(router.urls))),
     path("preflight/", views.preflight, name="preflight"),
     path("fleet/", include("web.fleet.api_urls")),
+    path("hosts/", hosts.host_list, name="hosts"),
     # The schema names every endpoint and field: for logged-in users only.
     path("schema/", SpectacularAPIView.as_view(permission_classes=[IsAuthenticated]),
          name="schema"),

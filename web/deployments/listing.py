@@ -52,4 +52,5 @@ def row_texts(row: DeploymentRow) -> dict[str, Any]:
         "throughput_tok_s": row.throughput,
         "throughput_at": _utc(row.throughput_at) if row.throughput_at else "",
         "endpoint": row.endpoint,  # empty: none yet (the page shows a dash)
+        "silent": row.silent,  # its agent is silent: why the status says unknown
     }

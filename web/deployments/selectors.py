@@ -30,6 +30,7 @@ from .models import (
     MetricPoint,
     Run,
 )
+from .silence import UNKNOWN, Silence, agents_last_seen, deployment_silence, host_silence
 
 MAX_SERIES_ROWS = 20_000  # a week of retention is about 12,000 rows
 
@@ -316,8 +317,14 @@ def metric_series(*, deployment_id: int, start: datetime, end: datetime,
 
 
 def hosts_list() -> list[Host]:
-    """The GPU hosts whose engine agents reported, newest report first."""
-    return list(Host.objects.order_by("-heartbeat_at"))
+    """The GPU hosts whose engine agents reported, newest report first, each with its
+    agent's silence (`silence`, None while it reports)."""
+    return [host_with_silence(host) for host in Host.objects.order_by("-heartbeat_at")]
+
+
+def host_with_silence(host: Host) -> Host:
+    host.silence = host_silence(host=host)  # type: ignore[attr-defined]  # for the pages
+    return host
 
 
 # ------------------------------------------------------------------ the list page
@@ -328,7 +335,7 @@ def hosts_list() -> list[Host]:
 LIST_ROWS = 200
 THROUGHPUT_FRESH = timedelta(seconds=60)  # an older point is not "current" throughput
 _LIST_FIELDS = ("id", "name", "status", "algorithm", "recipe", "gpus", "created_at",
-                "ready_at", "engine_url")
+                "ready_at", "engine_url", "agent_id", "lease_until")
 
 
 @dataclass(frozen=True)
@@ -345,6 +352,8 @@ class DeploymentRow:
     throughput: float | None  # while ready: output tok/s of a point under a minute old
     throughput_at: datetime | None  # that point's time
     endpoint: str  # while ready: the engine's address on the engines' network
+    # Its agent is silent (silence.py): the status shown is `unknown`, this says why.
+    silent: str = ""
 
 
 def deployment_list_rows(*, now: datetime, limit: int = LIST_ROWS) -> list[DeploymentRow]:
@@ -353,10 +362,18 @@ def deployment_list_rows(*, now: datetime, limit: int = LIST_ROWS) -> list[Deplo
     rows = (Deployment.objects.only(*_LIST_FIELDS)
             .annotate(point_throughput=Subquery(latest.values("throughput")[:1]),
                       point_ts=Subquery(latest.values("ts")[:1]))[:limit])
-    return [_list_row(d, now) for d in rows]
+    seen = agents_last_seen()
+    return [_list_row(d, now, deployment_silence(deployment=d, seen=seen, now=now))
+            for d in rows]
 
 
-def _list_row(d: Deployment, now: datetime) -> DeploymentRow:
+def _list_row(d: Deployment, now: datetime, silence: Silence | None = None) -> DeploymentRow:
+    if silence is not None:  # nothing on the row is current: no uptime or throughput either
+        return DeploymentRow(
+            id=d.pk, name=d.name, status=UNKNOWN, algorithm=d.algorithm, recipe=d.recipe,
+            gpus=list(d.gpus or []), created_at=d.created_at, ready_at=None, uptime_s=None,
+            throughput=None, throughput_at=None, endpoint="",
+            silent=f"last known {d.status}. {silence.summary}")
     ready = d.status == DeploymentStatus.READY and d.ready_at is not None
     point_ts: datetime | None = getattr(d, "point_ts", None)
     fresh = ready and point_ts is not None and now - point_ts <= THROUGHPUT_FRESH
@@ -431,7 +448,7 @@ def hosts_gpu_board(*, lease_host: str, configured_count: int) -> list[HostGpus]
     leases: dict[tuple[str, int], Deployment] = {
         (lease.host, lease.gpu_index): lease.deployment
         for lease in GpuLease.objects.select_related("deployment")}
-    hosts = {h.name: h for h in Host.objects.order_by("name")}
+    hosts = {h.name: host_with_silence(h) for h in Host.objects.order_by("name")}
     names = sorted({lease_host, *hosts, *(host for host, _ in leases)})
     return [_host_gpus(name, hosts.get(name), leases, lease_host, configured_count)
             for name in names]

@@ -12,6 +12,7 @@ urlpatterns = [
     path("store/read-rate/", loadtime_views.root_read_rate, name="read-rate"),
     path("deployments/rows/", views.deployment_list_rows, name="list-rows"),
     path("deployments/<int:pk>/", views.deployment_detail, name="detail"),
+    path("deployments/<int:pk>/agent/", views.deployment_agent, name="agent"),
     path("deployments/<int:pk>/playground/", playground_views.deployment_playground,
          name="playground"),
     path("deployments/<int:pk>/stop/", lifecycle_views.deployment_stop, name="stop"),

@@ -20,6 +20,7 @@ from .listing import row_texts
 from .models import Deployment
 from .permissions import can_delete, can_deploy, can_stop, can_view
 from .playground_views import how_to_call
+from .silence import deployment_silence
 
 LIST_REFRESH_S = 5  # how often the list page asks for its rows again
 
@@ -107,14 +108,31 @@ def host_list(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @require_safe
+def deployment_agent(request: HttpRequest, pk: int) -> HttpResponse:
+    """Whether the deployment's agent is silent, for the detail page's poll (detail.js): a
+    silent agent sends nothing down the page's live stream, so the page asks."""
+    _require_view(request)
+    deployment = get_object_or_404(
+        Deployment.objects.only("status", "agent_id", "lease_until"), pk=pk)
+    silence = deployment_silence(deployment=deployment)
+    return JsonResponse({"status": deployment.status,
+                         "silence": silence.to_dict() if silence else None})
+
+
+@login_required
+@require_safe
 def deployment_detail(request: HttpRequest, pk: int) -> HttpResponse:
     _require_view(request)
     deployment = get_object_or_404(Deployment, pk=pk)
+    silence = deployment_silence(deployment=deployment)
     return render(
         request,
         "deployments/detail.html",
         {
             "deployment": deployment,
+            # Its agent is silent: shown as unknown with an alert (detail.js asks again).
+            "silence": silence,
+            "silence_data": silence.to_dict() if silence else None,
             "summary": selectors.deployment_summary(deployment=deployment),
             # The page opens at the tail (the row read above says up to where) and its
             # stream goes on from there; older lines come from deployment_events on demand.

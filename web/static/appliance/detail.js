@@ -6,6 +6,7 @@
   const order = ["queued", "building", "starting", "checking", "loading", "capturing", "ready"];
   const statusEl = document.getElementById("status");
   const conn = document.getElementById("conn");
+  const AGENT_ASK_MS = 5000;  // how often the page asks whether the agent still reports
 
   let furthest = -1;  // the last phase reached: a failure is shown where it happened
   function setStatus(status) {
@@ -163,6 +164,7 @@
     document.getElementById("decode-source").textContent = source;
   }
   let pointAt = 0;  // when the last /metrics point was taken (ms)
+  let lastPoint = null;
   function showDecode(s) {
     // A recent /metrics point wins: its throughput is over the whole interval, all requests.
     if (Date.now() - pointAt < 10000) return;
@@ -171,13 +173,24 @@
       accept_rate: num(s.accept_rate, 2), running_req: num(s.running_req, 0),
       cuda_graph: graphText(s.cuda_graph)}, "from the engine's last decode log line");
   }
+  let ended = false;  // stopped or failed: the figures are the last seen, not live
   function showPoint(p) {
     pointAt = p.t * 1000;
     const tput = num(p.throughput, 1);
-    const when = new Date(p.t * 1000).toISOString().slice(11, 19);
+    const when = new Date(p.t * 1000).toISOString().slice(0, 19).replace("T", " ");
     setDecode({gen_throughput: tput && tput + " tok/s", accept_len: num(p.accept_len, 2) || "– (idle)",
       accept_rate: num(p.accept_rate, 2) || "–", running_req: num(p.running, 0),
-      cuda_graph: graphText(p.cuda_graph)}, "from /metrics at " + when + " UTC");
+      cuda_graph: graphText(p.cuda_graph)},
+      ended ? "last seen at " + when + " UTC, before the engine " + statusEl.dataset.status + "; not live"
+        : "from /metrics at " + when.slice(11) + " UTC");
+  }
+  function showEnded(status) {
+    ended = true;
+    const source = document.getElementById("decode-source");
+    if (pointAt) showPoint(lastPoint);
+    else source.textContent = "the engine is " + status + ": no live figures";
+    document.getElementById("charts-title").textContent =
+      "Metrics (as last seen, before the engine " + status + "; not live)";
   }
 
   // Alerts: one line per alert id, its latest raise (and clear), as the server renders them;
@@ -309,12 +322,12 @@
       case "phase": setStatus(p.status); break;
       case "progress": foldProgress(p); break;
       case "metric": if (p.kind === "decode_stats") showDecode(p); break;
-      case "point": showPoint(p); ApplianceCharts.push(p); break;
+      case "point": lastPoint = p; showPoint(p); ApplianceCharts.push(p); break;
       case "alert": showAlert(p, event.ts); break;
       case "diagnosis": showDiagnosis(p); break;
       case "build": build(p); break;
       case "selfcheck": showSelfcheck(p); break;
-      case "end": setStatus(p.status); source.close(); conn.textContent = "ended"; break;
+      case "end": setStatus(p.status); showEnded(p.status); source.close(); conn.textContent = "ended"; break;
       default: break;
     }
   }
@@ -325,9 +338,10 @@
   const times = JSON.parse(document.getElementById("status-times").textContent) || {};
   order.forEach(function (status, i) { if (times[status]) furthest = i; });
   setStatus(summary.status);
+  if (summary.is_terminal) ended = true;
   if (summary.progress) showProgress(summary.progress);
-  if (summary.decode_stats) showDecode(summary.decode_stats);
-  if (summary.metrics) showPoint(summary.metrics);
+  if (summary.decode_stats && !summary.is_terminal) showDecode(summary.decode_stats);
+  if (summary.metrics) { lastPoint = summary.metrics; showPoint(summary.metrics); }
   ApplianceCharts.init();
   ApplianceCharts.load(script.dataset.metrics + "?start=" + (Date.now() / 1000 - 15 * 60));
   // The page opens at the tail (never the whole record): the last lines it carries, then
@@ -345,7 +359,7 @@
     // A stopped or failed deployment's stream would carry nothing more (its end is in the tail).
     if (summary.is_terminal) { conn.textContent = "ended"; return; }
     source = new EventSource(streamUrl + "?after=" + lastSeq);
-    source.onopen = function () { conn.textContent = "live"; };
+    source.onopen = function () { conn.textContent = silent ? silentText(silent) : "live"; };
     source.onerror = function () { if (source.readyState !== 2) conn.textContent = "reconnecting…"; };
     source.onmessage = function (msg) {
       const event = JSON.parse(msg.data);
@@ -353,6 +367,40 @@
       handle(event);
     };
   }
+  // A silent agent sends nothing down the stream, which stays open (the panel is up): the
+  // page asks whether the deployment's agent still reports (views.deployment_agent) and
+  // shows `unknown` with an agent-silent alert while it does not, the stored status again
+  // (the alert marked cleared) once it does.
+  let silent = null;
+  function silentText(s) { return "not live: the agent is silent since " + utcText(s.last_seen); }
+  function showSilence(s) {
+    if (s) {
+      showAlert({id: "agent-silent", severity: "critical", state: "firing", summary: s.summary,
+                 fix: s.fix, raised_at: s.last_seen}, s.last_seen);
+      statusEl.textContent = "unknown";
+      statusEl.className = "status status-unknown";
+      statusEl.title = "last known " + statusEl.dataset.status;
+      conn.textContent = silentText(s);
+    } else if (silent) {
+      showAlert({id: "agent-silent", severity: "critical", state: "resolved", raised_at: silent.last_seen,
+                 cleared_at: new Date().toISOString(), summary: "the agent reports again"}, null);
+      statusEl.title = "";
+      setStatus(statusEl.dataset.status);
+      conn.textContent = source && source.readyState === 1 ? "live" : conn.textContent;
+    }
+    silent = s;
+  }
+  const agentUrl = script.dataset.agent;
+  function askAgent() {
+    if (ended || document.hidden) return;
+    fetch(agentUrl, {credentials: "same-origin", headers: {Accept: "application/json"}})
+      .then(function (r) { if (!r.ok || r.redirected) throw new Error("HTTP " + r.status); return r.json(); })
+      .then(function (body) { showSilence(body.silence); })
+      .catch(function () { /* the page keeps what it shows; the next ask may answer */ });
+  }
+  showSilence(JSON.parse(document.getElementById("agent-silence").textContent));
+  if (!summary.is_terminal) setInterval(askAgent, AGENT_ASK_MS);
+
   // The build and self-check cards show their steps: those rare events come in one request
   // (the newest 200 up to the tail), before the live stream, so they never overwrite it.
   const cardKinds = "build,selfcheck";

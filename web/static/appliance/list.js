@@ -38,7 +38,11 @@
     tr.id = "deployment-" + d.id;
     cell(tr, link(d.id, "#" + d.id), "id");
     cell(tr, link(d.id, d.name));
-    cell(tr, tag("span", d.status, "status status-" + d.status));
+    const status = cell(tr, tag("span", d.status, "status status-" + d.status), "", d.silent);
+    if (d.silent) {  // its agent is silent: the alert the server renders too (list.html)
+      status.appendChild(document.createTextNode(" "));
+      status.appendChild(tag("small", "agent silent", "alert-note"));
+    }
     cell(tr, d.uptime, "uptime", d.ready_since ? "ready since " + d.ready_since : "");
     cell(tr, d.throughput, "throughput",
       d.throughput_at ? "output tokens, from the metric point of " + d.throughput_at : "");

@@ -12,6 +12,7 @@ model_downloads_resume queues at the next worker start goes on from the bytes on
 from __future__ import annotations
 
 import logging
+import os
 import re
 import threading
 import time
@@ -55,12 +56,33 @@ class StoreInputError(Exception):
 
 # ------------------------------------------------------------------ the request
 
-def _folder_error(relative_path: str) -> str | None:
+def _below_root(path: str, root: str) -> str:
+    """A folder the user wrote as a full path (/models/org/name) as the part below `root`;
+    any other path as written (an absolute one outside the root is refused as such)."""
+    if path.startswith("/"):
+        try:
+            return str(PurePosixPath(path).relative_to(root))
+        except ValueError:
+            return path
+    return path
+
+
+def _folder_error(relative_path: str, root: str | None) -> str | None:
+    roots = ", ".join(settings.MODEL_ROOTS)
+    if relative_path.startswith("/"):
+        return (f"{relative_path} is outside the model roots ({roots}, APPLIANCE_MODEL_ROOTS): "
+                "give a folder below the root, like org/name")
     parts = PurePosixPath(relative_path).parts
-    if not parts or relative_path.startswith("/") or not all(
-            _FOLDER_PART.fullmatch(p) for p in parts):
+    if not parts or not all(_FOLDER_PART.fullmatch(p) for p in parts):
         return ("must be a folder below the root, like org/name (letters, digits, . _ -; "
                 "no '..', no leading /)")
+    if root is None:
+        return None
+    # A symlink on the way (root/org -> /etc) would put the download outside the root.
+    real, top = os.path.realpath(os.path.join(root, relative_path)), os.path.realpath(root)
+    if not real.startswith(top.rstrip("/") + "/"):
+        return (f"{root}/{relative_path} resolves to {real}, outside the model roots "
+                f"({roots}): a symlink leads out of the root; choose another folder")
     return None
 
 
@@ -73,7 +95,7 @@ def _checked(repo_id: str, revision: str, root: str, relative_path: str) -> dict
     if root not in settings.MODEL_ROOTS:
         errors["root"] = (f"must be one of the model roots: {', '.join(settings.MODEL_ROOTS)} "
                           "(APPLIANCE_MODEL_ROOTS)")
-    problem = _folder_error(relative_path)
+    problem = _folder_error(relative_path, None if "root" in errors else root)
     if problem:
         errors["path"] = problem
     return errors
@@ -85,7 +107,7 @@ def model_download_request(*, repo_id: str, revision: str = "main", root: str | 
     """A new entry (or a partial, failed or cancelled one again) and its download job."""
     repo_id, revision = repo_id.strip(), (revision or "main").strip()
     root = root or settings.MODEL_ROOTS[0]
-    relative_path = (relative_path or repo_id).strip().strip("/")
+    relative_path = _below_root((relative_path or repo_id).strip().rstrip("/"), root)
     errors = _checked(repo_id, revision, root, relative_path)
     if errors:
         raise StoreInputError(errors)
@@ -203,6 +225,14 @@ def model_download_run(*, entry_id: int, job_id: str, attempt: int = 0) -> JobOu
         _release(entry_id, job_id, state=S.CANCELLED, finished_at=timezone.now(), rate_bps=0,
                  error="cancelled")
         return JobOutcome(S.CANCELLED)
+    except hub.HubNotReachedError as exc:
+        if attempt > 0:  # it answered before, then went away: a network fault, tried again
+            return _unreachable(entry, job_id, str(exc), attempt)
+        # The first request found no hub: said at once, not after STORE_RETRIES waits.
+        state = S.PARTIAL if entry.commit else S.FAILED  # bytes on disk are resumed later
+        _release(entry_id, job_id, state=state, finished_at=timezone.now(), rate_bps=0,
+                 error=str(exc))
+        return JobOutcome(state)
     except hub.HubUnreachableError as exc:
         return _unreachable(entry, job_id, str(exc), attempt)
     except hub.StoreError as exc:
