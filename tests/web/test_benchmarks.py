@@ -13,6 +13,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from tests.web.specs import spec
+from web import tasks
 from web.benchmarks import services
 from web.benchmarks.models import BenchmarkRun, BenchmarkStatus
 from web.deployments.models import Deployment, DeploymentStatus
@@ -65,7 +66,7 @@ def test_a_viewer_reads_but_cannot_run(viewer) -> None:  # type: ignore[no-untyp
 def test_an_ab_run_reports_the_speedup_per_level_and_exports(operator, paced_pair) -> None:  # type: ignore[no-untyped-def]
     fast, slow = _ready("fast", paced_pair[0]), _ready("slow", paced_pair[1])
     client = _client(operator)
-    with mock.patch.object(services, "_enqueue"):
+    with mock.patch.object(tasks, "benchmark_run_later"):
         r = client.post("/api/benchmarks/", {
             "deployments": [fast.pk, slow.pk], "baseline": slow.pk, "levels": [1, 4],
             "num_prompts": 8, "input_len": 16, "output_len": 32, "mode": "interleaved"},
@@ -86,7 +87,7 @@ def test_an_ab_run_reports_the_speedup_per_level_and_exports(operator, paced_pai
 
 def test_a_queued_run_cancels_at_once(operator, paced_pair) -> None:  # type: ignore[no-untyped-def]
     fast = _ready("fast", paced_pair[0])
-    with mock.patch.object(services, "_enqueue"):
+    with mock.patch.object(tasks, "benchmark_run_later"):
         run = services.benchmark_create(deployment_ids=[fast.pk], config={
             "levels": [1], "num_prompts": 1, "input_len": 4, "output_len": 4,
             "prompt_source": "synthetic", "mode": "back_to_back", "warmup": 0, "seed": 0,
@@ -110,7 +111,7 @@ def failing_server(request) -> Iterator[str]:  # type: ignore[no-untyped-def]
 
 
 def _run_against(*deployments: Deployment, levels: list[int], num_prompts: int) -> BenchmarkRun:
-    with mock.patch.object(services, "_enqueue"):
+    with mock.patch.object(tasks, "benchmark_run_later"):
         run = services.benchmark_create(deployment_ids=[d.pk for d in deployments], config={
             "levels": levels, "num_prompts": num_prompts, "input_len": 8, "output_len": 8,
             "prompt_source": "synthetic", "mode": "back_to_back", "warmup": 0, "seed": 0,

@@ -14,6 +14,7 @@ from django.test import Client
 from rest_framework.test import APIClient
 
 from tests.web.specs import spec
+from web import tasks
 from web.benchmarks import verification_services as services
 from web.benchmarks.models import BenchmarkStatus, VerificationRun
 from web.deployments.models import Deployment, DeploymentStatus
@@ -42,7 +43,7 @@ def _api(user: Any) -> APIClient:
 
 
 def _create(user: Any, **body: Any) -> Any:
-    with mock.patch.object(services, "_enqueue") as enqueue:
+    with mock.patch.object(tasks, "verification_run_later") as enqueue:
         response = _api(user).post("/api/verifications/", body, format="json")
     response.enqueued = enqueue.call_args_list  # type: ignore[attr-defined]
     return response
@@ -157,13 +158,13 @@ def test_the_form_names_its_fields_and_why_the_threshold(operator, pair) -> None
     detail = client.get(f"/deployments/{other.pk}/").content.decode()
     assert f'href="/benchmarks/verifications/new/?candidate={other.pk}"' in detail
     assert 'id="check-losslessness"' not in client.get(f"/deployments/{b.pk}/").content.decode()
-    with mock.patch.object(services, "_enqueue"):
+    with mock.patch.object(tasks, "verification_run_later"):
         r = client.post("/benchmarks/verifications/new/", {"candidate": other.pk,
                                                            "baseline": b.pk})
     assert r.status_code == 400
     assert '<li data-field="baseline">baseline: ' in r.content.decode()
     assert "choose a baseline of the same target model" in r.content.decode()
-    with mock.patch.object(services, "_enqueue"):
+    with mock.patch.object(tasks, "verification_run_later"):
         r = client.post("/benchmarks/verifications/new/", {"candidate": a.pk, "baseline": b.pk,
                                                            "max_tokens": "16"})
     run = VerificationRun.objects.get()
