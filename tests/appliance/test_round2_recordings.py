@@ -98,3 +98,14 @@ def test_batches_above_cuda_graph_max_bs_under_load_are_eager_by_design() -> Non
     assert above["evidence"]["running_req"] > 4
     causes = {d["cause"] for d in rec.of_kind("ddtree_bs4_load", "diagnosis")}
     assert "silent-eager-verify" not in causes
+
+
+def test_the_tp2_recording_with_the_specs_gpus_says_which_to_change() -> None:
+    _needs("tp2_one_gpu")
+    with open(rec.folder("tp2_one_gpu") / "engine.log", encoding="utf-8", newline="\n") as log:
+        lines = list(without_docker_stamps(log))
+    short = diagnose(lines, {"gpus": [0], "tp_size": 2})
+    assert short is not None and "(spec key gpus), now [0]" in short.fix
+    listed = diagnose(lines, {"gpus": [0, 1], "tp_size": 2})  # the rig's spec: [0, 1]
+    assert listed is not None and "NVIDIA runtime" in listed.fix and "now [0, 1]" in listed.fix
+    assert listed.evidence["container_cuda_visible_devices"] is None
