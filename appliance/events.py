@@ -344,8 +344,8 @@ class StatusNote(TypedDict):
     message: str
 
 
-class AlertPayload(TypedDict):
-    """appliance.runtime.alerts.Alert.to_dict."""
+class Alert(TypedDict):
+    """appliance.runtime.alerts.Alert.to_dict: what the alert rules raise or resolve."""
 
     id: str
     state: str  # "firing" or "resolved"
@@ -353,6 +353,14 @@ class AlertPayload(TypedDict):
     summary: str
     fix: str
     evidence: dict[str, Any]
+
+
+class AlertPayload(Alert):
+    """An "alert" row: the alert, and when it was raised (and cleared), as the agent stores
+    it (web/deployments/services/metrics.py); rows before raised_at said "since"."""
+
+    raised_at: str | None
+    cleared_at: NotRequired[str]
 
 
 class UnknownEvent(ValueError):

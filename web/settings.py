@@ -211,8 +211,12 @@ SESSION_ENGINE = "web.accounts.sessions"
 # Request bodies: a spec is a few KB; larger is refused with 413 (web/limits.py).
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("APPLIANCE_MAX_BODY_BYTES", 1024 * 1024)
 DATA_UPLOAD_MAX_NUMBER_FIELDS = 200
-# The gateway (/v1, web/gateway): a prompt of a long context is far larger than a spec.
-GATEWAY_MAX_BODY_BYTES = env_int("APPLIANCE_GATEWAY_MAX_BODY_BYTES", 32 * 1024 * 1024)
+# The gateway (/v1, web/gateway): a prompt of a long context is far larger than a spec (Kimi
+# K2.6's 262,144 tokens are about 1 MB of English, 3 MB of escaped CJK); larger is a 413.
+GATEWAY_MAX_BODY_BYTES = env_int("APPLIANCE_GATEWAY_MAX_BODY_BYTES", 8 * 1024 * 1024)
+# The most max_tokens (or max_completion_tokens) a request may ask of a deployment whose spec
+# sets no engine.context_length (its own context length bounds it otherwise); more is a 400.
+GATEWAY_MAX_TOKENS = env_int("APPLIANCE_GATEWAY_MAX_TOKENS", 262_144)
 # The gateway's base URL as the worker reaches it (compose: http://web:8000): a losslessness
 # check "through the gateway" calls /v1 there, as a client would. Empty: that route is off.
 GATEWAY_URL = env_str("APPLIANCE_GATEWAY_URL", "").rstrip("/")

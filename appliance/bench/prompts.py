@@ -7,6 +7,8 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
+from appliance.nesting import TooDeep, json_loads_bounded
+
 # Common English words, each one token in the usual BPE vocabularies, so a synthetic
 # prompt of N words is about N tokens without a tokenizer.
 _VOCAB = ("the of and to in is that for it as was with be by on not he this are or his "
@@ -21,6 +23,8 @@ _VOCAB = ("the of and to in is that for it as was with be by on not he this are 
 _WORDS = tuple(_VOCAB.split())
 
 SOURCES = ("synthetic", "jsonl", "sharegpt")
+# A JSONL line is 1 level deep, a ShareGPT file 4: past this a file is no prompt file.
+MAX_DEPTH = 16
 
 
 class PromptError(ValueError):
@@ -59,7 +63,10 @@ def from_jsonl(text: str, *, output_len: int) -> list[Prompt]:
         if not line.strip():
             continue
         try:
-            item = json.loads(line)
+            item = json_loads_bounded(line, limit=MAX_DEPTH)
+        except TooDeep as exc:
+            raise PromptError("prompts", f"line {number} is {exc}; a line is one "
+                              '{"prompt": "..."} object') from None
         except json.JSONDecodeError as exc:
             raise PromptError("prompts", f"line {number} is not JSON: {exc.msg}") from exc
         if isinstance(item, str):
@@ -78,7 +85,10 @@ def from_sharegpt(text: str, *, output_len: int | None) -> list[Prompt]:
     "gpt", ...}]}; the first turn is the prompt, the reply's length the output length (as
     sglang.bench_serving does), unless output_len fixes it."""
     try:
-        data = json.loads(text)
+        data = json_loads_bounded(text, limit=MAX_DEPTH)
+    except TooDeep as exc:
+        raise PromptError("prompts", f"the file is {exc}; a ShareGPT file is a list of "
+                          '{"conversations": [...]} (4 levels)') from None
     except json.JSONDecodeError as exc:
         raise PromptError("prompts", f"not a JSON file: {exc.msg}") from exc
     if not isinstance(data, list):

@@ -7,7 +7,8 @@ stable id, a summary, a fix, a priority (a specific root cause beats a generic
 symptom such as an NCCL error on the other ranks) and cheap substring needles
 that gate its matcher, so scanning a log stays fast. The causes the DDTree sources
 raise are in appliance.logs.ddtree_causes; the Cause and Diagnosis types in
-appliance.logs.cause.
+appliance.logs.cause. These are the engine's part of the one failure catalogue
+(appliance.logs.catalogue), beside the appliance's own (appliance.logs.appliance_causes).
 """
 
 from __future__ import annotations

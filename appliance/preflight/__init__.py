@@ -21,6 +21,7 @@ from typing import Any
 
 from appliance import selfcheck
 from appliance.engine.flags import load_flags
+from appliance.engine.model_config import drafter_block_size, is_mla, text_config
 from appliance.engine.recipes import Recipe, RecipeError, load_recipe
 from appliance.engine.spec import DeploymentSpec
 from appliance.preflight.arguments import (
@@ -28,15 +29,7 @@ from appliance.preflight.arguments import (
     rule_secret_in_args,
     rule_unknown_flag,
 )
-from appliance.preflight.context import (
-    block_size,
-    ddtree_budget,
-    drafter_block_size,
-    is_mla,
-    read_config,
-    read_weights_bytes,
-    text_config,
-)
+from appliance.preflight.context import block_size, ddtree_budget, read_config, read_weights_bytes
 from appliance.preflight.ddtree import (
     VERIFY_WIDTH_PATCH,
     rule_ddtree_draft_attention_backend,

@@ -1,6 +1,7 @@
-"""The pre-flight rules' shared helpers (a model's text config, MLA, the block size and
-DDTree budget), and the readers of local checkpoint files (config.json, weight sizes) that
-fill a Context (appliance.preflight.types)."""
+"""The pre-flight rules' shared helpers (the block size and DDTree budget a context gives),
+and the readers of local checkpoint files (config.json, weight sizes) that fill a Context
+(appliance.preflight.types). What a config.json says (its text config, MLA, a drafter's
+block size) is appliance.engine.model_config's: the model store reads it too."""
 
 from __future__ import annotations
 
@@ -9,35 +10,10 @@ import re
 from pathlib import Path
 from typing import Any
 
+from appliance.engine.model_config import drafter_block_size
 from appliance.preflight.types import Context
 
 # ---------------------------------------------------------------- helpers
-
-def text_config(config: dict[str, Any] | None) -> dict[str, Any] | None:
-    """Multimodal checkpoints (Kimi K2.5/K2.6) nest the language model under text_config."""
-    if config is None:
-        return None
-    nested = config.get("text_config")
-    return {**config, **nested} if isinstance(nested, dict) else config
-
-
-def is_mla(model: dict[str, Any] | None) -> bool | None:
-    if model is None:
-        return None
-    if model.get("kv_lora_rank"):
-        return True
-    arch = " ".join(model.get("architectures") or []) + " " + str(model.get("model_type", ""))
-    return bool(re.search(r"deepseek_?v[23]|kimi_?k2", arch, re.IGNORECASE))
-
-
-def drafter_block_size(drafter: dict[str, Any] | None) -> int | None:
-    """As sglang's parse_dflash_draft_config: dflash_config.block_size, else top-level."""
-    if drafter is None:
-        return None
-    sub = drafter.get("dflash_config") or {}
-    value = sub.get("block_size", drafter.get("block_size"))
-    return int(value) if value is not None else None
-
 
 def block_size(ctx: Context) -> int | None:
     e = ctx.engine

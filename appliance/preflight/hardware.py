@@ -27,8 +27,8 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from appliance.engine.model_config import is_mla
 from appliance.engine.spec import DFLASH_FAMILY
-from appliance.preflight.context import is_mla
 from appliance.preflight.types import Context, Finding, findings
 
 RULE = "gpu-arch-attention-backend"

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from appliance.engine.model_config import is_mla
 from appliance.engine.spec import DFLASH_FAMILY
-from appliance.preflight.context import is_mla
 from appliance.preflight.types import Context, Finding, findings
 
 

@@ -6,8 +6,9 @@ are in appliance.preflight.ddtree.
 
 from __future__ import annotations
 
+from appliance.engine.model_config import drafter_block_size, is_mla
 from appliance.engine.spec import DFLASH_FAMILY, EngineOptions
-from appliance.preflight.context import block_size, drafter_block_size, is_mla, version_tuple
+from appliance.preflight.context import block_size, version_tuple
 from appliance.preflight.sources import ddtree_source
 from appliance.preflight.types import Context, Finding, findings
 

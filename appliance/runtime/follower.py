@@ -22,6 +22,8 @@ from typing import Any, Protocol
 
 from appliance.events import (
     BAR_KINDS,
+    CAPTURE_BEGIN,
+    CAPTURE_PROGRESS,
     DIAGNOSIS,
     LOG,
     METRIC,
@@ -29,8 +31,12 @@ from appliance.events import (
     PROGRESS,
     PROGRESS_KINDS,
     SELFCHECK,
+    SELFCHECK_BEGIN,
+    SELFCHECK_START,
     STATS_KINDS,
     STATUS,
+    WEIGHTS_BEGIN,
+    WEIGHTS_PROGRESS,
 )
 from appliance.lifecycle import ENGINE_PHASES, Status
 from appliance.logs.appliance_causes import (
@@ -49,12 +55,12 @@ from appliance.runtime.containers import ContainerPlan, EngineRuntime, LogLine
 
 # Parser kinds that move the deployment forward, and the engine phase each means.
 PHASE_OF_KIND = {
-    "selfcheck_start": Status.CHECKING,
-    "selfcheck_begin": Status.CHECKING,
-    "weights_begin": Status.LOADING,
-    "weights_progress": Status.LOADING,
-    "capture_begin": Status.CAPTURING,
-    "capture_progress": Status.CAPTURING,
+    SELFCHECK_START: Status.CHECKING,
+    SELFCHECK_BEGIN: Status.CHECKING,
+    WEIGHTS_BEGIN: Status.LOADING,
+    WEIGHTS_PROGRESS: Status.LOADING,
+    CAPTURE_BEGIN: Status.CAPTURING,
+    CAPTURE_PROGRESS: Status.CAPTURING,
 }
 PHASE_ORDER: tuple[str, ...] = ENGINE_PHASES  # the agent's moves, appliance.lifecycle
 LAST_LINES = 60

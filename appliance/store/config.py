@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from appliance.preflight.context import drafter_block_size, is_mla, text_config
+from appliance.engine.model_config import drafter_block_size, is_mla, text_config
 
 CONFIG_NAME = "config.json"
 # The sizes a person compares models by and pre-flight checks a drafter against.

@@ -89,7 +89,9 @@ def test_a_payload_of_an_unknown_version_or_kind_is_refused_by_name(
         events.engine_event(payload)
 
 
-def test_an_alerts_payload_has_the_keys_alert_payload_names() -> None:
+def test_an_alert_has_the_keys_the_alert_type_names() -> None:
     alert = Alert("stall", "firing", "warning", "No progress for 300 s.", "read the log",
                   {"quiet_s": 300.0})
-    assert set(alert.to_dict()) == events.AlertPayload.__required_keys__
+    assert set(alert.to_dict()) == events.Alert.__required_keys__
+    assert events.AlertPayload.__required_keys__ == events.Alert.__required_keys__ | {
+        "raised_at"}

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from appliance.bench.lossless import TOP_LOGPROBS
+from appliance.bench.verify import by_text, compare
 from tests.appliance.openai_standin import GAP, MODEL, NEAR_TIE, answer_steps, standin
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -162,3 +163,38 @@ def test_a_baseline_that_refuses_logprobs_over_openai_is_a_usage_error(prompts: 
     assert done.returncode == 2
     assert "refuses log-probs" in done.stderr
     assert "give a server without speculation as --b" in done.stderr
+
+
+def _baseline(tokens: list[str], tops: list[list[tuple[str, float]]]) -> dict[str, Any]:
+    """B's answer in /generate's shape, as appliance.bench.verify_api makes of a /v1 one."""
+    return {"text": "".join(tokens), "output_ids": tokens, "meta_info": {
+        "output_token_logprobs": [[-0.1, t, t] for t in tokens],
+        "output_top_logprobs": [[[lp, t, t] for t, lp in top] for top in tops]}}
+
+
+def test_a_text_without_tokens_is_read_against_the_baselines_tokens_and_top_choices() -> None:
+    tops = [[(" a", -0.1), (" b", -2.0)], [(" tree", -0.1), (" tr", -0.2), (" x", -3.0)],
+            [(" c", -0.1), (" d", -1.0)]]
+    b = _baseline([" a", " tree", " c"], tops)
+
+    def read(text: str) -> list[str]:
+        return by_text({"text": text, "output_ids": None}, b)["output_ids"]  # type: ignore[no-any-return]
+
+    assert read(" a tree c") == [" a", " tree", " c"]
+    assert read(" a x c") == [" a", " x"]  # B's third choice there, whose text A goes on with
+    assert read(" a zzz") == [" a", "<not in B's top: ' zzz'...>"]  # none of B's top ones
+    assert read(" a") == [" a"]  # A's text ends: its token there is unknown
+    assert read(" a tree c!") == [" a", " tree", " c", "<not in B's top: '!'...>"]
+    # The limit the report names: B's " tree" read where A wrote " tr" + "ee" (same text).
+    assert read(" a tree c") == read(" a" + " tr" + "ee" + " c")
+
+
+def test_a_text_read_so_is_judged_by_the_baselines_gap_at_the_token_where_it_parts() -> None:
+    tops = [[(" a", -0.1), (" b", -2.0)], [(" tree", -0.1), (" tr", -0.1625), (" x", -3.0)],
+            [(" c", -0.1), (" d", -1.0)]]
+    b = _baseline([" a", " tree", " c"], tops)
+    near = compare(1, "p", {"text": " a tr c", "output_ids": None}, b, threshold=0.5)
+    far = compare(1, "p", {"text": " a zzz", "output_ids": None}, b, threshold=0.5)
+    assert (near.verdict, near.position, near.candidate_in_top2) == ("near-tie", 1, True)
+    assert near.a is not None and near.a.token_text == " tr"
+    assert (far.verdict, far.position, far.candidate_in_top2) == ("failure", 1, False)

@@ -438,8 +438,9 @@ def _open_a_busy_log(page: Page, stack: Stack, pk: int) -> dict[str, Any]:
 
 def _clone_onto_a_held_gpu(page: Page, stack: Stack, token: str, pk: int) -> int:
     """Clone fills the form with the deployment's spec, GPU included; deploying it as it is
-    double-books that GPU and the form refuses, naming the GPU and its holder; on GPU 2 the
-    clone deploys with the same spec."""
+    double-books that GPU and the form refuses, naming the GPU and its holder; on GPU 2 its
+    served name is still the holder's, refused by name; renamed on GPU 2 the clone deploys
+    with the same spec."""
     original = stack.api(token, f"/deployments/{pk}/")
     page.goto(f"{stack.url}/deployments/{pk}/")
     page.click("#clone")
@@ -452,6 +453,12 @@ def _clone_onto_a_held_gpu(page: Page, stack: Stack, token: str, pk: int) -> int
     expect(refusal).to_contain_text(
         f"GPU {gpus} on host e2e-host is held by deployment #{pk} '{original['name']}' "
         f"({original['status']}); stop it or choose other GPUs.")
+    # On a free GPU it is still a second deployment of the served name: refused, naming it.
+    page.fill("#id_gpu_ids", "2")
+    page.check("#id_confirm_warnings")
+    page.click("#deploy")
+    expect(page.locator("#field-name .field-error")).to_contain_text(
+        f"The served model name '{original['name']}' is already served by deployment #{pk}")
     page.fill("#id_name", "e2e-clone")
     page.fill("#id_gpu_ids", "2")
     page.check("#id_confirm_warnings")

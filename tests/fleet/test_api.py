@@ -111,3 +111,12 @@ def test_an_admin_removes_an_idle_host(admin) -> None:  # type: ignore[no-untype
     assert client.delete("/api/fleet/hosts/gpu-2/").status_code == 204
     assert not FleetHost.objects.exists()
     assert client.delete("/api/fleet/hosts/gpu-2/").status_code == 404
+
+
+def test_a_hosts_held_and_free_gpus_come_from_its_leases(viewer, settings) -> None:  # type: ignore[no-untyped-def]
+    settings.HOST_NAME = "gpu-2"
+    joined("gpu-2")
+    holder = ready(gpus=[2, 5])
+    host = _client(viewer).get("/api/fleet/hosts/gpu-2/").json()
+    assert host["held_gpus"] == [2, 5] and host["free_gpus"] == 6
+    assert host["deployments"] == [holder.pk]

@@ -152,3 +152,19 @@ def test_a_host_reads_its_own_placements_only() -> None:
     services.placement_assign(deployment=there, host_name="gpu-3")
     answer = Client().get("/api/fleet/host/", HTTP_AUTHORIZATION=f"Bearer {mine.credential}")
     assert answer.status_code == 200 and answer.json()["deployments"] == [here.pk]
+
+
+@pytest.mark.parametrize("bad", ['"a\\u0000b"', '"\\ud800"', "NaN"])
+def test_a_payload_the_database_cannot_store_is_a_400_and_stores_nothing(bad, live_channel) -> None:  # type: ignore[no-untyped-def]
+    done = joined("gpu-2")
+    mine = ready()
+    services.placement_assign(deployment=mine, host_name="gpu-2")
+    before = Event.objects.filter(deployment=mine).count()
+    # By hand, so the bad value reaches the panel exactly as a hostile host would send it.
+    good = '["log", {"stream": "stdout", "text": "ok"}]'
+    body = '{"events": [' + good + ', ["log", {"text": "x", "note": ' + bad + '}]]}'
+    answer = Client().post(f"/api/fleet/host/deployments/{mine.pk}/events/", body,
+                           content_type="application/json",
+                           HTTP_AUTHORIZATION=f"Bearer {done.credential}")
+    assert answer.status_code == 400 and "cannot store" in answer.json()["events"][0]
+    assert Event.objects.filter(deployment=mine).count() == before

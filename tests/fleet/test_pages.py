@@ -98,3 +98,13 @@ def test_only_an_admin_drains_or_removes_on_the_page(actor, request) -> None:  #
 def test_a_person_without_a_role_does_not_see_the_fleet(django_user_model) -> None:  # type: ignore[no-untyped-def]
     nobody = django_user_model.objects.create_user(username="nobody", password="x-pass-12")
     assert _client(nobody).get("/fleet/").status_code == 403
+
+
+def test_the_fleet_page_counts_a_hosts_free_gpus_and_lists_its_engines(viewer, settings) -> None:  # type: ignore[no-untyped-def]
+    settings.HOST_NAME = "gpu-2"  # the host this panel's GPU leases are taken on
+    joined("gpu-2")
+    holder = ready(gpus=[0, 1])
+    page = _client(viewer).get("/fleet/").content.decode()
+    start = page.index('id="fleet-host-gpu-2"')
+    row = page[start:page.index("</tr>", start)]
+    assert "6 free" in row and f'href="/deployments/{holder.pk}/"' in row

@@ -13,6 +13,9 @@ import pytest
 import requests
 from openai import OpenAI
 
+from appliance.engine.launch import launch_args
+from appliance.engine.spec import spec_from_dict
+from tests.conftest_docker import FAST_ENV, TEST_LABELS, host_port, wait_for
 from tests.servers import login_session
 from tests.web.specs import spec
 from web.deployments.models import Deployment, DeploymentStatus
@@ -301,3 +304,41 @@ def test_a_client_that_goes_away_stops_the_engines_stream(panel, operator, key_f
     finally:
         engine.shutdown()
         engine.server_close()
+
+
+def test_a_stream_whose_engine_container_is_killed_ends_with_an_error_event(panel, operator, key_for, docker_client, test_engine_image) -> None:  # type: ignore[no-untyped-def]
+    """A real test engine, killed (SIGKILL, as an OOM kill or a crash) in mid-answer: the
+    client's stream ends with the gateway's error event and [DONE], promptly."""
+    data = spec(name="doomed")
+    container = docker_client.containers.run(
+        test_engine_image, command=launch_args(spec_from_dict(data)).argv, detach=True,
+        environment=dict(FAST_ENV), labels=dict(TEST_LABELS),
+        ports={"30000/tcp": ("127.0.0.1", None)})
+    try:
+        url = f"http://127.0.0.1:{host_port(container)}"
+        wait_for(lambda: _up(url), timeout_s=90)
+        Deployment.objects.create(name="doomed", spec=data, recipe=data["recipe"],
+                                  algorithm="DDTREE", gpus=data["gpus"],
+                                  status=DeploymentStatus.READY, engine_url=url)
+        body = {**CHAT, "model": "doomed", "stream": True, "max_tokens": 200_000}
+        with post(panel, "/v1/chat/completions", body, bearer(key_for(operator)),
+                  stream=True) as answer:
+            assert answer.status_code == 200
+            lines = answer.iter_lines()
+            assert next(lines).startswith(b"data: ")
+            container.kill()
+            started = time.monotonic()
+            rest = [line for line in lines if line]
+        assert time.monotonic() - started < 15
+        assert rest[-1] == b"data: [DONE]"
+        error = json.loads(rest[-2].removeprefix(b"data: "))["error"]
+        assert error["code"] == "engine_stream_broken"
+    finally:
+        container.remove(force=True)
+
+
+def _up(url: str) -> bool:
+    try:
+        return requests.get(f"{url}/health", timeout=2).status_code == 200
+    except requests.RequestException:
+        return False

@@ -1,11 +1,23 @@
 #!/usr/bin/env bash
 # The real-engine rig: runs the real SGLang DDTree engine on this GPU host and records it.
-#   bash tests/gpu/real-engine.sh [record|failures|all|fa3|probe|verify|bigload|RUN...]  (default: all)
-# record: DDTREE, DFLASH and no speculation (triton), served, benchmarked and probed.
-# failures: 101cd5bd0's crash, the recorded failure cases and the memory-calibration captures.
-# Packages come at the flagship lock's versions: from $RIG_CARRY/site*.tar.xz (made by
-# tests/gpu/realengine/build_carry.py where PyPI is reachable), else built here with pip.
-# SGLang sources: $RIG_CARRY/sglang-<commit>.tar.gz, else $APPLIANCE_SGLANG_SRC_DIR (../shared/sglang-src).
+#   bash tests/gpu/real-engine.sh [PHASE | WAVE...]   (default: all)
+# PHASE: record | failures | all | fa3 | probe | verify | bigload | round2 | int4 (below).
+# WAVE: runs of tests/gpu/realengine/runs.py, comma-separated to start them together on the
+#   one GPU (each on its own port, KV pools capped), e.g. `missing_model,kv_too_small base_triton`
+#   is two waves, one after the other.
+# Environment:
+#   RIG_BUDGET_S  seconds this call may take (default 3600). Every phase keeps to it: a wave
+#                 that cannot finish in what is left is not started, a run's start, probe,
+#                 bench and refusals stop in time for its engine to be stopped before it.
+#   RIG_CARRY     folder with what a host without network needs (default .carry_re):
+#                 site.tar.xz, site101.tar.xz, grammar.tar.xz and sglang-<commit>.tar.gz, made by
+#                 tests/gpu/realengine/build_carry.py where PyPI is reachable.
+#   RIG_STASH     where packages, models and recordings are kept between calls ($HOME/stash).
+#   APPLIANCE_SGLANG_SRC_DIR  SGLang snapshots when not in RIG_CARRY (../shared/sglang-src).
+# Packages come at the flagship lock's versions: from $RIG_CARRY/site*.tar.xz, else built here
+# with pip (build_carry.py). SGLang sources: $RIG_CARRY/sglang-<commit>.tar.gz, else
+# $APPLIANCE_SGLANG_SRC_DIR: a host without ../shared (a device machine that gets only the
+# checkout) needs the tarball in the carry.
 # Writes $OUT/recordings-<phase>.tar.xz (one folder per run: tests/gpu/realengine/record.py says
 # what is in it) and $OUT/rig.log; tests/gpu/realengine/README.md says how they become fixtures.
 set -uo pipefail
@@ -35,10 +47,15 @@ unpack() {  # archive, marker
 need101=0
 case "$phase" in failures|all|ddtree101*) need101=1 ;; esac
 if ! unpack "$carry/site.tar.xz" site; then
-  python3 tests/gpu/realengine/build_carry.py "$stash/carry" && unpack "$stash/carry/site.tar.xz" site \
+  only=(--only 433c58ed7); [ $need101 = 1 ] && only=()
+  python3 tests/gpu/realengine/build_carry.py "$stash/carry" "${only[@]}" --grammar \
+    && unpack "$stash/carry/site.tar.xz" site \
     || { echo "no packages: carry $carry/site.tar.xz or reach PyPI"; exit 2; }
 fi
 [ $need101 = 1 ] && { unpack "$carry/site101.tar.xz" site101 || unpack "$stash/carry/site101.tar.xz" site101; }
+# xgrammar unpacks into site/ (runs with grammar requests; the others pass --grammar-backend none).
+unpack "$carry/grammar.tar.xz" grammar || unpack "$stash/carry/grammar.tar.xz" grammar \
+  || echo "no grammar.tar.xz: runs that need xgrammar will fail to start"
 for commit in 433c58ed70cd1dabe5a07a83da12f1513cd599ae 101cd5bd02faab336ada94f78daada6288c1816e; do
   [ -f "$stash/s-$commit.ok" ] && continue
   for dir in "$carry" "$src_dir"; do
@@ -63,25 +80,58 @@ if [ ! -f "$stash/env.ok" ]; then
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   PYTHONPATH="$stash/site:$stash/stubs" python3 -c "
 import importlib.metadata as m
-print(' '.join(f'{p}=={m.version(p)}' for p in ('torch', 'triton', 'transformers', 'tokenizers', 'sglang-kernel', 'aiohttp')))"
+print(' '.join(f'{p}=={m.version(p)}' for p in ('torch', 'triton', 'transformers', 'tokenizers', 'sglang-kernel', 'aiohttp', 'compressed-tensors', 'xgrammar')))"
+  PYTHONPATH="$stash/site:$stash/stubs" python3 -c "import xgrammar; print('xgrammar imports')" 2>&1 | tail -3
   touch "$stash/env.ok"
 fi
 
+# A phase is a list of waves; the runs of a wave (commas) start together.
 case "$phase" in
-  record) runs="ddtree_triton dflash_triton base_triton" ;;
-  failures) runs="ddtree101_triton missing_model kv_too_small tree_backend_unsupported drafter_hidden_mismatch capture_oom ddtree_triton_bs16 dflash_triton_bs16 ddtree_triton_ctx32k" ;;
-  all) runs="ddtree_triton dflash_triton base_triton ddtree101_triton missing_model kv_too_small tree_backend_unsupported drafter_hidden_mismatch capture_oom ddtree_triton_bs16 dflash_triton_bs16 ddtree_triton_ctx32k" ;;
-  fa3) runs="ddtree_fa3 dflash_fa3" ;;
-  probe) runs="ddtree_probe dflash_probe ddtree_triton_ctx32k tree_backend_unsupported" ;;
-  verify) runs="verify_ddtree_base" ;;
-  bigload) runs="bigload_triton" ;;
-  *) runs="$*" ;;
+  record) waves="ddtree_triton dflash_triton base_triton" ;;
+  failures) waves="ddtree101_triton missing_model kv_too_small tree_backend_unsupported drafter_hidden_mismatch capture_oom ddtree_triton_bs16 dflash_triton_bs16 ddtree_triton_ctx32k" ;;
+  all) waves="ddtree_triton dflash_triton base_triton ddtree101_triton missing_model kv_too_small tree_backend_unsupported drafter_hidden_mismatch capture_oom ddtree_triton_bs16 dflash_triton_bs16 ddtree_triton_ctx32k" ;;
+  fa3) waves="ddtree_fa3 dflash_fa3" ;;
+  probe) waves="ddtree_probe dflash_probe ddtree_triton_ctx32k tree_backend_unsupported" ;;
+  verify) waves="verify_ddtree_base" ;;
+  bigload) waves="bigload_triton" ;;
+  # The second round: the failures and warnings the appliance misread, and the refusals (bf16),
+  # all at once; then Kimi K2.6's INT4 checkpoint format, each served alone.
+  round2) waves="drafter_missing,tp2_one_gpu,dflash_block4,ddtree_nograph,ddtree_bs4_load,refusals_ddtree,refusals_dflash,refusals_base ddtree_int4,dflash_int4,base_int4" ;;
+  int4) waves="ddtree_int4,dflash_int4,base_int4" ;;
+  # Capture-only, one engine at a time; the first builds the INT4 JIT kernels itself.
+  int4-alone) waves="dflash_int4_alone base_int4_alone" ;;
+  *) waves="$*" ;;
 esac
-for run in $runs; do
-  if [ -f "$stash/runs/$run/run.json" ]; then echo "[$run] recorded earlier"; continue; fi
+# The INT4 runs' Marlin kernels are JIT-built at first use: built once here, in the background
+# while earlier waves run, instead of by each INT4 engine at its start ($OUT/jit_warm.log).
+case "$phase" in round2|int4)
+  if [ ! -f "$stash/jit.ok" ]; then
+    ( PYTHONPATH="$stash/site:$stash/stubs:$stash/sglang-433c58ed70cd1dabe5a07a83da12f1513cd599ae/python" \
+        python3 tests/gpu/realengine/jit_warm.py > "$out/jit_warm.log" 2>&1 && touch "$stash/jit.ok" ) &
+    jit_pid=$!
+  fi ;;
+esac
+for wave in $waves; do
+  case "$wave" in *_int4*) [ -n "${jit_pid:-}" ] && wait "$jit_pid" && jit_pid= ;; esac
+  todo=()
+  for run in ${wave//,/ }; do
+    if [ -f "$stash/runs/$run/run.json" ]; then echo "[$run] recorded earlier"; else todo+=("$run"); fi
+  done
+  [ ${#todo[@]} -eq 0 ] && continue
+  names=$(IFS=,; echo "${todo[*]}")
+  need=$(PYTHONPATH=. python3 tests/gpu/realengine/runs.py --wave-min "$names")
   left=$(( RIG_DEADLINE - $(date +%s) ))
-  if [ $left -lt 75 ]; then echo "[$run] skipped: $left s left"; continue; fi
-  python3 tests/gpu/realengine/record.py "$run" "$stash/runs"
+  if [ "$left" -lt "$need" ]; then echo "[$names] skipped: $left s left, the wave needs $need"; continue; fi
+  echo "[$names] wave of ${#todo[@]} ($left s left, needs about $need)"
+  i=0 pids=()
+  for run in "${todo[@]}"; do
+    RIG_PORT=$(( 30000 + 10 * i )) RIG_SHARED_GPU=${#todo[@]} RIG_WAVE=$names \
+      python3 tests/gpu/realengine/record.py "$run" "$stash/runs" &
+    pids+=($!) i=$(( i + 1 ))
+    sleep 2  # a little apart: each engine's first look at free memory
+  done
+  # Only the runs: a bare `wait` would wait for the log's tee too, which never ends.
+  wait "${pids[@]}"
 done
-tar -cJf "$out/recordings-$phase.tar.xz" -C "$stash/runs" . && ls -la "$out"
+tar -cJf "$out/recordings-${phase//[^A-Za-z0-9_.-]/_}.tar.xz" -C "$stash/runs" . && ls -la "$out"
 echo "rig $phase end after $((SECONDS - t0)) s"

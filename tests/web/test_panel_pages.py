@@ -141,6 +141,7 @@ def test_the_page_embeds_for_its_script_what_the_server_renders_per_recipe(opera
 
 def test_the_list_tells_same_named_deployments_apart_by_id_and_utc_creation_time(operator_client):  # type: ignore[no-untyped-def]
     first = services.deployment_create(data=spec(), confirm_warnings=True)
+    services.deployment_stop(deployment_id=first.pk)  # a served name is one active one's
     second = services.deployment_create(data=spec(gpus=[1]), confirm_warnings=True)
     created = dt.datetime(2026, 3, 4, 5, 6, 7, tzinfo=dt.UTC)
     Deployment.objects.filter(pk=first.pk).update(created_at=created)

@@ -93,7 +93,7 @@ def test_stopping_a_queued_deployment_stops_it_at_once():  # type: ignore[no-unt
     assert stopped.status == S.STOPPED
 
 
-def test_stopping_a_running_deployment_hands_it_to_the_worker():  # type: ignore[no-untyped-def]
+def test_stopping_a_running_deployment_hands_it_to_the_agent():  # type: ignore[no-untyped-def]
     deployment = _create()
     services.deployment_mark_starting(deployment_id=deployment.pk, image="img")
     deployment.refresh_from_db()

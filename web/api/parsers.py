@@ -12,43 +12,64 @@ from django.conf import settings
 from rest_framework.exceptions import ParseError, ValidationError
 from rest_framework.parsers import BaseParser, FormParser, JSONParser, MultiPartParser
 
+from appliance.nesting import brackets_over, depth_over
+
 # A spec is three levels deep inside {"spec": ...}; anything past this is not a spec.
 MAX_JSON_DEPTH = 16
-
-
-def json_depth_exceeds(value: Any, limit: int) -> bool:
-    """Whether value nests deeper than limit (iterative: no recursion to exhaust)."""
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        children = item.values() if isinstance(item, Mapping) else \
-            item if isinstance(item, list) else ()
-        for child in children:
-            if isinstance(child, Mapping | list):
-                if depth + 1 > limit:
-                    return True
-                stack.append((child, depth + 1))
-    return False
+DEPTH_FIX = "a deployment spec is 4 levels deep; send the spec itself"
 
 
 class BoundedJSONParser(JSONParser):
+    """DRF's JSON parser, bounded: a body nested past MAX_JSON_DEPTH is a 400 that names the
+    limit (web/limits.py has refused a body over the size limit before any of this)."""
+
     def parse(self, stream: Any, media_type: str | None = None,
               parser_context: Mapping[str, Any] | None = None) -> Any:
         try:
             data = super().parse(stream, media_type, parser_context)
         except RecursionError:
-            data = None
-            deep = True
-        else:
-            deep = json_depth_exceeds(data, MAX_JSON_DEPTH)
-        if deep:
-            raise ParseError(f"JSON parse error - nested deeper than {MAX_JSON_DEPTH} levels.")
+            raise ParseError(_too_deep("JSON")) from None
+        if depth_over(data, MAX_JSON_DEPTH):
+            raise ParseError(_too_deep("JSON"))
         return data
 
 
+def _too_deep(kind: str) -> str:
+    return f"{kind} parse error - nested deeper than {MAX_JSON_DEPTH} levels ({DEPTH_FIX})."
+
+
+class SpecYAMLError(yaml.MarkedYAMLError):
+    """A YAML document the spec loader refuses: too deep, with an alias, or holding what JSON
+    cannot; where it is, when known."""
+
+    def __init__(self, problem: str, mark: Any = None) -> None:
+        super().__init__(problem=problem, problem_mark=mark)
+
+
 class _SpecLoader(yaml.SafeLoader):
-    """safe_load without timestamps: `name: 2026-01-12` stays the string it reads as (a
-    date object could not be stored as JSON)."""
+    """safe_load without timestamps (`name: 2026-01-12` stays the string it reads as: a date
+    object could not be stored as JSON), without aliases (a spec has no use for them, and
+    nested ones expand exponentially), and bounded in depth as it composes: PyYAML's
+    composer recurses once per level (a RecursionError near 900), and its scanner's time
+    grows with the square of the open flow levels (50,000 `[` took 150 s); refused at the
+    first node past MAX_JSON_DEPTH, it has read no more than that many levels."""
+
+    _depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        mark = self.peek_event().start_mark
+        if self.check_event(yaml.AliasEvent):
+            raise SpecYAMLError("aliases (*name) are not accepted; write the value out", mark)
+        if not self.check_event(yaml.MappingStartEvent, yaml.SequenceStartEvent):
+            return super().compose_node(parent, index)  # a scalar: no level of its own
+        self._depth += 1
+        try:
+            if self._depth > MAX_JSON_DEPTH:
+                raise SpecYAMLError(f"nested deeper than {MAX_JSON_DEPTH} levels ({DEPTH_FIX})",
+                                    mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
 
 _SpecLoader.yaml_implicit_resolvers = {
@@ -83,8 +104,7 @@ def _not_json(value: Any) -> str | None:
 
 class YAMLParser(BaseParser):
     """`Content-Type: application/yaml`: a spec file's text as it is (or the JSON body's
-    shape written in YAML). Aliases are refused: a spec has no use for them, and nested
-    ones expand exponentially."""
+    shape written in YAML), through spec_yaml_load."""
 
     media_type = "application/yaml"
 
@@ -96,21 +116,26 @@ class YAMLParser(BaseParser):
             raise ParseError("YAML parse error - the body is over the limit "
                              "(APPLIANCE_MAX_BODY_BYTES).")
         try:
-            text = raw.decode("utf-8")
-            if any(isinstance(e, yaml.AliasEvent) for e in yaml.parse(text, Loader=_SpecLoader)):
-                raise ParseError("YAML parse error - aliases (*name) are not accepted; "
-                                 "write the value out.")
-            data = yaml.load(text, Loader=_SpecLoader)  # noqa: S506 (a SafeLoader)
+            data = spec_yaml_load(raw.decode("utf-8"))
         except UnicodeDecodeError as exc:
             raise ParseError("YAML parse error - the body is not UTF-8.") from exc
         except yaml.YAMLError as exc:
-            raise ParseError(f"YAML parse error - {_yaml_where(exc)}") from exc
-        problem = _not_json(data)
-        if problem is None and json_depth_exceeds(data, MAX_JSON_DEPTH):
-            problem = f"nested deeper than {MAX_JSON_DEPTH} levels"
-        if problem:
-            raise ParseError(f"YAML parse error - {problem}.")
+            raise ParseError(f"YAML parse error - {_yaml_where(exc)}.") from exc
         return data
+
+
+def spec_yaml_load(text: str) -> Any:
+    """A spec (or part of one) written in YAML, as JSON can hold it: raises yaml.YAMLError
+    saying where it is malformed, that it nests too deep or holds an alias, or what in it
+    JSON has no type for."""
+    if brackets_over(text, 4 * MAX_JSON_DEPTH):  # before the scanner's square-time lookahead
+        raise SpecYAMLError(f"nested deeper than {MAX_JSON_DEPTH} levels ({DEPTH_FIX}): over "
+                            f"{4 * MAX_JSON_DEPTH} [ or {{ open at once")
+    data = yaml.load(text, Loader=_SpecLoader)  # noqa: S506 (a SafeLoader)
+    problem = _not_json(data)
+    if problem:
+        raise SpecYAMLError(problem)
+    return data
 
 
 # The deployment endpoints (create, pre-flight): JSON, YAML, and the panel's forms.

@@ -9,6 +9,7 @@ from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import mixins, permissions, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
+from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -109,7 +110,10 @@ class BenchmarkViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin,
         return response
 
     @extend_schema(responses={200: BenchmarkRunSerializer})
-    @action(detail=True, methods=["get"], url_path="export.json")
+    # JSON whatever the Accept: a browser following the page's link gets the file, not
+    # the browsable API's HTML page saved under a .json name.
+    @action(detail=True, methods=["get"], url_path="export.json",
+            renderer_classes=[JSONRenderer])
     def export_json(self, request: Request, pk: str | None = None) -> Response:
         run = self.get_object()
         response = Response(BenchmarkRunSerializer(run).data)

@@ -10,6 +10,8 @@ import yaml
 from django import forms
 from django.conf import settings
 
+from web.api.parsers import spec_yaml_load
+
 from .services import recipe_load, recipe_names
 from .services.loadtime import store_model_options
 
@@ -21,6 +23,7 @@ FIELD_OF_SPEC = {
     "recipe": "recipe",
     "gpus": "gpu_ids",
     "extra_args": "extra_args",
+    "engine.served_model_name": "extra_args",  # the form sets it as --served-model-name
     "engine.model_path": "model_path",
     "model_entry": "model_entry",
     "drafter_entry": "drafter_entry",
@@ -162,7 +165,7 @@ class DeploymentForm(forms.Form):
     def clean_more_spec(self) -> dict[str, Any]:
         raw = self.cleaned_data.get("more_spec") or ""
         try:
-            more = yaml.safe_load(raw) if raw.strip() else {}
+            more = spec_yaml_load(raw) if raw.strip() else {}  # bounded in depth
         except yaml.YAMLError as exc:
             raise forms.ValidationError(f"Not valid YAML: {str(exc)[:200]}") from None
         if not isinstance(more, dict):

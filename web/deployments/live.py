@@ -26,7 +26,7 @@ from django.conf import settings
 log = logging.getLogger(__name__)
 
 # What a deployment's live stream keeps (Redis trims to about this many entries): 2 s of the
-# busiest engine issue 22 asks for (10,000 decode lines/s: 20,000 events/s), about 12 MB.
+# busiest engine the log path is built for (10,000 decode lines/s: 20,000 events/s), about 12 MB.
 # A panel's feed that falls further behind fills the gap from PostgreSQL, through the ORM,
 # which costs the panel and the database more than the stream did; at 5,000 (0.25 s of that
 # rate) one hiccup made every feed read the database, the feed fell further behind, and the
@@ -62,7 +62,7 @@ def publish(deployment_id: int, wire_events: Iterable[dict[str, Any]]) -> None:
 
 # One script call adds a whole batch, entry by entry as XADD would (same ids, same fields,
 # so readers see no difference): redis-py packing one XADD command per event was most
-# of the live publisher's time (issue 22). The ids, kinds and data come as three joined
+# of the live publisher's time (profiled). The ids, kinds and data come as three joined
 # arguments (data is JSON, which has no raw newline), so the client packs three strings
 # per batch, not three per event. An entry whose id is not above the stream's last (it
 # lost a race) is skipped, as a failed XADD in a pipeline was.

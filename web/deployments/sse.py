@@ -13,7 +13,7 @@ one send (SEND_BYTES, or one frame longer than that). Its socket holds at most
 STREAM_UNSENT_BYTES unsent in the kernel (with_stream_sockets): without that bound, a
 loopback or LAN socket of a client that stopped reading takes up to 4 MiB (the kernel's
 send buffer, autotuned) before its sends wait, 5 s of a busy engine written to every
-background tab at the full rate (issue 22's fourth round). A feed that many
+background tab at the full rate (docs/performance.md, Live viewers). A feed that many
 streams follow pauses a little after each fan-out (fanout_pause), so a busy engine's
 batches reach each of them joined, in fewer sends; the feed also wakes its streams for
 their keep-alives, so a waiting stream holds no timer.
@@ -289,7 +289,7 @@ def fanout_pause(streams: int) -> float:
 
     Each fan-out costs one send per stream, and a busy engine's batches come 50 times a
     second and more: with many streams the feed joins what comes meanwhile into one
-    batch, so each stream gets fewer, larger sends (issue 22's third round: the panel's
+    batch, so each stream gets fewer, larger sends (measured: the panel's
     CPU per delivered event went down 2.4x under 200 viewers, see docs/performance.md).
     A feed with few streams (an operator's tab, a log being watched) reads on at once,
     and a quiet one is not slowed at all: its next event finds the read waiting."""

@@ -126,7 +126,15 @@ class HostSerializer(serializers.Serializer[Any]):
     joined_at = serializers.DateTimeField(read_only=True, allow_null=True)
     credential_prefix = serializers.CharField(read_only=True)
     credential_last_used_at = serializers.DateTimeField(read_only=True, allow_null=True)
-    deployments = serializers.ListField(child=serializers.IntegerField(), read_only=True)
+    deployments = serializers.ListField(child=serializers.IntegerField(), read_only=True,
+                                        help_text="placed here or holding GPUs here")
+    held_gpus = serializers.ListField(child=serializers.IntegerField(), read_only=True,
+                                      help_text="GPU indexes leased to a deployment")
+    free_gpus = serializers.IntegerField(read_only=True)
+
+
+def _row_data(row: selectors.HostRow) -> dict[str, Any]:
+    return {**dataclasses.asdict(row), "free_gpus": row.free_gpus}
 
 
 HOST_NAME = OpenApiParameter("name", str, OpenApiParameter.PATH, description="the host's name")
@@ -139,12 +147,12 @@ class HostViewSet(viewsets.ViewSet):
     lookup_value_regex = r"[a-z0-9-]{1,63}"
 
     def list(self, request: Request) -> Response:
-        rows = [dataclasses.asdict(r) for r in selectors.host_rows()]
+        rows = [_row_data(r) for r in selectors.host_rows()]
         return Response(HostSerializer(rows, many=True).data)
 
     @extend_schema(parameters=[HOST_NAME])
     def retrieve(self, request: Request, name: str | None = None) -> Response:
-        return Response(HostSerializer(dataclasses.asdict(self._row(name))).data)
+        return Response(HostSerializer(_row_data(self._row(name))).data)
 
     @extend_schema(request=None, responses={200: HostSerializer}, parameters=[HOST_NAME])
     @action(detail=True, methods=["post"])
@@ -171,7 +179,7 @@ class HostViewSet(viewsets.ViewSet):
             services.host_set_draining(name=str(name), draining=draining)
         except services.NoSuchHost as exc:
             raise NotFound(str(exc)) from exc
-        return Response(HostSerializer(dataclasses.asdict(self._row(name))).data)
+        return Response(HostSerializer(_row_data(self._row(name))).data)
 
     def _row(self, name: str | None) -> selectors.HostRow:
         row = next((r for r in selectors.host_rows() if r.name == name), None)

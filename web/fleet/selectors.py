@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from hmac import compare_digest
@@ -10,7 +11,7 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
-from web.deployments.models import Host
+from web.deployments.models import GpuLease, Host
 
 from .models import FleetHost, JoinToken, Placement
 from .services import CREDENTIAL_PREFIX, secret_digest
@@ -61,33 +62,44 @@ class HostRow:
     joined_at: datetime | None
     credential_prefix: str
     credential_last_used_at: datetime | None
-    deployments: list[int]
+    deployments: list[int]  # placed here, or holding GPUs here
+    held_gpus: list[int]  # GPU indexes a deployment leases here
+
+    @property
+    def free_gpus(self) -> int:
+        return len({g.get("index") for g in self.gpus} - set(self.held_gpus))
 
 
 def host_rows(*, now: datetime | None = None) -> list[HostRow]:
     """Every host: the joined ones and the panel's own (its agent's report), by name."""
     now = now or timezone.now()
-    placed: dict[str, list[int]] = {}
+    engines: dict[str, set[int]] = {}
+    held: dict[str, list[int]] = {}
     for name, pk in Placement.objects.values_list("host__name", "deployment_id"):
-        placed.setdefault(name, []).append(pk)
+        engines.setdefault(name, set()).add(pk)
+    for name, gpu, pk in GpuLease.objects.values_list("host", "gpu_index", "deployment_id"):
+        engines.setdefault(name, set()).add(pk)
+        held.setdefault(name, []).append(gpu)
     joined = {h.name: h for h in FleetHost.objects.all()}
-    rows = [_joined_row(h, now, placed.get(h.name, [])) for h in joined.values()]
+    rows = [_joined_row(h, now) for h in joined.values()]
     rows += [_local_row(r, now) for r in Host.objects.exclude(name__in=list(joined))]
-    return sorted(rows, key=lambda r: r.name)
+    return sorted((dataclasses.replace(r, deployments=sorted(engines.get(r.name, ())),
+                                       held_gpus=sorted(held.get(r.name, [])))
+                   for r in rows), key=lambda r: r.name)
 
 
 def _age(at: datetime | None, now: datetime) -> float | None:
     return None if at is None else max(0.0, (now - at).total_seconds())
 
 
-def _joined_row(h: FleetHost, now: datetime, deployments: list[int]) -> HostRow:
+def _joined_row(h: FleetHost, now: datetime) -> HostRow:
     return HostRow(
         name=h.name, joined=True, state=host_state(host=h, now=now), draining=h.draining,
         agent_version=h.agent_version, gpus=list(h.gpus or []), gpu_source=h.gpu_source,
         docker=dict(h.docker or {}), heartbeat_at=h.heartbeat_at,
         heartbeat_age_s=_age(h.heartbeat_at, now), joined_at=h.joined_at,
         credential_prefix=h.credential_prefix, credential_last_used_at=h.credential_last_used_at,
-        deployments=sorted(deployments))
+        deployments=[], held_gpus=[])
 
 
 def _local_row(r: Host, now: datetime) -> HostRow:
@@ -99,7 +111,7 @@ def _local_row(r: Host, now: datetime) -> HostRow:
         gpu_source="nvml" if telemetry.get("available") else "",
         docker=dict(r.docker or {}), heartbeat_at=r.heartbeat_at,
         heartbeat_age_s=_age(r.heartbeat_at, now), joined_at=None, credential_prefix="",
-        credential_last_used_at=None, deployments=[])
+        credential_last_used_at=None, deployments=[], held_gpus=[])
 
 
 def jointoken_list() -> list[JoinToken]:

@@ -11,11 +11,12 @@ from __future__ import annotations
 import hashlib
 import secrets
 from collections.abc import Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import DataError, IntegrityError, connection, transaction
 from django.utils import timezone
 from django.utils.text import slugify
 
@@ -348,9 +349,17 @@ def host_events_append(*, host: FleetHost, deployment_id: int, batch: EventBatch
     panel's own agent does); the last seq. NotPlacedHere for any other deployment."""
     if not Placement.objects.filter(host=host, deployment_id=deployment_id).exists():
         raise NotPlacedHere(f"deployment {deployment_id} is not placed on host {host.name}")
+    # Inside a caller's transaction a savepoint keeps it usable after a refused batch; on
+    # its own (the ingest view) the batch is one statement that commits or not by itself.
+    guard = transaction.atomic() if connection.in_atomic_block else nullcontext()
     try:
-        return events_append_batch(deployment_id=deployment_id, events=batch.events,
-                                   row=batch.row)
+        with guard:
+            return events_append_batch(deployment_id=deployment_id, events=batch.events,
+                                       row=batch.row)
+    except DataError as exc:  # JSON that PostgreSQL's jsonb refuses; nothing was stored
+        raise FleetError("events", "a payload holds what the database cannot store (a "
+                         "\\u0000, a lone surrogate, NaN or Infinity): "
+                         f"{str(exc).splitlines()[0][:200]}") from None
     except Deployment.DoesNotExist:
         raise NotPlacedHere(f"deployment {deployment_id} is not placed on host "
                             f"{host.name}") from None

@@ -20,8 +20,15 @@ from django.db import connection
 from django.http import HttpRequest, HttpResponse
 from django.middleware.csrf import CsrfViewMiddleware
 
+from web.deployments.models import TERMINAL_STATUSES, DeploymentStatus
 from web.deployments.permissions import can_deploy
-from web.gateway.selectors import KeyGrant, Target, gateway_targets, key_grant
+from web.gateway.selectors import (
+    KeyGrant,
+    Target,
+    gateway_ended_target,
+    gateway_targets,
+    key_grant,
+)
 
 
 @dataclass(frozen=True)
@@ -105,7 +112,10 @@ def target_for(*, caller: Caller, model: str, targets: list[Target]) -> Target |
     """The deployment serving `model` among the routed ones, if the caller may reach it: a
     ready one first (the newest), else any active one (503: not ready yet), else 404."""
     named = [t for t in targets if t.model == model]
-    candidates = [t for t in named if t.ready] or named
+    # (One active deployment a name since services/served_names.py; two from before it: the
+    # one this caller may call, as /v1/models lists it.)
+    candidates = ([t for t in named if t.ready and caller.allows(t.deployment_id)]
+                  or [t for t in named if t.ready] or named)
     target = candidates[0] if candidates else None
     if target is None:
         return Refusal(404, f"No deployment serves the model {model!r}: GET /v1/models lists "
@@ -115,15 +125,36 @@ def target_for(*, caller: Caller, model: str, targets: list[Target]) -> Target |
         return Refusal(403, f"This API key may not call {model!r}: its scope names other "
                        "deployments.", "permission_error", "model_not_allowed", param="model")
     if not target.ready:
-        return Refusal(503, f"The deployment serving {model!r} is {target.status}, not "
-                       "ready yet; try again when it is ready.", "service_unavailable",
-                       "deployment_not_ready")
+        return not_ready(target)
     return target
+
+
+def not_ready(target: Target) -> Refusal:
+    """503 for a deployment that exists but does not serve now, naming its status."""
+    model, status = target.model, target.status
+    if status in TERMINAL_STATUSES:
+        advice = ("its engine is not running: restart the deployment in the panel (its page "
+                  "says why it ended), or call another model")
+    elif status == DeploymentStatus.READY:  # ready without an engine URL: being adopted
+        advice = "its engine's address is not known yet; try again shortly"
+    else:
+        advice = "try again when it is ready"
+    return Refusal(503, f"The deployment serving {model!r} (#{target.deployment_id}) is "
+                   f"{status}, not ready: {advice}.", "service_unavailable",
+                   "deployment_not_ready")
 
 
 def session_caller(*, scope: dict[str, Any]) -> Caller | Refusal:
     try:
         return _session_caller(scope)
+    finally:
+        connection.close()
+
+
+def ended_route(*, model: str) -> Target | None:
+    """The newest ended deployment that served `model` (selectors.gateway_ended_target)."""
+    try:
+        return gateway_ended_target(model=model)
     finally:
         connection.close()
 

@@ -22,6 +22,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import connection
 
+from appliance.nesting import TooDeep, json_loads_bounded
 from web.asgitypes import ASGIApp, Receive, Scope, Send
 from web.gateway import services
 from web.gateway.admission import (
@@ -107,9 +108,19 @@ async def _read_body(receive: Receive) -> bytes | None:
             return b"".join(chunks)
 
 
+# An OpenAI request is a few levels deep (messages, content parts, tools with their JSON
+# schemas); past this it is no request, and parsing further would recurse without end.
+MAX_JSON_DEPTH = 64
+TOKEN_FIELDS = ("max_tokens", "max_completion_tokens")
+
+
 def _parse(body: bytes) -> dict[str, Any] | Refusal:
     try:
-        data = json.loads(body or b"null")
+        data = json_loads_bounded(body or b"null", limit=MAX_JSON_DEPTH)
+    except TooDeep:
+        return _bad_request(f"The request body is nested deeper than {MAX_JSON_DEPTH} levels: "
+                            "send an OpenAI request object (messages, tools and schemas well "
+                            "within that).")
     except (ValueError, UnicodeDecodeError):
         return _bad_request("The request body is not JSON: send an OpenAI request object.")
     if not isinstance(data, dict):
@@ -120,6 +131,29 @@ def _parse(body: bytes) -> dict[str, Any] | Refusal:
     if "stream" in data and not isinstance(data["stream"], bool):
         return _bad_request("`stream` must be true or false.", param="stream")
     return data
+
+
+def _token_refusal(data: dict[str, Any], target: Target) -> Refusal | None:
+    """max_tokens (or max_completion_tokens) over what the deployment can give: its context
+    length, else the gateway's cap. Refused here, before an engine queues a generation that a
+    client cannot wait for (and that runs on after the client leaves, until it notices)."""
+    cap = target.context_length or settings.GATEWAY_MAX_TOKENS
+    for name in TOKEN_FIELDS:
+        value = data.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            return Refusal(400, f"`{name}` must be a positive whole number of tokens, not "
+                           f"{json.dumps(value)[:40]}.", "invalid_request_error",
+                           "invalid_value", param=name)
+        if value > cap:
+            bound = (f"the deployment's context length, {cap} tokens (engine.context_length)"
+                     if target.context_length else
+                     f"the gateway's cap, {cap} tokens (APPLIANCE_GATEWAY_MAX_TOKENS; a "
+                     "spec's engine.context_length sets a deployment's own)")
+            return Refusal(400, f"`{name}` is {value}, more than {bound}: ask for at most "
+                           f"{cap}.", "invalid_request_error", "invalid_value", param=name)
+    return None
 
 
 async def handle(scope: Scope, receive: Receive, send: Send) -> None:
@@ -137,8 +171,17 @@ async def handle(scope: Scope, receive: Receive, send: Send) -> None:
     if secret is None and not cookie:
         await _refuse(send, NO_CREDENTIALS)  # no database work for an anonymous call
         return
+    # The key first: a caller the gateway refuses has none of its body read or parsed.
+    caller = await _caller(scope, secret)
+    if isinstance(caller, Refusal):
+        await _refuse(send, caller)
+        return
     if path == "/v1/models":
-        await _list_models(scope, send, secret)
+        refusal = await _rate_limited(caller)
+        if refusal is not None:
+            await _refuse(send, refusal)
+            return
+        await _list_models(send, caller)
         return
     body = await _read_body(receive)
     if body is None:
@@ -147,55 +190,76 @@ async def handle(scope: Scope, receive: Receive, send: Send) -> None:
                                     "APPLIANCE_GATEWAY_MAX_BODY_BYTES).",
                                     "invalid_request_error", "body_too_large"))
         return
-    await _generate(scope, receive, send, path, secret, body)
+    await _generate(receive, send, path, caller, body)
 
 
 async def _caller(scope: Scope, secret: str | None) -> Caller | Refusal:
-    """The caller, rate limit included (a key's): a key by the cached path, a session by
-    Django's own session and CSRF checks."""
+    """The caller: a key by the cached path, a session by Django's own session and CSRF
+    checks. Its rate limit is _rate_limited's, taken once a call is let through."""
     try:
         if secret is None:
             return await sync_to_async(session_caller, thread_sensitive=False)(scope=scope)
-        caller = await routing().key_caller(secret)
-        limit = (caller.key.rate_limit_per_minute
-                 if isinstance(caller, Caller) and caller.key else 0)
-        allowed = not limit or await routing().take(
-            key_id=caller.key.id, limit=limit)  # type: ignore[union-attr]
+        return await routing().key_caller(secret)
     except aioredis.RedisError:
-        log.exception("the gateway's Redis is unreachable")
-        return Refusal(503, "The gateway cannot check keys right now (Redis is unreachable); "
-                       "try again shortly.", "service_unavailable", "gateway_unavailable")
-    if not allowed:
-        _, retry_after = services.rate_limit_key(key_id=caller.key.id)  # type: ignore[union-attr]
-        return Refusal(429, f"Rate limit reached: this key may make {limit} requests per "
-                       f"minute; retry in {retry_after} s.", "rate_limit_error",
-                       "rate_limit_exceeded", retry_after=retry_after)
-    return caller
+        return _redis_down()
 
 
-async def _list_models(scope: Scope, send: Send, secret: str | None) -> None:
-    caller = await _caller(scope, secret)
-    if isinstance(caller, Refusal):
-        await _refuse(send, caller)
-        return
+async def _rate_limited(caller: Caller) -> Refusal | None:
+    """429 when the caller's key has no request left this minute; else one is used."""
+    limit = caller.key.rate_limit_per_minute if caller.key else 0
+    if not limit or caller.key is None:
+        return None
+    try:
+        allowed = await routing().take(key_id=caller.key.id, limit=limit)
+    except aioredis.RedisError:
+        return _redis_down()
+    if allowed:
+        return None
+    _, retry_after = services.rate_limit_key(key_id=caller.key.id)
+    return Refusal(429, f"Rate limit reached: this key may make {limit} requests per "
+                   f"minute; retry in {retry_after} s.", "rate_limit_error",
+                   "rate_limit_exceeded", retry_after=retry_after)
+
+
+def _redis_down() -> Refusal:
+    log.exception("the gateway's Redis is unreachable")
+    return Refusal(503, "The gateway cannot check keys right now (Redis is unreachable); "
+                   "try again shortly.", "service_unavailable", "gateway_unavailable")
+
+
+async def _list_models(send: Send, caller: Caller) -> None:
     targets = models_for(caller=caller, targets=await routing().targets())
     await _send_json(send, 200, {"object": "list", "data": [
         {"id": t.model, "object": "model", "created": t.created, "owned_by": "sd-appliance"}
         for t in targets]})
 
 
-async def _generate(scope: Scope, receive: Receive, send: Send, path: str,
-                    secret: str | None, body: bytes) -> None:
-    caller = await _caller(scope, secret)  # before the body's own errors: 401 comes first
+async def _target(caller: Caller, model: str) -> Target | Refusal:
+    """The deployment serving `model`, or why not: 404 only where no deployment, active or
+    ended, ever served that name (an ended one is a 503 naming its status)."""
+    target = target_for(caller=caller, model=model,
+                        targets=await routing().targets(model=model))
+    if isinstance(target, Refusal) and target.status == 404:
+        ended = await routing().ended(model=model)
+        if ended is not None:
+            return target_for(caller=caller, model=model, targets=[ended])
+    return target
+
+
+async def _generate(receive: Receive, send: Send, path: str, caller: Caller,
+                    body: bytes) -> None:
     data = _parse(body)
-    target: Target | Refusal = caller if isinstance(caller, Refusal) else (
-        data if isinstance(data, Refusal) else target_for(
-            caller=caller, model=data["model"],
-            targets=await routing().targets(model=data["model"])))
+    target: Target | Refusal = data if isinstance(data, Refusal) else \
+        await _target(caller, data["model"])
+    if isinstance(target, Target):
+        assert isinstance(data, dict)
+        # Counted against the key's limit only once it may reach this deployment: a refused
+        # call (403 out of scope, 404, 503, a bad body) uses none of it.
+        target = _token_refusal(data, target) or await _rate_limited(caller) or target
     if isinstance(target, Refusal):
         await _refuse(send, target)
         return
-    assert isinstance(caller, Caller) and isinstance(data, dict)
+    assert isinstance(data, dict)
     stream = bool(data.get("stream"))
     tap = UsageTap(strip=stream and not _asked_usage(data))
     if tap.strip:  # the engine tells usage only when asked; the client sees no difference
@@ -298,6 +362,7 @@ class UsageTap:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     started: bool = False
+    done: bool = False  # the engine's [DONE] came
     _buffer: bytes = b""
 
     def take_usage(self, usage: Any) -> None:
@@ -318,7 +383,16 @@ class UsageTap:
             # Held back until usage is recorded: a client that stops reading at [DONE] and
             # looks at its key's usage sees this request counted.
             ready, self._buffer = ready[:-len(DONE)], DONE + self._buffer
+            self.done = True
         return ready
+
+    def broken(self, error: Refusal) -> None:
+        """The stream's end when the engine broke it off: an event half-way through is
+        dropped, and the client is told, as SGLang tells a stream's own error: an `error`
+        event, then [DONE] (so an OpenAI client raises instead of reading a short answer
+        as whole)."""
+        event = b"data: " + json.dumps(error.body()).encode() + b"\n\n"
+        self._buffer = event + DONE
 
     def _keep(self, event: bytes) -> bool:
         payload = event.partition(b"data: ")[2]
@@ -411,11 +485,24 @@ async def _relay_stream(send: Send, upstream: Response, kind: bytes,
         (b"content-type", kind), (b"cache-control", b"no-cache"),
         (b"x-accel-buffering", b"no")]})
     tap.started = True
-    async for data in upstream.chunks():
-        out = tap.feed(data)
-        if out:
-            await send({"type": "http.response.body", "body": out, "more_body": True})
+    try:
+        async for data in upstream.chunks():
+            out = tap.feed(data)
+            if out:
+                await send({"type": "http.response.body", "body": out, "more_body": True})
+    except UpstreamError as exc:
+        log.warning("engine stream broken off: %s", exc)
+        tap.broken(STREAM_BROKEN)
+        return
+    if not tap.done:  # ended cleanly, but short of its [DONE]: the engine stopped early
+        log.warning("engine stream ended without [DONE]")
+        tap.broken(STREAM_BROKEN)
     # the end (any unterminated tail) goes out in tap.finish, after usage is recorded
+
+
+STREAM_BROKEN = Refusal(502, "The deployment's engine stopped in the middle of this answer "
+                        "(it may have crashed or be restarting): the text above is "
+                        "incomplete. Try again shortly.", "engine_error", "engine_stream_broken")
 
 
 async def _relay_whole(send: Send, upstream: Response, kind: bytes,

@@ -282,6 +282,11 @@ class Routing:
             task.add_done_callback(_quiet)
         return self.table
 
+    async def ended(self, *, model: str) -> Target | None:
+        """The newest ended deployment that served `model`, read afresh: asked only when the
+        table has none of that name, before the answer would be 404."""
+        return await _thread(admission.ended_route)(model=model)
+
     def _read(self) -> asyncio.Task[list[Target]]:
         """The one read in flight (started when none is), awaited by every caller."""
         if self.reading is None:

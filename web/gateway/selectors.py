@@ -73,6 +73,7 @@ class Target:
     status: str
     engine_url: str
     created: int  # Unix time, for /v1/models
+    context_length: int | None = None  # the spec's engine.context_length, where it sets one
 
     @property
     def ready(self) -> bool:
@@ -117,9 +118,10 @@ def key_grant(*, secret: str) -> KeyGrant | None:
 def _targets_query() -> Any:
     # KT: the name as text (#>>), so the rows need none of the ORM's JSON decoding.
     return (Deployment.objects.filter(status__in=ACTIVE_STATUSES)
-            .annotate(served=KT("spec__engine__served_model_name"))
+            .annotate(served=KT("spec__engine__served_model_name"),
+                      context=KT("spec__engine__context_length"))
             .order_by("-created_at", "-id")
-            .values_list("id", "name", "status", "engine_url", "served", "created_at"))
+            .values_list("id", "name", "status", "engine_url", "served", "created_at", "context"))
 
 
 _TARGETS_SQL: list[tuple[str, tuple[Any, ...]]] = []
@@ -137,9 +139,27 @@ def gateway_targets() -> list[Target]:
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
-    return [Target(deployment_id=pk, model=str(served or name), status=status,
-                   engine_url=engine_url, created=int(created.timestamp()))
-            for pk, name, status, engine_url, served, created in rows]
+    return [_target(*row) for row in rows]
+
+
+def _target(pk: int, name: str, status: str, engine_url: str, served: str | None,
+            created: datetime, context: str | None) -> Target:
+    return Target(deployment_id=pk, model=str(served or name), status=status,
+                  engine_url=engine_url, created=int(created.timestamp()),
+                  context_length=int(context) if context and context.isdigit() else None)
+
+
+def gateway_ended_target(*, model: str) -> Target | None:
+    """The newest deployment that served `model` and is no longer active (stopped, failed):
+    a call for it is told its status (503), not that no such model exists (404)."""
+    row = (Deployment.objects.exclude(status__in=ACTIVE_STATUSES)
+           .annotate(served=KT("spec__engine__served_model_name"),
+                     context=KT("spec__engine__context_length"))
+           .filter(Q(served=model) | ((Q(served__isnull=True) | Q(served="")) & Q(name=model)))
+           .order_by("-created_at", "-id")
+           .values_list("id", "name", "status", "engine_url", "served", "created_at", "context")
+           .first())
+    return None if row is None else _target(*row)
 
 
 def gateway_target(*, model: str) -> Target | None:

@@ -13,6 +13,11 @@ Writes, each with a character tokenizer built locally with `tokenizers` (no hub)
   block 8, target_layer_ids [0, 1], mask token <|MASK|>.
 - tiny-kimi-dflash-h384: the same drafter with hidden size 384 (a drafter for another
   target), for the recorded mismatch failure.
+- tiny-kimi-int4: tiny-kimi in Kimi K2.6's own checkpoint format: the routed experts' weights
+  quantized to INT4, group-wise (32) symmetric, packed eight to an int32 by compressed-tensors'
+  own packer (`weight_packed`, `weight_scale`, `weight_shape` per projection), everything else
+  bf16 as in tiny-kimi; its config carries Kimi K2.6's `quantization_config` (QUANTIZATION
+  below, with its ignore list). The bf16 drafter serves it too.
 - big-kimi (only with --big): the same architecture at hidden 1024, 8 layers, 64 routed
   experts of inner size 2048 (5.7 GB bf16, one shard per layer as real checkpoints come), for
   the load-time measurement; random on the GPU (seeded), not hashed.
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import string
 import sys
 from pathlib import Path
@@ -48,6 +54,25 @@ CHAT_TEMPLATE = (
     "{%- if add_generation_prompt -%}<|im_assistant|>assistant<|im_middle|>{%- endif -%}"
 )
 VOCAB_SIZE = 128
+# Kimi K2.6's `text_config.quantization_config` as published (moonshotai/Kimi-K2.6 config.json;
+# the same method as Kimi-K2-Thinking, whose DeepseekV3ForCausalLM config carries it at the
+# top level, as this tiny DeepseekV3ForCausalLM does): INT4 weight-only, group 32, symmetric,
+# routed experts only. The vision patterns match nothing here; kept, as published.
+QUANTIZATION: dict[str, Any] = {
+    "config_groups": {"group_0": {
+        "input_activations": None, "output_activations": None, "targets": ["Linear"],
+        "weights": {"actorder": None, "block_structure": None, "dynamic": False,
+                    "group_size": 32, "num_bits": 4, "observer": "minmax",
+                    "observer_kwargs": {}, "strategy": "group", "symmetric": True,
+                    "type": "int"}}},
+    "format": "pack-quantized",
+    "ignore": ["re:.*self_attn.*", "re:.*shared_experts.*",
+               "re:.*mlp\\.(gate|up|gate_up|down)_proj.*", "re:.*lm_head.*",
+               "re:vision_tower.*", "re:mm_projector.*"],
+    "kv_cache_scheme": None, "quant_method": "compressed-tensors",
+    "quantization_status": "compressed",
+}
+ROUTED = re.compile(r"^model\.layers\.\d+\.mlp\.experts\.\d+\.(gate|up|down)_proj\.weight$")
 
 
 def write_tokenizer(folder: Path) -> dict[str, int]:
@@ -233,6 +258,42 @@ def write_model(folder: Path, config: dict[str, Any], weights: dict[str, torch.T
           f"{path.stat().st_size / 1e6:.1f} MB, sha256 {digest}")
 
 
+def quantize_int4(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric group-wise INT4 as compressed-tensors' minmax observer makes it: the scale is
+    the group's largest magnitude over half the 4-bit range (15 / 2), values clamped to
+    [-8, 7]; returns the int8 values and the bf16 scales [rows, cols / group]."""
+    rows, cols = weight.shape
+    grouped = weight.float().reshape(rows, cols // group, group)
+    scale = (grouped.abs().amax(dim=-1) / 7.5).clamp_min(1e-8).to(torch.bfloat16)
+    q = torch.clamp(torch.round(grouped / scale.float().unsqueeze(-1)), -8, 7).to(torch.int8)
+    return q.reshape(rows, cols), scale
+
+
+def int4_weights(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """tiny-kimi's tensors with each routed expert projection in compressed-tensors'
+    pack-quantized layout; packing by the library itself, then unpacked again as a check."""
+    from compressed_tensors.compressors.pack_quantized.helpers import (
+        pack_to_int32,
+        unpack_from_int32,
+    )
+
+    group = QUANTIZATION["config_groups"]["group_0"]["weights"]["group_size"]
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in weights.items():
+        if not ROUTED.match(name):
+            out[name] = tensor
+            continue
+        base = name[: -len("weight")]
+        q, scale = quantize_int4(tensor, group)
+        packed = pack_to_int32(q, 4)
+        if not torch.equal(unpack_from_int32(packed, 4, q.shape), q):
+            raise SystemExit(f"{name}: compressed-tensors does not unpack what it packed")
+        out[base + "weight_packed"] = packed
+        out[base + "weight_scale"] = scale
+        out[base + "weight_shape"] = torch.tensor(list(tensor.shape), dtype=torch.int64)
+    return out
+
+
 def big_config(vocab: dict[str, int]) -> dict[str, Any]:
     return {**target_config(vocab), "hidden_size": 1024, "intermediate_size": 4096,
             "num_hidden_layers": 8, "n_routed_experts": 64, "moe_intermediate_size": 2048}
@@ -295,6 +356,10 @@ def main() -> None:
     write_model(out / "tiny-kimi-dflash", drafter, drafter_weights(drafter))
     wrong = drafter_config(vocab, hidden=384)
     write_model(out / "tiny-kimi-dflash-h384", wrong, drafter_weights(wrong))
+    int4 = out / "tiny-kimi-int4"
+    int4.mkdir(exist_ok=True)
+    write_model(int4, {**target, "quantization_config": QUANTIZATION},
+                int4_weights(target_weights(target)))
 
 
 if __name__ == "__main__":

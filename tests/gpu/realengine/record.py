@@ -12,6 +12,9 @@ Writes OUTDIR/RUN/:
 - probe.json: the losslessness prompts at temperature 0 with return_logprob and top-2
   log-probs (/generate, sequential), with each answer's meta_info;
 - bench.json: `appliance bench` at each concurrency level, with its wall-clock window;
+- refusals.json (runs with refusals): each request a speculative engine may refuse (grammar,
+  tools, log-probs, n, a stop string, prompts at the context length), what was sent and the
+  engine's answer as it came (status, body), with /health after each;
 - verify.json (runs with a companion): `appliance verify --json`, this engine against the
   companion's (its own log in companion/engine.log);
 - load_predict.json (predict_load runs): the product's read rate and load-time prediction for
@@ -23,6 +26,7 @@ Stdlib and the checkout's `appliance` package only (the GPU host's python runs i
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import signal
@@ -45,8 +49,12 @@ from substitutions import Launch, launch  # noqa: E402
 
 from appliance.bench.lossless import TOP_LOGPROBS  # noqa: E402
 
-PORT = 30000
+# Runs of one wave share the GPU: each its own port (real-engine.sh sets RIG_PORT).
+PORT = int(os.environ.get("RIG_PORT", "30000"))
 BASE = f"http://127.0.0.1:{PORT}"
+# With RIG_SHARED_GPU=N (N runs at once), each engine's KV pool is capped: SGLang sizes it
+# from the memory free when it looks, so the first engine up would take what the others need.
+SHARED_KV_TOKENS = 400_000
 READY = "The server is fired up and ready to roll"
 SCRAPE_S = 2.0
 IDLE_S = 8.0
@@ -175,12 +183,16 @@ def served_model() -> str:
         return "default"
 
 
-def probe(folder: Path, base: str = BASE, name: str = "probe.json", top: int = 2) -> None:
+def probe(folder: Path, base: str = BASE, name: str = "probe.json", top: int = 2,
+          deadline: float | None = None) -> None:
     """Each prompt with the top-2 log-probs; where the engine refuses them (433c58ed7's DFLASH
     and DDTREE answer 400 "does not support return_logprob yet"), the refusal is kept and the
     prompt is sent again without them: the baseline's log-probs judge where outputs part."""
     answers = []
     for prompt in PROBE_PROMPTS:
+        if deadline is not None and time.time() > deadline:
+            answers.append({"prompt": prompt, "skipped": "the rig's deadline"})
+            continue
         began = time.time()
         sampling = {"temperature": 0, "max_new_tokens": 64, "ignore_eos": True}
         status, body = post_json("/generate", {"text": prompt, "return_logprob": True,
@@ -196,19 +208,160 @@ def probe(folder: Path, base: str = BASE, name: str = "probe.json", top: int = 2
     (folder / name).write_text(json.dumps(answers))
 
 
-def bench(folder: Path, levels: tuple[int, ...]) -> None:
-    results = []
+def bench(folder: Path, levels: tuple[int, ...], deadline: float) -> None:
+    """`appliance bench` per level; a level the deadline leaves no room for is skipped, and one
+    that outruns it is stopped and said so (the recording keeps what the others measured)."""
+    results: list[dict[str, Any]] = []
     for level in levels:
         began = time.time()
-        done = subprocess.run(
-            [sys.executable, "-m", "appliance", "bench", "--url", BASE, "--concurrency", str(level),
-             "--num-prompts", str(max(8, 2 * level)), "--input-len", "128", "--output-len", "64",
-             "--endpoint", "/v1/completions", "--warmup", "1", "--json"],
-            capture_output=True, text=True, cwd=HERE.parents[2], timeout=240, check=False)
+        if deadline - began < 30:
+            results.append({"concurrency": level, "skipped": "the rig's deadline"})
+            continue
+        argv = [sys.executable, "-m", "appliance", "bench", "--url", BASE, "--concurrency",
+                str(level), "--num-prompts", str(max(8, 2 * level)), "--input-len", "128",
+                "--output-len", "64", "--endpoint", "/v1/completions", "--warmup", "1", "--json"]
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, cwd=HERE.parents[2],
+                                  check=False, timeout=min(240.0, deadline - began))
+        except subprocess.TimeoutExpired:
+            results.append({"concurrency": level, "start": docker_stamp(began),
+                            "end": docker_stamp(time.time()), "rc": None,
+                            "stopped": "the rig's deadline"})
+            continue
         results.append({"concurrency": level, "start": docker_stamp(began),
                         "end": docker_stamp(time.time()), "rc": done.returncode,
                         "json": _json_or_none(done.stdout), "stderr": done.stderr[-4000:]})
     (folder / "bench.json").write_text(json.dumps(results, indent=1))
+
+
+def ask(path: str, body: dict[str, Any], timeout: float = 120) -> dict[str, Any]:
+    """One request and the answer as it came: status, content type, the body (JSON where it
+    parses, else the text: a stream's events stay raw), seconds."""
+    began = time.time()
+    request = urllib.request.Request(BASE + path, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            status, kind, raw = response.status, response.headers.get("Content-Type"), response.read()
+    except urllib.error.HTTPError as exc:
+        status, kind, raw = exc.code, exc.headers.get("Content-Type"), exc.read()
+    except OSError as exc:
+        return {"status": 0, "error": f"{type(exc).__name__}: {exc}",
+                "s": round(time.time() - began, 3)}
+    text = raw.decode("utf-8", "replace")
+    parsed = _json_or_none(text)
+    return {"status": status, "content_type": kind, "body": text if parsed is None else parsed,
+            "s": round(time.time() - began, 3)}
+
+
+def refusal_requests(model: str, context: int) -> list[tuple[str, str, dict[str, Any], str]]:
+    """(name, path, body, what the body's long prompt is, if any) in the order sent: the
+    context-length prompts last (an engine that falls over on them takes nothing else down)."""
+    def chat(content: str, **extra: Any) -> dict[str, Any]:
+        return {"model": model, "messages": [{"role": "user", "content": content}],
+                "max_tokens": 64, "temperature": 0, **extra}
+
+    person = {"type": "object", "properties": {"name": {"type": "string"},
+                                               "age": {"type": "integer"}},
+              "required": ["name", "age"]}
+    weather = {"type": "function", "function": {
+        "name": "get_weather", "description": "The weather in a city now.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]}}}
+    ask_person = "Give me a person as JSON with a name and an age."
+    return [
+        ("json_schema", "/v1/chat/completions", chat(ask_person, response_format={
+            "type": "json_schema", "json_schema": {"name": "person", "schema": person}}), ""),
+        ("json_schema_stream", "/v1/chat/completions", chat(ask_person, stream=True, response_format={
+            "type": "json_schema", "json_schema": {"name": "person", "schema": person}}), ""),
+        ("json_object", "/v1/chat/completions",
+         chat(ask_person, response_format={"type": "json_object"}), ""),
+        ("tool_required", "/v1/chat/completions",
+         chat("What is the weather in Paris?", tools=[weather], tool_choice="required"), ""),
+        ("tool_auto", "/v1/chat/completions",
+         chat("What is the weather in Paris?", tools=[weather], tool_choice="auto"), ""),
+        ("logprobs_chat", "/v1/chat/completions",
+         chat("Say hello in three words.", logprobs=True, top_logprobs=2), ""),
+        ("logprobs_chat_stream", "/v1/chat/completions",
+         chat("Say hello in three words.", logprobs=True, top_logprobs=2, stream=True), ""),
+        ("logprobs_completion", "/v1/completions",
+         {"model": model, "prompt": PROBE_PROMPTS[0], "max_tokens": 16, "temperature": 0,
+          "logprobs": 2}, ""),
+        ("n2", "/v1/chat/completions", chat("Say hello in three words.", n=2, temperature=0.8), ""),
+        ("stop_reference", "/v1/completions",
+         {"model": model, "prompt": PROBE_PROMPTS[1], "max_tokens": 48, "temperature": 0,
+          "ignore_eos": True}, ""),
+        # the stop string is cut from stop_reference's text (see refusals())
+        ("stop", "/v1/completions",
+         {"model": model, "prompt": PROBE_PROMPTS[1], "max_tokens": 48, "temperature": 0,
+          "ignore_eos": True}, ""),
+        ("long_fits", "/v1/completions",
+         {"model": model, "prompt": "a" * (context - 100), "max_tokens": 32, "temperature": 0},
+         f"'a' x {context - 100} (one token each: {context - 100} tokens)"),
+        ("long_over", "/v1/completions",
+         {"model": model, "prompt": "a" * (context - 16), "max_tokens": 32, "temperature": 0},
+         f"'a' x {context - 16} (one token each: {context - 16} tokens)"),
+    ]
+
+
+def context_length(folder: Path) -> int:
+    try:
+        return int(json.loads((folder / "models.json").read_text())["data"][0]["max_model_len"])
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        return 262144
+
+
+def refusals(folder: Path, deadline: float) -> None:
+    answers: list[dict[str, Any]] = []
+    stop_text = None
+    for name, path, body, long_prompt in refusal_requests(served_model(), context_length(folder)):
+        if name == "stop":
+            if stop_text is None:
+                answers.append({"name": name, "skipped": "stop_reference gave no text"})
+                continue
+            body = {**body, "stop": [stop_text]}
+        if time.time() > deadline - (150 if long_prompt else 10):
+            answers.append({"name": name, "skipped": "the rig's deadline"})
+            continue
+        sent = {**body, "prompt": long_prompt} if long_prompt else body
+        answer = ask(path, body, timeout=180 if long_prompt else 120)
+        if name == "stop_reference":
+            try:
+                text = str(answer["body"]["choices"][0]["text"])
+            except (KeyError, IndexError, TypeError):
+                text = ""
+            stop_text = text[12:15] if len(text) >= 15 else None
+        health = get_text("/health", timeout=10)[0]
+        answers.append({"name": name, "path": path, "sent": sent, **answer, "health_after": health})
+    (folder / "refusals.json").write_text(json.dumps(answers, indent=1))
+
+
+def wave_done(name: str) -> Path:
+    return Path(os.environ.get("RIG_STASH", "/tmp")) / "wave" / f"{name}.done"
+
+
+@contextlib.contextmanager
+def serve_lock(run: Run, deadline: float) -> Any:
+    """An exclusive run serves once the other runs of its wave (RIG_WAVE) have stopped, and one
+    exclusive run at a time (the rig's lock), so that its speed is not another engine's load
+    (an idle SGLang scheduler still spins a CPU core). Others go on at once."""
+    if not run.exclusive_serve:
+        yield
+        return
+    wave = [name for name in os.environ.get("RIG_WAVE", "").split(",") if name in RUNS]
+    others = [name for name in wave if not RUNS[name].exclusive_serve]
+    while any(not wave_done(name).exists() for name in others) and time.time() < deadline - 120:
+        time.sleep(1)
+    with open(Path(os.environ.get("RIG_STASH", "/tmp")) / "serve.lock", "w") as handle:
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.time() > deadline - 60:
+                    break  # serve anyway, disturbed, rather than not at all
+                time.sleep(0.5)
+        yield
 
 
 def _json_or_none(text: str) -> Any:
@@ -280,7 +433,9 @@ def predict_load(folder: Path, model: Path) -> None:
     (folder / "load_predict.json").write_text(json.dumps(result, indent=1))
 
 
-def serve_and_record(run: Run, folder: Path, scraper: Scraper) -> None:
+def serve_and_record(run: Run, folder: Path, scraper: Scraper, deadline: float) -> None:
+    """Requests, probe, refusals and bench, each step skipped where the deadline (the engine's
+    stop leaves it room) comes first."""
     scraper.phase = "idle"
     time.sleep(IDLE_S)
     scraper.phase = "load"
@@ -297,13 +452,18 @@ def serve_and_record(run: Run, folder: Path, scraper: Scraper) -> None:
         "stream_options": {"include_usage": True},
         "messages": [{"role": "user", "content": "Say hello in three words."}]},
         folder / "sse_chat.txt")
-    probe(folder)
-    if run.companion:
-        verify_against_companion(folder)
-        # B's own answers with as many log-probs as the check asks for: the tests re-judge.
-        probe(folder, base=f"http://127.0.0.1:{COMPANION_PORT}", name="probe_companion.json",
-              top=TOP_LOGPROBS)
-    bench(folder, run.bench_levels)
+    with serve_lock(run, deadline):
+        if run.probe:
+            probe(folder, deadline=deadline)
+        if run.companion:
+            verify_against_companion(folder)
+            # B's own answers with as many log-probs as the check asks for: the tests re-judge.
+            probe(folder, base=f"http://127.0.0.1:{COMPANION_PORT}", name="probe_companion.json",
+                  top=TOP_LOGPROBS, deadline=deadline)
+        if run.bench_levels:
+            bench(folder, run.bench_levels, deadline)
+    if run.refusals:
+        refusals(folder, deadline)
     scraper.phase = "idle-after"
     time.sleep(IDLE_S)
 
@@ -321,8 +481,17 @@ def self_check(plan: Launch, env: dict[str, str], folder: Path) -> dict[str, Any
 def record(run: Run, out: Path, models: str, pythonpath: str, deadline: float) -> dict[str, Any]:
     folder = out / run.name
     folder.mkdir(parents=True, exist_ok=True)
+    argv_overrides = {**run.argv_overrides, "--port": str(PORT)}
+    shared = int(os.environ.get("RIG_SHARED_GPU", "1"))
+    if shared > 1 and run.expect == "ready":
+        argv_overrides["--max-total-tokens"] = str(SHARED_KV_TOKENS)
     plan = launch(run.example, models, spec_overrides=run.spec_overrides,
-                  argv_overrides=run.argv_overrides, drop_flags=run.drop_flags)
+                  argv_overrides=argv_overrides, drop_flags=run.drop_flags, grammar=run.grammar)
+    if shared > 1:
+        plan.changes.append(f"{shared} runs share the GPU at once (RIG_SHARED_GPU), this one on "
+                            f"port {PORT}" + ("; --max-total-tokens caps its KV pool so that "
+                                              "each engine finds memory" if run.expect == "ready"
+                                              else ""))
     env = {**os.environ, **plan.env, "PYTHONPATH": pythonpath, "PYTHONUNBUFFERED": "1"}
     info: dict[str, Any] = {"run": run.name, "about": run.about, "argv": plan.argv,
                             "env_added": plan.env, "changes": plan.changes,
@@ -350,7 +519,7 @@ def record(run: Run, out: Path, models: str, pythonpath: str, deadline: float) -
         ready = engine.wait_for(READY, budget)
         info["ready_s"] = round(time.time() - engine.started, 1) if ready else None
         if ready and run.serve:
-            serve_and_record(run, folder, scraper)
+            serve_and_record(run, folder, scraper, deadline - 50)
     else:
         engine.wait_for(run.stop_after or "\0never", budget)
         info["ready_s"] = round(time.time() - engine.started, 1) if engine.seen(READY) else None
@@ -363,6 +532,8 @@ def record(run: Run, out: Path, models: str, pythonpath: str, deadline: float) -
     scraper.join(timeout=5)
     info["total_s"] = round(time.time() - engine.started, 1)
     (folder / "run.json").write_text(json.dumps(info, indent=1))
+    wave_done(run.name).parent.mkdir(parents=True, exist_ok=True)
+    wave_done(run.name).touch()
     return info
 
 

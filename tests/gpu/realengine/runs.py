@@ -13,6 +13,7 @@ NO_SPECULATION = {"engine.speculative_algorithm": "NONE", "engine.speculative_dr
                   "engine.speculative_num_draft_tokens": None, "engine.speculative_ddtree_budget": None}
 CAPTURED = "Capture draft verify CUDA graph end"
 COMPANION_PORT = 30001
+INT4 = {"engine.model_path": "{models}/tiny-kimi-int4"}
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,14 @@ class Run:
     # Before the engine starts: the product's read-rate and load-time prediction on the
     # model's folder, page cache evicted first (issue 23's predicted against measured).
     predict_load: bool = False
+    probe: bool = True  # serve: the log-prob probe on the product's verify prompts
+    # serve: what the engine answers to requests a speculative engine may refuse (grammar,
+    # tools, log-probs, n, stop strings, prompts at the context length): refusals.json.
+    refusals: bool = False
+    grammar: bool = False  # xgrammar carried: the product's grammar backend, not `none`
+    # Served alone: while this run probes and benches, no other run of its wave does (the
+    # rig's serve lock), so its speed is not another engine's load.
+    exclusive_serve: bool = False
 
     @property
     def paths(self) -> dict[str, str]:
@@ -116,6 +125,51 @@ RUNS = _runs(
     Run("kv_too_small", "no memory left for the KV cache (mem_fraction_static 0.001)", "ddtree",
         argv_overrides=TRITON, spec_overrides={"engine.mem_fraction_static": 0.001},
         expect="failure", start_timeout=150, self_check=False),
+    # The second round's failures and warnings (what the appliance misread).
+    Run("drafter_missing", "the drafter's path does not exist (the target's is fine)", "ddtree",
+        argv_overrides=TRITON, expect="failure", start_timeout=120, self_check=False,
+        spec_overrides={"engine.speculative_draft_model_path": "/models/Kimi-K2.6-DFlash-typo"}),
+    Run("tp2_one_gpu", "TP2 on GPUs [0, 1] where one GPU is visible", "ddtree",
+        argv_overrides=TRITON, expect="failure", start_timeout=180,
+        spec_overrides={"gpus": [0, 1], "engine.tp_size": 2}),
+    Run("dflash_block4", "DFLASH with 4 draft tokens on a drafter trained at block size 8",
+        "dflash", argv_overrides=TRITON, self_check=False, bench_levels=(1, 8),
+        spec_overrides={"engine.speculative_num_draft_tokens": 4}),
+    Run("ddtree_nograph", "DDTREE with CUDA graphs disabled by the spec", "ddtree",
+        argv_overrides=TRITON, self_check=False, bench_levels=(1, 8),
+        spec_overrides={"engine.disable_cuda_graph": True}),
+    Run("ddtree_bs4_load", "DDTREE, cuda_graph_max_bs 4, under load at 8 and 32 (batches above "
+        "the captured sizes)", "ddtree", argv_overrides=TRITON, self_check=False,
+        probe=False, spec_overrides={"engine.cuda_graph_max_bs": 4}),
+    # What each mode answers to the requests the gateway may have to route elsewhere.
+    Run("refusals_ddtree", "DDTREE triton with xgrammar: the refusal requests", "ddtree",
+        argv_overrides=TRITON, self_check=False, probe=False, bench_levels=(), refusals=True,
+        grammar=True),
+    Run("refusals_dflash", "DFLASH triton with xgrammar: the refusal requests", "dflash",
+        argv_overrides=TRITON, self_check=False, probe=False, bench_levels=(), refusals=True,
+        grammar=True),
+    Run("refusals_base", "no speculation, triton, with xgrammar: the refusal requests", "ddtree",
+        spec_overrides=NO_SPECULATION, argv_overrides=TRITON, self_check=False, probe=False,
+        bench_levels=(), refusals=True, grammar=True),
+    # Kimi K2.6's own checkpoint format: routed experts INT4 (compressed-tensors), which
+    # take the Marlin MoE kernels, under CUDA graphs at verify width 33 for DDTREE.
+    Run("ddtree_int4", "DDTREE triton on the INT4 target (K2.6's checkpoint format)", "ddtree",
+        argv_overrides=TRITON, spec_overrides=INT4, refusals=True, grammar=True,
+        exclusive_serve=True),
+    Run("dflash_int4", "DFLASH triton on the INT4 target", "dflash", argv_overrides=TRITON,
+        spec_overrides=INT4, self_check=False, refusals=True, grammar=True, exclusive_serve=True),
+    Run("base_int4", "no speculation, triton, on the INT4 target", "ddtree",
+        spec_overrides={**NO_SPECULATION, **INT4}, argv_overrides=TRITON, self_check=False,
+        refusals=True, grammar=True, exclusive_serve=True),
+    # Alone on the GPU, capture only: each graph's memory without another engine's in it (a
+    # capture's "mem usage" is the device's free memory before less after). The first on a
+    # fresh host builds the Marlin JIT kernels at its own start, as a first INT4 deployment does.
+    Run("dflash_int4_alone", "DFLASH triton on the INT4 target, alone, JIT kernels built at "
+        "its start", "dflash", argv_overrides=TRITON, spec_overrides=INT4, serve=False,
+        self_check=False),
+    Run("base_int4_alone", "no speculation, triton, on the INT4 target, alone", "ddtree",
+        spec_overrides={**NO_SPECULATION, **INT4}, argv_overrides=TRITON, serve=False,
+        self_check=False, start_timeout=200),
     # Memory calibration: capture at other batch-size limits and context lengths, then stop.
     Run("ddtree_triton_bs16", "DDTREE triton, cuda_graph_max_bs 16", "ddtree",
         argv_overrides=TRITON, spec_overrides={"engine.cuda_graph_max_bs": 16}, serve=False,
@@ -131,3 +185,35 @@ RUNS = _runs(
 # The product's own verify prompts: at temperature 0 with the top-2 log-probs they show where
 # two runs part and how close the baseline's top two were there.
 PROBE_PROMPTS = BUILTIN_PROMPTS
+
+
+def estimate_s(run: Run) -> float:
+    """Seconds a run needs, start to stop, on a warm machine (from the recorded runs' times),
+    serving alone; an exclusive run's serving comes after the others' (see wave_min_s)."""
+    if run.expect == "failure":
+        return min(run.start_timeout, 150) + 35
+    return 150 + serve_s(run) + 35
+
+
+def serve_s(run: Run) -> float:
+    if not run.serve:
+        return 0
+    # idle before and after, the streams; the probe; a bench level; the refusals (long prompts)
+    return 25 + (20 if run.probe else 0) + 8 * len(run.bench_levels) + (25 if run.refusals else 0)
+
+
+def wave_min_s(names: list[str]) -> float:
+    """The least time left at which a wave of runs started together can finish."""
+    runs = [RUNS[name] for name in names]
+    alone = max((estimate_s(run) for run in runs if not run.exclusive_serve), default=0)
+    exclusive = [run for run in runs if run.exclusive_serve]
+    if not exclusive:
+        return alone
+    return max(alone, 150) + sum(serve_s(run) for run in exclusive) + 35
+
+
+if __name__ == "__main__":
+    import sys
+
+    # `runs.py --wave-min a,b,c`: real-engine.sh asks before it starts a wave.
+    print(int(wave_min_s(sys.argv[2].split(","))))

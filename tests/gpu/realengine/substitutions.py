@@ -87,12 +87,17 @@ def _apply_flag(argv: list[str], flag: str, value: str | None) -> None:
 
 def launch(example: str, models: str, *, spec_overrides: dict[str, object] | None = None,
            argv_overrides: dict[str, str | None] | None = None,
-           drop_flags: tuple[str, ...] = ()) -> Launch:
-    """The product's argv for an example spec, with the rig's changes and the run's own."""
+           drop_flags: tuple[str, ...] = (), grammar: bool = False) -> Launch:
+    """The product's argv for an example spec, with the rig's changes and the run's own.
+    `grammar`: xgrammar is carried, so the grammar backend stays the product's (SGLang's
+    default) instead of `none`."""
     spec, changes = _spec(example, models, spec_overrides or {})
     plan = launch_args(spec)
     argv = list(plan.argv)
     for flag, value, why in ARGV_CHANGES:
+        if grammar and flag == "--grammar-backend":
+            changes.append("--grammar-backend left as the product has it: xgrammar is carried")
+            continue
         _apply_flag(argv, flag, value)
         changes.append(f"{flag} {value or ''}: {why}".replace("  ", " "))
     for flag, value in (argv_overrides or {}).items():

@@ -56,6 +56,7 @@ from .loadtime import (
     unmeasured_roots,
 )
 from .modelfiles import local_model_facts
+from .served_names import served_name_conflict
 
 S = DeploymentStatus
 
@@ -174,6 +175,8 @@ def deployment_create(
             needs_confirmation=True,
         )
     with transaction.atomic():
+        # Another active deployment of this served name is a 400 naming it; nothing stored.
+        taken = served_name_conflict(spec=spec_to_dict(spec), name=spec.name)
         deployment = Deployment.objects.create(
             name=spec.name,
             spec=spec_to_dict(spec),
@@ -186,8 +189,14 @@ def deployment_create(
             rebuild_image=rebuild_image,
             created_by=user if user is not None and user.is_authenticated else None,  # type: ignore[misc]
         )
-        # In this transaction: a GPU another deployment holds rolls the row back (400).
-        gpu_leases_acquire(deployment=deployment)
+        # In this transaction: a GPU another deployment holds rolls the row back (400), and
+        # so does a taken name; both said at once (a Clone as it is takes both).
+        try:
+            gpu_leases_acquire(deployment=deployment)
+        except DeploymentInputError as exc:
+            raise DeploymentInputError(errors={**taken, **exc.errors}) from None
+        if taken:
+            raise DeploymentInputError(errors=taken)
         events_append(
             deployment_id=deployment.pk,
             events=[
@@ -229,6 +238,9 @@ def deployment_restart(*, deployment_id: int, user: User = None) -> Deployment:
         row = Deployment.objects.select_for_update().get(pk=deployment_id)
         if row.status not in TERMINAL_STATUSES:
             raise _not_terminal(row, "restarted")
+        taken = served_name_conflict(spec=row.spec, name=row.name, pk=row.pk)
+        if taken:  # another deployment took its served name meanwhile
+            raise DeploymentInputError(errors=taken)
         gpu_leases_acquire(deployment=row)  # raises (400, rolled back) when a GPU is taken
         if not deployment_mark_requeued(deployment=row, user=user):
             raise _not_terminal(row, "restarted")

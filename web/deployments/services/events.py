@@ -1,6 +1,6 @@
 """Appending events to a deployment's log, and publishing them on the live channel.
 
-The engine agent stores tens of thousands of events a second (issue 22). Its profile
+The engine agent stores tens of thousands of events a second. Its profile
 showed most of that time in building Event model instances (Django's pre_init/post_init
 signals alone 9 %), encoding each payload twice (COPY, then the live publisher) and a
 second query to read the claimed seq back. So a batch is claimed with one
@@ -22,6 +22,8 @@ from typing import Any
 import psycopg
 from django.db import connection, transaction
 from django.utils import timezone
+
+from appliance.events import LogLine
 
 from .. import live
 from ..models import Deployment, Event
@@ -45,7 +47,7 @@ def events_append(
         return []
     with transaction.atomic():
         first, now = _store(deployment_id, items)
-        # The status reads' answers for the row as this write leaves it (issue 22).
+        # The status reads' answers for the row as this write leaves it (services/reads.py).
         deployment_status_bodies_later(deployment_id=deployment_id)
     return [Event(deployment_id=deployment_id, seq=first + i, kind=kind, payload=payload,
                   ts=now) for i, (kind, payload) in enumerate(items)]
@@ -60,7 +62,7 @@ def events_append_batch(*, deployment_id: int, events: Items, owner: str | None 
     (Deployment.DoesNotExist otherwise, as for a missing deployment, and nothing is
     stored); `row` holds deployment fields (ROW_FIELDS: the log cursor, progress, the last
     decode stats) set with the seqs' claim, so a batch and its cursor commit together. On
-    PostgreSQL all of it is one statement (the third round of issue 22: the lease check,
+    PostgreSQL all of it is one statement (docs/performance.md, Log path: the lease check,
     the claim, the COPY, the cursor update and the commit were five round trips and about
     1.3 ms of the agent's CPU per batch); outside a transaction it commits on its own."""
     if not events:
@@ -76,7 +78,7 @@ def events_append_batch(*, deployment_id: int, events: Items, owner: str | None 
     return first + len(events) - 1
 
 
-# The status reads' stored answers (issue 22, services/reads.py) after an agent's batch: a
+# The status reads' stored answers (services/reads.py) after an agent's batch: a
 # batch moves the row (its log cursor, decode stats), so the answers stored before it are
 # no longer current and reads render the row again. A store costs the writer about 1.5 ms,
 # and a busy engine's batches come every few milliseconds: at most one store per
@@ -248,7 +250,7 @@ def _encode_payload(payload: dict[str, Any]) -> str:
     return _encode(payload)
 
 
-_LOG_KEYS = ["stream", "text"]
+_LOG_KEYS = list(LogLine.__annotations__)  # ["stream", "text"], in the follower's order
 _json_text = encode_basestring_ascii  # what the ensure_ascii encoder uses for a string
 
 

@@ -1,4 +1,4 @@
-"""Writes: the status reads' answers, rendered by the deployment row's writers (issue 22).
+"""Writes: the status reads' answers, rendered by the deployment row's writers.
 
 A token GET of a deployment's detail or summary (web/api/asgi.py) decoded the row, built
 the model, ran the serializer and rendered JSON on every read: the same bytes for every
