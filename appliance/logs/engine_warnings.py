@@ -28,6 +28,7 @@ from typing import Any
 from appliance.logs.cause import Cause, Diagnosis
 from appliance.logs.context import ParseContext
 
+_PLACEHOLDER = re.compile(r"\{(\w+)\}")
 _PRIORITY = 20  # a finding, never a failure's cause (diagnose() passes over them)
 Patch = Callable[[dict[str, str]], Mapping[str, Any] | None]
 
@@ -47,7 +48,9 @@ def _warning(cause_id: str, severity: str, needle: str, pattern: str, summary: s
                          {**values, "line_text": found.group(0)},
                          patch(values) if patch else None, severity)
 
-    return Cause(cause_id, summary, fix, _PRIORITY, (needle,), refine, severity=severity)
+    # The catalogue's own text (`appliance causes`) names the values it will quote.
+    return Cause(cause_id, _PLACEHOLDER.sub(r"<\1>", summary), _PLACEHOLDER.sub(r"<\1>", fix),
+                 _PRIORITY, (needle,), refine, severity=severity)
 
 
 def _int(value: str) -> int | None:

@@ -10,9 +10,11 @@ from typing import Any
 
 import pytest
 
+from appliance.logs.causes import CAUSES
 from appliance.logs.diagnosis import diagnose
 from appliance.logs.stamps import without_docker_stamps
 from tests.appliance import real_engine as rec
+from tests.appliance.test_metrics_real_engine import replay
 
 
 def _needs(run: str) -> None:
@@ -72,7 +74,38 @@ def test_graphs_off_by_the_spec_is_a_note_and_no_silent_eager() -> None:
 
 def test_the_graphs_off_runs_alerts_are_the_note_only() -> None:
     _needs("ddtree_nograph")
-    from tests.appliance.test_metrics_real_engine import replay
-
     raised = [(a.id, a.severity) for a in replay("ddtree_nograph").raised]
     assert raised == [("eager-by-spec", "info")]
+
+
+def test_the_graphs_off_notes_speed_cost_is_the_recordings() -> None:
+    _needs("ddtree_nograph")
+
+    def tpot_at_one(run: str) -> float:
+        levels = [lvl for row in rec.json_file(run, "bench.json") for lvl in row["json"]["levels"]]
+        return float(next(lvl for lvl in levels if lvl["concurrency"] == 1)["tpot_ms"]["p50"])
+
+    fix = CAUSES["cuda-graphs-disabled"].fix
+    assert f"{tpot_at_one('ddtree_nograph'):.2f} ms per output token" in fix
+    assert f"against {tpot_at_one('ddtree_triton'):.2f} ms" in fix
+
+
+def test_batches_above_cuda_graph_max_bs_under_load_are_eager_by_design() -> None:
+    _needs("ddtree_bs4_load")
+    findings = _findings("ddtree_bs4_load")
+    above = findings["eager-above-max-bs"]
+    assert above["severity"] == "info" and above["evidence"]["max_captured_bs"] == 4
+    assert above["evidence"]["running_req"] > 4
+    causes = {d["cause"] for d in rec.of_kind("ddtree_bs4_load", "diagnosis")}
+    assert "silent-eager-verify" not in causes
+
+
+def test_the_tp2_recording_with_the_specs_gpus_says_which_to_change() -> None:
+    _needs("tp2_one_gpu")
+    with open(rec.folder("tp2_one_gpu") / "engine.log", encoding="utf-8", newline="\n") as log:
+        lines = list(without_docker_stamps(log))
+    short = diagnose(lines, {"gpus": [0], "tp_size": 2})
+    assert short is not None and "(spec key gpus), now [0]" in short.fix
+    listed = diagnose(lines, {"gpus": [0, 1], "tp_size": 2})  # the rig's spec: [0, 1]
+    assert listed is not None and "NVIDIA runtime" in listed.fix and "now [0, 1]" in listed.fix
+    assert listed.evidence["container_cuda_visible_devices"] is None

@@ -119,3 +119,55 @@ def _in_thread(fn, *args):  # type: ignore[no-untyped-def]
 
     with ThreadPoolExecutor(1) as pool:
         return pool.submit(fn, *args).result()
+
+
+SECOND_ROUND = "TEST_ENGINE_REPLAY_SPEED=4,TEST_ENGINE_REPLAY_MAX_GAP_S=2"
+
+
+@pytest.fixture
+def second_round(operator, tmp_path: Path, test_engine_image: str,  # type: ignore[no-untyped-def]
+                 settings) -> Iterator[tuple[str, int, int]]:
+    """Two replays of the rig's second round, each with its recorded run's own settings:
+    DFLASH at 4 draft tokens on a block-8 drafter, DDTREE with CUDA graphs off by the spec."""
+    settings.ENGINE_GPU_REQUESTS = False
+    env = {"APPLIANCE_ENGINE_IMAGE": test_engine_image, "APPLIANCE_ENGINE_GPU_REQUESTS": "0",
+           "APPLIANCE_ENGINE_EXTRA_ENV": SECOND_ROUND, "APPLIANCE_ENGINE_STOP_TIMEOUT_S": "5",
+           "APPLIANCE_METRICS_INTERVAL_S": "1"}
+    block = spec(name="real-dflash-block4", self_check=False, recipe="kimi-k2.6-dflash",
+                 engine__speculative_algorithm="DFLASH", engine__speculative_num_draft_tokens=4,
+                 engine__attention_backend="triton",
+                 env={"TEST_ENGINE_REPLAY": "433c58ed7/dflash_block4"})
+    block["engine"].pop("speculative_ddtree_budget")
+    nograph = spec(name="real-ddtree-nograph", self_check=False, gpus=[1],
+                   engine__attention_backend="triton", engine__disable_cuda_graph=True,
+                   env={"TEST_ENGINE_REPLAY": "433c58ed7/ddtree_nograph"})
+    for data in (block, nograph):
+        data["engine"].pop("disable_overlap_schedule")
+    with appliance_stack(tmp_path, env) as url:
+        yield (url, services.deployment_create(data=block, confirm_warnings=True).pk,
+               services.deployment_create(data=nograph, confirm_warnings=True).pk)
+
+
+def test_the_second_rounds_block_size_warning_and_graphs_off_read_right_on_the_page(  # type: ignore[no-untyped-def]
+        second_round, page):
+    url, block, nograph = second_round
+    login(page, url)
+    page.goto(f"{url}/deployments/{block}/")
+    mismatch = page.locator('#finding-list li[data-cause="dflash-block-size-mismatch"]')
+    expect(mismatch.locator("b")).to_have_text("warning", timeout=90_000)
+    expect(mismatch).to_contain_text("4 draft tokens per block")
+    expect(mismatch).to_contain_text("trained with block size 8")
+    expect(mismatch.locator(".fix")).to_contain_text("engine.speculative_num_draft_tokens")
+    expect(page.locator("#status")).to_have_text("ready", timeout=90_000)
+    expect(page.locator("#diagnosis")).to_be_hidden()
+    page.screenshot(path=screenshot_path("replay-real-dflash-block4.png"), full_page=True)
+
+    page.goto(f"{url}/deployments/{nograph}/")
+    note = page.locator('#alert-list [data-alert="eager-by-spec"]')
+    expect(note).to_have_class(re.compile(r"severity-info"), timeout=120_000)
+    expect(note).to_contain_text("off by the spec")
+    expect(note).to_contain_text("per output token")
+    expect(page.locator('#alert-list [data-alert="silent-eager"]')).to_have_count(0)
+    page.screenshot(path=screenshot_path("replay-real-ddtree-nograph.png"), full_page=True)
+    stored = _in_thread(_stored, nograph)
+    assert [a["id"] for a in stored["alerts"]] == ["eager-by-spec"], stored["alerts"]
