@@ -387,6 +387,7 @@ METRICS_TOKEN = env_str("APPLIANCE_METRICS_TOKEN", "")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "filters": {"denied": {"()": "web.logfilters.DeniedWithoutTraceback"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "filters": ["denied"]}},
     "root": {"handlers": ["console"], "level": env_str("APPLIANCE_LOG_LEVEL", "INFO")},
 }
