@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -335,6 +336,35 @@ def _reaches(engine: Any, host: str, port: int) -> bool:
     return engine.exec_run(["python3", "-c", probe, host, str(port)]).exit_code == 0
 
 
+def _answers_server_info(url: str) -> bool:
+    """Whether the engine's own /server_info answers at url (this machine's outbound proxy
+    answers any address it cannot reach, so an answer is checked for the engine's fields)."""
+    try:
+        with urllib.request.urlopen(f"{url}/server_info", timeout=3) as response:
+            return b"max_total_num_tokens" in response.read()
+    except OSError:
+        return False
+
+
+def _reaches_from_outside(client: Any, image: str, address: str) -> bool:
+    """Whether a container on Docker's default network gets the engine's /server_info."""
+    probe = ("import sys, urllib.request as u\ntry:\n"
+             f" body = u.urlopen('http://{address}:30000/server_info', timeout=3).read()\n"
+             "except OSError:\n sys.exit(1)\n"
+             "sys.exit(0 if b'max_total_num_tokens' in body else 1)")
+    container = client.containers.run(image, entrypoint=["python3", "-c", probe], detach=True,
+                                      labels={"appliance.test": PROJECT})
+    try:
+        return int(container.wait(timeout=60)["StatusCode"]) == 0
+    finally:
+        container.remove(force=True)
+
+
+def _service(client: Any, service: str) -> Any:
+    return client.containers.list(filters={"label": [
+        f"com.docker.compose.project={PROJECT}", f"com.docker.compose.service={service}"]})[0]
+
+
 def _engine_lines(client: Any, name: str) -> list[str]:
     """What the engine printed, stdout and stderr in the order Docker stored them."""
     raw = client.containers.get(name).logs(stdout=True, stderr=True, timestamps=True)
@@ -518,6 +548,14 @@ def test_compose_up_runs_the_appliance_as_shipped(stack: Stack, page: Page) -> N
     assert detail["status"] == "ready"
     # Engines are on the engine network only: no route to Redis or PostgreSQL.
     assert not _reaches(engines[0], "redis", 6379) and not _reaches(engines[0], "postgres", 5432)
+    # Nor is an engine reached from the host or from a container off its network, by its
+    # address (the network is internal, with no address on the host): only its members.
+    network = client.networks.get(stack.values["APPLIANCE_ENGINE_NETWORK"])
+    assert network.attrs["Internal"] is True
+    address = engines[0].attrs["NetworkSettings"]["Networks"][network.name]["IPAddress"]
+    assert not _answers_server_info(f"http://{address}:30000")
+    assert not _reaches_from_outside(client, engines[0].image.id, address)
+    assert _reaches(_service(client, "agent"), engines[0].name, 30000)
 
     _wait_status(stack, token, third, "ready")
 
@@ -534,7 +572,9 @@ def test_compose_up_runs_the_appliance_as_shipped(stack: Stack, page: Page) -> N
     # The secret key was kept in its volume, so the browser's session is still good.
     page.goto(f"{stack.url}/")
     expect(page.locator("h1")).to_have_text("Deployments")
-    expect(page.locator(f"#deployment-{second} .status")).to_have_text("ready")
+    # Until the new agent's first heartbeat (it starts once web is healthy) the list says
+    # the agent is silent (`unknown`); the list's own refresh shows `ready` once it reports.
+    expect(page.locator(f"#deployment-{second} .status")).to_have_text("ready", timeout=30_000)
     time.sleep(3)  # a few agent ticks
     token = _token(stack)
     assert stack.api(token, f"/deployments/{second}/")["status"] == "ready"
