@@ -186,7 +186,7 @@ def test_a_stopped_deployments_page_shows_no_live_figures(operator_client):  # t
     deployment = ready()
     live = operator_client.get(f"/deployments/{deployment.pk}/").content.decode()
     assert "Live metrics" in live and "waiting for the first scrape" in live
-    services.deployment_request_stop(deployment=deployment)
+    services.deployment_stop(deployment_id=deployment.pk)
     services.deployment_mark_stopped(deployment_id=deployment.pk)
     page = operator_client.get(f"/deployments/{deployment.pk}/").content.decode()
     assert "Live metrics" not in page
