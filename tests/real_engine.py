@@ -13,7 +13,7 @@ from typing import Any
 from appliance.logs.parser import LogEvent, LogParser
 from appliance.runtime.logstream import parse_docker_ts
 
-ROOT = Path(__file__).resolve().parents[1] / "fixtures" / "real-engine"
+ROOT = Path(__file__).resolve().parent / "fixtures" / "real-engine"
 PINNED = "433c58ed7"
 PR_HEAD = "101cd5bd0"
 SERVED = ("ddtree_triton", "dflash_triton", "base_triton")

@@ -1,14 +1,13 @@
 """Deployment rows made through the product's own services, in the states tests start from
-(tests/web/specs.py stays free of Django; this module is its database side)."""
+(tests/specs.py stays free of Django; this module is its database side)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from tests.specs import spec
 from web.deployments import services
 from web.deployments.models import Deployment
-
-from .specs import spec
 
 
 def queued(**changes: Any) -> Deployment:

@@ -9,9 +9,8 @@ import pytest
 from django.test import Client
 from knox.models import AuthToken
 
+from tests.specs import spec
 from web.accounts.tokens import TokenRoleError, token_create
-
-from .specs import spec
 
 pytestmark = pytest.mark.django_db
 

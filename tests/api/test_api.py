@@ -6,10 +6,9 @@ import pytest
 import yaml
 from rest_framework.test import APIClient
 
+from tests.specs import spec
 from web.deployments import services
 from web.deployments.models import Deployment
-
-from .specs import spec
 
 pytestmark = pytest.mark.django_db
 

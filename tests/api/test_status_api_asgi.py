@@ -23,6 +23,7 @@ from knox.models import AuthToken
 from appliance.runtime import series
 from appliance.runtime.alerts import Alert
 from tests.servers import panel_server
+from tests.specs import spec
 from web.accounts.tokens import token_create, token_revoke
 from web.api.asgi import StatusReads
 from web.deployments import services
@@ -30,8 +31,6 @@ from web.deployments.models import Deployment, StatusBody
 from web.deployments.selectors import deployment_list
 from web.deployments.services.metrics import deployment_apply_alerts, metrics_store_point
 from web.serving import django_application
-
-from .specs import spec
 
 pytestmark = pytest.mark.django_db(transaction=True)
 READS = ("", "summary/")

@@ -11,11 +11,10 @@ import pytest
 from rest_framework.renderers import JSONRenderer
 from rest_framework.test import APIClient
 
+from tests.specs import spec
 from web.api.serializers import DeploymentSerializer
 from web.deployments import services
 from web.deployments.models import Deployment
-
-from .specs import spec
 
 pytestmark = pytest.mark.django_db
 

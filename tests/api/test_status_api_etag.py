@@ -12,11 +12,10 @@ from rest_framework.test import APIClient
 
 from appliance.runtime import series
 from appliance.runtime.alerts import Alert
+from tests.specs import spec
 from web.deployments import services
 from web.deployments.models import Deployment
 from web.deployments.services.metrics import deployment_apply_alerts, metrics_store_point
-
-from .specs import spec
 
 pytestmark = pytest.mark.django_db
 

@@ -18,13 +18,12 @@ from django.utils import timezone
 from knox.models import AuthToken
 from rest_framework.test import APIClient
 
+from tests.specs import spec
 from web.accounts.models import TokenScope
 from web.accounts.tokens import token_create, token_revoke
 from web.deployments import services
 from web.deployments.models import Deployment
 from web.deployments.permissions import ROLE_PERMISSIONS
-
-from .specs import spec
 
 pytestmark = pytest.mark.django_db
 READS = ("", "summary/")

@@ -16,6 +16,7 @@ from rest_framework.test import APIClient
 
 from appliance.runtime import series
 from appliance.runtime.alerts import Alert
+from tests.specs import spec
 from web.accounts.auth import token_key
 from web.api.bodies import READ_FIELDS
 from web.api.selectors import StatusRow, status_body_query, status_query, status_rows
@@ -25,8 +26,6 @@ from web.deployments.permissions import VIEW_PERMISSION
 from web.deployments.selectors import deployment_list
 from web.deployments.services.metrics import deployment_apply_alerts, metrics_store_point
 from web.deployments.services.reads import deployment_status_bodies_store
-
-from .specs import spec
 
 pytestmark = pytest.mark.django_db(transaction=True)  # stored after each writer's commit
 READS = {"": ("retrieve", "detail"), "summary/": ("summary", "summary")}

@@ -12,7 +12,7 @@ from unittest import mock
 import pytest
 from rest_framework.test import APIClient
 
-from tests.web.specs import spec
+from tests.specs import spec
 from web import tasks
 from web.benchmarks import services
 from web.benchmarks.models import BenchmarkRun, BenchmarkStatus

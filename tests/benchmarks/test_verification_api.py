@@ -13,7 +13,7 @@ import pytest
 from django.test import Client
 from rest_framework.test import APIClient
 
-from tests.web.specs import spec
+from tests.specs import spec
 from web import tasks
 from web.benchmarks import verification_services as services
 from web.benchmarks.models import BenchmarkStatus, VerificationRun

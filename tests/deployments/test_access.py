@@ -6,10 +6,9 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
+from tests.specs import spec
 from web.deployments import services
 from web.deployments.models import Deployment
-
-from .specs import spec
 
 # transaction=True: the SSE view hands its connection back (closes it) as in production.
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -47,7 +46,7 @@ def test_a_viewer_reads_every_deployment_page_but_cannot_deploy_or_stop(viewer) 
     client = _client(viewer)
     for path in _reads(pk):
         if path.endswith("/stream/"):
-            continue  # a stream that never ends; tests/web/test_sse.py covers it live
+            continue  # a stream that never ends; tests/deployments/test_sse.py covers it live
         assert client.get(path).status_code == 200, path
     assert client.post("/api/deployments/", spec(name="x"),
                        content_type="application/json").status_code == 403

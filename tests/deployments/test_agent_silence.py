@@ -10,9 +10,8 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
+from tests.rows import ready
 from web.deployments.models import Deployment, Host
-
-from .rows import ready
 
 pytestmark = pytest.mark.django_db
 AGENT = "agent@gpu-host"

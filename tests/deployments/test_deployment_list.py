@@ -12,10 +12,9 @@ from django.urls import reverse
 from django.utils import timezone
 
 from appliance.runtime import series
+from tests.specs import spec
 from web.deployments import services
 from web.deployments.models import Deployment, MetricPoint
-
-from .specs import spec
 
 pytestmark = pytest.mark.django_db
 

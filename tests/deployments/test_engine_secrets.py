@@ -13,11 +13,10 @@ from django.test import Client, override_settings
 from appliance.logs.appliance_causes import start_failure
 from appliance.runtime.containers import EngineRuntimeError, docker_run_kwargs, secret_values
 from appliance.runtime.secrets import ENV_PREFIX
+from tests.specs import spec
 from web.agent.engines import container_plan
 from web.deployments import services
 from web.deployments.models import Deployment, Event
-
-from .specs import spec
 
 pytestmark = pytest.mark.django_db
 

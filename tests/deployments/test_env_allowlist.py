@@ -10,8 +10,7 @@ import pytest
 from django.test import Client, override_settings
 
 from appliance.engine.recipes import RECIPES_DIR
-
-from .specs import spec
+from tests.specs import spec
 
 pytestmark = pytest.mark.django_db
 

@@ -15,11 +15,10 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from tests.eventfill import PHASE_EVERY, WARN_EVERY, fill_events
+from tests.specs import spec
 from web.deployments import selectors, services
 from web.deployments.history_views import DOWNLOAD_PAGE
 from web.deployments.models import LINE_KINDS, Event
-
-from .specs import spec
 
 pytestmark = pytest.mark.django_db
 

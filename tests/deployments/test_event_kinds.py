@@ -7,12 +7,11 @@ import pytest
 
 from appliance import events
 from appliance.runtime.alerts import Alert
+from tests.specs import spec
 from web.agent.engines import FOLDED_KINDS, progress_fold
 from web.deployments import services
 from web.deployments.models import Event, EventKind
 from web.deployments.services.metrics import deployment_apply_alerts
-
-from .specs import spec
 
 
 def test_the_event_rows_kinds_are_the_stored_kinds_appliance_events_lists() -> None:

@@ -7,10 +7,9 @@ import time
 
 import pytest
 
+from tests.specs import spec
 from web.deployments import live, services
 from web.deployments.models import Event
-
-from .specs import spec
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -8,10 +8,9 @@ import pytest
 from django.test import Client
 
 from appliance.logs.engine_warnings import match_engine_warning
+from tests.specs import spec
 from web.deployments import services
 from web.deployments.models import Deployment
-
-from .specs import spec
 
 pytestmark = pytest.mark.django_db
 BLOCK_LINE = ("DFLASH block size mismatch: using speculative_num_draft_tokens=4 but draft "

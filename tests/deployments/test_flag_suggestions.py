@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 
 from appliance.engine.flags import closest_flag, load_flags
+from tests.specs import spec
 from web.deployments import services
-
-from .specs import spec
 
 pytestmark = pytest.mark.django_db
 

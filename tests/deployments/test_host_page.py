@@ -6,10 +6,9 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
+from tests.specs import spec
 from web.deployments import services
 from web.deployments.models import Host
-
-from .specs import spec
 
 pytestmark = pytest.mark.django_db
 

@@ -12,10 +12,9 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
+from tests.rows import queued, ready
 from web.deployments.models import Deployment
 from web.gateway.services import apikey_create, apikey_revoke
-
-from .rows import queued, ready
 
 pytestmark = pytest.mark.django_db
 

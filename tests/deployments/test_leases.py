@@ -10,10 +10,9 @@ from django.db import connection, transaction
 from django.test import Client
 
 from appliance.logs.catalogue import CATALOGUE
+from tests.specs import spec
 from web.deployments import services
 from web.deployments.models import Deployment, GpuLease
-
-from .specs import spec
 
 
 def _create(**changes: Any) -> Deployment:

@@ -11,11 +11,10 @@ from django.utils import timezone
 
 from appliance.logs.appliance_causes import ENGINE_EXITED
 from appliance.logs.cause import Diagnosis
+from tests.specs import spec
 from web.deployments import selectors, services
 from web.deployments.models import Deployment, DeploymentStatus, Event, GpuLease, MetricPoint, Run
 from web.deployments.services import lifecycle
-
-from .specs import spec
 
 pytestmark = pytest.mark.django_db
 S = DeploymentStatus

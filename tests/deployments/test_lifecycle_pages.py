@@ -7,10 +7,9 @@ import pytest
 from django.test import Client
 
 from appliance.logs.cause import Diagnosis
+from tests.specs import spec
 from web.deployments import services
 from web.deployments.models import Deployment, DeploymentStatus
-
-from .specs import spec
 
 pytestmark = pytest.mark.django_db
 S = DeploymentStatus

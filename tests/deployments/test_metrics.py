@@ -12,6 +12,7 @@ from rest_framework.test import APIClient
 
 from appliance.runtime import series
 from appliance.runtime.alerts import Alert
+from tests.specs import spec
 from web.deployments import selectors, services
 from web.deployments.models import Deployment, Event, MetricPoint
 from web.deployments.services.metrics import (
@@ -20,8 +21,6 @@ from web.deployments.services.metrics import (
     metrics_prune,
     metrics_store_point,
 )
-
-from .specs import spec
 
 pytestmark = pytest.mark.django_db
 NOW = 1_789_999_980.0  # a fixed instant on a whole minute (2026-09-21)

@@ -14,6 +14,7 @@ from django.test import Client
 from django.urls import reverse
 
 from tests.models import write_model
+from tests.specs import spec
 from web.agent.engines import container_plan
 from web.deployments import services
 from web.deployments.models import Deployment, EventKind, RootReadRate
@@ -23,8 +24,6 @@ from web.deployments.services.loadtime import (
 )
 from web.store.models import ModelEntry, ModelState
 from web.store.services.scan import model_store_scan
-
-from .specs import spec
 
 pytestmark = pytest.mark.django_db
 MIB = 1024**2
@@ -265,7 +264,7 @@ def test_the_real_engines_load_lines_give_the_rate_it_reached() -> None:
     # ... mem usage=0.12 GB." (the target) folded as the agent folds it.
     from appliance.logs.parser import LogParser
     from appliance.store.loadtime import load_report, load_text
-    from tests.appliance import real_engine as rec
+    from tests import real_engine as rec
     from web.agent.engines import progress_fold
 
     progress: dict = {}  # type: ignore[type-arg]

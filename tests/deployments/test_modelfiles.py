@@ -10,11 +10,10 @@ import pytest
 from django.utils import timezone
 
 from tests.models import write_model
+from tests.specs import spec
 from web.deployments import services
 from web.deployments.models import Deployment, Host
 from web.deployments.services.modelfiles import model_folder
-
-from .specs import spec
 
 pytestmark = pytest.mark.django_db
 

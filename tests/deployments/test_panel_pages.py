@@ -12,11 +12,10 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
+from tests.specs import spec
 from web.deployments import services
 from web.deployments.forms import DeploymentForm
 from web.deployments.models import Deployment
-
-from .specs import spec
 
 pytestmark = pytest.mark.django_db
 
@@ -181,7 +180,7 @@ def test_a_fixed_image_hides_the_rebuild_choice_and_the_form_still_deploys(  # t
 
 
 def test_a_stopped_deployments_page_shows_no_live_figures(operator_client):  # type: ignore[no-untyped-def]
-    from .rows import ready
+    from tests.rows import ready
 
     deployment = ready()
     live = operator_client.get(f"/deployments/{deployment.pk}/").content.decode()

@@ -9,7 +9,7 @@ import re
 import pytest
 from django.test import Client
 
-from .rows import queued, ready
+from tests.rows import queued, ready
 
 pytestmark = pytest.mark.django_db
 

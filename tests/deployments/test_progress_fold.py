@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from appliance.logs.parser import LogParser
-from tests.appliance import real_engine as rec
+from tests import real_engine as rec
 from web.agent.engines import progress_fold
 
 

@@ -16,11 +16,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from appliance.runtime import series
 from tests.servers import process_env
+from tests.specs import spec
 from web.deployments import services
 from web.deployments.models import Deployment, MetricPoint
 from web.deployments.prom import phase_durations
-
-from .specs import spec
 
 pytestmark = pytest.mark.django_db
 ROOT = Path(__file__).resolve().parents[2]

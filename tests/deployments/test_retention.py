@@ -17,11 +17,10 @@ from django.core.management import call_command
 from django.db import connection
 from django.utils import timezone
 
+from tests.specs import spec
 from web.deployments import services
 from web.deployments.models import NOTABLE_KINDS, Deployment, Event, MetricPoint
 from web.deployments.services.retention import CONTEXT, RUN_HEAD, events_prune
-
-from .specs import spec
 
 pytestmark = pytest.mark.django_db
 

@@ -11,10 +11,9 @@ import pytest
 from django.db import connection
 from django.test import Client
 
+from tests.specs import spec
 from web.deployments import services
 from web.deployments.models import Deployment, DeploymentStatus
-
-from .specs import spec
 
 
 def _create(**changes: Any) -> Deployment:

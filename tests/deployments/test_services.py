@@ -7,10 +7,9 @@ from django.db import connection
 
 from appliance.logs.catalogue import CATALOGUE, UncataloguedCause
 from appliance.logs.cause import Diagnosis
+from tests.specs import spec
 from web.deployments import services
 from web.deployments.models import Deployment, DeploymentStatus, Event
-
-from .specs import spec
 
 pytestmark = pytest.mark.django_db
 S = DeploymentStatus

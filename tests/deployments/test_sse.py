@@ -15,9 +15,8 @@ from django.db import connection
 
 from appliance.lifecycle import Process
 from tests.servers import login_session, panel_server
+from tests.specs import spec
 from web.deployments import services
-
-from .specs import spec
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

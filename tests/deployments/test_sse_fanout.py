@@ -14,9 +14,8 @@ from asgiref.sync import sync_to_async
 from django.db import connection
 from django.db.backends.signals import connection_created
 
+from tests.specs import spec
 from web.deployments import services, sse
-
-from .specs import spec
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

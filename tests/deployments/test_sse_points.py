@@ -11,9 +11,8 @@ import pytest
 from django.db import connection
 
 from tests.servers import login_session, panel_server
+from tests.specs import spec
 from web.deployments import live, services
-
-from .specs import spec
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -14,10 +14,9 @@ from asgiref.sync import async_to_sync
 from asgiref.testing import ApplicationCommunicator
 from django.conf import settings
 
+from tests.specs import spec
 from web.deployments import services
 from web.serving import WSGIBridge, django_application, view_is_async
-
-from .specs import spec
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -36,7 +36,7 @@ from appliance.bench.client import CHAT, COMPLETIONS, RequestResult, send, serve
 from appliance.bench.prompts import Prompt
 from appliance.runtime.logstream import parse_docker_ts
 
-ROOT = Path(__file__).resolve().parents[1] / "fixtures" / "real-engine" / "433c58ed7"
+ROOT = Path(__file__).resolve().parents[2] / "fixtures" / "real-engine" / "433c58ed7"
 SERVED = ("ddtree_triton", "dflash_triton", "base_triton")
 STREAMS = {COMPLETIONS: "sse_completions.txt", CHAT: "sse_chat.txt"}
 LEAD_S = 0.05  # the replay's wait before the first read (the recording has no send time)

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from appliance.bench.lossless import NEAR_TIE_GAP, TOP_LOGPROBS, first_divergence
-from tests.appliance import real_engine as rec
+from tests import real_engine as rec
 
 
 def _answers(run: str) -> list[dict[str, Any]]:

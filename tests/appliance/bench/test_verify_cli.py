@@ -26,9 +26,9 @@ from aiohttp import web
 
 from appliance.bench.lossless import TOP_LOGPROBS, first_divergence
 from appliance.bench.verify import BUILTIN_PROMPTS, SHIPPED_PROMPTS_FILE, shipped_prompts
-from tests.appliance import real_engine as rec
+from tests import real_engine as rec
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 BASE, CAND = rec.json_file("base_triton", "probe.json"), rec.json_file("ddtree_probe", "probe.json")
 
 

@@ -1,5 +1,5 @@
 """`appliance verify` (a real subprocess) against stand-in OpenAI servers that are not SGLang
-(tests/appliance/openai_standin.py: only /v1/models, /v1/completions, /v1/chat/completions):
+(tests/openai_standin.py: only /v1/models, /v1/completions, /v1/chat/completions):
 the API found from /v1/models, the tokens compared by their texts, a near-tie passed and a
 divergence at a clear margin failed at its token, on both endpoints, with and without A's
 log-probs."""
@@ -17,9 +17,9 @@ import pytest
 
 from appliance.bench.lossless import TOP_LOGPROBS
 from appliance.bench.verify import by_text, compare
-from tests.appliance.openai_standin import GAP, MODEL, NEAR_TIE, answer_steps, standin
+from tests.openai_standin import GAP, MODEL, NEAR_TIE, answer_steps, standin
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PROMPTS = ("The quick brown fox", "def fibonacci(n):\n    ", "Dear operator,")
 
 

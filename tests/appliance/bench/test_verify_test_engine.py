@@ -30,7 +30,7 @@ from tests.conftest_docker import (  # noqa: F401
 )
 
 pytestmark = pytest.mark.docker
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 FIB, FOX = shipped_prompts()[2], shipped_prompts()[0]  # "def fibonacci(n):", "The quick brown fox"
 PLANTED = "margin:5@def fibonacci,near-tie:12@quick brown"
 

@@ -17,7 +17,7 @@ import pytest
 
 from appliance.engine.metrics import histogram_quantile, parse_metrics
 
-FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "metrics"
+FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "metrics"
 
 
 @pytest.fixture()

@@ -7,7 +7,7 @@ import pytest
 
 from appliance.engine.restart import backoff_s
 from appliance.engine.spec import SpecError, spec_from_dict, spec_to_dict
-from tests.web.specs import spec
+from tests.specs import spec
 
 
 def test_it_is_off_unless_a_spec_asks_and_round_trips_when_it_does() -> None:

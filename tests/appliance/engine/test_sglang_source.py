@@ -23,7 +23,7 @@ from appliance.engine.flags import load_flags
 from appliance.engine.recipes import Recipe, SGLangSource, load_recipe
 from appliance.images.plan import plan_build
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SNAPSHOTS = Path(os.environ.get("APPLIANCE_SGLANG_SRC_DIR", ROOT.parent / "shared" / "sglang-src"))
 APPLIER = ROOT / "docker" / "engine" / "tools" / "apply_patches.py"
 PROBE = Path(__file__).with_name("sglang_probe.py")

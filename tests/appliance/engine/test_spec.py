@@ -17,9 +17,9 @@ from appliance.engine.spec import (
     spec_from_dict,
     spec_to_dict,
 )
-from tests.web.specs import spec
+from tests.specs import spec
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
 
 def flagship() -> dict[str, Any]:

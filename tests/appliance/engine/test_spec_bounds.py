@@ -12,7 +12,7 @@ from appliance.engine.launch import launch_args
 from appliance.engine.recipes import load_recipe
 from appliance.engine.spec import SpecError, spec_from_dict
 from appliance.preflight import run_preflight
-from tests.web.specs import spec
+from tests.specs import spec
 
 TOKEN = "hf_" + "AbCdEfGhIjKlMnOpQrStUvWxYz12"
 

@@ -260,7 +260,7 @@ def appliance(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[s
     import sys
 
     return subprocess.run([sys.executable, "-m", "appliance", *args], capture_output=True,
-                          text=True, timeout=timeout, cwd=Path(__file__).resolve().parents[2])
+                          text=True, timeout=timeout, cwd=Path(__file__).resolve().parents[3])
 
 
 def test_the_build_command_streams_steps_then_skips_a_built_image_unless_no_cache(
@@ -323,7 +323,7 @@ def test_ctrl_c_cancels_the_build_command_and_its_running_step(
     # ignores SIGINT, and a child inherits that, so Python would never see the Ctrl-C.
     proc = subprocess.Popen([sys.executable, "-m", "appliance", "build", str(recipe), "--text"],
                             stdout=subprocess.PIPE, text=True,
-                            cwd=Path(__file__).resolve().parents[2],
+                            cwd=Path(__file__).resolve().parents[3],
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
     def step_containers() -> list[Any]:

@@ -14,7 +14,7 @@ import yaml
 
 from appliance.images.plan import PATCHES_DIR
 
-APPLIER = Path(__file__).resolve().parents[2] / "docker" / "engine" / "tools" / "apply_patches.py"
+APPLIER = Path(__file__).resolve().parents[3] / "docker" / "engine" / "tools" / "apply_patches.py"
 REQUIRED = {"name", "file", "fixes", "applies_to", "verify"}
 
 needs_patch = pytest.mark.skipif(shutil.which("patch") is None, reason="GNU patch not installed")

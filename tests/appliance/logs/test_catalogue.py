@@ -13,7 +13,7 @@ from appliance.logs.catalogue import CATALOGUE, UncataloguedCause, catalogue_row
 from appliance.logs.cause import Diagnosis
 from appliance.logs.causes import CAUSES
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CODE = [path for folder in ("appliance", "web", "worker")
         for path in sorted((ROOT / folder).rglob("*.py")) if "migrations" not in path.parts]
 

@@ -12,9 +12,9 @@ from appliance.engine.spec import SpecError, spec_from_dict
 from appliance.logs.catalogue import CATALOGUE
 from appliance.logs.cause import spec_patched
 from appliance.logs.diagnosis import diagnose
-from tests.web.specs import spec
+from tests.specs import spec
 
-LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
+LOGS = Path(__file__).resolve().parents[2] / "fixtures" / "logs"
 
 
 @pytest.mark.parametrize("cause", sorted(CATALOGUE))

@@ -47,7 +47,7 @@ from appliance.logs.context import ParseContext
 from appliance.logs.diagnosis import diagnose
 from appliance.logs.matchers import match_error, match_line
 
-LOGS = Path(__file__).resolve().parent.parent / "fixtures" / "logs"
+LOGS = Path(__file__).resolve().parents[2] / "fixtures" / "logs"
 MISMATCH = "RuntimeError: The size of tensor a ({a}) must match the size of tensor b ({b}) at \
 non-singleton dimension 0"
 REPLAY = [

@@ -13,7 +13,7 @@ from typing import Any
 from appliance.logs.diagnosis import diagnose
 from appliance.logs.eager_causes import RECIPE_FIX
 from appliance.logs.parser import LogParser
-from tests.appliance import real_engine as rec
+from tests import real_engine as rec
 
 
 def _recorded(prefix: str) -> str:

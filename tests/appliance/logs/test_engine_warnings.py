@@ -17,7 +17,7 @@ from appliance.logs.diagnosis import diagnose
 from appliance.logs.engine_warnings import ENGINE_WARNING_IDS, match_engine_warning
 from appliance.logs.parser import LogParser
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SNAPSHOTS = Path(os.environ.get("APPLIANCE_SGLANG_SRC_DIR", ROOT.parent / "shared" / "sglang-src"))
 PINNED = SNAPSHOTS / "sglang-433c58ed70cd1dabe5a07a83da12f1513cd599ae.tar.gz"
 SRT = "sglang-433c58ed70cd1dabe5a07a83da12f1513cd599ae/python/sglang/srt/"

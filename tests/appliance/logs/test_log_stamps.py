@@ -15,9 +15,9 @@ import pytest
 from appliance.logs.parser import parse_lines
 from appliance.logs.stamps import parse_docker_ts, split_docker_stamp, without_docker_stamps
 from appliance.runtime.logstream import lines_of
-from tests.appliance import real_engine as rec
+from tests import real_engine as rec
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:

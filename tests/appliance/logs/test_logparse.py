@@ -34,7 +34,7 @@ import pytest
 
 from appliance.logs.parser import LogEvent, LogParser, parse_lines, split_prefix
 
-LOGS = Path(__file__).resolve().parent.parent / "fixtures" / "logs"
+LOGS = Path(__file__).resolve().parents[2] / "fixtures" / "logs"
 
 
 def events_of(name: str, include_all: bool = False) -> list[LogEvent]:
@@ -337,7 +337,7 @@ def test_the_batch_sizes_on_a_v2_begin_line_are_the_captured_ones() -> None:
 
 
 def _recorded_decode_messages() -> list[str]:
-    root = Path(__file__).resolve().parent.parent / "fixtures"
+    root = Path(__file__).resolve().parents[2] / "fixtures"
     found = []
     for path in sorted(root.rglob("*")):
         if path.is_file() and path.suffix in ("", ".log", ".txt"):

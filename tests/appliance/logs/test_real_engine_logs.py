@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from tests.appliance import real_engine as rec
+from tests import real_engine as rec
 
 # Each line the panel must read, by the text that makes it that line, and the event it is.
 MUST_READ = (

@@ -13,8 +13,8 @@ import pytest
 from appliance.logs.causes import CAUSES
 from appliance.logs.diagnosis import diagnose
 from appliance.logs.stamps import without_docker_stamps
-from tests.appliance import real_engine as rec
-from tests.appliance.test_metrics_real_engine import replay
+from tests import real_engine as rec
+from tests.appliance.runtime.test_metrics_real_engine import replay
 
 
 def _needs(run: str) -> None:

@@ -25,9 +25,9 @@ import yaml
 
 from appliance.logs.diagnosis import diagnose
 from appliance.logs.stamps import without_docker_stamps
-from tests.appliance import real_engine as rec
+from tests import real_engine as rec
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 LOGS = ROOT / "tests" / "fixtures" / "logs"
 TARGET_TYPO = "/models/Kimi-K2.7-typo"
 DRAFTER_TYPO = "/models/tiny-kimi-dflash-typo"

@@ -7,7 +7,7 @@ from typing import Any
 from appliance.engine.recipes import Recipe, load_recipe, recipe_from_dict
 from appliance.engine.spec import DeploymentSpec, spec_from_dict
 from appliance.preflight import Finding, run_preflight
-from tests.web.specs import DDTREE_SPEC
+from tests.specs import DDTREE_SPEC
 
 GB = 1024**3
 

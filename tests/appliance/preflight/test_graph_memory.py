@@ -7,7 +7,7 @@ import pytest
 from appliance.engine.spec import spec_from_dict
 from appliance.preflight import run_preflight
 from appliance.preflight.graph_memory import CALIBRATED_ERROR, target_graph_gib
-from tests.appliance import real_engine as rec
+from tests import real_engine as rec
 
 # run -> (largest captured batch size, width, context) as the recording's own lines say.
 CAPTURED = {

@@ -7,7 +7,7 @@ import pytest
 from appliance.engine.recipes import load_recipe
 from appliance.engine.spec import SpecError, spec_from_dict
 from appliance.preflight import RULES, has_errors, run_preflight
-from tests.appliance.preflight_cases import (
+from tests.appliance.preflight.preflight_cases import (
     by_rule,
     check,
     dflash_config,

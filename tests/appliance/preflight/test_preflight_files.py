@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from appliance.preflight import Finding, ModelFolder
-from tests.appliance.preflight_cases import check, make_spec
+from tests.appliance.preflight.preflight_cases import check, make_spec
 
 TARGET, DRAFTER = "engine.model_path", "engine.speculative_draft_model_path"
 GOOD = ModelFolder(path="/models/Kimi-K2.6", mounted=True, exists=True, has_config=True,

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from appliance.preflight import run_preflight
-from tests.appliance.preflight_cases import (
+from tests.appliance.preflight.preflight_cases import (
     GB,
     by_rule,
     check,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from appliance.preflight import gpu_major
-from tests.appliance.preflight_cases import (
+from tests.appliance.preflight.preflight_cases import (
     B200,
     H200,
     RTX_PRO,

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from appliance.preflight import Finding, ModelFolder, StoreModel, config_from_summary
 from appliance.store.config import config_summary
-from tests.appliance.preflight_cases import by_rule, check, dflash_config, kimi_config, make_spec
+from tests.appliance.preflight.preflight_cases import (
+    by_rule,
+    check,
+    dflash_config,
+    kimi_config,
+    make_spec,
+)
 
 TARGET, DRAFTER = "engine.model_path", "engine.speculative_draft_model_path"
 KIMI = "/models/Kimi-K2.6"

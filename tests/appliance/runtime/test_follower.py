@@ -207,7 +207,7 @@ def test_the_failure_of_an_engine_is_diagnosed_with_the_specs_facts(runtime):  #
 
     from appliance.logs.stamps import without_docker_stamps
 
-    log = Path(__file__).resolve().parents[1] / "fixtures" / "logs" / "fewer_gpus_visible.log"
+    log = Path(__file__).resolve().parents[2] / "fixtures" / "logs" / "fewer_gpus_visible.log"
     text = "".join(without_docker_stamps(log.read_text().splitlines(keepends=True)))
     script = f"import sys\nsys.stdout.write({text!r})\nsys.stdout.flush()\nsys.exit(1)\n"
 

@@ -42,7 +42,7 @@ from appliance.runtime.logstream import parse_docker_ts
 from appliance.runtime.monitor import EngineMonitor, MonitorOptions
 from appliance.runtime.series import Deriver, MetricPoint
 
-ROOT = Path(__file__).resolve().parents[1] / "fixtures" / "real-engine" / "433c58ed7"
+ROOT = Path(__file__).resolve().parents[2] / "fixtures" / "real-engine" / "433c58ed7"
 SERVED = ("ddtree_triton", "dflash_triton", "base_triton")
 SPECULATIVE = ("ddtree_triton", "dflash_triton")
 READY_PHASES = ("idle", "load", "idle-after")  # the deployment is `ready` while these ran

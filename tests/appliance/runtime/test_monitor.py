@@ -12,7 +12,7 @@ from appliance.runtime.client import EngineClientError
 from appliance.runtime.monitor import EngineMonitor, MonitorOptions
 from appliance.runtime.series import MetricPoint
 
-FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "metrics"
+FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "metrics"
 
 
 class ListSink:

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from appliance.runtime.logstream import parse_docker_ts
-from tests.appliance import real_engine as rec
+from tests import real_engine as rec
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 RIG = ROOT / "tests" / "gpu" / "realengine"
 PHASES = {"starting", "idle", "load", "idle-after", "stopping"}
 SPECULATIVE_REFUSALS = ("refusals_ddtree", "refusals_dflash", "ddtree_int4", "dflash_int4")

@@ -339,7 +339,7 @@ def test_shell_metacharacters_reach_the_engine_verbatim_and_run_nowhere() -> Non
     Cmd), so `$(...)`, `;` and backticks are data, never a shell command."""
     from appliance.engine.launch import launch_args
     from appliance.engine.spec import spec_from_dict
-    from tests.web.specs import spec
+    from tests.specs import spec
 
     hostile = "x; touch /tmp/pwned `id` $(reboot) && echo"
     launch = launch_args(spec_from_dict(spec(engine__served_model_name=hostile,

@@ -14,7 +14,7 @@ import pytest
 
 from appliance.runtime.secrets import CONTAINER_DIR, secrets_archive
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PLANTED = "hf_" + "PlantedSecretValue0123456789"
 
 

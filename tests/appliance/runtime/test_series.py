@@ -11,7 +11,7 @@ import pytest
 from appliance.engine.metrics import parse_metrics, window_summary
 from appliance.runtime.series import SCALARS, UNITS, Deriver, MetricPoint, downsample, merge
 
-FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "metrics"
+FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "metrics"
 
 
 @pytest.fixture()

@@ -17,9 +17,9 @@ from appliance.engine.spec import SpecError, spec_from_dict
 from appliance.logs.diagnosis import diagnose
 from appliance.logs.parser import parse_lines
 from appliance.preflight import gpu_check_args
-from tests.web.specs import spec
+from tests.specs import spec
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 FIXTURES = ROOT / "tests" / "fixtures" / "selfcheck"
 STAND_IN = ROOT / "docker" / "test-engine" / "gpucheck.py"
 BEGIN, END_OK = "appliance: GPU self-check begin", "appliance: GPU self-check end rc=0"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from appliance.store.loadtime import GB, load_seconds
-from tests.appliance import real_engine as rec
+from tests import real_engine as rec
 
 RUN = "bigload_triton"
 

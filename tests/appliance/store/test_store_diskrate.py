@@ -28,7 +28,7 @@ from appliance.store.loadtime import (
     predict_load,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 MIB = 1024**2
 SHM = Path("/dev/shm")
 
