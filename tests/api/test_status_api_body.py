@@ -1,5 +1,5 @@
-"""The status reads' bodies (issue 22): the detail is DeploymentSerializer's output byte for
-byte, however it is made on the hot path (web/api/serializers.py deployment_data), for a
+"""The status reads' bodies on the fast path: the detail is DeploymentSerializer's output byte
+for byte, however it is made on the hot path (web/api/serializers.py deployment_data), for a
 deployment with every kind of value a serving one carries."""
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
-"""Conditional status reads (issue 22): the detail and the summary carry an ETag that is the
-deployment row's version; a client that sends it back gets 304 Not Modified while nothing
-changed, and the next read after any write (a transition, a point, an alert, an event) is
-the new state at once, because the writers keep the summary on the row."""
+"""Conditional status reads (a dashboard polling an unchanged deployment costs no body): the
+detail and the summary carry an ETag that is the deployment row's version; a client that sends
+it back gets 304 Not Modified while nothing changed, and the next read after any write (a
+transition, a point, an alert, an event) is the new state at once, because the writers keep the
+summary on the row."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""The status reads' cost (issue 22): GET /api/deployments/<id>/ and .../summary/ with an
-API token are one statement (the token, its user's standing and permission, and the
-deployment row: web/api/selectors.py), with a session the session, the user, the user's
-permissions and the row (four), however many deployments, events, alerts and metric points
-there are."""
+"""The status reads' cost, held fixed so that a read stays as cheap as a trivial view: GET
+/api/deployments/<id>/ and .../summary/ with an API token are one statement (the token, its
+user's standing and permission, and the deployment row: web/api/selectors.py), with a session
+the session, the user, the user's permissions and the row (four), however many deployments,
+events, alerts and metric points there are."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""The status reads' token path (issue 22: web/api/views.status_read, web/api/selectors.py):
-a GET of the detail or the summary with an API token is answered from one prepared
-statement, with the viewset's own answer (body, ETag, 304, headers); every other request,
-and every refusal, is the viewset's, with its status, body and side effects."""
+"""The status reads' token path, the one polling dashboards take (web/api/views.status_read,
+web/api/selectors.py): a GET of the detail or the summary with an API token is answered from
+one prepared statement, with the viewset's own answer (body, ETag, 304, headers); every other
+request, and every refusal, is the viewset's, with its status, body and side effects."""
 
 from __future__ import annotations
 
