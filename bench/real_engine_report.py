@@ -19,7 +19,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from appliance.bench.lossless import first_divergence  # noqa: E402
-from tests.appliance import real_engine as rec  # noqa: E402
+from tests import real_engine as rec  # noqa: E402
 
 # fa3 ran in later calls; its ratios are to triton's none.
 MODES = {"DDTREE": "ddtree_triton", "DFLASH": "dflash_triton", "none": "base_triton",

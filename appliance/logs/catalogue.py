@@ -4,7 +4,7 @@ Two parts, one id space: the engine's causes, found by needles in its log
 (appliance.logs.causes, with the DDTree and recorded parts it gathers), and the causes the
 appliance names itself (appliance.logs.appliance_causes: Docker's start errors, the image
 build, the model store, the follower's watch). Both are linted by the same tests
-(tests/appliance/test_cause_fixes.py) and listed by `appliance causes`; whatever stores a
+(tests/appliance/logs/test_cause_fixes.py) and listed by `appliance causes`; whatever stores a
 diagnosis checks it against this catalogue (catalogued), so the panel shows no cause id
 that is not here.
 """

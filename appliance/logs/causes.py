@@ -2,7 +2,7 @@
 
 The messages matched here are the ones SGLang, PyTorch, NCCL, transformers,
 huggingface_hub, uvicorn and the NVIDIA container runtime really print (see
-tests/appliance/test_diagnosis.py for where each comes from). Each cause has a
+tests/appliance/logs/test_diagnosis.py for where each comes from). Each cause has a
 stable id, a summary, a fix, a priority (a specific root cause beats a generic
 symptom such as an NCCL error on the other ranks) and cheap substring needles
 that gate its matcher, so scanning a log stays fast. The causes the DDTree sources

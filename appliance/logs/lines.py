@@ -253,7 +253,7 @@ def _capture_event(match: re.Match[str],
 # SGLang's decode line as 0.5.x prints it, with or without the speculative fields: a
 # busy engine prints thousands a second, and one match is a third of the general parse.
 # Anything else (another version's keys, a value of another shape) takes parse_stats;
-# tests/appliance/test_logparse.py holds both to the same answer on the recordings.
+# tests/appliance/logs/test_logparse.py holds both to the same answer on the recordings.
 _DECODE_LINE = re.compile(
     r"Decode batch, #running-req: (\d+), #token: (\d+), token usage: (\d+\.\d+), "
     r"(?:accept len: (\d+\.\d+), accept rate: (\d+\.\d+), )?cuda graph: (True|False), "

@@ -5,7 +5,7 @@ Used only by the appliance's test suite, on machines without GPUs. The real engi
 image runs the appliance.selfcheck package here (/opt/appliance/selfcheck.pyz) with `--stream`;
 this stand-in takes the same arguments and prints the same `gpu-check: {json}` lines
 for simulated H200s, so the worker, the parser and the panel see a self-check phase.
-tests/appliance/test_selfcheck.py holds its lines against the real H200 output in
+tests/appliance/selfcheck/test_selfcheck.py holds its lines against the real H200 output in
 tests/fixtures/selfcheck. TEST_ENGINE_FAIL=selfcheck-driver reports a 575 driver,
 selfcheck-nccl a failed all-reduce, selfcheck-crash dies without a report.
 """

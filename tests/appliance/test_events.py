@@ -13,7 +13,7 @@ import pytest
 from appliance import events
 from appliance.logs.parser import LogParser
 from appliance.runtime.alerts import Alert
-from tests.appliance import real_engine as rec
+from tests import real_engine as rec
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 # The parser's own kinds, never shipped: an exception's lines (the diagnosis carries it),

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from appliance.bench.verify import shipped_prompts
-from tests.web.specs import spec
+from tests.specs import spec
 
 FIB, FOX = shipped_prompts()[2], shipped_prompts()[0]  # "def fibonacci(n):", "The quick brown fox"
 # A failure at token 5 of the first, a near-tie at token 12 of the second (the simulated

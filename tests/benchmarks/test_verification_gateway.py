@@ -2,7 +2,7 @@
 through the REST API goes through Redis to a Celery worker process, which calls the panel's
 /v1 (uvicorn, APPLIANCE_GATEWAY_URL) with a key it makes for the check; the two ready
 deployments' engines are stand-in OpenAI servers that are not SGLang
-(tests/appliance/openai_standin.py). The divergence is found at its token; the key is the
+(tests/openai_standin.py). The divergence is found at its token; the key is the
 caller's, scoped to the two, revoked after, and its secret is nowhere the API shows."""
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import pytest
 import redis
 from rest_framework.test import APIClient
 
-from tests.appliance.openai_standin import GAP, standin
 from tests.benchmarks.pair import wait_until
+from tests.openai_standin import GAP, standin
 from tests.servers import celery_worker, panel_server
-from tests.web.specs import spec
+from tests.specs import spec
 from web.benchmarks.models import VerificationRun
 from web.deployments.models import Deployment, DeploymentStatus
 from web.gateway.models import ApiKey, ApiKeyUsage

@@ -1,4 +1,4 @@
-"""Issue 21's 'Done when' steps as a user takes them, for the compose test (one compose stack,
+"""Serving and verifying as a user does it, end to end, for the compose test (one compose stack,
 tests/e2e/test_compose.py): a key made in the panel, a deployment called through the gateway
 with the Python `openai` client (streaming), a chat in the playground, the losslessness check
 through the gateway from the panel and with `appliance verify`."""
@@ -197,7 +197,7 @@ def cli_verify(*, url: str, secret: str, a_model: str, b_model: str) -> dict[str
 
 def serve_and_verify(page: Page, *, url: str, served: int, served_name: str, other_name: str,
                      spec_gpu: str) -> dict[str, Any]:
-    """Issue 21's 'Done when' on a ready deployment `served`: a key made in the panel, the
+    """Serve and verify on a ready deployment `served`: a key made in the panel, the
     openai client streaming through the gateway with it, a chat in the playground, then a
     DFLASH deployment of the same model with a planted divergence checked against it."""
     secret = make_key(page, url=url, name="e2e-client", deployment_ids=[served])

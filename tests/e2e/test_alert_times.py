@@ -16,7 +16,7 @@ from playwright.sync_api import Page, expect
 from appliance.runtime.alerts import Alert
 from tests.e2e.stack import login
 from tests.servers import panel_server
-from tests.web.specs import spec
+from tests.specs import spec
 from web.deployments import services
 from web.deployments.services.metrics import deployment_apply_alerts
 

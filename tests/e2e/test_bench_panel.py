@@ -13,7 +13,7 @@ from playwright.sync_api import Page, expect
 
 from tests.e2e.stack import login
 from tests.e2e.test_metrics_panel import _stack
-from tests.web.specs import spec
+from tests.specs import spec
 from web.deployments import services
 from web.deployments.models import Deployment, DeploymentStatus
 

@@ -17,7 +17,7 @@ from tests.e2e.conftest import CHROMIUM, CHROMIUM_ARGS
 from tests.e2e.screenshots import screenshot_path
 from tests.e2e.stack import login
 from tests.servers import panel_server
-from tests.web.specs import spec
+from tests.specs import spec
 from web.deployments import services
 from web.deployments.models import MetricPoint
 

@@ -15,7 +15,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from tests.e2e.stack import appliance_stack, login
-from tests.web.specs import spec
+from tests.specs import spec
 from web.deployments import services
 from web.deployments.models import Deployment
 

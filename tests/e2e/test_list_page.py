@@ -18,7 +18,7 @@ from appliance.runtime import series
 from tests.e2e.screenshots import screenshot_path
 from tests.e2e.stack import login
 from tests.servers import panel_server
-from tests.web.specs import spec
+from tests.specs import spec
 from web.deployments import services
 from web.deployments.models import MetricPoint
 

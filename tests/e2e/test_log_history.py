@@ -24,10 +24,9 @@ from tests.e2e.logpane import TIMED_OLDER as _TIMED_OLDER
 from tests.e2e.stack import login
 from tests.eventfill import PHASE_EVERY, WARN_EVERY, fill_events
 from tests.servers import panel_server
+from tests.specs import spec
 from web.deployments import services
 from web.deployments.models import Event
-
-from ..web.specs import spec
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
 

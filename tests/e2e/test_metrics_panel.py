@@ -17,7 +17,7 @@ from playwright.sync_api import Page, expect
 
 from tests.e2e.screenshots import screenshot_path
 from tests.e2e.stack import appliance_stack, login
-from tests.web.specs import spec
+from tests.specs import spec
 from web.deployments import services
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker, pytest.mark.e2e]

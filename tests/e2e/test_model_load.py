@@ -1,8 +1,9 @@
-"""Issue 23's load time, as a user: the form offers a store entry with its expected weight
-load (its size over the root's measured read rate), the deployment made from that entry
-starts the test engine, and the Weights card gives the GB/s the load reached against the
-disk's rate. Real stack: worker, agent and panel as processes, the test engine in Docker,
-Chromium; the root is a real folder on this disk with a 128 MiB checkpoint."""
+"""The predicted weight load time, as a user sees it (so a load is never a wait in the dark):
+the form offers a store entry with its expected weight load (its size over the root's measured
+read rate), the deployment made from that entry starts the test engine, and the Weights card
+gives the GB/s the load reached against the disk's rate. Real stack: worker, agent and panel as
+processes, the test engine in Docker, Chromium; the root is a real folder on this disk with a
+128 MiB checkpoint."""
 
 from __future__ import annotations
 

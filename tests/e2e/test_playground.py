@@ -20,7 +20,7 @@ from playwright.sync_api import Page, expect
 from tests.e2e.gateway_flow import key_requests, make_key, openai_refusal, openai_stream
 from tests.e2e.screenshots import screenshot_path
 from tests.e2e.stack import appliance_stack, login
-from tests.web.specs import spec
+from tests.specs import spec
 from web.deployments import services
 from web.deployments.models import Deployment, DeploymentStatus
 

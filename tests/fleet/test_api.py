@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from rest_framework.test import APIClient
 
-from tests.web.rows import ready
+from tests.rows import ready
 from web.fleet import services
 from web.fleet.models import FleetHost, JoinToken
 

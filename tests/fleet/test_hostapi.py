@@ -10,7 +10,7 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from tests.web.rows import ready
+from tests.rows import ready
 from web.deployments.models import Event
 from web.fleet import services
 from web.fleet.models import FleetHost, JoinToken

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from appliance.runtime.panel_link import PanelRefused, panel_link_open
-from tests.web.rows import ready
+from tests.rows import ready
 from web.deployments.models import Event
 from web.fleet import services
 from web.fleet.models import FleetHost, JoinToken

@@ -8,7 +8,7 @@ import pytest
 from django.utils import timezone
 
 from appliance.logs.catalogue import CATALOGUE
-from tests.web.rows import queued, ready
+from tests.rows import queued, ready
 from web.deployments.models import Deployment, Event, Host
 from web.deployments.services import deployment_mark_failed
 from web.fleet import selectors, services

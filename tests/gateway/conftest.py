@@ -23,7 +23,7 @@ from tests.conftest_docker import (  # noqa: F401
     wait_for,
 )
 from tests.servers import panel_server
-from tests.web.specs import spec
+from tests.specs import spec
 from web.deployments.models import Deployment, DeploymentStatus
 from web.gateway.services import apikey_create
 

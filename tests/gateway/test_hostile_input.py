@@ -24,7 +24,7 @@ from django.conf import settings
 from openai import OpenAI
 
 from tests.servers import ROOT
-from tests.web.specs import spec
+from tests.specs import spec
 from web.deployments.models import Deployment, DeploymentStatus
 from web.gateway.models import ApiKeyUsage
 from web.gateway.proxy import MAX_JSON_DEPTH

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from tests.web.specs import spec
+from tests.specs import spec
 from web.deployments.models import Deployment
 from web.gateway.models import ApiKey
 

@@ -17,7 +17,7 @@ from appliance.engine.launch import launch_args
 from appliance.engine.spec import spec_from_dict
 from tests.conftest_docker import FAST_ENV, TEST_LABELS, host_port, wait_for
 from tests.servers import login_session
-from tests.web.specs import spec
+from tests.specs import spec
 from web.deployments.models import Deployment, DeploymentStatus
 from web.gateway.models import ApiKeyUsage
 from web.gateway.services import apikey_revoke

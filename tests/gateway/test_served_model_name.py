@@ -6,7 +6,7 @@ import pytest
 
 from appliance.engine.launch import launch_args
 from appliance.engine.spec import spec_from_dict
-from tests.web.specs import spec
+from tests.specs import spec
 from web.deployments.models import Deployment
 from web.gateway.selectors import served_model_name
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.web.specs import spec
+from tests.specs import spec
 from web.deployments.models import Deployment
 from web.gateway import selectors
 from web.gateway.models import ApiKey, ApiKeyUsage

@@ -1,6 +1,6 @@
 """`appliance verify` through the gateway (the panel under uvicorn, a key made by the service):
 two ready deployments whose engines are stand-in OpenAI servers that are not SGLang
-(tests/appliance/openai_standin.py), A speculative, B its baseline, reached as a client
+(tests/openai_standin.py), A speculative, B its baseline, reached as a client
 reaches them, by served model name with the key. Identical passes, a near-tie passes, a clear
 margin fails at its token; the key is never printed and each call is counted against it."""
 
@@ -20,10 +20,10 @@ import requests
 
 from appliance.engine.launch import launch_args
 from appliance.engine.spec import spec_from_dict
-from tests.appliance.openai_standin import GAP, NEAR_TIE, standin
 from tests.benchmarks.pair import FIB, FOX, baseline_spec, speculative_spec
 from tests.conftest_docker import FAST_ENV, TEST_LABELS, host_port, wait_for
-from tests.web.specs import spec
+from tests.openai_standin import GAP, NEAR_TIE, standin
+from tests.specs import spec
 from web.deployments.models import Deployment, DeploymentStatus
 from web.gateway.models import ApiKeyUsage
 

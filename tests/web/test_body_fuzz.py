@@ -21,12 +21,11 @@ import requests
 from django.urls import URLPattern, URLResolver, get_resolver
 
 from tests.servers import login_session, panel_server
+from tests.specs import spec
 from web.api.parsers import MAX_JSON_DEPTH
 from web.deployments.models import Deployment, DeploymentStatus
 from web.gateway import proxy
 from web.gateway.services import apikey_create
-
-from .specs import spec
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

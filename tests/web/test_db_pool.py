@@ -9,9 +9,8 @@ import requests
 from django.db import connection
 
 from tests.servers import panel_server
+from tests.specs import spec
 from web.deployments import services
-
-from .specs import spec
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -20,10 +20,9 @@ from appliance.engine.flags import load_flags
 from appliance.engine.launch import launch_args
 from appliance.engine.spec import SpecError, engine_field_names, flag_for, spec_from_dict
 from appliance.preflight import run_preflight
+from tests.specs import spec
 from web.deployments import services
 from web.deployments.services import DeploymentInputError
-
-from .specs import spec
 
 EXAMPLES_PER_OPERATION = 60
 SPEC_EXAMPLES = 300

@@ -13,11 +13,10 @@ from django.test import Client, RequestFactory, override_settings
 from django.utils import timezone
 
 from tests.servers import login_session, panel_server
+from tests.specs import spec
 from web.deployments import services
 from web.deployments.models import Deployment, Host
 from web.deployments.sse import _start_seq
-
-from .specs import spec
 
 pytestmark = pytest.mark.django_db
 

@@ -1,8 +1,8 @@
-"""How the panel's ASGI app serves (web/serving.py, issue 22): a sync view (the status API,
-/healthz, the pages) through Django's WSGI handler on a thread pool (WSGIBridge: a buffered
-answer handed back to the loop once, a streamed one sent piece by piece), an async view
-(the SSE stream, the log download) through Django's ASGI handler; in process, as uvicorn
-calls it."""
+"""How the panel's ASGI app serves (web/serving.py, so that a status read polled by hundreds of
+dashboards costs what a trivial view costs): a sync view (the status API, /healthz, the pages)
+through Django's WSGI handler on a thread pool (WSGIBridge: a buffered answer handed back to
+the loop once, a streamed one sent piece by piece), an async view (the SSE stream, the log
+download) through Django's ASGI handler; in process, as uvicorn calls it."""
 
 from __future__ import annotations
 
@@ -14,10 +14,9 @@ from asgiref.sync import async_to_sync
 from asgiref.testing import ApplicationCommunicator
 from django.conf import settings
 
+from tests.specs import spec
 from web.deployments import services
 from web.serving import WSGIBridge, django_application, view_is_async
-
-from .specs import spec
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -12,9 +12,8 @@ from django.contrib.contenttypes.models import ContentType
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
 
+from tests.specs import spec
 from web.deployments import services
-
-from .specs import spec
 
 # transaction=True: the SSE view hands its connection back (closes it) as in production.
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -19,7 +19,7 @@ import docker
 from tests.conftest_docker import engines_of, remove_engines
 from tests.servers import celery_worker, engine_agent, panel_server
 from tests.site_recipes import SLOW_EXTRAS, engine_source_repo, write_recipe
-from tests.web.specs import spec
+from tests.specs import spec
 from web.agent.controller import wait_for
 from web.deployments import services
 from web.deployments.models import Deployment, DeploymentStatus

@@ -30,7 +30,7 @@ import docker
 from appliance.runtime.follower import SCRAPE_ACCESS
 from tests.conftest_docker import engines_of, remove_engines
 from tests.servers import celery_worker, engine_agent, free_port, login_session, panel_server
-from tests.web.specs import spec
+from tests.specs import spec
 from web.agent.controller import wait_for
 from web.agent.engines import identity_of
 from web.deployments import services

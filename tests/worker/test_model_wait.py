@@ -17,7 +17,7 @@ from django.test import override_settings
 
 from tests.conftest_docker import engines_of, remove_engines
 from tests.servers import celery_worker, engine_agent
-from tests.web.specs import spec
+from tests.specs import spec
 from web.agent.controller import wait_for
 from web.builder.builds import deployment_run
 from web.deployments import services

@@ -11,7 +11,7 @@ from django.test import override_settings
 
 import docker
 from tests.conftest_docker import remove_engines, wait_for
-from tests.web.specs import spec
+from tests.specs import spec
 from web.agent import controller
 from web.agent.engines import identity_of
 from web.deployments import selectors, services

@@ -29,7 +29,7 @@ from tests.servers import (
     panel_server,
     suite_database_url,
 )
-from tests.web.specs import spec
+from tests.specs import spec
 from web.accounts.tokens import token_create
 from web.agent.controller import wait_for
 from web.agent.engines import identity_of

@@ -14,7 +14,7 @@ import docker
 from appliance.runtime.client import EngineClient
 from appliance.runtime.containers import EngineRuntime
 from tests.conftest_docker import engines_of, remove_engines
-from tests.web.specs import spec
+from tests.specs import spec
 from web.agent.controller import wait_for
 from web.agent.engines import container_plan, identity_of
 from web.deployments import services

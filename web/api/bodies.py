@@ -17,7 +17,7 @@ from .serializers import DeploymentSerializer, deployment_data
 
 # The columns each status read shows (issue 22's profile: decoding the row's other JSON
 # columns was a fifth of the row's cost); a deferred one read anyway would be a query more,
-# which tests/web/test_status_api_queries.py counts.
+# which tests/api/test_status_api_queries.py counts.
 READ_FIELDS = {
     "retrieve": tuple(DeploymentSerializer.Meta.fields),
     "summary": ("name", "status", "phase", "progress", "decode_stats", "diagnosis", "alerts",

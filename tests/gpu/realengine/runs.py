@@ -35,7 +35,7 @@ class Run:
     # the probe, `appliance verify` runs this engine (A) against it (B).
     companion: str | None = None
     # Before the engine starts: the product's read-rate and load-time prediction on the
-    # model's folder, page cache evicted first (issue 23's predicted against measured).
+    # model's folder, page cache evicted first (the prediction held against the measured load).
     predict_load: bool = False
     probe: bool = True  # serve: the log-prob probe on the product's verify prompts
     # serve: what the engine answers to requests a speculative engine may refuse (grammar,

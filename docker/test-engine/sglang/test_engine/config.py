@@ -92,7 +92,7 @@ def make_config(args: argparse.Namespace) -> Config:
 
 def server_args_dict(cfg: Config) -> dict[str, Any]:
     """The fields the test engine knows, in the order 433c58ed7's ServerArgs prints them
-    (tests/appliance/test_test_engine_shapes.py holds the order against the recordings)."""
+    (tests/testengine/test_test_engine_shapes.py holds the order against the recordings)."""
     a = cfg.args
     return {
         "model_path": a.model_path,

@@ -1,0 +1,231 @@
+"""EngineFollower against the real Docker engine: every line once, in order, with its cursor,
+and the sink asked anything else only after the lines before it are stored."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import docker.errors
+import pytest
+from docker.client import DockerClient
+
+from appliance.logs.causes import Diagnosis
+from appliance.runtime.containers import LABEL_DEPLOYMENT, ContainerPlan, EngineRuntime
+from appliance.runtime.follower import Cursor, EngineFollower, FollowOptions, follow
+from tests.conftest_docker import (  # noqa: F401 (fixtures)
+    BASE_IMAGE,
+    TEST_LABELS,
+    docker_client,
+    unique_id,
+)
+
+pytestmark = pytest.mark.docker
+
+DECODE = ("[2026-12-01 09:27:25 TP0] Decode batch, #running-req: 1, #token: {i}, token usage: "
+          "0.00, accept len: 3.20, accept rate: 0.40, cuda graph: True, gen throughput "
+          "(token/s): 165.82, #queue-req: 0")
+
+
+class RecordingSink:
+    """Keeps what the follower gives it, as the agent's database sink would store it."""
+
+    def __init__(self, fail_on_ship: int = 0) -> None:
+        self.shipped: list[tuple[str, dict[str, Any]]] = []
+        self.cursors: list[Cursor] = []
+        self.asked: list[tuple[str, int]] = []  # (call, events stored when it came)
+        self.fail_on_ship = fail_on_ship
+        self.ships = 0
+        self.batch_starts: list[int] = []
+        self.idles = 0
+
+    def ship(self, events: list[tuple[str, dict[str, Any]]], cursor: Cursor | None) -> None:
+        self.ships += 1
+        if self.ships == self.fail_on_ship:
+            raise LookupError("the lease is gone")
+        self.batch_starts.append(len(self.shipped))
+        self.shipped.extend(events)
+        if cursor is not None:
+            self.cursors.append(cursor)
+
+    def advance(self, status: str) -> bool:
+        self.asked.append((f"advance:{status}", len(self.shipped)))
+        return True
+
+    def ready(self, engine_url: str) -> bool:
+        self.asked.append(("ready", len(self.shipped)))
+        return True
+
+    def failed(self, diagnosis: Diagnosis, message: str, last_lines: list[str]) -> None:
+        self.asked.append((f"failed:{diagnosis.cause}", len(self.shipped)))
+
+    def keep_following(self) -> bool:
+        return True
+
+    def idle(self) -> None:
+        self.idles += 1
+
+    def texts(self) -> list[str]:
+        return [p["text"] for kind, p in self.shipped if kind == "log"]
+
+
+@pytest.fixture
+def runtime(docker_client: DockerClient) -> Iterator[EngineRuntime]:  # noqa: F811
+    made = EngineRuntime(docker_client)
+    yield made
+    for container in docker_client.containers.list(
+            all=True, filters={"label": f"{LABEL_DEPLOYMENT}"}):
+        if (container.labels or {}).get("appliance.instance") == "follower-test":
+            with contextlib.suppress(docker.errors.NotFound):
+                container.remove(force=True)
+
+
+def _run(runtime: EngineRuntime, script: str, sink: RecordingSink,
+         status: str = "ready") -> str:
+    plan = ContainerPlan(deployment_id=unique_id("fol"), image=BASE_IMAGE,
+                         argv=["python3", "-c", script], labels=dict(TEST_LABELS),
+                         instance_id="follower-test", start_token="t1")
+    runtime.ensure_started(plan)
+    follower = EngineFollower(runtime, plan, sink, status=status, may_start=False,
+                              options=FollowOptions(partials=False, health_poll_s=3600))
+    return follow(follower)
+
+
+def test_every_line_of_a_burst_is_shipped_once_in_order_with_the_last_lines_cursor(runtime):  # type: ignore[no-untyped-def]
+    n = 30_000
+    script = ("import sys\n"
+              f"sys.stdout.write(''.join({DECODE!r}.format(i=i) + '\\n' for i in range({n})))\n")
+    sink = RecordingSink()
+    assert _run(runtime, script, sink) == "failed"  # it exited: the follower says so
+    assert sink.texts() == [DECODE.format(i=i) for i in range(n)]
+    metrics = [p["tokens"] for kind, p in sink.shipped if kind == "metric"]
+    assert metrics == list(range(n))
+    assert sink.ships > 2  # in batches, not one by one and not all at once
+    assert sink.idles >= 1  # told when it had nothing more to write (its connection can go)
+    assert sink.cursors == sorted(sink.cursors, key=lambda c: (c.ts_ns, c.count))
+    assert sink.asked == [("failed:engine-exited", len(sink.shipped))]
+
+
+def test_a_phase_is_asked_for_only_after_the_lines_before_it_are_stored(runtime):  # type: ignore[no-untyped-def]
+    script = ("import sys, time\n"
+              "sys.stdout.write(''.join(f'plain {i}\\n' for i in range(5000))); sys.stdout.flush()\n"
+              "time.sleep(1)\n"
+              "print('[2026-12-01 09:27:25 TP0] Load weight begin. avail mem=70.00 GB', flush=True)\n"
+              "sys.stdout.write(''.join(f'after {i}\\n' for i in range(5000)))\n")
+    sink = RecordingSink()
+    _run(runtime, script, sink, status="starting")
+    # Every earlier batch is stored when the phase is asked for; the batch being parsed,
+    # with the line that moved it, is stored after (as before the shipper thread).
+    texts = sink.texts()
+    assert texts[:5000] == [f"plain {i}" for i in range(5000)]
+    assert texts[5000].startswith("[2026-12-01") and texts[-1] == "after 4999"
+    its_batch = max(start for start in sink.batch_starts if start <= 5000)
+    assert sink.asked[0] == ("advance:loading", its_batch)
+
+
+def test_a_line_docker_cut_into_pieces_comes_back_whole_without_their_stamps(runtime):  # type: ignore[no-untyped-def]
+    # Docker stores a line over 16 KiB as several messages, each with its own timestamp.
+    script = ("print(''.join(str(i % 10) for i in range(100_000)), flush=True)\n"
+              "print('ünïcödé ✓', flush=True)\n")
+    sink = RecordingSink()
+    _run(runtime, script, sink)
+    assert sink.texts() == ["".join(str(i % 10) for i in range(100_000)), "ünïcödé ✓"]
+
+
+def test_a_failed_ship_ends_the_follower_with_its_error_and_ships_nothing_after(runtime):  # type: ignore[no-untyped-def]
+    script = ("import sys, time\n"
+              "for b in range(40):\n"
+              "    sys.stdout.write(''.join(f'line {b} {i}\\n' for i in range(500)))\n"
+              "    sys.stdout.flush(); time.sleep(0.05)\n")
+    sink = RecordingSink(fail_on_ship=3)
+    with pytest.raises(LookupError, match="lease is gone"):
+        _run(runtime, script, sink)
+    assert sink.ships == 3  # the failed one was the last
+    assert sink.asked == []  # nor is the engine reported failed by a follower that lost it
+    texts = sink.texts()
+    assert 0 < len(texts) < 20_000
+    assert texts == [f"line {b} {i}" for b in range(40) for i in range(500)][:len(texts)]
+
+
+SLOW_HEALTH_ENGINE = r"""
+import http.server, sys, threading, time
+class Slow(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        time.sleep(4)  # an engine busy loading answers late
+        self.send_response(503); self.end_headers()
+    def log_message(self, *args): pass
+server = http.server.ThreadingHTTPServer(("0.0.0.0", 30000), Slow)
+threading.Thread(target=server.serve_forever, daemon=True).start()
+for i in range(300):
+    print(f"tick {i} t={time.time()}", flush=True)
+    time.sleep(0.01)
+time.sleep(0.5)
+"""
+
+
+def test_a_slow_health_answer_before_ready_holds_no_line_back(runtime):  # type: ignore[no-untyped-def]
+    import time
+
+    shipped_at: dict[str, float] = {}
+
+    class TimedSink(RecordingSink):
+        def ship(self, events: list[tuple[str, dict[str, Any]]], cursor: Cursor | None) -> None:
+            super().ship(events, cursor)
+            now = time.time()
+            for kind, payload in events:
+                if kind == "log":
+                    shipped_at[payload["text"]] = now
+
+    plan = ContainerPlan(deployment_id=unique_id("fol"), image=BASE_IMAGE,
+                         argv=["python3", "-c", SLOW_HEALTH_ENGINE], labels=dict(TEST_LABELS),
+                         instance_id="follower-test", start_token="t1")
+    runtime.ensure_started(plan)
+    sink = TimedSink()
+    follower = EngineFollower(runtime, plan, sink, status="starting", may_start=False,
+                              options=FollowOptions(partials=False, health_poll_s=0.1))
+    assert follow(follower) == "failed"  # it exited, never ready
+    ticks = {text: float(text.rsplit("t=", 1)[1]) for text in sink.texts()
+             if text.startswith("tick ")}
+    assert len(ticks) == 300
+    # /health took 4 s an answer, over and over, while the lines came: none waited for it.
+    assert max(shipped_at[text] - printed for text, printed in ticks.items()) < 1.0
+
+
+def test_a_nul_in_a_line_comes_back_as_the_replacement_character(runtime):  # type: ignore[no-untyped-def]
+    # PostgreSQL's jsonb refuses \u0000: stored as is, the line failed its batch forever.
+    script = "import sys\nsys.stdout.write('before\\nnul \\x00 here\\nafter\\n')\n"
+    sink = RecordingSink()
+    _run(runtime, script, sink)
+    assert sink.texts() == ["before", "nul \ufffd here", "after"]
+
+
+def test_the_failure_of_an_engine_is_diagnosed_with_the_specs_facts(runtime):  # type: ignore[no-untyped-def]
+    # TP2 in a container that sees one GPU (tests/fixtures/logs/fewer_gpus_visible.log, as
+    # 433c58ed7 prints it), for a spec that lists one GPU: the fix quotes the spec's list.
+    from pathlib import Path
+
+    from appliance.logs.stamps import without_docker_stamps
+
+    log = Path(__file__).resolve().parents[2] / "fixtures" / "logs" / "fewer_gpus_visible.log"
+    text = "".join(without_docker_stamps(log.read_text().splitlines(keepends=True)))
+    script = f"import sys\nsys.stdout.write({text!r})\nsys.stdout.flush()\nsys.exit(1)\n"
+
+    class DiagnosedSink(RecordingSink):
+        diagnosis: Diagnosis | None = None
+
+        def failed(self, diagnosis: Diagnosis, message: str, last_lines: list[str]) -> None:
+            super().failed(diagnosis, message, last_lines)
+            self.diagnosis = diagnosis
+
+    plan = ContainerPlan(deployment_id=unique_id("fol"), image=BASE_IMAGE,
+                         argv=["python3", "-c", script], labels=dict(TEST_LABELS),
+                         instance_id="follower-test", start_token="t1")
+    runtime.ensure_started(plan)
+    sink = DiagnosedSink()
+    follower = EngineFollower(runtime, plan, sink, status="loading", may_start=False,
+                              options=FollowOptions(partials=False, health_poll_s=3600),
+                              facts={"gpus": [0], "tp_size": 2, "pp_size": 1})
+    assert follow(follower) == "failed"
+    assert sink.diagnosis is not None and sink.diagnosis.cause == "fewer-gpus-visible"
+    assert "GPU ids in the form (spec key gpus), now [0]" in sink.diagnosis.fix
