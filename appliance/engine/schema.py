@@ -7,6 +7,7 @@ from typing import Any
 from appliance.engine import bounds, restart
 from appliance.engine.spec import (
     DEPLOYMENT_NAME,
+    MAX_REPLICAS,
     SPECULATIVE_ALGORITHMS,
     EngineOptions,
     _base_type,
@@ -16,6 +17,7 @@ from appliance.engine.spec import (
 
 # JSON Schema's own pattern dialect (ECMA 262): no newline or other control character.
 _NO_CONTROL = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$"
+_LABEL = f"^{DEPLOYMENT_NAME.pattern}$"
 
 
 def _engine_property(name: str, hint: Any, default: Any) -> dict[str, Any]:
@@ -70,5 +72,8 @@ def json_schema() -> dict[str, Any]:
                 "policy": {"type": "string", "enum": list(restart.POLICIES), "default": "never"},
                 "max_restarts": {"type": "integer", "minimum": 0,
                                  "maximum": restart.MAX_RESTARTS_LIMIT, "default": 5}}},
+            "replicas": {"type": "integer", "minimum": 1, "maximum": MAX_REPLICAS, "default": 1},
+            "host": {"type": ["string", "null"], "pattern": _LABEL},
+            "companion": {"type": ["string", "null"], "pattern": _LABEL},
         },
     }

@@ -96,6 +96,13 @@ class DeploymentSpec:
     shm_size: str | None = None
     # Start the engine again after it died while serving (appliance.engine.restart); opt-in.
     restart: RestartPolicy = field(default_factory=RestartPolicy)
+    # Engines of this one spec, each on its own GPUs or host, behind the gateway's one name.
+    replicas: int = 1
+    # The fleet host to run on (its name on the Fleet page); None: the panel places it.
+    host: str | None = None
+    # A deployment of the same target without speculation, by name, that the gateway sends
+    # the requests this engine refuses (log-probs, grammar, n > 1); None: those get a 400.
+    companion: str | None = None
 
 
 # ---------------------------------------------------------------- field introspection
@@ -320,7 +327,33 @@ def _recipe_from(data: Mapping[str, Any]) -> tuple[str, list[FieldError]]:
 
 
 TOP_LEVEL_KEYS = ["name", "recipe", "gpus", "engine", "extra_args", "env", "secrets",
-                  "self_check", "shm_size", "restart"]
+                  "self_check", "shm_size", "restart", "replicas", "host", "companion"]
+# Replicas of one spec: a fleet of 16 hosts of 8 GPUs at one GPU a replica is 128.
+MAX_REPLICAS = 128
+
+
+def _replicas_from(data: Any) -> tuple[int, list[FieldError]]:
+    if data is None:
+        return 1, []
+    if isinstance(data, bool) or not isinstance(data, int) or not 1 <= data <= MAX_REPLICAS:
+        shown = repr(data) if len(repr(data)) <= 40 else "a long value"
+        return 1, [FieldError("replicas", f"must be a whole number from 1 to {MAX_REPLICAS},"
+                                          f" got {shown}",
+                              "write replicas: 1 for one engine, or more for engines behind"
+                              " one name")]
+    return data, []
+
+
+def _label_from(data: Any, key: str, example: str) -> tuple[str | None, list[FieldError]]:
+    """An optional host or deployment name: a lowercase DNS label."""
+    if data is None or data == "":
+        return None, []
+    if not isinstance(data, str) or not DEPLOYMENT_NAME.fullmatch(data):
+        shown = repr(data) if len(repr(data)) <= 80 else "a long value"
+        return None, [FieldError(key, f"must be a lowercase DNS label, got {shown}",
+                                 f"write the name as the panel shows it, e.g. {example},"
+                                 " or leave it out")]
+    return data, []
 
 
 def _engine_and_args(data: Mapping[str, Any], engine_defaults: Mapping[str, Any] | None,
@@ -357,14 +390,23 @@ def spec_from_dict(data: Mapping[str, Any],
     secrets, errs6 = _secret_names(data.get("secrets"), env)
     shm_size, errs7 = bounds.shm_size_from(data.get("shm_size"))
     restart, errs8 = restart_from(data.get("restart"))
-    errors += errs + errs2 + errs3 + errs4 + errs5 + errs6 + errs7 + errs8
+    replicas, errs9 = _replicas_from(data.get("replicas"))
+    host, errs10 = _label_from(data.get("host"), "host", "gpu-host-1")
+    companion, errs11 = _label_from(data.get("companion"), "companion", "kimi-base")
+    if companion is not None and companion == name:
+        errs11.append(FieldError("companion", "names this deployment itself",
+                                 "name another deployment of the same target without"
+                                 " speculation, or leave it out"))
+    errors += (errs + errs2 + errs3 + errs4 + errs5 + errs6 + errs7 + errs8 + errs9 + errs10
+               + errs11)
     self_check = data.get("self_check", True)
     if not isinstance(self_check, bool):
         errors.append(FieldError("self_check", "must be true or false",
                                  "write self_check: true (the default) or false"))
     spec = DeploymentSpec(name=name, recipe=recipe, gpus=gpus, engine=engine, extra_args=extra,
                           env=env, secrets=secrets, self_check=bool(self_check),
-                          shm_size=shm_size, restart=restart)
+                          shm_size=shm_size, restart=restart, replicas=replicas, host=host,
+                          companion=companion)
     size_err = None if errors else bounds.launch_size_error(
         [*extra, *(f"{k}={v}" for k, v in env.items()),
          *(v for v in vars(engine).values() if isinstance(v, str))])

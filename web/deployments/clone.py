@@ -29,7 +29,8 @@ _FORM_ENGINE_KEYS = frozenset({
     "speculative_ddtree_budget", "tp_size", "attention_backend", "trust_remote_code",
 })
 _SPEC_DEFAULTS: dict[str, Any] = {"env": {}, "secrets": [], "shm_size": None,
-                                  "restart": dataclasses.asdict(RestartPolicy())}
+                                  "restart": dataclasses.asdict(RestartPolicy()),
+                                  "replicas": 1, "host": None, "companion": None}
 
 
 def _flag_items(name: str, value: Any) -> list[str]:

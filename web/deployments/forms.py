@@ -40,9 +40,12 @@ FIELD_OF_SPEC = {
     "secrets": "more_spec",
     "shm_size": "more_spec",
     "restart": "more_spec",
+    "replicas": "more_spec",
+    "host": "more_spec",
+    "companion": "more_spec",
 }
 # Spec keys the form has no input of its own for: they are written in More spec keys.
-MORE_SPEC_KEYS = ("env", "secrets", "shm_size", "restart")
+MORE_SPEC_KEYS = ("env", "secrets", "shm_size", "restart", "replicas", "host", "companion")
 
 
 def _recipe_choices() -> list[tuple[str, str]]:

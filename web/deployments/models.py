@@ -103,10 +103,21 @@ class Deployment(models.Model):
     graph_needed = models.JSONField(null=True, blank=True)
     alert_history = models.JSONField(default=list, blank=True)
     latest_metrics = models.JSONField(null=True, blank=True)
+    # Replicas: a spec with replicas: N is this row (replica 0, the one people see and act
+    # on) and N-1 rows with replica_of set to it, each an engine of its own with its own
+    # runs, events and metrics, behind the gateway's one served name.
+    replica_of = models.ForeignKey("self", null=True, blank=True, on_delete=models.CASCADE,
+                                   related_name="replica_rows")
+    replica_index = models.PositiveSmallIntegerField(default=0)
 
     class Meta:
         ordering = ["-created_at", "-id"]
         indexes = [models.Index(fields=["status"]), models.Index(fields=["name"])]
+        constraints = [
+            models.UniqueConstraint(fields=["replica_of", "replica_index"],
+                                    condition=models.Q(replica_of__isnull=False),
+                                    name="deployment_replica_once"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.name} ({self.status})"

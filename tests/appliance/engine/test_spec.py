@@ -199,3 +199,27 @@ def test_its_json_schema_lists_every_engine_field_with_its_flag() -> None:
     assert set(props) == set(EngineOptions.__dataclass_fields__)
     assert props["speculative_ddtree_budget"]["x-flag"] == "--speculative-ddtree-budget"
     assert "DDTREE" in props["speculative_algorithm"]["enum"]
+
+
+def test_it_reads_replicas_a_host_and_a_companion() -> None:
+    parsed = spec_from_dict({**flagship(), "replicas": 3, "host": "gpu-host-1",
+                             "companion": "kimi-base"})
+    assert (parsed.replicas, parsed.host, parsed.companion) == (3, "gpu-host-1", "kimi-base")
+    assert spec_to_dict(parsed)["replicas"] == 3
+
+
+def test_a_spec_without_them_is_one_replica_placed_by_the_panel_with_no_companion() -> None:
+    parsed = spec_from_dict(flagship())
+    assert (parsed.replicas, parsed.host, parsed.companion) == (1, None, None)
+
+
+@pytest.mark.parametrize("value", [0, -1, 129, True, "3", 2.5])
+def test_it_rejects_a_replica_count_that_is_not_1_to_128(value: Any) -> None:
+    assert "from 1 to 128" in errors_of({**flagship(), "replicas": value})["replicas"]
+
+
+def test_it_rejects_a_host_that_is_not_a_name_and_a_companion_that_is_itself() -> None:
+    data = flagship()
+    errors = errors_of({**data, "host": "Host 1!", "companion": data["name"]})
+    assert "lowercase DNS label" in errors["host"]
+    assert "itself" in errors["companion"]
