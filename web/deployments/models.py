@@ -109,6 +109,9 @@ class Deployment(models.Model):
     replica_of = models.ForeignKey("self", null=True, blank=True, on_delete=models.CASCADE,
                                    related_name="replica_rows")
     replica_index = models.PositiveSmallIntegerField(default=0)
+    # Out of the gateway's rotation for new requests (a rolling change drains a replica
+    # before it stops it; in-flight requests finish: web/gateway/inflight.py counts them).
+    draining = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["-created_at", "-id"]
