@@ -65,6 +65,30 @@ def deployment_restart(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 @login_required
+@require_POST
+def deployment_scale(request: HttpRequest, pk: int) -> HttpResponse:
+    """The page's Scale form: run this many replicas (Restart's permission)."""
+    if not can_stop(request.user):
+        raise PermissionDenied("You need the operator role to scale deployments.")
+    get_object_or_404(Deployment, pk=pk)
+    raw = request.POST.get("replicas", "").strip()
+    if not raw.isdigit():
+        messages.error(request, f"Scale refused (replicas): write a whole number of replicas "
+                       f"from 1 to 128, not {raw[:20]!r}.")
+        return redirect("deployments:detail", pk=pk)
+    try:
+        deployment = services.deployment_scale(deployment_id=pk, replicas=int(raw),
+                                               user=request.user)
+    except services.DeploymentInputError as exc:
+        for field, texts in exc.errors.items():
+            for text in texts:
+                messages.error(request, f"Scale refused ({field}): {text}")
+        return redirect("deployments:detail", pk=pk)
+    messages.success(request, f"Scaled {deployment.name} to {int(raw)} replicas.")
+    return redirect("deployments:detail", pk=pk)
+
+
+@login_required
 def deployment_delete(request: HttpRequest, pk: int) -> HttpResponse:
     """GET: the confirm page; POST with confirm=yes: delete with its events and series."""
     if not can_delete(request.user):

@@ -15,6 +15,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import transaction
+from django.db.models import Q
 
 from appliance.engine.envkeys import env_key_errors
 from appliance.engine.extra_args import absorb, original_field
@@ -377,7 +378,7 @@ def deployment_scale(*, deployment_id: int, replicas: int, user: User = None) ->
         for i in sorted((i for i in running if i >= replicas), reverse=True):
             if not deployment_mark_stopped(deployment_id=rows[i].pk, by=Process.WEB):
                 deployment_mark_stopping(deployment_id=rows[i].pk)
-        Deployment.objects.filter(pk__in=[r.pk for r in rows.values()]).update(
+        Deployment.objects.filter(Q(pk=root.pk) | Q(replica_of=root)).update(
             spec={**root.spec, "replicas": replicas})
         was = len(running)
         events_append(deployment_id=root.pk, events=[(EventKind.STATUS, {
