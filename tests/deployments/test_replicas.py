@@ -145,6 +145,10 @@ def test_stop_of_replica_zero_stops_every_replica_and_of_a_replica_that_one(oper
     rows = _group(first)
     for row in rows:
         _ready(row.pk)
+    asked = _client(operator).get(f"/deployments/{first.pk}/stop/").content.decode()
+    assert "Its 2 other replicas stop with it" in asked
+    assert "only this engine stops" in _client(operator).get(
+        f"/deployments/{rows[2].pk}/stop/").content.decode()
     one = _client(operator).post(f"/api/deployments/{rows[2].pk}/stop/")
     assert one.status_code == 202
     assert _statuses(first) == [(0, "ready"), (1, "ready"), (2, "stopping")]
@@ -214,3 +218,23 @@ def test_the_page_and_the_api_list_the_replicas_and_sum_their_throughput(viewer)
     assert "throughput 150.5 tok/s" in page and 'data-replica="2"' in page
     assert f'replica 1 of <a href="/deployments/{first.pk}/">#{first.pk}</a>' in page
     assert "placed: gpu-host: 7 free GPUs, this panel&#x27;s host" in page
+
+
+FORM = {"recipe": "kimi-k2.6-ddtree", "name": "kimi-form", "model_path": "/models/Kimi-K2.6",
+        "drafter_path": "/models/Kimi-K2.6-DFlash", "algorithm": "DDTREE", "block_size": "8",
+        "tree_budget": "32", "tp_size": "1", "gpu_ids": "0", "attention_backend": "fa3",
+        "self_check": "on", "confirm_warnings": "on"}
+
+
+def test_the_form_deploys_replicas_and_shows_a_refusal_beside_the_spec_keys(operator, settings) -> None:  # type: ignore[no-untyped-def]
+    settings.GPU_COUNT = 2
+    client = _client(operator)
+    refused = client.post("/deployments/new/", {**FORM, "more_spec": "replicas: 3\n"})
+    assert refused.status_code == 400
+    assert refused.context["form"].errors["more_spec"][0].startswith(
+        "Replica 2 needs 1 free GPU on one host: gpu-host has 0 free")
+    assert not Deployment.objects.exists()
+    made = client.post("/deployments/new/", {**FORM, "more_spec": "replicas: 2\n"})
+    assert made.status_code == 302
+    first = Deployment.objects.get(replica_of__isnull=True)
+    assert [(r.replica_index, r.gpus) for r in _group(first)] == [(0, [0]), (1, [1])]

@@ -28,6 +28,7 @@ def _confirm(request: HttpRequest, deployment: Deployment, *, action: str,
              status: int = 200) -> HttpResponse:
     return render(request, "deployments/confirm.html", {
         "deployment": deployment, "action": action,
+        "replica_rows": Deployment.objects.filter(replica_of=deployment).count(),
         "load_s": selectors.deployment_load_seconds(deployment=deployment)}, status=status)
 
 
