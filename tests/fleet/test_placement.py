@@ -158,3 +158,17 @@ def test_a_silent_panel_host_still_takes_a_spec_when_no_ready_host_can(settings)
     joined("gpu-2")
     second = queued(name="second", gpus=[0])
     assert second.host == "gpu-2"  # a ready host before a silent one
+
+
+def test_the_panels_agent_claims_only_the_rows_placed_on_its_own_host() -> None:
+    from web.agent.controller import EngineAgent
+
+    joined("gpu-2")
+    first = queued(gpus=[0], replicas=2)
+    replica = Deployment.objects.get(replica_of=first)
+    assert (first.host, replica.host) == ("gpu-host", "gpu-2")  # spread
+    for pk in (first.pk, replica.pk):
+        services.deployment_mark_starting(deployment_id=pk, image="img", start_token=f"t{pk}")
+    claimed = EngineAgent(agent_id="agent@gpu-host")._claim(timezone.now())
+    assert [d.pk for d in claimed] == [first.pk]
+    assert Deployment.objects.get(pk=replica.pk).agent_id == ""  # gpu-2's agent takes it

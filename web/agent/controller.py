@@ -240,7 +240,9 @@ class EngineAgent:
     def _claim(self, now: Any) -> list[Deployment]:
         until = now + timedelta(seconds=self.lease_s)
         free = Q(agent_id=self.agent_id) | Q(lease_until__isnull=True) | Q(lease_until__lt=now)
-        candidates = Deployment.objects.filter(status__in=OWNED_STATUSES).filter(free)
+        # Only the rows placed on this host (web/fleet/placement.py); "" is a row from before.
+        here = Q(host="") | Q(host=settings.HOST_NAME)
+        candidates = Deployment.objects.filter(status__in=OWNED_STATUSES).filter(here, free)
         claimed = []
         for pk in candidates.values_list("pk", flat=True):
             if Deployment.objects.filter(pk=pk, status__in=OWNED_STATUSES).filter(free).update(
