@@ -172,3 +172,14 @@ def test_the_panels_agent_claims_only_the_rows_placed_on_its_own_host() -> None:
     claimed = EngineAgent(agent_id="agent@gpu-host")._claim(timezone.now())
     assert [d.pk for d in claimed] == [first.pk]
     assert Deployment.objects.get(pk=replica.pk).agent_id == ""  # gpu-2's agent takes it
+
+
+def test_gpu_ids_only_a_joined_host_has_are_placed_there(settings) -> None:  # type: ignore[no-untyped-def]
+    settings.GPU_COUNT = 1  # the panel's own host: GPU 0 only
+    joined("gpu-2", gpus=None, gpu_count=4)
+    made = queued(gpus=[2, 3], engine__tp_size=2)
+    assert (made.host, made.gpus) == ("gpu-2", [2, 3])
+    assert made.placement_reason == "gpu-2: 4 free GPUs; gpu-host lacks the GPUs"
+    errors = _refused(name="second", gpus=[4])
+    assert "GPU ids [4] are not on this host: it has 4 GPUs (ids 0 to 3, per the count " \
+        "gpu-2 reported)" in errors["gpus"][0]

@@ -240,9 +240,9 @@ class EngineAgent:
     def _claim(self, now: Any) -> list[Deployment]:
         until = now + timedelta(seconds=self.lease_s)
         free = Q(agent_id=self.agent_id) | Q(lease_until__isnull=True) | Q(lease_until__lt=now)
-        # Only the rows placed on this host (web/fleet/placement.py); "" is a row from before.
-        here = Q(host="") | Q(host=settings.HOST_NAME)
-        candidates = Deployment.objects.filter(status__in=OWNED_STATUSES).filter(here, free)
+        # A deployment placed on a fleet host is that host's remote agent's (docs/fleet.md).
+        candidates = Deployment.objects.filter(status__in=OWNED_STATUSES,
+                                               placements__isnull=True).filter(free)
         claimed = []
         for pk in candidates.values_list("pk", flat=True):
             if Deployment.objects.filter(pk=pk, status__in=OWNED_STATUSES).filter(free).update(

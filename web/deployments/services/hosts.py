@@ -16,6 +16,7 @@ from django.utils import timezone
 from appliance.logs.appliance_causes import NO_NVIDIA_FIX
 from appliance.preflight import Finding
 from appliance.runtime.secrets import secret_names_available
+from web.fleet.models import FleetHost
 
 from ..models import Host
 
@@ -71,13 +72,15 @@ def host_gpu_count(*, configured: int) -> tuple[int, str]:
     fresh one), else the configured count (APPLIANCE_GPU_COUNT). Never unknown: an
     unbounded GPU id would lease a GPU that does not exist."""
     fresh = timezone.now() - timedelta(seconds=HOST_FRESH_S)
-    counts = [(len(h.gpu_telemetry.get("gpus") or []), h.name)
+    counts = [(len(h.gpu_telemetry.get("gpus") or []), f"NVML on {h.name}")
               for h in Host.objects.filter(heartbeat_at__gte=fresh)
               if (h.gpu_telemetry or {}).get("available")]
-    if counts:
-        count, name = max(counts)
-        return count, f"NVML on {name}"
-    return configured, "APPLIANCE_GPU_COUNT"
+    if not counts:
+        counts = [(configured, "APPLIANCE_GPU_COUNT")]
+    # A joined host without NVML states its count (the placement checks each host's ids).
+    counts += [(len(h.gpus or []), f"the count {h.name} reported") for h in
+               FleetHost.objects.filter(heartbeat_at__gte=fresh).exclude(gpu_source="nvml")]
+    return max(counts, key=lambda c: c[0])
 
 
 def host_gpu_inventory_findings(*, gpus: list[int], configured: int) -> list[Finding]:
