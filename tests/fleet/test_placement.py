@@ -182,4 +182,4 @@ def test_gpu_ids_only_a_joined_host_has_are_placed_there(settings) -> None:  # t
     assert made.placement_reason == "gpu-2: 4 free GPUs; gpu-host lacks the GPUs"
     errors = _refused(name="second", gpus=[4])
     assert "GPU ids [4] are not on this host: it has 4 GPUs (ids 0 to 3, per the count " \
-        "gpu-2 reported)" in errors["gpus"][0]
+        "gpu-2 states)" in errors["gpus"][0]

@@ -16,7 +16,6 @@ from django.utils import timezone
 from appliance.logs.appliance_causes import NO_NVIDIA_FIX
 from appliance.preflight import Finding
 from appliance.runtime.secrets import secret_names_available
-from web.fleet.models import FleetHost
 
 from ..models import Host
 
@@ -72,15 +71,22 @@ def host_gpu_count(*, configured: int) -> tuple[int, str]:
     fresh one), else the configured count (APPLIANCE_GPU_COUNT). Never unknown: an
     unbounded GPU id would lease a GPU that does not exist."""
     fresh = timezone.now() - timedelta(seconds=HOST_FRESH_S)
-    counts = [(len(h.gpu_telemetry.get("gpus") or []), f"NVML on {h.name}")
+    counts = [(len(h.gpu_telemetry.get("gpus") or []), h.name)
               for h in Host.objects.filter(heartbeat_at__gte=fresh)
               if (h.gpu_telemetry or {}).get("available")]
-    if not counts:
-        counts = [(configured, "APPLIANCE_GPU_COUNT")]
-    # A joined host without NVML states its count (the placement checks each host's ids).
-    counts += [(len(h.gpus or []), f"the count {h.name} reported") for h in
-               FleetHost.objects.filter(heartbeat_at__gte=fresh).exclude(gpu_source="nvml")]
-    return max(counts, key=lambda c: c[0])
+    if counts:
+        count, name = max(counts)
+        return count, f"NVML on {name}"
+    # Without NVML, joined hosts state a count (their heartbeat's report row): the largest
+    # host bounds a GPU id, the panel's own (APPLIANCE_GPU_COUNT, 0 on a panel without GPUs)
+    # among them; placement then checks each host's own.
+    stated = [(len(h.gpu_telemetry.get("gpus") or []), h.name)
+              for h in Host.objects.filter(heartbeat_at__gte=fresh)
+              if isinstance(h.gpu_telemetry, dict) and not h.gpu_telemetry.get("available")]
+    count, name = max(stated, default=(0, ""))
+    if count > configured:
+        return count, f"the count {name} states"
+    return configured, "APPLIANCE_GPU_COUNT"
 
 
 def host_gpu_inventory_findings(*, gpus: list[int], configured: int) -> list[Finding]:
