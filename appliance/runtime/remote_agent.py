@@ -205,6 +205,13 @@ def batches(events: Events, limit: int = MAX_BATCH_BYTES) -> list[Events]:
     return out
 
 
+def host_kinds(events: Events) -> Events:
+    """The follower's own notes (kind `status`) as the log lines the entrypoint also prints
+    ("appliance: ..."): status events are the panel's alone (the ingest refuses them)."""
+    return [("log", {"stream": "stdout", "text": f"appliance: {payload.get('message', '')}"})
+            if kind == "status" else (kind, payload) for kind, payload in events]
+
+
 def masked(events: Events, secret: str) -> Events:
     """The events with `secret` masked in every text (the engine logs its server_args)."""
     if not secret:
@@ -252,7 +259,7 @@ class RemoteSink:
                 changed = progress_fold(self.progress, payload) or changed
         decode = next((p for k, p in reversed(events)
                        if k == "metric" and p.get("kind") == "decode_stats"), None)
-        parts = batches(masked(events, self.key))
+        parts = batches(masked(host_kinds(events), self.key))
         for i, part in enumerate(parts):
             row: dict[str, Any] = {}
             if i == len(parts) - 1:  # the cursor goes with the batch that ends at it

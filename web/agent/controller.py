@@ -49,6 +49,7 @@ from appliance.runtime.containers import (
     open_network_warning,
 )
 from appliance.runtime.follower import Cursor, EngineFollower, Events, FollowOptions, follow
+from appliance.runtime.hostfacts import docker_facts
 from appliance.runtime.progress import progress_fold
 from appliance.runtime.secrets import secret_names_available
 from web import tasks
@@ -58,7 +59,6 @@ from web.deployments.services.events import (
     events_append_batch,
     events_batches_quiet,
 )
-from web.deployments.services.hosts import docker_facts
 from web.deployments.services.installation import instance_id
 from web.deployments.services.lifecycle import (
     ADVANCE,

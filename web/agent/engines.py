@@ -15,9 +15,10 @@ from appliance.engine.launch import launch_args
 from appliance.engine.spec import spec_from_dict
 from appliance.preflight import gpu_check_args
 from appliance.runtime.containers import ContainerPlan, EngineRuntimeError, Identity
+from appliance.runtime.mounts import engine_model_mounts
 from web.deployments.models import Deployment
 from web.deployments.services.installation import instance_id
-from web.deployments.services.loadtime import deployment_models_refused, engine_model_mounts
+from web.deployments.services.loadtime import deployment_models_refused
 
 
 def identity_of(deployment: Deployment) -> Identity:

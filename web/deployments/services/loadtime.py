@@ -22,7 +22,6 @@ from appliance.lifecycle import Process
 from appliance.logs.appliance_causes import MODEL_DOWNLOAD_FAILED
 from appliance.preflight import StoreModel, config_from_summary
 from appliance.preflight.types import UNUSABLE_STATES, WAITING_STATES
-from appliance.runtime.mounts import engine_model_mounts  # noqa: F401 (the agent's)
 from appliance.store.diskrate import ReadRateError, measure_read_rate
 from appliance.store.loadtime import describe_load, load_seconds
 from web import tasks
@@ -296,6 +295,6 @@ def deployment_models_refused(*, deployment: Deployment) -> list[str]:
 
 __all__ = ["ENTRY_FIELDS", "MODEL_WAIT_POLL_S", "ReadRateError", "deployment_entries_resolve",
            "deployment_model_wait", "store_model_options",
-           "deployment_models_refused", "engine_model_mounts", "load_estimate",
+           "deployment_models_refused", "load_estimate",
            "root_read_rate_for", "root_read_rate_measure", "root_read_rates_list",
            "root_read_rate_request", "store_facts", "store_models", "unmeasured_roots"]
