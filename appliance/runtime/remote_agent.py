@@ -62,7 +62,7 @@ AGENT_VERSION = "0.9.0"
 MAX_BATCH_BYTES = 512 * 1024  # the panel's body limit is 1 MiB (APPLIANCE_MAX_BODY_BYTES)
 SHIP_TRIES = 5  # a batch the panel did not take is sent again, then the follower starts over
 MASK = "***"
-CREDENTIAL_PATH = "/var/lib/appliance/host-credential"
+CREDENTIAL_PATH = "/var/lib/appliance/host-credential/credential"  # a volume (compose.host.yaml)
 
 
 class CredentialRefused(RuntimeError):

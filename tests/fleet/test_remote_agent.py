@@ -7,6 +7,11 @@ credential ended mid-run, it stops writing and says why."""
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,12 +36,14 @@ from web.deployments import services as deployments
 from web.deployments.models import Deployment, DeploymentStatus, Event
 from web.deployments.services.installation import instance_id
 from web.fleet import selectors, services
+from web.fleet.models import FleetHost
 from worker import tasks
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
 S = DeploymentStatus
 HOST = "gpu-r"
 FAST = {"TEST_ENGINE_PACE_S": "0.01", "TEST_ENGINE_SHARDS": "4"}
+ROOT = str(Path(__file__).resolve().parents[2])
 
 
 def _advertise(client: docker.DockerClient) -> str:
@@ -172,3 +179,47 @@ def test_a_host_refuses_an_image_whose_recipe_lock_differs(test_engine_image) ->
     assert "another recipe lock (none)" in refusal and "sha256:aaaa" in refusal
     assert image_lock_refusal(runtime, test_engine_image, "") == ""  # no lock on either side
     assert image_lock_refusal(runtime, test_engine_image, None) == ""  # a configured image
+
+
+def test_the_hosts_agent_process_joins_with_no_database_broker_or_django(live_server, tmp_path  # type: ignore[no-untyped-def]
+                                                                        ) -> None:
+    """`python3 -m worker.agent` as compose.host.yaml runs it: a settings module that does
+    not exist would stop any Django import at once, and no database or Redis URL is set."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("APPLIANCE_", "DJANGO_"))}
+    env.update(APPLIANCE_PANEL_URL=live_server.url, APPLIANCE_HOST_NAME=HOST,
+               APPLIANCE_HOST_ADVERTISE_ADDR="10.9.8.7",
+               APPLIANCE_JOIN_TOKEN=services.jointoken_create(host_name=HOST).secret,
+               APPLIANCE_HOST_CREDENTIAL_FILE=str(tmp_path / "credential"),
+               APPLIANCE_GPU_COUNT="2", DJANGO_SETTINGS_MODULE="no.such.settings")
+    agent = subprocess.Popen([sys.executable, "-m", "worker.agent"], env=env, cwd=ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: FleetHost.objects.filter(name=HOST, heartbeat_at__isnull=False)
+                 .exists() or agent.poll() is not None, timeout_s=30)
+        assert agent.poll() is None, agent.stdout.read() if agent.stdout else ""
+        assert [g["index"] for g in FleetHost.objects.get(name=HOST).gpus] == [0, 1]
+        agent.send_signal(signal.SIGTERM)
+        assert agent.wait(timeout=20) == 0
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+    assert (tmp_path / "credential").read_text().startswith("sdh-")
+
+
+def test_the_host_compose_file_has_the_agent_and_no_database_or_broker() -> None:
+    compose = shutil.which("docker-compose")
+    if compose is None:
+        pytest.skip("docker-compose not installed")
+    path = str(Path(ROOT) / "docker" / "compose.host.yaml")
+    env = {"PATH": os.environ["PATH"], "APPLIANCE_PANEL_URL": "https://panel.example:8000",
+           "APPLIANCE_HOST_NAME": "gpu-2", "APPLIANCE_HOST_ADVERTISE_ADDR": "10.0.0.12"}
+    config = subprocess.run([compose, "-f", path, "config"], env=env, capture_output=True,
+                            text=True, check=True).stdout
+    assert "services:\n  agent:" in config and "https://panel.example:8000" in config
+    for absent in ("DATABASE", "REDIS", "postgres", "redis"):
+        assert absent not in config
+    del env["APPLIANCE_HOST_ADVERTISE_ADDR"]
+    refused = subprocess.run([compose, "-f", path, "config"], env=env, capture_output=True,
+                             text=True)
+    assert refused.returncode != 0 and "APPLIANCE_HOST_ADVERTISE_ADDR" in refused.stderr

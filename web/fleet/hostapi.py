@@ -1,5 +1,6 @@
-"""What a GPU host's agent calls: the join (with a join token), its heartbeat, and the
-ingest of its engines' events (with its own credential, `Authorization: Bearer sdh-...`).
+"""What a GPU host's agent calls: the join (with a join token), then with its own credential
+(`Authorization: Bearer sdh-...`) its heartbeat, its placements, its engines' status steps
+and the ingest of their events (appliance/runtime/remote_agent.py is the caller).
 
 Plain Django views, not DRF's: no session or cookie is read (so no CSRF applies), and the
 ingest is the hot path of a busy host (thousands of events a second), where DRF's parsing
