@@ -37,6 +37,7 @@ from web.deployments.models import Deployment, DeploymentStatus, Event
 from web.deployments.services.installation import instance_id
 from web.fleet import selectors, services
 from web.fleet.models import FleetHost
+from web.gateway.selectors import gateway_target
 from worker import tasks
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
@@ -92,7 +93,12 @@ def test_a_remote_host_runs_its_placed_engine_from_start_to_stop(fleet_host, vie
     row = _placed()
     assert _status(row.pk, {S.READY, S.FAILED}) == S.READY
     row = Deployment.objects.get(pk=row.pk)
-    key = selectors.engine_key(deployment_id=row.pk, start_token=row.start_token)
+    # The key the gateway sends this engine (web/gateway/selectors.py), never in its repr.
+    target = gateway_target(model=row.name)
+    assert target is not None and target.ready and target.engine_url == row.engine_url
+    key = target.engine_key
+    assert key == selectors.engine_key(deployment_id=row.pk, start_token=row.start_token)
+    assert key not in repr(target)
     # Published on the advertised address only, and answering only with this start's key.
     assert row.engine_url.startswith(f"http://{fleet_host['config'].advertise_addr}:")
     assert requests.get(f"{row.engine_url}/v1/models", timeout=5).status_code == 401
