@@ -16,6 +16,7 @@ from django.utils import timezone
 from appliance.engine.recipes import RecipeError
 from appliance.images.lock import lock_digest
 from appliance.images.plan import BuildError, recipe_lock_path
+from appliance.lifecycle import AGENT_OWNED
 from web.deployments.models import Deployment, GpuLease, Host
 from web.deployments.services.deployments import recipe_load
 from web.deployments.services.loadtime import deployment_models_refused
@@ -162,10 +163,12 @@ def placement_lock_digest(*, deployment: Deployment) -> str | None:
 
 
 def host_placements(*, host: FleetHost) -> list[dict[str, Any]]:
-    """The engines placed on the host, each as its agent needs it, and nothing else: no
-    other deployment, no user, key or secret value (the spec names its secrets only)."""
+    """The engines placed on the host that its agent acts on (starting to stopping), each
+    as the agent needs it, and nothing else: no other deployment, no ended one, no user,
+    key or secret value (the spec names its secrets only)."""
     rows = []
-    for placement in Placement.objects.filter(host=host).select_related("deployment"):
+    for placement in Placement.objects.filter(
+            host=host, deployment__status__in=AGENT_OWNED).select_related("deployment"):
         d = placement.deployment
         row: dict[str, Any] = {name: getattr(d, name) for name in PLACEMENT_FIELDS}
         row["restart_not_before"] = (d.restart_not_before.isoformat()
