@@ -11,8 +11,10 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from tests.rows import ready
+from tests.rows import queued, ready
+from web.deployments import services as dservices
 from web.deployments.models import Event
+from web.deployments.silence import deployment_silence
 from web.fleet import selectors, services
 from web.fleet.models import FleetHost, JoinToken
 
@@ -231,3 +233,17 @@ def test_a_payload_the_database_cannot_store_is_a_400_and_stores_nothing(bad, li
                            HTTP_AUTHORIZATION=f"Bearer {done.credential}")
     assert answer.status_code == 400 and "cannot store" in answer.json()["events"][0]
     assert Event.objects.filter(deployment=mine).count() == before
+
+
+def test_a_placed_engine_is_watched_by_its_hosts_heartbeat(live_channel) -> None:  # type: ignore[no-untyped-def]
+    done = joined("gpu-2")
+    mine = queued()
+    dservices.deployment_mark_starting(deployment_id=mine.pk, image="img", start_token="s1")
+    services.placement_assign(deployment=mine, host_name="gpu-2")
+    status, body = _step(mine.pk, done.credential, step="loading", start_token="s1")
+    assert status == 200 and body == {"moved": True, "status": "loading"}
+    mine.refresh_from_db()
+    assert deployment_silence(deployment=mine) is None  # the host reported just now
+    later = timezone.now() + timedelta(seconds=120)
+    silent = deployment_silence(deployment=mine, now=later)
+    assert silent is not None and silent.agent_id == "agent@gpu-2"
