@@ -49,6 +49,8 @@ from appliance.runtime.containers import (
     open_network_warning,
 )
 from appliance.runtime.follower import Cursor, EngineFollower, Events, FollowOptions, follow
+from appliance.runtime.hostfacts import docker_facts
+from appliance.runtime.progress import progress_fold
 from appliance.runtime.secrets import secret_names_available
 from web import tasks
 from web.deployments.models import Deployment, DeploymentStatus, EventKind, Host
@@ -57,7 +59,6 @@ from web.deployments.services.events import (
     events_append_batch,
     events_batches_quiet,
 )
-from web.deployments.services.hosts import docker_facts
 from web.deployments.services.installation import instance_id
 from web.deployments.services.lifecycle import (
     ADVANCE,
@@ -70,7 +71,7 @@ from web.deployments.services.loadtime import deployment_models_refused
 from web.deployments.services.metrics import metrics_prune
 from web.deployments.services.retention import events_prune_in_background
 
-from .engines import container_plan, identity_of, progress_fold
+from .engines import container_plan, identity_of
 from .monitoring import MonitorHandle, monitor_start
 
 log = logging.getLogger(__name__)

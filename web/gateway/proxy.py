@@ -465,7 +465,8 @@ async def _relay(send: Send, target: Target, path: str, body: bytes, stream: boo
                  tap: UsageTap) -> None:
     url = target.engine_url.rstrip("/") + path
     try:
-        async with pool().post(url, body) as upstream:
+        auth = f"Bearer {target.engine_key}" if target.engine_key else ""
+        async with pool().post(url, body, authorization=auth) as upstream:
             kind = upstream.headers.get("content-type", "application/json").encode()
             if stream and upstream.status == 200:
                 await _relay_stream(send, upstream, kind, tap)

@@ -19,6 +19,7 @@ from django.db.models.fields.json import KT
 from django.http import HttpRequest
 
 from web.deployments.models import ACTIVE_STATUSES, Deployment, DeploymentStatus
+from web.fleet.selectors import engine_key
 from web.gateway.models import ApiKey, ApiKeyUsage
 
 KEY_PREFIX = "sk-sd-"
@@ -74,6 +75,9 @@ class Target:
     engine_url: str
     created: int  # Unix time, for /v1/models
     context_length: int | None = None  # the spec's engine.context_length, where it sets one
+    # What the engine was started with as --api-key on a fleet host (web/fleet/selectors.py;
+    # a panel-host engine has none and ignores the header). Never shown.
+    engine_key: str = field(default="", repr=False)
 
     @property
     def ready(self) -> bool:
@@ -121,7 +125,8 @@ def _targets_query() -> Any:
             .annotate(served=KT("spec__engine__served_model_name"),
                       context=KT("spec__engine__context_length"))
             .order_by("-created_at", "-id")
-            .values_list("id", "name", "status", "engine_url", "served", "created_at", "context"))
+            .values_list("id", "name", "status", "engine_url", "served", "created_at", "context",
+                         "start_token"))
 
 
 _TARGETS_SQL: list[tuple[str, tuple[Any, ...]]] = []
@@ -143,10 +148,12 @@ def gateway_targets() -> list[Target]:
 
 
 def _target(pk: int, name: str, status: str, engine_url: str, served: str | None,
-            created: datetime, context: str | None) -> Target:
+            created: datetime, context: str | None, start_token: str = "") -> Target:
     return Target(deployment_id=pk, model=str(served or name), status=status,
                   engine_url=engine_url, created=int(created.timestamp()),
-                  context_length=int(context) if context and context.isdigit() else None)
+                  context_length=int(context) if context and context.isdigit() else None,
+                  engine_key=engine_key(deployment_id=pk, start_token=start_token)
+                  if start_token else "")
 
 
 def gateway_ended_target(*, model: str) -> Target | None:
@@ -157,7 +164,8 @@ def gateway_ended_target(*, model: str) -> Target | None:
                      context=KT("spec__engine__context_length"))
            .filter(Q(served=model) | ((Q(served__isnull=True) | Q(served="")) & Q(name=model)))
            .order_by("-created_at", "-id")
-           .values_list("id", "name", "status", "engine_url", "served", "created_at", "context")
+           .values_list("id", "name", "status", "engine_url", "served", "created_at", "context",
+                        "start_token")
            .first())
     return None if row is None else _target(*row)
 

@@ -182,7 +182,8 @@ class Pool:
     loop: asyncio.AbstractEventLoop
     idle: dict[tuple[str, int], list[_Exchange]] = field(default_factory=dict)
 
-    def post(self, url: str, body: bytes, content_type: str = "application/json") -> _Call:
+    def post(self, url: str, body: bytes, content_type: str = "application/json",
+             authorization: str = "") -> _Call:
         parts = urlsplit(url)
         if parts.scheme != "http" or not parts.hostname:
             raise UpstreamError(f"{url!r} is not an http:// URL")
@@ -190,7 +191,8 @@ class Pool:
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         head = (f"POST {target} HTTP/1.1\r\nHost: {parts.netloc}\r\n"
                 f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
-                "Accept-Encoding: identity\r\n\r\n").encode("latin-1")
+                + (f"Authorization: {authorization}\r\n" if authorization else "")
+                + "Accept-Encoding: identity\r\n\r\n").encode("latin-1")
         return _Call(self, (host, port), head + body)
 
     async def _connect(self, key: tuple[str, int]) -> _Exchange:

@@ -6,6 +6,7 @@ log-probs when asked, as /generate's is; a stream's pieces are the pacing's word
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import os
 import socket
@@ -86,8 +87,21 @@ class Handler(BaseHTTPRequestHandler):
             return {}
         return body if isinstance(body, dict) else {}
 
+    def refused(self, path: str) -> bool:
+        """SGLang's --api-key (433c58ed7's utils/auth.py): every endpoint but /health* and
+        /metrics wants `Authorization: Bearer <key>`, else 401."""
+        key = engine.CFG.args.api_key
+        if not key or path.startswith(("/health", "/metrics")):
+            return False
+        if hmac.compare_digest(self.headers.get("Authorization", ""), f"Bearer {key}"):
+            return False
+        self.send_json(401, {"error": "Unauthorized"})
+        return True
+
     def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
         path = self.path.split("?", 1)[0]
+        if self.refused(path):
+            return
         routes = {
             "/health": self.health,
             "/health_generate": self.health_generate,
@@ -102,6 +116,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802
         path = self.path.split("?", 1)[0]
+        if self.refused(path):
+            return
         routes = {"/v1/chat/completions": self.chat, "/v1/completions": self.completion,
                   "/generate": self.generate}
         routes.get(path, self.not_found)()
