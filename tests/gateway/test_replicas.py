@@ -21,6 +21,16 @@ import requests
 from django.conf import settings
 from django.utils import timezone
 
+from appliance.engine.launch import launch_args
+from appliance.engine.spec import spec_from_dict
+from tests.conftest_docker import (  # noqa: F401
+    FAST_ENV,
+    TEST_LABELS,
+    docker_client,
+    host_port,
+    test_engine_image,
+    wait_for,
+)
 from tests.openai_standin import StandIn, standin
 from tests.servers import panel_server
 from tests.specs import spec
@@ -249,3 +259,50 @@ def test_without_a_companion_a_refused_need_is_a_400_naming_it_and_the_fix(
         assert named.status_code == 400 and named.json()["error"]["param"] == "tool_choice"
         assert not fast[0].seen  # refused at the gateway: the engine did no work for it
     assert not ApiKeyUsage.objects.exists()
+
+
+@pytest.mark.docker
+def test_a_replica_whose_engine_container_is_killed_leaves_the_rotation_within_two_seconds(
+        gateway: str, operator: Any, key_for: Any, docker_client: Any,  # noqa: F811
+        test_engine_image: str) -> None:  # noqa: F811
+    """Two test engines (docker/test-engine) as the product launches them, one killed
+    (SIGKILL) under a steady stream of requests: none fails, and the gateway stops sending
+    to it at the first request it fails (answered by the other, `X-Appliance-Retried`)."""
+    data = spec(name="killed", engine__served_model_name=MODEL)
+    argv = launch_args(spec_from_dict(data)).argv
+    containers = [docker_client.containers.run(
+        test_engine_image, command=argv, detach=True, environment=dict(FAST_ENV),
+        labels=dict(TEST_LABELS), ports={"30000/tcp": ("127.0.0.1", None)}) for _ in range(2)]
+    try:
+        urls = [f"http://127.0.0.1:{host_port(c)}" for c in containers]
+        for url in urls:
+            wait_for(lambda url=url: _healthy(url), timeout_s=90)
+        replicas("killed", urls)
+        secret = key_for(operator)
+        before = [call(gateway, secret, f"before {i}") for i in range(10)]
+        assert {a.headers["x-appliance-replica"] for a in before} == {"0", "1"}
+        containers[0].kill()
+        killed_at = time.monotonic()
+        after: list[tuple[float, requests.Response]] = []
+        while time.monotonic() < killed_at + 3:
+            answer = call(gateway, secret, f"after {len(after)}")
+            after.append((time.monotonic() - killed_at, answer))
+        assert [a.status_code for _, a in after] == [200] * len(after)
+        assert {a.headers["x-appliance-replica"] for _, a in after} == {"1"}
+        retried = [at for at, a in after if a.headers.get("x-appliance-retried")]
+        # The gateway sent to the dead engine once (that request answered by the other),
+        # then never again: its /health does not answer.
+        assert len(retried) == 1, retried
+        print(f"killed engine: out of the rotation {retried[0]:.3f} s after the kill, "
+              f"{len(after)} requests after it, none failed")
+        assert retried[0] <= 2.0
+    finally:
+        for container in containers:
+            container.remove(force=True)
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return requests.get(f"{url}/health", timeout=2).status_code == 200
+    except requests.RequestException:
+        return False

@@ -289,6 +289,7 @@ async def _generate(receive: Receive, send: Send, path: str, caller: Caller,
 
 SERVED_BY = b"x-appliance-served-by"
 REPLICA = b"x-appliance-replica"  # the replica (its index) that answered, or began a stream
+RETRIED = (b"x-appliance-retried", b"1")  # another replica failed it before answering
 
 
 def _handed_on(data: dict[str, Any], target: Target, path: str) -> Target | Refusal:
@@ -538,6 +539,8 @@ async def _relay(send: Send, target: Target, path: str, body: bytes, stream: boo
         if not retry:
             break
         rows = table.rotation(target, exclude=tried)
+        if not tap.started:  # said on the answer: it came from a second replica
+            tap.headers.append(RETRIED)
     if tap.started:  # a stream's head went out, no event: it ends as a broken one
         tap.broken(STREAM_BROKEN)
     else:
