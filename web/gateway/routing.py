@@ -29,8 +29,8 @@ process, so a request with a known key costs one Redis round trip before the eng
   request before answering is ejected: no client request goes there until its /health
   answers again (probed each PROBE_S); the agent's status change (through the trigger)
   takes a dead engine out of the table for good. `begin`/`end` keep the per-row in-flight
-  counter in Redis (web/gateway/inflight.py) off the request's path: one script per change,
-  sent in the background, the decrement after its increment.
+  counter in Redis (web/gateway/inflight.py) off the request's path: the changes of
+  INFLIGHT_FLUSH_S go out in one pipeline in the background, each send after the last.
 """
 
 from __future__ import annotations
@@ -88,12 +88,9 @@ PROBE_TIMEOUT_S = 2.0
 # Prefix affinity gives way to the least loaded replica when its own load is more than this
 # many requests above it (a shared-prefix burst must not pile onto one replica).
 AFFINITY_SLACK = 2
-# One script, one round trip: the counter changed and its expiry pushed back.
-_INFLIGHT = """
-local v = redis.call("INCRBY", KEYS[1], ARGV[1])
-redis.call("EXPIRE", KEYS[1], ARGV[2])
-return v
-"""
+# The in-flight counters are changed this long after the relay's start and end, together:
+# a rolling change waits for the routing notification and this before it trusts a 0.
+INFLIGHT_FLUSH_S = 0.01
 
 log = logging.getLogger(__name__)
 
@@ -240,13 +237,15 @@ class Routing:
     outstanding: dict[int, int] = field(default_factory=dict)  # row -> relayed by us now
     ejected: set[int] = field(default_factory=set)  # rows out until their /health answers
     turn: int = 0  # ties between equally loaded replicas go round
-    inflight_script: Any = None
-    counting: dict[int, asyncio.Future[Any]] = field(default_factory=dict)  # last INCR a row
+    # In-flight changes not yet sent to Redis, by row; the timer that sends them; the send
+    # under way (the next one waits for it).
+    inflight_pending: dict[int, int] = field(default_factory=dict)
+    inflight_flush: asyncio.TimerHandle | None = None
+    inflight_sending: asyncio.Future[Any] | None = None
     background: set[asyncio.Future[Any]] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.lease_script = self.redis.register_script(_LEASE)
-        self.inflight_script = self.redis.register_script(_INFLIGHT)
 
     # -- replicas
 
@@ -313,11 +312,11 @@ class Routing:
                      and t.group_id != target.group_id), None)
 
     def begin(self, target: Target) -> None:
-        """A request relayed to the row from now: counted here and, in the background, in
-        its Redis in-flight counter."""
+        """A request relayed to the row from now: counted here and, within INFLIGHT_FLUSH_S
+        and in the background, in its Redis in-flight counter."""
         row = target.deployment_id
         self.outstanding[row] = self.outstanding.get(row, 0) + 1
-        self.counting[row] = self._spawn(self._count(row, 1, None))
+        self._count(row, 1)
 
     def end(self, target: Target) -> None:
         row = target.deployment_id
@@ -326,15 +325,39 @@ class Routing:
             self.outstanding[row] = left
         else:
             self.outstanding.pop(row, None)
-        # After the increment it undoes (they may go on different pooled connections).
-        self.counting[row] = self._spawn(self._count(row, -1, self.counting.get(row)))
+        self._count(row, -1)
 
-    async def _count(self, row: int, by: int, after: asyncio.Future[Any] | None) -> None:
-        if after is not None and not after.done():
+    def _count(self, row: int, by: int) -> None:
+        # Changes within INFLIGHT_FLUSH_S go out together, in one pipeline, and a request
+        # that begins and ends within it costs Redis nothing: a script per change cost
+        # the panel about a millisecond of CPU a request (bench/gateway_overhead.py).
+        self.inflight_pending[row] = self.inflight_pending.get(row, 0) + by
+        if self.inflight_flush is None:
+            self.inflight_flush = asyncio.get_running_loop().call_later(
+                INFLIGHT_FLUSH_S, self._flush)
+
+    def _flush(self) -> None:
+        self.inflight_flush = None
+        changes = {row: by for row, by in self.inflight_pending.items() if by}
+        self.inflight_pending = {}
+        if changes:
+            self.inflight_sending = self._spawn(self._send(changes, self.inflight_sending))
+
+    async def _send(self, changes: dict[int, int], after: asyncio.Future[Any] | None) -> None:
+        if after is not None and not after.done():  # in order: a -1 never lands before its +1
             with contextlib.suppress(Exception):
                 await after
-        await self.inflight_script(keys=[inflight_key(deployment_id=row)],
-                                   args=[by, INFLIGHT_TTL_S])
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for row, by in changes.items():
+                    key = inflight_key(deployment_id=row)
+                    pipe.incrby(key, by)
+                    pipe.expire(key, INFLIGHT_TTL_S)
+                await pipe.execute()
+        except Exception:
+            for row, by in changes.items():  # sent with the next flush instead
+                self.inflight_pending[row] = self.inflight_pending.get(row, 0) + by
+            raise
 
     def _spawn(self, work: Any) -> asyncio.Future[Any]:
         task = asyncio.ensure_future(work)
