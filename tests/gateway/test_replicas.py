@@ -87,6 +87,9 @@ def test_requests_spread_over_three_replicas_and_a_drained_one_gets_none(
         assert [a.status_code for a in answers] == [200] * 30
         assert all(len(s.seen) >= 4 for s in served), [len(s.seen) for s in served]
         assert sorted({a.headers["x-appliance-replica"] for a in answers}) == ["0", "1", "2"]
+        listed = requests.get(f"{gateway}/v1/models", timeout=10,
+                              headers={"Authorization": f"Bearer {secret}"}).json()["data"]
+        assert [m["id"] for m in listed] == [MODEL]  # one model, however many replicas
 
         Deployment.objects.filter(pk=rows[2].pk).update(draining=True)
         time.sleep(0.3)  # the trigger's notification reaches the panel's watch
