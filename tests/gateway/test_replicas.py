@@ -309,3 +309,16 @@ def _healthy(url: str) -> bool:
         return requests.get(f"{url}/health", timeout=2).status_code == 200
     except requests.RequestException:
         return False
+
+
+def test_a_companion_that_is_not_ready_is_a_503_naming_it(
+        gateway: str, operator: Any, key_for: Any) -> None:
+    with engines(1, logprobs=False) as fast:
+        replicas("waiting-ddtree", [fast[0].url], algorithm="DDTREE", companion="not-yet")
+        secret = key_for(operator)
+        answer = call(gateway, secret, "with log-probs", **LOGPROBS)
+        assert answer.status_code == 503
+        error = answer.json()["error"]
+        assert error["code"] == "companion_not_ready" and "'not-yet'" in error["message"]
+        assert call(gateway, secret, "plain").status_code == 200  # the rest it serves
+        assert len(fast[0].seen) == 1
