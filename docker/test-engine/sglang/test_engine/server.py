@@ -176,8 +176,7 @@ class Handler(BaseHTTPRequestHandler):
                                  "type": "BadRequestError", "code": 400})
             return
         max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
-        if generate_api.openai_refuses(body, chat=True):
-            self.send_json(400, generate_api.OPENAI_LOGPROB_REFUSAL)
+        if self.refused(body, chat=True):
             return
         pieces = generate(engine.CFG, prompt_len(messages), max_tokens)
         rid = uuid.uuid4().hex
@@ -195,6 +194,20 @@ class Handler(BaseHTTPRequestHandler):
                          "logprobs": logprobs, "finish_reason": "length"}],
             "usage": {"prompt_tokens": prompt_len(messages), "completion_tokens": max_tokens,
                       "total_tokens": prompt_len(messages) + max_tokens}})
+
+    def refused(self, body: dict[str, Any], *, chat: bool) -> bool:
+        """A DFLASH/DDTREE engine's recorded answer to a request it cannot serve."""
+        refusal = generate_api.openai_refusal(body, chat=chat)
+        if refusal is None:
+            return False
+        status, answer = refusal
+        if isinstance(answer, str):  # a stream's error event and [DONE]
+            self.start_stream()
+            self.write_chunk(answer)
+            self.wfile.write(b"0\r\n\r\n")
+        else:
+            self.send_json(status, answer)
+        return True
 
     def stream_chat(self, rid: str, pieces: Iterator[str], prompt_tokens: int,
                     max_tokens: int, body: dict[str, Any]) -> None:
@@ -245,8 +258,7 @@ class Handler(BaseHTTPRequestHandler):
                                  "type": "BadRequestError", "code": 400})
             return
         max_tokens = int(body.get("max_tokens") or 16)
-        if generate_api.openai_refuses(body, chat=False):
-            self.send_json(400, generate_api.OPENAI_LOGPROB_REFUSAL)
+        if self.refused(body, chat=False):
             return
         pieces = generate(engine.CFG, prompt_len(prompt), max_tokens)
         rid = uuid.uuid4().hex
