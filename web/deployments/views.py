@@ -141,6 +141,7 @@ def deployment_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "can_stop": can_stop(request.user),
             "can_deploy": can_deploy(request.user),
             "can_delete": can_delete(request.user),
+            "replicas": 1 + deployment.replica_rows.count(),  # Restart rolls when more
             "runs": selectors.deployment_runs(deployment=deployment),
             "findings": selectors.deployment_findings(deployment=deployment),
             "call": how_to_call(request=request, deployment=deployment),
