@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import redis
 from django.conf import settings
+from django.test import Client
 from rest_framework.test import APIClient
 
 from appliance.logs.appliance_causes import ENGINE_EXITED
@@ -260,3 +261,19 @@ def test_the_api_redeploys_and_shows_how_far_the_roll_is(
     refused = api.post(f"/api/deployments/{rows[0].pk}/redeploy/", {"spec": spec(gpus=[5])},
                        format="json")
     assert refused.status_code == 400 and "gpus" in refused.json()
+
+
+def test_the_page_offers_a_rolling_restart_while_serving_and_shows_the_roll(
+        operator: Any, client: redis.Redis) -> None:
+    rows = _deployment(3)
+    browser = Client()
+    browser.force_login(operator)
+    page = browser.get(f"/deployments/{rows[0].pk}/").content.decode()
+    form = page.split('id="restart-form"', 1)[1].split(">", 1)[0]
+    assert "hidden" not in form and "Rolling restart</button>" in page
+    answer = browser.post(f"/deployments/{rows[0].pk}/restart/", follow=True)
+    assert "rolling restart: replica 1 of 3: draining" in answer.content.decode()
+    rolling.rolling_step(deployment_id=rows[0].pk, client=client)
+    page = browser.get(f"/deployments/{rows[0].pk}/").content.decode()
+    shown = page.split('id="rolling"', 1)[1].split("</p>", 1)[0]
+    assert 'data-state="rolling"' in shown and "replica 1 of 3: stopping" in shown
