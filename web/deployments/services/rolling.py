@@ -21,6 +21,7 @@ why there and not in a Celery task). The status moves are lifecycle.py's (by the
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime
 from typing import Any
 
@@ -40,6 +41,7 @@ from .leases import gpu_leases_acquire
 from .lifecycle import User, deployment_mark_requeued, deployment_mark_stopping
 from .served_names import served_name_conflict
 
+log = logging.getLogger(__name__)
 S = DeploymentStatus
 ROLLING, DONE, HALTED, ENDED = "rolling", "done", "halted", "ended"
 DRAINING, STOPPING, STARTING = "draining", "stopping", "starting"
@@ -129,7 +131,13 @@ def rolling_tick(*, client: Any) -> int:
     how many rolls moved."""
     pks = list(Deployment.objects.filter(replica_of__isnull=True, rolling__state=ROLLING)
                .values_list("pk", flat=True))
-    return sum(rolling_step(deployment_id=pk, client=client) for pk in pks)
+    moved = 0
+    for pk in pks:
+        try:
+            moved += rolling_step(deployment_id=pk, client=client)
+        except Exception:  # noqa: BLE001 - one roll's error holds up no other; next tick again
+            log.exception("deployment %s: a rolling change's step failed; retried", pk)
+    return moved
 
 
 def rolling_step(*, deployment_id: int, client: Any) -> bool:
