@@ -277,3 +277,24 @@ def test_the_page_offers_a_rolling_restart_while_serving_and_shows_the_roll(
     page = browser.get(f"/deployments/{rows[0].pk}/").content.decode()
     shown = page.split('id="rolling"', 1)[1].split("</p>", 1)[0]
     assert 'data-state="rolling"' in shown and "replica 1 of 3: stopping" in shown
+
+
+def test_the_redeploy_form_rolls_the_deployment_on_its_new_spec(operator: Any) -> None:
+    rows = _deployment(2)
+    browser = Client()
+    browser.force_login(operator)
+    detail = browser.get(f"/deployments/{rows[0].pk}/").content.decode()
+    assert f"?from={rows[0].pk}&amp;redeploy=1" in detail
+    url = f"/deployments/new/?from={rows[0].pk}&redeploy=1"
+    page = browser.get(url)
+    html = page.content.decode()
+    assert f"Redeploy #{rows[0].pk}" in html and 'id="deploy">Redeploy</button>' in html
+    initial = page.context["form"].initial
+    data = {k: v for k, v in initial.items() if v is not None and v is not False}
+    data["extra_args"] = f"{data.get('extra_args', '')}\n--cuda-graph-max-bs 8".strip()
+    answer = browser.post(url, {**data, "confirm_warnings": "on"}, follow=True)
+    assert answer.redirect_chain[-1][0] == f"/deployments/{rows[0].pk}/", answer.content[-3000:]
+    assert "rolling redeploy: replica 1 of 2: draining" in answer.content.decode()
+    assert Deployment.objects.filter(name=rows[0].name).count() == 2  # no new deployment
+    assert Deployment.objects.get(pk=rows[0].pk).rolling["columns"]["spec"]["engine"][
+        "cuda_graph_max_bs"] == 8
