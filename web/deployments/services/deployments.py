@@ -263,9 +263,12 @@ def _requeue(*, deployment_id: int, user: User, verb: str,
     return row
 
 
-# What a redeploy may not change: the replicas' count and GPUs are Scale's, and the name is
-# what clients call (the gateway routes the old and the new run under it).
-_REDEPLOY_KEEPS = {"name": "the name", "replicas": "the replica count (use Scale)"}
+# What a redeploy may not change: the replicas' count and GPUs are Scale's, where they run is
+# placement's, and the name is what clients call (the gateway routes old and new runs by it).
+# Each key: its words, and its value when a spec leaves it out.
+_REDEPLOY_KEEPS: dict[str, tuple[str, Any]] = {
+    "name": ("the name", None), "replicas": ("the replica count (use Scale)", 1),
+    "host": ("the host (placement)", None)}
 
 
 def deployment_redeploy(*, deployment_id: int, data: dict[str, Any], user: User = None,
@@ -285,8 +288,8 @@ def deployment_redeploy(*, deployment_id: int, data: dict[str, Any], user: User 
             errors={"confirm_warnings": ["Pre-flight has warnings; confirm to deploy anyway."]},
             findings=findings, needs_confirmation=True)
     columns = _spec_columns(spec, findings)
-    changed = [what for key, what in _REDEPLOY_KEEPS.items()
-               if columns["spec"].get(key, 1) != (row.spec or {}).get(key, 1)]
+    changed = [what for key, (what, default) in _REDEPLOY_KEEPS.items()
+               if columns["spec"].get(key, default) != (row.spec or {}).get(key, default)]
     if changed:
         raise DeploymentInputError(errors={"spec": [
             f"A redeploy keeps {', '.join(changed)}; deploy a new deployment for that."]})
