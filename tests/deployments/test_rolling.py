@@ -215,6 +215,8 @@ def test_a_second_roll_is_refused_while_one_is_under_way_and_stop_ends_it(
         operator: Any, client: redis.Redis) -> None:
     rows = _deployment(2)
     services.deployment_restart(deployment_id=rows[0].pk, user=operator)
+    rolling.rolling_step(deployment_id=rows[0].pk, client=client)
+    assert Deployment.objects.get(pk=rows[0].pk).draining
     with pytest.raises(services.DeploymentInputError) as again:
         services.deployment_restart(deployment_id=rows[0].pk, user=operator)
     assert again.value.errors["status"][0].startswith("rolling restart: replica 1 of 2")
@@ -222,6 +224,7 @@ def test_a_second_roll_is_refused_while_one_is_under_way_and_stop_ends_it(
     first = Deployment.objects.get(pk=rows[0].pk)
     assert first.rolling["state"] == rolling.ENDED and "Stop was pressed" in first.rolling["text"]
     assert not rolling.rolling_step(deployment_id=first.pk, client=client)
+    assert not first.draining  # stopping by Stop now, not held out by an ended roll
     assert Deployment.objects.get(pk=rows[1].pk).status == S.READY
 
 

@@ -121,6 +121,8 @@ def rolling_end(*, deployment_id: int, why: str) -> bool:
         rolling = dict(primary.rolling or {})
         if rolling.get("state") != ROLLING:
             return False
+        # The replica whose turn it was serves again if it still can (drained, it would not).
+        Deployment.objects.filter(pk=rolling["replicas"][rolling["at"]]).update(draining=False)
         _finish(rolling, ENDED, why)
         _save(primary.pk, rolling, rolling_text(rolling=rolling))
     return True
