@@ -198,14 +198,15 @@ def body(tokens: int, prompt: str = "hello") -> dict[str, Any]:
 
 
 async def one_stream(session: Any, url: str, headers: dict[str, str], tokens: int,
-                     prompt: str = "hello") -> Outcome:
-    """A streamed chat completion; ok when it ends with [DONE] and no error event."""
+                     prompt: str = "hello", payload: dict[str, Any] | None = None) -> Outcome:
+    """A streamed chat completion (`payload`, else this bench's); ok when it ends with
+    [DONE], `tokens` pieces and no error event."""
     import aiohttp
 
     started = time.perf_counter()
     got, first, done = 0, 0.0, False
     try:
-        async with session.post(f"{url}/v1/chat/completions", json=body(tokens, prompt),
+        async with session.post(f"{url}/v1/chat/completions", json=payload or body(tokens, prompt),
                                 headers=headers) as resp:
             if resp.status != 200:
                 text = (await resp.text())[:200]
