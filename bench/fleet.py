@@ -237,11 +237,11 @@ async def load(targets: list[tuple[str, dict[str, str]]], concurrency: int, seco
                tokens: int, events: list[tuple[float, str]] | None = None,
                during: Any = None) -> list[Outcome]:
     """`concurrency` clients, each sending back to back to the targets in turn, for
-    `seconds`; `during` (a coroutine function) runs beside them."""
+    `seconds`; `during` (a coroutine function) runs beside them (seconds 0: until it ends)."""
     import aiohttp
 
     outcomes: list[Outcome] = []
-    stop_at = time.perf_counter() + seconds
+    stop_at = time.perf_counter() + seconds if seconds else float("inf")
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=60)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
@@ -255,6 +255,8 @@ async def load(targets: list[tuple[str, dict[str, str]]], concurrency: int, seco
         tasks = [asyncio.create_task(client(i)) for i in range(concurrency)]
         if during is not None:
             await during()
+            if not seconds:
+                stop_at = time.perf_counter()
         await asyncio.gather(*tasks)
     return outcomes
 
@@ -387,17 +389,59 @@ def failover(args: argparse.Namespace, fleet: Fleet, gw: str, headers: dict[str,
         print(f"- failures by kind: {kinds}")
 
 
-def rolling(args: argparse.Namespace, fleet: Fleet, gw: str, headers: dict[str, str]) -> None:
-    from web.deployments import services
+def roll_state(row: int) -> dict[str, Any]:
+    from web.deployments.models import Deployment
 
-    roll = getattr(services, "deployment_redeploy", None) or getattr(
-        services, "deployment_rolling_restart", None)
+    return dict(Deployment.objects.filter(pk=row).values_list("rolling", flat=True).first()
+                or {})
+
+
+def rolling(args: argparse.Namespace, fleet: Fleet, gw: str, headers: dict[str, str]) -> None:
+    """A rolling redeploy (a new spec: one env value changed) under load through the
+    gateway; every request that fails is counted, from the redeploy to the roll's end."""
+    from web.deployments import services
+    from web.deployments.models import Deployment
+
     print("\n## Rolling redeploy under load")
-    if roll is None:
-        print("- NOT RUN: no rolling redeploy service in this checkout (deployment_redeploy /"
-              " deployment_rolling_restart); the rolling helper's work is not merged yet")
+    redeploy = getattr(services, "deployment_redeploy", None)
+    if redeploy is None or not hasattr(Deployment, "rolling"):
+        print("- NOT RUN: no rolling redeploy in this checkout (deployment_redeploy and "
+              "Deployment.rolling); the rolling helper's work is not merged yet")
         return
-    print(f"- NOT RUN: {roll.__name__} exists, but this bench does not call it yet")
+    rotation(fleet, REPLICAS)
+    fleet_wait_ready(fleet)
+    row = Deployment.objects.get(pk=fleet.rows[0])
+    data = {**row.spec, "env": {**(row.spec.get("env") or {}),
+                                "FLEET_BENCH_ROLL": str(time.time_ns())}}
+    marks: dict[str, Any] = {}
+
+    async def roll() -> None:
+        await asyncio.sleep(2)
+        marks["start"] = time.perf_counter()
+        await asyncio.to_thread(redeploy, deployment_id=fleet.rows[0], data=data,
+                                confirm_warnings=True)
+        while time.perf_counter() - marks["start"] < 300:
+            state = await asyncio.to_thread(roll_state, fleet.rows[0])
+            if state.get("state") not in (None, "rolling"):
+                marks["state"] = state
+                break
+            await asyncio.sleep(0.5)
+        marks["end"] = time.perf_counter()
+        await asyncio.sleep(2)  # the last replica back in the rotation, under load
+
+    clients = 2 * args.batch * REPLICAS
+    outcomes = asyncio.run(load([(gw, headers)], clients, 0, args.tokens, during=roll))
+    failed = [o for o in outcomes if not o.ok]
+    state = marks.get("state") or {}
+    print(f"- {REPLICAS} replicas, {clients} clients through the gateway; the roll "
+          f"{state.get('state', 'did not end within 300 s')} after "
+          f"{marks['end'] - marks['start']:.1f} s ({state.get('cause') or 'no cause'})")
+    print(f"- requests: {len(outcomes)}, **failed: {len(failed)}**")
+    kinds: dict[str, int] = {}
+    for o in failed:
+        kinds[o.error[:60]] = kinds.get(o.error[:60], 0) + 1
+    if kinds:
+        print(f"- failures by kind: {kinds}")
 
 
 def main() -> None:
