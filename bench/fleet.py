@@ -409,6 +409,9 @@ def rolling(args: argparse.Namespace, fleet: Fleet, gw: str, headers: dict[str, 
               "Deployment.rolling); the rolling helper's work is not merged yet")
         return
     rotation(fleet, REPLICAS)
+    for pk in Deployment.objects.filter(pk__in=fleet.rows, status__in=("failed", "stopped")
+                                        ).values_list("pk", flat=True):
+        services.deployment_restart(deployment_id=pk)  # the failover's victim, back
     fleet_wait_ready(fleet)
     row = Deployment.objects.get(pk=fleet.rows[0])
     data = {**row.spec, "env": {**(row.spec.get("env") or {}),
