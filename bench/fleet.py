@@ -397,8 +397,9 @@ def roll_state(row: int) -> dict[str, Any]:
 
 
 def rolling(args: argparse.Namespace, fleet: Fleet, gw: str, headers: dict[str, str]) -> None:
-    """A rolling redeploy (a new spec: one env value changed) under load through the
-    gateway; every request that fails is counted, from the redeploy to the roll's end."""
+    """A rolling redeploy (a new spec: one SGLANG_* env value, which the engine ignores)
+    under load through the gateway; every request that fails is counted, from the redeploy
+    to the roll's end."""
     from web.deployments import services
     from web.deployments.models import Deployment
 
@@ -415,7 +416,7 @@ def rolling(args: argparse.Namespace, fleet: Fleet, gw: str, headers: dict[str, 
     fleet_wait_ready(fleet)
     row = Deployment.objects.get(pk=fleet.rows[0])
     data = {**row.spec, "env": {**(row.spec.get("env") or {}),
-                                "FLEET_BENCH_ROLL": str(time.time_ns())}}
+                                "SGLANG_FLEET_BENCH_ROLL": str(time.time_ns())}}
     marks: dict[str, Any] = {}
 
     async def roll() -> None:
