@@ -113,6 +113,8 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                # Every page says so when the engines are the simulator.
+                "web.deployments.simulator.simulator_context",
             ],
         },
     },
