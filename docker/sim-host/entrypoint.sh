@@ -1,7 +1,7 @@
 #!/bin/bash
 # A simulated GPU host's start (docker/sim-host/Dockerfile): its own Docker engine, the
 # test engine image in it, a models folder the simulator serves, then the host's roles as
-# docker/compose.host.yaml runs them (`appliance-panel agent`, `appliance-panel worker`),
+# docker/compose.host.yaml runs them (`appliance-panel agent`, with its environment),
 # each restarted when it exits, as compose's `restart: unless-stopped` would.
 #
 #   sim-host [ROLE...]    roles of the panel image's entrypoint; default: agent (the host's
@@ -105,6 +105,12 @@ if [ "${1:-}" = exec ]; then
 fi
 [ $# -gt 0 ] || set -- agent
 join_token
+# The credential the agent gets at its join, kept where compose.host.yaml keeps it (a volume
+# in the trial, so a restarted host does not need its token again).
+export APPLIANCE_HOST_CREDENTIAL_FILE="${APPLIANCE_HOST_CREDENTIAL_FILE:-/var/lib/appliance/host-credential/credential}"
+mkdir -p "$(dirname "$APPLIANCE_HOST_CREDENTIAL_FILE")" /run/secrets/engine
+export APPLIANCE_ENGINE_SECRETS_DIR="${APPLIANCE_ENGINE_SECRETS_DIR:-/run/secrets/engine}"
+export APPLIANCE_MODELS_DIR="${APPLIANCE_MODELS_DIR:-/models}"
 # The address the panel reaches this host's engines at: its own on its network, unless told.
 if [ -z "${APPLIANCE_HOST_ADVERTISE_ADDR:-}" ]; then
   APPLIANCE_HOST_ADVERTISE_ADDR="$(hostname -i | awk '{print $1}')"

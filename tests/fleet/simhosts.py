@@ -32,13 +32,13 @@ from docker.models.networks import Network
 from tests.conftest_docker import REPO, TEST_LABELS, TEST_SESSION, ensure_base_image
 
 SIM_HOST_IMAGE = f"appliance-sim-host:test-{TEST_SESSION[:6]}"
-PANEL_IMAGE = "sd-appliance:e2e"  # the compose test's tag: one build serves both
+PANEL_IMAGE = "sd-appliance:sim-host-test"
 TOKEN_PATH = "/run/join/token"
 # What a sim host's own dockerd needs: --privileged less CAP_SYS_RESOURCE, which this
 # machine's Docker cannot give (docker/sim-host/Dockerfile says why).
 NESTED_DOCKER: dict[str, object] = {
     "cap_add": ["ALL"], "cap_drop": ["SYS_RESOURCE"],
-    "security_opt": ["seccomp=unconfined", "apparmor=unconfined", "systempaths=unconfined"],
+    "security_opt": ["seccomp=unconfined", "apparmor=unconfined"],
     "volumes": {"/sys/fs/cgroup": {"bind": "/sys/fs/cgroup", "mode": "rw"}},
 }
 
