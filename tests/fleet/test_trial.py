@@ -20,6 +20,7 @@ from appliance.store.scan import safetensors_problem
 from tests.rows import ready
 from web.benchmarks import services as bench
 from web.deployments.models import Host
+from web.deployments.services.hosts import host_gpu_inventory_findings
 from web.deployments.simulator import SIMULATOR_NOTE
 from web.fleet import services
 from web.fleet.models import FleetHost, JoinToken
@@ -133,3 +134,15 @@ def test_the_sim_hosts_engine_is_the_test_engine_image_step_for_step() -> None:
         assert next(line for line in engine if line.startswith(kind)) in changes, kind
     assert any(line.startswith(f"LABEL {SIMULATOR_LABEL}=") for line in changes)
     assert f'{SIMULATOR_LABEL}="' in (ROOT / "docker/test-engine/Dockerfile").read_text()
+
+
+@pytest.mark.django_db
+def test_a_panel_without_gpus_takes_gpu_ids_a_joined_host_states() -> None:
+    assert host_gpu_inventory_findings(gpus=[0], configured=0)[0].message.startswith(
+        "GPU ids [0] are not on this host: it has 0 GPUs (none")
+    joined("sim-a", gpus=None, gpu_count=4)
+    assert host_gpu_inventory_findings(gpus=[3], configured=0) == []
+    (refused,) = host_gpu_inventory_findings(gpus=[4], configured=0)
+    assert "it has 4 GPUs (ids 0 to 3, per the count sim-a states)" in refused.message
+    assert host_gpu_inventory_findings(gpus=[7], configured=8) == [], \
+        "the panel's own 8 GPUs still count beside a smaller joined host"

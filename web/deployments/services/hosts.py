@@ -77,6 +77,15 @@ def host_gpu_count(*, configured: int) -> tuple[int, str]:
     if counts:
         count, name = max(counts)
         return count, f"NVML on {name}"
+    # Without NVML, joined hosts state a count (their heartbeat's report row): the largest
+    # host bounds a GPU id, the panel's own (APPLIANCE_GPU_COUNT, 0 on a panel without GPUs)
+    # among them; placement then checks each host's own.
+    stated = [(len(h.gpu_telemetry.get("gpus") or []), h.name)
+              for h in Host.objects.filter(heartbeat_at__gte=fresh)
+              if isinstance(h.gpu_telemetry, dict) and not h.gpu_telemetry.get("available")]
+    count, name = max(stated, default=(0, ""))
+    if count > configured:
+        return count, f"the count {name} states"
     return configured, "APPLIANCE_GPU_COUNT"
 
 
