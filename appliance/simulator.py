@@ -15,8 +15,10 @@ import json
 import struct
 import sys
 from pathlib import Path
+from typing import Any
 
 SIMULATOR_LABEL = "appliance.simulator"
+MAX_SIMULATOR_TAGS = 32  # a host's report stays small (the fleet's heartbeat: 8 KiB)
 
 # What pre-flight reads of a model folder (appliance/preflight/files.py): a config.json
 # and whole safetensors weights. `test` is a target, `test-dflash` a DFlash drafter for it
@@ -25,6 +27,13 @@ SIMULATOR_MODELS: dict[str, dict[str, object]] = {
     "test": {"architectures": ["LlamaForCausalLM"], "model_type": "llama"},
     "test-dflash": {"architectures": ["DFlashDraftModel"], "model_type": "qwen3"},
 }
+
+
+def simulator_tags(client: Any) -> list[str]:
+    """The tags of a Docker engine's images that carry the simulator's label (a docker
+    client): what an agent reports in its Docker facts as `simulator_images`."""
+    images = client.images.list(filters={"label": SIMULATOR_LABEL})
+    return sorted({tag for image in images for tag in image.tags})[:MAX_SIMULATOR_TAGS]
 
 
 def _safetensors(values: int = 4) -> bytes:

@@ -15,8 +15,9 @@ from django.core.management import call_command
 from django.test import Client
 from django.utils import timezone
 
-from appliance.simulator import SIMULATOR_LABEL, simulator_models_write
+from appliance.simulator import SIMULATOR_LABEL, simulator_models_write, simulator_tags
 from appliance.store.scan import safetensors_problem
+from tests.conftest_docker import docker_client, test_engine_image  # noqa: F401
 from tests.rows import ready
 from web.benchmarks import services as bench
 from web.deployments.models import Host
@@ -146,3 +147,10 @@ def test_a_panel_without_gpus_takes_gpu_ids_a_joined_host_states() -> None:
     assert "it has 4 GPUs (ids 0 to 3, per the count sim-a states)" in refused.message
     assert host_gpu_inventory_findings(gpus=[7], configured=8) == [], \
         "the panel's own 8 GPUs still count beside a smaller joined host"
+
+
+def test_the_test_engine_image_is_reported_as_the_simulator(
+        docker_client, test_engine_image) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    tags = simulator_tags(docker_client)
+    assert test_engine_image in tags
+    assert "appliance-base:bookworm" not in tags, "an image without the label is no simulator"
