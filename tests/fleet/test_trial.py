@@ -7,10 +7,13 @@ from __future__ import annotations
 import io
 import json
 import re
+import shutil
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 from django.core.management import call_command
 from django.test import Client
 from django.utils import timezone
@@ -154,3 +157,32 @@ def test_the_test_engine_image_is_reported_as_the_simulator(
     tags = simulator_tags(docker_client)
     assert test_engine_image in tags
     assert "appliance-base:bookworm" not in tags, "an image without the label is no simulator"
+
+
+def test_the_trial_file_puts_each_host_on_its_own_network_with_its_own_token() -> None:
+    compose = shutil.which("docker-compose")
+    if compose is None:
+        pytest.skip("docker-compose not installed")
+    done = subprocess.run([compose, "-f", "compose.yaml", "-f", "docker/compose.trial.yaml",
+                           "config"], cwd=ROOT, capture_output=True, text=True, check=False,
+                          env={"PATH": "/usr/local/bin:/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr
+    services = yaml.safe_load(done.stdout)["services"]
+    assert {"sim-a", "sim-b", "trial-setup"} <= set(services)
+    assert set(services["web"]["networks"]) == {"internal", "sim-a", "sim-b"}
+    for name in ("sim-a", "sim-b"):
+        host = services[name]
+        # Its own network only: no route to PostgreSQL or Redis, nor to the other host.
+        assert set(host["networks"]) == {name}
+        assert "APPLIANCE_JOIN_TOKEN" not in host["environment"]
+        assert host["environment"]["APPLIANCE_JOIN_TOKEN_FILE"] == "/run/join/token"
+        mounts = [str(v) for v in host["volumes"]]
+        assert any(f"{name}-token" in m and "/run/join" in m for m in mounts), mounts
+        assert not any("-token" in m and name not in m for m in mounts), "no other host's"
+        assert "privileged" not in host and host["cap_drop"] == ["SYS_RESOURCE"]
+    for name in ("web", "worker", "agent"):
+        env = services[name]["environment"]
+        assert env["APPLIANCE_ENGINE_IMAGE"] == "appliance-test-engine:latest"
+        assert env["APPLIANCE_GPU_COUNT"] == "0"
+        assert any("trial-models" in str(v) and "/models" in str(v)
+                   for v in services[name]["volumes"])
