@@ -49,6 +49,8 @@ from appliance.runtime.containers import (
     open_network_warning,
 )
 from appliance.runtime.follower import Cursor, EngineFollower, Events, FollowOptions, follow
+from appliance.runtime.hostfacts import docker_facts
+from appliance.runtime.progress import progress_fold
 from appliance.runtime.secrets import secret_names_available
 from web import tasks
 from web.deployments.models import Deployment, DeploymentStatus, EventKind, Host
@@ -57,7 +59,6 @@ from web.deployments.services.events import (
     events_append_batch,
     events_batches_quiet,
 )
-from web.deployments.services.hosts import docker_facts
 from web.deployments.services.installation import instance_id
 from web.deployments.services.lifecycle import (
     ADVANCE,
@@ -70,7 +71,7 @@ from web.deployments.services.loadtime import deployment_models_refused
 from web.deployments.services.metrics import metrics_prune
 from web.deployments.services.retention import events_prune_in_background
 
-from .engines import container_plan, identity_of, progress_fold
+from .engines import container_plan, identity_of
 from .monitoring import MonitorHandle, monitor_start
 
 log = logging.getLogger(__name__)
@@ -240,7 +241,9 @@ class EngineAgent:
     def _claim(self, now: Any) -> list[Deployment]:
         until = now + timedelta(seconds=self.lease_s)
         free = Q(agent_id=self.agent_id) | Q(lease_until__isnull=True) | Q(lease_until__lt=now)
-        candidates = Deployment.objects.filter(status__in=OWNED_STATUSES).filter(free)
+        # A deployment placed on a fleet host is that host's remote agent's (docs/fleet.md).
+        candidates = Deployment.objects.filter(status__in=OWNED_STATUSES,
+                                               placements__isnull=True).filter(free)
         claimed = []
         for pk in candidates.values_list("pk", flat=True):
             if Deployment.objects.filter(pk=pk, status__in=OWNED_STATUSES).filter(free).update(

@@ -9,6 +9,7 @@ from functools import wraps
 from typing import Any
 
 from django.http import HttpRequest, HttpResponseBase
+from django.utils import timezone
 from django.utils.cache import get_conditional_response, patch_cache_control, patch_vary_headers
 from django.utils.http import quote_etag
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -36,6 +37,7 @@ from .serializers import (
     DeploymentSerializer,
     EventSerializer,
     PreflightSerializer,
+    ScaleSerializer,
     deployment_data,
 )
 
@@ -48,7 +50,7 @@ class CanOperate(permissions.BasePermission):
         action = getattr(view, "action", None)
         if request.method in permissions.SAFE_METHODS:
             return can_view(request.user)  # clone too: the spec, as the deployment shows it
-        if action in ("stop", "restart"):
+        if action in ("stop", "restart", "scale"):
             return can_stop(request.user)
         if action == "destroy":
             return can_delete(request.user)
@@ -106,6 +108,27 @@ class DeploymentViewSet(
         deployment = services.deployment_restart(deployment_id=self.get_object().pk,
                                                   user=request.user)
         return Response(DeploymentSerializer(deployment).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(request=ScaleSerializer, responses={202: DeploymentSerializer})
+    @action(detail=True, methods=["post"])
+    def scale(self, request: Request, pk: str | None = None) -> Response:
+        """Run this many engines of the deployment's spec (replica 0's id): missing
+        replicas are placed and started, the highest-index ones beyond are stopped."""
+        body = ScaleSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        deployment = services.deployment_scale(deployment_id=self.get_object().pk,
+                                               replicas=body.validated_data["replicas"],
+                                               user=request.user)
+        return Response(DeploymentSerializer(deployment).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(responses={200: dict})
+    @action(detail=True, methods=["get"])
+    def replicas(self, request: Request, pk: str | None = None) -> Response:
+        """The deployment's engines (replica 0 and its replica rows): index, host, GPUs,
+        status, run, why it was placed there and its throughput, and their sum."""
+        rows = selectors.deployment_replicas(deployment=self.get_object(), now=timezone.now())
+        return Response({"results": [r.to_dict() for r in rows],
+                         "throughput": selectors.replicas_throughput(replicas=rows)})
 
     def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         """Delete a stopped or failed deployment with its events, runs and metric series."""

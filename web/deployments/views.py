@@ -125,6 +125,7 @@ def deployment_detail(request: HttpRequest, pk: int) -> HttpResponse:
     _require_view(request)
     deployment = get_object_or_404(Deployment, pk=pk)
     silence = deployment_silence(deployment=deployment)
+    replicas = selectors.deployment_replicas(deployment=deployment, now=timezone.now())
     return render(
         request,
         "deployments/detail.html",
@@ -144,5 +145,8 @@ def deployment_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "runs": selectors.deployment_runs(deployment=deployment),
             "findings": selectors.deployment_findings(deployment=deployment),
             "call": how_to_call(request=request, deployment=deployment),
+            # Its engines (replica 0 and its replica rows) and their summed throughput.
+            "replicas": replicas if len(replicas) > 1 else [],
+            "replicas_throughput": selectors.replicas_throughput(replicas=replicas),
         },
     )
