@@ -1,4 +1,4 @@
-"""The REST API: deployments, stop, restart, delete, clone, runs, paged events, a status
+"""The REST API: deployments, stop, restart, redeploy, delete, clone, runs, paged events, a status
 summary, pre-flight."""
 
 from __future__ import annotations
@@ -104,7 +104,8 @@ class DeploymentViewSet(
     @extend_schema(request=None, responses={202: DeploymentSerializer})
     @action(detail=True, methods=["post"])
     def restart(self, request: Request, pk: str | None = None) -> Response:
-        """Start a stopped or failed deployment again: same spec, same id, a new run."""
+        """Start a stopped or failed deployment again: same spec, same id, a new run. With
+        replicas, a rolling restart, one replica at a time, whatever their status."""
         deployment = services.deployment_restart(deployment_id=self.get_object().pk,
                                                   user=request.user)
         return Response(DeploymentSerializer(deployment).data, status=status.HTTP_202_ACCEPTED)
@@ -129,6 +130,21 @@ class DeploymentViewSet(
         rows = selectors.deployment_replicas(deployment=self.get_object(), now=timezone.now())
         return Response({"results": [r.to_dict() for r in rows],
                          "throughput": selectors.replicas_throughput(replicas=rows)})
+
+    @extend_schema(**{**CREATE_SCHEMA, "responses": {202: DeploymentSerializer},
+                      "description": "Redeploy: the body as for create (the new spec). The "
+                      "name and the replica count stay; with replicas, so do their GPUs."})
+    @action(detail=True, methods=["post"])
+    def redeploy(self, request: Request, pk: str | None = None) -> Response:
+        """Run this deployment on a new spec (or rebuild_image: a new image), same id. With
+        replicas, one replica at a time (`rolling` shows how far); with one, as restart."""
+        body = DeploymentCreateSerializer(data=spec_body(request.data, request.query_params))
+        body.is_valid(raise_exception=True)
+        deployment = services.deployment_redeploy(
+            deployment_id=self.get_object().pk, data=body.validated_data["spec"],
+            user=request.user, confirm_warnings=body.validated_data["confirm_warnings"],
+            rebuild_image=body.validated_data["rebuild_image"])
+        return Response(DeploymentSerializer(deployment).data, status=status.HTTP_202_ACCEPTED)
 
     def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         """Delete a stopped or failed deployment with its events, runs and metric series."""

@@ -60,8 +60,11 @@ def deployment_restart(request: HttpRequest, pk: int) -> HttpResponse:
             for text in texts:
                 messages.error(request, f"Restart refused ({field}): {text}")
         return redirect("deployments:detail", pk=pk)
-    messages.success(request, f"Restarted {deployment.name}: run {deployment.run} queued.",
-                     extra_tags=f"while-{deployment.status}")
+    if (deployment.rolling or {}).get("state") == "rolling":
+        messages.success(request, f"{deployment.name}: {deployment.rolling['text']}.")
+    else:
+        messages.success(request, f"Restarted {deployment.name}: run {deployment.run} queued.",
+                         extra_tags=f"while-{deployment.status}")
     return redirect("deployments:detail", pk=pk)
 
 

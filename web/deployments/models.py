@@ -118,6 +118,10 @@ class Deployment(models.Model):
     # Out of the gateway's rotation for new requests (a rolling change drains a replica
     # before it stops it; in-flight requests finish: web/gateway/inflight.py counts them).
     draining = models.BooleanField(default=False)
+    # Replica 0's alone: the rolling change under way or the last one (kind, its replicas in
+    # order, the one whose turn it is and its step, a halt's cause): services/rolling.py
+    # writes it, the engine agent's loop moves it on, the page and the API show it.
+    rolling = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]

@@ -59,6 +59,7 @@ from .loadtime import (
     unmeasured_roots,
 )
 from .modelfiles import local_model_facts
+from .rolling import deployment_has_replicas, rolling_end, rolling_start
 from .served_names import served_name_conflict
 
 S = DeploymentStatus
@@ -251,8 +252,11 @@ def _group_ids(root_id: int) -> list[int]:
 def deployment_stop(*, deployment_id: int) -> Deployment:
     """A queued deployment stops at once; a running one goes to stopping, and the engine
     agent stops its engine at its next tick (a build under way sees it and is cancelled).
-    Replica 0 stops with all its replicas; a replica row stops alone."""
+    Replica 0 stops with all its replicas (and ends a roll under way); a replica row stops
+    alone."""
     row = Deployment.objects.only("pk", "replica_of").get(pk=deployment_id)
+    if row.replica_of_id is None:
+        rolling_end(deployment_id=deployment_id, why="Stop was pressed")
     ids = [deployment_id] if row.replica_of_id else _group_ids(deployment_id)
     for pk in ids:
         if not deployment_mark_stopped(deployment_id=pk, by=Process.WEB):
@@ -276,27 +280,87 @@ def deployment_restart(*, deployment_id: int, user: User = None) -> Deployment:
     the engine is a run (models.Run) whose events are those from its first seq to the next
     run's.
     """
+    row = Deployment.objects.get(pk=deployment_id)
+    if deployment_has_replicas(deployment=row):  # one replica at a time (rolling.py)
+        return rolling_start(deployment_id=row.pk, kind="restart", user=user)
+    return _requeue(deployment_id=deployment_id, user=user, verb="restarted")
+
+
+def _requeue(*, deployment_id: int, user: User, verb: str,
+             changes: dict[str, Any] | None = None) -> Deployment:
+    """A stopped or failed deployment's next run queued (with a redeploy's new columns)."""
     with transaction.atomic():
         row = Deployment.objects.select_for_update().get(pk=deployment_id)
         if row.status not in TERMINAL_STATUSES:
-            raise _not_terminal(row, "restarted")
-        taken = served_name_conflict(spec=row.spec, name=row.name, pk=row.pk)
+            raise _not_terminal(row, verb)
+        spec = (changes or {}).get("spec", row.spec)
+        taken = served_name_conflict(spec=spec, name=row.name, pk=row.pk)
         if taken:  # another deployment took its served name meanwhile
             raise DeploymentInputError(errors=taken)
+        row.gpus = (changes or {}).get("gpus", row.gpus)
         # Replica 0 starts again with its ended replicas (those the spec still counts),
         # each on its own host and GPUs; a replica row starts alone.
         group = [row]
         if row.replica_of_id is None:
             group += list(Deployment.objects.select_for_update().filter(
-                replica_of=row, replica_index__lt=int(row.spec.get("replicas") or 1),
+                replica_of=row, replica_index__lt=int(spec.get("replicas") or 1),
                 status__in=list(TERMINAL_STATUSES)).order_by("replica_index"))
         for member in group:
             gpu_leases_acquire(deployment=member)  # raises (400, rolled back) if one is taken
-            if not deployment_mark_requeued(deployment=member, user=user):
-                raise _not_terminal(member, "restarted")
+            if not deployment_mark_requeued(deployment=member, user=user, why=verb,
+                                            changes=changes if member is row else None):
+                raise _not_terminal(member, verb)
             tasks.deployment_start_later(member.pk)
         row.refresh_from_db()
     return row
+
+
+# What a redeploy may not change: the replicas' count and GPUs are Scale's, where they run is
+# placement's, and the name is what clients call (the gateway routes old and new runs by it).
+# Each key: its words, and its value when a spec leaves it out.
+_REDEPLOY_KEEPS: dict[str, tuple[str, Any]] = {
+    "name": ("the name", None), "replicas": ("the replica count (use Scale)", 1),
+    "host": ("the host (placement)", None)}
+
+
+def deployment_redeploy(*, deployment_id: int, data: dict[str, Any], user: User = None,
+                        confirm_warnings: bool = False, rebuild_image: bool = False,
+                        ) -> Deployment:
+    """Run a deployment on a new spec (or a new image: rebuild_image), in place.
+
+    With replicas: a rolling redeploy, one replica at a time (rolling.py), the others
+    serving meanwhile. With one replica: as Restart, a stopped or failed deployment's next
+    run, now of the new spec; a running one is refused (nothing would serve while it
+    starts again: Stop it first, or give it replicas).
+    """
+    row = Deployment.objects.get(pk=deployment_id)
+    spec, findings = deployment_validate(data=data)
+    if [f for f in findings if f.severity == "warning"] and not confirm_warnings:
+        raise DeploymentInputError(
+            errors={"confirm_warnings": ["Pre-flight has warnings; confirm to deploy anyway."]},
+            findings=findings, needs_confirmation=True)
+    columns = _spec_columns(spec, findings)
+    changed = [what for key, (what, default) in _REDEPLOY_KEEPS.items()
+               if columns["spec"].get(key, default) != (row.spec or {}).get(key, default)]
+    if changed:
+        raise DeploymentInputError(errors={"spec": [
+            f"A redeploy keeps {', '.join(changed)}; deploy a new deployment for that."]})
+    if deployment_has_replicas(deployment=row):
+        if columns["spec"].get("gpus") != list(row.gpus):
+            raise DeploymentInputError(errors={"gpus": [
+                "A rolling redeploy keeps each replica's GPUs; leave gpus as they are."]})
+        return rolling_start(deployment_id=row.pk, kind="redeploy", user=user,
+                             columns=columns, rebuild_image=rebuild_image)
+    return _requeue(deployment_id=row.pk, user=user, verb="redeployed",
+                    changes={**columns, "gpus": list(spec.gpus), "rebuild_image": rebuild_image})
+
+
+def _spec_columns(spec: DeploymentSpec, findings: list[Finding]) -> dict[str, Any]:
+    """The row's columns that follow from a validated spec (as deployment_create stores)."""
+    return {"spec": spec_to_dict(spec), "recipe": spec.recipe,
+            "algorithm": spec.engine.speculative_algorithm,
+            "preflight": [f.to_dict() for f in findings], "load_estimate": load_estimate(spec),
+            "graph_needed": needed_graph_widths(spec.engine) or {}}
 
 
 def deployment_delete(*, deployment_id: int) -> None:

@@ -87,7 +87,7 @@ class Handler(BaseHTTPRequestHandler):
             return {}
         return body if isinstance(body, dict) else {}
 
-    def refused(self, path: str) -> bool:
+    def unauthorized(self, path: str) -> bool:
         """SGLang's --api-key (433c58ed7's utils/auth.py): every endpoint but /health* and
         /metrics wants `Authorization: Bearer <key>`, else 401."""
         key = engine.CFG.args.api_key
@@ -100,7 +100,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
         path = self.path.split("?", 1)[0]
-        if self.refused(path):
+        if self.unauthorized(path):
             return
         routes = {
             "/health": self.health,
@@ -116,7 +116,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802
         path = self.path.split("?", 1)[0]
-        if self.refused(path):
+        if self.unauthorized(path):
             return
         routes = {"/v1/chat/completions": self.chat, "/v1/completions": self.completion,
                   "/generate": self.generate}
