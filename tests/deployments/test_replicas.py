@@ -168,27 +168,33 @@ def test_delete_takes_replica_zero_with_its_replicas_and_refuses_a_replica_alone
     assert not Deployment.objects.exists()
 
 
-def test_restart_of_replica_zero_starts_its_ended_replicas_again() -> None:
+def test_restart_of_replica_zero_rolls_over_its_replicas_and_of_a_replica_restarts_it_alone(
+        ) -> None:
     first = queued(gpus=[0], replicas=2)
     services.deployment_stop(deployment_id=first.pk)
-    services.deployment_restart(deployment_id=first.pk)
-    assert _statuses(first) == [(0, "queued"), (1, "queued")]
-    assert [r.run for r in _group(first)] == [2, 2]
-    assert sorted(GpuLease.objects.values_list("gpu_index", flat=True)) == [0, 1]
+    replica = _group(first)[1]
+    services.deployment_restart(deployment_id=replica.pk)  # this engine alone, as its run 2
+    assert _statuses(first) == [(0, "stopped"), (1, "queued")] and _group(first)[1].run == 2
+    rolled = services.deployment_restart(deployment_id=first.pk)  # rolling.py's, row by row
+    assert rolled.rolling["kind"] == "restart" and rolled.rolling["replicas"] == [
+        first.pk, replica.pk]
 
 
 def test_the_served_name_counts_a_deployments_replicas_as_one() -> None:
     first = queued(gpus=[0], replicas=2)
+    replica = _group(first)[1]
     _ready(first.pk)
-    services.deployment_mark_failed(deployment_id=first.pk, last_lines=[],
-                                    diagnosis=CATALOGUE["cuda-oom-load"].diagnosis())
+    _ready(replica.pk)
+    oom = CATALOGUE["cuda-oom-load"].diagnosis()
+    services.deployment_mark_failed(deployment_id=replica.pk, last_lines=[], diagnosis=oom)
+    # A replica starts again beside its own replica 0, which serves the name meanwhile.
+    assert services.deployment_restart(deployment_id=replica.pk).status == "queued"
+    services.deployment_mark_failed(deployment_id=first.pk, last_lines=[], diagnosis=oom)
     # Its replica 1 still serves the name: another deployment of it is refused, naming #first.
     with pytest.raises(services.DeploymentInputError) as caught:
         queued(gpus=[5])
     assert f"already served by deployment #{first.pk} 'kimi-ddtree'" in \
         caught.value.errors["name"][0]
-    # ... while replica 0 itself starts again beside its own running replica.
-    assert services.deployment_restart(deployment_id=first.pk).status == "queued"
 
 
 def test_the_list_shows_replica_zero_with_its_replicas_and_hides_their_rows(viewer) -> None:  # type: ignore[no-untyped-def]
