@@ -101,12 +101,14 @@ def _finish(stream: _Stream, prompt: Prompt, result: RequestResult) -> None:
 
 
 async def send(session: aiohttp.ClientSession, url: str, endpoint: str, model: str,
-               prompt: Prompt) -> RequestResult:
+               prompt: Prompt, api_key: str = "") -> RequestResult:
     result = RequestResult()
     start = time.perf_counter()
     stream = _Stream(start)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
     try:
-        async with session.post(url + endpoint, json=payload(endpoint, model, prompt)) as resp:
+        async with session.post(url + endpoint, json=payload(endpoint, model, prompt),
+                                headers=headers) as resp:
             if resp.status != 200:
                 result.error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
                 return result

@@ -53,6 +53,9 @@ class Target:
     url: str  # base URL, e.g. http://127.0.0.1:30000
     model: str = ""  # empty: the first of /v1/models
     endpoint: str = CHAT
+    # The panel's gateway wants a key (Bearer); an engine called directly, none. Never shown:
+    # a run's rows keep the targets' names and URLs, not this.
+    api_key: str = field(default="", repr=False)
 
 
 @dataclass(frozen=True)
@@ -163,7 +166,8 @@ async def _reach(session: aiohttp.ClientSession, target: Target) -> None:
 async def _level(session: aiohttp.ClientSession, target: Target, model: str, level: int,
                  prompts: Sequence[Prompt], options: BenchOptions, progress: Progress,
                  cancel: threading.Event) -> LevelMetrics:
-    warm = [send(session, target.url, target.endpoint, model, p)
+    warm = [send(session, target.url, target.endpoint, model, p,
+                 api_key=target.api_key)
             for p in prompts[:options.warmup]]
     await asyncio.gather(*warm)
     start = time.perf_counter()
@@ -192,7 +196,8 @@ async def _requests(session: aiohttp.ClientSession, target: Target, model: str, 
         async with gate:
             if deadline is not None and time.perf_counter() > deadline:
                 return None
-            result = await send(session, target.url, target.endpoint, model, prompt)
+            result = await send(session, target.url, target.endpoint, model, prompt,
+                                  api_key=target.api_key)
         with progress.lock:
             progress.done += 1
         return result

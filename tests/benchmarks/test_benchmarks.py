@@ -165,3 +165,63 @@ def test_a_run_with_some_failed_requests_is_done_and_counts_them_per_level(  # t
     page = client.get(f"/benchmarks/{run.pk}/").content.decode()
     assert '<p id="bench-warning" class="flash warning">4 requests failed;' in page
     assert "4 failed requests" in client.get("/benchmarks/").content.decode()
+
+
+def _replicas(name: str, urls: tuple[str, ...]) -> Deployment:
+    """Replica 0 and its replica rows (made with the ORM, as the shared plan allows)."""
+    first = _ready(name, urls[0])
+    for i, url in enumerate(urls[1:], start=1):
+        Deployment.objects.create(name=name, spec=spec(name=name), recipe="r",
+                                  algorithm="DDTREE", status=DeploymentStatus.READY,
+                                  engine_url=url, image="img:1", replica_of=first,
+                                  replica_index=i)
+    return first
+
+
+def test_a_run_replica_by_replica_goes_through_the_gateway_and_sums_the_replicas(operator, paced_pair, settings, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from tests.servers import panel_server
+    from web.gateway.models import ApiKey, ApiKeyUsage
+
+    fleet = _replicas("fleet", paced_pair)
+    with panel_server(tmp_path / "web.log") as gateway:
+        settings.GATEWAY_URL = gateway
+        with mock.patch.object(tasks, "benchmark_run_later"):
+            r = _client(operator).post("/api/benchmarks/", {
+                "deployments": [fleet.pk], "per_replica": True, "levels": [1, 2],
+                "num_prompts": 6, "input_len": 16, "output_len": 16}, format="json")
+        assert r.status_code == 201, r.content
+        run_id = r.json()["id"]
+        assert services.benchmark_run(run_id=run_id) == "done"
+    run = BenchmarkRun.objects.get(pk=run_id)
+    names = [t["name"] for t in run.targets]
+    assert names == [f"fleet#{fleet.pk} through the gateway", f"fleet#{fleet.pk} replica 0",
+                     f"fleet#{fleet.pk} replica 1"]
+    assert run.config["baseline"] == names[0] and run.failed_requests == 0
+    assert all("secret" not in str(t) and "sk-sd-" not in str(t) for t in run.targets)
+    levels = {(m["target"], m["concurrency"]): m for m in run.results["levels"]}
+    assert len(levels) == 6 and all(m["completed"] == 6 for m in levels.values())
+    summed = run.results["replica_sum"]
+    # each replica alone at 1 and 2 clients: the deployment at 2 and 4
+    assert [s["concurrency"] for s in summed] == [2, 4]
+    for row in summed:
+        c = row["concurrency"] // 2
+        assert row["output_throughput"] == pytest.approx(
+            levels[(names[1], c)]["output_throughput"] + levels[(names[2], c)]["output_throughput"])
+        assert row["target"] == f"fleet#{fleet.pk} replicas summed"
+    key = ApiKey.objects.get(name=f"benchmark #{run_id}")
+    assert key.revoked_at is not None  # the run's own key, ended with it
+    # the gateway's requests counted on the key: 2 levels x (6 + 1 warm-up)
+    assert ApiKeyUsage.objects.get(key=key, deployment=fleet).requests == 14
+
+
+def test_a_run_replica_by_replica_takes_one_deployment_and_needs_the_gateway(operator, settings) -> None:  # type: ignore[no-untyped-def]
+    a, b = _ready("a", "http://127.0.0.1:9"), _ready("b", "http://127.0.0.1:9")
+    client = _client(operator)
+    settings.GATEWAY_URL = ""
+    r = client.post("/api/benchmarks/", {"deployments": [a.pk], "per_replica": True},
+                    format="json")
+    assert r.status_code == 400 and "APPLIANCE_GATEWAY_URL" in r.json()["per_replica"][0]
+    settings.GATEWAY_URL = "http://web:8000"
+    r = client.post("/api/benchmarks/", {"deployments": [a.pk, b.pk], "per_replica": True},
+                    format="json")
+    assert r.status_code == 400 and "one deployment" in r.json()["per_replica"][0]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import threading
 import time
 
 import pytest
@@ -230,3 +231,76 @@ def test_ddtree_eager_serves_without_cuda_graphs_and_says_so(run_test_engine):  
     wait_for(lambda: "cuda graph: False, gen throughput" in stderr_of(container))
     metrics = requests.get(f"{url}/metrics", timeout=5).text
     assert re.search(r"^sglang:is_cuda_graph\{.*\} 0\.0$", metrics, re.M)
+
+
+def baseline_argv(*extra: str) -> list[str]:
+    return ["python3", "-m", "sglang.launch_server", "--model-path", "/models/base",
+            "--host", "0.0.0.0", "--port", "30000", "--enable-metrics", *extra]
+
+
+def metric(url: str, name: str) -> float:
+    text = requests.get(f"{url}/metrics", timeout=5).text
+    found = re.search(rf"^sglang:{name}(?:\{{[^}}]*\}})? ([\d.e+-]+)$", text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_a_batch_limit_queues_requests_past_it_at_a_fixed_time_per_token(run_test_engine):  # noqa: F811
+    # 2 running at once, 10 tokens at 50 ms: 6 requests take three rounds of ~0.5 s.
+    container = run_test_engine(argv=baseline_argv("--max-running-requests", "2"),
+                                env={"TEST_ENGINE_TOKEN_S": "0.05"})
+    url = wait_ready(container)
+    done: list[float] = []
+    queued: list[float] = []
+    start = time.monotonic()
+
+    def one(i: int) -> None:
+        requests.post(f"{url}/v1/completions", json={"prompt": f"p{i}", "max_tokens": 10},
+                      timeout=30).raise_for_status()
+        done.append(time.monotonic() - start)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(6)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.25)
+    queued.append(metric(url, "num_queue_reqs"))
+    running = metric(url, "num_running_reqs")
+    for thread in threads:
+        thread.join()
+    assert (running, queued[0]) == (2.0, 4.0)
+    rounds = sorted(round(t / 0.5) for t in done)
+    assert rounds == [1, 1, 2, 2, 3, 3], sorted(done)
+    assert re.search(r"Prefill batch, .*#queue-req: [1-4],", stderr_of(container))
+
+
+def test_a_shared_prefix_is_reported_cached_as_sglang_reports_it(run_test_engine):  # noqa: F811
+    container = run_test_engine(argv=baseline_argv("--enable-cache-report"))
+    url = wait_ready(container)
+    system = "you are a careful assistant " * 20  # 100 words
+
+    def complete(question: str) -> dict[str, object]:
+        answer = requests.post(f"{url}/v1/completions", timeout=10, json={
+            "prompt": system + question, "max_tokens": 4})
+        return answer.json()["usage"]
+
+    first, second = complete("what is one"), complete("what is two")
+    assert first["prompt_tokens_details"] is None  # nothing cached: null, as SGLang says it
+    assert second["prompt_tokens_details"] == {"cached_tokens": 102}  # the prefix and "what is"
+    whole = requests.post(f"{url}/generate", timeout=10, json={
+        "text": system + "what is one", "sampling_params": {"max_new_tokens": 2}}).json()
+    # the same prompt again: all but its last token, as the recordings' #new-token: 1
+    assert whole["meta_info"]["cached_tokens"] == 102
+    assert whole["meta_info"]["cached_tokens_details"] == {"device": 102, "host": 0}
+    assert metric(url, "cached_tokens_total") == 204.0
+    assert metric(url, "prompt_tokens_total") == 3 * 103.0
+    assert metric(url, "cache_hit_rate") == 102 / 103
+    assert "#new-token: 1, #cached-token: 102," in stderr_of(container)
+
+
+def test_without_the_cache_report_flag_usage_names_no_cached_tokens(run_test_engine):  # noqa: F811
+    container = run_test_engine(argv=baseline_argv())
+    url = wait_ready(container)
+    for _ in range(2):
+        usage = requests.post(f"{url}/v1/completions", timeout=10, json={
+            "prompt": "the same prompt twice", "max_tokens": 2}).json()["usage"]
+    assert usage["prompt_tokens_details"] is None  # the recordings' streams, run without it
+    assert metric(url, "cached_tokens_total") == 3.0  # the engine cached it all the same

@@ -51,6 +51,9 @@ class BenchmarkCreateSerializer(serializers.Serializer[Any]):
     seed = serializers.IntegerField(min_value=0, max_value=2**31 - 1, default=0)
     request_rate = serializers.FloatField(required=False, allow_null=True, default=None,
                                           min_value=0.001)
+    per_replica = serializers.BooleanField(
+        required=False, default=False, help_text="one deployment with replicas: through the "
+        "gateway (its aggregate, the baseline) and each ready replica alone")
 
     def config(self) -> dict[str, Any]:
         data = self.validated_data
@@ -74,7 +77,7 @@ def create_from(body: BenchmarkCreateSerializer, user: Any) -> BenchmarkRun:
         return services.benchmark_create(
             deployment_ids=data["deployments"], config=body.config(),
             prompts_text=data["prompts"], baseline_id=data.get("baseline"),
-            name=data["name"], user=user)
+            name=data["name"], user=user, per_replica=data["per_replica"])
     except services.BenchmarkInputError as exc:
         raise ValidationError({k: [v] for k, v in exc.errors.items()}) from exc
 

@@ -7,6 +7,7 @@ import threading
 import traceback
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -23,6 +24,7 @@ from appliance.bench.runner import MODES, BenchCancelled, BenchUnreachable, RunR
 from web import tasks
 from web.deployments.models import Deployment, DeploymentStatus
 from web.deployments.simulator import SIMULATOR_MARK, image_is_simulator
+from web.gateway.services import ApiKeyError, apikey_create, apikey_revoke
 
 from .choices import BenchmarkStatus
 from .models import BenchmarkRun
@@ -50,6 +52,35 @@ def _snapshot(deployment: Deployment) -> dict[str, Any]:
     return {"id": deployment.pk, "name": target_name(deployment), "spec": deployment.spec,
             "image": deployment.image, "engine_url": deployment.engine_url,
             "algorithm": deployment.algorithm, "recipe": deployment.recipe}
+
+
+def _served(deployment: Deployment) -> str:
+    """The name the gateway routes by: the spec's served_model_name, else the name."""
+    return str((deployment.spec.get("engine") or {}).get("served_model_name")
+               or deployment.name)
+
+
+def _replica_targets(deployment: Deployment, user: Any) -> list[dict[str, Any]]:
+    """A deployment with replicas, benchmarked as clients call it and replica by replica:
+    first the gateway (the deployment's aggregate: the panel's /v1 with a key of the run's
+    own, made when it runs), then each ready replica's engine alone."""
+    if not settings.GATEWAY_URL:
+        raise BenchmarkInputError({"per_replica": "benchmarking through the gateway needs "
+                                   "APPLIANCE_GATEWAY_URL (compose: http://web:8000)"})
+    if not getattr(user, "is_authenticated", False):
+        raise BenchmarkInputError({"per_replica": "the gateway is called with a key of the "
+                                   "user who starts the run: log in"})
+    rows = [deployment, *Deployment.objects.filter(replica_of=deployment)
+            .order_by("replica_index")]
+    name = target_name(deployment)
+    gateway = {"id": deployment.pk, "name": f"{name} through the gateway", "route": "gateway",
+               "served_model": _served(deployment), "engine_url": settings.GATEWAY_URL,
+               "spec": deployment.spec, "image": deployment.image,
+               "algorithm": deployment.algorithm, "recipe": deployment.recipe}
+    replicas = [{**_snapshot(row), "name": f"{name} replica {row.replica_index}",
+                 "replica": row.replica_index} for row in rows
+                if row.status == DeploymentStatus.READY and row.engine_url]
+    return [gateway, *replicas]
 
 
 def _ready_deployments(ids: list[int]) -> list[Deployment]:
@@ -86,20 +117,34 @@ def _prompts(config: dict[str, Any], text: str) -> list[Any]:
 
 def benchmark_create(*, deployment_ids: list[int], config: dict[str, Any],
                      prompts_text: str = "", baseline_id: int | None = None,
-                     name: str = "", user: Any = None) -> BenchmarkRun:
+                     name: str = "", user: Any = None, per_replica: bool = False
+                     ) -> BenchmarkRun:
     """`config`: levels, num_prompts, input_len, output_len, prompt_source, mode, warmup,
-    seed, request_rate. The baseline defaults to the last deployment chosen."""
+    seed, request_rate. The baseline defaults to the last deployment chosen.
+
+    per_replica: one deployment, run through the gateway (its aggregate: the baseline) and
+    against each of its ready replicas alone; the results add the replicas' throughput
+    summed (`replica_sum`)."""
     deployments = _ready_deployments(deployment_ids)
     _check_config(config)
     _prompts(config, prompts_text)
-    base = baseline_id if baseline_id is not None else deployment_ids[-1]
-    if base not in deployment_ids:
-        raise BenchmarkInputError({"baseline": "the baseline must be one of the deployments"})
-    config = {**config, "baseline": target_name(next(d for d in deployments if d.pk == base))}
+    if per_replica:
+        if len(deployments) != 1:
+            raise BenchmarkInputError({"per_replica": "choose one deployment to benchmark "
+                                       "through the gateway and replica by replica"})
+        targets = _replica_targets(deployments[0], user)
+        config = {**config, "per_replica": True, "baseline": targets[0]["name"]}
+    else:
+        base = baseline_id if baseline_id is not None else deployment_ids[-1]
+        if base not in deployment_ids:
+            raise BenchmarkInputError({"baseline": "the baseline must be one of the "
+                                       "deployments"})
+        targets = [_snapshot(d) for d in deployments]
+        config = {**config, "baseline": target_name(next(d for d in deployments
+                                                         if d.pk == base))}
     with transaction.atomic():
         run = BenchmarkRun.objects.create(
-            name=name, config=config, prompts_text=prompts_text,
-            targets=[_snapshot(d) for d in deployments],
+            name=name, config=config, prompts_text=prompts_text, targets=targets,
             created_by=user if getattr(user, "is_authenticated", False) else None)
         run.deployments.set(deployments)
         tasks.benchmark_run_later(run.pk)
@@ -145,9 +190,12 @@ def benchmark_run(*, run_id: int) -> str:
 
 def _sweep(run: BenchmarkRun, progress: Progress, cancel: threading.Event,
            outcome: dict[str, Any]) -> None:
+    key = None
     try:
         config = run.config
-        targets = [Target(t["name"], t["engine_url"].rstrip("/")) for t in run.targets]
+        if any(t.get("route") == "gateway" for t in run.targets):
+            key = _run_key(run)
+        targets = [_target(t, key.secret if key is not None else "") for t in run.targets]
         options = BenchOptions(levels=tuple(config["levels"]), warmup=config.get("warmup", 1),
                                seed=config.get("seed", 0), mode=config["mode"],
                                request_rate=config.get("request_rate"))
@@ -157,8 +205,49 @@ def _sweep(run: BenchmarkRun, progress: Progress, cancel: threading.Event,
         outcome["cancelled"] = True
     except BenchUnreachable as exc:  # no traceback: the message says it all
         outcome["error"] = str(exc)
+    except ApiKeyError as exc:
+        outcome["error"] = f"the run could not make its gateway key: {exc}"
     except Exception:  # recorded on the row: the run failed, the worker goes on
         outcome["error"] = traceback.format_exc()
+    finally:
+        if key is not None:
+            apikey_revoke(prefix=key.key.prefix)
+
+
+def _target(snapshot: dict[str, Any], secret: str) -> Target:
+    if snapshot.get("route") == "gateway":
+        return Target(snapshot["name"], snapshot["engine_url"].rstrip("/"),
+                      model=snapshot["served_model"], api_key=secret)
+    return Target(snapshot["name"], snapshot["engine_url"].rstrip("/"))
+
+
+def _run_key(run: BenchmarkRun) -> Any:
+    """A key of the run's own, for the user who started it, scoped to the deployment: its
+    secret stays in this process (never on the row, in an event or an answer); the keys
+    page lists it with its usage, revoked when the run ends."""
+    if run.created_by is None:
+        raise ApiKeyError("owner", "the user who started the run is gone")
+    ids = sorted({t["id"] for t in run.targets if t.get("route") == "gateway"})
+    return apikey_create(owner_username=run.created_by.get_username(),
+                         name=f"benchmark #{run.pk}", deployment_ids=ids)
+
+
+def replica_sum(results: dict[str, Any], targets: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The replicas' throughput summed per level: N replicas each at `c` clients is the
+    deployment serving N x c clients, drawn at that concurrency beside the gateway's line."""
+    replicas = {t["name"] for t in targets if "replica" in t}
+    if not replicas:
+        return []
+    deployment = next(t["name"] for t in targets if t.get("route") == "gateway")
+    by_level: dict[int, list[dict[str, Any]]] = {}
+    for level in results.get("levels", []):
+        if level["target"] in replicas:
+            by_level.setdefault(level["concurrency"], []).append(level)
+    return [{"target": f"{deployment.removesuffix(' through the gateway')} replicas summed",
+             "concurrency": c * len(rows), "replicas": len(rows),
+             "output_throughput": sum(r["output_throughput"] for r in rows),
+             "request_throughput": sum(r["request_throughput"] for r in rows)}
+            for c, rows in sorted(by_level.items()) if len(rows) == len(replicas)]
 
 
 def _record(run: BenchmarkRun, outcome: dict[str, Any], progress: Progress) -> str:
@@ -171,6 +260,8 @@ def _record(run: BenchmarkRun, outcome: dict[str, Any], progress: Progress) -> s
     result: RunResult = outcome["result"]
     results = {**result.to_dict(), "baseline": run.config["baseline"],
                "speedups": speedups(result, run.config["baseline"])}
+    if run.config.get("per_replica"):
+        results["replica_sum"] = replica_sum(results, run.targets)
     # Zero requests answered measures nothing: the run failed, with the first error, and
     # keeps its per-level tables (errors counted) to show it.
     failed = result.every_request_failed

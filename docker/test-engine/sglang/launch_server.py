@@ -20,7 +20,7 @@ import time
 from http.server import ThreadingHTTPServer
 from typing import Any
 
-from sglang.test_engine import engine
+from sglang.test_engine import batching, engine
 from sglang.test_engine.config import make_config, parse_args
 from sglang.test_engine.logits import DivergeError, parse_diverge
 from sglang.test_engine.output import emit, log
@@ -44,6 +44,9 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, on_sigterm)
     signal.signal(signal.SIGINT, on_sigterm)
     engine.CFG = make_config(parse_args(sys.argv[1:] if argv is None else argv))
+    # The batch limit holds only when the launch names it (batching.py says why).
+    batching.configure(max_running=engine.CFG.args.max_running_requests or 0,
+                       radix_cache=not engine.CFG.args.disable_radix_cache)
     if REPLAY:
         replay_main()
     try:

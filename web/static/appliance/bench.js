@@ -57,8 +57,7 @@
     });
   }
 
-  function chart(id, title, unit, results, get) {
-    const levels = results.levels || [];
+  function chart(id, title, unit, levels, get) {
     const targets = [...new Set(levels.map(function (m) { return m.target; }))];
     const xs = [...new Set(levels.map(function (m) { return m.concurrency; }))].sort(function (a, b) { return a - b; });
     const data = [xs].concat(targets.map(function (t) {
@@ -73,15 +72,19 @@
       scales: {x: {time: false, distr: 3, log: 2}},
       axes: [{label: "concurrency"}, {label: unit}],
       series: [{label: "concurrency"}].concat(targets.map(function (t, i) {
-        return {label: t, stroke: COLORS[i % COLORS.length], width: 2, points: {show: true}};
+        // spanGaps: the replicas' sum sits at N x each level, where the others have no point
+        return {label: t, stroke: COLORS[i % COLORS.length], width: 2, points: {show: true},
+          spanGaps: true};
       }))};
     charts[id] = {plot: new uPlot(opts, data, el), series: targets, points: xs.length};
   }
 
   function showCharts(results) {
-    chart("chart-throughput", "Output throughput against concurrency", "tok/s", results,
+    // A run replica by replica also draws the replicas' throughput summed (replica_sum).
+    chart("chart-throughput", "Output throughput against concurrency", "tok/s",
+      (results.levels || []).concat(results.replica_sum || []),
       function (m) { return m.output_throughput; });
-    chart("chart-tpot", "TPOT against concurrency", "ms", results,
+    chart("chart-tpot", "TPOT against concurrency", "ms", results.levels || [],
       function (m) { return m.tpot_ms.mean; });
   }
 

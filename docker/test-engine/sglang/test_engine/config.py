@@ -27,6 +27,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--mem-fraction-static", type=float, default=None)
     p.add_argument("--context-length", type=int, default=None)
     p.add_argument("--max-running-requests", type=int, default=None)
+    p.add_argument("--disable-radix-cache", action="store_true")
+    p.add_argument("--enable-cache-report", action="store_true")
     p.add_argument("--decode-log-interval", type=int, default=None)
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--enable-metrics", action="store_true")

@@ -34,6 +34,9 @@ class State:
     decode_steps: int = 0
     tokens_in_use: int = 0
     prompt_tokens: int = 0
+    cached_tokens: int = 0
+    # SGLang's gauge: the hit rate of the last prefill batch (here: the last request's).
+    cache_hit_rate: float = 0.0
     generation_tokens: int = 0
     num_requests: int = 0
     last_gen_throughput: float = 0.0

@@ -94,7 +94,7 @@ def _logprobs(out: list[Step], top_n: int, with_text: bool) -> dict[str, Any]:
             "output_top_logprobs": tops}
 
 
-def answer(body: dict[str, Any], *, max_tokens: int, prompt_tokens: int,
+def answer(body: dict[str, Any], *, max_tokens: int, prompt_tokens: int, cached_tokens: int,
            latency_s: float) -> dict[str, Any]:
     out = steps(prompt_key(body), max_tokens, engine.PLANTED)
     meta: dict[str, Any] = {
@@ -104,7 +104,10 @@ def answer(body: dict[str, Any], *, max_tokens: int, prompt_tokens: int,
     if body.get("return_logprob"):
         meta.update(_logprobs(out, int(body.get("top_logprobs_num") or 0),
                               bool(body.get("return_text_in_logprobs"))))
-    meta.update({"reasoning_tokens": 0, "completion_tokens": max_tokens, "cached_tokens": 0,
+    # As recorded (433c58ed7 probe.json): the device cache's share, null when none was hit.
+    details = {"device": cached_tokens, "host": 0} if cached_tokens else None
+    meta.update({"reasoning_tokens": 0, "completion_tokens": max_tokens,
+                 "cached_tokens": cached_tokens, "cached_tokens_details": details,
                  "e2e_latency": latency_s})
     return {"text": "".join(token_text(s.token) for s in out),
             "output_ids": [s.token for s in out], "meta_info": meta}

@@ -7,6 +7,8 @@ import threading
 import time
 from collections.abc import Iterator
 
+from sglang.test_engine import batching
+from sglang.test_engine.batching import Ticket
 from sglang.test_engine.config import Config
 from sglang.test_engine.engine import STATE
 from sglang.test_engine.loglines import decode_line, prefill_line
@@ -24,17 +26,31 @@ WORDS = ("the", "draft", "tree", "verifies", "tokens", "in", "one", "forward", "
          "accepts", "a", "longer", "prefix", "so", "decoding", "runs", "faster")
 
 
-def generate(cfg: Config, prompt_tokens: int, max_tokens: int) -> Iterator[str]:
-    """Yield text pieces, one per decode step; keeps the counters SGLang reports."""
+def generate(cfg: Config, ticket: Ticket, max_tokens: int) -> Iterator[str]:
+    """Yield text pieces, one per decode step, once the request has a running slot and its
+    prefill is done (batching.py); keeps the counters SGLang reports."""
     maybe_crash_on_first_request(cfg)
     start = time.perf_counter()
+    prompt_tokens = ticket.prompt_tokens
     rng = random.Random(prompt_tokens * 7919 + max_tokens)
+    batching.admit(ticket)
+    try:
+        yield from _decode(cfg, ticket, max_tokens, start, rng)
+    finally:
+        batching.leave()
+
+
+def _decode(cfg: Config, ticket: Ticket, max_tokens: int, start: float,
+            rng: random.Random) -> Iterator[str]:
+    prompt_tokens = ticket.prompt_tokens
     with STATE.lock:
         STATE.running += 1
         STATE.num_requests += 1
         STATE.prompt_tokens += prompt_tokens
+        STATE.cached_tokens += ticket.cached
+        STATE.cache_hit_rate = ticket.cached / prompt_tokens
         STATE.tokens_in_use += prompt_tokens
-        prefill_line(prompt_tokens, STATE.running - 1)
+        prefill_line(prompt_tokens - ticket.cached, ticket.cached, STATE.running - 1)
     produced, last = 0, start
     try:
         while produced < max_tokens:
@@ -102,6 +118,7 @@ def start_traffic(cfg: Config) -> None:
 def _client_loop(cfg: Config, client: int) -> None:
     rng = random.Random(client)
     while True:
-        for _ in generate(cfg, rng.randint(64, 512), rng.randint(32, 256)):
+        words = [f"t{client}-{rng.random()}"] * rng.randint(64, 512)  # never a cache hit
+        for _ in generate(cfg, Ticket(words), rng.randint(32, 256)):
             pass
         time.sleep(rng.uniform(0.0, 0.3))

@@ -66,10 +66,11 @@ def access_line(method: str, path: str, status: int, client: str = "127.0.0.1:41
                              f'{phrase.get(status, "")}')
 
 
-def prefill_line(new_tokens: int, running: int) -> None:
+def prefill_line(new_tokens: int, cached_tokens: int, running: int) -> None:
     usage = STATE.tokens_in_use / MAX_TOKENS_POOL
-    msg = (f"Prefill batch, #new-seq: 1, #new-token: {new_tokens}, #cached-token: 0, "
-           f"token usage: {usage:.2f}, #running-req: {running}, #queue-req: 0, ")
+    msg = (f"Prefill batch, #new-seq: 1, #new-token: {new_tokens}, "
+           f"#cached-token: {cached_tokens}, token usage: {usage:.2f}, "
+           f"#running-req: {running}, #queue-req: {STATE.queued}, ")
     if STYLE == "old":
         log(msg, 0, pace=False)
     else:

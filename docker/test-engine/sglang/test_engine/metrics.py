@@ -16,7 +16,7 @@ def metrics_text() -> str:
         "num_used_tokens": ("The number of used tokens.", STATE.tokens_in_use),
         "token_usage": ("The token usage.", STATE.tokens_in_use / MAX_TOKENS_POOL),
         "gen_throughput": ("The generation throughput (token/s).", STATE.last_gen_throughput),
-        "cache_hit_rate": ("The prefix cache hit rate.", 0.0),
+        "cache_hit_rate": ("The prefix cache hit rate.", STATE.cache_hit_rate),
         "spec_accept_length": ("The average acceptance length of speculative decoding.",
                                STATE.avg_accept if engine.CFG.speculative else 0.0),
         "spec_accept_rate": ("The average acceptance rate of speculative decoding.",
@@ -48,7 +48,18 @@ def metrics_text() -> str:
          STATE.e2e),
     ):
         out += histogram_lines(name, help_text, hist, labels)
-    return "\n".join(out) + "\n"
+    return "\n".join(out + cached_tokens_lines()) + "\n"
+
+
+def cached_tokens_lines() -> list[str]:
+    """433c58ed7's counter by cache source, its labels as recorded (no ranks); like a
+    Prometheus labelled counter it has no sample before its first increment."""
+    out = ["# HELP sglang:cached_tokens_total Number of cached prompt tokens by source "
+           "(device/host/storage).", "# TYPE sglang:cached_tokens_total counter"]
+    if STATE.cached_tokens:
+        out.append(f'sglang:cached_tokens_total{{cache_source="device",engine_type="unified",'
+                   f'model_name="{engine.CFG.model_name}"}} {float(STATE.cached_tokens)}')
+    return out
 
 
 def histogram_lines(name: str, help_text: str, hist: Histogram, labels: str) -> list[str]:

@@ -152,5 +152,5 @@ def drafter_block_size_check(cfg: Config) -> None:
 def warm_up(cfg: Config) -> None:
     """SGLang's warmup: GET /model_info then a short POST /generate (prefill only here)."""
     access_line("GET", "/model_info", 200)
-    prefill_line(6, 0)
+    prefill_line(6, 0, 0)
     access_line("POST", "/generate", 200)

@@ -18,6 +18,7 @@ from typing import Any
 
 from sglang import __version__
 from sglang.test_engine import engine, generate_api
+from sglang.test_engine.batching import Ticket
 from sglang.test_engine.config import server_args_dict
 from sglang.test_engine.engine import MAX_TOKENS_POOL, STATE
 from sglang.test_engine.generation import generate
@@ -32,14 +33,21 @@ def secrets_seen() -> dict[str, str]:
     return {n: hashlib.sha256(os.environ.get(n, "").encode()).hexdigest() for n in names}
 
 
-def prompt_len(messages: Any) -> int:
+def ticket_for(messages: Any) -> Ticket:
+    """The prompt's tokens: its words (a chat's messages as JSON)."""
     text = json.dumps(messages) if not isinstance(messages, str) else messages
-    return max(1, len(text.split()))
+    return Ticket(text.split())
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+def usage(ticket: Ticket, completion_tokens: int) -> dict[str, Any]:
+    """As SGLang's UsageProcessor: `prompt_tokens_details` is `{"cached_tokens": N}` only
+    with --enable-cache-report and N > 0, else null (the recordings' streams, run without
+    the flag, all have null)."""
+    details = ({"cached_tokens": ticket.cached}
+               if engine.CFG.args.enable_cache_report and ticket.cached > 0 else None)
+    return {"prompt_tokens": ticket.prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": ticket.prompt_tokens + completion_tokens,
+            "prompt_tokens_details": details}
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -137,7 +145,7 @@ class Handler(BaseHTTPRequestHandler):
     def health_generate(self) -> None:
         if self.not_ready():
             return
-        "".join(generate(engine.CFG, 1, 1))
+        "".join(generate(engine.CFG, Ticket(["health"]), 1))
         self.send_text(200, "")
 
     def models(self) -> None:
@@ -178,10 +186,11 @@ class Handler(BaseHTTPRequestHandler):
         max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
         if self.refused(body, chat=True):
             return
-        pieces = generate(engine.CFG, prompt_len(messages), max_tokens)
+        ticket = ticket_for(messages)
+        pieces = generate(engine.CFG, ticket, max_tokens)
         rid = uuid.uuid4().hex
         if body.get("stream"):
-            self.stream_chat(rid, pieces, prompt_len(messages), max_tokens, body)
+            self.stream_chat(rid, pieces, ticket, max_tokens, body)
             return
         for _ in pieces:
             pass  # the decode steps' time and counters; the text is the model's
@@ -192,8 +201,7 @@ class Handler(BaseHTTPRequestHandler):
             "model": engine.CFG.model_name,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
                          "logprobs": logprobs, "finish_reason": "length"}],
-            "usage": {"prompt_tokens": prompt_len(messages), "completion_tokens": max_tokens,
-                      "total_tokens": prompt_len(messages) + max_tokens}})
+            "usage": usage(ticket, max_tokens)})
 
     def refused(self, body: dict[str, Any], *, chat: bool) -> bool:
         """A DFLASH/DDTREE engine's recorded answer to a request it cannot serve."""
@@ -209,7 +217,7 @@ class Handler(BaseHTTPRequestHandler):
             self.send_json(status, answer)
         return True
 
-    def stream_chat(self, rid: str, pieces: Iterator[str], prompt_tokens: int,
+    def stream_chat(self, rid: str, pieces: Iterator[str], ticket: Ticket,
                     max_tokens: int, body: dict[str, Any]) -> None:
         self.start_stream()
 
@@ -220,11 +228,12 @@ class Handler(BaseHTTPRequestHandler):
                                   "finish_reason": finish}]}
             self.write_chunk(f"data: {json.dumps(event)}\n\n")
 
-        chunk({"role": "assistant", "content": ""}, None)
-        for piece in pieces:
+        for i, piece in enumerate(pieces):
+            if i == 0:  # as SGLang: the role comes with the first output, after the prefill
+                chunk({"role": "assistant", "content": ""}, None)
             chunk({"content": piece}, None)
         chunk({}, "length")
-        self.end_stream(rid, "chat.completion.chunk", prompt_tokens, max_tokens, body)
+        self.end_stream(rid, "chat.completion.chunk", ticket, max_tokens, body)
 
     def start_stream(self) -> None:
         self.send_response(200)
@@ -234,7 +243,7 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.log_access(200)
 
-    def end_stream(self, rid: str, obj: str, prompt_tokens: int, completion_tokens: int,
+    def end_stream(self, rid: str, obj: str, ticket: Ticket, completion_tokens: int,
                    body: dict[str, Any]) -> None:
         """As SGLang: with stream_options.include_usage, a last chunk with no choices and
         the usage, before [DONE]."""
@@ -242,7 +251,7 @@ class Handler(BaseHTTPRequestHandler):
         if isinstance(options, dict) and options.get("include_usage"):
             event = {"id": rid, "object": obj, "created": int(time.time()),
                      "model": engine.CFG.model_name, "choices": [],
-                     "usage": usage(prompt_tokens, completion_tokens)}
+                     "usage": usage(ticket, completion_tokens)}
             self.write_chunk(f"data: {json.dumps(event)}\n\n")
         self.write_chunk("data: [DONE]\n\n")
         self.wfile.write(b"0\r\n\r\n")
@@ -260,7 +269,8 @@ class Handler(BaseHTTPRequestHandler):
         max_tokens = int(body.get("max_tokens") or 16)
         if self.refused(body, chat=False):
             return
-        pieces = generate(engine.CFG, prompt_len(prompt), max_tokens)
+        ticket = ticket_for(prompt)
+        pieces = generate(engine.CFG, ticket, max_tokens)
         rid = uuid.uuid4().hex
 
         def choice(text: str, finish: str | None,
@@ -274,14 +284,14 @@ class Handler(BaseHTTPRequestHandler):
             self.send_json(200, {
                 "id": rid, "object": "text_completion", "created": int(time.time()),
                 "model": engine.CFG.model_name, "choices": [choice(text, "length", logprobs)],
-                "usage": usage(prompt_len(prompt), max_tokens)})
+                "usage": usage(ticket, max_tokens)})
             return
         self.start_stream()
         for piece in pieces:
             event = {"id": rid, "object": "text_completion", "created": int(time.time()),
                      "model": engine.CFG.model_name, "choices": [choice(piece, None)]}
             self.write_chunk(f"data: {json.dumps(event)}\n\n")
-        self.end_stream(rid, "text_completion", prompt_len(prompt), max_tokens, body)
+        self.end_stream(rid, "text_completion", ticket, max_tokens, body)
 
     def write_chunk(self, text: str) -> None:
         data = text.encode()
@@ -298,9 +308,10 @@ class Handler(BaseHTTPRequestHandler):
             self.send_json(400, generate_api.LOGPROB_REFUSAL)
             return
         prompt = body.get("text") or body.get("input_ids") or ""
+        ticket = ticket_for(prompt if isinstance(prompt, str) else " ".join(map(str, prompt)))
         start = time.perf_counter()
-        for _ in generate(engine.CFG, prompt_len(prompt), max_tokens):
+        for _ in generate(engine.CFG, ticket, max_tokens):
             pass  # the decode steps' time and counters; the tokens are the model's
         self.send_json(200, generate_api.answer(
-            body, max_tokens=max_tokens, prompt_tokens=prompt_len(prompt),
-            latency_s=time.perf_counter() - start))
+            body, max_tokens=max_tokens, prompt_tokens=ticket.prompt_tokens,
+            cached_tokens=ticket.cached, latency_s=time.perf_counter() - start))

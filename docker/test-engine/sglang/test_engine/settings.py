@@ -19,6 +19,10 @@ def env_float(name: str, default: float) -> float:
 
 PACE_S = env_float("TEST_ENGINE_PACE_S", 0.05)
 TOKEN_S = env_float("TEST_ENGINE_TOKEN_S", 0.002)
+# Prefill time per uncached prompt token (0: prefill takes no time, as before).
+PREFILL_TOKEN_S = env_float("TEST_ENGINE_PREFILL_TOKEN_S", 0.0)
+# The prefix cache's size in tokens (the KV pool's, as SGLang's radix cache is bounded by it).
+CACHE_TOKENS = int(env_float("TEST_ENGINE_CACHE_TOKENS", 1048576))
 SHARDS = int(env_float("TEST_ENGINE_SHARDS", 8))
 FAIL = os.environ.get("TEST_ENGINE_FAIL", "").strip()
 STYLE = os.environ.get("TEST_ENGINE_LOG_STYLE", "new").strip().lower()
