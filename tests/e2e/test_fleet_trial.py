@@ -33,7 +33,6 @@ from playwright.sync_api import Page, expect
 
 import docker
 from tests.conftest_docker import TEST_SESSION
-from tests.e2e.screenshots import screenshot_path
 from tests.servers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -219,7 +218,8 @@ def _login(page: Page, url: str, password: str) -> None:
 
 def _fleet_state(page: Page, url: str, host: str) -> str:
     page.goto(f"{url}/fleet/")
-    return page.locator(f"#fleet-host-{host} .state .status").inner_text()
+    state = page.locator(f"#fleet-host-{host} .state .status")
+    return state.inner_text() if state.count() else "not joined"
 
 
 def test_the_trial_places_replicas_across_two_hosts_and_keeps_serving_through_changes(
@@ -254,7 +254,6 @@ def test_the_trial_places_replicas_across_two_hosts_and_keeps_serving_through_ch
     assert {r["host"] for r in rows} == {"sim-a", "sim-b"}, rows
     page.goto(f"{trial.url}/deployments/{fleet}/")
     expect(page.locator("#replica-rows tbody tr")).to_have_count(3)
-    page.screenshot(path=screenshot_path("trial-replicas.png"), full_page=True)
     answer = requests.post(f"{trial.url}/v1/chat/completions", timeout=30,
                            headers={"Authorization": f"Bearer {key}"},
                            json={"model": "trial-fleet", "max_tokens": 8,
@@ -306,6 +305,5 @@ def test_the_trial_places_replicas_across_two_hosts_and_keeps_serving_through_ch
         page.goto(f"{trial.url}/deployments/{fleet}/")
         expect(page.locator('#replica-rows tr[data-replica="1"] .status')).not_to_have_text(
             "ready", timeout=30_000)
-        page.screenshot(path=screenshot_path("trial-host-lost.png"), full_page=True)
         time.sleep(5)  # requests go on with the survivors
     assert clients.failed == [] and clients.ok > 0, (clients.ok, clients.failed[:5])
