@@ -4,6 +4,7 @@ makes each move.
     status     may come from                                            made by
     ---------- -------------------------------------------------------  ----------------------------
     queued     stopped, failed                                          web (Restart)
+    queued     stopped, failed                                          roller (a replica's new run)
     building   queued                                                   build worker (no image yet)
     starting   queued, building                                         build worker (image exists)
     starting   ready                                                    agent (restart policy)
@@ -12,10 +13,15 @@ makes each move.
     capturing  starting, checking, loading                              agent (CUDA graphs)
     ready      starting, checking, loading, capturing                   agent (/health, one token)
     stopping   building, starting, checking, loading, capturing, ready  web (Stop)
+    stopping   queued, building, starting, checking, loading, capturing, ready  roller (its turn)
     stopped    queued                                                   web (Stop, nothing ran)
     stopped    stopping                                                 agent (container gone)
     failed     queued, building                                         build worker (model, build)
     failed     starting, checking, loading, capturing, ready            agent (engine failed)
+
+The roller is a rolling change's step machine (web/deployments/services/rolling.py, run by
+the engine agent's loop): it stops one replica of a deployment at a time, once drained, and
+queues its next run, the moves web makes for Stop and Restart on a person's behalf.
 
 Stopped and failed are terminal (the deployment's GPUs are free again); the agent owns a
 deployment's engine from `starting` until it is stopped or failed. Code in `web/` moves a
@@ -53,6 +59,7 @@ class Process(StrEnum):
     WEB = "web"
     BUILDER = "build worker"
     AGENT = "agent"
+    ROLLER = "roller"  # a rolling change's steps, in the agent's loop (not an engine's move)
 
 
 @dataclass(frozen=True)
@@ -70,6 +77,8 @@ def _move(target: Status, sources: str, by: Process, why: str) -> Move:
 S, P = Status, Process
 TRANSITIONS: tuple[Move, ...] = (
     _move(S.QUEUED, "stopped failed", P.WEB, "Restart: a new run of the same spec"),
+    _move(S.QUEUED, "stopped failed", P.ROLLER,
+          "a rolling change's new run of this replica (a new spec, for a redeploy)"),
     _move(S.BUILDING, "queued", P.BUILDER, "no image yet: build it"),
     _move(S.STARTING, "queued building", P.BUILDER, "the image exists"),
     _move(S.STARTING, "ready", P.AGENT, "restart policy: the engine died while serving"),
@@ -80,6 +89,8 @@ TRANSITIONS: tuple[Move, ...] = (
           "/health turned 200 and a one-token generation passed"),
     _move(S.STOPPING, "building starting checking loading capturing ready", P.WEB,
           "Stop on a deployment with an engine or a build"),
+    _move(S.STOPPING, "queued building starting checking loading capturing ready", P.ROLLER,
+          "a rolling change stops this replica, drained, for its new run"),
     _move(S.STOPPED, "queued", P.WEB, "Stop before anything ran"),
     _move(S.STOPPED, "stopping", P.AGENT, "the engine container is gone"),
     _move(S.FAILED, "queued building", P.BUILDER, "a model download or the image build failed"),

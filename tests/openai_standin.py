@@ -9,7 +9,12 @@ top two GAP apart, except at the positions in `near_ties` (NEAR_TIE apart). A se
 as a speculative server whose verify changed the output would. `logprobs=False` answers a
 request for log-probs as SGLang's speculative servers do on /v1 (433c58ed7: a 400 naming
 return_logprob); `api_key` makes it want that bearer key; `strict` refuses fields OpenAI does
-not define (`ignore_eos`) with a 400, as OpenAI's own API does.
+not define (`ignore_eos`) with a 400, as OpenAI's own API does. `stream: true` is answered
+with one event per token (and the usage chunk `stream_options.include_usage` asks for), then
+[DONE]. A test may set `fail_with` (every request answered with that status, as an engine
+going away answers 503) `cut_after` (a stream's connection dropped after that many token
+events, as an engine killed mid-answer) or `pace_s` (a wait between events) on the StandIn
+while it runs.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ MODEL = "standin-model"
 REFUSAL = {"object": "error", "message": "DFLASH speculative decoding does not support "
            "return_logprob yet.", "type": "BadRequestError", "param": None, "code": 400}
 KNOWN = {"model", "prompt", "messages", "max_tokens", "temperature", "logprobs",
-         "top_logprobs", "stream", "n", "stop"}
+         "top_logprobs", "stream", "n", "stop", "stream_options"}
 
 
 def top(seed: str, position: int, near_ties: frozenset[int]) -> list[tuple[str, float]]:
@@ -72,6 +77,9 @@ class StandIn:
     url: str
     seen: list[dict[str, Any]] = field(default_factory=list)  # request bodies, in order
     auth: list[str] = field(default_factory=list)  # each request's Authorization header
+    fail_with: int | None = None
+    cut_after: int | None = None
+    pace_s: float = 0.0  # a stream's wait between token events (a decode step)
 
 
 def _error(status: int, message: str, kind: str) -> web.Response:
@@ -91,12 +99,14 @@ def app_for(served: StandIn, *, near_ties: frozenset[int], diverge_at: int | Non
         return refused(request) or web.json_response({"object": "list", "data": [
             {"id": model, "object": "model", "created": 0, "owned_by": "standin"}]})
 
-    async def generate(request: web.Request, chat: bool) -> web.Response:
+    async def generate(request: web.Request, chat: bool) -> web.StreamResponse:
         no = refused(request)
         if no is not None:
             return no
         body = await request.json()
         served.seen.append(body)
+        if served.fail_with is not None:
+            return _error(served.fail_with, "the engine is going away", "service_unavailable")
         if strict and set(body) - KNOWN:
             unknown = sorted(set(body) - KNOWN)[0]
             return _error(400, f"Unrecognized request argument supplied: {unknown}",
@@ -110,6 +120,8 @@ def app_for(served: StandIn, *, near_ties: frozenset[int], diverge_at: int | Non
         prompt = json.dumps(body["messages"]) if chat else str(body["prompt"])
         steps = answer_steps(prompt, int(body.get("max_tokens") or 16), near_ties,
                              diverge_at)
+        if body.get("stream"):
+            return await _stream(request, served, steps, body, chat, model)
         text = "".join(t for t, _ in steps)
         n = int(body.get("top_logprobs") or 0) if chat else int(body.get("logprobs") or 0)
         choice: dict[str, Any] = {"index": 0, "finish_reason": "length",
@@ -124,17 +136,51 @@ def app_for(served: StandIn, *, near_ties: frozenset[int], diverge_at: int | Non
                                       "prompt_tokens": 4, "completion_tokens": len(steps),
                                       "total_tokens": 4 + len(steps)}})
 
-    async def completions(request: web.Request) -> web.Response:
+    async def completions(request: web.Request) -> web.StreamResponse:
         return await generate(request, chat=False)
 
-    async def chat(request: web.Request) -> web.Response:
+    async def chat(request: web.Request) -> web.StreamResponse:
         return await generate(request, chat=True)
 
+    async def health(request: web.Request) -> web.Response:
+        return web.Response(status=served.fail_with or 200)
+
     app = web.Application()
+    app.router.add_get("/health", health)
     app.router.add_get("/v1/models", models)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat)
     return app
+
+
+async def _stream(request: web.Request, served: StandIn,
+                  steps: list[tuple[str, list[tuple[str, float]]]], body: dict[str, Any],
+                  chat: bool, model: str) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    kind = "chat.completion.chunk" if chat else "text_completion"
+
+    async def event(data: Any) -> None:
+        await response.write(f"data: {json.dumps(data)}\n\n".encode())
+
+    for i, (token, _) in enumerate(steps):
+        if served.cut_after is not None and i >= served.cut_after:
+            assert request.transport is not None
+            request.transport.close()  # as a killed engine: no end, no [DONE]
+            return response
+        choice = ({"index": 0, "delta": {"content": token}, "finish_reason": None} if chat
+                  else {"index": 0, "text": token, "finish_reason": None})
+        await event({"id": "cmpl-standin", "object": kind, "model": model, "choices": [choice]})
+        if served.pace_s:
+            await asyncio.sleep(served.pace_s)
+    options = body.get("stream_options")
+    if isinstance(options, dict) and options.get("include_usage"):
+        await event({"id": "cmpl-standin", "object": kind, "model": model, "choices": [],
+                     "usage": {"prompt_tokens": 4, "completion_tokens": len(steps),
+                               "total_tokens": 4 + len(steps)}})
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response
 
 
 def _logprobs(steps: list[tuple[str, list[tuple[str, float]]]], n: int,

@@ -299,6 +299,8 @@ ENGINE_IMAGE = env_str("APPLIANCE_ENGINE_IMAGE", "")
 ENGINE_NETWORK = env_str("APPLIANCE_ENGINE_NETWORK", "")
 ENGINE_READY_TIMEOUT_S = env_int("APPLIANCE_ENGINE_READY_TIMEOUT_S", 3600)
 ENGINE_STOP_TIMEOUT_S = env_int("APPLIANCE_ENGINE_STOP_TIMEOUT_S", 30)
+# A rolling change waits this long for a drained replica's in-flight requests, then stops it.
+ROLL_DRAIN_TIMEOUT_S = env_int("APPLIANCE_ROLL_DRAIN_TIMEOUT_S", 300)
 # The engine agent: its id (stable per host; default agent@<hostname>) and its tick.
 AGENT_ID = env_str("APPLIANCE_AGENT_ID", "")
 AGENT_TICK_S = float(env_int("APPLIANCE_AGENT_TICK_MS", 1000)) / 1000

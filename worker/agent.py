@@ -1,8 +1,10 @@
 """The engine agent's entry point: `python3 -m worker.agent` (the compose `agent` service).
 
 One per GPU host; it owns the engine containers there from start to exit
-(web/agent/controller.py). SIGTERM ends it cleanly: leases are released so a successor
-takes over at once; engines keep running.
+(web/agent/controller.py). With APPLIANCE_PANEL_URL set it is a fleet host's agent
+instead (appliance/runtime/remote_agent.py): the panel's API only, Django never loaded,
+no database or broker address (docs/fleet.md). SIGTERM ends it cleanly: leases are
+released so a successor takes over at once; engines keep running.
 """
 
 from __future__ import annotations
@@ -10,14 +12,17 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import threading
 
-import django
+if os.environ.get("APPLIANCE_PANEL_URL"):
+    from appliance.runtime.remote_agent import remote_agent_run_forever
+else:
+    import django
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "web.settings")
-django.setup()
-
-from web.agent.controller import agent_run_forever  # noqa: E402
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "web.settings")
+    django.setup()
+    from web.agent.controller import agent_run_forever
 
 
 def main() -> None:
@@ -26,6 +31,8 @@ def main() -> None:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
+    if os.environ.get("APPLIANCE_PANEL_URL"):
+        sys.exit(remote_agent_run_forever(stop))
     agent_run_forever(stop)
 
 

@@ -14,6 +14,7 @@ version also gets the hashes of all its files from the package index's JSON simp
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import re
@@ -23,6 +24,14 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 REPORT_DIR = "/opt/appliance/lock"
+# The image label holding its recipe lock's digest (appliance.images.plan sets it): a fleet
+# host refuses an image whose label differs from the lock the panel sends (docs/fleet.md).
+LOCK_LABEL = "appliance.recipe-lock"
+
+
+def lock_digest(text: bytes) -> str:
+    """The digest a lock is known by across the fleet: sha256 of its requirements file."""
+    return "sha256:" + hashlib.sha256(text).hexdigest()
 
 
 class LockError(RuntimeError):

@@ -37,6 +37,7 @@ from typing import Any, Protocol
 import yaml
 
 from appliance.images import sources
+from appliance.images.lock import LOCK_LABEL, lock_digest
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 REPO_ROOT = PACKAGE_DIR.parent
@@ -250,6 +251,9 @@ def plan_build(
     if ca_bundle is not None:
         args |= ca_buildargs(Path(ca_bundle).read_text())
     labels = {"appliance.recipe": recipe.name, "appliance.content-tag": tag}
+    if files.get("lock/requirements.txt"):
+        # A fleet host checks it against the panel's lock before it runs the image.
+        labels[LOCK_LABEL] = lock_digest(files["lock/requirements.txt"])
     if base_id:
         labels["appliance.base-image-id"] = base_id
     return BuildPlan(tag=tag, files=files, buildargs=args, labels=labels)

@@ -20,10 +20,12 @@ class EngineClientError(RuntimeError):
 class EngineClient:
     """Calls to SGLang's HTTP API at base_url (e.g. http://127.0.0.1:32768)."""
 
-    def __init__(self, base_url: str, timeout: float = 10.0) -> None:
+    def __init__(self, base_url: str, timeout: float = 10.0, api_key: str = "") -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self._session = requests.Session()
+        if api_key:  # an engine started with --api-key (a fleet host's): /health needs none
+            self._session.headers["Authorization"] = f"Bearer {api_key}"
 
     def health(self) -> int:
         """/health status code: 503 while starting, 200 when up; 0 when nothing answers."""

@@ -32,6 +32,8 @@ COMPOSE_SERVICE = "com.docker.compose.service"
 LABEL_INSTANCE = "appliance.instance"
 LABEL_START = "appliance.start-token"
 NAME_PREFIX = "appliance-engine-"
+# The secret file an engine's API key arrives in (docker/engine/runtime/entrypoint.py).
+ENGINE_API_KEY_SECRET = "APPLIANCE_ENGINE_API_KEY"
 log = logging.getLogger(__name__)
 # A container in one of these states is (or is about to be) the deployment's engine.
 LIVE_STATES = frozenset({"created", "running", "restarting", "paused"})
@@ -80,6 +82,10 @@ class ContainerPlan:
     secrets: list[str] = field(default_factory=list)
     secrets_dir: str = ""
     labels: dict[str, str] = field(default_factory=dict)
+    # The engine's API key for this start (a fleet host's engine, published on the host's
+    # network): put in as the secret file ENGINE_API_KEY_SECRET, which the entrypoint turns
+    # into SGLang's --api-key; never in the configuration. Not shown in the plan's repr.
+    api_key: str = field(default="", repr=False)
     # Identity (see the module docstring); empty in tests that start bare containers.
     instance_id: str = ""
     start_token: str = ""
@@ -324,7 +330,10 @@ class EngineRuntime:
         """Create, put the secret files in, then start: no value is ever in the container's
         configuration (`docker inspect`), only in files the entrypoint exports and removes."""
         self._require_image(plan.image)
-        archive = secrets_archive(secret_values(plan))
+        values = secret_values(plan)
+        if plan.api_key:
+            values[ENGINE_API_KEY_SECRET] = plan.api_key
+        archive = secrets_archive(values)
         kwargs = docker_run_kwargs(plan)
         del kwargs["detach"]
         container = None

@@ -75,6 +75,14 @@ class PanelLink:
     def heartbeat(self, report: dict[str, Any]) -> dict[str, Any]:
         return self._post("/api/fleet/host/heartbeat/", report)
 
+    def step(self, deployment_id: int, step: str, start_token: str,
+             **fields: Any) -> dict[str, Any]:
+        """A status step for the current start of a placed engine (ready with engine_url,
+        failed with diagnosis, message, last_lines): {moved, status}. PanelRefused 404 for
+        a deployment not placed here, 409 for a start that is not the current one."""
+        return self._post(f"/api/fleet/host/deployments/{deployment_id}/steps/",
+                          {"step": step, "start_token": start_token, **fields})
+
     def ship(self, deployment_id: int, events: Events,
              row: dict[str, Any] | None = None) -> int:
         """Store a batch of a placed deployment's events (and its row's fields): the last

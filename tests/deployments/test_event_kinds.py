@@ -7,8 +7,8 @@ import pytest
 
 from appliance import events
 from appliance.runtime.alerts import Alert
+from appliance.runtime.progress import FOLDED_KINDS, progress_fold
 from tests.specs import spec
-from web.agent.engines import FOLDED_KINDS, progress_fold
 from web.deployments import services
 from web.deployments.models import Event, EventKind
 from web.deployments.services.metrics import deployment_apply_alerts

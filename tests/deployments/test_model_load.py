@@ -263,9 +263,9 @@ def test_the_real_engines_load_lines_give_the_rate_it_reached() -> None:
     # The 433c58ed7 recording: "Load weight end. elapsed=0.26 s, type=DeepseekV3ForCausalLM,
     # ... mem usage=0.12 GB." (the target) folded as the agent folds it.
     from appliance.logs.parser import LogParser
+    from appliance.runtime.progress import progress_fold
     from appliance.store.loadtime import load_report, load_text
     from tests import real_engine as rec
-    from web.agent.engines import progress_fold
 
     progress: dict = {}  # type: ignore[type-arg]
     parser = LogParser()

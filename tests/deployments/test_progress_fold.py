@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from appliance.logs.parser import LogParser
+from appliance.runtime.progress import progress_fold
 from tests import real_engine as rec
-from web.agent.engines import progress_fold
 
 
 def _folded(texts: list[str]) -> dict[str, Any]:

@@ -1,5 +1,6 @@
-"""What a host's agent calls: the join with a join token, then its heartbeat and its
-engines' events with its own credential, and nothing else with it."""
+"""What a host's agent calls: the join with a join token, then its heartbeat, its
+placements, its engines' status steps and events with its own credential, and nothing else
+with it."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from tests.rows import ready
+from tests.rows import queued, ready
+from web.deployments import services as dservices
 from web.deployments.models import Event
-from web.fleet import services
+from web.deployments.silence import deployment_silence
+from web.fleet import selectors, services
 from web.fleet.models import FleetHost, JoinToken
 
 from .hosts import joined, report
@@ -152,6 +155,68 @@ def test_a_host_reads_its_own_placements_only() -> None:
     services.placement_assign(deployment=there, host_name="gpu-3")
     answer = Client().get("/api/fleet/host/", HTTP_AUTHORIZATION=f"Bearer {mine.credential}")
     assert answer.status_code == 200 and answer.json()["deployments"] == [here.pk]
+    [placed] = answer.json()["placements"]
+    assert placed["id"] == here.pk and placed["start_token"] == "t" and placed["image"] == "img"
+    assert placed["engine_key"] == selectors.engine_key(deployment_id=here.pk, start_token="t")
+    assert placed["spec"]["name"] == here.name and answer.json()["instance_id"]
+
+
+def _step(pk: int, credential: str, **body: object) -> tuple[int, dict]:  # type: ignore[type-arg]
+    return _post(f"/api/fleet/host/deployments/{pk}/steps/", dict(body), credential)
+
+
+FAILED = {"cause": "engine-exited", "summary": "The engine exited.", "fix": "Look at the log.",
+          "evidence": {"exit_code": 1}}
+
+
+def test_a_host_fails_its_engine_with_a_diagnosis_through_the_lifecycle(live_channel) -> None:  # type: ignore[no-untyped-def]
+    done = joined("gpu-2")
+    mine = ready()
+    services.placement_assign(deployment=mine, host_name="gpu-2")
+    status, body = _step(mine.pk, done.credential, step="failed", start_token="t",
+                         diagnosis=FAILED, message="exited with code 1",
+                         last_lines=["Traceback", "RuntimeError: boom"])
+    assert status == 200 and body == {"moved": True, "status": "failed"}
+    mine.refresh_from_db()
+    assert mine.diagnosis["cause"] == "engine-exited" and mine.last_lines[-1] == "RuntimeError: boom"
+    assert mine.agent_id == "agent@gpu-2"
+    assert mine.events.filter(kind="end").exists()
+
+
+def test_an_engine_that_died_on_a_host_while_serving_restarts_by_its_policy(live_channel) -> None:  # type: ignore[no-untyped-def]
+    done = joined("gpu-2")
+    mine = ready(restart={"policy": "on-failure", "max_restarts": 1})
+    services.placement_assign(deployment=mine, host_name="gpu-2")
+    status, body = _step(mine.pk, done.credential, step="failed", start_token="t",
+                         diagnosis=FAILED)
+    assert status == 200 and body["status"] == "starting"
+    mine.refresh_from_db()
+    assert mine.restarts == 1 and mine.start_token != "t"
+    # The old start's steps are refused from now on: its engine is gone.
+    status, body = _step(mine.pk, done.credential, step="stopped", start_token="t")
+    assert status == 409 and "no longer on that start" in body["detail"]
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ({"step": "serving", "start_token": "t"}, "step"),
+    ({"step": "ready"}, "start_token"),
+    ({"step": "ready", "start_token": "t", "engine_url": "http://web:8000"}, "engine_url"),
+    ({"step": "ready", "start_token": "t", "engine_url": "http://169.254.169.254:80"},
+     "engine_url"),
+    ({"step": "ready", "start_token": "t", "engine_url": "http://10.0.0.2:30000/x"},
+     "engine_url"),
+    ({"step": "failed", "start_token": "t", "diagnosis": {"cause": 1}}, "diagnosis"),
+    ({"step": "failed", "start_token": "t", "diagnosis": FAILED, "last_lines": "x"},
+     "last_lines"),
+])
+def test_a_bad_step_names_its_field_and_moves_nothing(body, field) -> None:  # type: ignore[no-untyped-def]
+    done = joined("gpu-2")
+    mine = ready()
+    services.placement_assign(deployment=mine, host_name="gpu-2")
+    status, answer = _step(mine.pk, done.credential, **body)
+    assert status == 400 and field in answer
+    mine.refresh_from_db()
+    assert mine.status == "ready"
 
 
 @pytest.mark.parametrize("bad", ['"a\\u0000b"', '"\\ud800"', "NaN"])
@@ -168,3 +233,17 @@ def test_a_payload_the_database_cannot_store_is_a_400_and_stores_nothing(bad, li
                            HTTP_AUTHORIZATION=f"Bearer {done.credential}")
     assert answer.status_code == 400 and "cannot store" in answer.json()["events"][0]
     assert Event.objects.filter(deployment=mine).count() == before
+
+
+def test_a_placed_engine_is_watched_by_its_hosts_heartbeat(live_channel) -> None:  # type: ignore[no-untyped-def]
+    done = joined("gpu-2")
+    mine = queued()
+    dservices.deployment_mark_starting(deployment_id=mine.pk, image="img", start_token="s1")
+    services.placement_assign(deployment=mine, host_name="gpu-2")
+    status, body = _step(mine.pk, done.credential, step="loading", start_token="s1")
+    assert status == 200 and body == {"moved": True, "status": "loading"}
+    mine.refresh_from_db()
+    assert deployment_silence(deployment=mine) is None  # the host reported just now
+    later = timezone.now() + timedelta(seconds=120)
+    silent = deployment_silence(deployment=mine, now=later)
+    assert silent is not None and silent.agent_id == "agent@gpu-2"

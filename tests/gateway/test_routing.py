@@ -233,11 +233,20 @@ def test_a_change_of_what_the_routing_table_holds_reaches_a_watching_process() -
         watch.start()
         try:
             await until(lambda: watch.current()[0])
+            other = await asyncio.to_thread(deployment_row, "replica-0", DeploymentStatus.READY)
             row = await asyncio.to_thread(deployment_row, "watched", DeploymentStatus.LOADING)
-            await until(lambda: watch.current()[1] >= 2)  # the connect's count, the insert
+            await until(lambda: watch.current()[1] >= 2)  # the connect's count, the inserts
             for fields in ({"status": DeploymentStatus.READY},
                            {"engine_url": "http://elsewhere:30000"},
-                           {"spec": {"name": "watched", "engine": {"served_model_name": "m"}}}):
+                           {"spec": {"name": "watched", "engine": {"served_model_name": "m"}}},
+                           # what replicas added: a drained row, a replica's row, a companion,
+                           # the mode, the agent whose heartbeat judges its host
+                           {"draining": True},
+                           {"replica_of_id": other.pk},
+                           {"spec": {"name": "watched", "companion": "base",
+                                     "engine": {"served_model_name": "m"}}},
+                           {"algorithm": "DFLASH"},
+                           {"agent_id": "agent-2"}):
                 before = watch.current()[1]
                 await asyncio.to_thread(update_deployment, row.pk, **fields)
                 await until(lambda b=before: watch.current()[1] > b, timeout_s=2.0)
@@ -246,11 +255,28 @@ def test_a_change_of_what_the_routing_table_holds_reaches_a_watching_process() -
             await asyncio.to_thread(update_deployment, row.pk, container_name="other")
             await asyncio.sleep(0.5)
             assert watch.current() == (True, before)
+            # A placement made (the joined host whose heartbeat judges the row) tells.
+            await asyncio.to_thread(place, row.pk)
+            await until(lambda: watch.current()[1] > before, timeout_s=2.0)
         finally:
             assert watch.task is not None
             watch.task.cancel()
 
     asyncio.run(scenario())
+
+
+def place(pk: int) -> None:
+    from django.utils import timezone
+
+    from web.fleet.models import FleetHost, Placement
+
+    try:
+        host = FleetHost.objects.create(name="gpu-9", credential_prefix="p9",
+                                        credential_digest="9" * 64,
+                                        credential_made_at=timezone.now())
+        Placement.objects.create(deployment_id=pk, replica=0, host=host)
+    finally:
+        connection.close()
 
 
 @contextlib.asynccontextmanager

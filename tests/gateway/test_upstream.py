@@ -278,3 +278,19 @@ def test_no_engine_or_no_http_is_an_error_naming_it() -> None:
             pool.post("https://127.0.0.1/v1/models", b"")
         pool.close()
     run(test)
+
+
+def test_a_fleet_engines_key_goes_as_a_bearer_header_and_only_when_there_is_one() -> None:
+    async def answer(reader, writer, n) -> bool:  # type: ignore[no-untyped-def]
+        writer.write(whole(b"{}"))
+        return True
+
+    async def test() -> None:
+        async with serving(answer) as (server, pool):
+            async with pool.post(server.url, b"{}", authorization="Bearer k3y") as response:
+                await response.read()
+            async with pool.post(server.url, b"{}") as response:
+                await response.read()
+            assert b"\r\nAuthorization: Bearer k3y\r\n" in server.requests[0]
+            assert b"Authorization" not in server.requests[1]
+    run(test)

@@ -94,3 +94,29 @@ def test_restart_brings_a_stopped_deployment_back_in_a_new_container(engine, age
     assert row.run == 2 and row.start_token not in ("", first_token)
     labels = docker.from_env().containers.get(_container_name(pk)).labels
     assert labels["appliance.start-token"] == row.start_token
+
+
+def test_two_replicas_run_as_two_engines_on_other_gpus_and_restart_each_on_its_own(engine, agent):  # type: ignore[no-untyped-def]
+    first = services.deployment_create(data=spec(gpus=[0], replicas=2, restart=ON_FAILURE),
+                                       confirm_warnings=True)
+    rows = [first, *Deployment.objects.filter(replica_of=first)]
+    assert [(r.replica_index, r.gpus) for r in rows] == [(0, [0]), (1, [1])]
+    for row in rows:
+        tasks.deploy.apply(args=[row.pk]).get()
+    for row in rows:
+        assert controller.wait_for(row.pk, {S.READY, S.FAILED}, 90) == S.READY
+    rows = [Deployment.objects.get(pk=r.pk) for r in rows]
+    names = [_container_name(r.pk) for r in rows]
+    assert len(set(names)) == 2 and rows[0].start_token != rows[1].start_token
+    assert all(docker.from_env().containers.get(n).status == "running" for n in names)
+    assert rows[0].engine_url != rows[1].engine_url
+
+    docker.from_env().containers.get(names[1]).kill()  # replica 1's engine dies
+    wait_for(lambda: _restarted_ready(rows[1].pk, 2), timeout_s=90, every_s=0.2)
+    zero = Deployment.objects.get(pk=first.pk)
+    assert (zero.status, zero.run, zero.restarts) == (S.READY, 1, 0)  # replica 0 untouched
+    assert docker.from_env().containers.get(names[0]).status == "running"
+
+    services.deployment_stop(deployment_id=first.pk)  # replica 0's Stop takes both
+    for row in rows:
+        assert controller.wait_for(row.pk, {S.STOPPED}, 30) == S.STOPPED

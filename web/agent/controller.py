@@ -14,6 +14,8 @@ step. Every step is idempotent, so a restarted agent simply runs the loop again.
 - Beside each follower a monitor thread (monitoring.py) scrapes the engine's
   /metrics into the deployment's series once ready, and raises alerts (stalls, acceptance
   collapse, silent eager decoding, KV pressure, an unreachable /metrics).
+- Rolling changes (Restart and Redeploy of a deployment with replicas) take their next
+  steps here each tick (web/deployments/services/rolling.py): their state is in the rows.
 - Stopping an engine is this agent's alone (stop, remove, mark stopped): it owns the
   containers, and a stop never waits behind a Celery job. A build whose worker died is
   queued again once its lease ends.
@@ -29,6 +31,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+import redis
 from django.conf import settings
 from django.db import connection as db_connection
 from django.db.models import Q
@@ -49,6 +52,8 @@ from appliance.runtime.containers import (
     open_network_warning,
 )
 from appliance.runtime.follower import Cursor, EngineFollower, Events, FollowOptions, follow
+from appliance.runtime.hostfacts import docker_facts
+from appliance.runtime.progress import progress_fold
 from appliance.runtime.secrets import secret_names_available
 from web import tasks
 from web.deployments.models import Deployment, DeploymentStatus, EventKind, Host
@@ -57,7 +62,6 @@ from web.deployments.services.events import (
     events_append_batch,
     events_batches_quiet,
 )
-from web.deployments.services.hosts import docker_facts
 from web.deployments.services.installation import instance_id
 from web.deployments.services.lifecycle import (
     ADVANCE,
@@ -69,8 +73,9 @@ from web.deployments.services.lifecycle import (
 from web.deployments.services.loadtime import deployment_models_refused
 from web.deployments.services.metrics import metrics_prune
 from web.deployments.services.retention import events_prune_in_background
+from web.deployments.services.rolling import rolling_tick
 
-from .engines import container_plan, identity_of, progress_fold
+from .engines import container_plan, identity_of
 from .monitoring import MonitorHandle, monitor_start
 
 log = logging.getLogger(__name__)
@@ -195,6 +200,7 @@ class EngineAgent:
     paused: threading.Event = field(default_factory=threading.Event)  # tests hold it still
     _ticks: int = 0
     _strays_said: frozenset[str] = frozenset()
+    _redis: Any = None  # the gateway's in-flight counters, read by rolling changes
 
     def run(self, stop: threading.Event, tick_s: float = 1.0) -> None:
         log.info("engine agent %s running (instance %s)", self.agent_id, instance_id())
@@ -219,6 +225,7 @@ class EngineAgent:
         for pk in [pk for pk in self.work if pk not in {d.pk for d in owned}]:
             self.work.pop(pk).stop.set()  # no longer ours, or no longer running
         self._requeue_builds(now)
+        self._roll()
         if self._ticks % 10 == 0:
             self._report_host(now)
         else:  # the heartbeat alone, every tick: a silent agent is seen in seconds (silence.py)
@@ -240,7 +247,9 @@ class EngineAgent:
     def _claim(self, now: Any) -> list[Deployment]:
         until = now + timedelta(seconds=self.lease_s)
         free = Q(agent_id=self.agent_id) | Q(lease_until__isnull=True) | Q(lease_until__lt=now)
-        candidates = Deployment.objects.filter(status__in=OWNED_STATUSES).filter(free)
+        # A deployment placed on a fleet host is that host's remote agent's (docs/fleet.md).
+        candidates = Deployment.objects.filter(status__in=OWNED_STATUSES,
+                                               placements__isnull=True).filter(free)
         claimed = []
         for pk in candidates.values_list("pk", flat=True):
             if Deployment.objects.filter(pk=pk, status__in=OWNED_STATUSES).filter(free).update(
@@ -325,6 +334,17 @@ class EngineAgent:
 
     def remove_engine(self, identity: Any) -> None:
         self.runtime.stop(identity, timeout_s=settings.ENGINE_STOP_TIMEOUT_S)
+
+    def _roll(self) -> None:
+        """The rolling changes' next steps (services/rolling.py): level-triggered as the
+        rest of this loop, so a restarted agent goes on where the rows say."""
+        if self._redis is None:
+            self._redis = redis.Redis.from_url(settings.REDIS_URL,
+                                               socket_timeout=settings.REDIS_SOCKET_TIMEOUT_S)
+        try:
+            rolling_tick(client=self._redis)
+        except Exception:  # noqa: BLE001 - a roll's error never holds up the engines' loop
+            log.exception("rolling changes: a step failed; retried next tick")
 
     # ------------------------------------------------------------------ builds and host
 

@@ -15,7 +15,10 @@ class DeploymentSerializer(serializers.ModelSerializer[Deployment]):
             "id", "name", "status", "phase", "recipe", "algorithm", "gpus", "spec", "progress",
             "decode_stats", "diagnosis", "last_lines", "preflight", "image", "container_name",
             "engine_url", "rebuild_image", "last_seq", "created_at", "updated_at", "ready_at",
-            "ended_at", "run", "restarts", "restart_not_before", "load_estimate",
+            "ended_at", "run", "restarts", "restart_not_before", "load_estimate", "rolling",
+            # Where this row runs and why (web/fleet/placement.py); a replica row names its
+            # replica 0 (replica_of) and its index; GET replicas/ lists them all.
+            "host", "placement_reason", "replica_of", "replica_index", "draining",
         ]
         read_only_fields = fields
 
@@ -55,6 +58,12 @@ class DeploymentCreateSerializer(serializers.Serializer[Any]):
                 "(APPLIANCE_ENGINE_IMAGE) and builds nothing: leave rebuild_image out, or unset "
                 "APPLIANCE_ENGINE_IMAGE to build images from the recipes.")
         return value
+
+
+class ScaleSerializer(serializers.Serializer[Any]):
+    replicas = serializers.IntegerField(
+        help_text="How many engines of the spec to run (1 to 128): missing rows are placed "
+        "and started, the highest-index rows beyond are stopped.")
 
 
 class PreflightSerializer(serializers.Serializer[Any]):

@@ -1,4 +1,4 @@
-"""The REST API: deployments, stop, restart, delete, clone, runs, paged events, a status
+"""The REST API: deployments, stop, restart, redeploy, delete, clone, runs, paged events, a status
 summary, pre-flight."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from functools import wraps
 from typing import Any
 
 from django.http import HttpRequest, HttpResponseBase
+from django.utils import timezone
 from django.utils.cache import get_conditional_response, patch_cache_control, patch_vary_headers
 from django.utils.http import quote_etag
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -36,6 +37,7 @@ from .serializers import (
     DeploymentSerializer,
     EventSerializer,
     PreflightSerializer,
+    ScaleSerializer,
     deployment_data,
 )
 
@@ -48,7 +50,7 @@ class CanOperate(permissions.BasePermission):
         action = getattr(view, "action", None)
         if request.method in permissions.SAFE_METHODS:
             return can_view(request.user)  # clone too: the spec, as the deployment shows it
-        if action in ("stop", "restart"):
+        if action in ("stop", "restart", "scale"):
             return can_stop(request.user)
         if action == "destroy":
             return can_delete(request.user)
@@ -102,9 +104,46 @@ class DeploymentViewSet(
     @extend_schema(request=None, responses={202: DeploymentSerializer})
     @action(detail=True, methods=["post"])
     def restart(self, request: Request, pk: str | None = None) -> Response:
-        """Start a stopped or failed deployment again: same spec, same id, a new run."""
+        """Start a stopped or failed deployment again: same spec, same id, a new run. With
+        replicas, a rolling restart, one replica at a time, whatever their status."""
         deployment = services.deployment_restart(deployment_id=self.get_object().pk,
                                                   user=request.user)
+        return Response(DeploymentSerializer(deployment).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(request=ScaleSerializer, responses={202: DeploymentSerializer})
+    @action(detail=True, methods=["post"])
+    def scale(self, request: Request, pk: str | None = None) -> Response:
+        """Run this many engines of the deployment's spec (replica 0's id): missing
+        replicas are placed and started, the highest-index ones beyond are stopped."""
+        body = ScaleSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        deployment = services.deployment_scale(deployment_id=self.get_object().pk,
+                                               replicas=body.validated_data["replicas"],
+                                               user=request.user)
+        return Response(DeploymentSerializer(deployment).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(responses={200: dict})
+    @action(detail=True, methods=["get"])
+    def replicas(self, request: Request, pk: str | None = None) -> Response:
+        """The deployment's engines (replica 0 and its replica rows): index, host, GPUs,
+        status, run, why it was placed there and its throughput, and their sum."""
+        rows = selectors.deployment_replicas(deployment=self.get_object(), now=timezone.now())
+        return Response({"results": [r.to_dict() for r in rows],
+                         "throughput": selectors.replicas_throughput(replicas=rows)})
+
+    @extend_schema(**{**CREATE_SCHEMA, "responses": {202: DeploymentSerializer},
+                      "description": "Redeploy: the body as for create (the new spec). The "
+                      "name and the replica count stay; with replicas, so do their GPUs."})
+    @action(detail=True, methods=["post"])
+    def redeploy(self, request: Request, pk: str | None = None) -> Response:
+        """Run this deployment on a new spec (or rebuild_image: a new image), same id. With
+        replicas, one replica at a time (`rolling` shows how far); with one, as restart."""
+        body = DeploymentCreateSerializer(data=spec_body(request.data, request.query_params))
+        body.is_valid(raise_exception=True)
+        deployment = services.deployment_redeploy(
+            deployment_id=self.get_object().pk, data=body.validated_data["spec"],
+            user=request.user, confirm_warnings=body.validated_data["confirm_warnings"],
+            rebuild_image=body.validated_data["rebuild_image"])
         return Response(DeploymentSerializer(deployment).data, status=status.HTTP_202_ACCEPTED)
 
     def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:

@@ -28,6 +28,7 @@ def _confirm(request: HttpRequest, deployment: Deployment, *, action: str,
              status: int = 200) -> HttpResponse:
     return render(request, "deployments/confirm.html", {
         "deployment": deployment, "action": action,
+        "replica_rows": Deployment.objects.filter(replica_of=deployment).count(),
         "load_s": selectors.deployment_load_seconds(deployment=deployment)}, status=status)
 
 
@@ -59,8 +60,35 @@ def deployment_restart(request: HttpRequest, pk: int) -> HttpResponse:
             for text in texts:
                 messages.error(request, f"Restart refused ({field}): {text}")
         return redirect("deployments:detail", pk=pk)
-    messages.success(request, f"Restarted {deployment.name}: run {deployment.run} queued.",
-                     extra_tags=f"while-{deployment.status}")
+    if (deployment.rolling or {}).get("state") == "rolling":
+        messages.success(request, f"{deployment.name}: {deployment.rolling['text']}.")
+    else:
+        messages.success(request, f"Restarted {deployment.name}: run {deployment.run} queued.",
+                         extra_tags=f"while-{deployment.status}")
+    return redirect("deployments:detail", pk=pk)
+
+
+@login_required
+@require_POST
+def deployment_scale(request: HttpRequest, pk: int) -> HttpResponse:
+    """The page's Scale form: run this many replicas (Restart's permission)."""
+    if not can_stop(request.user):
+        raise PermissionDenied("You need the operator role to scale deployments.")
+    get_object_or_404(Deployment, pk=pk)
+    raw = request.POST.get("replicas", "").strip()
+    if not raw.isdigit():
+        messages.error(request, f"Scale refused (replicas): write a whole number of replicas "
+                       f"from 1 to 128, not {raw[:20]!r}.")
+        return redirect("deployments:detail", pk=pk)
+    try:
+        deployment = services.deployment_scale(deployment_id=pk, replicas=int(raw),
+                                               user=request.user)
+    except services.DeploymentInputError as exc:
+        for field, texts in exc.errors.items():
+            for text in texts:
+                messages.error(request, f"Scale refused ({field}): {text}")
+        return redirect("deployments:detail", pk=pk)
+    messages.success(request, f"Scaled {deployment.name} to {int(raw)} replicas.")
     return redirect("deployments:detail", pk=pk)
 
 

@@ -53,4 +53,5 @@ def row_texts(row: DeploymentRow) -> dict[str, Any]:
         "throughput_at": _utc(row.throughput_at) if row.throughput_at else "",
         "endpoint": row.endpoint,  # empty: none yet (the page shows a dash)
         "silent": row.silent,  # its agent is silent: why the status says unknown
+        "replicas": row.replicas,  # "3 replicas (2 ready)"; empty for one engine
     }

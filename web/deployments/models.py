@@ -109,9 +109,19 @@ class Deployment(models.Model):
     replica_of = models.ForeignKey("self", null=True, blank=True, on_delete=models.CASCADE,
                                    related_name="replica_rows")
     replica_index = models.PositiveSmallIntegerField(default=0)
+    # Where this row's engine runs and its GPUs are leased (web/fleet/placement.py chose
+    # it, in the transaction that made the row), and why: the row's own reads show it. A
+    # joined host's choice is also a fleet Placement (the host's write scope); empty on
+    # rows made before placement: the panel's own host (APPLIANCE_HOST_NAME).
+    host = models.CharField(max_length=100, blank=True, default="")
+    placement_reason = models.CharField(max_length=300, blank=True, default="")
     # Out of the gateway's rotation for new requests (a rolling change drains a replica
     # before it stops it; in-flight requests finish: web/gateway/inflight.py counts them).
     draining = models.BooleanField(default=False)
+    # Replica 0's alone: the rolling change under way or the last one (kind, its replicas in
+    # order, the one whose turn it is and its step, a halt's cause): services/rolling.py
+    # writes it, the engine agent's loop moves it on, the page and the API show it.
+    rolling = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import connection
-from django.db.models import CharField, OuterRef, QuerySet, Subquery, Value
+from django.db.models import CharField, Count, OuterRef, Q, QuerySet, Subquery, Value
 from django.db.models.expressions import RawSQL
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Coalesce
@@ -354,17 +355,31 @@ class DeploymentRow:
     endpoint: str  # while ready: the engine's address on the engines' network
     # Its agent is silent (silence.py): the status shown is `unknown`, this says why.
     silent: str = ""
+    replicas: str = ""  # "3 replicas (2 ready)"; empty for one engine
 
 
 def deployment_list_rows(*, now: datetime, limit: int = LIST_ROWS) -> list[DeploymentRow]:
     """The newest `limit` deployments with what the list shows of each, in one query."""
     latest = MetricPoint.objects.filter(deployment=OuterRef("pk")).order_by("-ts")
-    rows = (Deployment.objects.only(*_LIST_FIELDS)
+    # Replica rows are shown by their replica 0 ("3 replicas (2 ready)"), not as rows.
+    ready = Q(replica_rows__status=DeploymentStatus.READY)
+    rows = (Deployment.objects.filter(replica_of__isnull=True).only(*_LIST_FIELDS)
             .annotate(point_throughput=Subquery(latest.values("throughput")[:1]),
-                      point_ts=Subquery(latest.values("ts")[:1]))[:limit])
+                      point_ts=Subquery(latest.values("ts")[:1]),
+                      replica_count=Count("replica_rows"),
+                      replicas_ready=Count("replica_rows", filter=ready))[:limit])
     seen = agents_last_seen()
-    return [_list_row(d, now, deployment_silence(deployment=d, seen=seen, now=now))
+    return [dataclasses.replace(_list_row(d, now, deployment_silence(
+                deployment=d, seen=seen, now=now)), replicas=_replicas_text(d))
             for d in rows]
+
+
+def _replicas_text(d: Deployment) -> str:
+    extra = getattr(d, "replica_count", 0)
+    if not extra:
+        return ""
+    ready = getattr(d, "replicas_ready", 0) + (d.status == DeploymentStatus.READY)
+    return f"{extra + 1} replicas ({ready} ready)"
 
 
 def _list_row(d: Deployment, now: datetime, silence: Silence | None = None) -> DeploymentRow:
@@ -470,3 +485,52 @@ def _host_gpus(name: str, host: Host | None, leases: dict[tuple[str, int], Deplo
     beyond = [GpuSlot(i, "", {}, d) for (h, i), d in sorted(leases.items())
               if h == name and i not in indexes]
     return HostGpus(name=name, host=host, source=source, gpus=slots, beyond=beyond)
+
+
+# ------------------------------------------------------------------ replicas
+
+
+@dataclass(frozen=True)
+class ReplicaRow:
+    """One engine of a deployment as its page and the API's replicas list show it."""
+
+    id: int
+    index: int
+    host: str
+    gpus: list[int]
+    status: str
+    run: int
+    placement_reason: str
+    throughput: float | None  # decode tok/s of its latest metric point, while ready and fresh
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "index": self.index, "host": self.host, "gpus": self.gpus,
+                "status": self.status, "run": self.run,
+                "placement_reason": self.placement_reason, "throughput": self.throughput}
+
+
+def deployment_replicas(*, deployment: Deployment, now: datetime) -> list[ReplicaRow]:
+    """Replica 0 (the deployment the row belongs to) and its replica rows, by index, each
+    with its latest throughput (Deployment.latest_metrics: no series read)."""
+    root = deployment.replica_of_id or deployment.pk
+    rows = (Deployment.objects.filter(pk=root) | Deployment.objects.filter(replica_of_id=root))
+    fields = ("id", "replica_index", "host", "gpus", "status", "run", "placement_reason",
+              "latest_metrics")
+    return [_replica_row(d, now) for d in rows.only(*fields).order_by("replica_index")]
+
+
+def _replica_row(d: Deployment, now: datetime) -> ReplicaRow:
+    point = d.latest_metrics or {}
+    at = point.get("t")
+    fresh = (d.status == DeploymentStatus.READY and isinstance(at, int | float)
+             and now.timestamp() - at <= THROUGHPUT_FRESH.total_seconds())
+    value = point.get("throughput") if fresh else None
+    return ReplicaRow(id=d.pk, index=d.replica_index, host=d.host, gpus=list(d.gpus or []),
+                      status=d.status, run=d.run, placement_reason=d.placement_reason,
+                      throughput=float(value) if isinstance(value, int | float) else None)
+
+
+def replicas_throughput(*, replicas: list[ReplicaRow]) -> float | None:
+    """The deployment's decode tok/s: its ready replicas' sum; None when none has a point."""
+    values = [r.throughput for r in replicas if r.throughput is not None]
+    return sum(values) if values else None

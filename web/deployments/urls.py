@@ -17,6 +17,7 @@ urlpatterns = [
          name="playground"),
     path("deployments/<int:pk>/stop/", lifecycle_views.deployment_stop, name="stop"),
     path("deployments/<int:pk>/restart/", lifecycle_views.deployment_restart, name="restart"),
+    path("deployments/<int:pk>/scale/", lifecycle_views.deployment_scale, name="scale"),
     path("deployments/<int:pk>/delete/", lifecycle_views.deployment_delete, name="delete"),
     path("deployments/<int:pk>/runs/<int:number>/log.txt", lifecycle_views.deployment_run_log,
          name="run-log"),

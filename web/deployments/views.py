@@ -72,7 +72,25 @@ def deployment_new(request: HttpRequest) -> HttpResponse:
                           recipe=source.initial["recipe"] if source else request.GET.get("recipe"),
                           initial=source.initial if source else None)
     findings: list[dict[str, str]] = []
-    if request.method == "POST" and form.is_valid():
+    # &redeploy=1: the form runs the source deployment on its new spec, in place (rolling
+    # with replicas: services.deployment_redeploy) instead of creating another.
+    redeploy = int(str(request.GET["from"])) if source and request.GET.get("redeploy") == "1" \
+        else None
+    if request.method == "POST" and form.is_valid() and redeploy is not None:
+        try:
+            deployment = services.deployment_redeploy(
+                deployment_id=redeploy, data=form.to_spec(), user=request.user,
+                confirm_warnings=form.cleaned_data["confirm_warnings"],
+                rebuild_image=form.cleaned_data["rebuild_image"])
+        except services.DeploymentInputError as exc:
+            form.add_service_errors(exc.errors)
+            findings = [f.to_dict() for f in exc.findings]
+        else:
+            text = (deployment.rolling or {}).get("text") if (
+                deployment.rolling or {}).get("state") == "rolling" else None
+            messages.success(request, f"{deployment.name}: {text or 'redeploy queued'}.")
+            return redirect("deployments:detail", pk=deployment.pk)
+    elif request.method == "POST" and form.is_valid():
         try:
             deployment = services.deployment_create(
                 data=form.to_spec(),
@@ -91,7 +109,8 @@ def deployment_new(request: HttpRequest) -> HttpResponse:
             return redirect("deployments:detail", pk=deployment.pk)
     status = 400 if request.method == "POST" else 200
     return render(
-        request, "deployments/new.html", {"form": form, "findings": findings, "source": source},
+        request, "deployments/new.html",
+        {"form": form, "findings": findings, "source": source, "redeploy": redeploy},
         status=status,
     )
 
@@ -125,6 +144,7 @@ def deployment_detail(request: HttpRequest, pk: int) -> HttpResponse:
     _require_view(request)
     deployment = get_object_or_404(Deployment, pk=pk)
     silence = deployment_silence(deployment=deployment)
+    replicas = selectors.deployment_replicas(deployment=deployment, now=timezone.now())
     return render(
         request,
         "deployments/detail.html",
@@ -141,8 +161,13 @@ def deployment_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "can_stop": can_stop(request.user),
             "can_deploy": can_deploy(request.user),
             "can_delete": can_delete(request.user),
+            # Restart rolls when replica 0 has replicas; a replica row restarts alone.
+            "replica_count": 1 if deployment.replica_of_id else len(replicas),
             "runs": selectors.deployment_runs(deployment=deployment),
             "findings": selectors.deployment_findings(deployment=deployment),
             "call": how_to_call(request=request, deployment=deployment),
+            # Its engines (replica 0 and its replica rows) and their summed throughput.
+            "replicas": replicas if len(replicas) > 1 else [],
+            "replicas_throughput": selectors.replicas_throughput(replicas=replicas),
         },
     )

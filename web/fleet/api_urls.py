@@ -17,5 +17,7 @@ urlpatterns = [
     path("host/heartbeat/", hostapi.host_heartbeat, name="fleet-heartbeat"),
     path("host/deployments/<int:deployment_id>/events/", hostapi.host_events,
          name="fleet-host-events"),
+    path("host/deployments/<int:deployment_id>/steps/", hostapi.host_step,
+         name="fleet-host-steps"),
     path("", include(router.urls)),
 ]

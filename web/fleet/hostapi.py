@@ -1,5 +1,6 @@
-"""What a GPU host's agent calls: the join (with a join token), its heartbeat, and the
-ingest of its engines' events (with its own credential, `Authorization: Bearer sdh-...`).
+"""What a GPU host's agent calls: the join (with a join token), then with its own credential
+(`Authorization: Bearer sdh-...`) its heartbeat, its placements, its engines' status steps
+and the ingest of their events (appliance/runtime/remote_agent.py is the caller).
 
 Plain Django views, not DRF's: no session or cookie is read (so no CSRF applies), and the
 ingest is the hot path of a busy host (thousands of events a second), where DRF's parsing
@@ -16,6 +17,8 @@ from typing import Any
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST, require_safe
+
+from web.deployments.services.installation import instance_id
 
 from . import selectors, services
 from .models import FleetHost
@@ -105,10 +108,38 @@ def host_heartbeat(request: HttpRequest) -> JsonResponse:
 
 @require_safe
 def host_me(request: HttpRequest) -> JsonResponse:
+    """This host, with each engine placed on it (id, spec, image, start token, status,
+    the recipe lock its image must carry, the engine's API key for this start)."""
     host = _host(request)
     if isinstance(host, JsonResponse):
         return host
-    return JsonResponse(_host_answer(host))
+    # The install's id: the host's engines carry it, so a restarted agent adopts them.
+    return JsonResponse({**_host_answer(host), "instance_id": instance_id(),
+                         "placements": selectors.host_placements(host=host)})
+
+
+@csrf_exempt
+@require_POST
+def host_step(request: HttpRequest, deployment_id: int) -> JsonResponse:
+    """{step, start_token, engine_url | diagnosis, message, last_lines} for the current
+    start of a deployment placed on this host -> {moved, status}; 404 for any other."""
+    host = _host(request)
+    if isinstance(host, JsonResponse):
+        return host
+    body = _body(request)
+    if isinstance(body, JsonResponse):
+        return body
+    try:
+        moved = services.host_step(host=host, deployment_id=deployment_id,
+                                   step=services.host_step_from(body))
+    except services.FleetError as exc:
+        return _error(400, str(exc), exc.field)
+    except services.NotPlacedHere as exc:
+        return _error(404, f"{exc}: a host steps only the deployments placed on it.")
+    except services.StaleStart as exc:
+        return _error(409, str(exc))
+    return JsonResponse({"moved": moved,
+                         "status": selectors.deployment_status(deployment_id=deployment_id)})
 
 
 @csrf_exempt

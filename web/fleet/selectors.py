@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import hmac
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from hmac import compare_digest
@@ -11,7 +13,13 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
-from web.deployments.models import GpuLease, Host
+from appliance.engine.recipes import RecipeError
+from appliance.images.lock import lock_digest
+from appliance.images.plan import BuildError, recipe_lock_path
+from appliance.lifecycle import AGENT_OWNED
+from web.deployments.models import Deployment, GpuLease, Host
+from web.deployments.services.deployments import recipe_load
+from web.deployments.services.loadtime import deployment_models_refused
 
 from .models import FleetHost, JoinToken, Placement
 from .services import CREDENTIAL_PREFIX, secret_digest
@@ -127,3 +135,51 @@ def jointoken_state(*, token: JoinToken, now: datetime) -> str:
 def host_deployment_ids(*, host: FleetHost) -> list[int]:
     """The deployments placed on the host: all it may write events for."""
     return sorted(Placement.objects.filter(host=host).values_list("deployment_id", flat=True))
+
+
+def engine_key(*, deployment_id: int, start_token: str) -> str:
+    """The API key a remote engine is started with (SGLang's --api-key) and the gateway
+    sends it: derived from the panel's secret and the start, so nothing is stored, a new
+    start gets a new key, and only the panel and the host running that start know it."""
+    message = f"engine-key:{deployment_id}:{start_token}".encode()
+    return hmac.new(settings.SECRET_KEY.encode(), message, hashlib.sha256).hexdigest()
+
+
+# What a host is told of each engine placed on it: enough to start, follow and stop it.
+PLACEMENT_FIELDS = ("id", "status", "spec", "image", "start_token", "log_cursor", "progress",
+                    "gpus", "alerts", "restart_not_before")
+
+
+def placement_lock_digest(*, deployment: Deployment) -> str | None:
+    """The recipe lock the host must find on the image's label; None for an image the
+    operator configured (APPLIANCE_ENGINE_IMAGE), which no recipe built."""
+    if settings.ENGINE_IMAGE and deployment.image == settings.ENGINE_IMAGE:
+        return None
+    try:
+        path = recipe_lock_path(recipe_load(str((deployment.spec or {}).get("recipe", ""))))
+    except (RecipeError, BuildError, OSError):
+        return ""  # the recipe or its lock is gone: only an image without a lock matches
+    return lock_digest(path.read_bytes()) if path is not None else ""
+
+
+def host_placements(*, host: FleetHost) -> list[dict[str, Any]]:
+    """The engines placed on the host that its agent acts on (starting to stopping), each
+    as the agent needs it, and nothing else: no other deployment, no ended one, no user,
+    key or secret value (the spec names its secrets only)."""
+    rows = []
+    for placement in Placement.objects.filter(
+            host=host, deployment__status__in=AGENT_OWNED).select_related("deployment"):
+        d = placement.deployment
+        row: dict[str, Any] = {name: getattr(d, name) for name in PLACEMENT_FIELDS}
+        row["restart_not_before"] = (d.restart_not_before.isoformat()
+                                     if d.restart_not_before else None)
+        row.update(replica=placement.replica, lock_digest=placement_lock_digest(deployment=d),
+                   models_refused=deployment_models_refused(deployment=d),
+                   engine_key=engine_key(deployment_id=d.pk, start_token=d.start_token)
+                   if d.start_token else "")
+        rows.append(row)
+    return rows
+
+
+def deployment_status(*, deployment_id: int) -> str:
+    return str(Deployment.objects.values_list("status", flat=True).get(pk=deployment_id))

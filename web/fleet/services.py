@@ -9,19 +9,37 @@ What a host's credential may do is what these functions let it: it names one Fle
 from __future__ import annotations
 
 import hashlib
+import ipaddress
+import json
 import secrets
 from collections.abc import Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.db import DataError, IntegrityError, connection, transaction
 from django.utils import timezone
 from django.utils.text import slugify
 
-from web.deployments.models import ACTIVE_STATUSES, Deployment, EventKind, GpuLease, Host
+from appliance.logs.cause import Diagnosis
+from web.deployments.models import (
+    ACTIVE_STATUSES,
+    Deployment,
+    DeploymentStatus,
+    EventKind,
+    GpuLease,
+    Host,
+)
 from web.deployments.services import events_append_batch
+from web.deployments.services.lifecycle import (
+    ADVANCE,
+    deployment_mark_failed,
+    deployment_mark_ready,
+    deployment_mark_stopped,
+    deployment_restart_after_death,
+)
 
 from .models import FleetHost, JoinToken, Placement
 
@@ -364,3 +382,118 @@ def host_events_append(*, host: FleetHost, deployment_id: int, batch: EventBatch
         raise NotPlacedHere(f"deployment {deployment_id} is not placed on host "
                             f"{host.name}") from None
 
+
+
+# -------------------------------------------------------------------- a host's status steps
+
+
+class StaleStart(PermissionError):
+    """The step names a start of the engine that is not the deployment's current one."""
+
+
+# The steps a host's agent takes for an engine placed on it; each goes through lifecycle.py
+# (the only writer of `status`), which refuses a move its table does not allow.
+HOST_STEPS = frozenset({*ADVANCE, "failed", "stopped"})
+MAX_MESSAGE = 2000
+MAX_LAST_LINES = 60
+
+
+@dataclass(frozen=True)
+class HostStep:
+    step: str
+    start_token: str
+    engine_url: str = ""
+    diagnosis: Diagnosis | None = None
+    message: str = ""
+    last_lines: tuple[str, ...] = ()
+
+
+def host_step_from(body: Mapping[str, Any]) -> HostStep:
+    """A host's step as sent: {step, start_token, engine_url | diagnosis, message,
+    last_lines}, checked field by field."""
+    step, token = body.get("step"), body.get("start_token")
+    if step not in HOST_STEPS:
+        raise FleetError("step", f"step is one of {', '.join(sorted(HOST_STEPS))}")
+    if not (isinstance(token, str) and 0 < len(token) <= 64):
+        raise FleetError("start_token", "send the start token of the engine this step is for")
+    message = body.get("message", "")
+    if not (isinstance(message, str) and len(message) <= MAX_MESSAGE):
+        raise FleetError("message", f"message is a string of {MAX_MESSAGE} characters at most")
+    lines = body.get("last_lines", [])
+    if not (isinstance(lines, list) and len(lines) <= MAX_LAST_LINES
+            and all(isinstance(x, str) and len(x) <= MAX_TEXT for x in lines)):
+        raise FleetError("last_lines", f"last_lines is a list of up to {MAX_LAST_LINES} lines")
+    url = engine_url_checked(body.get("engine_url", "")) if step == "ready" else ""
+    diagnosis = _diagnosis_from(body.get("diagnosis")) if step == "failed" else None
+    return HostStep(step=str(step), start_token=token, engine_url=url, diagnosis=diagnosis,
+                    message=message, last_lines=tuple(lines))
+
+
+def engine_url_checked(url: Any) -> str:
+    """A remote engine's URL as the gateway will call it: http://<IP>:<port>, an address of
+    the host's panel-facing network. A name or a loopback, link-local or unspecified
+    address is refused: the panel's gateway would otherwise relay /v1 to whatever a host
+    names on the panel's own machine or network (its compose services answer by name)."""
+    parts = urlsplit(url if isinstance(url, str) else "")
+    fix = ("engine_url is http://<the host's APPLIANCE_HOST_ADVERTISE_ADDR>:<port>, an IP "
+           "address the panel reaches the host at")
+    try:
+        address = ipaddress.ip_address(parts.hostname or "")
+        port = parts.port
+    except ValueError:
+        raise FleetError("engine_url", fix) from None
+    if (parts.scheme != "http" or port is None or parts.path not in ("", "/") or parts.query
+            or parts.username or address.is_loopback or address.is_link_local
+            or address.is_unspecified or address.is_multicast):
+        raise FleetError("engine_url", fix)
+    return f"http://{parts.netloc}"
+
+
+def _diagnosis_from(found: Any) -> Diagnosis:
+    if not (isinstance(found, dict) and all(
+            isinstance(found.get(k), str) and len(found[k]) <= MAX_MESSAGE
+            for k in ("cause", "summary", "fix"))):
+        raise FleetError("diagnosis", "diagnosis is an object with cause, summary and fix "
+                         f"(strings of {MAX_MESSAGE} characters at most)")
+    evidence = found.get("evidence") or {}
+    if not isinstance(evidence, dict) or len(json.dumps(evidence, default=str)) > 8192:
+        raise FleetError("diagnosis", "diagnosis.evidence is an object under 8 KiB")
+    # The catalogue decides what is shown (lifecycle.py stores an unknown cause as such).
+    return Diagnosis(found["cause"], found["summary"], found["fix"], evidence)
+
+
+def host_step(*, host: FleetHost, deployment_id: int, step: HostStep) -> bool:
+    """Take a host's step for an engine placed on it, for the deployment's current start
+    only; whether the status moved (False: the table refused it, or another move won).
+    NotPlacedHere for any other deployment, StaleStart for another start's step."""
+    if not Placement.objects.filter(host=host, deployment_id=deployment_id).exists():
+        raise NotPlacedHere(f"deployment {deployment_id} is not placed on host {host.name}")
+    current = Deployment.objects.filter(pk=deployment_id).values_list(
+        "start_token", "status").first()
+    if current is None:
+        raise NotPlacedHere(f"deployment {deployment_id} is not placed on host {host.name}")
+    token, status = current
+    if not (token and secrets.compare_digest(token, step.start_token)):
+        raise StaleStart(f"deployment {deployment_id} is no longer on that start (it was "
+                         "restarted or redeployed): this step is for an engine that is gone")
+    # Whose engine it is, for the silence check (web/deployments/silence.py): this host's.
+    Deployment.objects.filter(pk=deployment_id).update(agent_id=f"agent@{host.name}")
+    return _host_move(deployment_id, status, step)
+
+
+def _host_move(deployment_id: int, status: str, step: HostStep) -> bool:
+    if step.step == "ready":
+        return deployment_mark_ready(deployment_id=deployment_id, engine_url=step.engine_url)
+    if step.step in ADVANCE:
+        return bool(ADVANCE[step.step](deployment_id=deployment_id))
+    if step.step == "stopped":
+        return deployment_mark_stopped(deployment_id=deployment_id)
+    assert step.diagnosis is not None
+    message = step.message or step.diagnosis.summary
+    # Died while serving: the spec's restart policy may start it again, as on the panel's host.
+    if status == DeploymentStatus.READY and deployment_restart_after_death(
+            deployment_id=deployment_id, start_token=step.start_token,
+            diagnosis=step.diagnosis, message=message):
+        return True
+    return deployment_mark_failed(deployment_id=deployment_id, diagnosis=step.diagnosis,
+                                  last_lines=list(step.last_lines), message=message)

@@ -26,6 +26,7 @@ from web.gateway.selectors import (
     KeyGrant,
     Target,
     gateway_ended_target,
+    gateway_heartbeats,
     gateway_targets,
     key_grant,
 )
@@ -114,14 +115,15 @@ def target_for(*, caller: Caller, model: str, targets: list[Target]) -> Target |
     named = [t for t in targets if t.model == model]
     # (One active deployment a name since services/served_names.py; two from before it: the
     # one this caller may call, as /v1/models lists it.)
-    candidates = ([t for t in named if t.ready and caller.allows(t.deployment_id)]
+    # A key's scope names replica 0 (the deployment people see): its replicas are in it.
+    candidates = ([t for t in named if t.ready and caller.allows(t.group_id)]
                   or [t for t in named if t.ready] or named)
     target = candidates[0] if candidates else None
     if target is None:
         return Refusal(404, f"No deployment serves the model {model!r}: GET /v1/models lists "
                        "those you may call.", "invalid_request_error", "model_not_found",
                        param="model")
-    if not caller.allows(target.deployment_id):
+    if not caller.allows(target.group_id):
         return Refusal(403, f"This API key may not call {model!r}: its scope names other "
                        "deployments.", "permission_error", "model_not_allowed", param="model")
     if not target.ready:
@@ -167,10 +169,18 @@ def routes() -> list[Target]:
         connection.close()
 
 
+def routes_and_heartbeats() -> tuple[list[Target], dict[str, float]]:
+    """The routing table and each host's last heartbeat, on one connection."""
+    try:
+        return gateway_targets(), gateway_heartbeats()
+    finally:
+        connection.close()
+
+
 def models_for(*, caller: Caller, targets: list[Target]) -> list[Target]:
     """The ready deployments a caller may call, one entry per served model name."""
     seen: dict[str, Target] = {}
     for target in targets:
-        if target.ready and caller.allows(target.deployment_id):
+        if target.ready and caller.allows(target.group_id):
             seen.setdefault(target.model, target)
     return list(seen.values())

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +23,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import connection
 
+from appliance.engine.refusals import REFUSED, limitation
 from appliance.nesting import TooDeep, json_loads_bounded
 from web.asgitypes import ASGIApp, Receive, Scope, Send
 from web.gateway import services
@@ -35,7 +37,7 @@ from web.gateway.admission import (
 )
 from web.gateway.routing import routing
 from web.gateway.selectors import Target
-from web.gateway.upstream import Response, UpstreamError, pool
+from web.gateway.upstream import CONNECT_TIMEOUT_S, Response, UpstreamError, pool
 
 log = logging.getLogger(__name__)
 
@@ -251,27 +253,66 @@ async def _generate(receive: Receive, send: Send, path: str, caller: Caller,
     data = _parse(body)
     target: Target | Refusal = data if isinstance(data, Refusal) else \
         await _target(caller, data["model"])
+    named = target
     if isinstance(target, Target):
         assert isinstance(data, dict)
         # Counted against the key's limit only once it may reach this deployment: a refused
-        # call (403 out of scope, 404, 503, a bad body) uses none of it.
-        target = _token_refusal(data, target) or await _rate_limited(caller) or target
+        # call (403 out of scope, 404, 503, a bad body, a need its mode refuses) uses none.
+        target = _token_refusal(data, target) or _handed_on(data, target, path)
+        if isinstance(target, Target):
+            target = await _rate_limited(caller) or target
     if isinstance(target, Refusal):
         await _refuse(send, target)
         return
-    assert isinstance(data, dict)
+    assert isinstance(data, dict) and isinstance(named, Target)
+    handed = target.group_id != named.group_id
+    if handed:  # the companion's engine knows its own served name
+        data = {**data, "model": target.model}
+        body = json.dumps(data).encode()
     stream = bool(data.get("stream"))
     tap = UsageTap(strip=stream and not _asked_usage(data))
     if tap.strip:  # the engine tells usage only when asked; the client sees no difference
         body = with_usage_option(body, data)
-    await _relay_watching(receive, send, target, path, body, stream, tap)
+    if handed:  # the companion serves it: the client is told
+        tap.headers = [(SERVED_BY, target.name.encode())]
+    await _relay_watching(receive, send, target, path, body, stream, tap, data)
     if not tap.started:
         return  # the engine never answered (a 503 went out): nothing to count
+    # Usage is the key's, on the deployment that served it (replica 0's row for any of its
+    # replicas; the companion's when the companion served): docs/gateway.md.
     await usage_writer().record(services.Usage(
         key_id=caller.key.id if caller.key else None, user_id=caller.user_id,
-        deployment_id=target.deployment_id, prompt_tokens=tap.prompt_tokens,
+        deployment_id=target.group_id, prompt_tokens=tap.prompt_tokens,
         completion_tokens=tap.completion_tokens))
     await tap.finish(send)
+
+
+SERVED_BY = b"x-appliance-served-by"
+REPLICA = b"x-appliance-replica"  # the replica (its index) that answered, or began a stream
+RETRIED = (b"x-appliance-retried", b"1")  # another replica failed it before answering
+
+
+def _handed_on(data: dict[str, Any], target: Target, path: str) -> Target | Refusal:
+    """The deployment to serve the request: the one named, or its companion when the
+    named one's speculative mode refuses what the request needs (appliance.engine.refusals,
+    from the real engine's recordings); without a companion, a 400 naming the need and
+    the fix."""
+    if target.algorithm not in REFUSED:
+        return target
+    need = limitation(algorithm=target.algorithm, body=data,
+                      chat=path == "/v1/chat/completions")
+    if need is None:
+        return target
+    if not target.companion:
+        return Refusal(400, need.message(algorithm=target.algorithm), "invalid_request_error",
+                       "unsupported_by_speculative_mode", param=need.param)
+    companion = routing().companion(target)
+    if companion is None:
+        return Refusal(503, f"This request needs what {target.algorithm} cannot give "
+                       f"({need.what}), and the companion its spec names, "
+                       f"{target.companion!r}, is not ready: deploy it, or wait until it is "
+                       "ready.", "service_unavailable", "companion_not_ready")
+    return companion
 
 
 @dataclass
@@ -363,7 +404,14 @@ class UsageTap:
     completion_tokens: int = 0
     started: bool = False
     done: bool = False  # the engine's [DONE] came
+    sent_body: bool = False  # any byte of the body went to the client
+    headers: list[tuple[bytes, bytes]] = field(default_factory=list)  # the response's own
+    replica: int = 0
     _buffer: bytes = b""
+
+    def restart(self) -> None:
+        """Forget a replica's stream that broke before its first event (another's follows)."""
+        self._buffer, self.done = b"", False
 
     def take_usage(self, usage: Any) -> None:
         if isinstance(usage, dict):
@@ -423,7 +471,8 @@ class UsageTap:
 
 
 async def _relay_watching(receive: Receive, send: Send, target: Target, path: str,
-                          body: bytes, stream: bool, tap: UsageTap) -> None:
+                          body: bytes, stream: bool, tap: UsageTap,
+                          data: dict[str, Any]) -> None:
     """Relay, and stop the engine's work as soon as the client goes away.
 
     The relay runs in the request's own task; a watcher of the client's disconnect cancels
@@ -443,7 +492,7 @@ async def _relay_watching(receive: Receive, send: Send, target: Target, path: st
     gone = asyncio.ensure_future(_disconnected(receive))
     gone.add_done_callback(client_gone)
     try:
-        await _relay(send, target, path, body, stream, tap)
+        await _relay(send, target, path, body, stream, tap, data)
     except asyncio.CancelledError:
         if not stopped:
             raise  # cancelled from outside (the server shutting down), not by the watcher
@@ -462,42 +511,122 @@ async def _disconnected(receive: Receive) -> None:
 
 
 async def _relay(send: Send, target: Target, path: str, body: bytes, stream: bool,
-                 tap: UsageTap) -> None:
-    url = target.engine_url.rstrip("/") + path
+                 tap: UsageTap, data: dict[str, Any]) -> None:
+    """To one replica of the deployment; once more to another when the first failed before
+    answering (refused, reset, a 502/503, a stream broken before its first event)."""
+    table = routing()
+    rows = table.rotation(target)
+    if not rows:
+        await _refuse(send, Refusal(503, f"Every replica of {target.model!r} is draining (a "
+                                    "rolling change is under way); try again shortly.",
+                                    "service_unavailable", "deployment_draining"))
+        return
+    affinity = _affinity(data) if len(rows) > 1 else None
+    tried: tuple[int, ...] = ()
+    while rows:
+        row = table.pick(rows, affinity=affinity)
+        tried += (row.deployment_id,)
+        retry = len(tried) == 1 and any(t.deployment_id != row.deployment_id for t in rows)
+        tap.replica = row.replica_index
+        table.begin(row)
+        try:
+            answered = await _relay_to(send, row, path, body, stream, tap, retry)
+        finally:
+            table.end(row)
+        if answered:
+            return
+        table.eject(row)
+        if not retry:
+            break
+        rows = table.rotation(target, exclude=tried)
+        if not tap.started:  # said on the answer: it came from a second replica
+            tap.headers.append(RETRIED)
+    if tap.started:  # a stream's head went out, no event: it ends as a broken one
+        tap.broken(STREAM_BROKEN)
+    else:
+        await _refuse(send, Refusal(503, "The deployment's engine did not answer; it may be "
+                                    "restarting. Try again shortly.", "service_unavailable",
+                                    "engine_unreachable"))
+
+
+# A replica that gives one of these before any byte of an answer is tried no more for this
+# request: it is going away (SGLang answers 503 while it shuts down or its scheduler is gone).
+RETRIED_STATUSES = frozenset({502, 503})
+FAILOVER_CONNECT_S = 2.0  # connecting, when another replica could take the request instead
+AFFINITY_BLOCK = 256  # characters: the first block of a prompt, about 64 tokens
+
+
+def _affinity(data: dict[str, Any]) -> int | None:
+    """A hash of the prompt's first block (the completion's prompt, the chat's first
+    message), the same in every panel process; None when there is no text to hash."""
+    text = data.get("prompt")
+    if not isinstance(text, str):
+        messages = data.get("messages")
+        first = messages[0] if isinstance(messages, list) and messages else None
+        text = first.get("content") if isinstance(first, dict) else None
+        if not isinstance(text, str):
+            return None
+    return zlib.crc32(text[:AFFINITY_BLOCK].encode("utf-8", "surrogatepass"))
+
+
+async def _relay_to(send: Send, row: Target, path: str, body: bytes, stream: bool,
+                    tap: UsageTap, retry: bool) -> bool:
+    """Relay from one row's engine; False when it failed before answering (nothing of it
+    reached the client) and `retry` says another replica may take the request."""
+    url = row.engine_url.rstrip("/") + path
+    timeout_s = FAILOVER_CONNECT_S if retry else CONNECT_TIMEOUT_S
     try:
-        async with pool().post(url, body) as upstream:
+        auth = f"Bearer {row.engine_key}" if row.engine_key else ""
+        async with pool().post(url, body, authorization=auth,
+                               connect_timeout_s=timeout_s) as upstream:
+            if retry and upstream.status in RETRIED_STATUSES:
+                log.warning("engine %s answered %s before any byte: another replica takes it",
+                            row.engine_url, upstream.status)
+                return False
             kind = upstream.headers.get("content-type", "application/json").encode()
             if stream and upstream.status == 200:
-                await _relay_stream(send, upstream, kind, tap)
-            else:
-                await _relay_whole(send, upstream, kind, tap)
+                return await _relay_stream(send, upstream, kind, tap, retry)
+            if tap.started:  # a retry after a stream's head went out: no second status
+                await upstream.read()
+                tap.broken(STREAM_BROKEN)
+                return True
+            await _relay_whole(send, upstream, kind, tap)
+            return True
     except UpstreamError as exc:
-        log.warning("engine %s unreachable: %s", target.engine_url, exc)
-        if not tap.started:
-            await _refuse(send, Refusal(503, "The deployment's engine did not answer; it may "
-                                        "be restarting. Try again shortly.",
-                                        "service_unavailable", "engine_unreachable"))
+        log.warning("engine %s unreachable: %s", row.engine_url, exc)
+        return False
 
 
 async def _relay_stream(send: Send, upstream: Response, kind: bytes,
-                        tap: UsageTap) -> None:
-    await send({"type": "http.response.start", "status": 200, "headers": [
-        (b"content-type", kind), (b"cache-control", b"no-cache"),
-        (b"x-accel-buffering", b"no")]})
-    tap.started = True
+                        tap: UsageTap, retry: bool = False) -> bool:
+    if not tap.started:
+        await send({"type": "http.response.start", "status": 200, "headers": [
+            (b"content-type", kind), (b"cache-control", b"no-cache"),
+            (b"x-accel-buffering", b"no"), *tap.headers,
+            (REPLICA, str(tap.replica).encode())]})
+        tap.started = True
     try:
         async for data in upstream.chunks():
             out = tap.feed(data)
             if out:
+                tap.sent_body = True
                 await send({"type": "http.response.body", "body": out, "more_body": True})
     except UpstreamError as exc:
+        if retry and not tap.sent_body:  # nothing of it reached the client: another takes it
+            log.warning("engine stream broken off before its first event: %s", exc)
+            tap.restart()
+            return False
         log.warning("engine stream broken off: %s", exc)
         tap.broken(STREAM_BROKEN)
-        return
+        return True
     if not tap.done:  # ended cleanly, but short of its [DONE]: the engine stopped early
+        if retry and not tap.sent_body:
+            tap.restart()
+            return False
         log.warning("engine stream ended without [DONE]")
         tap.broken(STREAM_BROKEN)
     # the end (any unterminated tail) goes out in tap.finish, after usage is recorded
+    return True
 
 
 STREAM_BROKEN = Refusal(502, "The deployment's engine stopped in the middle of this answer "
@@ -512,6 +641,7 @@ async def _relay_whole(send: Send, upstream: Response, kind: bytes,
         with contextlib.suppress(ValueError, AttributeError):
             tap.take_usage(json.loads(data).get("usage"))
     await send({"type": "http.response.start", "status": upstream.status, "headers": [
-        (b"content-type", kind), (b"content-length", str(len(data)).encode())]})
+        (b"content-type", kind), (b"content-length", str(len(data)).encode()),
+        *tap.headers, (REPLICA, str(tap.replica).encode())]})
     tap.started = True
     tap.hold(data)  # sent by tap.finish, once usage is recorded

@@ -19,6 +19,18 @@ process, so a request with a known key costs one Redis round trip before the eng
   request: it was in the tail of the gateway's time to first byte (bench/gateway_overhead.py).
   Known good, the table is still read again every ROUTES_SAFETY_S. A model missing from it is
   looked up afresh before the answer is 404. Concurrent reads share one database query.
+- Replicas: a served name maps to the rows of one deployment (replica 0 and the rows with
+  replica_of = it); `rotation` gives those in rotation now (ready, not draining, not on a
+  lost host, not ejected after a failure) and `pick` chooses one: the fewest requests this
+  process relays to it, with prefix affinity (the same first prompt block to the same
+  replica, for its prefix cache) while that replica is within AFFINITY_SLACK of the least
+  loaded. A host is lost when its last heartbeat (read by the watch connection each second,
+  no request waits for it) is older than APPLIANCE_AGENT_SILENT_S. A row that failed a
+  request before answering is ejected: no client request goes there until its /health
+  answers again (probed each PROBE_S); the agent's status change (through the trigger)
+  takes a dead engine out of the table for good. `begin`/`end` keep the per-row in-flight
+  counter in Redis (web/gateway/inflight.py) off the request's path: the changes of
+  INFLIGHT_FLUSH_S go out in one pipeline in the background, each send after the last.
 """
 
 from __future__ import annotations
@@ -29,6 +41,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import psycopg
 import redis.asyncio as aioredis
@@ -38,7 +51,8 @@ from django.db import connections
 
 from web.gateway import admission
 from web.gateway.admission import Caller, Refusal
-from web.gateway.selectors import Target, secret_digest
+from web.gateway.inflight import INFLIGHT_TTL_S, inflight_key
+from web.gateway.selectors import HEARTBEATS_SQL, Target, secret_digest
 from web.gateway.services import KEYS_EPOCH, keys_channel, rate_limit_key
 
 # A lease of up to ARGV[2] requests from a key's one-minute window of ARGV[1]: never more
@@ -66,6 +80,17 @@ ROUTES_WATCH_STALE_S = 3.0
 # checks that a change reaches a watch, so the two cannot drift apart unnoticed).
 ROUTES_CHANNEL = "appliance_gateway_routes"
 MAX_GRANTS = 10_000
+# A replica that failed a request before answering (refused, reset, 502/503) gets no client
+# request until its /health answers 200 again, asked this often in the background (the
+# agent's status change, through the trigger, takes a dead engine out of the table for good).
+PROBE_S = 0.5
+PROBE_TIMEOUT_S = 2.0
+# Prefix affinity gives way to the least loaded replica when its own load is more than this
+# many requests above it (a shared-prefix burst must not pile onto one replica).
+AFFINITY_SLACK = 2
+# The in-flight counters are changed this long after the relay's start and end, together:
+# a rolling change waits for the routing notification and this before it trusts a 0.
+INFLIGHT_FLUSH_S = 0.01
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +170,10 @@ class RoutesWatch:
     good: bool = False
     seen_at: float = float("-inf")
     task: asyncio.Task[None] | None = None
+    # Each host's last heartbeat (Unix time, by Target.host_key) and when it was read: the
+    # watch's own liveness query reads them, each ROUTES_WATCH_POLL_S.
+    heartbeats: dict[str, float] = field(default_factory=dict)
+    heartbeats_at: float = float("-inf")
 
     def current(self) -> tuple[bool, int]:
         """(True, changes) when the connection vouches for them, else (False, changes)."""
@@ -171,8 +200,11 @@ class RoutesWatch:
                     while True:
                         async for _ in conn.notifies(timeout=ROUTES_WATCH_POLL_S):
                             self.changes += 1
-                        await asyncio.wait_for(conn.execute("SELECT 1"),
-                                               ROUTES_WATCH_STALE_S)
+                        cursor = await asyncio.wait_for(conn.execute(HEARTBEATS_SQL),
+                                                        ROUTES_WATCH_STALE_S)
+                        read_at = time.time()
+                        self.heartbeats = {key: at for key, at in await cursor.fetchall()}
+                        self.heartbeats_at = read_at
                         self.seen_at = time.monotonic()
             except asyncio.CancelledError:
                 raise
@@ -201,9 +233,143 @@ class Routing:
     table_at: float = float("-inf")
     table_changes: int = 0  # routes_watch.changes as it was when the table was read
     reading: asyncio.Task[list[Target]] | None = None
+    groups: dict[int, list[Target]] = field(default_factory=dict)  # replica 0's id -> rows
+    outstanding: dict[int, int] = field(default_factory=dict)  # row -> relayed by us now
+    ejected: set[int] = field(default_factory=set)  # rows out until their /health answers
+    turn: int = 0  # ties between equally loaded replicas go round
+    # In-flight changes not yet sent to Redis, by row; the timer that sends them; the send
+    # under way (the next one waits for it).
+    inflight_pending: dict[int, int] = field(default_factory=dict)
+    inflight_flush: asyncio.TimerHandle | None = None
+    inflight_sending: asyncio.Future[Any] | None = None
+    background: set[asyncio.Future[Any]] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.lease_script = self.redis.register_script(_LEASE)
+
+    # -- replicas
+
+    def lost(self, target: Target) -> bool:
+        """Whether the row's host has been silent past APPLIANCE_AGENT_SILENT_S, judged at
+        the time its heartbeats were read (a table read long ago makes no host look lost)."""
+        beat = self.routes_watch.heartbeats.get(target.host_key)
+        return beat is not None and (self.routes_watch.heartbeats_at - beat
+                                     > settings.AGENT_SILENT_S)
+
+    def rotation(self, target: Target, *, exclude: tuple[int, ...] = ()) -> list[Target]:
+        """The rows of `target`'s deployment that may take a new request now. Rows on a lost
+        host, and rows ejected after a failure, are left out while another row can serve;
+        when none can, they are tried rather than refused."""
+        ready = [t for t in self.groups.get(target.group_id) or [target]
+                 if t.in_rotation and t.deployment_id not in exclude]
+        if len(ready) <= 1:
+            return ready
+        kept = [t for t in ready if not self.lost(t)] or ready
+        return [t for t in kept if t.deployment_id not in self.ejected] or kept
+
+    def pick(self, rows: list[Target], *, affinity: int | None = None) -> Target:
+        """The least loaded row (in this process), the prefix's own while within
+        AFFINITY_SLACK of it; ties go round."""
+        if len(rows) == 1:
+            return rows[0]
+        loads = self.outstanding
+        least = min(loads.get(t.deployment_id, 0) for t in rows)
+        if affinity is not None:
+            own = max(rows, key=lambda t: _mix(affinity, t.deployment_id))
+            if loads.get(own.deployment_id, 0) <= least + AFFINITY_SLACK:
+                return own
+        self.turn += 1
+        for i in range(len(rows)):
+            row = rows[(self.turn + i) % len(rows)]
+            if loads.get(row.deployment_id, 0) == least:
+                return row
+        return rows[0]  # (unreachable: one row has the least load)
+
+    def eject(self, target: Target) -> None:
+        """Out of the rotation until its engine's /health answers 200 (or the table drops
+        the row, or gives it another engine)."""
+        if target.deployment_id not in self.ejected:
+            self.ejected.add(target.deployment_id)
+            self._spawn(self._probe(target))
+
+    async def _probe(self, target: Target) -> None:
+        try:
+            while True:
+                await asyncio.sleep(PROBE_S)
+                now = next((t for t in self.table if t.deployment_id == target.deployment_id),
+                           None)
+                if now is None or now.engine_url != target.engine_url:
+                    return  # gone from the table, or a new engine: judged afresh
+                if await _healthy(target.engine_url):
+                    return
+        finally:
+            self.ejected.discard(target.deployment_id)
+
+    def companion(self, target: Target) -> Target | None:
+        """A row in rotation of the deployment `target`'s spec names as its companion (the
+        newest such deployment), or None."""
+        return next((t for t in self.table if t.name == target.companion and t.in_rotation
+                     and t.group_id != target.group_id), None)
+
+    def begin(self, target: Target) -> None:
+        """A request relayed to the row from now: counted here and, within INFLIGHT_FLUSH_S
+        and in the background, in its Redis in-flight counter."""
+        row = target.deployment_id
+        self.outstanding[row] = self.outstanding.get(row, 0) + 1
+        self._count(row, 1)
+
+    def end(self, target: Target) -> None:
+        row = target.deployment_id
+        left = self.outstanding.get(row, 1) - 1
+        if left > 0:
+            self.outstanding[row] = left
+        else:
+            self.outstanding.pop(row, None)
+        self._count(row, -1)
+
+    def _count(self, row: int, by: int) -> None:
+        # Changes within INFLIGHT_FLUSH_S go out together, in one pipeline, and a request
+        # that begins and ends within it costs Redis nothing: a script per change cost
+        # the panel about a millisecond of CPU a request (bench/gateway_overhead.py).
+        self.inflight_pending[row] = self.inflight_pending.get(row, 0) + by
+        if self.inflight_flush is None:
+            self.inflight_flush = asyncio.get_running_loop().call_later(
+                INFLIGHT_FLUSH_S, self._flush)
+
+    def _flush(self) -> None:
+        self.inflight_flush = None
+        changes = {row: by for row, by in self.inflight_pending.items() if by}
+        self.inflight_pending = {}
+        if changes:
+            self.inflight_sending = self._spawn(self._send(changes, self.inflight_sending))
+
+    async def _send(self, changes: dict[int, int], after: asyncio.Future[Any] | None) -> None:
+        if after is not None and not after.done():  # in order: a -1 never lands before its +1
+            with contextlib.suppress(Exception):
+                await after
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for row, by in changes.items():
+                    key = inflight_key(deployment_id=row)
+                    pipe.incrby(key, by)
+                    pipe.expire(key, INFLIGHT_TTL_S)
+                await pipe.execute()
+        except Exception:
+            for row, by in changes.items():  # sent with the next flush instead
+                self.inflight_pending[row] = self.inflight_pending.get(row, 0) + by
+            raise
+
+    def _spawn(self, work: Any) -> asyncio.Future[Any]:
+        task = asyncio.ensure_future(work)
+        self.background.add(task)  # held until done: the loop keeps only weak references
+        task.add_done_callback(self._done)
+        return task
+
+    def _done(self, task: asyncio.Future[Any]) -> None:
+        self.background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("the gateway's in-flight counter could not be changed: %s",
+                        task.exception())
 
     async def key_caller(self, secret: str) -> Caller | Refusal:
         """The key's caller (its rate limit is `take`'s)."""
@@ -298,11 +464,50 @@ class Routing:
         # again, since the rows may predate it.
         changes = self.routes_watch.changes
         try:
-            self.table = await _thread(admission.routes)()
+            read_at = time.time()
+            table, heartbeats = await _thread(admission.routes_and_heartbeats)()
+            groups: dict[int, list[Target]] = {}
+            for target in table:
+                groups.setdefault(target.group_id, []).append(target)
+            for rows in groups.values():
+                rows.sort(key=lambda t: t.deployment_id)  # replica 0 first, then by age
+            self.table, self.groups = table, groups
+            if read_at > self.routes_watch.heartbeats_at:
+                self.routes_watch.heartbeats = heartbeats
+                self.routes_watch.heartbeats_at = read_at
             self.table_at, self.table_changes = time.monotonic(), changes
             return self.table
         finally:
             self.reading = None
+
+
+async def _healthy(url: str) -> bool:
+    """Whether the engine's /health answers 200 (SGLang's: 503 while it cannot serve)."""
+    parts = urlsplit(url)
+    try:
+        async with asyncio.timeout(PROBE_TIMEOUT_S):
+            reader, writer = await asyncio.open_connection(parts.hostname, parts.port or 80)
+            try:
+                writer.write(f"GET /health HTTP/1.1\r\nHost: {parts.netloc}\r\n"
+                             "Connection: close\r\n\r\n".encode("latin-1"))
+                line = await reader.readline()
+            finally:
+                writer.close()
+    except (OSError, TimeoutError, ValueError):
+        return False
+    return line.split()[1:2] == [b"200"]
+
+
+_M64 = (1 << 64) - 1
+
+
+def _mix(affinity: int, row: int) -> int:
+    """A row's score for a prefix (rendezvous hashing: the highest wins, and a row leaving
+    moves only its own prefixes). splitmix64's finaliser, the same in every process."""
+    x = (affinity ^ (row * 0x9E3779B97F4A7C15)) & _M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
 
 
 def _share(limit: int) -> int:

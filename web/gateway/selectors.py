@@ -14,11 +14,13 @@ from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import connection
-from django.db.models import Q, Sum
+from django.db.models import OuterRef, Q, Subquery, Sum
 from django.db.models.fields.json import KT
 from django.http import HttpRequest
 
-from web.deployments.models import ACTIVE_STATUSES, Deployment, DeploymentStatus
+from web.deployments.models import ACTIVE_STATUSES, Deployment, DeploymentStatus, Host
+from web.fleet.models import FleetHost, Placement
+from web.fleet.selectors import engine_key
 from web.gateway.models import ApiKey, ApiKeyUsage
 
 KEY_PREFIX = "sk-sd-"
@@ -74,10 +76,32 @@ class Target:
     engine_url: str
     created: int  # Unix time, for /v1/models
     context_length: int | None = None  # the spec's engine.context_length, where it sets one
+    # What the engine was started with as --api-key on a fleet host (web/fleet/selectors.py;
+    # a panel-host engine has none and ignores the header). Never shown.
+    engine_key: str = field(default="", repr=False)
+    # Replicas (each a row): the row people see and keys name (replica 0), its own for it.
+    group_id: int = 0
+    draining: bool = False  # out of the rotation for new requests (a rolling change)
+    name: str = ""  # the deployment's name (a spec's `companion:` names another by it)
+    algorithm: str = ""  # the spec's speculative_algorithm (NONE, DFLASH, DDTREE, ...)
+    companion: str = ""  # the spec's `companion:`, a deployment's name
+    # Where its heartbeat comes from: "fleet:<host id>" (placed on a joined host) or
+    # "agent:<agent id>" (the panel's own host, the agent that claimed it); "" none yet.
+    host_key: str = ""
+    replica_index: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.group_id:
+            object.__setattr__(self, "group_id", self.deployment_id)
 
     @property
     def ready(self) -> bool:
         return self.status == DeploymentStatus.READY and bool(self.engine_url)
+
+    @property
+    def in_rotation(self) -> bool:
+        """Ready and not drained: new requests may go to it (a lost host aside)."""
+        return self.ready and not self.draining
 
 
 def gateway_base_url(*, request: HttpRequest) -> str:
@@ -115,13 +139,23 @@ def key_grant(*, secret: str) -> KeyGrant | None:
                     rate_limit_per_minute=row["rate_limit_per_minute"])
 
 
-def _targets_query() -> Any:
+_COLUMNS = ("id", "name", "status", "engine_url", "served", "created_at", "context",
+            "replica_of_id", "draining", "algorithm", "companion_name", "placed_on", "agent_id",
+            "replica_index", "start_token")
+
+
+def _annotated(rows: Any) -> Any:
     # KT: the name as text (#>>), so the rows need none of the ORM's JSON decoding.
-    return (Deployment.objects.filter(status__in=ACTIVE_STATUSES)
-            .annotate(served=KT("spec__engine__served_model_name"),
-                      context=KT("spec__engine__context_length"))
-            .order_by("-created_at", "-id")
-            .values_list("id", "name", "status", "engine_url", "served", "created_at", "context"))
+    placed = Subquery(Placement.objects.filter(deployment=OuterRef("pk"))
+                      .order_by("replica").values("host_id")[:1])
+    return rows.annotate(served=KT("spec__engine__served_model_name"),
+                         context=KT("spec__engine__context_length"),
+                         companion_name=KT("spec__companion"), placed_on=placed)
+
+
+def _targets_query() -> Any:
+    return (_annotated(Deployment.objects.filter(status__in=ACTIVE_STATUSES))
+            .order_by("-created_at", "-id").values_list(*_COLUMNS))
 
 
 _TARGETS_SQL: list[tuple[str, tuple[Any, ...]]] = []
@@ -143,22 +177,48 @@ def gateway_targets() -> list[Target]:
 
 
 def _target(pk: int, name: str, status: str, engine_url: str, served: str | None,
-            created: datetime, context: str | None) -> Target:
+            created: datetime, context: str | None, replica_of: int | None = None,
+            draining: bool = False, algorithm: str = "", companion: str | None = None,
+            placed_on: int | None = None, agent_id: str = "", replica_index: int = 0,
+            start_token: str = "") -> Target:
+    host_key = f"fleet:{placed_on}" if placed_on else (f"agent:{agent_id}" if agent_id else "")
     return Target(deployment_id=pk, model=str(served or name), status=status,
                   engine_url=engine_url, created=int(created.timestamp()),
-                  context_length=int(context) if context and context.isdigit() else None)
+                  context_length=int(context) if context and context.isdigit() else None,
+                  group_id=replica_of or pk, draining=bool(draining), name=name,
+                  algorithm=(algorithm or "").upper(), companion=companion or "",
+                  host_key=host_key, replica_index=replica_index,
+                  engine_key=engine_key(deployment_id=pk, start_token=start_token)
+                  if start_token else "")
+
+
+# Each host's last heartbeat, keyed as Target.host_key: the joined hosts' (fleet) and the
+# engine agents' own reports (deployments.Host). One statement, run by the gateway's watch
+# connection each second (web/gateway/routing.py), so a lost host leaves the rotation
+# without a database read on any request's path.
+HEARTBEATS_SQL = (
+    "SELECT 'fleet:' || id::text, extract(epoch FROM heartbeat_at)::float8 "
+    "FROM fleet_fleethost WHERE heartbeat_at IS NOT NULL "
+    "UNION ALL SELECT 'agent:' || agent_id, extract(epoch FROM heartbeat_at)::float8 "
+    "FROM deployments_host")
+
+
+def gateway_heartbeats() -> dict[str, float]:
+    """Each host's last heartbeat (Unix time) by Target.host_key."""
+    found: dict[str, float] = {
+        f"fleet:{pk}": at.timestamp() for pk, at in
+        FleetHost.objects.values_list("id", "heartbeat_at") if at is not None}
+    for agent_id, at in Host.objects.values_list("agent_id", "heartbeat_at"):
+        found[f"agent:{agent_id}"] = max(at.timestamp(), found.get(f"agent:{agent_id}", 0.0))
+    return found
 
 
 def gateway_ended_target(*, model: str) -> Target | None:
     """The newest deployment that served `model` and is no longer active (stopped, failed):
     a call for it is told its status (503), not that no such model exists (404)."""
-    row = (Deployment.objects.exclude(status__in=ACTIVE_STATUSES)
-           .annotate(served=KT("spec__engine__served_model_name"),
-                     context=KT("spec__engine__context_length"))
+    row = (_annotated(Deployment.objects.exclude(status__in=ACTIVE_STATUSES))
            .filter(Q(served=model) | ((Q(served__isnull=True) | Q(served="")) & Q(name=model)))
-           .order_by("-created_at", "-id")
-           .values_list("id", "name", "status", "engine_url", "served", "created_at", "context")
-           .first())
+           .order_by("-created_at", "-id").values_list(*_COLUMNS).first())
     return None if row is None else _target(*row)
 
 

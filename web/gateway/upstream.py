@@ -182,7 +182,9 @@ class Pool:
     loop: asyncio.AbstractEventLoop
     idle: dict[tuple[str, int], list[_Exchange]] = field(default_factory=dict)
 
-    def post(self, url: str, body: bytes, content_type: str = "application/json") -> _Call:
+    def post(self, url: str, body: bytes, content_type: str = "application/json",
+             authorization: str = "",
+             connect_timeout_s: float = CONNECT_TIMEOUT_S) -> _Call:
         parts = urlsplit(url)
         if parts.scheme != "http" or not parts.hostname:
             raise UpstreamError(f"{url!r} is not an http:// URL")
@@ -190,12 +192,14 @@ class Pool:
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         head = (f"POST {target} HTTP/1.1\r\nHost: {parts.netloc}\r\n"
                 f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
-                "Accept-Encoding: identity\r\n\r\n").encode("latin-1")
-        return _Call(self, (host, port), head + body)
+                + (f"Authorization: {authorization}\r\n" if authorization else "")
+                + "Accept-Encoding: identity\r\n\r\n").encode("latin-1")
+        return _Call(self, (host, port), head + body, connect_timeout_s)
 
-    async def _connect(self, key: tuple[str, int]) -> _Exchange:
+    async def _connect(self, key: tuple[str, int],
+                       timeout_s: float = CONNECT_TIMEOUT_S) -> _Exchange:
         try:
-            async with asyncio.timeout(CONNECT_TIMEOUT_S):
+            async with asyncio.timeout(timeout_s):
                 _, exchange = await self.loop.create_connection(_Exchange, *key)
         except (OSError, TimeoutError) as exc:
             raise UpstreamError(f"cannot connect to {key[0]}:{key[1]}: "
@@ -211,13 +215,14 @@ class Pool:
                 return exchange
         return None
 
-    async def _send(self, key: tuple[str, int], request: bytes) -> _Exchange:
+    async def _send(self, key: tuple[str, int], request: bytes,
+                    connect_timeout_s: float = CONNECT_TIMEOUT_S) -> _Exchange:
         """Write the request, wait for the answer's head. A pooled connection that fails
         before a byte comes back was closed by the engine in between: one fresh try."""
         exchange = self._take_idle(key)
         for pooled in (exchange is not None, False):
             if exchange is None:
-                exchange = await self._connect(key)
+                exchange = await self._connect(key, connect_timeout_s)
             exchange._reset()
             assert exchange.transport is not None
             try:
@@ -259,10 +264,11 @@ class _Call:
     pool: Pool
     key: tuple[str, int]
     request: bytes
+    connect_timeout_s: float = CONNECT_TIMEOUT_S
     _exchange: _Exchange | None = None
 
     async def __aenter__(self) -> Response:
-        self._exchange = await self.pool._send(self.key, self.request)
+        self._exchange = await self.pool._send(self.key, self.request, self.connect_timeout_s)
         return Response(self._exchange.status, self._exchange.headers, self._exchange)
 
     async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,

@@ -25,6 +25,7 @@ import sys
 
 GPUCHECK = "/opt/appliance/selfcheck.pyz"
 SECRETS_DIR = "/run/appliance/secrets"
+API_KEY_SECRET = "APPLIANCE_ENGINE_API_KEY"  # appliance.runtime.containers.ENGINE_API_KEY_SECRET
 _SECRET_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
 
 
@@ -43,6 +44,19 @@ def load_secrets(directory: str = SECRETS_DIR) -> list[str]:
         os.environ["APPLIANCE_SECRET_NAMES"] = ",".join(names)
         print(f"appliance: {len(names)} secret(s) set: {', '.join(names)}", flush=True)
     return names
+
+
+def with_api_key(argv: list[str]) -> list[str]:
+    """A fleet host's engine is published on the host's network, so it is started with
+    SGLang's --api-key (the gateway sends it); the key came as a secret file, so it is in no
+    container configuration, and it leaves the environment before the engine runs."""
+    key = os.environ.pop(API_KEY_SECRET, "")
+    if not key:
+        return argv
+    os.environ["APPLIANCE_SECRET_NAMES"] = ",".join(
+        n for n in os.environ.get("APPLIANCE_SECRET_NAMES", "").split(",")
+        if n and n != API_KEY_SECRET)
+    return [*argv, "--api-key", key]
 
 
 def check_argv() -> list[str]:
@@ -70,6 +84,7 @@ def main(argv: list[str]) -> int:
         print("usage: entrypoint.py <engine argv...>", file=sys.stderr)
         return 2
     load_secrets()
+    argv = with_api_key(argv)
     if os.environ.get("APPLIANCE_GPU_CHECK") == "1":
         rc = run_gpu_check()
         if rc != 0:

@@ -1,7 +1,8 @@
 """Writes: the deployment actions, the status moves, the event log.
 
 The modules, by theme: deployments (the actions a person takes: validate, create, stop,
-restart, delete; recipes), lifecycle (the one writer of `status`: appliance.lifecycle's
+restart, redeploy, delete; recipes), rolling (Restart and Redeploy of a deployment with
+replicas, one replica at a time), lifecycle (the one writer of `status`: appliance.lifecycle's
 table applied), events (the event log and its live stream), leases (GPU leases), loadtime
 (the model store as deployments see it), hosts (what the GPU host's Docker can do, from
 the agents' reports), errors (DeploymentInputError). The engine agent's code is in
@@ -14,7 +15,9 @@ from __future__ import annotations
 from .deployments import (
     deployment_create,
     deployment_delete,
+    deployment_redeploy,
     deployment_restart,
+    deployment_scale,
     deployment_set_progress,
     deployment_stop,
     deployment_validate,
@@ -37,6 +40,7 @@ from .lifecycle import (
     deployment_mark_stopping,
     deployment_restart_after_death,
 )
+from .rolling import rolling_end, rolling_start, rolling_text, rolling_tick
 
 __all__ = [
     "ADVANCE",
@@ -53,7 +57,9 @@ __all__ = [
     "deployment_mark_stopped",
     "deployment_mark_stopping",
     "deployment_stop",
+    "deployment_redeploy",
     "deployment_restart",
+    "deployment_scale",
     "deployment_restart_after_death",
     "deployment_set_progress",
     "deployment_validate",
@@ -64,4 +70,8 @@ __all__ = [
     "gpu_leases_release",
     "recipe_load",
     "recipe_names",
+    "rolling_end",
+    "rolling_start",
+    "rolling_text",
+    "rolling_tick",
 ]

@@ -15,11 +15,13 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import transaction
+from django.db.models import Q
 
 from appliance.engine.envkeys import env_key_errors
 from appliance.engine.extra_args import absorb, original_field
 from appliance.engine.recipes import Recipe, RecipeError, list_recipes, load_recipe
 from appliance.engine.spec import (
+    MAX_REPLICAS,
     DeploymentSpec,
     SpecError,
     engine_base_types,
@@ -30,9 +32,10 @@ from appliance.engine.widths import needed_graph_widths
 from appliance.lifecycle import Process
 from appliance.preflight import Finding, has_errors, run_preflight
 from web import tasks
+from web.fleet.placement import Choice, PlacementRefused, deployment_place, placement_store
 
 from .. import live
-from ..models import TERMINAL_STATUSES, Deployment, DeploymentStatus
+from ..models import TERMINAL_STATUSES, Deployment, DeploymentStatus, EventKind
 from .errors import DeploymentInputError
 from .events import events_append
 from .hosts import (
@@ -56,6 +59,7 @@ from .loadtime import (
     unmeasured_roots,
 )
 from .modelfiles import local_model_facts
+from .rolling import deployment_has_replicas, rolling_end, rolling_start
 from .served_names import served_name_conflict
 
 S = DeploymentStatus
@@ -177,44 +181,86 @@ def deployment_create(
     with transaction.atomic():
         # Another active deployment of this served name is a 400 naming it; nothing stored.
         taken = served_name_conflict(spec=spec_to_dict(spec), name=spec.name)
-        deployment = Deployment.objects.create(
-            name=spec.name,
-            spec=spec_to_dict(spec),
-            recipe=spec.recipe,
-            algorithm=spec.engine.speculative_algorithm,
-            gpus=list(spec.gpus),
-            preflight=[f.to_dict() for f in findings],
-            load_estimate=load_estimate(spec),
-            graph_needed=needed_graph_widths(spec.engine) or {},
-            rebuild_image=rebuild_image,
-            created_by=user if user is not None and user.is_authenticated else None,  # type: ignore[misc]
-        )
-        # In this transaction: a GPU another deployment holds rolls the row back (400), and
-        # so does a taken name; both said at once (a Clone as it is takes both).
+        # Replica 0 and the spec's other replicas, each placed, leased and queued here: a
+        # host, a GPU or a name refused rolls them all back (400), all said at once (a
+        # Clone as it is takes both its GPUs and its name).
         try:
-            gpu_leases_acquire(deployment=deployment)
+            choices = _placed(spec, replicas=range(spec.replicas))
+            first: Deployment | None = None
+            for choice in choices:
+                row = _row_create(spec, [f.to_dict() for f in findings], choice, first=first,
+                                  user=user,
+                                  rebuild_image=rebuild_image)
+                first = first or row
         except DeploymentInputError as exc:
             raise DeploymentInputError(errors={**taken, **exc.errors}) from None
         if taken:
             raise DeploymentInputError(errors=taken)
-        events_append(
-            deployment_id=deployment.pk,
-            events=[
-                ("status", {"status": S.QUEUED, "message": "deployment queued"}),
-                ("preflight", {"findings": [f.to_dict() for f in findings]}),
-            ],
-        )
-        tasks.deployment_start_later(deployment.pk)
         for root in unmeasured_roots(spec):  # the Weights card compares the load with it
             root_read_rate_request(root=root)
+    assert first is not None
+    return first
+
+
+def _placed(spec: DeploymentSpec, *, replicas: range | list[int], used: list[str] | None = None,
+            exclude_pk: int | None = None) -> list[Choice]:
+    try:
+        return deployment_place(gpus=list(spec.gpus), host=spec.host, replicas=replicas,
+                                used=used or [], exclude_pk=exclude_pk)
+    except PlacementRefused as exc:
+        raise DeploymentInputError(errors={exc.field: [str(exc)]}) from None
+
+
+def _row_create(spec: DeploymentSpec, preflight: list[dict[str, Any]], choice: Choice, *,
+                first: Deployment | None, user: User, rebuild_image: bool) -> Deployment:
+    """One replica row of the spec where its placement says, its GPUs leased (a GPU held
+    by another deployment raises), its first events, its deploy task after commit."""
+    deployment = Deployment.objects.create(
+        name=spec.name,
+        spec=spec_to_dict(spec),
+        recipe=spec.recipe,
+        algorithm=spec.engine.speculative_algorithm,
+        gpus=list(choice.gpus),
+        preflight=preflight,
+        load_estimate=load_estimate(spec),
+        graph_needed=needed_graph_widths(spec.engine) or {},
+        rebuild_image=rebuild_image,
+        created_by=user if user is not None and user.is_authenticated else None,  # type: ignore[misc]
+        replica_of=first,
+        replica_index=choice.replica,
+    )
+    placement_store(deployment=deployment, choice=choice)
+    gpu_leases_acquire(deployment=deployment)
+    queued = {"status": S.QUEUED, "message": "deployment queued", "placement": choice.reason}
+    if first is not None:
+        queued["message"] = f"replica {choice.replica} of #{first.pk} queued"
+    events_append(
+        deployment_id=deployment.pk,
+        events=[("status", queued),
+                ("preflight", {"findings": preflight})],
+    )
+    tasks.deployment_start_later(deployment.pk)
     return deployment
+
+
+def _group_ids(root_id: int) -> list[int]:
+    """Replica 0 and its replica rows, by index."""
+    rows = Deployment.objects.filter(replica_of_id=root_id).order_by("replica_index")
+    return [root_id, *rows.values_list("pk", flat=True)]
 
 
 def deployment_stop(*, deployment_id: int) -> Deployment:
     """A queued deployment stops at once; a running one goes to stopping, and the engine
-    agent stops its engine at its next tick (a build under way sees it and is cancelled)."""
-    if not deployment_mark_stopped(deployment_id=deployment_id, by=Process.WEB):
-        deployment_mark_stopping(deployment_id=deployment_id)
+    agent stops its engine at its next tick (a build under way sees it and is cancelled).
+    Replica 0 stops with all its replicas (and ends a roll under way); a replica row stops
+    alone."""
+    row = Deployment.objects.only("pk", "replica_of").get(pk=deployment_id)
+    if row.replica_of_id is None:
+        rolling_end(deployment_id=deployment_id, why="Stop was pressed")
+    ids = [deployment_id] if row.replica_of_id else _group_ids(deployment_id)
+    for pk in ids:
+        if not deployment_mark_stopped(deployment_id=pk, by=Process.WEB):
+            deployment_mark_stopping(deployment_id=pk)
     return Deployment.objects.get(pk=deployment_id)
 
 
@@ -234,29 +280,107 @@ def deployment_restart(*, deployment_id: int, user: User = None) -> Deployment:
     the engine is a run (models.Run) whose events are those from its first seq to the next
     run's.
     """
+    row = Deployment.objects.get(pk=deployment_id)
+    if deployment_has_replicas(deployment=row):  # one replica at a time (rolling.py)
+        return rolling_start(deployment_id=row.pk, kind="restart", user=user)
+    return _requeue(deployment_id=deployment_id, user=user, verb="restarted")
+
+
+def _requeue(*, deployment_id: int, user: User, verb: str,
+             changes: dict[str, Any] | None = None) -> Deployment:
+    """A stopped or failed deployment's next run queued (with a redeploy's new columns)."""
     with transaction.atomic():
         row = Deployment.objects.select_for_update().get(pk=deployment_id)
         if row.status not in TERMINAL_STATUSES:
-            raise _not_terminal(row, "restarted")
-        taken = served_name_conflict(spec=row.spec, name=row.name, pk=row.pk)
+            raise _not_terminal(row, verb)
+        spec = (changes or {}).get("spec", row.spec)
+        taken = served_name_conflict(spec=spec, name=row.name, pk=row.pk)
         if taken:  # another deployment took its served name meanwhile
             raise DeploymentInputError(errors=taken)
-        gpu_leases_acquire(deployment=row)  # raises (400, rolled back) when a GPU is taken
-        if not deployment_mark_requeued(deployment=row, user=user):
-            raise _not_terminal(row, "restarted")
+        row.gpus = (changes or {}).get("gpus", row.gpus)
+        # Replica 0 starts again with its ended replicas (those the spec still counts),
+        # each on its own host and GPUs; a replica row starts alone.
+        group = [row]
+        if row.replica_of_id is None:
+            group += list(Deployment.objects.select_for_update().filter(
+                replica_of=row, replica_index__lt=int(spec.get("replicas") or 1),
+                status__in=list(TERMINAL_STATUSES)).order_by("replica_index"))
+        for member in group:
+            gpu_leases_acquire(deployment=member)  # raises (400, rolled back) if one is taken
+            if not deployment_mark_requeued(deployment=member, user=user, why=verb,
+                                            changes=changes if member is row else None):
+                raise _not_terminal(member, verb)
+            tasks.deployment_start_later(member.pk)
         row.refresh_from_db()
-        tasks.deployment_start_later(row.pk)
     return row
 
 
+# What a redeploy may not change: the replicas' count and GPUs are Scale's, where they run is
+# placement's, and the name is what clients call (the gateway routes old and new runs by it).
+# Each key: its words, and its value when a spec leaves it out.
+_REDEPLOY_KEEPS: dict[str, tuple[str, Any]] = {
+    "name": ("the name", None), "replicas": ("the replica count (use Scale)", 1),
+    "host": ("the host (placement)", None)}
+
+
+def deployment_redeploy(*, deployment_id: int, data: dict[str, Any], user: User = None,
+                        confirm_warnings: bool = False, rebuild_image: bool = False,
+                        ) -> Deployment:
+    """Run a deployment on a new spec (or a new image: rebuild_image), in place.
+
+    With replicas: a rolling redeploy, one replica at a time (rolling.py), the others
+    serving meanwhile. With one replica: as Restart, a stopped or failed deployment's next
+    run, now of the new spec; a running one is refused (nothing would serve while it
+    starts again: Stop it first, or give it replicas).
+    """
+    row = Deployment.objects.get(pk=deployment_id)
+    spec, findings = deployment_validate(data=data)
+    if [f for f in findings if f.severity == "warning"] and not confirm_warnings:
+        raise DeploymentInputError(
+            errors={"confirm_warnings": ["Pre-flight has warnings; confirm to deploy anyway."]},
+            findings=findings, needs_confirmation=True)
+    columns = _spec_columns(spec, findings)
+    changed = [what for key, (what, default) in _REDEPLOY_KEEPS.items()
+               if columns["spec"].get(key, default) != (row.spec or {}).get(key, default)]
+    if changed:
+        raise DeploymentInputError(errors={"spec": [
+            f"A redeploy keeps {', '.join(changed)}; deploy a new deployment for that."]})
+    if deployment_has_replicas(deployment=row):
+        if columns["spec"].get("gpus") != list(row.gpus):
+            raise DeploymentInputError(errors={"gpus": [
+                "A rolling redeploy keeps each replica's GPUs; leave gpus as they are."]})
+        return rolling_start(deployment_id=row.pk, kind="redeploy", user=user,
+                             columns=columns, rebuild_image=rebuild_image)
+    return _requeue(deployment_id=row.pk, user=user, verb="redeployed",
+                    changes={**columns, "gpus": list(spec.gpus), "rebuild_image": rebuild_image})
+
+
+def _spec_columns(spec: DeploymentSpec, findings: list[Finding]) -> dict[str, Any]:
+    """The row's columns that follow from a validated spec (as deployment_create stores)."""
+    return {"spec": spec_to_dict(spec), "recipe": spec.recipe,
+            "algorithm": spec.engine.speculative_algorithm,
+            "preflight": [f.to_dict() for f in findings], "load_estimate": load_estimate(spec),
+            "graph_needed": needed_graph_widths(spec.engine) or {}}
+
+
 def deployment_delete(*, deployment_id: int) -> None:
-    """Delete a stopped or failed deployment with its events, runs and metric series."""
+    """Delete a stopped or failed deployment with its events, runs and metric series, and
+    its replicas' (each stopped or failed too). A replica row goes only with replica 0."""
     with transaction.atomic():
         row = Deployment.objects.select_for_update().get(pk=deployment_id)
-        if row.status not in TERMINAL_STATUSES:
-            raise _not_terminal(row, "deleted")
-        Deployment.objects.filter(pk=row.pk, status__in=list(TERMINAL_STATUSES)).delete()
-        transaction.on_commit(lambda: live.forget(deployment_id))
+        if row.replica_of_id is not None:
+            raise DeploymentInputError(errors={"replica": [
+                f"#{row.pk} is replica {row.replica_index} of deployment #{row.replica_of_id}: "
+                f"it is deleted with that deployment (Delete on #{row.replica_of_id}), or "
+                "stopped by scaling it down."]})
+        ids = _group_ids(row.pk)
+        rows = list(Deployment.objects.select_for_update().filter(pk__in=ids).order_by("pk"))
+        for member in rows:
+            if member.status not in TERMINAL_STATUSES:
+                raise _not_terminal(member, "deleted")
+        Deployment.objects.filter(pk__in=ids, status__in=list(TERMINAL_STATUSES)).delete()
+        for pk in ids:
+            transaction.on_commit(lambda pk=pk: live.forget(pk))  # type: ignore[misc]
 
 
 def deployment_set_progress(
@@ -275,3 +399,54 @@ def deployment_set_progress(
         fields["decode_stats"] = decode_stats
     if fields:
         Deployment.objects.filter(pk=deployment_id).update(**fields)
+
+
+def deployment_scale(*, deployment_id: int, replicas: int, user: User = None) -> Deployment:
+    """Run `replicas` engines of the deployment's spec: start the missing rows (new ones,
+    or ended ones again, each placed anew: spread over hosts, then other GPUs), stop the
+    highest-index rows beyond. All placed and leased in one transaction, or nothing (400
+    naming what each host lacks). Replica 0 must be running; the spec keeps the count."""
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or not (
+            1 <= replicas <= MAX_REPLICAS):
+        raise DeploymentInputError(errors={"replicas": [
+            f"replicas is a whole number from 1 to {MAX_REPLICAS}, not {str(replicas)[:20]!r}."]})
+    with transaction.atomic():
+        root = Deployment.objects.select_for_update().get(pk=deployment_id)
+        if root.replica_of_id is not None:
+            raise DeploymentInputError(errors={"replicas": [
+                f"#{root.pk} is replica {root.replica_index} of deployment "
+                f"#{root.replica_of_id}: scale #{root.replica_of_id}."]})
+        if root.status in TERMINAL_STATUSES:
+            raise DeploymentInputError(errors={"status": [
+                f"{root.name} is {root.status}: only a running deployment scales. Restart it "
+                "first (its replicas start with it)."]})
+        rows = {r.replica_index: r for r in
+                Deployment.objects.select_for_update().filter(replica_of=root)}
+        rows[0] = root
+        running = {i for i, r in rows.items() if r.status not in TERMINAL_STATUSES}
+        wanted = [i for i in range(replicas) if i not in running]
+        spec = spec_from_dict(root.spec)
+        choices = _placed(spec, replicas=wanted,
+                          used=[rows[i].host for i in sorted(running) if i < replicas])
+        for choice in choices:
+            ended = rows.get(choice.replica)
+            if ended is None:
+                _row_create(spec, list(root.preflight or []), choice, first=root, user=user,
+                            rebuild_image=False)
+                continue
+            placement_store(deployment=ended, choice=choice)
+            gpu_leases_acquire(deployment=ended)
+            if not deployment_mark_requeued(deployment=ended, user=user):
+                raise _not_terminal(ended, "started again")
+            tasks.deployment_start_later(ended.pk)
+        for i in sorted((i for i in running if i >= replicas), reverse=True):
+            if not deployment_mark_stopped(deployment_id=rows[i].pk, by=Process.WEB):
+                deployment_mark_stopping(deployment_id=rows[i].pk)
+        Deployment.objects.filter(Q(pk=root.pk) | Q(replica_of=root)).update(
+            spec={**root.spec, "replicas": replicas})
+        was = len(running)
+        events_append(deployment_id=root.pk, events=[(EventKind.STATUS, {
+            "message": f"scaled from {was} to {replicas} replicas by "
+                       f"{getattr(user, 'username', '') or 'the API'}"})])
+        root.refresh_from_db()
+    return root

@@ -7,7 +7,6 @@ before anything starts, with a fix that fits.
 
 from __future__ import annotations
 
-import time
 from datetime import timedelta
 from typing import Any
 
@@ -20,25 +19,6 @@ from appliance.runtime.secrets import secret_names_available
 from ..models import Host
 
 HOST_FRESH_S = 120  # a report older than this says nothing about the host now
-_FACTS_TTL_S = 30.0
-_facts_cache: dict[str, Any] = {}
-
-
-def docker_facts(runtime: Any) -> dict[str, Any]:
-    """Docker's runtimes and CDI devices, and whether the NVIDIA runtime is there (cached)."""
-    cached = _facts_cache.get("facts")
-    if cached is not None and time.monotonic() - cached[0] < _FACTS_TTL_S:
-        return dict(cached[1])
-    info = runtime.client.info()
-    runtimes = sorted((info.get("Runtimes") or {}).keys())
-    cdi = [d.get("ID") for d in info.get("DiscoveredDevices") or [] if d.get("Source") == "cdi"]
-    facts = {"runtimes": runtimes, "cdi_devices": cdi,
-             "nvidia": "nvidia" in runtimes or any("nvidia.com/gpu" in str(d) for d in cdi),
-             "server_version": info.get("ServerVersion"), "name": info.get("Name")}
-    _facts_cache["facts"] = (time.monotonic(), facts)
-    return facts
-
-
 def host_gpu_findings(*, gpus: list[int], gpu_requests: bool) -> list[Finding]:
     """Pre-flight from the agents' reports: GPUs asked for on a host Docker can't give them."""
     if not (gpu_requests and gpus):
@@ -77,6 +57,15 @@ def host_gpu_count(*, configured: int) -> tuple[int, str]:
     if counts:
         count, name = max(counts)
         return count, f"NVML on {name}"
+    # Without NVML, joined hosts state a count (their heartbeat's report row): the largest
+    # host bounds a GPU id, the panel's own (APPLIANCE_GPU_COUNT, 0 on a panel without GPUs)
+    # among them; placement then checks each host's own.
+    stated = [(len(h.gpu_telemetry.get("gpus") or []), h.name)
+              for h in Host.objects.filter(heartbeat_at__gte=fresh)
+              if isinstance(h.gpu_telemetry, dict) and not h.gpu_telemetry.get("available")]
+    count, name = max(stated, default=(0, ""))
+    if count > configured:
+        return count, f"the count {name} states"
     return configured, "APPLIANCE_GPU_COUNT"
 
 

@@ -18,9 +18,10 @@ from ..models import Deployment, GpuLease
 from .errors import DeploymentInputError
 
 
-def lease_host() -> str:
-    """The host a deployment's GPUs are leased on (one host for now: APPLIANCE_HOST_NAME)."""
-    return str(settings.HOST_NAME)
+def lease_host(*, deployment: Deployment) -> str:
+    """The host a deployment row's GPUs are leased on: its placement's (web/fleet/
+    placement.py), or the panel's own host (APPLIANCE_HOST_NAME) for a row from before."""
+    return deployment.host or str(settings.HOST_NAME)
 
 
 def gpu_leases_acquire(*, deployment: Deployment) -> None:
@@ -30,7 +31,7 @@ def gpu_leases_acquire(*, deployment: Deployment) -> None:
     holds, and that deployment; the caller's transaction then rolls back what it wrote.
     A GPU this deployment holds already (a retried restart) is kept.
     """
-    host = lease_host()
+    host = lease_host(deployment=deployment)
     wanted = [g for g in deployment.gpus if isinstance(g, int)]
     GpuLease.objects.filter(deployment=deployment).exclude(gpu_index__in=wanted).delete()
     for _attempt in range(3):

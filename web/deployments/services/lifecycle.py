@@ -117,9 +117,10 @@ ADVANCE: dict[str, Callable[..., bool]] = {
 }
 
 
-def deployment_mark_stopping(*, deployment_id: int) -> bool:
-    return bool(_transition(deployment_id, target=S.STOPPING, by=Process.WEB,
-                            message="stop requested"))
+def deployment_mark_stopping(*, deployment_id: int, by: Process = Process.WEB,
+                             message: str = "stop requested") -> bool:
+    """Stopping: by web (Stop), or by a rolling change for the replica whose turn it is."""
+    return bool(_transition(deployment_id, target=S.STOPPING, by=by, message=message))
 
 
 def deployment_mark_stopped(*, deployment_id: int, by: Process = Process.AGENT) -> bool:
@@ -183,21 +184,27 @@ def _open_run(deployment: Deployment, *, reason: str, user: User, event: Event) 
                        first_seq=event.seq, started_at=timezone.now(), started_by=_who(user))
 
 
-def deployment_mark_requeued(*, deployment: Deployment, user: User = None) -> bool:
+def deployment_mark_requeued(*, deployment: Deployment, user: User = None,
+                             by: Process = Process.WEB, why: str = "restarted",
+                             changes: dict[str, Any] | None = None) -> bool:
     """Restart's move: a stopped or failed deployment is queued again as its next run.
 
-    The caller holds the row's lock (select_for_update) and has leased its GPUs again.
+    The caller holds the row's lock (select_for_update) and has leased its GPUs again. A
+    rolling change (by the roller) queues a replica's next run this way, `changes` holding
+    a redeploy's new spec columns, written in the same UPDATE as the move.
     """
     number = deployment.run + 1
     who = getattr(user, "username", "") or "the API"
     with transaction.atomic():
         _close_run(deployment, outcome=deployment.status, diagnosis=deployment.diagnosis)
+        fields: dict[str, Any] = {
+            "phase": "", "run": F("run") + 1, "restarts": 0, "restart_not_before": None,
+            "start_token": "", "diagnosis": None, "last_lines": [], "ended_at": None,
+            "rebuild_image": False, "build_owner": "", "build_lease_until": None,
+            "status_times": {}, **_FRESH_RUN, **(changes or {})}
         event = _transition(
-            deployment.pk, target=S.QUEUED, by=Process.WEB, event={"run": number},
-            message=f"run {number} queued: restarted by {who}",
-            phase="", run=F("run") + 1, restarts=0, restart_not_before=None, start_token="",
-            diagnosis=None, last_lines=[], ended_at=None, rebuild_image=False, build_owner="",
-            build_lease_until=None, status_times={}, **_FRESH_RUN)
+            deployment.pk, target=S.QUEUED, by=by, event={"run": number},
+            message=f"run {number} queued: {why} by {who}", **fields)
         if event is None:
             return False
         _open_run(deployment, reason=Run.Reason.RESTART, user=user, event=event)

@@ -12,7 +12,6 @@ engine once the entry is verified.
 from __future__ import annotations
 
 import os
-from pathlib import PurePosixPath
 from typing import Any
 
 from django.conf import settings
@@ -21,7 +20,7 @@ from django.utils import timezone
 from appliance.engine.spec import DeploymentSpec, spec_from_dict
 from appliance.lifecycle import Process
 from appliance.logs.appliance_causes import MODEL_DOWNLOAD_FAILED
-from appliance.preflight import MODELS_MOUNT, StoreModel, config_from_summary
+from appliance.preflight import StoreModel, config_from_summary
 from appliance.preflight.types import UNUSABLE_STATES, WAITING_STATES
 from appliance.store.diskrate import ReadRateError, measure_read_rate
 from appliance.store.loadtime import describe_load, load_seconds
@@ -294,29 +293,8 @@ def deployment_models_refused(*, deployment: Deployment) -> list[str]:
     return refused
 
 
-def engine_model_mounts(*, argv: list[str], models_dir: str) -> dict[str, dict[str, str]]:
-    """Read-only binds of exactly the /models paths the engine's arguments name, so no
-    other folder of the models dir (a partial download among them) is in the engine."""
-    mounts: dict[str, dict[str, str]] = {}
-    for arg in argv:
-        value = arg.split("=", 1)[1] if arg.startswith("--") and "=" in arg else arg
-        rest = _below_models(value)
-        if rest:
-            mounts[os.path.join(models_dir, rest)] = {"bind": f"{MODELS_MOUNT}/{rest}",
-                                                      "mode": "ro"}
-    return mounts
-
-
-def _below_models(value: str) -> str | None:
-    path = PurePosixPath(value)
-    if not value.startswith(MODELS_MOUNT + "/") or ".." in path.parts:
-        return None
-    rest = str(path.relative_to(MODELS_MOUNT))
-    return rest if rest not in ("", ".") else None
-
-
 __all__ = ["ENTRY_FIELDS", "MODEL_WAIT_POLL_S", "ReadRateError", "deployment_entries_resolve",
            "deployment_model_wait", "store_model_options",
-           "deployment_models_refused", "engine_model_mounts", "load_estimate",
+           "deployment_models_refused", "load_estimate",
            "root_read_rate_for", "root_read_rate_measure", "root_read_rates_list",
            "root_read_rate_request", "store_facts", "store_models", "unmeasured_roots"]

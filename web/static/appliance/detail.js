@@ -315,6 +315,16 @@
     }
   }
 
+  // A rolling change's progress (services/rolling.py), from its status events.
+  const rollingEl = document.getElementById("rolling");
+  function showRolling(r) {
+    if (!rollingEl || !r.text) return;
+    rollingEl.textContent = r.text;
+    rollingEl.dataset.state = r.state;
+    rollingEl.className = "rolling rolling-" + r.state;
+    rollingEl.hidden = false;
+  }
+
   // The cards an event updates (the log pane takes its line, if it has one, apart).
   function handle(event) {
     const p = event.payload || {};
@@ -327,7 +337,11 @@
       case "diagnosis": showDiagnosis(p); break;
       case "build": build(p); break;
       case "selfcheck": showSelfcheck(p); break;
-      case "end": setStatus(p.status); showEnded(p.status); source.close(); conn.textContent = "ended"; break;
+      case "status": if (p.rolling) showRolling(p.rolling); break;
+      case "end":
+        setStatus(p.status);
+        if (rollingEl && rollingEl.dataset.state === "rolling") break;  // its next run follows
+        showEnded(p.status); source.close(); conn.textContent = "ended"; break;
       default: break;
     }
   }

@@ -43,6 +43,10 @@
       status.appendChild(document.createTextNode(" "));
       status.appendChild(tag("small", "agent silent", "alert-note"));
     }
+    if (d.replicas) {  // "3 replicas (2 ready)": its replica rows are not rows here
+      status.appendChild(document.createTextNode(" "));
+      status.appendChild(tag("small", d.replicas, "replicas"));
+    }
     cell(tr, d.uptime, "uptime", d.ready_since ? "ready since " + d.ready_since : "");
     cell(tr, d.throughput, "throughput",
       d.throughput_at ? "output tokens, from the metric point of " + d.throughput_at : "");

@@ -34,6 +34,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--enable-metrics", action="store_true")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--api-key", dest="api_key", default=None)
     args, _unknown = p.parse_known_args(argv)
     return args
 
@@ -106,6 +107,7 @@ def server_args_dict(cfg: Config) -> dict[str, Any]:
         "dp_size": a.dp_size,
         "host": a.host,
         "port": a.port,
+        "api_key": a.api_key,
         "served_model_name": cfg.model_name,
         "enable_metrics": a.enable_metrics,
         "decode_log_interval": cfg.decode_log_interval,

@@ -23,6 +23,49 @@ OPENAI_LOGPROB_REFUSAL = {"object": "error",
                           "type": "BadRequestError", "param": None, "code": 400}
 
 
+# 433c58ed7's answers to grammar on /v1 (refusals_ddtree, refusals_dflash): a whole request
+# is a 400; a streamed one a 200 whose one event is the error (type BAD_REQUEST), then
+# [DONE]. Streamed chat log-probs are no refusal but a failure: a 500.
+GRAMMAR_MESSAGE = ("DFLASH speculative decoding does not support grammar-constrained "
+                   "decoding yet.")
+OPENAI_GRAMMAR_REFUSAL = {"object": "error", "message": GRAMMAR_MESSAGE,
+                          "type": "BadRequestError", "param": None, "code": 400}
+STREAM_GRAMMAR_REFUSAL = ("data: " + json.dumps({"error": {
+    "object": "error", "message": GRAMMAR_MESSAGE, "type": "BAD_REQUEST", "param": None,
+    "code": 400}}) + "\n\ndata: [DONE]\n\n")
+STREAM_LOGPROBS_FAILURE = {"object": "error",
+                           "message": "Internal server error: 'output_token_logprobs_length'",
+                           "type": "InternalServerError", "param": None, "code": 500}
+
+
+def openai_wants_grammar(body: dict[str, Any]) -> bool:
+    """As SGLang's /v1 sets a grammar constraint: response_format json_schema, json_object
+    or structural_tag; tool_choice "required" or a named function (with tools); its own
+    regex / ebnf fields."""
+    form = body.get("response_format")
+    if isinstance(form, dict) and form.get("type") in ("json_schema", "json_object",
+                                                        "structural_tag"):
+        return True
+    choice = body.get("tool_choice")
+    if body.get("tools") and (choice == "required" or isinstance(choice, dict)):
+        return True
+    return bool(body.get("regex") or body.get("ebnf"))
+
+
+def openai_refusal(body: dict[str, Any], *, chat: bool) -> tuple[int, Any] | None:
+    """What a DFLASH or DDTREE engine answers instead of serving the request, as recorded
+    (status, a JSON body or an SSE text), or None when it serves it."""
+    if engine.CFG.algo not in REFUSES_LOGPROBS:
+        return None
+    stream = bool(body.get("stream"))
+    if openai_wants_grammar(body):  # checked first: the request's validation order
+        return (200, STREAM_GRAMMAR_REFUSAL) if stream else (400, OPENAI_GRAMMAR_REFUSAL)
+    if openai_wants_logprobs(body, chat=chat):
+        return (500, STREAM_LOGPROBS_FAILURE) if stream and chat else \
+            (400, OPENAI_LOGPROB_REFUSAL)
+    return None
+
+
 def prompt_key(body: dict[str, Any]) -> str:
     """The context the simulated model conditions on: the prompt text or its ids."""
     prompt = body.get("text")

@@ -6,6 +6,7 @@ log-probs when asked, as /generate's is; a stream's pieces are the pacing's word
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import os
 import socket
@@ -94,8 +95,21 @@ class Handler(BaseHTTPRequestHandler):
             return {}
         return body if isinstance(body, dict) else {}
 
+    def unauthorized(self, path: str) -> bool:
+        """SGLang's --api-key (433c58ed7's utils/auth.py): every endpoint but /health* and
+        /metrics wants `Authorization: Bearer <key>`, else 401."""
+        key = engine.CFG.args.api_key
+        if not key or path.startswith(("/health", "/metrics")):
+            return False
+        if hmac.compare_digest(self.headers.get("Authorization", ""), f"Bearer {key}"):
+            return False
+        self.send_json(401, {"error": "Unauthorized"})
+        return True
+
     def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
         path = self.path.split("?", 1)[0]
+        if self.unauthorized(path):
+            return
         routes = {
             "/health": self.health,
             "/health_generate": self.health_generate,
@@ -110,6 +124,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802
         path = self.path.split("?", 1)[0]
+        if self.unauthorized(path):
+            return
         routes = {"/v1/chat/completions": self.chat, "/v1/completions": self.completion,
                   "/generate": self.generate}
         routes.get(path, self.not_found)()
@@ -168,8 +184,7 @@ class Handler(BaseHTTPRequestHandler):
                                  "type": "BadRequestError", "code": 400})
             return
         max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
-        if generate_api.openai_refuses(body, chat=True):
-            self.send_json(400, generate_api.OPENAI_LOGPROB_REFUSAL)
+        if self.refused(body, chat=True):
             return
         ticket = ticket_for(messages)
         pieces = generate(engine.CFG, ticket, max_tokens)
@@ -187,6 +202,20 @@ class Handler(BaseHTTPRequestHandler):
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
                          "logprobs": logprobs, "finish_reason": "length"}],
             "usage": usage(ticket, max_tokens)})
+
+    def refused(self, body: dict[str, Any], *, chat: bool) -> bool:
+        """A DFLASH/DDTREE engine's recorded answer to a request it cannot serve."""
+        refusal = generate_api.openai_refusal(body, chat=chat)
+        if refusal is None:
+            return False
+        status, answer = refusal
+        if isinstance(answer, str):  # a stream's error event and [DONE]
+            self.start_stream()
+            self.write_chunk(answer)
+            self.wfile.write(b"0\r\n\r\n")
+        else:
+            self.send_json(status, answer)
+        return True
 
     def stream_chat(self, rid: str, pieces: Iterator[str], ticket: Ticket,
                     max_tokens: int, body: dict[str, Any]) -> None:
@@ -238,8 +267,7 @@ class Handler(BaseHTTPRequestHandler):
                                  "type": "BadRequestError", "code": 400})
             return
         max_tokens = int(body.get("max_tokens") or 16)
-        if generate_api.openai_refuses(body, chat=False):
-            self.send_json(400, generate_api.OPENAI_LOGPROB_REFUSAL)
+        if self.refused(body, chat=False):
             return
         ticket = ticket_for(prompt)
         pieces = generate(engine.CFG, ticket, max_tokens)

@@ -1,0 +1,26 @@
+"""What a GPU host's Docker engine can do: its runtimes, CDI devices, whether NVIDIA's runtime
+is there. Framework-free: the panel's own agent writes it to its host row, a fleet host's
+remote agent sends it with its heartbeat."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+_FACTS_TTL_S = 30.0
+_facts_cache: dict[str, Any] = {}
+
+
+def docker_facts(runtime: Any) -> dict[str, Any]:
+    """Docker's runtimes and CDI devices, and whether the NVIDIA runtime is there (cached)."""
+    cached = _facts_cache.get("facts")
+    if cached is not None and time.monotonic() - cached[0] < _FACTS_TTL_S:
+        return dict(cached[1])
+    info = runtime.client.info()
+    runtimes = sorted((info.get("Runtimes") or {}).keys())
+    cdi = [d.get("ID") for d in info.get("DiscoveredDevices") or [] if d.get("Source") == "cdi"]
+    facts = {"runtimes": runtimes, "cdi_devices": cdi,
+             "nvidia": "nvidia" in runtimes or any("nvidia.com/gpu" in str(d) for d in cdi),
+             "server_version": info.get("ServerVersion"), "name": info.get("Name")}
+    _facts_cache["facts"] = (time.monotonic(), facts)
+    return facts

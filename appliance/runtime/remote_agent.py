@@ -1,0 +1,479 @@
+"""A fleet host's engine agent: it owns the engines the panel placed on this host and talks
+to the panel over HTTPS only, with the host's own credential (docs/fleet.md).
+
+The same level-triggered loop as the panel's own agent (web/agent/controller.py), with the
+panel's API for a transport: every tick it reads its placements (`GET /api/fleet/host/`:
+each placed engine's id, spec, image, start token, status), starts or adopts each engine
+with the same follower (appliance.runtime.follower), ships its events through the ingest,
+and takes its status steps through `POST .../steps/`, which the panel applies through its
+lifecycle table. It holds no database or broker address; Django is never imported.
+
+- A remote engine is published on the host's panel-facing address only
+  (APPLIANCE_HOST_ADVERTISE_ADDR), so it is started with SGLang's --api-key: a key for
+  that start that the panel derives and its gateway sends. The engine prints its
+  server_args (the key among them) at start: the key is masked in every shipped text.
+- The image must carry the recipe lock the panel sends (appliance.images.lock's label);
+  a configured image (no recipe build) is sent without one.
+- The credential refused (the host removed, or joined again elsewhere): the agent stops
+  writing at once, says why, and ends; its engines keep running for an operator to see.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from appliance.engine.launch import launch_args
+from appliance.engine.spec import spec_from_dict
+from appliance.engine.widths import needed_graph_widths
+from appliance.images.lock import LOCK_LABEL
+from appliance.lifecycle import AGENT_OWNED, Status
+from appliance.logs.appliance_causes import MODEL_NOT_READY, start_failure
+from appliance.logs.causes import Diagnosis
+from appliance.logs.facts import spec_facts
+from appliance.preflight import gpu_check_args
+from appliance.runtime import gpu_telemetry
+from appliance.runtime.client import EngineClient
+from appliance.runtime.containers import (
+    ContainerPlan,
+    EngineRuntime,
+    EngineRuntimeError,
+    Identity,
+)
+from appliance.runtime.follower import Cursor, EngineFollower, Events, FollowOptions, follow
+from appliance.runtime.hostfacts import docker_facts
+from appliance.runtime.mounts import engine_model_mounts
+from appliance.runtime.panel_link import PanelLink, PanelRefused, panel_link_open
+from appliance.runtime.progress import progress_fold
+from appliance.runtime.secrets import secret_names_available
+
+log = logging.getLogger(__name__)
+AGENT_VERSION = "0.9.0"
+MAX_BATCH_BYTES = 512 * 1024  # the panel's body limit is 1 MiB (APPLIANCE_MAX_BODY_BYTES)
+SHIP_TRIES = 5  # a batch the panel did not take is sent again, then the follower starts over
+MASK = "***"
+CREDENTIAL_PATH = "/var/lib/appliance/host-credential/credential"  # a volume (compose.host.yaml)
+
+
+class CredentialRefused(RuntimeError):
+    """The panel no longer takes this host's credential: nothing more is written."""
+
+
+def _env_int(environ: Mapping[str, str], name: str, default: int) -> int:
+    raw = environ.get(name, "")
+    try:
+        return int(raw) if raw else default
+    except ValueError:
+        raise SystemExit(f"{name} is a whole number, not {raw!r}") from None
+
+
+def _env_bool(environ: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = environ.get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw not in {"1", "0", "true", "false", "yes", "no"}:
+        raise SystemExit(f"{name} is true or false, not {raw!r}")
+    return raw in {"1", "true", "yes"}
+
+
+@dataclass(frozen=True)
+class RemoteSettings:
+    """The remote agent's configuration: environment variables, the panel's names."""
+
+    panel_url: str
+    host_name: str
+    advertise_addr: str
+    join_token: str = ""
+    credential_path: Path = Path(CREDENTIAL_PATH)
+    models_dir: str = ""
+    secrets_dir: str = "/run/secrets/engine"
+    gpu_requests: bool = True
+    gpu_check: bool = True
+    gpu_count: int = 0  # the GPUs to report where NVML is missing
+    shm_size: str = "32g"
+    pids_limit: int = 8192
+    memory_limit: str = ""
+    extra_env: dict[str, str] = field(default_factory=dict)
+    stop_timeout_s: int = 30
+    ready_timeout_s: int = 3600
+    tick_s: float = 1.0
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> RemoteSettings:
+        env = os.environ if environ is None else environ
+        missing = [n for n in ("APPLIANCE_PANEL_URL", "APPLIANCE_HOST_NAME",
+                               "APPLIANCE_HOST_ADVERTISE_ADDR") if not env.get(n)]
+        if missing:
+            raise SystemExit(f"set {', '.join(missing)}: a fleet host's agent needs the "
+                             "panel's address, its own name and the address the panel "
+                             "reaches its engines at (docs/fleet.md)")
+        extra = [item.split("=", 1) for item in env.get("APPLIANCE_ENGINE_EXTRA_ENV", "")
+                 .split(",") if "=" in item]
+        return cls(
+            panel_url=env["APPLIANCE_PANEL_URL"], host_name=env["APPLIANCE_HOST_NAME"],
+            advertise_addr=env["APPLIANCE_HOST_ADVERTISE_ADDR"],
+            join_token=env.get("APPLIANCE_JOIN_TOKEN", ""),
+            credential_path=Path(env.get("APPLIANCE_HOST_CREDENTIAL_FILE", CREDENTIAL_PATH)),
+            models_dir=env.get("APPLIANCE_MODELS_DIR", ""),
+            secrets_dir=env.get("APPLIANCE_ENGINE_SECRETS_DIR", "/run/secrets/engine"),
+            gpu_requests=_env_bool(env, "APPLIANCE_ENGINE_GPU_REQUESTS", True),
+            gpu_check=_env_bool(env, "APPLIANCE_ENGINE_GPU_CHECK", True),
+            gpu_count=_env_int(env, "APPLIANCE_GPU_COUNT", 0),
+            shm_size=env.get("APPLIANCE_ENGINE_SHM_SIZE", "32g"),
+            pids_limit=_env_int(env, "APPLIANCE_ENGINE_PIDS_LIMIT", 8192),
+            memory_limit=env.get("APPLIANCE_ENGINE_MEMORY_LIMIT", ""),
+            extra_env={k.strip(): v for k, v in extra},
+            stop_timeout_s=_env_int(env, "APPLIANCE_ENGINE_STOP_TIMEOUT_S", 30),
+            ready_timeout_s=_env_int(env, "APPLIANCE_ENGINE_READY_TIMEOUT_S", 3600),
+            tick_s=float(_env_int(env, "APPLIANCE_AGENT_TICK_MS", 1000)) / 1000)
+
+
+def host_report(runtime: EngineRuntime, config: RemoteSettings) -> dict[str, Any]:
+    """The join's and the heartbeat's body: NVML's GPUs (or a count), Docker's facts, the
+    secret store's names (never a value)."""
+    telemetry = gpu_telemetry.collect()
+    report: dict[str, Any] = {
+        "agent_version": AGENT_VERSION, "docker": docker_facts(runtime),
+        "secret_names": secret_names_available(directory=config.secrets_dir)}
+    if telemetry.available:
+        report["gpus"] = [{"index": g.index, "name": g.name, "uuid": g.uuid,
+                           "memory_total_gb": g.memory_total_gb} for g in telemetry.gpus]
+    else:
+        report["gpu_count"] = config.gpu_count
+    return report
+
+
+def remote_plan(placement: Mapping[str, Any], config: RemoteSettings,
+                instance: str) -> ContainerPlan:
+    """The engine container for a placement, as the panel's agent plans its own
+    (web/agent/engines.py), published on the host's advertised address with an API key."""
+    spec = spec_from_dict(placement["spec"])
+    launch = launch_args(spec)
+    volumes = (engine_model_mounts(argv=launch.argv, models_dir=config.models_dir)
+               if config.models_dir else {})
+    env = {**launch.env, **config.extra_env}
+    if spec.self_check and config.gpu_check:
+        env["APPLIANCE_GPU_CHECK"] = "1"
+        env["APPLIANCE_GPU_CHECK_ARGS"] = json.dumps(gpu_check_args(spec))
+    return ContainerPlan(
+        deployment_id=str(placement["id"]), image=str(placement["image"]), argv=launch.argv,
+        env=env, gpus=list(placement.get("gpus") or []) if config.gpu_requests else [],
+        container_port=spec.engine.port, network=None, publish_host=config.advertise_addr,
+        volumes=volumes, instance_id=instance, start_token=str(placement["start_token"]),
+        shm_size=spec.shm_size or config.shm_size, pids_limit=config.pids_limit or None,
+        mem_limit=config.memory_limit or None, secrets=list(launch.secrets),
+        secrets_dir=config.secrets_dir, api_key=str(placement.get("engine_key") or ""))
+
+
+def image_lock_refusal(runtime: EngineRuntime, image: str, wanted: str | None) -> str:
+    """Why this image must not run here ('' when it may): its recipe lock label differs from
+    the lock the panel sends. None from the panel: a configured image, no lock to match."""
+    if wanted is None:
+        return ""
+    try:
+        labels = runtime.client.images.get(image).labels or {}
+    except Exception:  # noqa: BLE001 - missing image: the start says so in its own words
+        return ""
+    found = labels.get(LOCK_LABEL, "")
+    if found == wanted:
+        return ""
+    return (f"image {image} was built from another recipe lock ({found or 'none'}) than the "
+            f"panel's ({wanted or 'none'}): rebuild it from the panel's recipe on this host")
+
+
+def batches(events: Events, limit: int = MAX_BATCH_BYTES) -> list[Events]:
+    """The events in order, in batches whose JSON stays under `limit` bytes."""
+    out: list[Events] = [[]]
+    size = 0
+    for kind, payload in events:
+        cost = len(json.dumps(payload, separators=(",", ":"))) + len(kind) + 8
+        if out[-1] and size + cost > limit:
+            out.append([])
+            size = 0
+        out[-1].append((kind, payload))
+        size += cost
+    return out
+
+
+def host_kinds(events: Events) -> Events:
+    """The follower's own notes (kind `status`) as the log lines the entrypoint also prints
+    ("appliance: ..."): status events are the panel's alone (the ingest refuses them)."""
+    return [("log", {"stream": "stdout", "text": f"appliance: {payload.get('message', '')}"})
+            if kind == "status" else (kind, payload) for kind, payload in events]
+
+
+def masked(events: Events, secret: str) -> Events:
+    """The events with `secret` masked in every text (the engine logs its server_args)."""
+    if not secret:
+        return events
+    return [(kind, {**payload, "text": payload["text"].replace(secret, MASK)})
+            if isinstance(payload.get("text"), str) and secret in payload["text"]
+            else (kind, payload) for kind, payload in events]
+
+
+class RemoteSink:
+    """A follower's sink over the panel's API: ship through the ingest, steps through
+    the steps endpoint, for one placed engine's current start."""
+
+    def __init__(self, placement: Mapping[str, Any], agent: RemoteAgent,
+                 stop: threading.Event, identity: Identity) -> None:
+        self.pk = int(placement["id"])
+        self.start_token = str(placement["start_token"])
+        self.key = str(placement.get("engine_key") or "")
+        self.progress: dict[str, Any] = dict(placement.get("progress") or {})
+        self.status = str(placement["status"])
+        self.agent, self.stop, self.identity = agent, stop, identity
+
+    def _call(self, send: Any) -> Any:
+        for attempt in range(SHIP_TRIES):
+            try:
+                return send()
+            except PanelRefused as exc:
+                if exc.status == 401:
+                    self.agent.credential_refused(exc)
+                if exc.status in (401, 404, 409):
+                    self.stop.set()  # not ours any more (or never again): stop writing
+                    raise
+                if exc.status < 500 or attempt == SHIP_TRIES - 1:
+                    raise
+            except requests.RequestException:
+                if attempt == SHIP_TRIES - 1:
+                    raise
+            time.sleep(min(0.5 * 2 ** attempt, 5.0))
+        return None
+
+    def ship(self, events: Events, cursor: Cursor | None) -> None:
+        changed = False
+        for kind, payload in events:
+            if kind in ("progress", "selfcheck"):
+                changed = progress_fold(self.progress, payload) or changed
+        decode = next((p for k, p in reversed(events)
+                       if k == "metric" and p.get("kind") == "decode_stats"), None)
+        parts = batches(masked(host_kinds(events), self.key))
+        for i, part in enumerate(parts):
+            row: dict[str, Any] = {}
+            if i == len(parts) - 1:  # the cursor goes with the batch that ends at it
+                if cursor is not None:
+                    row["log_cursor"] = cursor.encode()
+                if changed:
+                    row["progress"] = self.progress
+                if decode is not None:
+                    row["decode_stats"] = decode
+            self._call(lambda p=part, r=row: self.agent.link.ship(self.pk, p, row=r))
+
+    def _step(self, step: str, **fields: Any) -> bool:
+        try:
+            answer = self._call(lambda: self.agent.link.step(self.pk, step, self.start_token,
+                                                             **fields))
+        except PanelRefused as exc:
+            log.warning("deployment %s: the panel refused the step %s: %s", self.pk, step,
+                        exc.detail)
+            return False
+        return bool(answer and answer.get("moved"))
+
+    def advance(self, status: str) -> bool:
+        moved = self._step(status)
+        if moved:
+            self.status = status
+        return moved
+
+    def ready(self, engine_url: str) -> bool:
+        self.status = Status.READY
+        return self._step("ready", engine_url=engine_url)
+
+    def failed(self, diagnosis: Diagnosis, message: str, last_lines: list[str]) -> None:
+        log.warning("deployment %s: %s (%s)", self.pk, message, diagnosis.cause)
+        self.agent.runtime.stop(self.identity, timeout_s=self.agent.config.stop_timeout_s)
+        found = diagnosis.to_dict()
+        found["evidence"] = json.loads(json.dumps(found["evidence"], default=str))
+        self._step("failed", diagnosis=found, message=message[:2000],
+                   last_lines=[line.replace(self.key, MASK) if self.key else line
+                               for line in last_lines[-60:]])
+
+    def keep_following(self) -> bool:
+        return not self.stop.is_set()
+
+    def idle(self) -> None:
+        return None
+
+
+@dataclass
+class _Work:
+    thread: threading.Thread
+    stop: threading.Event
+    token: str
+    kind: str  # follow | stop
+
+
+@dataclass
+class RemoteAgent:
+    """Call tick() every second or two (run() does), from one thread."""
+
+    link: PanelLink
+    config: RemoteSettings
+    runtime: EngineRuntime = field(default_factory=EngineRuntime)
+    work: dict[int, _Work] = field(default_factory=dict)
+    refused: PanelRefused | None = None
+    heartbeat_s: float = 10.0
+    _beat_at: float = 0.0
+
+    def run(self, stop: threading.Event) -> None:
+        log.info("fleet agent for host %s running against %s", self.config.host_name,
+                 self.config.panel_url)
+        while not stop.is_set() and self.refused is None:
+            try:
+                self.tick()
+            except CredentialRefused:
+                break
+            except (requests.RequestException, PanelRefused) as exc:
+                log.warning("the panel did not answer (%s); trying again", exc)
+            except Exception:  # noqa: BLE001 - Docker is back next tick
+                log.exception("fleet agent tick failed; retrying")
+            stop.wait(self.config.tick_s)
+        self.stop_following()
+
+    def credential_refused(self, exc: PanelRefused) -> None:
+        if self.refused is None:
+            log.error("the panel refused this host's credential (%s): the agent stops "
+                      "writing and ends. Engines keep running. Join again with a new join "
+                      "token (APPLIANCE_JOIN_TOKEN) if the host was removed.", exc.detail)
+        self.refused = exc
+        for work in self.work.values():
+            work.stop.set()
+
+    def _panel(self, call: Any) -> Any:
+        try:
+            return call()
+        except PanelRefused as exc:
+            if exc.status == 401:
+                self.credential_refused(exc)
+                raise CredentialRefused(exc.detail) from None
+            raise
+
+    def tick(self) -> None:
+        answer = self._panel(self.link.me)
+        placements = {int(p["id"]): p for p in answer.get("placements", [])
+                      if p.get("status") in AGENT_OWNED and p.get("start_token")}
+        self.heartbeat_s = float(answer.get("heartbeat_s") or self.heartbeat_s)
+        for placement in placements.values():
+            self._step(placement, str(answer.get("instance_id", "")))
+        for pk in [pk for pk in self.work if pk not in placements]:
+            self.work.pop(pk).stop.set()
+        if time.monotonic() - self._beat_at >= self.heartbeat_s:
+            self._panel(lambda: self.link.heartbeat(host_report(self.runtime, self.config)))
+            self._beat_at = time.monotonic()
+
+    def stop_following(self) -> None:
+        for work in self.work.values():
+            work.stop.set()
+        for work in self.work.values():
+            work.thread.join(timeout=5)
+
+    def _step(self, placement: dict[str, Any], instance: str) -> None:
+        pk = int(placement["id"])
+        kind = "stop" if placement["status"] == Status.STOPPING else "follow"
+        current = self.work.get(pk)
+        if current is not None and current.thread.is_alive():
+            if current.kind == kind and current.token == placement["start_token"]:
+                return
+            current.stop.set()
+            if current.kind == "follow" and kind == "stop":
+                current.thread.join(timeout=2)
+            else:
+                return
+        if kind == "follow" and _waiting_to_restart(placement):
+            return
+        stop = threading.Event()
+        target = self._stop_engine if kind == "stop" else self._follow
+        thread = threading.Thread(target=self._guarded, args=(target, placement, instance, stop),
+                                  name=f"fleet-engine-{kind}-{pk}", daemon=True)
+        self.work[pk] = _Work(thread, stop, str(placement["start_token"]), kind)
+        thread.start()
+
+    def _guarded(self, target: Any, placement: dict[str, Any], instance: str,
+                 stop: threading.Event) -> None:
+        try:
+            target(placement, instance, stop)
+        except PanelRefused as exc:
+            log.info("deployment %s: the panel refused a write (%s); following stops",
+                     placement["id"], exc.detail)
+        except Exception:  # noqa: BLE001 - the next tick starts a new follower
+            log.exception("deployment %s: fleet engine thread failed", placement["id"])
+
+    def _follow(self, placement: dict[str, Any], instance: str, stop: threading.Event) -> None:
+        identity = Identity(str(placement["id"]), instance, str(placement["start_token"]))
+        sink = RemoteSink(placement, self, stop, identity)
+        starting = placement["status"] == Status.STARTING
+        if starting and not self._may_start(placement, sink):
+            return
+        spec = spec_from_dict(placement["spec"])
+        key = sink.key
+        follower = EngineFollower(
+            self.runtime, remote_plan(placement, self.config, instance), sink,
+            status=str(placement["status"]), cursor=Cursor.decode(placement.get("log_cursor")
+                                                                  or ""),
+            may_start=starting,
+            options=FollowOptions(ready_timeout_s=float(self.config.ready_timeout_s)),
+            client_factory=lambda url: EngineClient(url, timeout=5.0, api_key=key),
+            needed_widths=needed_graph_widths(spec.engine), facts=spec_facts(spec))
+        try:
+            follow(follower)
+        except EngineRuntimeError as exc:
+            if not stop.is_set():
+                sink.failed(start_failure(str(exc)), str(exc), [])
+
+    def _may_start(self, placement: Mapping[str, Any], sink: RemoteSink) -> bool:
+        refused = list(placement.get("models_refused") or [])
+        if refused:
+            message = f"not verified in the model store: {', '.join(refused)}"
+            sink.failed(MODEL_NOT_READY.worded(summary=f"The engine was not started: {message}.",
+                                               evidence={"models": refused}), message, [])
+            return False
+        lock = image_lock_refusal(self.runtime, str(placement["image"]),
+                                  placement.get("lock_digest"))
+        if lock:
+            sink.failed(start_failure(lock), lock, [])
+            return False
+        if not (self.config.gpu_requests and placement.get("gpus")):
+            return True
+        if docker_facts(self.runtime).get("nvidia", True):
+            return True
+        message = "this host's Docker has no NVIDIA runtime"
+        sink.failed(start_failure(message), message, [])
+        return False
+
+    def _stop_engine(self, placement: dict[str, Any], instance: str,
+                     stop: threading.Event) -> None:
+        identity = Identity(str(placement["id"]), instance, str(placement["start_token"]))
+        self.runtime.stop(identity, timeout_s=self.config.stop_timeout_s)
+        RemoteSink(placement, self, stop, identity)._step("stopped")
+
+
+def _waiting_to_restart(placement: Mapping[str, Any]) -> bool:
+    not_before = placement.get("restart_not_before")
+    return (placement.get("status") == Status.STARTING and bool(not_before)
+            and datetime.now(UTC) < datetime.fromisoformat(str(not_before)))
+
+
+def remote_agent_run_forever(stop: threading.Event, environ: Mapping[str, str] | None = None
+                             ) -> int:
+    """The fleet host's agent (worker/agent.py with APPLIANCE_PANEL_URL): join or reuse the
+    stored credential, then run until stopped; 3 when the panel refused this host."""
+    config = RemoteSettings.from_env(environ)
+    runtime = EngineRuntime()
+    link = panel_link_open(panel_url=config.panel_url, credential_path=config.credential_path,
+                           token=config.join_token, name=config.host_name,
+                           report=host_report(runtime, config))
+    agent = RemoteAgent(link=link, config=config, runtime=runtime)
+    agent.run(stop)
+    return 3 if agent.refused is not None else 0

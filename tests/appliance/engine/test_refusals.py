@@ -1,0 +1,114 @@
+"""The table of what each speculative mode refuses (appliance/engine/refusals.py) held to the
+real engine's answers: every refusals.json of tests/fixtures/real-engine, each request
+classified by the table's own reading of it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from appliance.engine.refusals import (
+    GRAMMAR,
+    LOGPROBS,
+    MANY_CHOICES,
+    REFUSED,
+    SERVED_BY_ALL,
+    limitation,
+    request_needs,
+)
+from tests.real_engine import ROOT
+
+RECORDINGS = sorted(ROOT.glob("*/*/refusals.json"))
+
+
+def _mode(run: Path) -> str:
+    argv = json.loads((run / "run.json").read_text())["argv"]
+    return argv[argv.index("--speculative-algorithm") + 1] if \
+        "--speculative-algorithm" in argv else "NONE"
+
+
+def _refused(answer: dict[str, Any]) -> str | None:
+    """The engine's refusal message, or None when it served the request (a stream that
+    refuses is a 200 whose event is an error)."""
+    body = answer["body"]
+    if answer["status"] >= 400:
+        return body.get("message") if isinstance(body, dict) else str(body)
+    if isinstance(body, str) and body.startswith('data: {"error"'):
+        return json.loads(body.split("\n\n")[0].removeprefix("data: "))["error"]["message"]
+    return None
+
+
+def _answers() -> list[tuple[str, str, dict[str, Any]]]:
+    return [(path.parent.name, _mode(path.parent), answer) for path in RECORDINGS
+            for answer in json.loads(path.read_text())]
+
+
+def test_there_are_recordings_of_every_mode_the_table_names() -> None:
+    modes = {mode for _, mode, _ in _answers()}
+    assert {"NONE", "DFLASH", "DDTREE"} <= modes
+    assert set(REFUSED) <= modes, "a mode in the table was never recorded"
+    assert len(RECORDINGS) >= 6  # refusals_{ddtree,dflash,base} and the INT4 runs
+
+
+@pytest.mark.parametrize("run,mode,answer", _answers(),
+                         ids=[f"{r}-{a['name']}" for r, _, a in _answers()])
+def test_the_table_refuses_what_the_engine_refused_and_serves_the_rest(
+        run: str, mode: str, answer: dict[str, Any]) -> None:
+    chat = answer["path"].endswith("/chat/completions")
+    needs = request_needs(answer["sent"], chat=chat)
+    said = _refused(answer)
+    found = limitation(algorithm=mode, body=answer["sent"], chat=chat)
+    if not needs:
+        # A request with no need the table knows (stop strings, a long prompt) is answered
+        # alike by every mode, the baseline included: its refusals are not the mode's.
+        assert found is None
+        return
+    if said is None:
+        assert found is None, f"{run} served {answer['name']}, the table refuses it"
+        return
+    assert found is not None, f"{run} refused {answer['name']} ({said!r}), the table serves it"
+    if answer["status"] == 500:  # streamed log-probs: the engine fails instead of refusing
+        assert "output_token_logprobs_length" in said and found.need == LOGPROBS
+    else:
+        assert said == found.engine_message
+
+
+def test_the_recording_wins_over_the_source_for_ddtrees_log_prob_message() -> None:
+    """SGLang 433c58ed7's ddtree_worker_v2 says "DDTREE speculative decoding does not
+    support return_logprob yet.", but the recorded DDTREE engine answered with DFLASH's
+    check (it runs first): the table says what the engine said."""
+    recorded = [a for run, mode, a in _answers()
+                if mode == "DDTREE" and a["name"] == "logprobs_chat"]
+    assert recorded and all(_refused(a) == REFUSED["DDTREE"][LOGPROBS][1] for a in recorded)
+    assert "DFLASH" in REFUSED["DDTREE"][LOGPROBS][1]
+
+
+def test_n_above_one_was_served_by_every_mode_so_the_table_does_not_refuse_it() -> None:
+    many = [(mode, a) for _, mode, a in _answers() if a["name"] == "n2"]
+    assert {mode for mode, _ in many} >= {"NONE", "DFLASH", "DDTREE"}
+    assert all(a["status"] == 200 and len(a["body"]["choices"]) == 2 for _, a in many)
+    assert MANY_CHOICES in SERVED_BY_ALL
+    assert all(MANY_CHOICES not in refused for refused in REFUSED.values())
+
+
+def test_a_named_tool_choice_is_grammar_as_the_source_builds_it() -> None:
+    body = {"messages": [{"role": "user", "content": "hi"}],
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+            "tool_choice": {"type": "function", "function": {"name": "f"}}}
+    found = limitation(algorithm="DDTREE", body=body, chat=True)
+    assert found is not None and (found.need, found.param) == (GRAMMAR, "tool_choice")
+    assert limitation(algorithm="DDTREE", body={**body, "tool_choice": "auto"},
+                      chat=True) is None
+    assert limitation(algorithm="NONE", body=body, chat=True) is None
+
+
+def test_the_message_names_the_limitation_and_the_fix() -> None:
+    found = limitation(algorithm="ddtree", body={"prompt": "x", "logprobs": 0}, chat=False)
+    assert found is not None
+    text = found.message(algorithm="DDTREE")
+    assert text.startswith("DDTREE cannot return log-probs")
+    assert "companion: <name>" in text and "drop logprobs" in text
+    assert "does not support return_logprob" in text  # the engine's words, for clients that look

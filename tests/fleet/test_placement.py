@@ -1,0 +1,185 @@
+"""Placement: where each replica row of a deployment runs (a named host, or the panel's
+choice among the hosts that take new engines), why, and what a refusal names."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from tests.rows import queued
+from web.deployments import services
+from web.deployments.models import Deployment, GpuLease
+from web.fleet import services as fleet
+from web.fleet.models import FleetHost, Placement
+
+from .hosts import joined
+
+pytestmark = pytest.mark.django_db
+
+
+def _lost(name: str) -> None:
+    FleetHost.objects.filter(name=name).update(
+        heartbeat_at=timezone.now() - timedelta(minutes=5))
+
+
+def _fleet() -> None:
+    """gpu-2 ready (8 H200), gpu-3 lost, gpu-4 draining; the panel's own host gpu-host."""
+    joined("gpu-2")
+    joined("gpu-3")
+    _lost("gpu-3")
+    joined("gpu-4")
+    fleet.host_set_draining(name="gpu-4", draining=True)
+
+
+def _rows(first: Deployment) -> list[Deployment]:
+    return [first, *Deployment.objects.filter(replica_of=first).order_by("replica_index")]
+
+
+def _refused(**changes: object) -> dict[str, list[str]]:
+    with pytest.raises(services.DeploymentInputError) as caught:
+        queued(**changes)
+    return caught.value.errors
+
+
+def test_a_spec_without_host_on_the_one_host_product_runs_on_the_panels_host() -> None:
+    made = queued(gpus=[0, 1])
+    assert (made.host, made.gpus, made.replica_index, made.replica_of_id) == (
+        "gpu-host", [0, 1], 0, None)
+    assert made.placement_reason == "gpu-host: 8 free GPUs, this panel's host"
+    assert set(GpuLease.objects.values_list("host", "gpu_index")) == {("gpu-host", 0),
+                                                                      ("gpu-host", 1)}
+    assert not Placement.objects.exists()  # the panel's host writes the database itself
+
+
+def test_a_named_host_takes_the_row_its_leases_and_its_write_scope() -> None:
+    _fleet()
+    made = queued(host="gpu-2", gpus=[3])
+    assert (made.host, made.gpus) == ("gpu-2", [3])
+    assert made.placement_reason == "gpu-2: 8 free H200 GPUs, named by the spec's host"
+    assert list(GpuLease.objects.values_list("host", "gpu_index")) == [("gpu-2", 3)]
+    placement = Placement.objects.get()
+    assert (placement.deployment_id, placement.host.name, placement.replica) == (made.pk,
+                                                                                 "gpu-2", 0)
+    assert placement.reason == made.placement_reason
+
+
+@pytest.mark.parametrize(("host", "said"), [
+    ("gpu-9", "No host 'gpu-9' in the fleet; the hosts are gpu-2, gpu-3, gpu-4, gpu-host "
+              "(this panel)."),
+    ("gpu-3", "Host gpu-3 is lost: its heartbeat stopped."),
+    ("gpu-4", "Host gpu-4 is draining: no new engine goes there."),
+])
+def test_it_refuses_a_named_host_that_is_unknown_lost_or_draining_storing_nothing(
+        host: str, said: str) -> None:
+    _fleet()
+    errors = _refused(host=host, replicas=2)
+    assert list(errors) == ["host"] and errors["host"][0].startswith(said)
+    assert "leave host out to let the panel place it" in errors["host"][0]
+    assert not Deployment.objects.exists() and not GpuLease.objects.exists()
+
+
+def test_a_named_host_lacking_the_gpus_is_refused_by_its_lease_naming_the_holder() -> None:
+    joined("gpu-2")
+    holder = queued(host="gpu-2", gpus=[0])
+    errors = _refused(name="second", host="gpu-2", gpus=[0])
+    assert errors == {"gpus": [f"GPU 0 on host gpu-2 is held by deployment #{holder.pk} "
+                               "'kimi-ddtree' (queued); stop it or choose other GPUs."]}
+
+
+def test_replicas_spread_over_the_ready_hosts_then_other_gpus_skipping_lost_and_draining(
+        ) -> None:
+    _fleet()
+    first = queued(gpus=[0], replicas=3)
+    rows = _rows(first)
+    assert [(r.replica_index, r.host, r.gpus) for r in rows] == [
+        (0, "gpu-host", [0]), (1, "gpu-2", [0]), (2, "gpu-host", [1])]
+    assert {r.replica_of_id for r in rows[1:]} == {first.pk}
+    assert rows[1].placement_reason == ("gpu-2: 8 free H200 GPUs, no replica of this "
+                                        "deployment there yet; gpu-3 lost; gpu-4 draining")
+    assert rows[2].placement_reason.startswith("gpu-host: 7 free GPUs, this panel's host")
+    assert sorted(GpuLease.objects.values_list("host", "gpu_index", "deployment_id")) == [
+        ("gpu-2", 0, rows[1].pk), ("gpu-host", 0, first.pk), ("gpu-host", 1, rows[2].pk)]
+    # Only the joined host's row is a Placement: what gpu-2 may write.
+    assert list(Placement.objects.values_list("deployment_id", "replica", "host__name")) == [
+        (rows[1].pk, 1, "gpu-2")]
+    # Each row is its own engine, queued for its own deploy task.
+    assert all(r.status == "queued" and r.name == "kimi-ddtree" for r in rows)
+
+
+def test_the_panel_places_on_the_joined_host_with_the_fewest_engines(settings) -> None:  # type: ignore[no-untyped-def]
+    settings.GPU_COUNT = 1
+    joined("gpu-2")
+    joined("gpu-3")
+    queued(host="gpu-2", gpus=[3])  # gpu-2 runs one engine now
+    made = queued(name="second", gpus=[0])  # the panel's host has GPU 0 free: it comes first
+    third = queued(name="third", gpus=[0])
+    assert (made.host, third.host) == ("gpu-host", "gpu-3")
+    assert third.placement_reason == ("gpu-3: 8 free H200 GPUs, fewest engines; gpu-host "
+                                      "lacks the GPUs")
+
+
+def test_a_refusal_names_what_each_host_lacks_and_stores_nothing(settings) -> None:  # type: ignore[no-untyped-def]
+    settings.GPU_COUNT = 2
+    joined("gpu-2", gpus=None, gpu_count=2)
+    joined("gpu-3")
+    _lost("gpu-3")
+    holder = queued(name="kimi-a", host="gpu-2", gpus=[1])
+    errors = _refused(gpus=[0, 1], replicas=2)
+    assert errors == {"replicas": [
+        "Replica 1 needs 2 free GPUs on one host: gpu-2 has 1 free "
+        f"(GPU 1 held by kimi-a #{holder.pk}), gpu-3 is lost, gpu-host has 0 free "
+        "(GPU 0 taken by replica 0; GPU 1 taken by replica 0). Fix: ask for fewer replicas, "
+        "stop a deployment that holds GPUs, or join another host."]}
+    assert list(Deployment.objects.values_list("pk", flat=True)) == [holder.pk]
+    assert list(GpuLease.objects.values_list("deployment_id", flat=True)) == [holder.pk]
+
+
+def test_replica_zero_whose_gpus_no_host_has_free_is_refused_per_host(settings) -> None:  # type: ignore[no-untyped-def]
+    settings.GPU_COUNT = 2
+    joined("gpu-2", gpus=None, gpu_count=1)
+    holder = queued(name="kimi-a", gpus=[1])
+    errors = _refused(gpus=[0, 1])
+    assert errors["gpus"] == [
+        f"Replica 0 needs GPUs 0, 1 free on one host: gpu-2 has 1 free (no GPU 1), "
+        f"gpu-host has 1 free (GPU 1 held by kimi-a #{holder.pk}). Fix: stop a deployment "
+        "that holds them, choose other GPUs, or join a host with them."]
+    assert Deployment.objects.count() == 1
+
+
+def test_a_silent_panel_host_still_takes_a_spec_when_no_ready_host_can(settings) -> None:  # type: ignore[no-untyped-def]
+    from web.deployments.models import Host
+
+    Host.objects.create(name="gpu-host", agent_id="agent@gpu-host",
+                        heartbeat_at=timezone.now() - timedelta(minutes=10))
+    made = queued(gpus=[0])
+    assert made.host == "gpu-host" and "its agent silent" in made.placement_reason
+    joined("gpu-2")
+    second = queued(name="second", gpus=[0])
+    assert second.host == "gpu-2"  # a ready host before a silent one
+
+
+def test_the_panels_agent_claims_only_the_rows_placed_on_its_own_host() -> None:
+    from web.agent.controller import EngineAgent
+
+    joined("gpu-2")
+    first = queued(gpus=[0], replicas=2)
+    replica = Deployment.objects.get(replica_of=first)
+    assert (first.host, replica.host) == ("gpu-host", "gpu-2")  # spread
+    for pk in (first.pk, replica.pk):
+        services.deployment_mark_starting(deployment_id=pk, image="img", start_token=f"t{pk}")
+    claimed = EngineAgent(agent_id="agent@gpu-host")._claim(timezone.now())
+    assert [d.pk for d in claimed] == [first.pk]
+    assert Deployment.objects.get(pk=replica.pk).agent_id == ""  # gpu-2's agent takes it
+
+
+def test_gpu_ids_only_a_joined_host_has_are_placed_there(settings) -> None:  # type: ignore[no-untyped-def]
+    settings.GPU_COUNT = 1  # the panel's own host: GPU 0 only
+    joined("gpu-2", gpus=None, gpu_count=4)
+    made = queued(gpus=[2, 3], engine__tp_size=2)
+    assert (made.host, made.gpus) == ("gpu-2", [2, 3])
+    assert made.placement_reason == "gpu-2: 4 free GPUs; gpu-host lacks the GPUs"
+    errors = _refused(name="second", gpus=[4])
+    assert "GPU ids [4] are not on this host: it has 4 GPUs (ids 0 to 3, per the count " \
+        "gpu-2 states)" in errors["gpus"][0]

@@ -1,0 +1,146 @@
+"""Rolling changes with the real engine agent and Celery worker (processes, on the test
+database and Redis) and the test engine in Docker: a rolling restart of 3 replicas goes one
+at a time and survives its agent killed mid-roll (a new agent goes on from the rows); a
+rolling redeploy whose new run fails halts at that replica, the others serving."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test import override_settings
+
+from tests.conftest_docker import engines_of, remove_engines
+from tests.servers import celery_worker, engine_agent
+from tests.specs import spec
+from web import tasks
+from web.agent.controller import wait_for
+from web.deployments import services
+from web.deployments.models import Deployment, DeploymentStatus
+from web.deployments.services.installation import instance_id
+from web.deployments.services.leases import gpu_leases_acquire
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
+S = DeploymentStatus
+FAST = {"TEST_ENGINE_PACE_S": "0.01", "TEST_ENGINE_SHARDS": "2"}
+
+
+@pytest.fixture
+def env(test_engine_image: str) -> Iterator[dict[str, str]]:  # noqa: F811
+    extra = ",".join(f"{k}={v}" for k, v in FAST.items())
+    with override_settings(ENGINE_IMAGE=test_engine_image, ENGINE_GPU_REQUESTS=False,
+                           ENGINE_EXTRA_ENV=FAST, ENGINE_STOP_TIMEOUT_S=5):
+        yield {"APPLIANCE_ENGINE_IMAGE": test_engine_image,
+               "APPLIANCE_ENGINE_GPU_REQUESTS": "0", "APPLIANCE_ENGINE_EXTRA_ENV": extra,
+               "APPLIANCE_ENGINE_STOP_TIMEOUT_S": "5", "APPLIANCE_ENGINE_READY_TIMEOUT_S": "90",
+               "APPLIANCE_ENGINE_TEST_ENV": "1", "APPLIANCE_AGENT_TICK_MS": "250"}
+    remove_engines(instance_id())
+
+
+def _three_replicas() -> list[int]:
+    """Replica 0 through the create service, two replica rows beside it (as the replicas'
+    create code makes them), each on a GPU of its own and queued for the worker."""
+    primary = services.deployment_create(data=spec(), confirm_warnings=True)
+    pks = [primary.pk]
+    for i in (1, 2):
+        row = Deployment.objects.create(
+            name=primary.name, spec={**primary.spec, "gpus": [i]}, recipe=primary.recipe,
+            algorithm=primary.algorithm, gpus=[i], replica_of=primary, replica_index=i)
+        gpu_leases_acquire(deployment=row)
+        tasks.deployment_start_later(row.pk)
+        pks.append(row.pk)
+    return pks
+
+
+class Watch:
+    """Every (status, draining) of the replicas, read every 50 ms on a thread of its own."""
+
+    def __init__(self, pks: list[int]) -> None:
+        self.pks = pks
+        self.seen: list[list[tuple[str, bool]]] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self.stop.wait(0.05):
+                rows = dict(Deployment.objects.filter(pk__in=self.pks).values_list(
+                    "pk", "status"))
+                drained = set(Deployment.objects.filter(pk__in=self.pks, draining=True)
+                              .values_list("pk", flat=True))
+                self.seen.append([(rows[pk], pk in drained) for pk in self.pks])
+        finally:
+            connection.close()
+
+    def end(self) -> list[list[tuple[str, bool]]]:
+        self.stop.set()
+        self.thread.join(timeout=5)
+        return self.seen
+
+
+def _rolling(pk: int) -> dict[str, Any]:
+    return dict(Deployment.objects.get(pk=pk).rolling)
+
+
+def _until(check: Any, what: str, timeout_s: float = 120) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while not (found := check()):
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+    return found
+
+
+def test_a_rolling_restart_survives_its_agent_killed_and_a_failed_redeploy_halts(
+        env: dict[str, str], tmp_path: Path) -> None:
+    with celery_worker(tmp_path / "worker.log", **env), contextlib.ExitStack() as agents:
+        first_agent = agents.enter_context(engine_agent(tmp_path / "agent1.log", **env))
+        pks = _three_replicas()
+        for pk in pks:
+            assert wait_for(pk, {S.READY, S.FAILED}, 120) == S.READY
+        tokens = {pk: Deployment.objects.get(pk=pk).start_token for pk in pks}
+
+        watch = Watch(pks)
+        services.deployment_restart(deployment_id=pks[0])
+        # Replica 2's turn, its new run queued: the agent dies (no goodbye: SIGKILL).
+        _until(lambda: _rolling(pks[0])["at"] == 1 and _rolling(pks[0])["step"] == "starting",
+               "the roll reaches replica 2's new run")
+        first_agent.kill()
+        first_agent.wait()
+        agents.enter_context(engine_agent(tmp_path / "agent2.log", **env))
+        _until(lambda: _rolling(pks[0])["state"] != "rolling", "the new agent ends the roll",
+               timeout_s=180)
+        seen = watch.end()
+
+        assert _rolling(pks[0])["state"] == "done", _rolling(pks[0])
+        assert len(seen) > 50
+        for state in seen:  # one replica out at a time; in the rotation only when ready
+            assert sum(1 for status, draining in state
+                       if draining or status != S.READY) <= 1, state
+            assert all(status == S.READY for status, draining in state if not draining), state
+        rows = [Deployment.objects.get(pk=pk) for pk in pks]
+        assert all(r.status == S.READY and not r.draining and r.run == 2 for r in rows)
+        for row in rows:  # each a new engine, the old one gone
+            assert row.start_token != tokens[row.pk]
+            running = [c for c in engines_of(instance_id(), row.pk) if c.status == "running"]
+            assert [c.labels["appliance.start-token"] for c in running] == [row.start_token]
+
+        # A redeploy whose new engine fails while loading: halted at replica 1, the others
+        # serving their run 2 on the spec they had.
+        broken = spec(env={"TEST_ENGINE_FAIL": "load-exit"})
+        services.deployment_redeploy(deployment_id=pks[0], data=broken, confirm_warnings=True)
+        _until(lambda: _rolling(pks[0])["state"] != "rolling", "the redeploy halts")
+        roll = _rolling(pks[0])
+        assert (roll["state"], roll["at"]) == ("halted", 0), roll
+        assert roll["text"].startswith("rolling redeploy halted at replica 1 of 3: its new "
+                                       "run 3 did not become ready: "), roll["text"]
+        first, *others = [Deployment.objects.get(pk=pk) for pk in pks]
+        assert first.status == S.FAILED and first.diagnosis["summary"] in roll["text"]
+        assert all(r.status == S.READY and not r.draining and r.run == 2 for r in others)
+        assert all("TEST_ENGINE_FAIL" not in (r.spec.get("env") or {}) for r in others)
