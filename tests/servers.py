@@ -47,11 +47,13 @@ def process_env(**extra: str) -> dict[str, str]:
 
 
 @contextmanager
-def panel_server(log_path: Path, **env: str) -> Iterator[str]:
+def panel_server(log_path: Path, bind: str = "127.0.0.1", **env: str) -> Iterator[str]:
+    """The panel on a free port of `bind` (0.0.0.0: simulated hosts in containers reach it at
+    their network's gateway, tests/fleet/simhosts.py); yields its loopback URL."""
     port = free_port()
     with log_path.open("w") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "web.asgi:application", "--host", "127.0.0.1",
+            [sys.executable, "-m", "uvicorn", "web.asgi:application", "--host", bind,
              "--port", str(port), "--log-level", "warning"],
             cwd=ROOT, env=process_env(**env), stdout=log, stderr=subprocess.STDOUT,
         )

@@ -113,6 +113,8 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                # Every page says so when the engines are the simulator.
+                "web.deployments.simulator.simulator_context",
             ],
         },
     },
@@ -357,10 +359,11 @@ RESTART_BACKOFF_MAX_S = env_int("APPLIANCE_RESTART_BACKOFF_MAX_S", 300)
 # appliance.engine.envkeys has the allowlist every spec's env keys are checked against).
 ENGINE_TEST_ENV = env_bool("APPLIANCE_ENGINE_TEST_ENV", False)
 # GPUs on the host when no agent has reported an NVML inventory: a spec's GPU ids must be
-# below it (never unbounded; the product is one 8-GPU server).
+# below it (never unbounded; the product is one 8-GPU server). 0: a panel machine without
+# GPUs, whose engines all run on joined hosts (the GPU-less trial).
 GPU_COUNT = env_int("APPLIANCE_GPU_COUNT", 8)
-if GPU_COUNT < 1:
-    raise ValueError(f"APPLIANCE_GPU_COUNT={GPU_COUNT} must be at least 1 (the host's GPUs)")
+if GPU_COUNT < 0:
+    raise ValueError(f"APPLIANCE_GPU_COUNT={GPU_COUNT} must be 0 or more (the host's GPUs)")
 # The GPU host's name: the agent's Host row (agent@<name>) and the host its GPU leases are
 # taken on. One host for now; a deployment's own host comes with multi-host routing.
 HOST_NAME = env_str("APPLIANCE_HOST_NAME", "gpu-host")

@@ -23,6 +23,7 @@ from appliance.bench import (
 from appliance.bench.runner import MODES, BenchCancelled, BenchUnreachable, RunResult
 from web import tasks
 from web.deployments.models import Deployment, DeploymentStatus
+from web.deployments.simulator import SIMULATOR_MARK, image_is_simulator
 from web.gateway.services import ApiKeyError, apikey_create, apikey_revoke
 
 from .choices import BenchmarkStatus
@@ -39,7 +40,12 @@ class BenchmarkInputError(Exception):
 
 
 def target_name(deployment: Deployment) -> str:
-    return f"{deployment.name}#{deployment.pk}"
+    """How results name a deployment: `name#id`, marked `(simulator)` when its image is the
+    simulator's, so that every table, chart, verdict and export of its figures says so."""
+    name = f"{deployment.name}#{deployment.pk}"
+    if image_is_simulator(image=deployment.image):
+        return f"{name} ({SIMULATOR_MARK})"
+    return name
 
 
 def _snapshot(deployment: Deployment) -> dict[str, Any]:

@@ -1,0 +1,54 @@
+"""Which deployments run the simulator, so that every page and result says so.
+
+An engine image is the simulator when it carries appliance.simulator's label
+(`appliance/simulator.py`); web has no Docker socket, so it knows the label from the hosts'
+reports: each agent lists its images that carry it (`docker_facts`' `simulator_images`),
+the panel's own host in its Host row and a fleet host through its heartbeat. A deployment
+of such an image (its `image` tag) is simulated, and so is every benchmark and
+losslessness result that measured it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from django.conf import settings
+
+from .models import Deployment, DeploymentStatus, Host
+
+SIMULATOR_MARK = "simulator"
+SIMULATOR_NOTE = ("Simulator: engines here run the test engine (docker/test-engine), not "
+                  "SGLang. No model runs and no GPU is used: its speeds, acceptance lengths "
+                  "and check results are not measurements.")
+
+
+def simulator_images() -> frozenset[str]:
+    """Every image tag a host reported as the simulator's."""
+    reported: set[str] = set()
+    for docker in Host.objects.values_list("docker", flat=True):
+        tags = (docker or {}).get("simulator_images") if isinstance(docker, dict) else None
+        if isinstance(tags, list):
+            reported.update(t for t in tags if isinstance(t, str))
+    return frozenset(reported)
+
+
+def image_is_simulator(*, image: str, images: Iterable[str] | None = None) -> bool:
+    known = simulator_images() if images is None else images
+    return bool(image) and image in known
+
+
+def simulator_in_use() -> bool:
+    """Whether this panel serves the simulator: the configured engine image is one, or a
+    deployment that has not ended runs one."""
+    images = simulator_images()
+    if not images:
+        return False
+    if settings.ENGINE_IMAGE and settings.ENGINE_IMAGE in images:
+        return True
+    ended = [DeploymentStatus.STOPPED, DeploymentStatus.FAILED]
+    return Deployment.objects.filter(image__in=images).exclude(status__in=ended).exists()
+
+
+def simulator_context(request: object) -> dict[str, object]:
+    """Template context (settings.TEMPLATES' context processors): every page's banner."""
+    return {"simulator_note": SIMULATOR_NOTE if simulator_in_use() else ""}
