@@ -5,17 +5,19 @@ replicas; the served name counts them as one; the list and the page show them.""
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.test import Client
+from django.utils import timezone
 
 from appliance.logs.catalogue import CATALOGUE
 from appliance.runtime import series
 from tests.rows import queued
 from tests.specs import spec
 from web.deployments import services
-from web.deployments.models import Deployment, GpuLease
+from web.deployments.models import Deployment, GpuLease, Host
 from web.deployments.services.metrics import metrics_store_point
 
 pytestmark = pytest.mark.django_db
@@ -244,3 +246,21 @@ def test_the_form_deploys_replicas_and_shows_a_refusal_beside_the_spec_keys(oper
     assert made.status_code == 302
     first = Deployment.objects.get(replica_of__isnull=True)
     assert [(r.replica_index, r.gpus) for r in _group(first)] == [(0, [0]), (1, [1])]
+
+
+def test_a_replica_whose_hosts_agent_is_silent_is_unknown_with_no_throughput(
+        viewer, settings) -> None:  # type: ignore[no-untyped-def]
+    first = queued(gpus=[0], replicas=2)
+    rows = _group(first)
+    _ready(rows[0].pk, throughput=100.0)
+    _ready(rows[1].pk, throughput=50.0)
+    # Replica 1's host stopped reporting (a lost host): its agent's report is old.
+    Deployment.objects.filter(pk=rows[1].pk).update(agent_id="agent@gpu-b")
+    Host.objects.create(agent_id="agent@gpu-b", name="gpu-b",
+                        heartbeat_at=timezone.now() - timedelta(seconds=settings.AGENT_SILENT_S + 5))
+    answer = _client(viewer).get(f"/api/deployments/{first.pk}/replicas/").json()
+    assert [(r["index"], r["status"], r["throughput"]) for r in answer["results"]] == [
+        (0, "ready", 100.0), (1, "unknown", None)]
+    assert answer["throughput"] == 100.0
+    page = _client(viewer).get(f"/deployments/{first.pk}/").content.decode()
+    assert 'status-unknown">unknown' in page

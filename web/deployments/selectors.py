@@ -515,11 +515,17 @@ def deployment_replicas(*, deployment: Deployment, now: datetime) -> list[Replic
     root = deployment.replica_of_id or deployment.pk
     rows = (Deployment.objects.filter(pk=root) | Deployment.objects.filter(replica_of_id=root))
     fields = ("id", "replica_index", "host", "gpus", "status", "run", "placement_reason",
-              "latest_metrics")
-    return [_replica_row(d, now) for d in rows.only(*fields).order_by("replica_index")]
+              "latest_metrics", "agent_id", "lease_until")
+    seen = agents_last_seen()
+    return [_replica_row(d, now, deployment_silence(deployment=d, seen=seen, now=now))
+            for d in rows.only(*fields).order_by("replica_index")]
 
 
-def _replica_row(d: Deployment, now: datetime) -> ReplicaRow:
+def _replica_row(d: Deployment, now: datetime, silence: Silence | None = None) -> ReplicaRow:
+    if silence is not None:  # its host's agent is silent (a lost host): nothing is current
+        return ReplicaRow(id=d.pk, index=d.replica_index, host=d.host, gpus=list(d.gpus or []),
+                          status=UNKNOWN, run=d.run, placement_reason=d.placement_reason,
+                          throughput=None)
     point = d.latest_metrics or {}
     at = point.get("t")
     fresh = (d.status == DeploymentStatus.READY and isinstance(at, int | float)
