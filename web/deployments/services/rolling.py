@@ -78,9 +78,9 @@ def rolling_text(*, rolling: dict[str, Any]) -> str:
     if state == DONE:
         return f"rolling {kind} done: {n} of {n} replicas on their new run"
     if state == HALTED:
-        return (f"rolling {kind} halted at replica {at + 1} of {n}: {rolling['cause']}; "
+        return (f"rolling {kind} halted at replica {at + 1} of {n}: {rolling['why']}; "
                 "the replicas not reached keep serving their earlier run")
-    return f"rolling {kind} ended at replica {at + 1} of {n}: {rolling['cause']}"
+    return f"rolling {kind} ended at replica {at + 1} of {n}: {rolling['why']}"
 
 
 def rolling_start(*, deployment_id: int, kind: str, user: User = None,
@@ -106,7 +106,7 @@ def rolling_start(*, deployment_id: int, kind: str, user: User = None,
             "replicas": replicas,
             "columns": columns, "rebuild_image": rebuild_image, "run": None, "inflight": None,
             "by": getattr(user, "username", "") or "the API", "started_at": now.isoformat(),
-            "ended_at": None, "cause": "", "drain_timeout_s": settings.ROLL_DRAIN_TIMEOUT_S,
+            "ended_at": None, "why": "", "drain_timeout_s": settings.ROLL_DRAIN_TIMEOUT_S,
         }
         _save(primary.pk, rolling, f"rolling {kind} of {len(replicas)} replicas "
               f"begun by {rolling['by']}")
@@ -259,7 +259,7 @@ def _halt(rolling: dict[str, Any], row: Deployment, cause: str) -> str:
 
 
 def _finish(rolling: dict[str, Any], state: str, cause: str) -> None:
-    rolling.update(state=state, cause=cause, ended_at=timezone.now().isoformat(),
+    rolling.update(state=state, why=cause, ended_at=timezone.now().isoformat(),
                    inflight=None)
 
 
