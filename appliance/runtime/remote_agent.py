@@ -56,6 +56,7 @@ from appliance.runtime.mounts import engine_model_mounts
 from appliance.runtime.panel_link import PanelLink, PanelRefused, panel_link_open
 from appliance.runtime.progress import progress_fold
 from appliance.runtime.secrets import secret_names_available
+from appliance.runtime.work import EngineWork
 
 log = logging.getLogger(__name__)
 AGENT_VERSION = "0.9.0"
@@ -308,21 +309,13 @@ class RemoteSink:
 
 
 @dataclass
-class _Work:
-    thread: threading.Thread
-    stop: threading.Event
-    token: str
-    kind: str  # follow | stop
-
-
-@dataclass
 class RemoteAgent:
     """Call tick() every second or two (run() does), from one thread."""
 
     link: PanelLink
     config: RemoteSettings
     runtime: EngineRuntime = field(default_factory=EngineRuntime)
-    work: dict[int, _Work] = field(default_factory=dict)
+    work: dict[int, EngineWork] = field(default_factory=dict)
     refused: PanelRefused | None = None
     heartbeat_s: float = 10.0
     _beat_at: float = 0.0
@@ -397,7 +390,7 @@ class RemoteAgent:
         target = self._stop_engine if kind == "stop" else self._follow
         thread = threading.Thread(target=self._guarded, args=(target, placement, instance, stop),
                                   name=f"fleet-engine-{kind}-{pk}", daemon=True)
-        self.work[pk] = _Work(thread, stop, str(placement["start_token"]), kind)
+        self.work[pk] = EngineWork(thread, stop, str(placement["start_token"]), kind)
         thread.start()
 
     def _guarded(self, target: Any, placement: dict[str, Any], instance: str,

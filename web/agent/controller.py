@@ -55,6 +55,7 @@ from appliance.runtime.follower import Cursor, EngineFollower, Events, FollowOpt
 from appliance.runtime.hostfacts import docker_facts
 from appliance.runtime.progress import progress_fold
 from appliance.runtime.secrets import secret_names_available
+from appliance.runtime.work import EngineWork
 from web import tasks
 from web.deployments.models import Deployment, DeploymentStatus, EventKind, Host
 from web.deployments.services.events import (
@@ -181,14 +182,6 @@ class _FollowSink:
 
 
 @dataclass
-class _Work:
-    thread: threading.Thread
-    stop: threading.Event
-    token: str
-    kind: str  # follow | stop
-
-
-@dataclass
 class EngineAgent:
     """Call tick() every second or two (run() does), from one thread."""
 
@@ -196,7 +189,7 @@ class EngineAgent:
     runtime: EngineRuntime = field(default_factory=EngineRuntime)
     lease_s: float = 15.0
     follow_options: FollowOptions = field(default_factory=FollowOptions)
-    work: dict[int, _Work] = field(default_factory=dict)
+    work: dict[int, EngineWork] = field(default_factory=dict)
     paused: threading.Event = field(default_factory=threading.Event)  # tests hold it still
     _ticks: int = 0
     _strays_said: frozenset[str] = frozenset()
@@ -276,7 +269,7 @@ class EngineAgent:
         stop = threading.Event()
         thread = threading.Thread(target=self._guarded, args=(target, deployment, stop),
                                   name=f"engine-{kind}-{deployment.pk}", daemon=True)
-        self.work[deployment.pk] = _Work(thread, stop, deployment.start_token, kind)
+        self.work[deployment.pk] = EngineWork(thread, stop, deployment.start_token, kind)
         thread.start()
 
     def _guarded(self, target: Any, deployment: Deployment, stop: threading.Event) -> None:

@@ -47,6 +47,14 @@ def deployment_stop(request: HttpRequest, pk: int) -> HttpResponse:
     return redirect("deployments:detail", pk=pk)
 
 
+def _flash_refusal(request: HttpRequest, action: str,
+                   exc: services.DeploymentInputError) -> None:
+    """Each field's refusal as a flash on the page the action came from."""
+    for field, texts in exc.errors.items():
+        for text in texts:
+            messages.error(request, f"{action} refused ({field}): {text}")
+
+
 @login_required
 @require_POST
 def deployment_restart(request: HttpRequest, pk: int) -> HttpResponse:
@@ -56,9 +64,7 @@ def deployment_restart(request: HttpRequest, pk: int) -> HttpResponse:
     try:
         deployment = services.deployment_restart(deployment_id=pk, user=request.user)
     except services.DeploymentInputError as exc:
-        for field, texts in exc.errors.items():
-            for text in texts:
-                messages.error(request, f"Restart refused ({field}): {text}")
+        _flash_refusal(request, "Restart", exc)
         return redirect("deployments:detail", pk=pk)
     if (deployment.rolling or {}).get("state") == "rolling":
         messages.success(request, f"{deployment.name}: {deployment.rolling['text']}.")
@@ -84,9 +90,7 @@ def deployment_scale(request: HttpRequest, pk: int) -> HttpResponse:
         deployment = services.deployment_scale(deployment_id=pk, replicas=int(raw),
                                                user=request.user)
     except services.DeploymentInputError as exc:
-        for field, texts in exc.errors.items():
-            for text in texts:
-                messages.error(request, f"Scale refused ({field}): {text}")
+        _flash_refusal(request, "Scale", exc)
         return redirect("deployments:detail", pk=pk)
     messages.success(request, f"Scaled {deployment.name} to {int(raw)} replicas.")
     return redirect("deployments:detail", pk=pk)
