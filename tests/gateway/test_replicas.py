@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,6 +39,7 @@ from web.deployments.models import Deployment, DeploymentStatus
 from web.fleet.models import FleetHost, Placement
 from web.gateway.inflight import inflight_key, replica_inflight
 from web.gateway.models import ApiKeyUsage
+from web.gateway.upstream import DEAD_PEER_S
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -70,7 +72,7 @@ def replicas(name: str, urls: list[str], *, algorithm: str = "NONE", served: str
     return rows
 
 
-def call(url: str, secret: str, content: str, **extra: Any) -> requests.Response:
+def call(url: str, secret: str, content: str | list[dict[str, str]], **extra: Any) -> requests.Response:
     body = {"model": MODEL, "max_tokens": 4,
             "messages": [{"role": "user", "content": content}], **extra}
     return requests.post(f"{url}/v1/chat/completions", json=body, timeout=30,
@@ -194,6 +196,80 @@ def test_a_replica_that_refuses_or_answers_503_is_retried_once_elsewhere_and_ski
         answers = [call(gateway, secret, f"s {i}") for i in range(20)]
         assert "1" in {a.headers["x-appliance-replica"] for a in answers}
         assert rows
+
+
+def test_a_retry_goes_to_a_replica_on_another_host_when_the_first_ones_host_failed(
+        gateway: str, operator: Any, key_for: Any) -> None:
+    """A host that dies takes all its replicas with it before its heartbeat says so: the one
+    retry skips the failed replica's host (replicas 0 and 1 on gpu-2, both gone)."""
+    gone = []
+    for _ in range(2):
+        with standin() as engine:
+            gone.append(engine.url)  # nothing listens there from now: connections refused
+    with engines(1) as served:
+        rows = replicas("hosted-pair", [*gone, served[0].url])
+        host = FleetHost.objects.create(name="gpu-2", credential_prefix="p2",
+                                        credential_digest="e" * 64,
+                                        credential_made_at=timezone.now(),
+                                        heartbeat_at=timezone.now())
+        for row in rows[:2]:
+            Placement.objects.create(deployment=row, replica=row.replica_index, host=host,
+                                     reason="test")
+        secret = key_for(operator)
+        # No text to hash (content parts): no prefix affinity, the picks go round from
+        # replica 1, whose retry without the host rule is replica 0, on the same dead host.
+        parts = [{"type": "text", "text": "no affinity"}]
+        answers = [call(gateway, secret, parts) for _ in range(6)]
+        assert [a.status_code for a in answers] == [200] * 6, [a.text for a in answers]
+        assert {a.headers["x-appliance-replica"] for a in answers} == {"2"}
+        assert answers[0].headers.get("x-appliance-retried") == "1"
+
+
+@pytest.mark.docker
+def test_a_request_in_flight_to_a_host_that_vanishes_is_answered_by_another_replica(
+        gateway: str, operator: Any, key_for: Any, docker_client: Any,  # noqa: F811
+        test_engine_image: str) -> None:  # noqa: F811
+    """A host cut off mid-request sends no reset: TCP's own dead-peer check (keep-alive
+    probes, a user timeout: web/gateway/upstream.py) ends the silent connection, and the
+    request, not yet answered, goes to the other replica instead of hanging."""
+    data = spec(name="vanished", engine__served_model_name=MODEL)
+    argv = launch_args(spec_from_dict(data)).argv
+    slow = {**FAST_ENV, "TEST_ENGINE_TOKEN_S": "1.0"}  # a minute for the 60 tokens asked
+    containers = [docker_client.containers.run(
+        test_engine_image, command=argv, detach=True, environment=env, labels=dict(TEST_LABELS),
+        ) for env in (slow, dict(FAST_ENV))]
+    try:
+        urls = []
+        for container in containers:
+            container.reload()  # reached at its own address on the bridge, as a host's would be
+            address = container.attrs["NetworkSettings"]["Networks"]["bridge"]["IPAddress"]
+            urls.append(f"http://{address}:30000")
+        for url in urls:
+            wait_for(lambda url=url: _healthy(url), timeout_s=90)
+        replicas("vanished", urls)
+        secret = key_for(operator)
+        parts = [{"type": "text", "text": "no affinity"}]  # round robin: replica 1 first
+        assert call(gateway, secret, parts).headers["x-appliance-replica"] == "1"
+        answer: list[requests.Response] = []
+        relay = threading.Thread(target=lambda: answer.append(
+            call(gateway, secret, parts, max_tokens=60)))
+        relay.start()
+        time.sleep(2)  # the request is generating on replica 0
+        assert relay.is_alive()
+        # Off the network: no FIN, no RST, its address simply gone.
+        docker_client.networks.get("bridge").disconnect(containers[0], force=True)
+        cut_at = time.monotonic()
+        relay.join(40)
+        assert answer, "the request hung on the vanished host"
+        took = time.monotonic() - cut_at
+        print(f"vanished host: the request answered by the other replica {took:.1f} s after")
+        assert answer[0].status_code == 200, answer[0].text
+        assert answer[0].headers["x-appliance-replica"] == "1"
+        assert answer[0].headers.get("x-appliance-retried") == "1"
+        assert took < DEAD_PEER_S + 5
+    finally:
+        for container in containers:
+            container.remove(force=True)
 
 
 def test_a_stream_broken_before_its_first_event_is_retried_and_one_cut_midway_ends_with_an_error(

@@ -538,7 +538,7 @@ async def _relay(send: Send, target: Target, path: str, body: bytes, stream: boo
         table.eject(row)
         if not retry:
             break
-        rows = table.rotation(target, exclude=tried)
+        rows = table.rotation(target, exclude=tried, away_from=row.host_key)
         if not tap.started:  # said on the answer: it came from a second replica
             tap.headers.append(RETRIED)
     if tap.started:  # a stream's head went out, no event: it ends as a broken one

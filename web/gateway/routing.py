@@ -256,15 +256,20 @@ class Routing:
         return beat is not None and (self.routes_watch.heartbeats_at - beat
                                      > settings.AGENT_SILENT_S)
 
-    def rotation(self, target: Target, *, exclude: tuple[int, ...] = ()) -> list[Target]:
+    def rotation(self, target: Target, *, exclude: tuple[int, ...] = (),
+                 away_from: str = "") -> list[Target]:
         """The rows of `target`'s deployment that may take a new request now. Rows on a lost
-        host, and rows ejected after a failure, are left out while another row can serve;
-        when none can, they are tried rather than refused."""
+        host, rows ejected after a failure, and (a retry's) rows on the host `away_from`
+        whose replica just failed (a host that dies takes all its replicas with it, before
+        its heartbeat says so) are left out while another row can serve; when none can,
+        they are tried rather than refused."""
         ready = [t for t in self.groups.get(target.group_id) or [target]
                  if t.in_rotation and t.deployment_id not in exclude]
         if len(ready) <= 1:
             return ready
         kept = [t for t in ready if not self.lost(t)] or ready
+        if away_from:
+            kept = [t for t in kept if t.host_key != away_from] or kept
         return [t for t in kept if t.deployment_id not in self.ejected] or kept
 
     def pick(self, rows: list[Target], *, affinity: int | None = None) -> Target:

@@ -13,17 +13,22 @@ before any byte of the answer came (the engine's idle timeout struck as the requ
 out); back-pressure (the engine's socket stops being read while a slow client has not taken
 what is buffered); and the connection closed, so the engine stops generating, when the
 caller leaves early or is cancelled. Only connecting is bounded in time: a generation may
-run for minutes.
+run for minutes. A peer that vanished (its host killed or cut off: no reset ever comes) is
+found by TCP itself: keep-alive probes after DEAD_PEER_IDLE_S of silence, and the connection
+given up once DEAD_PEER_S pass with a probe or a request unanswered by the peer's kernel
+(which answers while its engine is busy generating), so a request relayed to a host that died
+fails over instead of hanging.
 """
 
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import cast
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import httptools
@@ -31,6 +36,8 @@ import httptools
 CONNECT_TIMEOUT_S = 10.0
 HIGH_WATER = 256 * 1024  # bytes held for a slow client before the engine's socket is paused
 LOW_WATER = 64 * 1024
+DEAD_PEER_IDLE_S = 2  # silence before the first keep-alive probe
+DEAD_PEER_S = 6  # unanswered this long (probes or the request's bytes): the peer is gone
 
 
 class UpstreamError(Exception):
@@ -200,10 +207,11 @@ class Pool:
                        timeout_s: float = CONNECT_TIMEOUT_S) -> _Exchange:
         try:
             async with asyncio.timeout(timeout_s):
-                _, exchange = await self.loop.create_connection(_Exchange, *key)
+                transport, exchange = await self.loop.create_connection(_Exchange, *key)
         except (OSError, TimeoutError) as exc:
             raise UpstreamError(f"cannot connect to {key[0]}:{key[1]}: "
                                 f"{exc or 'timed out'}") from exc
+        _watch_peer(transport.get_extra_info("socket"))
         return exchange
 
     def _take_idle(self, key: tuple[str, int]) -> _Exchange | None:
@@ -275,6 +283,20 @@ class _Call:
                         tb: TracebackType | None) -> None:
         if self._exchange is not None:
             self.pool._release(self.key, self._exchange)
+
+
+def _watch_peer(sock: Any) -> None:
+    """Keep-alive probes and a user timeout (Linux's TCP options), where the platform has
+    them: a dead peer's connection ends in DEAD_PEER_S, a live one is never cut."""
+    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (("TCP_KEEPIDLE", DEAD_PEER_IDLE_S), ("TCP_KEEPINTVL", 1),
+                        ("TCP_KEEPCNT", DEAD_PEER_S - DEAD_PEER_IDLE_S),
+                        ("TCP_USER_TIMEOUT", DEAD_PEER_S * 1000)):
+        option = getattr(socket, name, None)
+        if option is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, option, value)
 
 
 _POOLS: dict[int, Pool] = {}
