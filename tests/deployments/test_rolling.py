@@ -9,6 +9,7 @@ runs the same rolls with the real agent, worker and test engine containers."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -302,3 +303,46 @@ def test_the_redeploy_form_rolls_the_deployment_on_its_new_spec(operator: Any) -
     assert Deployment.objects.filter(name=rows[0].name).count() == 2  # no new deployment
     assert Deployment.objects.get(pk=rows[0].pk).rolling["columns"]["spec"]["engine"][
         "cuda_graph_max_bs"] == 8
+
+
+def test_a_new_run_whose_message_was_lost_is_sent_again_once(
+        operator: Any, client: redis.Redis, monkeypatch: pytest.MonkeyPatch,
+        django_capture_on_commit_callbacks: Any) -> None:
+    """The roller (in the agent) sends a replica's new run after its transaction commits; an
+    agent killed in between leaves it queued with no message (tests/worker/test_rolling.py's
+    kill, as CI met it). The roll sends it again once, after ROLL_RESEND_S, while no worker
+    has it; a run a worker builds is left alone."""
+    monkeypatch.setattr(rolling, "ROLL_RESEND_S", 0.2)
+    rows = _deployment(2)
+    services.deployment_restart(deployment_id=rows[0].pk, user=operator)
+    for _ in range(3):  # drained, stopped, and its new run queued
+        rolling.rolling_step(deployment_id=rows[0].pk, client=client)
+        if _rows(rows)[0].status == S.STOPPING:
+            _agent_and_worker([rows[0]])
+    assert _rows(rows)[0].status == S.QUEUED
+    assert Deployment.objects.get(pk=rows[0].pk).rolling["step"] == rolling.STARTING
+    with django_capture_on_commit_callbacks() as sent:  # the message lost: none goes out
+        assert not rolling.rolling_step(deployment_id=rows[0].pk, client=client)
+    assert not _tasks(sent)
+    Deployment.objects.filter(pk=rows[0].pk).update(build_owner="a-live-worker")
+    time.sleep(0.3)
+    with django_capture_on_commit_callbacks() as sent:
+        assert not rolling.rolling_step(deployment_id=rows[0].pk, client=client)
+    assert not _tasks(sent)  # a worker has it
+    Deployment.objects.filter(pk=rows[0].pk).update(build_owner="")
+    with django_capture_on_commit_callbacks() as sent:
+        assert rolling.rolling_step(deployment_id=rows[0].pk, client=client)
+    assert len(_tasks(sent)) == 1
+    roll = Deployment.objects.get(pk=rows[0].pk).rolling
+    assert roll["resent"] and roll["step"] == rolling.STARTING
+    with django_capture_on_commit_callbacks() as sent:  # once per run
+        assert not rolling.rolling_step(deployment_id=rows[0].pk, client=client)
+    assert not _tasks(sent)
+    _agent_and_worker(rows)
+    rolling.rolling_step(deployment_id=rows[0].pk, client=client)
+    assert Deployment.objects.get(pk=rows[0].pk).rolling["at"] == 1
+
+
+def _tasks(callbacks: list[Any]) -> list[Any]:
+    """The Celery sends among a transaction's on-commit callbacks (web/tasks.py's)."""
+    return [c for c in callbacks if c.__qualname__.startswith("_send_on_commit.")]

@@ -89,10 +89,11 @@ def _rolling(pk: int) -> dict[str, Any]:
     return dict(Deployment.objects.get(pk=pk).rolling)
 
 
-def _until(check: Any, what: str, timeout_s: float = 120) -> Any:
+def _until(check: Any, what: Any, timeout_s: float = 120) -> Any:
+    """`what`: the wait in words, or a function that says it with what is known then."""
     deadline = time.monotonic() + timeout_s
     while not (found := check()):
-        assert time.monotonic() < deadline, what
+        assert time.monotonic() < deadline, what() if callable(what) else what
         time.sleep(0.1)
     return found
 
@@ -114,8 +115,11 @@ def test_a_rolling_restart_survives_its_agent_killed_and_a_failed_redeploy_halts
         first_agent.kill()
         first_agent.wait()
         agents.enter_context(engine_agent(tmp_path / "agent2.log", **env))
-        _until(lambda: _rolling(pks[0])["state"] != "rolling", "the new agent ends the roll",
-               timeout_s=180)
+        _until(lambda: _rolling(pks[0])["state"] != "rolling", lambda: (
+            f"the new agent ends the roll: {_rolling(pks[0])}, replicas "
+            f"{list(Deployment.objects.filter(pk__in=pks).values_list('pk', 'status', 'run'))}"
+            f", the agent's log: {(tmp_path / 'agent2.log').read_text()[-3000:]}"),
+            timeout_s=180)
         seen = watch.end()
 
         assert _rolling(pks[0])["state"] == "done", _rolling(pks[0])

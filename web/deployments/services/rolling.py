@@ -9,7 +9,8 @@ the one whose turn it is (`at`) and that one's step. For each replica in turn:
                DRAIN_GRACE_S after the drain) or ROLL_DRAIN_TIMEOUT_S has passed
     stopping   the roller moves it to `stopping`; wait until the agent has stopped it
     starting   its next run is queued (a redeploy's new spec with it); wait for `ready`,
-               then back into the rotation, and the next replica's turn
+               then back into the rotation, and the next replica's turn (a run no worker
+               took within ROLL_RESEND_S is sent to the workers once more)
 
 A replica whose new run fails (or is stopped) halts the roll there, with its cause; the
 replicas not reached keep serving their old run. Level-triggered: `rolling_tick` looks at
@@ -50,6 +51,12 @@ DRAINING, STOPPING, STARTING = "draining", "stopping", "starting"
 # read again within a second or two while the watch is not known good): an in-flight count
 # of 0 read sooner could miss a request about to start.
 DRAIN_GRACE_S = 3.0
+# The roller sends a replica's new run to the build worker after its transaction commits,
+# from its own process (the agent's): an agent killed in between leaves the row queued with
+# no message, which the agent's general re-queue finds only after QUEUED_GRACE_S (10 minutes,
+# web/agent/controller.py). A run still queued and untaken this long after the roll queued it
+# is sent once more (the deploy task ignores a second message: builds.deployment_run).
+ROLL_RESEND_S = 20.0
 _STEP_WORDS = {DRAINING: "draining (in-flight requests finishing)", STOPPING: "stopping",
                STARTING: "waiting for ready"}
 
@@ -203,7 +210,7 @@ def _drained(rolling: dict[str, Any], row: Deployment, client: Any) -> bool:
 def _start(rolling: dict[str, Any], row: Deployment) -> str:
     """Queue the replica's next run (a redeploy's spec with it); a refusal halts the roll."""
     changes = _changes(rolling, row)
-    rolling.update(step=STARTING, since=timezone.now().isoformat(), run=row.run)
+    rolling.update(step=STARTING, since=timezone.now().isoformat(), run=row.run, resent=None)
     try:
         with transaction.atomic():  # a refusal rolls back what it took (a savepoint)
             taken = served_name_conflict(spec=changes.get("spec", row.spec), name=row.name,
@@ -238,7 +245,20 @@ def _started(rolling: dict[str, Any], row: Deployment) -> str:
     if row.status in TERMINAL_STATUSES:
         summary = (row.diagnosis or {}).get("summary") or f"it was {row.status}"
         return _halt(rolling, row, f"its new run {row.run} did not become ready: {summary}")
+    if _forgotten(rolling, row):
+        rolling["resent"] = timezone.now().isoformat()
+        tasks.deployment_start_later(row.pk)
+        return (f"{_who(rolling)}: run {row.run} still queued after {ROLL_RESEND_S:.0f} s, "
+                "taken by no worker; sent to the workers again")
     return ""
+
+
+def _forgotten(rolling: dict[str, Any], row: Deployment) -> bool:
+    """Its new run queued, no worker on it, long enough to say its message was lost."""
+    if row.status != S.QUEUED or row.build_owner or rolling.get("resent"):
+        return False
+    waited = (timezone.now() - datetime.fromisoformat(rolling["since"])).total_seconds()
+    return waited >= ROLL_RESEND_S
 
 
 def _next(rolling: dict[str, Any], what: str) -> str:
