@@ -83,6 +83,16 @@ class PanelLink:
         return self._post(f"/api/fleet/host/deployments/{deployment_id}/steps/",
                           {"step": step, "start_token": start_token, **fields})
 
+    def metrics(self, deployment_id: int, start_token: str, *, points: list[dict[str, Any]],
+                alerts: list[dict[str, Any]], compact: bool = False) -> int:
+        """Store the engine monitor's points and alerts for the current start of a placed
+        engine: how many points were stored. PanelRefused 404 (not placed here), 409
+        (another start)."""
+        body = {"start_token": start_token, "points": points, "alerts": alerts,
+                "compact": compact}
+        return int(self._post(f"/api/fleet/host/deployments/{deployment_id}/metrics/",
+                              body)["stored"])
+
     def ship(self, deployment_id: int, events: Events,
              row: dict[str, Any] | None = None) -> int:
         """Store a batch of a placed deployment's events (and its row's fields): the last

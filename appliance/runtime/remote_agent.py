@@ -43,6 +43,7 @@ from appliance.logs.causes import Diagnosis
 from appliance.logs.facts import spec_facts
 from appliance.preflight import gpu_check_args
 from appliance.runtime import gpu_telemetry
+from appliance.runtime.alerts import Alert, AlertRules
 from appliance.runtime.client import EngineClient
 from appliance.runtime.containers import (
     ContainerPlan,
@@ -52,10 +53,12 @@ from appliance.runtime.containers import (
 )
 from appliance.runtime.follower import Cursor, EngineFollower, Events, FollowOptions, follow
 from appliance.runtime.hostfacts import docker_facts
+from appliance.runtime.monitor import EngineMonitor, MonitorOptions
 from appliance.runtime.mounts import engine_model_mounts
 from appliance.runtime.panel_link import PanelLink, PanelRefused, panel_link_open
 from appliance.runtime.progress import progress_fold
 from appliance.runtime.secrets import secret_names_available
+from appliance.runtime.series import MetricPoint
 from appliance.runtime.work import EngineWork
 
 log = logging.getLogger(__name__)
@@ -64,6 +67,7 @@ MAX_BATCH_BYTES = 512 * 1024  # the panel's body limit is 1 MiB (APPLIANCE_MAX_B
 SHIP_TRIES = 5  # a batch the panel did not take is sent again, then the follower starts over
 MASK = "***"
 CREDENTIAL_PATH = "/var/lib/appliance/host-credential/credential"  # a volume (compose.host.yaml)
+COMPACT_EVERY_S = 60.0  # the panel merges the series' old points this often (monitoring.py's)
 
 
 class CredentialRefused(RuntimeError):
@@ -232,8 +236,11 @@ class RemoteSink:
         self.start_token = str(placement["start_token"])
         self.key = str(placement.get("engine_key") or "")
         self.progress: dict[str, Any] = dict(placement.get("progress") or {})
+        # The follower's view, read by the engine's monitor (RemoteMonitorSink).
         self.status = str(placement["status"])
+        self.engine_url = str(placement.get("engine_url") or "")
         self.agent, self.stop, self.identity = agent, stop, identity
+        self.monitor: EngineMonitor | None = None
 
     def _call(self, send: Any) -> Any:
         for attempt in range(SHIP_TRIES):
@@ -271,6 +278,12 @@ class RemoteSink:
                 if decode is not None:
                     row["decode_stats"] = decode
             self._call(lambda p=part, r=row: self.agent.link.ship(self.pk, p, row=r))
+        if self.monitor is not None:
+            try:
+                self.monitor.observe(events)
+            except Exception:  # noqa: BLE001 - an alert must never stop the log from shipping
+                log.exception("deployment %s: engine monitor: alert from the log failed",
+                              self.pk)
 
     def _step(self, step: str, **fields: Any) -> bool:
         try:
@@ -289,7 +302,7 @@ class RemoteSink:
         return moved
 
     def ready(self, engine_url: str) -> bool:
-        self.status = Status.READY
+        self.status, self.engine_url = Status.READY, engine_url
         return self._step("ready", engine_url=engine_url)
 
     def failed(self, diagnosis: Diagnosis, message: str, last_lines: list[str]) -> None:
@@ -308,6 +321,58 @@ class RemoteSink:
         return None
 
 
+class RemoteMonitorSink:
+    """The engine monitor's sink over the panel's API (the panel's own agent stores through
+    web/agent/monitoring.py): each point and each step's alerts in one call, the series'
+    compaction asked for once a minute. A refused call is the monitor's failed step: logged,
+    tried again with the next point."""
+
+    def __init__(self, followed: RemoteSink) -> None:
+        self.followed = followed
+        self.compacted_at = time.monotonic()
+
+    def status(self) -> str:
+        return self.followed.status
+
+    def engine_url(self) -> str:
+        return self.followed.engine_url
+
+    def store(self, point: MetricPoint) -> None:
+        compact = time.monotonic() - self.compacted_at > COMPACT_EVERY_S
+        self._send([point.to_dict()], [], compact)
+        if compact:
+            self.compacted_at = time.monotonic()
+
+    def alerts(self, alerts: list[Alert]) -> None:
+        for alert in alerts:
+            log.info("deployment %s: alert %s %s: %s", self.followed.pk, alert.id,
+                     alert.state, alert.summary)
+        self._send([], [a.to_dict() for a in alerts], False)
+
+    def _send(self, points: list[dict[str, Any]], alerts: list[dict[str, Any]],
+              compact: bool) -> None:
+        sink = self.followed
+        if sink.stop.is_set():
+            return
+        sink.agent.link.metrics(sink.pk, sink.start_token, points=points, alerts=alerts,
+                                compact=compact)
+
+
+def remote_monitor(placement: Mapping[str, Any], sink: RemoteSink, config: RemoteSettings,
+                   settings: Mapping[str, Any]) -> EngineMonitor:
+    """The engine's monitor as the panel's agent makes its own (monitoring.monitor_start),
+    with the panel's interval and stall limit (`settings`, from its placements answer)."""
+    interval = float(settings.get("interval_s") or 2.0)
+    spec = spec_from_dict(placement["spec"])
+    rules = AlertRules(stall_s=float(settings.get("stall_s") or 300),
+                       expect_cuda_graph=not spec.engine.disable_cuda_graph)
+    gpus = [int(g) for g in placement.get("gpus") or [] if str(g).isdigit()]
+    return EngineMonitor(RemoteMonitorSink(sink), gpus=gpus if config.gpu_requests else [],
+                         options=MonitorOptions(interval_s=interval,
+                                                timeout_s=min(interval, 5.0), rules=rules),
+                         active_alerts=list((placement.get("alerts") or {}).keys()))
+
+
 @dataclass
 class RemoteAgent:
     """Call tick() every second or two (run() does), from one thread."""
@@ -318,6 +383,7 @@ class RemoteAgent:
     work: dict[int, EngineWork] = field(default_factory=dict)
     refused: PanelRefused | None = None
     heartbeat_s: float = 10.0
+    monitor_settings: dict[str, Any] = field(default_factory=dict)  # the panel's, each tick
     _beat_at: float = 0.0
 
     def run(self, stop: threading.Event) -> None:
@@ -358,6 +424,7 @@ class RemoteAgent:
         placements = {int(p["id"]): p for p in answer.get("placements", [])
                       if p.get("status") in AGENT_OWNED and p.get("start_token")}
         self.heartbeat_s = float(answer.get("heartbeat_s") or self.heartbeat_s)
+        self.monitor_settings = dict(answer.get("monitor") or {})
         for placement in placements.values():
             self._step(placement, str(answer.get("instance_id", "")))
         for pk in [pk for pk in self.work if pk not in placements]:
@@ -419,11 +486,19 @@ class RemoteAgent:
             options=FollowOptions(ready_timeout_s=float(self.config.ready_timeout_s)),
             client_factory=lambda url: EngineClient(url, timeout=5.0, api_key=key),
             needed_widths=needed_graph_widths(spec.engine), facts=spec_facts(spec))
+        monitor = sink.monitor = remote_monitor(placement, sink, self.config,
+                                                self.monitor_settings)
+        watching = threading.Thread(target=monitor.run, args=(stop,), daemon=True,
+                                    name=f"fleet-engine-monitor-{sink.pk}")
+        watching.start()
         try:
             follow(follower)
         except EngineRuntimeError as exc:
             if not stop.is_set():
                 sink.failed(start_failure(str(exc)), str(exc), [])
+        finally:
+            stop.set()  # the follower ended: so does its monitor
+            watching.join(timeout=5)
 
     def _may_start(self, placement: Mapping[str, Any], sink: RemoteSink) -> bool:
         refused = list(placement.get("models_refused") or [])

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import ipaddress
 import subprocess
 import tarfile
 import time
@@ -148,8 +149,12 @@ def host_networks(client: DockerClient, names: list[str]) -> dict[str, Network]:
 
 
 def gateway(network: Network) -> str:
+    """This machine's address on a Docker network. Docker leaves `Gateway` out of a
+    bridge's IPAM when it found the bridge already made (a dockerd restarted on a machine
+    whose docker0 stayed): the subnet's first address is the bridge's then."""
     network.reload()
-    return str(network.attrs["IPAM"]["Config"][0]["Gateway"])
+    config = network.attrs["IPAM"]["Config"][0]
+    return str(config.get("Gateway") or ipaddress.ip_network(config["Subnet"])[1])
 
 
 @contextlib.contextmanager

@@ -5,6 +5,7 @@ with it."""
 from __future__ import annotations
 
 import json
+import time
 from datetime import timedelta
 
 import pytest
@@ -13,7 +14,7 @@ from django.utils import timezone
 
 from tests.rows import queued, ready
 from web.deployments import services as dservices
-from web.deployments.models import Event
+from web.deployments.models import Deployment, Event, MetricPoint
 from web.deployments.silence import deployment_silence
 from web.fleet import selectors, services
 from web.fleet.models import FleetHost, JoinToken
@@ -247,3 +248,74 @@ def test_a_placed_engine_is_watched_by_its_hosts_heartbeat(live_channel) -> None
     later = timezone.now() + timedelta(seconds=120)
     silent = deployment_silence(deployment=mine, now=later)
     assert silent is not None and silent.agent_id == "agent@gpu-2"
+
+
+def _metrics(pk: int, credential: str, **body: object) -> tuple[int, dict]:  # type: ignore[type-arg]
+    return _post(f"/api/fleet/host/deployments/{pk}/metrics/",
+                 {"start_token": "t", **body}, credential)
+
+
+def _point(**changes: object) -> dict:  # type: ignore[type-arg]
+    return {"t": time.time(), "throughput": 212.5, "running": 3.0, "kv_usage": 0.41,
+            "gpus": [[87.0, 61.2, None]], **changes}
+
+
+STALL = {"id": "stall", "state": "firing", "severity": "warning",
+         "summary": "no progress for 300 s", "fix": "look at the log", "evidence": {"s": 300}}
+
+
+def test_a_hosts_engine_monitor_stores_points_and_alerts_for_its_own_engine(live_channel) -> None:  # type: ignore[no-untyped-def]
+    done = joined("gpu-2")
+    mine = ready()
+    services.placement_assign(deployment=mine, host_name="gpu-2")
+    status, body = _metrics(mine.pk, done.credential, points=[_point(), _point()],
+                            alerts=[STALL], compact=True)
+    assert (status, body) == (200, {"stored": 2})
+    stored = MetricPoint.objects.filter(deployment=mine)
+    assert stored.count() == 2 and {p.throughput for p in stored} == {212.5}
+    mine.refresh_from_db()
+    assert mine.latest_metrics["kv_usage"] == 0.41 and list(mine.alerts) == ["stall"]
+    assert Event.objects.filter(deployment=mine, kind="alert").count() == 1
+    status, _ = _metrics(mine.pk, done.credential, alerts=[{**STALL, "state": "resolved"}])
+    mine.refresh_from_db()
+    assert status == 200 and mine.alerts == {}
+
+
+def test_a_host_cannot_store_metrics_for_another_engine_or_another_start(live_channel) -> None:  # type: ignore[no-untyped-def]
+    mine = joined("gpu-2")
+    joined("gpu-3")
+    theirs = ready()
+    services.placement_assign(deployment=theirs, host_name="gpu-3")
+    unplaced = ready(name="second", gpus=[1])
+    for target in (theirs.pk, unplaced.pk, 999999):
+        status, body = _metrics(target, mine.credential, points=[_point()], alerts=[STALL])
+        assert status == 404 and "placed on it" in body["detail"]
+    here = ready(name="third", gpus=[2])
+    services.placement_assign(deployment=here, host_name="gpu-2")
+    status, body = _post(f"/api/fleet/host/deployments/{here.pk}/metrics/",
+                         {"start_token": "an-earlier-start", "points": [_point()]},
+                         mine.credential)
+    assert status == 409 and "no longer on that start" in body["detail"]
+    assert not MetricPoint.objects.exists()
+    assert not Deployment.objects.exclude(alerts={}).exists()
+
+
+@pytest.mark.parametrize(("body", "field", "words"), [
+    ({"points": [{"throughput": 1.0}]}, "points", "Unix time t"),
+    ({"points": [_point(t=time.time() - 7200)]}, "points", "NTP"),
+    ({"points": [_point(throughput="fast")]}, "points", "throughput must be finite"),
+    ({"points": [_point(gpus=[["hot"]])]}, "points", "gpus is a list"),
+    ({"points": [_point()] * 31}, "points", "up to 30"),
+    ({"alerts": [{**STALL, "state": "burning"}]}, "alerts", "state"),
+    ({"alerts": [{**STALL, "id": "<script>"}]}, "alerts", "a slug"),
+    ({"alerts": [{**STALL, "summary": "x" * 5000}]}, "alerts", "2000 characters"),
+    ({"start_token": ""}, "start_token", "start token"),
+])
+def test_a_bad_metrics_report_names_its_field_and_stores_nothing(body, field, words,  # type: ignore[no-untyped-def]
+                                                                 live_channel) -> None:
+    done = joined("gpu-2")
+    mine = ready()
+    services.placement_assign(deployment=mine, host_name="gpu-2")
+    status, answer = _metrics(mine.pk, done.credential, **body)
+    assert status == 400 and words in answer[field][0], answer
+    assert not MetricPoint.objects.exists()

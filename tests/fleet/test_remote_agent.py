@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,9 +32,10 @@ from appliance.runtime.remote_agent import (
     image_lock_refusal,
 )
 from tests.conftest_docker import docker_client, remove_engines, test_engine_image, wait_for  # noqa: F401
+from tests.fleet.simhosts import gateway
 from tests.specs import spec
 from web.deployments import services as deployments
-from web.deployments.models import Deployment, DeploymentStatus, Event
+from web.deployments.models import Deployment, DeploymentStatus, Event, MetricPoint
 from web.deployments.services.installation import instance_id
 from web.fleet import selectors, services
 from web.fleet.models import FleetHost
@@ -49,7 +51,7 @@ ROOT = str(Path(__file__).resolve().parents[2])
 
 def _advertise(client: docker.DockerClient) -> str:
     """This machine's address on Docker's bridge: not loopback, as a host's LAN address."""
-    return str(client.networks.get("bridge").attrs["IPAM"]["Config"][0]["Gateway"])
+    return gateway(client.networks.get("bridge"))
 
 
 @pytest.fixture
@@ -117,6 +119,12 @@ def test_a_remote_host_runs_its_placed_engine_from_start_to_stop(fleet_host, vie
     shown = client.get(f"/api/deployments/{row.pk}/events/?limit=1000").json()["results"]
     assert any("server_args=ServerArgs(" in str(e["payload"].get("text")) for e in shown)
     assert Deployment.objects.get(pk=row.pk).progress.get("weights", {}).get("finished")
+    # The host's engine monitor scrapes /metrics into the panel's series, as the panel's own
+    # agent does for its engines: the replica's charts and the deployment's summed throughput.
+    wait_for(lambda: MetricPoint.objects.filter(deployment=row).count() >= 2, timeout_s=20,
+             every_s=0.2)
+    latest = Deployment.objects.get(pk=row.pk).latest_metrics
+    assert latest["t"] > time.time() - 20 and latest["kv_usage"] is not None, latest
 
     deployments.deployment_mark_stopping(deployment_id=row.pk)
     assert _status(row.pk, {S.STOPPED}, 30) == S.STOPPED

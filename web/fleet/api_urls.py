@@ -19,5 +19,7 @@ urlpatterns = [
          name="fleet-host-events"),
     path("host/deployments/<int:deployment_id>/steps/", hostapi.host_step,
          name="fleet-host-steps"),
+    path("host/deployments/<int:deployment_id>/metrics/", hostapi.host_metrics,
+         name="fleet-host-metrics"),
     path("", include(router.urls)),
 ]

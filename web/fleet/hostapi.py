@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from django.conf import settings
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST, require_safe
@@ -115,7 +116,9 @@ def host_me(request: HttpRequest) -> JsonResponse:
         return host
     # The install's id: the host's engines carry it, so a restarted agent adopts them.
     return JsonResponse({**_host_answer(host), "instance_id": instance_id(),
-                         "placements": selectors.host_placements(host=host)})
+                         "placements": selectors.host_placements(host=host),
+                         "monitor": {"interval_s": settings.METRICS_INTERVAL_S,
+                                     "stall_s": settings.ALERT_STALL_S}})
 
 
 @csrf_exempt
@@ -162,3 +165,27 @@ def host_events(request: HttpRequest, deployment_id: int) -> JsonResponse:
         # 404, not 403: a host learns nothing of deployments that are not its own.
         return _error(404, f"{exc}: a host writes only the deployments placed on it.")
     return JsonResponse({"last_seq": last})
+
+
+@csrf_exempt
+@require_POST
+def host_metrics(request: HttpRequest, deployment_id: int) -> JsonResponse:
+    """{start_token, points, alerts, compact} from the engine monitor of the current start
+    of a deployment placed on this host -> {stored}; 404 for any other deployment, 409 for
+    another start."""
+    host = _host(request)
+    if isinstance(host, JsonResponse):
+        return host
+    body = _body(request)
+    if isinstance(body, JsonResponse):
+        return body
+    try:
+        stored = services.host_metrics_store(host=host, deployment_id=deployment_id,
+                                             batch=services.metrics_batch_from(body))
+    except services.FleetError as exc:
+        return _error(400, str(exc), exc.field)
+    except services.NotPlacedHere as exc:
+        return _error(404, f"{exc}: a host writes only the deployments placed on it.")
+    except services.StaleStart as exc:
+        return _error(409, str(exc))
+    return JsonResponse({"stored": stored})

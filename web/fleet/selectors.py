@@ -147,7 +147,7 @@ def engine_key(*, deployment_id: int, start_token: str) -> str:
 
 # What a host is told of each engine placed on it: enough to start, follow and stop it.
 PLACEMENT_FIELDS = ("id", "status", "spec", "image", "start_token", "log_cursor", "progress",
-                    "gpus", "alerts", "restart_not_before")
+                    "gpus", "alerts", "restart_not_before", "engine_url")
 
 
 def placement_lock_digest(*, deployment: Deployment) -> str | None:
