@@ -139,3 +139,38 @@ def login_session(url: str, username: str, password: str) -> requests.Session:
         headers={"Referer": f"{url}/login/"}, timeout=10)
     assert answer.status_code == 200 and "Log out" in answer.text, "the login form let us in"
     return session
+
+
+@contextmanager
+def redis_server(data_dir: Path, port: int) -> Iterator[subprocess.Popen[bytes]]:
+    """A redis-server of a test's own, persisting to an append-only file as compose's."""
+    proc = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--appendonly", "yes",
+         "--dir", str(data_dir), "--save", ""], stdout=subprocess.DEVNULL)
+    for _ in range(50):
+        if subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True,
+                          check=False).stdout.strip() == b"PONG":
+            break
+        time.sleep(0.1)
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def redis_shutdown(port: int) -> None:
+    subprocess.run(["redis-cli", "-p", str(port), "shutdown"], check=False, capture_output=True)
+
+
+PG_DATA = "/var/lib/appliance-test/pgdata"  # the test script's own server (setup-and-run.sh)
+
+
+def pg_ctl(*args: str) -> None:
+    """pg_ctl on the test script's PostgreSQL server (root only: it runs as postgres)."""
+    pg_bin = sorted(Path("/usr/lib/postgresql").glob("*/bin"))[-1]
+    # Output to the server's log file: the restarted server would hold a pipe open forever.
+    log = "/var/lib/appliance-test/postgres.log"
+    subprocess.run(["su", "postgres", "-c",
+                    f"{pg_bin}/pg_ctl -D {PG_DATA} -l {log} {' '.join(args)}"],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)

@@ -34,11 +34,14 @@ from typing import Any
 import requests
 
 from appliance.engine.launch import launch_args
+from appliance.engine.recipes import RecipeError, load_recipe
 from appliance.engine.spec import spec_from_dict
 from appliance.engine.widths import needed_graph_widths
-from appliance.images.lock import LOCK_LABEL
+from appliance.images.build import BuildCancelled, BuildEvent, BuildFailed, build_image, image_id
+from appliance.images.lock import LOCK_LABEL, lock_digest
+from appliance.images.plan import BuildError, plan_build, recipe_lock_path
 from appliance.lifecycle import AGENT_OWNED, Status
-from appliance.logs.appliance_causes import MODEL_NOT_READY, start_failure
+from appliance.logs.appliance_causes import IMAGE_BUILD_FAILED, MODEL_NOT_READY, start_failure
 from appliance.logs.causes import Diagnosis
 from appliance.logs.facts import spec_facts
 from appliance.preflight import gpu_check_args
@@ -112,6 +115,8 @@ class RemoteSettings:
     stop_timeout_s: int = 30
     ready_timeout_s: int = 3600
     tick_s: float = 1.0
+    recipes_dir: str = ""  # the site's recipes, as the panel's APPLIANCE_RECIPES_DIR
+    build_ca_bundle: str = ""  # a proxy's CA for the image builds' download steps
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> RemoteSettings:
@@ -140,7 +145,9 @@ class RemoteSettings:
             extra_env={k.strip(): v for k, v in extra},
             stop_timeout_s=_env_int(env, "APPLIANCE_ENGINE_STOP_TIMEOUT_S", 30),
             ready_timeout_s=_env_int(env, "APPLIANCE_ENGINE_READY_TIMEOUT_S", 3600),
-            tick_s=float(_env_int(env, "APPLIANCE_AGENT_TICK_MS", 1000)) / 1000)
+            tick_s=float(_env_int(env, "APPLIANCE_AGENT_TICK_MS", 1000)) / 1000,
+            recipes_dir=env.get("APPLIANCE_RECIPES_DIR", ""),
+            build_ca_bundle=env.get("APPLIANCE_BUILD_CA_BUNDLE", ""))
 
 
 def host_report(runtime: EngineRuntime, config: RemoteSettings) -> dict[str, Any]:
@@ -178,6 +185,64 @@ def remote_plan(placement: Mapping[str, Any], config: RemoteSettings,
         shm_size=spec.shm_size or config.shm_size, pids_limit=config.pids_limit or None,
         mem_limit=config.memory_limit or None, secrets=list(launch.secrets),
         secrets_dir=config.secrets_dir, api_key=str(placement.get("engine_key") or ""))
+
+
+class HostBuildRefused(RuntimeError):
+    """This host cannot build the placement's image as the panel has it (no such recipe
+    here, or one with another lock): the message says what to fix."""
+
+
+BUILD_SHIP_EVENTS = 200  # a build's output goes to the panel in batches of this many ...
+BUILD_SHIP_S = 0.5  # ... or after this long, whichever comes first
+
+
+def host_image(placement: Mapping[str, Any], config: RemoteSettings, runtime: EngineRuntime,
+               ship: Any, cancel: threading.Event) -> str:
+    """The placement's engine image, built on this host's Docker from the recipe its spec
+    names (the panel builds none for a joined host: web/builder/builds.py), or found built
+    already; its build events shipped in batches through `ship`. The recipe is this host's
+    (a site recipe in `recipes_dir` wins over a shipped one, as on the panel); its lock must
+    be the panel's (`lock_digest`), else HostBuildRefused before anything is built.
+    BuildFailed and BuildCancelled as build_image raises them."""
+    name = str((placement.get("spec") or {}).get("recipe") or "")
+    site = Path(config.recipes_dir) / f"{name}.yaml" if config.recipes_dir else None
+    try:
+        recipe = load_recipe(str(site) if site is not None and site.is_file() else name)
+        lock = recipe_lock_path(recipe)
+    except (RecipeError, BuildError) as exc:
+        raise HostBuildRefused(f"this host has no recipe {name!r} to build the engine image "
+                               f"from ({exc}): give it the panel's recipe file in "
+                               "APPLIANCE_RECIPES_DIR") from None
+    found = lock_digest(lock.read_bytes()) if lock is not None else ""
+    wanted = placement.get("lock_digest")
+    if wanted is not None and found != wanted:
+        raise HostBuildRefused(
+            f"this host's recipe {name!r} has the lock {found or 'none'}, the panel's "
+            f"{wanted or 'none'}: give the host the panel's recipe and lock files "
+            "(APPLIANCE_RECIPES_DIR), or run the panel's image version here")
+    bundle = Path(config.build_ca_bundle) if config.build_ca_bundle else None
+    if bundle is not None and not (bundle.is_file() and bundle.stat().st_size):
+        bundle = None  # compose mounts /dev/null there when no CA is set
+    plan = plan_build(recipe, ca_bundle=bundle,
+                      base_id=image_id(runtime.client, recipe.base_image))
+    pending: Events = []
+    shipped_at = time.monotonic()
+
+    def on_event(event: BuildEvent) -> None:
+        nonlocal shipped_at
+        pending.append(("build", event.to_dict()))
+        if len(pending) >= BUILD_SHIP_EVENTS or time.monotonic() - shipped_at > BUILD_SHIP_S:
+            ship(pending[:])
+            pending.clear()
+            shipped_at = time.monotonic()
+
+    try:
+        return build_image(plan, client=runtime.client,
+                           no_cache=bool(placement.get("rebuild_image")), cancel=cancel,
+                           on_event=on_event).tag
+    finally:
+        if pending:
+            ship(pending[:])
 
 
 def image_lock_refusal(runtime: EngineRuntime, image: str, wanted: str | None) -> str:
@@ -474,6 +539,11 @@ class RemoteAgent:
         identity = Identity(str(placement["id"]), instance, str(placement["start_token"]))
         sink = RemoteSink(placement, self, stop, identity)
         starting = placement["status"] == Status.STARTING
+        if starting and not placement.get("image"):  # the panel left the build to this host
+            image = self._build(placement, sink, stop)
+            if not image:
+                return
+            placement = {**placement, "image": image}
         if starting and not self._may_start(placement, sink):
             return
         spec = spec_from_dict(placement["spec"])
@@ -499,6 +569,22 @@ class RemoteAgent:
         finally:
             stop.set()  # the follower ended: so does its monitor
             watching.join(timeout=5)
+
+    def _build(self, placement: Mapping[str, Any], sink: RemoteSink,
+               stop: threading.Event) -> str:
+        """The image built here ('' when it could not be: the deployment failed, saying
+        why, or a stop ended the build)."""
+        ship = lambda events: sink.ship(events, None)  # noqa: E731 - a sink's call, named
+        try:
+            return host_image(placement, self.config, self.runtime, ship, stop)
+        except BuildCancelled:
+            return ""  # stopped: the next tick stops what is left
+        except HostBuildRefused as exc:
+            sink.failed(start_failure(str(exc)), str(exc), [])
+        except BuildFailed as exc:
+            sink.failed(IMAGE_BUILD_FAILED.worded(summary=str(exc), evidence=exc.to_dict()),
+                        str(exc), list(exc.last_output_lines))
+        return ""
 
     def _may_start(self, placement: Mapping[str, Any], sink: RemoteSink) -> bool:
         refused = list(placement.get("models_refused") or [])

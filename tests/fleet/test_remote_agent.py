@@ -6,6 +6,7 @@ credential ended mid-run, it stops writing and says why."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -23,6 +24,7 @@ import requests
 from django.test import Client, override_settings
 
 import docker
+from appliance.images.lock import LOCK_LABEL, lock_digest
 from appliance.runtime.containers import EngineRuntime, Identity
 from appliance.runtime.panel_link import PanelRefused, panel_link_open
 from appliance.runtime.remote_agent import (
@@ -33,6 +35,7 @@ from appliance.runtime.remote_agent import (
 )
 from tests.conftest_docker import docker_client, remove_engines, test_engine_image, wait_for  # noqa: F401
 from tests.fleet.simhosts import gateway
+from tests.site_recipes import engine_source_repo, write_recipe
 from tests.specs import spec
 from web.deployments import services as deployments
 from web.deployments.models import Deployment, DeploymentStatus, Event, MetricPoint
@@ -130,6 +133,71 @@ def test_a_remote_host_runs_its_placed_engine_from_start_to_stop(fleet_host, vie
     assert _status(row.pk, {S.STOPPED}, 30) == S.STOPPED
     identity = Identity(str(row.pk), instance_id(), row.start_token)
     assert EngineRuntime().find(identity) is None
+
+
+BASELINE = {"model_path": "/models/Kimi-K2.6", "tp_size": 1, "trust_remote_code": True,
+            "speculative_algorithm": "NONE"}
+
+
+def test_a_host_builds_its_engines_image_from_the_recipe_and_runs_it(  # type: ignore[no-untyped-def]
+        fleet_host, tmp_path, docker_client) -> None:  # noqa: F811
+    """No image crosses machines: the panel builds none for a joined host, whose agent
+    builds the recipe on its own Docker (its build events stored as the panel's own), and
+    the image carries the recipe's lock label, which the start then checks."""
+    recipes = tmp_path / "recipes"
+    write_recipe(recipes, "site-host-engine", engine_source_repo(tmp_path))
+    (recipes / "site-host.lock.txt").write_text("sglang==0.5.23 --hash=sha256:" + "1" * 64 + "\n")
+    with (recipes / "site-host-engine.yaml").open("a") as recipe:
+        recipe.write("lock: site-host.lock.txt\n")
+    agent = fleet_host["agent"]
+    agent.config = dataclasses.replace(agent.config, recipes_dir=str(recipes))
+    built = ""
+    try:
+        with override_settings(ENGINE_IMAGE="", RECIPES_DIR=str(recipes)):
+            row = _placed(name="host-built", recipe="site-host-engine", self_check=False,
+                          engine=BASELINE)
+            assert row.image == ""  # the panel built nothing
+            assert _status(row.pk, {S.READY, S.FAILED}, 240) == S.READY, \
+                Deployment.objects.get(pk=row.pk).diagnosis
+        builds = [e.payload for e in Event.objects.filter(deployment_id=row.pk, kind="build")
+                  .order_by("seq")]
+        assert builds[0]["kind"] == "handed_over" and "on host gpu-r" in builds[0]["text"]
+        kinds = [b["kind"] for b in builds]
+        assert "build_step" in kinds and kinds[-1] == "built", kinds
+        built = builds[-1]["text"].split()[1]
+        assert built.startswith("appliance-engine:site-host-engine-")
+        image = docker_client.images.get(built)
+        wanted = lock_digest((recipes / "site-host.lock.txt").read_bytes())
+        assert image.labels[LOCK_LABEL] == wanted
+        running = EngineRuntime().find(Identity(str(row.pk), instance_id(),
+                                                Deployment.objects.get(pk=row.pk).start_token))
+        assert running is not None and running.image.id == image.id
+        deployments.deployment_mark_stopping(deployment_id=row.pk)
+        assert _status(row.pk, {S.STOPPED}, 30) == S.STOPPED
+    finally:
+        if built:
+            docker_client.images.remove(built, force=True)
+
+
+def test_a_host_whose_recipe_lock_differs_builds_nothing_and_says_so(  # type: ignore[no-untyped-def]
+        fleet_host, tmp_path) -> None:
+    panel_recipes, host_recipes = tmp_path / "panel", tmp_path / "host"
+    repo = engine_source_repo(tmp_path)
+    write_recipe(panel_recipes, "site-drift", repo)  # the panel's: no lock
+    write_recipe(host_recipes, "site-drift", repo)
+    (host_recipes / "other.lock.txt").write_text("torch==2.11.0 --hash=sha256:" + "2" * 64)
+    with (host_recipes / "site-drift.yaml").open("a") as recipe:
+        recipe.write("lock: other.lock.txt\n")
+    agent = fleet_host["agent"]
+    agent.config = dataclasses.replace(agent.config, recipes_dir=str(host_recipes))
+    with override_settings(ENGINE_IMAGE="", RECIPES_DIR=str(panel_recipes)):
+        row = _placed(name="drifted", recipe="site-drift", self_check=False, engine=BASELINE)
+        assert _status(row.pk, {S.READY, S.FAILED}, 60) == S.FAILED
+    row = Deployment.objects.get(pk=row.pk)
+    assert "has the lock sha256:" in row.diagnosis["summary"], row.diagnosis
+    assert "the panel's none" in row.diagnosis["summary"]
+    assert [e.payload["kind"] for e in Event.objects.filter(deployment=row, kind="build")] == [
+        "handed_over"]  # nothing built
 
 
 def test_a_host_reads_and_steps_only_its_own_engines(fleet_host) -> None:  # type: ignore[no-untyped-def]

@@ -196,10 +196,16 @@ def test_a_host_cannot_write_another_hosts_deployment() -> None:
     assert Event.objects.filter(deployment=theirs).count() == before
 
 
-@pytest.mark.parametrize("kind", ["status", "end", "phase", "alert", "build", "nonsense"])
+@pytest.mark.parametrize("kind", ["status", "end", "phase", "alert", "nonsense"])
 def test_a_host_may_not_append_the_panels_own_kinds(kind: str) -> None:
     with pytest.raises(services.FleetError, match="a host may append"):
         services.event_batch_from({"events": [[kind, {}]]})
+
+
+def test_a_host_appends_the_build_events_of_the_images_it_builds() -> None:
+    batch = services.event_batch_from({"events": [["build", {"kind": "build_step",
+                                                             "text": "RUN x", "step": 1}]]})
+    assert batch.events == [("build", {"kind": "build_step", "text": "RUN x", "step": 1})]
 
 
 def test_a_host_may_set_only_its_engines_row_fields() -> None:

@@ -17,7 +17,6 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +26,19 @@ from django.db import connection
 from django.test import override_settings
 
 import docker
-from appliance.runtime.follower import SCRAPE_ACCESS
 from tests.conftest_docker import engines_of, remove_engines
-from tests.servers import celery_worker, engine_agent, free_port, login_session, panel_server
+from tests.loglines import assert_every_line_once
+from tests.servers import (
+    celery_worker,
+    engine_agent,
+    free_port,
+    login_session,
+    panel_server,
+    pg_ctl,
+    redis_server,
+)
 from tests.specs import spec
 from web.agent.controller import wait_for
-from web.agent.engines import identity_of
 from web.deployments import services
 from web.deployments.models import Deployment, DeploymentStatus
 from web.deployments.services.installation import instance_id
@@ -65,35 +71,6 @@ def _wait(pk: int, statuses: set[str], timeout_s: float = 60) -> str:
     status = wait_for(pk, statuses, timeout_s)
     assert status in statuses, f"deployment {pk} is {status}, not {statuses}"
     return status
-
-
-def _printed(pk: int) -> list[str]:
-    """What the engine printed, stdout and stderr in Docker's order ("\\r" updates folded)."""
-    deployment = Deployment.objects.get(pk=pk)
-    container = docker.from_env().containers.get(identity_of(deployment).name)
-    raw = container.logs(stdout=True, stderr=True, timestamps=True).decode()
-    lines = [line.split(" ", 1)[1] if " " in line else "" for line in raw.split("\n") if line]
-    # The agent's own /metrics scrapes are not stored (appliance.runtime.follower).
-    return [line.rsplit("\r", 1)[-1] for line in lines if not SCRAPE_ACCESS.match(line)]
-
-
-def _stored(pk: int) -> list[str]:
-    deployment = Deployment.objects.get(pk=pk)
-    return [e.payload["text"] for e in deployment.events.filter(kind="log").order_by("seq")]
-
-
-def _assert_every_line_once(pk: int, settle_s: float = 5) -> None:
-    deadline = time.monotonic() + settle_s
-    while True:
-        printed, stored = _printed(pk), _stored(pk)
-        if stored == printed or time.monotonic() > deadline:
-            break
-        time.sleep(0.3)
-    assert len(stored) == len(printed), (len(stored), len(printed))
-    assert stored == printed, "every printed line stored exactly once, in order"
-    seqs = list(Deployment.objects.get(pk=pk).events.order_by("seq")
-                .values_list("seq", flat=True))
-    assert seqs == list(range(1, len(seqs) + 1)), "a gap-free event log"
 
 
 def _engines(pk: int) -> list[Any]:
@@ -130,7 +107,7 @@ def test_an_agent_killed_in_any_phase_is_replaced_and_no_line_is_lost_or_doubled
         assert _seconds_to_progress(pk, restarted) < 10, "it carries on within 10 s"
         _wait(pk, {S.READY}, 90)
         assert len(_engines(pk)) == 1, "one engine container, adopted"
-        _assert_every_line_once(pk)
+        assert_every_line_once(pk)
 
 
 def _next_status(phase: str) -> str:
@@ -162,7 +139,7 @@ def test_a_new_agent_takes_over_an_engine_only_when_the_old_lease_has_expired(
         assert row.agent_id == "agent@b"
         assert time.monotonic() - killed >= 10, "not before the 15 s lease ran out"
         assert len(_engines(pk)) == 1
-        _assert_every_line_once(pk)
+        assert_every_line_once(pk)
 
 
 def _shown_status(client: Any, pk: int) -> str:
@@ -228,7 +205,7 @@ def test_a_worker_killed_while_building_is_replaced_and_the_build_carries_on(
         with celery_worker(tmp_path / "worker-2.log", **env):
             _wait(pk, {S.READY}, 180)
         assert len(_engines(pk)) == 1
-        _assert_every_line_once(pk)
+        assert_every_line_once(pk)
     client = docker.from_env()
     for container in _engines(pk):
         container.remove(force=True)
@@ -264,24 +241,6 @@ def test_a_stop_is_carried_out_within_3_s_behind_a_backlog_of_50_queued_deployme
 # ---------------------------------------------------------------- Redis, PostgreSQL, dockerd
 
 
-@contextmanager
-def _redis_server(tmp_path: Path, port: int) -> Iterator[subprocess.Popen[bytes]]:
-    """A redis-server of this test's own, persisting to an append-only file as compose's."""
-    proc = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--appendonly", "yes",
-         "--dir", str(tmp_path), "--save", ""], stdout=subprocess.DEVNULL)
-    for _ in range(50):
-        if subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True,
-                          check=False).stdout.strip() == b"PONG":
-            break
-        time.sleep(0.1)
-    try:
-        yield proc
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-
-
 def test_a_redis_restart_keeps_the_worker_and_agent_up_and_loses_no_queued_task(
         engine_env: dict[str, str], tmp_path: Path, operator: Any) -> None:
     from celery import Celery
@@ -294,13 +253,13 @@ def test_a_redis_restart_keeps_the_worker_and_agent_up_and_loses_no_queued_task(
     def queue_deploy(pk: int) -> None:  # what deployment_create enqueues, on this broker
         broker.send_task("worker.tasks.deploy", args=[pk], queue="builds")
 
-    with _redis_server(tmp_path, port):
+    with redis_server(tmp_path, port):
         # A task queued while no worker runs survives a Redis restart (append-only file).
         waiting = _deployment(name="queued-across-restart")
         queue_deploy(waiting.pk)
         subprocess.run(["redis-cli", "-p", str(port), "shutdown"], check=False,
                        capture_output=True)
-    with _redis_server(tmp_path, port), \
+    with redis_server(tmp_path, port), \
             celery_worker(tmp_path / "worker.log", **env) as worker, \
             engine_agent(tmp_path / "agent.log", **env) as agent, \
             panel_server(tmp_path / "web.log", **env) as url:
@@ -309,7 +268,7 @@ def test_a_redis_restart_keeps_the_worker_and_agent_up_and_loses_no_queued_task(
         subprocess.run(["redis-cli", "-p", str(port), "shutdown"], check=False,
                        capture_output=True)
         time.sleep(9)  # Redis is away for 9 s, as in the report
-        with _redis_server(tmp_path, port):
+        with redis_server(tmp_path, port):
             time.sleep(2)
             assert worker.poll() is None, "the worker survived the Redis restart"
             assert agent.poll() is None, "the agent survived the Redis restart"
@@ -318,7 +277,7 @@ def test_a_redis_restart_keeps_the_worker_and_agent_up_and_loses_no_queued_task(
             _wait(after.pk, {S.READY}, 120)
             services.deployment_stop(deployment_id=waiting.pk)
             _wait(waiting.pk, {S.STOPPED}, 30)
-            _assert_every_line_once(after.pk)
+            assert_every_line_once(after.pk)
             viewer.join(timeout=30)
             end = Deployment.objects.get(pk=waiting.pk).events.get(kind="end").seq
             assert viewer.seqs == list(range(1, end + 1)), \
@@ -353,16 +312,6 @@ class _SseViewer(threading.Thread):
                 time.sleep(1)
 
 
-def _pg_ctl(*args: str) -> None:
-    pg_bin = sorted(Path("/usr/lib/postgresql").glob("*/bin"))[-1]
-    data = "/var/lib/appliance-test/pgdata"
-    # Output to the server's log file: the restarted server would hold a pipe open forever.
-    log = "/var/lib/appliance-test/postgres.log"
-    subprocess.run(["su", "postgres", "-c",
-                    f"{pg_bin}/pg_ctl -D {data} -l {log} {' '.join(args)}"],
-                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
-
-
 @pytest.mark.skipif(not Path("/var/lib/appliance-test/pgdata").exists() or os.geteuid() != 0,
                     reason="needs the test script's own PostgreSQL server")
 def test_a_postgresql_restart_is_retried_and_no_event_is_written_twice(
@@ -373,7 +322,7 @@ def test_a_postgresql_restart_is_retried_and_no_event_is_written_twice(
     with engine_agent(tmp_path / "agent.log", **engine_env) as agent:
         _wait(pk, {S.LOADING}, 60)
         connection.close()
-        _pg_ctl("restart", "-m", "fast", "-w")
+        pg_ctl("restart", "-m", "fast", "-w")
         # This test's own pool is made anew: it may sit in the reconnect backoff it entered
         # while the server was down (CI saw "couldn't get a connection after 10.00 sec").
         connection.close()
@@ -381,7 +330,7 @@ def test_a_postgresql_restart_is_retried_and_no_event_is_written_twice(
         _wait(pk, {S.READY}, 120)
         assert agent.poll() is None
         assert len(_engines(pk)) == 1
-        _assert_every_line_once(pk)
+        assert_every_line_once(pk)
 
 
 @pytest.mark.skipif(shutil.which("dockerd") is None or os.geteuid() != 0,
@@ -400,7 +349,7 @@ def test_a_dockerd_restart_marks_nothing_failed_and_following_resumes(
         _wait(pk, {S.READY}, 120)
         assert agent.poll() is None
         assert len(_engines(pk)) == 1
-        _assert_every_line_once(pk)
+        assert_every_line_once(pk)
 
 
 def _restart_dockerd(tmp_path: Path) -> None:

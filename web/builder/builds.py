@@ -43,6 +43,7 @@ from web.deployments.services.lifecycle import (
     deployment_mark_starting,
 )
 from web.deployments.services.loadtime import MODEL_WAIT_POLL_S, deployment_model_wait
+from web.fleet.selectors import joined_host_of
 
 S = DeploymentStatus
 
@@ -125,6 +126,14 @@ def _image_for(deployment: Deployment) -> str | None:
         event = {"kind": "cache_hit", "tag": image, "text": f"using the configured image {image}"}
         events_append(deployment_id=deployment.pk, events=[(EventKind.BUILD, event)])
         return image
+    host = joined_host_of(deployment_id=deployment.pk)
+    if host:
+        # Its image is built by the host that runs it, on its own Docker, from the same
+        # recipe (its lock checked against this panel's first): no image crosses machines.
+        event = {"kind": "handed_over", "text": f"the image is built from recipe "
+                 f"{deployment.recipe} on host {host}, which runs the engine"}
+        events_append(deployment_id=deployment.pk, events=[(EventKind.BUILD, event)])
+        return ""
     deployment_mark_building(deployment_id=deployment.pk)
     return _build(deployment)
 

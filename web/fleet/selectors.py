@@ -147,7 +147,13 @@ def engine_key(*, deployment_id: int, start_token: str) -> str:
 
 # What a host is told of each engine placed on it: enough to start, follow and stop it.
 PLACEMENT_FIELDS = ("id", "status", "spec", "image", "start_token", "log_cursor", "progress",
-                    "gpus", "alerts", "restart_not_before", "engine_url")
+                    "gpus", "alerts", "restart_not_before", "engine_url", "rebuild_image")
+
+
+def joined_host_of(*, deployment_id: int) -> str:
+    """The name of the joined host the deployment is placed on ('' on the panel's own)."""
+    return str(Placement.objects.filter(deployment_id=deployment_id).values_list(
+        "host__name", flat=True).first() or "")
 
 
 def placement_lock_digest(*, deployment: Deployment) -> str | None:

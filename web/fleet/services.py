@@ -63,8 +63,9 @@ MAX_AGENT_VERSION = 64
 MAX_GPUS = 64
 # What a host may append to a deployment's log: what its follower makes of engine output
 # (appliance.runtime.follower). Status, phase, build, alert and end events are the panel's.
+# A host builds its engines' images itself (remote_agent.host_image): their build events too.
 HOST_EVENT_KINDS = frozenset({EventKind.LOG, EventKind.METRIC, EventKind.PROGRESS,
-                              EventKind.SELFCHECK, EventKind.DIAGNOSIS})
+                              EventKind.SELFCHECK, EventKind.DIAGNOSIS, EventKind.BUILD})
 MAX_BATCH_EVENTS = 20_000
 MAX_TEXT = 16_384  # one log line's characters; SGLang's longest lines are far shorter
 HOST_ROW_FIELDS = frozenset({"log_cursor", "progress", "decode_stats"})

@@ -261,6 +261,8 @@
       bar("build", b.step, b.total, "step " + b.step + " / " + b.total + ": " + (b.text || ""));
     } else if (b.kind === "cache_hit" || b.kind === "built") {
       bar("build", 1, 1, b.text || "");
+    } else if (b.kind === "handed_over") {  // built by the joined host that runs it
+      bar("build", 0, 1, b.text || "");
     }
   }
 

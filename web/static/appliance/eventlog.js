@@ -53,7 +53,7 @@
       }
       case "build":
         if (p.kind === "build_step") return ["build step " + p.step + "/" + p.total + ": " + (p.text || ""), "build"];
-        if (p.kind === "cache_hit" || p.kind === "built" || p.kind === "build_log") return [p.text || "", "build"];
+        if (p.kind === "cache_hit" || p.kind === "built" || p.kind === "build_log" || p.kind === "handed_over") return [p.text || "", "build"];
         return null;
       case "phase": return ["── " + p.status + (p.message ? ": " + p.message : ""), "marker"];
       case "status": return ["── " + (p.message || ""), "marker"];
