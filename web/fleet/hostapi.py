@@ -62,6 +62,17 @@ def _host(request: HttpRequest) -> FleetHost | JsonResponse:
     return host
 
 
+def _host_and_body(request: HttpRequest) -> tuple[FleetHost, dict[str, Any]] | JsonResponse:
+    """The host the credential names, then the body: the first refusal of the two."""
+    host = _host(request)
+    if isinstance(host, JsonResponse):
+        return host
+    body = _body(request)
+    if isinstance(body, JsonResponse):
+        return body
+    return host, body
+
+
 def _host_answer(host: FleetHost) -> dict[str, Any]:
     return {"host": host.name, "draining": host.draining, "heartbeat_s": HEARTBEAT_S,
             "lost_after_s": selectors.host_lost_after_s(),
@@ -94,12 +105,10 @@ def host_join(request: HttpRequest) -> JsonResponse:
 @csrf_exempt
 @require_POST
 def host_heartbeat(request: HttpRequest) -> JsonResponse:
-    host = _host(request)
-    if isinstance(host, JsonResponse):
-        return host
-    body = _body(request)
-    if isinstance(body, JsonResponse):
-        return body
+    found = _host_and_body(request)
+    if isinstance(found, JsonResponse):
+        return found
+    host, body = found
     try:
         facts = services.host_facts_from(body)
     except services.FleetError as exc:
@@ -126,12 +135,10 @@ def host_me(request: HttpRequest) -> JsonResponse:
 def host_step(request: HttpRequest, deployment_id: int) -> JsonResponse:
     """{step, start_token, engine_url | diagnosis, message, last_lines} for the current
     start of a deployment placed on this host -> {moved, status}; 404 for any other."""
-    host = _host(request)
-    if isinstance(host, JsonResponse):
-        return host
-    body = _body(request)
-    if isinstance(body, JsonResponse):
-        return body
+    found = _host_and_body(request)
+    if isinstance(found, JsonResponse):
+        return found
+    host, body = found
     try:
         moved = services.host_step(host=host, deployment_id=deployment_id,
                                    step=services.host_step_from(body))
@@ -150,12 +157,10 @@ def host_step(request: HttpRequest, deployment_id: int) -> JsonResponse:
 def host_events(request: HttpRequest, deployment_id: int) -> JsonResponse:
     """{events: [[kind, payload], ...], row: {log_cursor, progress, decode_stats}} for a
     deployment placed on this host -> {last_seq}; 404 for any other deployment."""
-    host = _host(request)
-    if isinstance(host, JsonResponse):
-        return host
-    body = _body(request)
-    if isinstance(body, JsonResponse):
-        return body
+    found = _host_and_body(request)
+    if isinstance(found, JsonResponse):
+        return found
+    host, body = found
     try:
         batch = services.event_batch_from(body)
         last = services.host_events_append(host=host, deployment_id=deployment_id, batch=batch)
@@ -173,12 +178,10 @@ def host_metrics(request: HttpRequest, deployment_id: int) -> JsonResponse:
     """{start_token, points, alerts, compact} from the engine monitor of the current start
     of a deployment placed on this host -> {stored}; 404 for any other deployment, 409 for
     another start."""
-    host = _host(request)
-    if isinstance(host, JsonResponse):
-        return host
-    body = _body(request)
-    if isinstance(body, JsonResponse):
-        return body
+    found = _host_and_body(request)
+    if isinstance(found, JsonResponse):
+        return found
+    host, body = found
     try:
         stored = services.host_metrics_store(host=host, deployment_id=deployment_id,
                                              batch=services.metrics_batch_from(body))
