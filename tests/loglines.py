@@ -40,8 +40,11 @@ def assert_every_line_once(pk: int, settle_s: float = 5, *,
         if stored == printed or time.monotonic() > deadline:
             break
         time.sleep(0.3)
-    assert len(stored) == len(printed), (len(stored), len(printed))
-    assert stored == printed, "every printed line stored exactly once, in order"
+    first = next((i for i, (a, b) in enumerate(zip(stored, printed)) if a != b), None)
+    seen = f"first difference at line {first}: stored {stored[first:first + 3]!r}, printed " \
+        f"{printed[first:first + 3]!r}" if first is not None else ""
+    assert len(stored) == len(printed), (len(stored), len(printed), seen)
+    assert stored == printed, f"every printed line stored exactly once, in order: {seen}"
     seqs = list(Deployment.objects.get(pk=pk).events.order_by("seq")
                 .values_list("seq", flat=True))
     assert seqs == list(range(1, len(seqs) + 1)), "a gap-free event log"
