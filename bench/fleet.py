@@ -452,6 +452,7 @@ def main() -> None:
     args = parse_args()
     skip = set(filter(None, args.skip.split(",")))
     models = tempfile.mkdtemp(prefix="fleet-bench-models-")
+    sys.path.insert(0, str(ROOT))  # the checkout's tests package, run from anywhere
     from tests.models import write_models  # the model folders pre-flight reads (no weights)
 
     write_models(Path(models))
