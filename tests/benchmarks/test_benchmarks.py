@@ -214,6 +214,34 @@ def test_a_run_replica_by_replica_goes_through_the_gateway_and_sums_the_replicas
     assert ApiKeyUsage.objects.get(key=key, deployment=fleet).requests == 14
 
 
+def test_a_run_through_the_gateway_alone_calls_the_deployment_as_its_clients_do(operator, paced_pair, settings, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from tests.servers import panel_server
+    from web.gateway.models import ApiKey, ApiKeyUsage
+
+    fleet = _replicas("fleet", paced_pair)
+    with panel_server(tmp_path / "web.log") as gateway:
+        settings.GATEWAY_URL = gateway
+        with mock.patch.object(tasks, "benchmark_run_later"):
+            r = _client(operator).post("/api/benchmarks/", {
+                "deployments": [fleet.pk], "through_gateway": True, "levels": [2],
+                "num_prompts": 6, "input_len": 16, "output_len": 16}, format="json")
+        assert r.status_code == 201, r.content
+        run_id = r.json()["id"]
+        assert services.benchmark_run(run_id=run_id) == "done"
+    run = BenchmarkRun.objects.get(pk=run_id)
+    assert [t["name"] for t in run.targets] == [f"fleet#{fleet.pk} through the gateway"]
+    assert run.config["through_gateway"] and run.failed_requests == 0
+    assert [m["completed"] for m in run.results["levels"]] == [6]
+    assert "replica_sum" not in run.results or not run.results["replica_sum"]
+    key = ApiKey.objects.get(name=f"benchmark #{run_id}")
+    assert key.revoked_at is not None
+    assert ApiKeyUsage.objects.get(key=key, deployment=fleet).requests == 7  # 6 + a warm-up
+    r = _client(operator).post("/api/benchmarks/", {
+        "deployments": [fleet.pk, _ready("b", "http://127.0.0.1:9").pk],
+        "through_gateway": True}, format="json")
+    assert r.status_code == 400 and "one deployment" in r.json()["through_gateway"][0]
+
+
 def test_a_run_replica_by_replica_takes_one_deployment_and_needs_the_gateway(operator, settings) -> None:  # type: ignore[no-untyped-def]
     a, b = _ready("a", "http://127.0.0.1:9"), _ready("b", "http://127.0.0.1:9")
     client = _client(operator)

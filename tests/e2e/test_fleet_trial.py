@@ -264,8 +264,16 @@ def test_the_trial_places_replicas_across_two_hosts_and_keeps_serving_through_ch
     # a loaded machine's Chromium then takes over 30 s to leave it (seen here).
     page.goto(f"{trial.url}/fleet/")
 
-    # 3. A rolling redeploy (a new spec) while clients call it: one replica at a time, none
-    #    of their requests failed.
+    # 3. A rolling redeploy (a new spec) while the product's benchmark runs through the
+    #    gateway (the worker, a key of the run's own) and clients call it: one replica at a
+    #    time, none of their requests failed.
+    bench = api.post("/benchmarks/", {
+        "deployments": [fleet], "through_gateway": True, "levels": [4],
+        "num_prompts": 1200, "request_rate": 10, "input_len": 16, "output_len": 16})["id"]
+    deadline = time.monotonic() + 120
+    while api.get(f"/benchmarks/{bench}/")["status"] != "running":
+        assert time.monotonic() < deadline, api.get(f"/benchmarks/{bench}/")
+        time.sleep(1)
     with Clients(trial.url, key, "trial-fleet") as clients:
         new = _spec("trial-fleet", gpus=[0], replicas=3)
         new["engine"]["decode_log_interval"] = 8
@@ -277,6 +285,14 @@ def test_the_trial_places_replicas_across_two_hosts_and_keeps_serving_through_ch
             time.sleep(1)
     assert clients.failed == [] and clients.ok > 0, (clients.ok, clients.failed[:5])
     assert all(r["run"] == 2 for r in _wait_replicas_ready(api, fleet, 3))
+    assert api.get(f"/benchmarks/{bench}/")["status"] == "running", "it spans the whole roll"
+    deadline = time.monotonic() + 240
+    while (run := api.get(f"/benchmarks/{bench}/"))["status"] in ("queued", "running"):
+        assert time.monotonic() < deadline, run["progress"]
+        time.sleep(2)
+    assert run["status"] == "done" and run["failed_requests"] == 0, (run["error"],
+                                                                     run["results"])
+    assert [m["completed"] for m in run["results"]["levels"]] == [1200]
 
     # 4. Log-probs to a DDTREE deployment: its engine refuses them, its companion (the same
     #    target without speculation) answers, and the answer says so.

@@ -54,6 +54,9 @@ class BenchmarkCreateSerializer(serializers.Serializer[Any]):
     per_replica = serializers.BooleanField(
         required=False, default=False, help_text="one deployment with replicas: through the "
         "gateway (its aggregate, the baseline) and each ready replica alone")
+    through_gateway = serializers.BooleanField(
+        required=False, default=False, help_text="one deployment through the gateway alone, "
+        "as its clients call it (a key of the run's own)")
 
     def config(self) -> dict[str, Any]:
         data = self.validated_data
@@ -77,7 +80,8 @@ def create_from(body: BenchmarkCreateSerializer, user: Any) -> BenchmarkRun:
         return services.benchmark_create(
             deployment_ids=data["deployments"], config=body.config(),
             prompts_text=data["prompts"], baseline_id=data.get("baseline"),
-            name=data["name"], user=user, per_replica=data["per_replica"])
+            name=data["name"], user=user, per_replica=data["per_replica"],
+            through_gateway=data["through_gateway"])
     except services.BenchmarkInputError as exc:
         raise ValidationError({k: [v] for k, v in exc.errors.items()}) from exc
 

@@ -60,15 +60,17 @@ def _served(deployment: Deployment) -> str:
                or deployment.name)
 
 
-def _replica_targets(deployment: Deployment, user: Any) -> list[dict[str, Any]]:
+def _replica_targets(deployment: Deployment, user: Any, field: str = "per_replica",
+                     ) -> list[dict[str, Any]]:
     """A deployment with replicas, benchmarked as clients call it and replica by replica:
     first the gateway (the deployment's aggregate: the panel's /v1 with a key of the run's
-    own, made when it runs), then each ready replica's engine alone."""
+    own, made when it runs), then each ready replica's engine alone. `field`: the option
+    a refusal names."""
     if not settings.GATEWAY_URL:
-        raise BenchmarkInputError({"per_replica": "benchmarking through the gateway needs "
+        raise BenchmarkInputError({field: "benchmarking through the gateway needs "
                                    "APPLIANCE_GATEWAY_URL (compose: http://web:8000)"})
     if not getattr(user, "is_authenticated", False):
-        raise BenchmarkInputError({"per_replica": "the gateway is called with a key of the "
+        raise BenchmarkInputError({field: "the gateway is called with a key of the "
                                    "user who starts the run: log in"})
     rows = [deployment, *Deployment.objects.filter(replica_of=deployment)
             .order_by("replica_index")]
@@ -117,23 +119,27 @@ def _prompts(config: dict[str, Any], text: str) -> list[Any]:
 
 def benchmark_create(*, deployment_ids: list[int], config: dict[str, Any],
                      prompts_text: str = "", baseline_id: int | None = None,
-                     name: str = "", user: Any = None, per_replica: bool = False
-                     ) -> BenchmarkRun:
+                     name: str = "", user: Any = None, per_replica: bool = False,
+                     through_gateway: bool = False) -> BenchmarkRun:
     """`config`: levels, num_prompts, input_len, output_len, prompt_source, mode, warmup,
     seed, request_rate. The baseline defaults to the last deployment chosen.
 
     per_replica: one deployment, run through the gateway (its aggregate: the baseline) and
     against each of its ready replicas alone; the results add the replicas' throughput
-    summed (`replica_sum`)."""
+    summed (`replica_sum`). through_gateway: one deployment through the gateway alone, as
+    its clients call it (whichever replicas serve, through a rolling change too)."""
     deployments = _ready_deployments(deployment_ids)
     _check_config(config)
     _prompts(config, prompts_text)
-    if per_replica:
+    if per_replica or through_gateway:
+        field = "per_replica" if per_replica else "through_gateway"
         if len(deployments) != 1:
-            raise BenchmarkInputError({"per_replica": "choose one deployment to benchmark "
-                                       "through the gateway and replica by replica"})
-        targets = _replica_targets(deployments[0], user)
-        config = {**config, "per_replica": True, "baseline": targets[0]["name"]}
+            raise BenchmarkInputError({field: "choose one deployment to benchmark through "
+                                       "the gateway"})
+        targets = _replica_targets(deployments[0], user, field)
+        if not per_replica:
+            targets = targets[:1]
+        config = {**config, field: True, "baseline": targets[0]["name"]}
     else:
         base = baseline_id if baseline_id is not None else deployment_ids[-1]
         if base not in deployment_ids:
