@@ -40,7 +40,9 @@ def assert_every_line_once(pk: int, settle_s: float = 5, *,
         if stored == printed or time.monotonic() > deadline:
             break
         time.sleep(0.3)
-    first = next((i for i, (a, b) in enumerate(zip(stored, printed)) if a != b), None)
+    # The first line where the two differ (or where the shorter one ends).
+    first = next((i for i in range(max(len(stored), len(printed)))
+                  if i >= min(len(stored), len(printed)) or stored[i] != printed[i]), None)
     seen = f"first difference at line {first}: stored {stored[first:first + 3]!r}, printed " \
         f"{printed[first:first + 3]!r}" if first is not None else ""
     assert len(stored) == len(printed), (len(stored), len(printed), seen)
