@@ -87,7 +87,10 @@ def test_requests_spread_over_three_replicas_and_a_drained_one_gets_none(
         secret = key_for(operator, deployments=rows[:1])  # the scope names replica 0 alone
         answers = [call(gateway, secret, f"prompt {i}") for i in range(30)]
         assert [a.status_code for a in answers] == [200] * 30
-        assert all(len(s.seen) >= 4 for s in served), [len(s.seen) for s in served]
+        # Each prompt's own replica is a hash of it and the rows' ids (which vary from run to
+        # run): 2 of 30 at least, which a fair hash misses in about 1 run in 10,000 (4 of 30
+        # failed about 1 in 100).
+        assert all(len(s.seen) >= 2 for s in served), [len(s.seen) for s in served]
         assert sorted({a.headers["x-appliance-replica"] for a in answers}) == ["0", "1", "2"]
         listed = requests.get(f"{gateway}/v1/models", timeout=10,
                               headers={"Authorization": f"Bearer {secret}"}).json()["data"]
@@ -181,14 +184,20 @@ def test_a_replica_that_refuses_or_answers_503_is_retried_once_elsewhere_and_ski
     with engines(2) as served:
         rows = replicas("failing", [gone_url, served[0].url, served[1].url])
         secret = key_for(operator)
-        answers = [call(gateway, secret, f"q {i}") for i in range(10)]
+        # No text to hash (content parts): no prefix affinity, the picks go round, so the
+        # gone replica is tried (and ejected) for sure. With prefix affinity it was tried only
+        # where a prompt's hash chose it: in 1.7 % of runs none did (the rows' ids vary), and
+        # the next phase's retry could then reach it (CI, 2026-12-05).
+        answers = [call(gateway, secret, [{"type": "text", "text": f"q {i}"}])
+                   for i in range(10)]
         assert [a.status_code for a in answers] == [200] * 10  # refused: retried once
         assert {a.headers["x-appliance-replica"] for a in answers} == {"1", "2"}
+        assert any(a.headers.get("x-appliance-retried") for a in answers)
         served[0].fail_with = 503  # as an engine going away answers
         answers = [call(gateway, secret, f"r {i}") for i in range(10)]
         assert [a.status_code for a in answers] == [200] * 10
         assert {a.headers["x-appliance-replica"] for a in answers[1:]} == {"2"}
-        refused = [b for b in served[0].seen if b["messages"][0]["content"].startswith("r ")]
+        refused = [b for b in served[0].seen if str(b["messages"][0]["content"]).startswith("r ")]
         assert len(refused) <= 1  # ejected at its first 503, probed by /health since
         # Back once its /health answers again.
         served[0].fail_with = None
