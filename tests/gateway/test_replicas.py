@@ -367,7 +367,7 @@ def test_a_replica_whose_engine_container_is_killed_leaves_the_rotation_within_t
             wait_for(lambda url=url: _healthy(url), timeout_s=90)
         replicas("killed", urls)
         secret = key_for(operator)
-        before = [call(gateway, secret, f"before {i}") for i in range(10)]
+        before = [call(gateway, secret, f"before {i}") for i in range(20)]  # both, but 1 in 500,000
         assert {a.headers["x-appliance-replica"] for a in before} == {"0", "1"}
         containers[0].kill()
         killed_at = time.monotonic()
