@@ -46,7 +46,7 @@ from appliance.logs.causes import Diagnosis
 from appliance.logs.facts import spec_facts
 from appliance.preflight import gpu_check_args
 from appliance.runtime import gpu_telemetry
-from appliance.runtime.alerts import Alert, AlertRules
+from appliance.runtime.alerts import Alert
 from appliance.runtime.client import EngineClient
 from appliance.runtime.containers import (
     ContainerPlan,
@@ -56,7 +56,7 @@ from appliance.runtime.containers import (
 )
 from appliance.runtime.follower import Cursor, EngineFollower, Events, FollowOptions, follow
 from appliance.runtime.hostfacts import docker_facts
-from appliance.runtime.monitor import EngineMonitor, MonitorOptions
+from appliance.runtime.monitor import EngineMonitor, monitor_options
 from appliance.runtime.mounts import engine_model_mounts
 from appliance.runtime.panel_link import PanelLink, PanelRefused, panel_link_open
 from appliance.runtime.progress import progress_fold
@@ -427,14 +427,13 @@ def remote_monitor(placement: Mapping[str, Any], sink: RemoteSink, config: Remot
                    settings: Mapping[str, Any]) -> EngineMonitor:
     """The engine's monitor as the panel's agent makes its own (monitoring.monitor_start),
     with the panel's interval and stall limit (`settings`, from its placements answer)."""
-    interval = float(settings.get("interval_s") or 2.0)
     spec = spec_from_dict(placement["spec"])
-    rules = AlertRules(stall_s=float(settings.get("stall_s") or 300),
-                       expect_cuda_graph=not spec.engine.disable_cuda_graph)
+    options = monitor_options(interval_s=float(settings.get("interval_s") or 2.0),
+                              stall_s=float(settings.get("stall_s") or 300),
+                              disable_cuda_graph=spec.engine.disable_cuda_graph)
     gpus = [int(g) for g in placement.get("gpus") or [] if str(g).isdigit()]
     return EngineMonitor(RemoteMonitorSink(sink), gpus=gpus if config.gpu_requests else [],
-                         options=MonitorOptions(interval_s=interval,
-                                                timeout_s=min(interval, 5.0), rules=rules),
+                         options=options,
                          active_alerts=list((placement.get("alerts") or {}).keys()))
 
 

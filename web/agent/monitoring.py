@@ -16,8 +16,9 @@ from django.conf import settings
 from django.db import connection as db_connection
 
 from appliance.runtime import series
-from appliance.runtime.alerts import Alert, AlertRules
+from appliance.runtime.alerts import Alert
 from appliance.runtime.monitor import EngineMonitor, MonitorOptions
+from appliance.runtime.monitor import monitor_options as runtime_monitor_options
 from web.deployments.models import Deployment
 from web.deployments.services.metrics import (
     deployment_apply_alerts,
@@ -37,12 +38,10 @@ class Followed(Protocol):
 
 
 def monitor_options(*, disable_cuda_graph: bool = False) -> MonitorOptions:
-    """The settings' interval and stall limit; an engine deployed with CUDA graphs disabled
-    decodes eagerly on purpose: it gets the eager-by-spec note, never the silent-eager alert."""
-    interval = settings.METRICS_INTERVAL_S
-    rules = AlertRules(stall_s=float(settings.ALERT_STALL_S),
-                       expect_cuda_graph=not disable_cuda_graph)
-    return MonitorOptions(interval_s=interval, timeout_s=min(interval, 5.0), rules=rules)
+    """The settings' interval and stall limit, for one deployment."""
+    return runtime_monitor_options(interval_s=settings.METRICS_INTERVAL_S,
+                                   stall_s=float(settings.ALERT_STALL_S),
+                                   disable_cuda_graph=disable_cuda_graph)
 
 
 class _MonitorSink:

@@ -9,7 +9,7 @@ from typing import Any
 
 from appliance.runtime.alerts import Alert, AlertRules
 from appliance.runtime.client import EngineClientError
-from appliance.runtime.monitor import EngineMonitor, MonitorOptions
+from appliance.runtime.monitor import EngineMonitor, MonitorOptions, monitor_options
 from appliance.runtime.series import MetricPoint
 
 FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "metrics"
@@ -121,3 +121,12 @@ def test_the_follower_keeps_scrape_access_lines_out_of_the_log() -> None:
     texts = [p["text"] for kind, p in events if kind == "log"]
     assert texts == [lines[1].text, lines[2].text]
     assert any(kind == "metric" for kind, _ in events)
+
+
+def test_monitor_options_cap_a_scrape_at_the_interval_and_5_s_and_follow_the_spec() -> None:
+    quick = monitor_options(interval_s=2.0, stall_s=300)
+    assert (quick.interval_s, quick.timeout_s, quick.rules.stall_s) == (2.0, 2.0, 300.0)
+    assert quick.rules.expect_cuda_graph
+    slow = monitor_options(interval_s=30.0, stall_s=60, disable_cuda_graph=True)
+    assert (slow.timeout_s, slow.rules.stall_s) == (5.0, 60.0)
+    assert not slow.rules.expect_cuda_graph  # eager on purpose: no silent-eager alert
