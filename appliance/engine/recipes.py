@@ -233,3 +233,16 @@ def load_recipe(name_or_path: str) -> Recipe:
         raise RecipeError([FieldError("", f"{path}: not valid YAML: {exc}",
                                       "fix the YAML syntax")]) from exc
     return recipe_from_dict(data, path=path)
+
+
+def site_recipes(site_dir: str | Path | None) -> dict[str, str]:
+    """A site's own recipe files (`site_dir`/*.yaml, APPLIANCE_RECIPES_DIR) by name."""
+    if not site_dir:
+        return {}
+    return {p.stem: str(p) for p in Path(site_dir).glob("*.yaml")}
+
+
+def load_site_recipe(name: str, site_dir: str | Path | None) -> Recipe:
+    """A recipe by name, the panel's and a joined host's alike: the site's file of that
+    name wins over a shipped one."""
+    return load_recipe(site_recipes(site_dir).get(name, name))

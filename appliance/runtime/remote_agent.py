@@ -34,7 +34,7 @@ from typing import Any
 import requests
 
 from appliance.engine.launch import launch_args
-from appliance.engine.recipes import RecipeError, load_recipe
+from appliance.engine.recipes import RecipeError, load_site_recipe
 from appliance.engine.spec import spec_from_dict
 from appliance.engine.widths import needed_graph_widths
 from appliance.images.build import BuildCancelled, BuildEvent, BuildFailed, build_image, image_id
@@ -205,9 +205,8 @@ def host_image(placement: Mapping[str, Any], config: RemoteSettings, runtime: En
     be the panel's (`lock_digest`), else HostBuildRefused before anything is built.
     BuildFailed and BuildCancelled as build_image raises them."""
     name = str((placement.get("spec") or {}).get("recipe") or "")
-    site = Path(config.recipes_dir) / f"{name}.yaml" if config.recipes_dir else None
     try:
-        recipe = load_recipe(str(site) if site is not None and site.is_file() else name)
+        recipe = load_site_recipe(name, config.recipes_dir)
         lock = recipe_lock_path(recipe)
     except (RecipeError, BuildError) as exc:
         raise HostBuildRefused(f"this host has no recipe {name!r} to build the engine image "

@@ -10,7 +10,14 @@ import pytest
 import yaml
 
 from appliance.engine.flags import load_flags
-from appliance.engine.recipes import RecipeError, list_recipes, load_recipe, recipe_from_dict
+from appliance.engine.recipes import (
+    RecipeError,
+    list_recipes,
+    load_recipe,
+    load_site_recipe,
+    recipe_from_dict,
+    site_recipes,
+)
 
 DDTREE_PR_HEAD = "101cd5bd02faab336ada94f78daada6288c1816e"
 DDTREE_V2_HEAD = "433c58ed70cd1dabe5a07a83da12f1513cd599ae"
@@ -137,3 +144,16 @@ def test_every_shipped_recipe_installs_from_a_lock_of_hashed_pins() -> None:
         assert len(pins) > 150 and text.count("--hash=sha256:") >= len(pins), name
         if recipe.sglang.pip:
             assert pins["sglang"] == recipe.sglang.pip, name
+
+
+def test_a_site_recipe_of_a_shipped_name_wins_and_others_stay_shipped(tmp_path: Path) -> None:
+    shipped = list_recipes()[0]
+    data = yaml.safe_load(load_recipe(shipped).path.read_text())  # type: ignore[union-attr]
+    data["description"] = "this site's own"
+    (tmp_path / f"{shipped}.yaml").write_text(yaml.safe_dump(data))
+    assert site_recipes(tmp_path) == {shipped: str(tmp_path / f"{shipped}.yaml")}
+    assert load_site_recipe(shipped, tmp_path).description == "this site's own"
+    assert load_site_recipe(shipped, None).description != "this site's own"
+    other = list_recipes()[1]
+    assert load_site_recipe(other, tmp_path).path == load_recipe(other).path
+    assert site_recipes("") == {}

@@ -9,7 +9,6 @@ Adding an action: docs/architecture.md, "Add a deployment action".
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -19,7 +18,13 @@ from django.db.models import Q
 
 from appliance.engine.envkeys import env_key_errors
 from appliance.engine.extra_args import absorb, original_field
-from appliance.engine.recipes import Recipe, RecipeError, list_recipes, load_recipe
+from appliance.engine.recipes import (
+    Recipe,
+    RecipeError,
+    list_recipes,
+    load_site_recipe,
+    site_recipes,
+)
 from appliance.engine.spec import (
     MAX_REPLICAS,
     DeploymentSpec,
@@ -78,18 +83,12 @@ def _spec_errors(exc: SpecError) -> dict[str, list[str]]:
 
 def recipe_names() -> list[str]:
     """Shipped recipes, then the site's own (APPLIANCE_RECIPES_DIR) under their file names."""
-    return sorted(set(list_recipes()) | set(_site_recipes()))
-
-
-def _site_recipes() -> dict[str, str]:
-    if not settings.RECIPES_DIR:
-        return {}
-    return {p.stem: str(p) for p in Path(settings.RECIPES_DIR).glob("*.yaml")}
+    return sorted(set(list_recipes()) | set(site_recipes(settings.RECIPES_DIR)))
 
 
 def recipe_load(name: str) -> Recipe:
     """A recipe by name: the site's file of that name wins over a shipped one."""
-    return load_recipe(_site_recipes().get(name, name))
+    return load_site_recipe(name, settings.RECIPES_DIR)
 
 
 def _recipe_for(data: dict[str, Any]) -> Recipe | None:
