@@ -12,6 +12,7 @@ other.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
@@ -71,6 +72,20 @@ def _host_and_body(request: HttpRequest) -> tuple[FleetHost, dict[str, Any]] | J
     if isinstance(body, JsonResponse):
         return body
     return host, body
+
+
+def _placed_write(write: Callable[[], dict[str, Any]]) -> JsonResponse:
+    """The answer of a host's write to one deployment, or its refusal: 400 naming the bad
+    field, 404 for a deployment not placed on this host (not 403: a host learns nothing of
+    deployments that are not its own), 409 for a start that is no longer the current one."""
+    try:
+        return JsonResponse(write())
+    except services.FleetError as exc:
+        return _error(400, str(exc), exc.field)
+    except services.NotPlacedHere as exc:
+        return _error(404, f"{exc}: a host writes only the deployments placed on it.")
+    except services.StaleStart as exc:
+        return _error(409, str(exc))
 
 
 def _host_answer(host: FleetHost) -> dict[str, Any]:
@@ -139,17 +154,10 @@ def host_step(request: HttpRequest, deployment_id: int) -> JsonResponse:
     if isinstance(found, JsonResponse):
         return found
     host, body = found
-    try:
-        moved = services.host_step(host=host, deployment_id=deployment_id,
-                                   step=services.host_step_from(body))
-    except services.FleetError as exc:
-        return _error(400, str(exc), exc.field)
-    except services.NotPlacedHere as exc:
-        return _error(404, f"{exc}: a host steps only the deployments placed on it.")
-    except services.StaleStart as exc:
-        return _error(409, str(exc))
-    return JsonResponse({"moved": moved,
-                         "status": selectors.deployment_status(deployment_id=deployment_id)})
+    return _placed_write(lambda: {
+        "moved": services.host_step(host=host, deployment_id=deployment_id,
+                                    step=services.host_step_from(body)),
+        "status": selectors.deployment_status(deployment_id=deployment_id)})
 
 
 @csrf_exempt
@@ -161,15 +169,8 @@ def host_events(request: HttpRequest, deployment_id: int) -> JsonResponse:
     if isinstance(found, JsonResponse):
         return found
     host, body = found
-    try:
-        batch = services.event_batch_from(body)
-        last = services.host_events_append(host=host, deployment_id=deployment_id, batch=batch)
-    except services.FleetError as exc:
-        return _error(400, str(exc), exc.field)
-    except services.NotPlacedHere as exc:
-        # 404, not 403: a host learns nothing of deployments that are not its own.
-        return _error(404, f"{exc}: a host writes only the deployments placed on it.")
-    return JsonResponse({"last_seq": last})
+    return _placed_write(lambda: {"last_seq": services.host_events_append(
+        host=host, deployment_id=deployment_id, batch=services.event_batch_from(body))})
 
 
 @csrf_exempt
@@ -182,13 +183,5 @@ def host_metrics(request: HttpRequest, deployment_id: int) -> JsonResponse:
     if isinstance(found, JsonResponse):
         return found
     host, body = found
-    try:
-        stored = services.host_metrics_store(host=host, deployment_id=deployment_id,
-                                             batch=services.metrics_batch_from(body))
-    except services.FleetError as exc:
-        return _error(400, str(exc), exc.field)
-    except services.NotPlacedHere as exc:
-        return _error(404, f"{exc}: a host writes only the deployments placed on it.")
-    except services.StaleStart as exc:
-        return _error(409, str(exc))
-    return JsonResponse({"stored": stored})
+    return _placed_write(lambda: {"stored": services.host_metrics_store(
+        host=host, deployment_id=deployment_id, batch=services.metrics_batch_from(body))})
