@@ -25,6 +25,7 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -70,6 +71,10 @@ MAX_BATCH_BYTES = 512 * 1024  # the panel's body limit is 1 MiB (APPLIANCE_MAX_B
 SHIP_TRIES = 5  # a batch the panel did not take is sent again, then the follower starts over
 MASK = "***"
 CREDENTIAL_PATH = "/var/lib/appliance/host-credential/credential"  # a volume (compose.host.yaml)
+# Kept while the panel does not answer: a minute of points at 2 s, the latest alert changes;
+# both the most one report may carry (web/fleet/services.py's MAX_POINTS, MAX_ALERTS).
+MONITOR_KEEP_POINTS = 30
+MONITOR_KEEP_ALERTS = 20
 COMPACT_EVERY_S = 60.0  # the panel merges the series' old points this often (monitoring.py's)
 
 
@@ -388,12 +393,20 @@ class RemoteSink:
 class RemoteMonitorSink:
     """The engine monitor's sink over the panel's API (the panel's own agent stores through
     web/agent/monitoring.py): each point and each step's alerts in one call, the series'
-    compaction asked for once a minute. A refused call is the monitor's failed step: logged,
-    tried again with the next point."""
+    compaction asked for once a minute.
+
+    A call the panel did not answer (down, restarting, a 5xx) keeps what it carried for the
+    next one: the last MONITOR_KEEP_POINTS points, so a panel away for a minute leaves no gap,
+    and every alert change (up to MONITOR_KEEP_ALERTS), so no raise or clear is lost. A call
+    that timed out after the panel stored it is sent again: its alert events then show twice
+    rather than never. A refusal (4xx: a bad field, not placed here, another start) drops
+    the batch, which would never be taken, and is the monitor's failed step, logged."""
 
     def __init__(self, followed: RemoteSink) -> None:
         self.followed = followed
         self.compacted_at = time.monotonic()
+        self.points: deque[dict[str, Any]] = deque(maxlen=MONITOR_KEEP_POINTS)
+        self.pending_alerts: list[dict[str, Any]] = []
 
     def status(self) -> str:
         return self.followed.status
@@ -402,24 +415,39 @@ class RemoteMonitorSink:
         return self.followed.engine_url
 
     def store(self, point: MetricPoint) -> None:
-        compact = time.monotonic() - self.compacted_at > COMPACT_EVERY_S
-        self._send([point.to_dict()], [], compact)
-        if compact:
-            self.compacted_at = time.monotonic()
+        self.points.append(point.to_dict())
+        self._send()
 
     def alerts(self, alerts: list[Alert]) -> None:
         for alert in alerts:
             log.info("deployment %s: alert %s %s: %s", self.followed.pk, alert.id,
                      alert.state, alert.summary)
-        self._send([], [a.to_dict() for a in alerts], False)
+        self.pending_alerts.extend(a.to_dict() for a in alerts)
+        del self.pending_alerts[:-MONITOR_KEEP_ALERTS]
+        self._send()
 
-    def _send(self, points: list[dict[str, Any]], alerts: list[dict[str, Any]],
-              compact: bool) -> None:
+    def _send(self) -> None:
         sink = self.followed
         if sink.stop.is_set():
             return
-        sink.agent.link.metrics(sink.pk, sink.start_token, points=points, alerts=alerts,
-                                compact=compact)
+        compact = time.monotonic() - self.compacted_at > COMPACT_EVERY_S
+        points, alerts = list(self.points), self.pending_alerts[:]
+        try:
+            sink.agent.link.metrics(sink.pk, sink.start_token, points=points, alerts=alerts,
+                                    compact=compact)
+        except (requests.RequestException, PanelRefused) as exc:
+            if isinstance(exc, PanelRefused) and exc.status < 500:
+                self.points.clear()
+                self.pending_alerts.clear()
+                raise
+            log.warning("deployment %s: the panel took no monitor report (%s); %d points and "
+                        "%d alert changes go with the next", sink.pk, exc, len(points),
+                        len(alerts))
+            return
+        self.points.clear()
+        del self.pending_alerts[:len(alerts)]
+        if compact:
+            self.compacted_at = time.monotonic()
 
 
 def remote_monitor(placement: Mapping[str, Any], sink: RemoteSink, config: RemoteSettings,

@@ -25,14 +25,18 @@ from django.test import Client, override_settings
 
 import docker
 from appliance.images.lock import LOCK_LABEL, lock_digest
+from appliance.runtime.alerts import Alert
 from appliance.runtime.containers import EngineRuntime, Identity
 from appliance.runtime.panel_link import PanelRefused, panel_link_open
 from appliance.runtime.remote_agent import (
     RemoteAgent,
+    RemoteMonitorSink,
     RemoteSettings,
+    RemoteSink,
     host_report,
     image_lock_refusal,
 )
+from appliance.runtime.series import MetricPoint as Point
 from tests.conftest_docker import docker_client, remove_engines, test_engine_image, wait_for  # noqa: F401
 from tests.fleet.simhosts import gateway
 from tests.site_recipes import engine_source_repo, write_recipe
@@ -253,6 +257,47 @@ def test_a_host_whose_credential_ends_mid_run_stops_writing_and_says_why(  # typ
             headers={"Authorization": f"Bearer {key}"})
     wait_for(lambda: b"POST /generate" in engine.logs(), timeout_s=10)
     assert Event.objects.filter(deployment=row).count() == stored
+
+
+def test_the_hosts_monitor_keeps_what_the_panel_did_not_take_and_sends_it_with_the_next(  # type: ignore[no-untyped-def]
+        live_server, tmp_path: Path, docker_client, test_engine_image: str) -> None:  # noqa: F811
+    config = RemoteSettings(
+        panel_url=live_server.url, host_name=HOST, advertise_addr=_advertise(docker_client),
+        join_token=services.jointoken_create(host_name=HOST).secret,
+        credential_path=tmp_path / "host-credential", gpu_requests=False, gpu_check=False)
+    runtime = EngineRuntime()
+    link = panel_link_open(panel_url=config.panel_url, credential_path=config.credential_path,
+                           token=config.join_token, name=HOST,
+                           report=host_report(runtime, config))
+    agent = RemoteAgent(link=link, config=config, runtime=runtime)  # not run: no engine
+    with override_settings(ENGINE_IMAGE=test_engine_image, ENGINE_GPU_REQUESTS=False):
+        row = _placed()
+    placement = link.me()["placements"][0]
+    followed = RemoteSink(placement, agent, threading.Event(),
+                          Identity(str(row.pk), instance_id(), row.start_token))
+    monitor = RemoteMonitorSink(followed)
+    now = time.time()
+    raised = Alert(id="metrics-unreachable", state="firing", severity="critical",
+                   summary="the engine's /metrics did not answer 3 times")
+    link.panel_url = "http://127.0.0.1:9"  # the panel is away: nothing listens there
+    monitor.store(Point(t=now - 4, throughput=100.0))
+    monitor.alerts([raised])
+    monitor.store(Point(t=now - 2, throughput=101.0))
+    assert not MetricPoint.objects.filter(deployment_id=row.pk).exists()
+    link.panel_url = live_server.url  # back: the next report carries the kept ones
+    monitor.store(Point(t=now, throughput=102.0))
+    stored = MetricPoint.objects.filter(deployment_id=row.pk).order_by("ts")
+    assert [p.to_point().throughput for p in stored] == [100.0, 101.0, 102.0]
+    assert list(Deployment.objects.get(pk=row.pk).alerts) == ["metrics-unreachable"]
+    assert Event.objects.filter(deployment_id=row.pk, kind="alert").count() == 1
+    assert (monitor.points, monitor.pending_alerts) == (type(monitor.points)(), [])
+    # A report the panel refuses (another start's) is dropped, not sent again and again.
+    stale = RemoteMonitorSink(RemoteSink({**placement, "start_token": "gone"}, agent,
+                                         threading.Event(), Identity(str(row.pk))))
+    with pytest.raises(PanelRefused) as refused:
+        stale.alerts([dataclasses.replace(raised, state="resolved")])
+    assert refused.value.status == 409 and not stale.pending_alerts
+    assert list(Deployment.objects.get(pk=row.pk).alerts) == ["metrics-unreachable"]
 
 
 def test_a_host_refuses_an_image_whose_recipe_lock_differs(test_engine_image) -> None:  # noqa: F811
