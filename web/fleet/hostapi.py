@@ -74,12 +74,18 @@ def _host_and_body(request: HttpRequest) -> tuple[FleetHost, dict[str, Any]] | J
     return host, body
 
 
-def _placed_write(write: Callable[[], dict[str, Any]]) -> JsonResponse:
-    """The answer of a host's write to one deployment, or its refusal: 400 naming the bad
-    field, 404 for a deployment not placed on this host (not 403: a host learns nothing of
-    deployments that are not its own), 409 for a start that is no longer the current one."""
+def _placed_write(request: HttpRequest,
+                  write: Callable[[FleetHost, dict[str, Any]], dict[str, Any]]) -> JsonResponse:
+    """The answer of a host's write to one deployment (`write` given the host and the body),
+    or its refusal: 401 for no host's credential, 400 for a body that is no JSON object or a
+    bad field (named), 404 for a deployment not placed on this host (not 403: a host learns
+    nothing of deployments that are not its own), 409 for a start that is no longer the
+    current one."""
+    found = _host_and_body(request)
+    if isinstance(found, JsonResponse):
+        return found
     try:
-        return JsonResponse(write())
+        return JsonResponse(write(*found))
     except services.FleetError as exc:
         return _error(400, str(exc), exc.field)
     except services.NotPlacedHere as exc:
@@ -150,11 +156,7 @@ def host_me(request: HttpRequest) -> JsonResponse:
 def host_step(request: HttpRequest, deployment_id: int) -> JsonResponse:
     """{step, start_token, engine_url | diagnosis, message, last_lines} for the current
     start of a deployment placed on this host -> {moved, status}; 404 for any other."""
-    found = _host_and_body(request)
-    if isinstance(found, JsonResponse):
-        return found
-    host, body = found
-    return _placed_write(lambda: {
+    return _placed_write(request, lambda host, body: {
         "moved": services.host_step(host=host, deployment_id=deployment_id,
                                     step=services.host_step_from(body)),
         "status": selectors.deployment_status(deployment_id=deployment_id)})
@@ -165,11 +167,7 @@ def host_step(request: HttpRequest, deployment_id: int) -> JsonResponse:
 def host_events(request: HttpRequest, deployment_id: int) -> JsonResponse:
     """{events: [[kind, payload], ...], row: {log_cursor, progress, decode_stats}} for a
     deployment placed on this host -> {last_seq}; 404 for any other deployment."""
-    found = _host_and_body(request)
-    if isinstance(found, JsonResponse):
-        return found
-    host, body = found
-    return _placed_write(lambda: {"last_seq": services.host_events_append(
+    return _placed_write(request, lambda host, body: {"last_seq": services.host_events_append(
         host=host, deployment_id=deployment_id, batch=services.event_batch_from(body))})
 
 
@@ -179,9 +177,5 @@ def host_metrics(request: HttpRequest, deployment_id: int) -> JsonResponse:
     """{start_token, points, alerts, compact} from the engine monitor of the current start
     of a deployment placed on this host -> {stored}; 404 for any other deployment, 409 for
     another start."""
-    found = _host_and_body(request)
-    if isinstance(found, JsonResponse):
-        return found
-    host, body = found
-    return _placed_write(lambda: {"stored": services.host_metrics_store(
+    return _placed_write(request, lambda host, body: {"stored": services.host_metrics_store(
         host=host, deployment_id=deployment_id, batch=services.metrics_batch_from(body))})
