@@ -60,29 +60,30 @@ def _served(deployment: Deployment) -> str:
                or deployment.name)
 
 
-def _replica_targets(deployment: Deployment, user: Any, field: str = "per_replica",
-                     ) -> list[dict[str, Any]]:
-    """A deployment with replicas, benchmarked as clients call it and replica by replica:
-    first the gateway (the deployment's aggregate: the panel's /v1 with a key of the run's
-    own, made when it runs), then each ready replica's engine alone. `field`: the option
-    a refusal names."""
+def _gateway_target(deployment: Deployment, user: Any, field: str) -> dict[str, Any]:
+    """The deployment as its clients call it: the panel's /v1 with a key of the run's own
+    (made when it runs), whichever replicas serve. `field`: the option a refusal names."""
     if not settings.GATEWAY_URL:
         raise BenchmarkInputError({field: "benchmarking through the gateway needs "
                                    "APPLIANCE_GATEWAY_URL (compose: http://web:8000)"})
     if not getattr(user, "is_authenticated", False):
         raise BenchmarkInputError({field: "the gateway is called with a key of the "
                                    "user who starts the run: log in"})
+    return {"id": deployment.pk, "name": f"{target_name(deployment)} through the gateway",
+            "route": "gateway", "served_model": _served(deployment),
+            "engine_url": settings.GATEWAY_URL, "spec": deployment.spec,
+            "image": deployment.image, "algorithm": deployment.algorithm,
+            "recipe": deployment.recipe}
+
+
+def _replica_targets(deployment: Deployment) -> list[dict[str, Any]]:
+    """Each ready replica of a deployment, its engine called alone."""
     rows = [deployment, *Deployment.objects.filter(replica_of=deployment)
             .order_by("replica_index")]
     name = target_name(deployment)
-    gateway = {"id": deployment.pk, "name": f"{name} through the gateway", "route": "gateway",
-               "served_model": _served(deployment), "engine_url": settings.GATEWAY_URL,
-               "spec": deployment.spec, "image": deployment.image,
-               "algorithm": deployment.algorithm, "recipe": deployment.recipe}
-    replicas = [{**_snapshot(row), "name": f"{name} replica {row.replica_index}",
-                 "replica": row.replica_index} for row in rows
-                if row.status == DeploymentStatus.READY and row.engine_url]
-    return [gateway, *replicas]
+    return [{**_snapshot(row), "name": f"{name} replica {row.replica_index}",
+             "replica": row.replica_index} for row in rows
+            if row.status == DeploymentStatus.READY and row.engine_url]
 
 
 def _ready_deployments(ids: list[int]) -> list[Deployment]:
@@ -136,9 +137,9 @@ def benchmark_create(*, deployment_ids: list[int], config: dict[str, Any],
         if len(deployments) != 1:
             raise BenchmarkInputError({field: "choose one deployment to benchmark through "
                                        "the gateway"})
-        targets = _replica_targets(deployments[0], user, field)
-        if not per_replica:
-            targets = targets[:1]
+        targets = [_gateway_target(deployments[0], user, field)]
+        if per_replica:
+            targets += _replica_targets(deployments[0])
         config = {**config, field: True, "baseline": targets[0]["name"]}
     else:
         base = baseline_id if baseline_id is not None else deployment_ids[-1]
