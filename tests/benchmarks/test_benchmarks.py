@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Iterator
+from typing import Any
 from unittest import mock
 
 import pytest
@@ -178,21 +179,29 @@ def _replicas(name: str, urls: tuple[str, ...]) -> Deployment:
     return first
 
 
-def test_a_run_replica_by_replica_goes_through_the_gateway_and_sums_the_replicas(operator, paced_pair, settings, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def _gateway_run(operator, settings, tmp_path, **body: Any) -> BenchmarkRun:  # type: ignore[no-untyped-def]
+    """A run made through the API (6 prompts of 16 tokens each level) and run to its end
+    here, its gateway a live panel server; the run as stored."""
     from tests.servers import panel_server
-    from web.gateway.models import ApiKey, ApiKeyUsage
 
-    fleet = _replicas("fleet", paced_pair)
     with panel_server(tmp_path / "web.log") as gateway:
         settings.GATEWAY_URL = gateway
-        with mock.patch.object(tasks, "benchmark_run_later"):
+        with mock.patch.object(tasks, "benchmark_run_later"):  # run here, not by a worker
             r = _client(operator).post("/api/benchmarks/", {
-                "deployments": [fleet.pk], "per_replica": True, "levels": [1, 2],
-                "num_prompts": 6, "input_len": 16, "output_len": 16}, format="json")
+                "num_prompts": 6, "input_len": 16, "output_len": 16, **body}, format="json")
         assert r.status_code == 201, r.content
         run_id = r.json()["id"]
         assert services.benchmark_run(run_id=run_id) == "done"
-    run = BenchmarkRun.objects.get(pk=run_id)
+    return BenchmarkRun.objects.get(pk=run_id)
+
+
+def test_a_run_replica_by_replica_goes_through_the_gateway_and_sums_the_replicas(operator, paced_pair, settings, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from web.gateway.models import ApiKey, ApiKeyUsage
+
+    fleet = _replicas("fleet", paced_pair)
+    run = _gateway_run(operator, settings, tmp_path, deployments=[fleet.pk],
+                       per_replica=True, levels=[1, 2])
+    run_id = run.pk
     names = [t["name"] for t in run.targets]
     assert names == [f"fleet#{fleet.pk} through the gateway", f"fleet#{fleet.pk} replica 0",
                      f"fleet#{fleet.pk} replica 1"]
@@ -215,20 +224,12 @@ def test_a_run_replica_by_replica_goes_through_the_gateway_and_sums_the_replicas
 
 
 def test_a_run_through_the_gateway_alone_calls_the_deployment_as_its_clients_do(operator, paced_pair, settings, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from tests.servers import panel_server
     from web.gateway.models import ApiKey, ApiKeyUsage
 
     fleet = _replicas("fleet", paced_pair)
-    with panel_server(tmp_path / "web.log") as gateway:
-        settings.GATEWAY_URL = gateway
-        with mock.patch.object(tasks, "benchmark_run_later"):
-            r = _client(operator).post("/api/benchmarks/", {
-                "deployments": [fleet.pk], "through_gateway": True, "levels": [2],
-                "num_prompts": 6, "input_len": 16, "output_len": 16}, format="json")
-        assert r.status_code == 201, r.content
-        run_id = r.json()["id"]
-        assert services.benchmark_run(run_id=run_id) == "done"
-    run = BenchmarkRun.objects.get(pk=run_id)
+    run = _gateway_run(operator, settings, tmp_path, deployments=[fleet.pk],
+                       through_gateway=True, levels=[2])
+    run_id = run.pk
     assert [t["name"] for t in run.targets] == [f"fleet#{fleet.pk} through the gateway"]
     assert run.config["through_gateway"] and run.failed_requests == 0
     assert [m["completed"] for m in run.results["levels"]] == [6]
