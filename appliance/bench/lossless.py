@@ -32,10 +32,15 @@ class Divergence:
     position: int | None  # the first output token that differs; None when identical
     gap: float | None  # the baseline's top-1 minus top-2 log-prob at that position
     candidate_in_top2: bool | None
-    verdict: str  # "identical" | "near-tie" | "failure" | "unknown" (no log-probs there)
+    # "identical" | "near-tie" | "failure" | "unknown" (no log-probs there) | "not-greedy"
+    # (the baseline's own token there is not its top-1: it cannot judge)
+    verdict: str
     # The baseline's top-1 minus the candidate token's own log-prob there, where the
     # candidate is among the top log-probs given (None when it is not, or identical).
     candidate_gap: float | None = None
+    # The baseline's top-1 minus its own token's log-prob there (0 for a greedy baseline;
+    # None where its token is outside the top log-probs given).
+    baseline_gap: float | None = None
 
 
 def first_divergence(baseline_ids: Sequence[int], baseline_top: Sequence[Sequence[Any]],
@@ -56,6 +61,11 @@ def first_divergence(baseline_ids: Sequence[int], baseline_top: Sequence[Sequenc
     candidate = candidate_ids[position] if position < len(candidate_ids) else None
     in_top2 = candidate is not None and candidate in (first[1], second[1])
     own = next((float(first[0]) - float(entry[0]) for entry in top if entry[1] == candidate), None)
+    if position < len(baseline_ids):
+        mine = baseline_ids[position]
+        b_own = next((float(first[0]) - float(e[0]) for e in top if e[1] == mine), None)
+        if b_own is None or b_own > 0:  # an exact tie with the top-1 is still greedy
+            return Divergence(position, gap, in_top2, "not-greedy", own, b_own)
     # Outside every log-prob given: a near-tie only where all of them are tied exactly (the
     # recordings show three-way ties in bf16); else it sits at least the last one's gap down.
     tie = own <= threshold if own is not None else float(first[0]) == float(top[-1][0])

@@ -94,11 +94,12 @@ class Side:
 class PromptResult:
     index: int
     prompt: str
-    verdict: str  # identical | near-tie | failure | unknown
+    verdict: str  # identical | near-tie | failure | unknown | not-greedy (B's own token)
     position: int | None = None
     gap: float | None = None
     candidate_in_top2: bool | None = None
     candidate_gap: float | None = None  # B's top-1 minus A's token's log-prob, where B gave it
+    baseline_gap: float | None = None  # B's top-1 minus B's own token's log-prob there
     a: Side | None = None
     b: Side | None = None
 
@@ -126,8 +127,9 @@ class VerifyResult:
 
     @property
     def failures(self) -> int:
-        # A part where B gave no log-probs cannot be shown to be noise: it counts against.
-        return sum(p.verdict in ("failure", "unknown") for p in self.prompts)
+        # A part where B gave no log-probs cannot be shown to be noise, nor one where B was
+        # not greedy (its log-probs judge nothing there): both count against.
+        return sum(p.verdict in ("failure", "unknown", "not-greedy") for p in self.prompts)
 
     @property
     def passed(self) -> bool:
@@ -293,7 +295,7 @@ def compare(index: int, prompt: str, candidate: dict[str, Any], baseline: dict[s
     found = first_divergence(baseline["output_ids"], top, candidate["output_ids"],
                              threshold=threshold)
     result = PromptResult(index, prompt, found.verdict, found.position, found.gap,
-                          found.candidate_in_top2, found.candidate_gap)
+                          found.candidate_in_top2, found.candidate_gap, found.baseline_gap)
     if found.position is not None:
         shared, text_from = _shared_text(baseline, candidate, found.position)
         result.a = _continuation(candidate, shared, found.position, text_from)
@@ -410,7 +412,14 @@ def print_text(result: VerifyResult) -> None:
             print(f"{head} {p.prompt[:60]!r}")
             continue
         gap = "-" if p.gap is None else f"{p.gap:.4f}"
-        print(f"{head} at token {p.position}, B's top-2 gap {gap}: {p.prompt[:60]!r}")
+        if p.verdict == "not-greedy":
+            below = ("outside its top log-probs" if p.baseline_gap is None
+                     else f"{p.baseline_gap:.4f} below its top-1")
+            print(f"{head} at token {p.position}, B is not greedy at that token: its own "
+                  f"token is {below}, so B's log-probs cannot judge A there; give a greedy "
+                  f"baseline as --b (temperature 0, no sampling): {p.prompt[:60]!r}")
+        else:
+            print(f"{head} at token {p.position}, B's top-2 gap {gap}: {p.prompt[:60]!r}")
         print(f"      A: {_side(p.a, result.api)}\n      B: {_side(p.b, result.api)}")
         if p.a is not None and p.a.text_from == "character":
             print("      (text from the first character the two texts differ at)")

@@ -192,6 +192,31 @@ def test_a_divergence_at_a_clear_margin_fails_naming_its_position() -> None:
     assert "failures 1" in text
 
 
+def test_a_baseline_that_is_not_greedy_at_the_divergence_fails_saying_so() -> None:
+    # B (sampled, say) emits its own second choice at prompt 3's token 2, where its top-2
+    # gap is 4.0625; A keeps the recorded greedy token (B's top-1). A's token is B's top-1,
+    # so measured against B's top-2 gap it would pass as a "near-tie": B's log-probs judge
+    # nothing where B itself did not take its top-1, and the check must fail naming that.
+    sampled = copy.deepcopy(BASE)
+    top = sampled[2]["response"]["meta_info"]["output_top_logprobs"][2]
+    b_gap = top[0][0] - top[1][0]
+    assert b_gap > 1 and CAND[2]["response"]["output_ids"][2] == top[0][1]
+    sampled[2]["response"]["output_ids"][2] = top[1][1]
+    with generate_server(CAND, logprobs=False) as a, generate_server(sampled, logprobs=True) as b:
+        done = verify("--a", a.url, "--b", b.url, "--json")
+    assert done.returncode == 1, done.stderr
+    third = json.loads(done.stdout)["prompts"][2]
+    assert (third["verdict"], third["position"], third["baseline_gap"]) == ("not-greedy", 2, b_gap)
+    assert json.loads(done.stdout)["failures"] == 1
+    with generate_server(CAND, logprobs=False) as a, generate_server(sampled, logprobs=True) as b:
+        done = verify("--a", a.url, "--b", b.url)
+    assert done.returncode == 1
+    assert (f"  3 not-greedy at token 2, B is not greedy at that token: its own token is "
+            f"{b_gap:.4f} below its top-1") in done.stdout
+    assert "give a greedy baseline as --b" in done.stdout and "near-tie  at token 2" not in done.stdout
+    assert "failures 1" in done.stdout
+
+
 def test_a_bad_prompts_file_is_a_usage_error_naming_the_line(tmp_path: Path) -> None:
     bad = tmp_path / "prompts.jsonl"
     bad.write_text('{"prompt": "The quick brown fox"}\n\n{"text": "no prompt key"}\n')
