@@ -234,18 +234,55 @@ FORM = {"recipe": "kimi-k2.6-ddtree", "name": "kimi-form", "model_path": "/model
         "self_check": "on", "confirm_warnings": "on"}
 
 
-def test_the_form_deploys_replicas_and_shows_a_refusal_beside_the_spec_keys(operator, settings) -> None:  # type: ignore[no-untyped-def]
+def test_the_form_deploys_replicas_and_shows_a_refusal_beside_its_field(operator, settings) -> None:  # type: ignore[no-untyped-def]
     settings.GPU_COUNT = 2
     client = _client(operator)
-    refused = client.post("/deployments/new/", {**FORM, "more_spec": "replicas: 3\n"})
+    page = client.get("/deployments/new/").content.decode()
+    for field in ("replicas", "host", "companion"):
+        assert f'id="id_{field}"' in page, field
+    assert "Replicas, host and companion have their own fields above." in page
+    refused = client.post("/deployments/new/", {**FORM, "replicas": "3"})
     assert refused.status_code == 400
-    assert refused.context["form"].errors["more_spec"][0].startswith(
+    assert refused.context["form"].errors["replicas"][0].startswith(
         "Replica 2 needs 1 free GPU on one host: gpu-host has 0 free")
+    in_box = client.post("/deployments/new/", {**FORM, "replicas": "1", "more_spec": "replicas: 2"})
+    assert in_box.status_code == 400 and in_box.context["form"].errors["more_spec"] == [
+        "replicas has its own field above: set it in Replicas and take its line out of this box."]
+    elsewhere = client.post("/deployments/new/", {**FORM, "replicas": "1", "host": "nowhere"})
+    assert elsewhere.status_code == 400 and elsewhere.context["form"].errors["host"]
     assert not Deployment.objects.exists()
-    made = client.post("/deployments/new/", {**FORM, "more_spec": "replicas: 2\n"})
+    made = client.post("/deployments/new/", {**FORM, "replicas": "2", "host": "gpu-host"})
     assert made.status_code == 302
     first = Deployment.objects.get(replica_of__isnull=True)
     assert [(r.replica_index, r.gpus) for r in _group(first)] == [(0, [0]), (1, [1])]
+    assert first.spec["replicas"] == 2 and first.spec["host"] == "gpu-host"
+
+
+def test_the_form_names_a_companion_and_its_clone_keeps_it(operator, settings) -> None:  # type: ignore[no-untyped-def]
+    settings.GPU_COUNT = 2
+    client = _client(operator)
+    queued(name="kimi-base", gpus=[1], engine__speculative_algorithm="NONE")
+    made = client.post("/deployments/new/", {**FORM, "replicas": "1", "companion": "kimi-base"})
+    assert made.status_code == 302, made.content.decode()[:2000]
+    ddt = Deployment.objects.get(name="kimi-form")
+    assert ddt.spec["companion"] == "kimi-base"
+    form = client.get(f"/deployments/new/?from={ddt.pk}").context["form"]
+    assert (form.initial["replicas"], form.initial["companion"]) == (1, "kimi-base")
+
+
+def test_the_redeploy_form_fills_block_yaml_that_stays_valid_with_a_line_added(operator) -> None:  # type: ignore[no-untyped-def]
+    first = queued(gpus=[0], replicas=3, shm_size="8g")
+    client = _client(operator)
+    url = f"/deployments/new/?from={first.pk}&redeploy=1"
+    initial = client.get(url).context["form"].initial
+    assert initial["replicas"] == 3
+    assert initial["more_spec"] == "shm_size: 8g"  # block YAML: one key a line, no {...}
+    added = initial["more_spec"] + "\nrestart:\n  policy: on-failure\n"
+    post = {k: v for k, v in initial.items() if v is not None and v is not False}
+    answer = client.post(url, {**post, "more_spec": added, "confirm_warnings": "on"})
+    assert answer.status_code == 302, answer.content.decode()[:3000]
+    assert Deployment.objects.get(pk=first.pk).rolling["columns"]["spec"]["restart"]["policy"] == \
+        "on-failure"
 
 
 def test_a_replica_whose_hosts_agent_is_silent_is_unknown_with_no_throughput(

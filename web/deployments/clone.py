@@ -3,8 +3,9 @@ a diagnosis carries (appliance.logs.cause: a spec patch) applied and marked.
 
 The form has inputs for the common keys; every other engine option goes into Extra engine
 arguments as its SGLang flag (the spec takes option flags there as engine options, see
-appliance.engine.extra_args), and env, secrets, shm_size and restart into More spec keys,
-so deploying the filled form gives the same spec back.
+appliance.engine.extra_args), and env, secrets, shm_size and restart into More spec keys as
+block YAML (one key a line, so a line added to it keeps it valid), so deploying the filled
+form gives the same spec back.
 """
 
 from __future__ import annotations
@@ -29,8 +30,7 @@ _FORM_ENGINE_KEYS = frozenset({
     "speculative_ddtree_budget", "tp_size", "attention_backend", "trust_remote_code",
 })
 _SPEC_DEFAULTS: dict[str, Any] = {"env": {}, "secrets": [], "shm_size": None,
-                                  "restart": dataclasses.asdict(RestartPolicy()),
-                                  "replicas": 1, "host": None, "companion": None}
+                                  "restart": dataclasses.asdict(RestartPolicy())}
 
 
 def _flag_items(name: str, value: Any) -> list[str]:
@@ -54,7 +54,7 @@ def _engine_flags(engine: Mapping[str, Any], defaults: Mapping[str, Any]) -> lis
 def _more_spec(spec: Mapping[str, Any]) -> str:
     more = {k: spec[k] for k in MORE_SPEC_KEYS
             if spec.get(k) not in (None, _SPEC_DEFAULTS[k])}
-    return yaml.safe_dump(more, default_flow_style=None, sort_keys=False).strip() if more else ""
+    return yaml.safe_dump(more, default_flow_style=False, sort_keys=False).strip() if more else ""
 
 
 def form_initial(spec: Mapping[str, Any], *,
@@ -77,6 +77,9 @@ def form_initial(spec: Mapping[str, Any], *,
         "attention_backend": engine.get("attention_backend") or "",
         "extra_args": shlex.join(extra),
         "self_check": bool(spec.get("self_check", True)),
+        "replicas": spec.get("replicas") or 1,
+        "host": spec.get("host") or "",
+        "companion": spec.get("companion") or "",
         "more_spec": _more_spec(spec),
     }
 

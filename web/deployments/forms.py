@@ -10,6 +10,7 @@ import yaml
 from django import forms
 from django.conf import settings
 
+from appliance.engine.spec import MAX_REPLICAS
 from web.api.parsers import spec_yaml_load
 
 from .services import recipe_load, recipe_names
@@ -40,12 +41,14 @@ FIELD_OF_SPEC = {
     "secrets": "more_spec",
     "shm_size": "more_spec",
     "restart": "more_spec",
-    "replicas": "more_spec",
-    "host": "more_spec",
-    "companion": "more_spec",
+    "replicas": "replicas",
+    "host": "host",
+    "companion": "companion",
 }
 # Spec keys the form has no input of its own for: they are written in More spec keys.
-MORE_SPEC_KEYS = ("env", "secrets", "shm_size", "restart", "replicas", "host", "companion")
+MORE_SPEC_KEYS = ("env", "secrets", "shm_size", "restart")
+# Spec keys with an input of their own that a person might still write in More spec keys.
+_OWN_FIELD_KEYS = {"replicas": "Replicas", "host": "Host", "companion": "Companion"}
 
 
 def _recipe_choices() -> list[tuple[str, str]]:
@@ -117,6 +120,19 @@ class DeploymentForm(forms.Form):
     extra_args = forms.CharField(max_length=2000, required=False,
                                  label="Extra engine arguments",
                                  help_text="Further SGLang flags, e.g. --mem-fraction-static 0.85")
+    replicas = forms.IntegerField(
+        min_value=1, max_value=MAX_REPLICAS, initial=1, required=False,
+        help_text="Engines of this spec behind its one name, each on its own GPUs: the first on "
+                  "the GPU ids above, the panel places the others on free GPUs of any host. Blank: 1.")
+    host = forms.CharField(
+        max_length=63, required=False,
+        help_text="The fleet host to run on, by its name on the Fleet page, e.g. gpu-host-1; "
+                  "blank: the panel chooses.")
+    companion = forms.CharField(
+        max_length=63, required=False,
+        help_text="The name of a deployment of the same target without speculation that serves "
+                  "the requests this engine refuses (log-probs, grammar, n > 1); blank: those "
+                  "get a 400 naming the reason.")
     self_check = forms.BooleanField(
         required=False, initial=True, label="GPU self-check before the load",
         help_text="Driver, GPUs, NCCL all-reduce and CUDA graphs at the verify and draft widths, "
@@ -127,8 +143,9 @@ class DeploymentForm(forms.Form):
     more_spec = forms.CharField(
         required=False, max_length=4000, label="More spec keys (YAML)",
         widget=forms.Textarea(attrs={"rows": 4, "spellcheck": "false"}),
-        help_text="env, secrets, shm_size and restart as in a spec file, e.g. "
-                  "restart: {policy: on-failure, max_restarts: 5}")
+        help_text="env, secrets, shm_size and restart as in a spec file, one key a line, e.g. "
+                  "restart: {policy: on-failure, max_restarts: 5}. Replicas, host and "
+                  "companion have their own fields above.")
     confirm_warnings = forms.BooleanField(required=False, label="Deploy despite warnings")
 
     def __init__(self, *args: Any, recipe: str | None = None, **kwargs: Any) -> None:
@@ -173,6 +190,11 @@ class DeploymentForm(forms.Form):
             raise forms.ValidationError(f"Not valid YAML: {str(exc)[:200]}") from None
         if not isinstance(more, dict):
             raise forms.ValidationError("Write a mapping, e.g. restart: {policy: on-failure}.")
+        own = [key for key in _OWN_FIELD_KEYS if key in more]
+        if own:
+            raise forms.ValidationError(
+                f"{own[0]} has its own field above: set it in {_OWN_FIELD_KEYS[own[0]]} and "
+                "take its line out of this box.")
         unknown = sorted(str(k)[:40] for k in more if k not in MORE_SPEC_KEYS)
         if unknown:
             raise forms.ValidationError(
@@ -209,6 +231,8 @@ class DeploymentForm(forms.Form):
             "engine": {k: v for k, v in engine.items() if v is not None},
             "extra_args": data["extra_args"],
             "self_check": bool(data.get("self_check")),
+            "replicas": data.get("replicas") or 1,
+            **{key: data[key] for key in ("host", "companion") if data.get(key)},
             **(data.get("more_spec") or {}),
         }
 
