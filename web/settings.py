@@ -219,6 +219,28 @@ GATEWAY_MAX_BODY_BYTES = env_int("APPLIANCE_GATEWAY_MAX_BODY_BYTES", 8 * 1024 * 
 # The most max_tokens (or max_completion_tokens) a request may ask of a deployment whose spec
 # sets no engine.context_length (its own context length bounds it otherwise); more is a 400.
 GATEWAY_MAX_TOKENS = env_int("APPLIANCE_GATEWAY_MAX_TOKENS", 262_144)
+# Every request the gateway relays has a bounded wait (docs/gateway.md, "Bounded waits"):
+# - the first byte of the answer's body (a stream's first event: after the engine's queue
+#   and prefill) within FIRST_BYTE_TIMEOUT_S. Kimi K2.6 (1T parameters, 32B active) prefills
+#   its whole 262,144-token context in about 30 s on 8 H200s (about 1e17 FLOPs, at 40 % of
+#   their bf16 peak); 120 s leaves room for three such prefills queued ahead of it.
+# - then no silence longer than IDLE_STREAM_TIMEOUT_S: a decode step is tens of ms; the
+#   longest legitimate pause is a request the engine retracted (KV pool full) waiting to be
+#   prefilled again, up to the whole context: 60 s is twice that prefill.
+# - a whole (not streamed) answer comes at once, after its last token: past the first-byte
+#   timeout it waits on, to WHOLE_ANSWER_TIMEOUT_S, while the engine's /health answers
+#   (600 s: the OpenAI Python client's own default timeout; stream longer generations).
+# A request not yet answered when its replica times out is sent once to another ready
+# replica; a stream cut midway ends with an OpenAI-shaped error event and [DONE].
+GATEWAY_FIRST_BYTE_TIMEOUT_S = env_int("APPLIANCE_GATEWAY_FIRST_BYTE_TIMEOUT_S", 120)
+GATEWAY_IDLE_STREAM_TIMEOUT_S = env_int("APPLIANCE_GATEWAY_IDLE_STREAM_TIMEOUT_S", 60)
+GATEWAY_WHOLE_ANSWER_TIMEOUT_S = env_int("APPLIANCE_GATEWAY_WHOLE_ANSWER_TIMEOUT_S", 600)
+for _name, _value in (("FIRST_BYTE", GATEWAY_FIRST_BYTE_TIMEOUT_S),
+                      ("IDLE_STREAM", GATEWAY_IDLE_STREAM_TIMEOUT_S),
+                      ("WHOLE_ANSWER", GATEWAY_WHOLE_ANSWER_TIMEOUT_S)):
+    if _value < 1:
+        raise ValueError(f"APPLIANCE_GATEWAY_{_name}_TIMEOUT_S={_value} must be 1 or more "
+                         "seconds (docs/gateway.md, \"Bounded waits\")")
 # The gateway's base URL as the worker reaches it (compose: http://web:8000): a losslessness
 # check "through the gateway" calls /v1 there, as a client would. Empty: that route is off.
 GATEWAY_URL = env_str("APPLIANCE_GATEWAY_URL", "").rstrip("/")

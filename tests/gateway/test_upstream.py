@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from web.gateway.upstream import HIGH_WATER, Pool, UpstreamError
+from web.gateway.upstream import HIGH_WATER, Bounds, Pool, UpstreamError, UpstreamTimeout
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[bool]]
 
@@ -293,4 +293,133 @@ def test_a_fleet_engines_key_goes_as_a_bearer_header_and_only_when_there_is_one(
                 await response.read()
             assert b"\r\nAuthorization: Bearer k3y\r\n" in server.requests[0]
             assert b"Authorization" not in server.requests[1]
+    run(test)
+
+
+# ------------------------------------------------------------------ bounded waits
+
+def test_a_stream_whose_first_event_does_not_come_times_out_at_the_first_byte_bound() -> None:
+    """SGLang sends a stream's head at once and its first event after the prefill: a frozen
+    engine's stream has a head and nothing more. The first-byte bound counts to the body."""
+    async def answer(reader, writer, n) -> bool:  # type: ignore[no-untyped-def]
+        writer.write(STREAM_HEAD)
+        assert await reader.read(1) == b""  # silent until the client gives up
+        return False
+
+    async def test() -> None:
+        async with serving(answer) as (server, pool):
+            started = asyncio.get_running_loop().time()
+            async with pool.post(server.url, b"{}",
+                                 bounds=Bounds(first_byte_s=0.3, idle_s=5)) as response:
+                assert response.status == 200
+                with pytest.raises(UpstreamTimeout, match="first-byte timeout"):
+                    await response.read()
+            took = asyncio.get_running_loop().time() - started
+            assert 0.3 <= took < 0.6, took
+            await asyncio.wait_for(server.closed.wait(), 2)  # closed: the engine drops it
+    run(test)
+
+
+def test_a_head_that_never_comes_times_out_and_is_not_retried_on_a_fresh_connection() -> None:
+    async def answer(reader, writer, n) -> bool:  # type: ignore[no-untyped-def]
+        if n == 1:
+            writer.write(whole(b"ok"))
+            return True
+        assert await reader.read(1) == b""  # a frozen engine: its kernel took the request
+        return False
+
+    async def test() -> None:
+        async with serving(answer) as (server, pool):
+            async with pool.post(server.url, b"{}") as response:
+                assert await response.read() == b"ok"
+            started = asyncio.get_running_loop().time()
+            with pytest.raises(UpstreamTimeout):
+                async with pool.post(server.url, b"{}", bounds=Bounds(first_byte_s=0.3)):
+                    pass
+            assert asyncio.get_running_loop().time() - started < 0.6
+            assert len(server.requests) == 2  # one wait, not one more on a new connection
+    run(test)
+
+
+def test_a_stream_silent_midway_times_out_at_the_idle_bound_and_a_slow_reader_never() -> None:
+    async def answer(reader, writer, n) -> bool:  # type: ignore[no-untyped-def]
+        writer.write(STREAM_HEAD)
+        for _ in range(5):  # steady pieces 0.1 s apart: never idle for 0.3 s
+            writer.write(chunk(b"data: x\n\n"))
+            await writer.drain()
+            await asyncio.sleep(0.1)
+        if n == 2:
+            writer.write(chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+            return True
+        assert await reader.read(1) == b""  # then silent: frozen midway
+        return False
+
+    async def test() -> None:
+        async with serving(answer) as (server, pool):
+            bounds = Bounds(first_byte_s=1, idle_s=0.3)
+            async with pool.post(server.url, b"{}", bounds=bounds) as response:
+                pieces, started = [], 0.0
+                with pytest.raises(UpstreamTimeout, match="idle-stream timeout"):
+                    async for piece in response.chunks():
+                        pieces.append(piece)
+                        started = asyncio.get_running_loop().time()
+                silent = asyncio.get_running_loop().time() - started
+                assert b"".join(pieces) == b"data: x\n\n" * 5
+                assert 0.3 <= silent < 0.6, silent
+            # A reader slower than the bound (0.5 s a piece) is not the engine's silence.
+            async with pool.post(server.url, b"{}", bounds=bounds) as response:
+                got = []
+                async for piece in response.chunks():
+                    got.append(piece)
+                    await asyncio.sleep(0.5)
+                assert b"".join(got).endswith(b"data: [DONE]\n\n")
+    run(test)
+
+
+def test_a_whole_answer_waits_past_the_first_byte_bound_while_the_engine_is_alive() -> None:
+    """A whole answer's first byte is its last token's: it waits on while the engine's
+    /health answers, to the whole-answer bound; a frozen engine's (no /health) is given up
+    at the first-byte bound."""
+    health_answers = True
+
+    async def answer(reader, writer, n) -> bool:  # type: ignore[no-untyped-def]
+        if n == 1:
+            await asyncio.sleep(0.8)  # a long generation: past the first-byte bound
+            writer.write(whole(b"long"))
+            return True
+        assert await reader.read(1) == b""  # never answers
+        return False
+
+    async def health(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        if health_answers:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+            await writer.drain()
+            writer.close()
+        else:
+            await asyncio.sleep(10)  # frozen: its kernel took the probe, nobody answers
+
+    async def test() -> None:
+        nonlocal health_answers
+        probe = await asyncio.start_server(health, "127.0.0.1", 0)
+        port = probe.sockets[0].getsockname()[1]
+        async with probe, serving(answer) as (server, pool):
+            bounds = Bounds(first_byte_s=0.3, health_url=f"http://127.0.0.1:{port}/health",
+                            whole_s=1.5)
+            loop = asyncio.get_running_loop()
+            async with pool.post(server.url, b"{}", bounds=bounds) as response:
+                assert await response.read() == b"long"
+            started = loop.time()
+            with pytest.raises(UpstreamTimeout, match="first-byte timeout"):
+                async with pool.post(server.url, b"{}", bounds=bounds) as response:
+                    pass
+            took = loop.time() - started
+            assert 1.5 <= took < 2.0, took  # alive all along: the whole-answer bound
+            health_answers = False
+            started = loop.time()
+            with pytest.raises(UpstreamTimeout, match="/health does not answer"):
+                async with pool.post(server.url, b"{}", bounds=bounds) as response:
+                    pass
+            took = loop.time() - started
+            assert took < 0.3 + 2.0 + 0.3, took  # the first-byte bound and one probe
     run(test)

@@ -23,7 +23,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import connection
 
-from appliance.engine.refusals import REFUSED, limitation
+from appliance.engine.refusals import limitation
 from appliance.nesting import TooDeep, json_loads_bounded
 from web.asgitypes import ASGIApp, Receive, Scope, Send
 from web.gateway import services
@@ -37,7 +37,14 @@ from web.gateway.admission import (
 )
 from web.gateway.routing import routing
 from web.gateway.selectors import Target
-from web.gateway.upstream import CONNECT_TIMEOUT_S, Response, UpstreamError, pool
+from web.gateway.upstream import (
+    CONNECT_TIMEOUT_S,
+    Bounds,
+    Response,
+    UpstreamError,
+    UpstreamTimeout,
+    pool,
+)
 
 log = logging.getLogger(__name__)
 
@@ -294,16 +301,18 @@ RETRIED = (b"x-appliance-retried", b"1")  # another replica failed it before ans
 
 def _handed_on(data: dict[str, Any], target: Target, path: str) -> Target | Refusal:
     """The deployment to serve the request: the one named, or its companion when the
-    named one's speculative mode refuses what the request needs (appliance.engine.refusals,
-    from the real engine's recordings); without a companion, a 400 naming the need and
-    the fix."""
-    if target.algorithm not in REFUSED:
-        return target
-    need = limitation(algorithm=target.algorithm, body=data,
+    named one's engine build refuses what the request needs under its speculative mode
+    (appliance.engine.refusals: per build, recorded or read from its source); without a
+    companion, a 400 naming the need and the fix. For a build the table does not know, a
+    need some known build refused goes to the companion where there is one, else to the
+    engine, whose own answer the client gets."""
+    need = limitation(source=target.engine_source, algorithm=target.algorithm, body=data,
                       chat=path == "/v1/chat/completions")
     if need is None:
         return target
     if not target.companion:
+        if need.assumed:
+            return target
         return Refusal(400, need.message(algorithm=target.algorithm), "invalid_request_error",
                        "unsupported_by_speculative_mode", param=need.param)
     companion = routing().companion(target)
@@ -407,6 +416,7 @@ class UsageTap:
     sent_body: bool = False  # any byte of the body went to the client
     headers: list[tuple[bytes, bytes]] = field(default_factory=list)  # the response's own
     replica: int = 0
+    failure: UpstreamError | None = None  # why the last replica tried gave no answer
     _buffer: bytes = b""
 
     def restart(self) -> None:
@@ -535,14 +545,21 @@ async def _relay(send: Send, target: Target, path: str, body: bytes, stream: boo
             table.end(row)
         if answered:
             return
-        table.eject(row)
+        # A replica that timed out may be one whose HTTP server answers while its engine
+        # does not: it comes back only once it makes a token again.
+        table.eject(row, generate=isinstance(tap.failure, UpstreamTimeout))
         if not retry:
             break
         rows = table.rotation(target, exclude=tried, away_from=row.host_key)
         if not tap.started:  # said on the answer: it came from a second replica
             tap.headers.append(RETRIED)
+    timed_out = isinstance(tap.failure, UpstreamTimeout)
     if tap.started:  # a stream's head went out, no event: it ends as a broken one
-        tap.broken(STREAM_BROKEN)
+        tap.broken(_stream_timed_out(tap.failure) if timed_out else STREAM_BROKEN)
+    elif timed_out:
+        await _refuse(send, Refusal(504, f"The deployment's engine did not answer: "
+                                    f"{tap.failure}. Try again shortly.", "engine_error",
+                                    "engine_timeout"))
     else:
         await _refuse(send, Refusal(503, "The deployment's engine did not answer; it may be "
                                     "restarting. Try again shortly.", "service_unavailable",
@@ -575,10 +592,11 @@ async def _relay_to(send: Send, row: Target, path: str, body: bytes, stream: boo
     reached the client) and `retry` says another replica may take the request."""
     url = row.engine_url.rstrip("/") + path
     timeout_s = FAILOVER_CONNECT_S if retry else CONNECT_TIMEOUT_S
+    tap.failure = None
     try:
         auth = f"Bearer {row.engine_key}" if row.engine_key else ""
-        async with pool().post(url, body, authorization=auth,
-                               connect_timeout_s=timeout_s) as upstream:
+        async with pool().post(url, body, authorization=auth, connect_timeout_s=timeout_s,
+                               bounds=_bounds(row, stream)) as upstream:
             if retry and upstream.status in RETRIED_STATUSES:
                 log.warning("engine %s answered %s before any byte: another replica takes it",
                             row.engine_url, upstream.status)
@@ -594,7 +612,21 @@ async def _relay_to(send: Send, row: Target, path: str, body: bytes, stream: boo
             return True
     except UpstreamError as exc:
         log.warning("engine %s unreachable: %s", row.engine_url, exc)
+        tap.failure = exc
         return False
+
+
+def _bounds(row: Target, stream: bool) -> Bounds:
+    """The wait allowed on the engine (settings, docs/gateway.md "Bounded waits"): a
+    stream's first event within the first-byte timeout, then silences within the idle one;
+    a whole answer past the first-byte timeout only while the engine's /health answers, to
+    the whole-answer timeout."""
+    first, idle = settings.GATEWAY_FIRST_BYTE_TIMEOUT_S, settings.GATEWAY_IDLE_STREAM_TIMEOUT_S
+    if stream:
+        return Bounds(first_byte_s=first, idle_s=idle)
+    return Bounds(first_byte_s=first, idle_s=idle,
+                  health_url=row.engine_url.rstrip("/") + "/health",
+                  whole_s=max(first, settings.GATEWAY_WHOLE_ANSWER_TIMEOUT_S))
 
 
 async def _relay_stream(send: Send, upstream: Response, kind: bytes,
@@ -612,12 +644,18 @@ async def _relay_stream(send: Send, upstream: Response, kind: bytes,
                 tap.sent_body = True
                 await send({"type": "http.response.body", "body": out, "more_body": True})
     except UpstreamError as exc:
-        if retry and not tap.sent_body:  # nothing of it reached the client: another takes it
+        if not tap.sent_body:  # nothing of it reached the client: another may take it
             log.warning("engine stream broken off before its first event: %s", exc)
             tap.restart()
-            return False
+            tap.failure = exc
+            if retry:
+                return False
+            tap.broken(_stream_timed_out(exc) if isinstance(exc, UpstreamTimeout)
+                       else STREAM_BROKEN)
+            return True
         log.warning("engine stream broken off: %s", exc)
-        tap.broken(STREAM_BROKEN)
+        tap.broken(_stream_timed_out(exc) if isinstance(exc, UpstreamTimeout)
+                   else STREAM_BROKEN)
         return True
     if not tap.done:  # ended cleanly, but short of its [DONE]: the engine stopped early
         if retry and not tap.sent_body:
@@ -632,6 +670,14 @@ async def _relay_stream(send: Send, upstream: Response, kind: bytes,
 STREAM_BROKEN = Refusal(502, "The deployment's engine stopped in the middle of this answer "
                         "(it may have crashed or be restarting): the text above is "
                         "incomplete. Try again shortly.", "engine_error", "engine_stream_broken")
+
+
+def _stream_timed_out(error: UpstreamError | None) -> Refusal:
+    """A stream's end when its engine went silent past the gateway's bound (the error event
+    names which), so the client raises instead of waiting without end."""
+    return Refusal(504, f"The deployment's engine stopped answering: {error}. The text "
+                   "above (if any) is incomplete. Try again shortly.", "engine_error",
+                   "engine_timeout")
 
 
 async def _relay_whole(send: Send, upstream: Response, kind: bytes,

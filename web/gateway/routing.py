@@ -41,7 +41,6 @@ import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
 import psycopg
 import redis.asyncio as aioredis
@@ -54,6 +53,7 @@ from web.gateway.admission import Caller, Refusal
 from web.gateway.inflight import INFLIGHT_TTL_S, inflight_key
 from web.gateway.selectors import HEARTBEATS_SQL, Target, secret_digest
 from web.gateway.services import KEYS_EPOCH, keys_channel, rate_limit_key
+from web.gateway.upstream import PROBE_TIMEOUT_S, healthy
 
 # A lease of up to ARGV[2] requests from a key's one-minute window of ARGV[1]: never more
 # than the window has left, so all processes together never pass the limit (the window's
@@ -84,7 +84,6 @@ MAX_GRANTS = 10_000
 # request until its /health answers 200 again, asked this often in the background (the
 # agent's status change, through the trigger, takes a dead engine out of the table for good).
 PROBE_S = 0.5
-PROBE_TIMEOUT_S = 2.0
 # Prefix affinity gives way to the least loaded replica when its own load is more than this
 # many requests above it (a shared-prefix burst must not pile onto one replica).
 AFFINITY_SLACK = 2
@@ -290,14 +289,19 @@ class Routing:
                 return row
         return rows[0]  # (unreachable: one row has the least load)
 
-    def eject(self, target: Target) -> None:
+    def eject(self, target: Target, *, generate: bool = False) -> None:
         """Out of the rotation until its engine's /health answers 200 (or the table drops
-        the row, or gives it another engine)."""
+        the row, or gives it another engine). `generate`: it timed out a request, so it may
+        be an engine whose HTTP server answers while its scheduler is hung (SGLang's
+        /health is 200 then): back only once /health_generate makes a token, within the
+        gateway's first-byte timeout."""
         if target.deployment_id not in self.ejected:
             self.ejected.add(target.deployment_id)
-            self._spawn(self._probe(target))
+            self._spawn(self._probe(target, generate))
 
-    async def _probe(self, target: Target) -> None:
+    async def _probe(self, target: Target, generate: bool = False) -> None:
+        url = target.engine_url.rstrip("/") + ("/health_generate" if generate else "/health")
+        timeout_s = settings.GATEWAY_FIRST_BYTE_TIMEOUT_S if generate else PROBE_TIMEOUT_S
         try:
             while True:
                 await asyncio.sleep(PROBE_S)
@@ -305,7 +309,7 @@ class Routing:
                            None)
                 if now is None or now.engine_url != target.engine_url:
                     return  # gone from the table, or a new engine: judged afresh
-                if await _healthy(target.engine_url):
+                if await healthy(url, timeout_s):
                     return
         finally:
             self.ejected.discard(target.deployment_id)
@@ -484,23 +488,6 @@ class Routing:
             return self.table
         finally:
             self.reading = None
-
-
-async def _healthy(url: str) -> bool:
-    """Whether the engine's /health answers 200 (SGLang's: 503 while it cannot serve)."""
-    parts = urlsplit(url)
-    try:
-        async with asyncio.timeout(PROBE_TIMEOUT_S):
-            reader, writer = await asyncio.open_connection(parts.hostname, parts.port or 80)
-            try:
-                writer.write(f"GET /health HTTP/1.1\r\nHost: {parts.netloc}\r\n"
-                             "Connection: close\r\n\r\n".encode("latin-1"))
-                line = await reader.readline()
-            finally:
-                writer.close()
-    except (OSError, TimeoutError, ValueError):
-        return False
-    return line.split()[1:2] == [b"200"]
 
 
 _M64 = (1 << 64) - 1

@@ -12,12 +12,18 @@ What it does: keep-alive reuse; one retry on a fresh connection when a pooled on
 before any byte of the answer came (the engine's idle timeout struck as the request went
 out); back-pressure (the engine's socket stops being read while a slow client has not taken
 what is buffered); and the connection closed, so the engine stops generating, when the
-caller leaves early or is cancelled. Only connecting is bounded in time: a generation may
-run for minutes. A peer that vanished (its host killed or cut off: no reset ever comes) is
-found by TCP itself: keep-alive probes after DEAD_PEER_IDLE_S of silence, and the connection
-given up once DEAD_PEER_S pass with a probe or a request unanswered by the peer's kernel
-(which answers while its engine is busy generating), so a request relayed to a host that died
-fails over instead of hanging.
+caller leaves early or is cancelled. Each call's wait is bounded (Bounds, set by the
+gateway from its settings): the first byte of the answer's body within `first_byte_s` of the
+request going out (a stream's first event comes after the engine's queue and prefill), then
+no silence longer than `idle_s`; a whole answer (its first byte is its last token's) may wait
+on to `whole_s` while the engine's /health answers each `first_byte_s`. An engine frozen while
+its kernel still answers (a paused container or host, a hung scheduler) ends in
+UpstreamTimeout instead of a wait without end. One timer per call watches it, not one per
+chunk; time the engine's socket is paused for a slow client never counts. A peer that
+vanished (its host killed or cut off: no reset ever comes) is found sooner by TCP itself:
+keep-alive probes after DEAD_PEER_IDLE_S of silence, and the connection given up once
+DEAD_PEER_S pass with a probe or a request unanswered by the peer's kernel, so a request
+relayed to a host that died fails over in seconds.
 """
 
 from __future__ import annotations
@@ -44,6 +50,30 @@ class UpstreamError(Exception):
     """The engine could not be reached, or broke off (or spoke something other than HTTP)."""
 
 
+class UpstreamTimeout(UpstreamError):
+    """The engine sent nothing for longer than the call's Bounds allow."""
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """How long a call waits on the engine (None: no bound).
+
+    first_byte_s: from the request written to the first byte of the answer's body;
+    idle_s: the longest silence after that byte (time the client is slow to take what came
+    does not count); health_url and whole_s: an answer not begun by first_byte_s waits on,
+    to whole_s in all, while a GET of health_url answers 200 (asked again each first_byte_s):
+    a whole answer's first byte is its last token's, so a live engine's long generation is
+    not cut, while a frozen one (no answer to /health either) is given up at once."""
+
+    first_byte_s: float | None = None
+    idle_s: float | None = None
+    health_url: str = ""
+    whole_s: float | None = None
+
+
+NO_BOUNDS = Bounds()
+
+
 class _Exchange(asyncio.Protocol):
     """One connection; one request and response on it at a time."""
 
@@ -51,6 +81,7 @@ class _Exchange(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.pooled_in: list[_Exchange] | None = None  # the idle list it waits in, if any
+        self.timer: asyncio.TimerHandle | None = None
         self._reset()
 
     def _reset(self) -> None:
@@ -66,6 +97,12 @@ class _Exchange(asyncio.Protocol):
         self.received = False  # any byte of it came
         self.error: BaseException | None = None
         self.waiter: asyncio.Future[None] | None = None
+        self._unwatch()
+        self.bounds = NO_BOUNDS
+        self.sent_at = 0.0
+        self.body_at: float | None = None  # when the body's first byte came
+        self.active_at = 0.0  # the last byte of body that came, or the caller took
+        self.probing = False
 
     # -- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -104,6 +141,11 @@ class _Exchange(asyncio.Protocol):
             self.head.set_result(None)
 
     def on_body(self, body: bytes) -> None:
+        self.active_at = asyncio.get_running_loop().time()
+        if self.body_at is None:
+            self.body_at = self.active_at
+            if self.timer is None and self.bounds.idle_s is not None:
+                self._watch_at(self.active_at + self.bounds.idle_s)
         self.chunks.append(body)
         self.buffered += len(body)
         if self.buffered > HIGH_WATER and not self.paused and self.transport is not None:
@@ -118,6 +160,7 @@ class _Exchange(asyncio.Protocol):
     # -- the rest
     def _end(self) -> None:
         self.complete = True
+        self._unwatch()
         if not self.head.done():
             self.head.set_result(None)
         self._wake()
@@ -127,6 +170,7 @@ class _Exchange(asyncio.Protocol):
                 or "chunked" in self.headers.get("transfer-encoding", "").lower())
 
     def _fail(self, error: BaseException) -> None:
+        self._unwatch()
         if self.error is None:
             self.error = error
         if not self.head.done():
@@ -151,6 +195,8 @@ class _Exchange(asyncio.Protocol):
             finally:
                 self.waiter = None
         chunk = self.chunks.popleft()
+        if self.timer is not None:
+            self.active_at = asyncio.get_running_loop().time()
         self.buffered -= len(chunk)
         if self.paused and self.buffered < LOW_WATER and self.transport is not None:
             self.paused = False
@@ -162,8 +208,88 @@ class _Exchange(asyncio.Protocol):
 
     def close(self) -> None:
         self.closed = True
+        self._unwatch()
         if self.transport is not None:
             self.transport.close()
+
+    # -- the call's bounds: one timer, set to the next moment something is due
+    def watch(self, bounds: Bounds) -> None:
+        """Bound the answer to the request just written (`bounds`, from now)."""
+        self.bounds = bounds
+        if bounds.first_byte_s is None and bounds.idle_s is None:
+            return
+        loop = asyncio.get_running_loop()
+        self.sent_at = self.active_at = loop.time()
+        self._watch_at(float("inf") if bounds.first_byte_s is None
+                       else self.sent_at + bounds.first_byte_s)
+
+    def _watch_at(self, when: float) -> None:
+        self._unwatch()
+        if when != float("inf"):
+            self.timer = asyncio.get_running_loop().call_at(when, self._check)
+
+    def _unwatch(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _check(self) -> None:
+        self.timer = None
+        if self.complete or self.error is not None or self.closed:
+            return
+        bounds, now = self.bounds, asyncio.get_running_loop().time()
+        if self.body_at is None:
+            assert bounds.first_byte_s is not None
+            due = self.sent_at + bounds.first_byte_s
+            if now < due:
+                self._watch_at(due)
+            elif bounds.health_url and bounds.whole_s and now < self.sent_at + bounds.whole_s:
+                if not self.probing:
+                    self.probing = True
+                    task = asyncio.ensure_future(self._probe(now))
+                    task.add_done_callback(_retrieved)
+            else:
+                self._timed_out(f"no answer from the engine in {now - self.sent_at:.0f} s "
+                                "(the gateway's first-byte timeout)")
+            return
+        if bounds.idle_s is None:
+            return
+        if self.paused or self.chunks:  # the client is slow to take what came, not the engine
+            self._watch_at(now + bounds.idle_s)
+            return
+        due = self.active_at + bounds.idle_s
+        if now < due:
+            self._watch_at(due)
+        else:
+            self._timed_out(f"the engine sent nothing for {now - self.active_at:.0f} s in the "
+                            "middle of its answer (the gateway's idle-stream timeout)")
+
+    async def _probe(self, since: float) -> None:
+        """Past the first-byte timeout with nothing: waits on while the engine's /health
+        answers (a long whole answer), gives up when it does not (frozen)."""
+        bounds, sent_at = self.bounds, self.sent_at
+        assert bounds.first_byte_s is not None and bounds.whole_s is not None
+        try:
+            alive = await healthy(bounds.health_url)
+        finally:
+            if self.sent_at == sent_at:
+                self.probing = False
+        if self.sent_at != sent_at:
+            return  # the connection went on to another request meanwhile
+        if self.complete or self.error is not None or self.closed or self.body_at is not None:
+            if self.body_at is not None and not self.complete and self.error is None:
+                self._check()  # the answer began meanwhile: the idle bound from here
+            return
+        if not alive:
+            self._timed_out(f"no answer from the engine in "
+                            f"{asyncio.get_running_loop().time() - self.sent_at:.0f} s, and "
+                            "its /health does not answer (the gateway's first-byte timeout)")
+            return
+        self._watch_at(min(since + bounds.first_byte_s, self.sent_at + bounds.whole_s))
+
+    def _timed_out(self, why: str) -> None:
+        self._fail(UpstreamTimeout(why))
+        self.close()  # the engine drops the request's work (as when a client leaves)
 
 
 @dataclass
@@ -191,7 +317,8 @@ class Pool:
 
     def post(self, url: str, body: bytes, content_type: str = "application/json",
              authorization: str = "",
-             connect_timeout_s: float = CONNECT_TIMEOUT_S) -> _Call:
+             connect_timeout_s: float = CONNECT_TIMEOUT_S,
+             bounds: Bounds = NO_BOUNDS) -> _Call:
         parts = urlsplit(url)
         if parts.scheme != "http" or not parts.hostname:
             raise UpstreamError(f"{url!r} is not an http:// URL")
@@ -201,7 +328,7 @@ class Pool:
                 f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
                 + (f"Authorization: {authorization}\r\n" if authorization else "")
                 + "Accept-Encoding: identity\r\n\r\n").encode("latin-1")
-        return _Call(self, (host, port), head + body, connect_timeout_s)
+        return _Call(self, (host, port), head + body, connect_timeout_s, bounds)
 
     async def _connect(self, key: tuple[str, int],
                        timeout_s: float = CONNECT_TIMEOUT_S) -> _Exchange:
@@ -224,9 +351,11 @@ class Pool:
         return None
 
     async def _send(self, key: tuple[str, int], request: bytes,
-                    connect_timeout_s: float = CONNECT_TIMEOUT_S) -> _Exchange:
-        """Write the request, wait for the answer's head. A pooled connection that fails
-        before a byte comes back was closed by the engine in between: one fresh try."""
+                    connect_timeout_s: float = CONNECT_TIMEOUT_S,
+                    bounds: Bounds = NO_BOUNDS) -> _Exchange:
+        """Write the request, wait for the answer's head (within `bounds`). A pooled
+        connection that fails before a byte comes back was closed by the engine in between:
+        one fresh try (not after a timeout: that engine is frozen, not gone)."""
         exchange = self._take_idle(key)
         for pooled in (exchange is not None, False):
             if exchange is None:
@@ -235,10 +364,11 @@ class Pool:
             assert exchange.transport is not None
             try:
                 exchange.transport.write(request)
+                exchange.watch(bounds)
                 await exchange.head
             except (UpstreamError, RuntimeError) as exc:  # RuntimeError: a closed transport
                 exchange.close()
-                if pooled and not exchange.received:
+                if pooled and not exchange.received and not isinstance(exc, UpstreamTimeout):
                     exchange = None
                     continue
                 if isinstance(exc, RuntimeError):
@@ -273,10 +403,12 @@ class _Call:
     key: tuple[str, int]
     request: bytes
     connect_timeout_s: float = CONNECT_TIMEOUT_S
+    bounds: Bounds = NO_BOUNDS
     _exchange: _Exchange | None = None
 
     async def __aenter__(self) -> Response:
-        self._exchange = await self.pool._send(self.key, self.request, self.connect_timeout_s)
+        self._exchange = await self.pool._send(self.key, self.request, self.connect_timeout_s,
+                                               self.bounds)
         return Response(self._exchange.status, self._exchange.headers, self._exchange)
 
     async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
@@ -297,6 +429,32 @@ def _watch_peer(sock: Any) -> None:
         option = getattr(socket, name, None)
         if option is not None:
             sock.setsockopt(socket.IPPROTO_TCP, option, value)
+
+
+PROBE_TIMEOUT_S = 2.0
+
+
+async def healthy(url: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
+    """Whether a GET of `url` (an engine's /health, or /health_generate, which makes one
+    token) answers 200 within `timeout_s` (SGLang's /health: 503 while it cannot serve)."""
+    parts = urlsplit(url)
+    try:
+        async with asyncio.timeout(timeout_s):
+            reader, writer = await asyncio.open_connection(parts.hostname, parts.port or 80)
+            try:
+                writer.write(f"GET {parts.path or '/'} HTTP/1.1\r\nHost: {parts.netloc}\r\n"
+                             "Connection: close\r\n\r\n".encode("latin-1"))
+                line = await reader.readline()
+            finally:
+                writer.close()
+    except (OSError, TimeoutError, ValueError):
+        return False
+    return line.split()[1:2] == [b"200"]
+
+
+def _retrieved(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()  # (a probe's own failure is its answer: not alive)
 
 
 _POOLS: dict[int, Pool] = {}
