@@ -17,6 +17,7 @@ from sglang.test_engine.settings import (
     COLLAPSE_AFTER_S,
     COLLAPSED_ACCEPT_LEN,
     FAIL,
+    HANG_AFTER_TOKENS,
     TOKEN_S,
     TRAFFIC,
 )
@@ -54,6 +55,8 @@ def _decode(cfg: Config, ticket: Ticket, max_tokens: int, start: float,
     produced, last = 0, start
     try:
         while produced < max_tokens:
+            if FAIL == "hang-serve" and STATE.generation_tokens >= HANG_AFTER_TOKENS:
+                hang()
             time.sleep(TOKEN_S)
             n = step_tokens(cfg, rng, max_tokens - produced)
             piece = "".join(" " + WORDS[(produced + i) % len(WORDS)] for i in range(n))
@@ -96,6 +99,15 @@ def record_step(cfg: Config, n: int, gap: float, first: bool, since_start: float
         if STATE.decode_steps % cfg.decode_log_interval == 0:
             STATE.close_window()
             decode_line(cfg)
+
+
+def hang() -> None:
+    """hang-serve: the scheduler stops (a deadlock, a GPU that never returns) while the HTTP
+    server goes on: every generation waits without end, a stream's head sent and no more
+    events, /health still 200 (as SGLang's without SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION),
+    /health_generate never answered. Only SIGTERM ends it."""
+    while True:
+        time.sleep(3600)
 
 
 def maybe_crash_on_first_request(cfg: Config) -> None:

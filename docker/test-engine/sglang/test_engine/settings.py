@@ -34,6 +34,8 @@ TRAFFIC = int(env_float("TEST_ENGINE_TRAFFIC", 0))
 # accept-collapse: this long after ready, acceptance falls to COLLAPSED_ACCEPT_LEN.
 COLLAPSE_AFTER_S = env_float("TEST_ENGINE_COLLAPSE_AFTER_S", 20.0)
 COLLAPSED_ACCEPT_LEN = env_float("TEST_ENGINE_COLLAPSED_ACCEPT_LEN", 1.3)
+# hang-serve: the tokens made (since the start) before the scheduler hangs.
+HANG_AFTER_TOKENS = int(env_float("TEST_ENGINE_HANG_AFTER_TOKENS", 0))
 # capture-stall: how long the target's capture stops (then it goes on).
 STALL_S = env_float("TEST_ENGINE_STALL_S", 3600.0)
 # The block size the drafter's config.json says (0: the same as the one the engine runs):
