@@ -30,6 +30,11 @@ from web.security import require_production_secrets  # noqa: E402 - needs settin
 
 require_production_secrets()
 
+from web.accesslog import quiet_access_log  # noqa: E402 - uvicorn's logging is set up by now
+
+# The hosts' own successful API calls stay out of the access log (web/accesslog.py).
+quiet_access_log()
+
 # What the imports made (Django's apps, URL patterns, templates) lives as long as the process:
 # kept out of the collector's full passes, which otherwise walk it all, mid-request.
 gc.freeze()

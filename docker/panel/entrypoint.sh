@@ -3,6 +3,7 @@
 #   init    make the install's secrets once (secret key, database password) in the volume
 #   web     refuse known secrets, migrate, create roles and the first admin once, serve ASGI
 #   serve   the ASGI server alone (what web ends with; bench/load_api.py runs it as it is)
+#   gateway /v1 alone, one process (compose's gateway-a and gateway-b, behind the proxy)
 #   worker  the Celery worker: image builds, benchmarks, model downloads (web/tasks.py)
 #   agent   the engine agent: owns this host's engine containers from start to exit
 set -eu
@@ -36,6 +37,15 @@ case "${1:-web}" in
   serve)
     shift
     serve "$@"
+    ;;
+  gateway)
+    # One process: on SIGTERM uvicorn closes its listening socket at once (a new connection
+    # is refused, and the proxy retries it on the other instance), then waits for the
+    # requests under way, streams included, up to APPLIANCE_GATEWAY_DRAIN_S. Under
+    # --workers the supervisor's socket would stay open, and connections queued on it lost.
+    # No migrations: web makes the schema; the gateway reads it.
+    exec uvicorn web.gateway.asgi:application --host 0.0.0.0 --port 8000 --proxy-headers \
+      --timeout-graceful-shutdown "${APPLIANCE_GATEWAY_DRAIN_S:-120}"
     ;;
   worker)
     # builds: image builds; bench: benchmark runs; models: model downloads (web/tasks.py).

@@ -70,10 +70,11 @@ def test_docker_compose_accepts_the_file_and_keeps_engines_off_the_database_netw
     assert result.returncode == 0, result.stderr
     config = yaml.safe_load(result.stdout)
     services = config["services"]
-    assert set(services) == {"init", "web", "worker", "agent", "redis", "postgres"}
-    for name in ("postgres", "redis", "web"):
+    assert set(services) == {"init", "web", "worker", "agent", "redis", "postgres",
+                             "gateway-a", "gateway-b", "proxy"}
+    for name in ("postgres", "redis", "web", "gateway-a", "gateway-b"):
         assert services[name]["healthcheck"]["test"], f"{name} has a health check"
-    for name in ("web", "worker", "agent"):
+    for name in ("web", "worker", "agent", "gateway-a", "gateway-b"):
         assert services[name]["depends_on"]["postgres"]["condition"] == "service_healthy"
         assert services[name]["restart"] == "unless-stopped"
     assert services["worker"]["depends_on"]["web"]["condition"] == "service_healthy"
@@ -94,8 +95,18 @@ def test_docker_compose_accepts_the_file_and_keeps_engines_off_the_database_netw
     assert services["web"]["environment"]["APPLIANCE_ADMIN_PASSWORD_FILE"] == \
         "/var/lib/appliance/secrets/admin_password"
     assert services["web"]["build"]["args"]["PYTHON_IMAGE"] == "local/python:3"
-    published = services["web"]["ports"][0]
+    # The proxy publishes the panel's port (web and the gateways behind it publish none);
+    # the gateways are processes of their own, with no Docker socket and no models mount.
+    published = services["proxy"]["ports"][0]
     assert "127.0.0.1" in str(published) and "8000" in str(published)
+    assert not services["web"].get("ports")
+    for name in ("gateway-a", "gateway-b"):
+        assert services[name]["command"] == ["gateway"]
+        assert not services[name].get("ports")
+        assert "docker.sock" not in str(services[name]["volumes"])
+        assert services[name]["depends_on"]["web"]["condition"] == "service_healthy"
+        assert services["agent"]["depends_on"][name]["condition"] == "service_started"
+    assert services["worker"]["environment"]["APPLIANCE_GATEWAY_URL"] == "http://proxy:8000"
     # No built-in secret: generated once into the secrets volume.
     env = services["web"]["environment"]
     assert env["APPLIANCE_SECRET_KEY"] == ""
@@ -118,7 +129,9 @@ def test_docker_compose_accepts_the_file_and_keeps_engines_off_the_database_netw
     # the worker's and agent's, at the shipped pool size, beside a few admin sessions.
     limit = int(services["postgres"]["command"][1].removeprefix("max_connections="))
     pools = 4 + 2  # web processes, worker, agent
-    assert limit >= pools * 20 + 10
+    gateways = sum(int(services[name]["environment"]["APPLIANCE_DB_POOL_MAX_SIZE"])
+                   for name in ("gateway-a", "gateway-b"))
+    assert limit >= pools * 20 + gateways + 10
 
 
 def test_compose_refuses_to_start_when_the_models_folder_is_missing(tmp_path: Path) -> None:
@@ -205,10 +218,14 @@ class Stack:
             return False
 
     def _web_on_engine_network(self) -> bool:
-        webs = docker.from_env().containers.list(filters={"label": [
-            f"com.docker.compose.project={PROJECT}", "com.docker.compose.service=web"]})
-        return bool(webs) and all(self.values["APPLIANCE_ENGINE_NETWORK"] in
-                                  w.attrs["NetworkSettings"]["Networks"] for w in webs)
+        """Web and both gateway instances, which relay /v1 to the engines."""
+        for service in ("web", "gateway-a", "gateway-b"):
+            found = docker.from_env().containers.list(filters={"label": [
+                f"com.docker.compose.project={PROJECT}", f"com.docker.compose.service={service}"]})
+            if not found or not all(self.values["APPLIANCE_ENGINE_NETWORK"] in
+                                    c.attrs["NetworkSettings"]["Networks"] for c in found):
+                return False
+        return True
 
     def admin_password(self) -> str:
         """From the web start log, where it stays until the admin first logs in."""

@@ -404,15 +404,21 @@ def _waiting_to_restart(deployment: Deployment) -> bool:
             and timezone.now() < not_before)
 
 
+# The compose services that relay /v1 to engines (compose.yaml): web's own gateway and the
+# gateway instances in front of which the proxy sits.
+RELAYS = ("web", "gateway-a", "gateway-b")
+
+
 def join_engine_network(runtime: EngineRuntime) -> None:
-    """Under compose: make the engine network and put this agent on it, and the web service
-    too, whose gateway (web/gateway) relays /v1 calls to the engines.
+    """Under compose: make the engine network and put this agent on it, and the services
+    that relay /v1 calls to the engines (RELAYS: web and the gateway instances) too.
 
     Engines sit on their own network, apart from Redis and PostgreSQL (engines run model
-    code with trust_remote_code); the agent reaches them there by container name. Web has
-    no Docker socket, so the agent connects it (once per web container: the attachment
-    outlives restarts); connecting a running container briefly drops its published port,
-    which happens here at the first start only, right after web turned healthy.
+    code with trust_remote_code); the agent reaches them there by container name. Those
+    services have no Docker socket, so the agent connects them (once per container: the
+    attachment outlives restarts); connecting a running container briefly drops its
+    published port, which happens here at the first start only, right after web turned
+    healthy (the proxy's, which publishes the panel's, is never connected).
     """
     if not settings.ENGINE_NETWORK:
         return
@@ -421,8 +427,9 @@ def join_engine_network(runtime: EngineRuntime) -> None:
         _network_notes["open"] = open_network_warning(settings.ENGINE_NETWORK, "in use")
     if runtime.join_network(network, socket.gethostname()):
         log.info("engine network %s joined", settings.ENGINE_NETWORK)
-        for web in runtime.compose_peers(socket.gethostname(), "web"):
-            runtime.join_network(network, web)
+        for service in RELAYS:
+            for peer in runtime.compose_peers(socket.gethostname(), service):
+                runtime.join_network(network, peer)
     # else: not in a container (a host install); engines publish on loopback instead
 
 
