@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
+import fcntl
 import os
 import shutil
 import tempfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import redis
@@ -79,16 +84,136 @@ def live_channel():  # type: ignore[no-untyped-def]
         client.delete(key)
 
 
+# ------------------------------------------------------------ several workers (pytest-xdist)
+# `pytest -n N` runs tests side by side in N worker processes. Each worker has a database of
+# its own (pytest-django names it test_<name>_gw<i>; tests/servers.py hands that name to the
+# panel, worker and agent processes a test starts) and a Redis db of its own (the tests flush
+# it): worker i uses the run's Redis db + i, set in the worker's environment before it starts,
+# so Django's settings and every process the worker starts read it. Docker names carry
+# TEST_SESSION (tests/conftest_docker.py), drawn anew in each worker. Tests that share a fixed
+# Docker name, image tag or an expensive module fixture are put on one worker with
+# @pytest.mark.xdist_group (the run uses --dist loadgroup); a test that restarts a service
+# every test uses (PostgreSQL, dockerd) is marked `exclusive`: no other worker runs a test
+# while it runs.
+
+EXCLUSIVE_WAIT_S = 3600  # the longest test (a compose build) fits well inside
+_LOCKS_ENV = "APPLIANCE_TEST_LOCKS"  # the run's lock folder, made by the controller
+_LOCKS = pytest.StashKey[Path]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "exclusive: restarts a service every test uses (PostgreSQL, dockerd); "
+        "under pytest-xdist no other worker runs a test meanwhile")
+
+
+def worker_redis_url(url: str, worker: int) -> str:
+    """The run's Redis URL with its db number moved on by the worker's index."""
+    parts = urlsplit(url)
+    base = int(parts.path.strip("/") or 0)
+    return urlunsplit(parts._replace(path=f"/{base + worker}"))
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The groups no test names itself: the browser and compose tests (tests/e2e) on one
+    worker, apart from the rest; a module with a module-scoped fixture (a stack, a build,
+    engines) on one worker, so the fixture is made once, not once per worker."""
+    for item in items:
+        if item.get_closest_marker("xdist_group"):
+            continue
+        if item.nodeid.startswith("tests/e2e/"):
+            item.add_marker(pytest.mark.xdist_group("e2e"))
+        elif (info := getattr(item, "_fixtureinfo", None)) and any(
+                fixture.scope == "module"
+                for fixtures in info.name2fixturedefs.values() for fixture in fixtures):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_setupnodes(config: pytest.Config, specs: list) -> None:  # type: ignore[type-arg]
+    # Runs in the controller, before any worker process exists: spec.env is set in the
+    # worker's environment before its pytest (and so Django's settings) starts.
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    try:
+        available = int(client.config_get("databases")["databases"])
+    except (redis.RedisError, KeyError, ValueError):
+        available = 16  # redis-server's default
+    finally:
+        client.close()
+    for spec in specs:
+        index = int(str(spec.id).removeprefix("gw"))
+        url = worker_redis_url(settings.REDIS_URL, index)
+        if int(urlsplit(url).path.strip("/")) >= available:
+            raise pytest.UsageError(
+                f"{len(specs)} workers on Redis db {urlsplit(settings.REDIS_URL).path} need dbs "
+                f"up to {urlsplit(url).path.strip('/')}, and this Redis has {available}: use "
+                "fewer workers (-n) or a lower db in APPLIANCE_REDIS_URL")
+        spec.env["APPLIANCE_REDIS_URL"] = url
+    locks = config.stash.setdefault(_LOCKS, Path(tempfile.mkdtemp(prefix="appliance-pytest-")))
+    for spec in specs:
+        spec.env[_LOCKS_ENV] = str(locks)
+
+
+def _flock(handle: object, mode: int, what: str, deadline: float) -> None:
+    while True:
+        try:
+            fcntl.flock(handle, mode | fcntl.LOCK_NB)  # type: ignore[arg-type]
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                pytest.fail(f"waited {EXCLUSIVE_WAIT_S} s for {what}")
+            time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def _run_lock(item: pytest.Item) -> Iterator[None]:
+    """Under pytest-xdist: an `exclusive` test holds the run's lock alone; every other test
+    holds it shared. A waiting exclusive test holds the turnstile, so no new test starts
+    before it (it cannot starve while the other workers keep taking turns)."""
+    folder = os.environ.get(_LOCKS_ENV)
+    if not folder:
+        yield
+        return
+    exclusive = item.get_closest_marker("exclusive") is not None
+    deadline = time.monotonic() + EXCLUSIVE_WAIT_S
+    with (Path(folder) / "turnstile").open("a") as turnstile, \
+            (Path(folder) / "lock").open("a") as lock:
+        _flock(turnstile, fcntl.LOCK_EX, "a test that runs alone to start", deadline)
+        try:
+            if not exclusive:
+                fcntl.flock(turnstile, fcntl.LOCK_UN)
+            _flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH,
+                   "the other workers' tests to end" if exclusive
+                   else "a test that runs alone to end", deadline)
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> object:
+    # Around setup, call and teardown: a module fixture set up or torn down at this test
+    # (a stack, a build) is inside the lock too.
+    with _run_lock(item):
+        return (yield)
+
+
 # The work tree guard (tests/worktree.py): under CI, a run that changed a tracked file fails.
+# With several workers the controller checks, once, after every worker has ended.
 _WORKTREE = pytest.StashKey[dict[str, str]]()
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    if worktree_check_enabled():
+    if worktree_check_enabled() and not hasattr(session.config, "workerinput"):
         session.config.stash[_WORKTREE] = worktree_snapshot()
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    locks = session.config.stash.get(_LOCKS, None)
+    if locks is not None:  # the controller, after every worker has ended
+        shutil.rmtree(locks, ignore_errors=True)
     before = session.config.stash.get(_WORKTREE, None)
     if before is None:
         return

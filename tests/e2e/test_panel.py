@@ -13,7 +13,9 @@ from tests.e2e.screenshots import screenshot_path
 from tests.e2e.stack import appliance_stack, login
 from tests.site_recipes import engine_source_repo, write_recipe
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker, pytest.mark.e2e]
+# test_build_deploy.py builds images of the same recipe, which this module removes.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker, pytest.mark.e2e,
+              pytest.mark.xdist_group("site-test-engine")]
 
 
 @pytest.fixture

@@ -46,7 +46,8 @@ from web.fleet import selectors, services
 from web.fleet.models import FleetHost
 from worker import tasks
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker,
+              pytest.mark.xdist_group("faults")]
 S = DeploymentStatus
 HOSTS = ("gpu-a", "gpu-b", "gpu-c")
 CHATTY = {"TEST_ENGINE_PACE_S": "0.01", "TEST_ENGINE_SHARDS": "4", "TEST_ENGINE_TRAFFIC": "2"}
@@ -121,6 +122,7 @@ def _engine_own(lines: list[str]) -> list[str]:
 
 @pytest.mark.skipif(not Path(PG_DATA).exists() or os.geteuid() != 0,
                     reason="needs the test script's own PostgreSQL server")
+@pytest.mark.exclusive  # every worker's database goes down with the server
 def test_three_hosts_lose_and_double_no_line_while_redis_and_postgresql_restart(
         panel: tuple[str, int], hosts: list[threading.Thread], tmp_path: Path,
         docker_client: Any) -> None:  # noqa: F811

@@ -27,7 +27,9 @@ from web.deployments.models import Deployment, DeploymentStatus
 from web.deployments.services.installation import instance_id
 from worker import tasks
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
+# test_panel.py removes every image of the site-test-engine recipe: one worker for both.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker,
+              pytest.mark.xdist_group("site-test-engine")]
 S = DeploymentStatus
 
 

@@ -44,7 +44,8 @@ from web.deployments.models import Deployment, DeploymentStatus
 from web.deployments.services.installation import instance_id
 from worker import tasks
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker,
+              pytest.mark.xdist_group("faults")]
 S = DeploymentStatus
 SLOW = {"TEST_ENGINE_PACE_S": "0.15", "TEST_ENGINE_SHARDS": "16"}
 
@@ -314,6 +315,7 @@ class _SseViewer(threading.Thread):
 
 @pytest.mark.skipif(not Path("/var/lib/appliance-test/pgdata").exists() or os.geteuid() != 0,
                     reason="needs the test script's own PostgreSQL server")
+@pytest.mark.exclusive  # every worker's database goes down with the server
 def test_a_postgresql_restart_is_retried_and_no_event_is_written_twice(
         engine_env: dict[str, str], tmp_path: Path) -> None:
     deployment = _deployment()
@@ -335,6 +337,7 @@ def test_a_postgresql_restart_is_retried_and_no_event_is_written_twice(
 
 @pytest.mark.skipif(shutil.which("dockerd") is None or os.geteuid() != 0,
                     reason="needs a dockerd this test may restart")
+@pytest.mark.exclusive  # every worker's Docker calls fail while dockerd restarts
 def test_a_dockerd_restart_marks_nothing_failed_and_following_resumes(
         engine_env: dict[str, str], tmp_path: Path) -> None:
     client = docker.from_env()
