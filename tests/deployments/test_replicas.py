@@ -127,12 +127,33 @@ def test_the_panels_scale_form_scales_and_says_a_refusal(operator, settings) -> 
     page = client.get(f"/deployments/{first.pk}/")
     assert 'id="scale-form"' in page.content.decode()
     done = client.post(f"/deployments/{first.pk}/scale/", {"replicas": "2"}, follow=True)
-    assert "Scaled kimi-ddtree to 2 replicas." in done.content.decode()
+    assert "Scaled kimi-ddtree from 1 to 2 replicas: replica 1 starting." in \
+        done.content.decode()
     assert _statuses(first) == [(0, "queued"), (1, "queued")]
     settings.GPU_COUNT = 2
     refused = client.post(f"/deployments/{first.pk}/scale/", {"replicas": "3"}, follow=True)
     assert "Scale refused (replicas): Replica 2 needs 1 free GPU" in refused.content.decode()
     assert len(_group(first)) == 2
+
+
+def test_a_scale_down_says_what_stops_and_the_header_counts_as_it_says(operator) -> None:  # type: ignore[no-untyped-def]
+    first = queued(gpus=[0], replicas=3)
+    for row in _group(first):
+        _ready(row.pk)
+    client = _client(operator)
+    page = client.get(f"/deployments/{first.pk}/").content.decode()
+    assert '<p id="replicas-throughput">3 replicas · ' in page
+    done = client.post(f"/deployments/{first.pk}/scale/", {"replicas": "1"}, follow=True)
+    html = done.content.decode()
+    assert "Scaled kimi-ddtree from 3 to 1 replica: replicas 1, 2 stopping." in html
+    # The header agrees with the message: the spec's count, and the rows still stopping.
+    assert '<p id="replicas-throughput">1 replica (1, 2 stopping) · ' in html
+    for row in _group(first)[1:]:
+        services.deployment_mark_stopped(deployment_id=row.pk, by="agent")
+    page = client.get(f"/deployments/{first.pk}/").content.decode()
+    assert '<p id="replicas-throughput">1 replica · ' in page
+    again = client.post(f"/deployments/{first.pk}/scale/", {"replicas": "1"}, follow=True)
+    assert "kimi-ddtree runs 1 replica already." in again.content.decode()
 
 
 def test_a_viewer_sees_no_scale_form_and_is_refused_it(viewer) -> None:  # type: ignore[no-untyped-def]

@@ -183,3 +183,40 @@ def test_gpu_ids_only_a_joined_host_has_are_placed_there(settings) -> None:  # t
     errors = _refused(name="second", gpus=[4])
     assert "GPU ids [4] are not on this host: it has 4 GPUs (ids 0 to 3, per the count " \
         "gpu-2 states)" in errors["gpus"][0]
+
+
+def test_a_gpu_held_by_a_replica_row_names_that_row_and_its_deployment(settings) -> None:  # type: ignore[no-untyped-def]
+    settings.GPU_COUNT = 2
+    joined("gpu-2", gpus=None, gpu_count=1)
+    first = queued(name="ddt", gpus=[0], replicas=3)
+    rows = _rows(first)
+    assert [(r.host, r.gpus) for r in rows] == [
+        ("gpu-host", [0]), ("gpu-2", [0]), ("gpu-host", [1])]
+    errors = _refused(name="other", gpus=[1])
+    assert errors["gpus"] == [
+        f"Replica 0 needs GPU 1 free on one host: gpu-2 has 0 free (no GPU 1), gpu-host has 0 "
+        f"free (GPU 1 held by ddt #{rows[2].pk} (replica 2 of #{first.pk})). Fix: stop a "
+        "deployment that holds them, choose other GPUs, or join a host with them."]
+    # Only one host to take it: the lease's refusal names the row that holds the GPU too.
+    errors = _refused(name="other", gpus=[1], host="gpu-host")
+    assert errors["gpus"] == [
+        f"GPU 1 on host gpu-host is held by deployment #{rows[2].pk} 'ddt' (replica 2 of "
+        f"#{first.pk}, queued); stop it or choose other GPUs."]
+
+
+def test_a_reason_says_a_host_has_fewer_replicas_rather_than_none_when_it_has_one(
+        settings) -> None:  # type: ignore[no-untyped-def]
+    settings.GPU_COUNT = 0
+    joined("gpu-2")
+    joined("gpu-3")
+    first = queued(gpus=[0], replicas=3)  # gpu-2, gpu-3, then the host with fewer
+    fourth = services.deployment_scale(deployment_id=first.pk, replicas=4)
+    rows = _rows(fourth)
+    hosts = [r.host for r in rows]
+    assert sorted(hosts) == ["gpu-2", "gpu-2", "gpu-3", "gpu-3"]
+    assert rows[1].placement_reason.startswith(f"{rows[1].host}: 8 free H200 GPUs, no replica "
+                                               "of this deployment there yet")
+    # The 4th goes to the host with one replica while the other has two: not "none there".
+    assert rows[3].placement_reason.startswith(
+        f"{rows[3].host}: 7 free H200 GPUs, fewest replicas of this deployment there (1)"), \
+        rows[3].placement_reason

@@ -123,7 +123,8 @@ class DeploymentForm(forms.Form):
     replicas = forms.IntegerField(
         min_value=1, max_value=MAX_REPLICAS, initial=1, required=False,
         help_text="Engines of this spec behind its one name, each on its own GPUs: the first on "
-                  "the GPU ids above, the panel places the others on free GPUs of any host. Blank: 1.")
+                  "the GPU ids above, the panel places the others on free GPUs of any host. "
+                  "Blank: 1.")
     host = forms.CharField(
         max_length=63, required=False,
         help_text="The fleet host to run on, by its name on the Fleet page, e.g. gpu-host-1; "

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
+from django.db.models import Q
 from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST, require_safe
@@ -20,7 +21,7 @@ from appliance.engine.recipes import RecipeError
 
 from . import selectors, services
 from .clone import FilledForm, form_from_deployment
-from .models import Deployment, DeploymentStatus
+from .models import TERMINAL_STATUSES, Deployment, DeploymentStatus
 from .permissions import can_delete, can_deploy, can_stop, can_view
 
 
@@ -81,6 +82,7 @@ def deployment_scale(request: HttpRequest, pk: int) -> HttpResponse:
     if not can_stop(request.user):
         raise PermissionDenied("You need the operator role to scale deployments.")
     get_object_or_404(Deployment, pk=pk)
+    before = _running_indexes(pk)
     raw = request.POST.get("replicas", "").strip()
     if not raw.isdigit():
         messages.error(request, f"Scale refused (replicas): write a whole number of replicas "
@@ -92,8 +94,31 @@ def deployment_scale(request: HttpRequest, pk: int) -> HttpResponse:
     except services.DeploymentInputError as exc:
         _flash_refusal(request, "Scale", exc)
         return redirect("deployments:detail", pk=pk)
-    messages.success(request, f"Scaled {deployment.name} to {int(raw)} replicas.")
+    messages.success(request, _scaled_text(deployment.name, before, int(raw)))
     return redirect("deployments:detail", pk=pk)
+
+
+def _running_indexes(pk: int) -> list[int]:
+    """The replica indexes of a deployment's rows that run (not stopped or failed)."""
+    return sorted(Deployment.objects.filter(Q(pk=pk) | Q(replica_of_id=pk))
+                  .exclude(status__in=list(TERMINAL_STATUSES))
+                  .values_list("replica_index", flat=True))
+
+
+def _scaled_text(name: str, before: list[int], replicas: int) -> str:
+    """What a Scale did, in the words the page's Replicas header then agrees with: the count,
+    and the rows that start or stop to get there."""
+    was = len(before)
+    count = f"{replicas} replica{'s' if replicas != 1 else ''}"
+    if was == replicas:
+        return f"{name} runs {count} already."
+    if replicas < was:
+        gone = [i for i in before if i >= replicas]
+        return (f"Scaled {name} from {was} to {count}: replica{'s' if len(gone) != 1 else ''} "
+                f"{', '.join(map(str, gone))} stopping.")
+    new = [i for i in range(replicas) if i not in before]
+    return (f"Scaled {name} from {was} to {count}: replica{'s' if len(new) != 1 else ''} "
+            f"{', '.join(map(str, new))} starting.")
 
 
 @login_required

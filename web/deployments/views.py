@@ -17,7 +17,7 @@ from . import selectors, services
 from .forms import DeploymentForm
 from .lifecycle_views import form_source
 from .listing import row_texts
-from .models import Deployment
+from .models import TERMINAL_STATUSES, Deployment
 from .permissions import can_delete, can_deploy, can_stop, can_view
 from .playground_views import how_to_call
 from .silence import deployment_silence
@@ -138,6 +138,18 @@ def deployment_agent(request: HttpRequest, pk: int) -> HttpResponse:
                          "silence": silence.to_dict() if silence else None})
 
 
+def _replicas_heading(deployment: Deployment, replicas: list[selectors.ReplicaRow]) -> str:
+    """The Replicas card's count: the spec's (what Scale last set, as its message says),
+    and the rows beyond it that are still stopping; stopped rows are listed, not counted."""
+    wanted = int((deployment.spec or {}).get("replicas") or 1)
+    stopping = [r.index for r in replicas
+                if r.index >= wanted and r.status not in TERMINAL_STATUSES]
+    heading = f"{wanted} replica{'s' if wanted != 1 else ''}"
+    if stopping:
+        heading += f" ({', '.join(map(str, stopping))} stopping)"
+    return heading
+
+
 @login_required
 @require_safe
 def deployment_detail(request: HttpRequest, pk: int) -> HttpResponse:
@@ -168,6 +180,7 @@ def deployment_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "call": how_to_call(request=request, deployment=deployment),
             # Its engines (replica 0 and its replica rows) and their summed throughput.
             "replicas": replicas if len(replicas) > 1 else [],
+            "replicas_heading": _replicas_heading(deployment, replicas),
             "replicas_throughput": selectors.replicas_throughput(replicas=replicas),
         },
     )

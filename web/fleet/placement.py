@@ -102,8 +102,9 @@ def placement_candidates(*, exclude_pk: int | None = None) -> dict[str, Candidat
     for lease in leases:
         host = hosts.get(lease.host)
         if host is not None:
-            d = lease.deployment
-            host.held[lease.gpu_index] = f"{d.name} #{d.replica_of_id or d.pk}"
+            d = lease.deployment  # the row that holds it, named as its own page is
+            host.held[lease.gpu_index] = f"{d.name} #{d.pk}" + (
+                f" (replica {d.replica_index} of #{d.replica_of_id})" if d.replica_of_id else "")
             host.engines.add(d.pk)
     return hosts
 
@@ -198,7 +199,9 @@ def _reason(best: Candidate, others: list[Candidate], hosts: dict[str, Candidate
     if best.state == "silent":
         why.append("this panel's host, its agent silent (no ready host had the GPUs)")
     elif any(spread.get(o.name, 0) > spread.get(best.name, 0) for o in others):
-        why.append("no replica of this deployment there yet")
+        mine = spread.get(best.name, 0)
+        why.append("no replica of this deployment there yet" if not mine else
+                   f"fewest replicas of this deployment there ({mine})")
     elif not best.joined:
         why.append("this panel's host")
     elif any(len(o.engines) > len(best.engines) for o in others):

@@ -63,9 +63,11 @@ def _refuse(*, deployment: Deployment, host: str, gpus: Iterable[int]) -> None:
 
 
 def gpu_lease_conflict_text(*, lease: GpuLease) -> str:
-    holder = lease.deployment
+    holder = lease.deployment  # the row that holds it, and whose replica it is
+    of = (f"replica {holder.replica_index} of #{holder.replica_of_id}, "
+          if holder.replica_of_id else "")
     return (f"GPU {lease.gpu_index} on host {lease.host} is held by deployment "
-            f"#{holder.pk} '{holder.name}' ({holder.status}); stop it or choose other GPUs.")
+            f"#{holder.pk} '{holder.name}' ({of}{holder.status}); stop it or choose other GPUs.")
 
 
 def gpu_leases_release(*, deployment_id: int) -> int:
