@@ -45,7 +45,7 @@ case "${1:-web}" in
     # --workers the supervisor's socket would stay open, and connections queued on it lost.
     # No migrations: web makes the schema; the gateway reads it.
     exec uvicorn web.gateway.asgi:application --host 0.0.0.0 --port 8000 --proxy-headers \
-      --timeout-graceful-shutdown "${APPLIANCE_GATEWAY_DRAIN_S:-120}"
+      --timeout-graceful-shutdown "${APPLIANCE_GATEWAY_DRAIN_S:-600}"
     ;;
   worker)
     # builds: image builds; bench: benchmark runs; models: model downloads (web/tasks.py).
