@@ -14,6 +14,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_safe
 
 from . import selectors, services
+from .engine_limits import engine_limits
 from .forms import DeploymentForm
 from .lifecycle_views import form_source
 from .listing import row_texts
@@ -178,6 +179,8 @@ def deployment_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "runs": selectors.deployment_runs(deployment=deployment),
             "findings": selectors.deployment_findings(deployment=deployment),
             "call": how_to_call(request=request, deployment=deployment),
+            # What its engine build refuses (log-probs, grammar), and where that is known from.
+            "limits": engine_limits(deployment=deployment),
             # Its engines (replica 0 and its replica rows) and their summed throughput.
             "replicas": replicas if len(replicas) > 1 else [],
             "replicas_heading": _replicas_heading(deployment, replicas),

@@ -544,6 +544,8 @@ async def _relay(send: Send, target: Target, path: str, body: bytes, stream: boo
         finally:
             table.end(row)
         if answered:
+            if tap.failure is not None:  # its stream broke off midway: out until it is back
+                table.eject(row, generate=isinstance(tap.failure, UpstreamTimeout))
             return
         # A replica that timed out may be one whose HTTP server answers while its engine
         # does not: it comes back only once it makes a token again.
@@ -654,6 +656,7 @@ async def _relay_stream(send: Send, upstream: Response, kind: bytes,
                        else STREAM_BROKEN)
             return True
         log.warning("engine stream broken off: %s", exc)
+        tap.failure = exc
         tap.broken(_stream_timed_out(exc) if isinstance(exc, UpstreamTimeout)
                    else STREAM_BROKEN)
         return True

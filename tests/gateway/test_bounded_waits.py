@@ -1,0 +1,233 @@
+"""Every request the gateway relays has a bounded wait (docs/gateway.md, "Bounded waits"),
+against real test-engine containers (docker/test-engine) as the product launches them, through
+the panel's uvicorn, real PostgreSQL and Redis: a paused engine container (its kernel takes the
+request, nothing answers), a hung engine process (TEST_ENGINE_FAIL=hang-serve: its HTTP server
+answers /health while its scheduler makes nothing) and a paused host (a simulated host of the
+fleet's tests, its own Docker and engine inside, frozen whole). Each checks that no request
+waits past the stated bound, that a request not yet answered is answered by another replica,
+and that a stream cut midway ends with an OpenAI-shaped error event and [DONE]."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from appliance.engine.launch import launch_args
+from appliance.engine.spec import spec_from_dict
+from tests.conftest_docker import (  # noqa: F401
+    FAST_ENV,
+    TEST_LABELS,
+    docker_client,
+    test_engine_image,
+    wait_for,
+)
+from tests.servers import panel_server
+from tests.specs import spec
+from web.deployments.models import Deployment, DeploymentStatus
+from web.gateway.upstream import PROBE_TIMEOUT_S
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
+
+MODEL = "bounded-model"
+FIRST_BYTE_S = 2  # the panel's APPLIANCE_GATEWAY_FIRST_BYTE_TIMEOUT_S here
+IDLE_S = 2  # ... APPLIANCE_GATEWAY_IDLE_STREAM_TIMEOUT_S
+WHOLE_S = 5  # ... APPLIANCE_GATEWAY_WHOLE_ANSWER_TIMEOUT_S
+SLACK_S = 1.5  # the other replica's answer, and this busy machine's scheduling
+NO_AFFINITY = [{"type": "text", "text": "no affinity"}]  # content parts: picks go round
+
+
+@pytest.fixture
+def gateway(tmp_path: Path, live_channel) -> Iterator[str]:  # type: ignore[no-untyped-def]
+    with panel_server(tmp_path / "uvicorn.log",
+                      APPLIANCE_GATEWAY_FIRST_BYTE_TIMEOUT_S=str(FIRST_BYTE_S),
+                      APPLIANCE_GATEWAY_IDLE_STREAM_TIMEOUT_S=str(IDLE_S),
+                      APPLIANCE_GATEWAY_WHOLE_ANSWER_TIMEOUT_S=str(WHOLE_S)) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def engines(client: Any, image: str, *envs: dict[str, str],
+            model: str = MODEL) -> Iterator[tuple[list[Any], list[str]]]:
+    """Test engines as the product launches them, each reached at its own address on the
+    bridge (as a host's engine is); (containers, URLs) once every /health answers."""
+    argv = launch_args(spec_from_dict(spec(name="bounded",
+                                           engine__served_model_name=model))).argv
+    containers = [client.containers.run(image, command=argv, detach=True,
+                                        environment={**FAST_ENV, **env},
+                                        labels=dict(TEST_LABELS)) for env in envs]
+    try:
+        urls = []
+        for container in containers:
+            container.reload()
+            address = container.attrs["NetworkSettings"]["Networks"]["bridge"]["IPAddress"]
+            urls.append(f"http://{address}:30000")
+        for url in urls:
+            wait_for(lambda url=url: _healthy(url), timeout_s=90)
+        yield containers, urls
+    finally:
+        for container in containers:
+            with contextlib.suppress(Exception):
+                container.unpause()
+            container.remove(force=True)
+
+
+def replicas(name: str, urls: list[str], served: str = MODEL) -> list[Deployment]:
+    data = spec(name=name, engine__served_model_name=served)
+    rows: list[Deployment] = []
+    for i, url in enumerate(urls):
+        rows.append(Deployment.objects.create(
+            name=name, spec=data, recipe=data["recipe"], algorithm="NONE", gpus=data["gpus"],
+            status=DeploymentStatus.READY, engine_url=url,
+            replica_of=rows[0] if rows else None, replica_index=i))
+    return rows
+
+
+@contextlib.contextmanager
+def timed(url: str, secret: str, *, stream: bool, model: str = MODEL, max_tokens: int = 4,
+          content: Any = None) -> Iterator[tuple[requests.Response, list[bytes], list[float]]]:
+    """A call and, once the block ends, its non-empty lines (read here unless the block read
+    them) and [seconds it took]."""
+    body = {"model": model, "max_tokens": max_tokens, "stream": stream,
+            "messages": [{"role": "user", "content": content or NO_AFFINITY}]}
+    started = time.monotonic()
+    answer = requests.post(f"{url}/v1/chat/completions", json=body, timeout=60, stream=stream,
+                           headers={"Authorization": f"Bearer {secret}"})
+    lines: list[bytes] = []
+    took: list[float] = []
+    try:
+        yield answer, lines, took
+    finally:
+        if not lines:
+            lines.extend(line for line in answer.iter_lines() if line)
+        took.append(time.monotonic() - started)
+        answer.close()
+
+
+def call(url: str, secret: str, *, stream: bool, model: str = MODEL,
+         max_tokens: int = 4) -> tuple[requests.Response, list[bytes], float]:
+    with timed(url, secret, stream=stream, model=model, max_tokens=max_tokens) as (
+            answer, lines, took):
+        pass
+    return answer, lines, took[0]
+
+
+def whole_stream(lines: list[bytes]) -> bool:
+    return lines[-1] == b"data: [DONE]" and not any(b'"error"' in line for line in lines)
+
+
+def error_event(lines: list[bytes]) -> dict[str, Any]:
+    """The stream's end as the gateway writes a broken one: an error event, then [DONE]."""
+    assert lines[-1] == b"data: [DONE]", lines[-3:]
+    error = json.loads(lines[-2].removeprefix(b"data: "))["error"]
+    assert set(error) == {"message", "type", "code", "param"}, error
+    return dict(error)
+
+
+def retried_once_elsewhere(answers: list[tuple[requests.Response, list[bytes], float]],
+                           served_by: str, bound_s: float) -> None:
+    for answer, lines, took in answers:
+        assert answer.status_code == 200, (answer.status_code, lines)
+        assert answer.headers["x-appliance-replica"] == served_by
+        assert took < bound_s, f"a request waited {took:.1f} s, past {bound_s} s"
+        if answer.headers["content-type"].startswith("text/event-stream"):
+            assert whole_stream(lines), lines[-3:]
+    retried = [a for a, _, _ in answers if a.headers.get("x-appliance-retried")]
+    # The frozen replica got one request (answered by the other), then none: out of rotation.
+    assert len(retried) == 1, [a.headers for a, _, _ in answers]
+
+
+def test_a_paused_engine_container_delays_no_request_past_the_timeouts(
+        gateway: str, operator: Any, key_for: Any, docker_client: Any,  # noqa: F811
+        test_engine_image: str) -> None:  # noqa: F811
+    slow = {"TEST_ENGINE_TOKEN_S": "0.1"}  # a 40-token stream lasts 4 s: time to pause it
+    with engines(docker_client, test_engine_image, slow, slow) as (containers, urls):
+        replicas("paused", urls)
+        secret = key_for(operator)
+        # A stream cut midway: its replica paused after its first events.
+        with timed(gateway, secret, stream=True, max_tokens=40) as (answer, lines, took):
+            victim = int(answer.headers["x-appliance-replica"])
+            events = answer.iter_lines()
+            lines.append(next(line for line in events if line))
+            assert lines[0].startswith(b"data: {")
+            containers[victim].pause()
+            paused_at = time.monotonic()
+            lines.extend(line for line in events if line)
+        cut_after = time.monotonic() - paused_at
+        print(f"paused engine: the stream ended {cut_after:.1f} s after the pause")
+        error = error_event(lines)
+        assert error["code"] == "engine_timeout" and "idle-stream timeout" in error["message"]
+        assert cut_after < IDLE_S + SLACK_S
+        assert len(lines) > 3  # events before the pause came through, then the error
+
+        # Not yet answered: the first-byte timeout, then once on the other replica.
+        containers[victim].unpause()
+        wait_for(lambda: call(gateway, secret, stream=False)[0].headers[
+            "x-appliance-replica"] == str(victim), timeout_s=30)  # back in rotation
+        containers[victim].pause()
+        streamed = [call(gateway, secret, stream=True) for _ in range(3)]
+        # A whole answer waits past the first byte only while /health answers: paused, it
+        # does not, so one probe's time more at most.
+        whole = [call(gateway, secret, stream=False) for _ in range(3)]
+        other = str(1 - victim)
+        retried_once_elsewhere(streamed + whole, other,
+                               FIRST_BYTE_S + PROBE_TIMEOUT_S + SLACK_S)
+        for answer, _, took in streamed + whole:
+            if answer.headers.get("x-appliance-retried"):
+                print(f"paused engine: a request not yet answered came from the other "
+                      f"replica after {took:.1f} s")
+                assert took >= FIRST_BYTE_S  # it did wait for the frozen one first
+        assert all(took < SLACK_S for a, _, took in streamed + whole
+                   if not a.headers.get("x-appliance-retried"))  # none waits on it again
+
+
+def test_a_hung_engine_process_delays_no_request_past_the_timeouts(
+        gateway: str, operator: Any, key_for: Any, docker_client: Any,  # noqa: F811
+        test_engine_image: str) -> None:  # noqa: F811
+    """The engine's HTTP server answers (/health 200) while its scheduler makes nothing: a
+    stream gets its head and no event; a whole answer is waited for to the whole-answer
+    bound (the engine says it is alive), then goes to the other replica."""
+    hung = {"TEST_ENGINE_FAIL": "hang-serve"}
+    midway = {"TEST_ENGINE_FAIL": "hang-serve", "TEST_ENGINE_HANG_AFTER_TOKENS": "3"}
+    with engines(docker_client, test_engine_image, hung, {}, midway) as (_, urls):
+        replicas("hung", urls[:2])
+        replicas("hung-midway", urls[2:], served="midway-model")
+        secret = key_for(operator)
+        whole = [call(gateway, secret, stream=False) for _ in range(2)]
+        streamed = [call(gateway, secret, stream=True) for _ in range(3)]
+        retried_once_elsewhere(whole + streamed, "1", WHOLE_S + SLACK_S)
+        [(_, _, took)] = [w for w in whole if w[0].headers.get("x-appliance-retried")]
+        print(f"hung engine: a whole answer came from the other replica after {took:.1f} s")
+        assert took >= WHOLE_S  # alive by /health: waited for to the whole-answer bound
+        assert all(took < SLACK_S for _, _, took in streamed)  # the hung one is out
+
+        # Cut midway: three tokens, then nothing; the stream ends with an error event.
+        answer, lines, took = call(gateway, secret, stream=True, model="midway-model",
+                                   max_tokens=10)
+        assert answer.status_code == 200
+        error = error_event(lines)
+        assert error["code"] == "engine_timeout" and "idle-stream timeout" in error["message"]
+        content = [json.loads(line.removeprefix(b"data: "))["choices"][0]["delta"]
+                   for line in lines[:-2]]
+        assert [d.get("content") for d in content if d.get("content")], lines
+        print(f"hung engine: the stream cut midway ended after {took:.1f} s")
+        assert took < IDLE_S + SLACK_S + 1  # (its three tokens, then the idle bound)
+        # Alone, the hung replica is still tried (rather than refused), and still bounded:
+        # a stream's head went out, so the answer is its error event.
+        answer, lines, took = call(gateway, secret, stream=True, model="midway-model")
+        assert error_event(lines)["code"] == "engine_timeout"
+        assert took < FIRST_BYTE_S + SLACK_S
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return requests.get(f"{url}/health", timeout=2).status_code == 200
+    except requests.RequestException:
+        return False
+
