@@ -12,12 +12,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import connection
 from django.db.models import OuterRef, Q, Subquery, Sum
 from django.db.models.fields.json import KT
 from django.http import HttpRequest
 
+from appliance.engine.refusals import recipe_source
 from web.deployments.models import ACTIVE_STATUSES, Deployment, DeploymentStatus, Host
 from web.fleet.models import FleetHost, Placement
 from web.fleet.selectors import engine_key
@@ -85,6 +87,9 @@ class Target:
     name: str = ""  # the deployment's name (a spec's `companion:` names another by it)
     algorithm: str = ""  # the spec's speculative_algorithm (NONE, DFLASH, DDTREE, ...)
     companion: str = ""  # the spec's `companion:`, a deployment's name
+    # Its engine build, as its recipe pins SGLang (Recipe.source_key: "0.5.23", "433c58ed7");
+    # what the engine refuses is the build's (appliance.engine.refusals). "" where unknown.
+    engine_source: str = ""
     # Where its heartbeat comes from: "fleet:<host id>" (placed on a joined host) or
     # "agent:<agent id>" (the panel's own host, the agent that claimed it); "" none yet.
     host_key: str = ""
@@ -141,7 +146,7 @@ def key_grant(*, secret: str) -> KeyGrant | None:
 
 _COLUMNS = ("id", "name", "status", "engine_url", "served", "created_at", "context",
             "replica_of_id", "draining", "algorithm", "companion_name", "placed_on", "agent_id",
-            "replica_index", "start_token")
+            "replica_index", "start_token", "recipe")
 
 
 def _annotated(rows: Any) -> Any:
@@ -180,7 +185,7 @@ def _target(pk: int, name: str, status: str, engine_url: str, served: str | None
             created: datetime, context: str | None, replica_of: int | None = None,
             draining: bool = False, algorithm: str = "", companion: str | None = None,
             placed_on: int | None = None, agent_id: str = "", replica_index: int = 0,
-            start_token: str = "") -> Target:
+            start_token: str = "", recipe: str = "") -> Target:
     host_key = f"fleet:{placed_on}" if placed_on else (f"agent:{agent_id}" if agent_id else "")
     return Target(deployment_id=pk, model=str(served or name), status=status,
                   engine_url=engine_url, created=int(created.timestamp()),
@@ -188,6 +193,7 @@ def _target(pk: int, name: str, status: str, engine_url: str, served: str | None
                   group_id=replica_of or pk, draining=bool(draining), name=name,
                   algorithm=(algorithm or "").upper(), companion=companion or "",
                   host_key=host_key, replica_index=replica_index,
+                  engine_source=recipe_source(recipe, settings.RECIPES_DIR) or "",
                   engine_key=engine_key(deployment_id=pk, start_token=start_token)
                   if start_token else "")
 
