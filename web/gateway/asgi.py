@@ -88,4 +88,8 @@ async def application(scope: Scope, receive: Receive, send: Send) -> None:
         await _not_here(send, path)
 
 
+from web.security import require_production_secrets  # noqa: E402 - needs settings loaded
+
+# As web's: a well-known secret key (sessions, the playground's calls) is refused at start.
+require_production_secrets()
 quiet_access_log()
