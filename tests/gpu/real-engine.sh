@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The real-engine rig: runs the real SGLang DDTree engine on this GPU host and records it.
 #   bash tests/gpu/real-engine.sh [PHASE | WAVE...]   (default: all)
-# PHASE: record | failures | all | fa3 | probe | verify | bigload | round2 | int4 (below).
+# PHASE: record | failures | all | fa3 | probe | verify | bigload | round2 | int4 | train |
+#   trained (below).
 # WAVE: runs of tests/gpu/realengine/runs.py, comma-separated to start them together on the
 #   one GPU (each on its own port, KV pools capped), e.g. `missing_model,kv_too_small base_triton`
 #   is two waves, one after the other.
@@ -14,6 +15,8 @@
 #                 tests/gpu/realengine/build_carry.py where PyPI is reachable.
 #   RIG_STASH     where packages, models and recordings are kept between calls ($HOME/stash).
 #   APPLIANCE_SGLANG_SRC_DIR  SGLang snapshots when not in RIG_CARRY (../shared/sglang-src).
+#   RIG_TRAIN_S   seconds train_pair.py may take (default 500): the trained pair is made by the
+#                 `train` and `trained` phases when the stash lacks it.
 # Packages come at the flagship lock's versions: from $RIG_CARRY/site*.tar.xz, else built here
 # with pip (build_carry.py). SGLang sources: $RIG_CARRY/sglang-<commit>.tar.gz, else
 # $APPLIANCE_SGLANG_SRC_DIR: a host without ../shared (a device machine that gets only the
@@ -39,6 +42,17 @@ echo "rig $phase $(date -u +%FT%TZ); stash: $(ls "$stash" | tr '\n' ' ')"
 # `fa3-stash` keeps the carried file for the next call on a warm machine.
 if [ -f "$carry/flash_ops.slim.so.xz" ]; then mkdir -p "$stash/fa3" && cp "$carry/flash_ops.slim.so.xz" "$stash/fa3/"; fi
 if [ "$phase" = fa3-stash ]; then ls -la "$stash/fa3"; exit 0; fi
+# The trained pair (a Qwen3 target, a second one, their DFlash drafter), trained here from fixed
+# seeds on this host's own Python sources with the host's torch: realengine/README.md.
+case "$phase" in train|trained)
+  if [ ! -f "$stash/trained.ok" ]; then
+    mkdir -p "$stash/models"
+    PYTHONUNBUFFERED=1 python3 tests/gpu/realengine/train_pair.py "$stash/models" \
+        --seconds "${RIG_TRAIN_S:-500}" --report "$out/train.json" && touch "$stash/trained.ok" \
+      || { echo "training failed"; exit 3; }
+  fi
+  [ "$phase" = train ] && { echo "rig train end after $((SECONDS - t0)) s"; exit 0; } ;;
+esac
 unpack() {  # archive, marker
   [ -f "$stash/$2.ok" ] && return 0
   [ -f "$1" ] || return 1
@@ -100,6 +114,8 @@ case "$phase" in
   int4) waves="ddtree_int4,dflash_int4,base_int4" ;;
   # Capture-only, one engine at a time; the first builds the INT4 JIT kernels itself.
   int4-alone) waves="dflash_int4_alone base_int4_alone" ;;
+  # The trained pair: all at once (the verify pairs serve first, then each speed run alone).
+  trained) waves="trained_base,trained_dflash,trained_ddtree_b8,trained_ddtree_b16,trained_ddtree_b32,trained_wrong,trained_verify_dflash,trained_verify_ddtree" ;;
   *) waves="$*" ;;
 esac
 # The INT4 runs' Marlin kernels are JIT-built at first use: built once here, in the background

@@ -52,6 +52,8 @@ from appliance.bench.lossless import TOP_LOGPROBS  # noqa: E402
 # Runs of one wave share the GPU: each its own port (real-engine.sh sets RIG_PORT).
 PORT = int(os.environ.get("RIG_PORT", "30000"))
 BASE = f"http://127.0.0.1:{PORT}"
+# A run's companion listens on the next port (COMPANION_PORT for a run alone on 30000).
+COMPANION = PORT + COMPANION_PORT - 30000
 # With RIG_SHARED_GPU=N (N runs at once), each engine's KV pool is capped: SGLang sizes it
 # from the memory free when it looks, so the first engine up would take what the others need.
 SHARED_KV_TOKENS = 400_000
@@ -208,9 +210,11 @@ def probe(folder: Path, base: str = BASE, name: str = "probe.json", top: int = 2
     (folder / name).write_text(json.dumps(answers))
 
 
-def bench(folder: Path, levels: tuple[int, ...], deadline: float) -> None:
+def bench(folder: Path, levels: tuple[int, ...], deadline: float, prompts: str | None = None,
+          output_len: int = 64) -> None:
     """`appliance bench` per level; a level the deadline leaves no room for is skipped, and one
-    that outruns it is stopped and said so (the recording keeps what the others measured)."""
+    that outruns it is stopped and said so (the recording keeps what the others measured).
+    `prompts`: a JSONL file of prompts instead of the bench's synthetic words."""
     results: list[dict[str, Any]] = []
     for level in levels:
         began = time.time()
@@ -219,7 +223,10 @@ def bench(folder: Path, levels: tuple[int, ...], deadline: float) -> None:
             continue
         argv = [sys.executable, "-m", "appliance", "bench", "--url", BASE, "--concurrency",
                 str(level), "--num-prompts", str(max(8, 2 * level)), "--input-len", "128",
-                "--output-len", "64", "--endpoint", "/v1/completions", "--warmup", "1", "--json"]
+                "--output-len", str(output_len), "--endpoint", "/v1/completions", "--warmup", "1",
+                "--json"]
+        if prompts:
+            argv += ["--prompts", prompts, "--prompt-format", "jsonl"]
         try:
             done = subprocess.run(argv, capture_output=True, text=True, cwd=HERE.parents[2],
                                   check=False, timeout=min(240.0, deadline - began))
@@ -376,7 +383,7 @@ def verify_against_companion(folder: Path) -> None:
     began = time.time()
     done = subprocess.run(
         [sys.executable, "-m", "appliance", "verify", "--a", BASE,
-         "--b", f"http://127.0.0.1:{COMPANION_PORT}", "--json"],
+         "--b", f"http://127.0.0.1:{COMPANION}", "--json"],
         capture_output=True, text=True, cwd=HERE.parents[2], timeout=400, check=False)
     (folder / "verify.json").write_text(json.dumps({
         "rc": done.returncode, "s": round(time.time() - began, 1),
@@ -433,7 +440,8 @@ def predict_load(folder: Path, model: Path) -> None:
     (folder / "load_predict.json").write_text(json.dumps(result, indent=1))
 
 
-def serve_and_record(run: Run, folder: Path, scraper: Scraper, deadline: float) -> None:
+def serve_and_record(run: Run, folder: Path, scraper: Scraper, deadline: float,
+                     bench_prompts: str | None = None) -> None:
     """Requests, probe, refusals and bench, each step skipped where the deadline (the engine's
     stop leaves it room) comes first."""
     scraper.phase = "idle"
@@ -458,10 +466,11 @@ def serve_and_record(run: Run, folder: Path, scraper: Scraper, deadline: float) 
         if run.companion:
             verify_against_companion(folder)
             # B's own answers with as many log-probs as the check asks for: the tests re-judge.
-            probe(folder, base=f"http://127.0.0.1:{COMPANION_PORT}", name="probe_companion.json",
+            probe(folder, base=f"http://127.0.0.1:{COMPANION}", name="probe_companion.json",
                   top=TOP_LOGPROBS, deadline=deadline)
         if run.bench_levels:
-            bench(folder, run.bench_levels, deadline)
+            bench(folder, run.bench_levels, deadline, prompts=bench_prompts,
+                  output_len=run.bench_output_len)
     if run.refusals:
         refusals(folder, deadline)
     scraper.phase = "idle-after"
@@ -484,7 +493,7 @@ def record(run: Run, out: Path, models: str, pythonpath: str, deadline: float) -
     argv_overrides = {**run.argv_overrides, "--port": str(PORT)}
     shared = int(os.environ.get("RIG_SHARED_GPU", "1"))
     if shared > 1 and run.expect == "ready":
-        argv_overrides["--max-total-tokens"] = str(SHARED_KV_TOKENS)
+        argv_overrides.setdefault("--max-total-tokens", str(SHARED_KV_TOKENS))
     plan = launch(run.example, models, spec_overrides=run.spec_overrides,
                   argv_overrides=argv_overrides, drop_flags=run.drop_flags, grammar=run.grammar)
     if shared > 1:
@@ -503,7 +512,8 @@ def record(run: Run, out: Path, models: str, pythonpath: str, deadline: float) -
         other = RUNS[run.companion]
         (folder / "companion").mkdir(exist_ok=True)
         other_plan = launch(other.example, models, spec_overrides=other.spec_overrides,
-                            argv_overrides=other.argv_overrides, drop_flags=other.drop_flags)
+                            argv_overrides={**other.argv_overrides, "--port": str(COMPANION)},
+                            drop_flags=other.drop_flags)
         info["companion"] = {"run": other.name, "argv": other_plan.argv,
                              "changes": other_plan.changes}
         companion = Engine(other_plan, {**env, **other_plan.env}, folder / "companion")
@@ -519,7 +529,8 @@ def record(run: Run, out: Path, models: str, pythonpath: str, deadline: float) -
         ready = engine.wait_for(READY, budget)
         info["ready_s"] = round(time.time() - engine.started, 1) if ready else None
         if ready and run.serve:
-            serve_and_record(run, folder, scraper, deadline - 50)
+            prompts = run.bench_prompts.format(models=models) if run.bench_prompts else None
+            serve_and_record(run, folder, scraper, deadline - 50, prompts)
     else:
         engine.wait_for(run.stop_after or "\0never", budget)
         info["ready_s"] = round(time.time() - engine.started, 1) if engine.seen(READY) else None

@@ -45,6 +45,12 @@ class Run:
     # Served alone: while this run probes and benches, no other run of its wave does (the
     # rig's serve lock), so its speed is not another engine's load.
     exclusive_serve: bool = False
+    # serve: the bench's prompts (a JSONL file, `{models}` expanded) instead of its synthetic
+    # words, and the tokens asked for each.
+    bench_prompts: str | None = None
+    bench_output_len: int = 64
+    # Seconds its serving takes where the default estimate (serve_s) is far off.
+    serve_estimate_s: float | None = None
 
     @property
     def paths(self) -> dict[str, str]:
@@ -182,6 +188,59 @@ RUNS = _runs(
         start_timeout=200, self_check=False),
 )
 
+# The trained pair (train_pair.py, written on the host by the `trained` phase): a Qwen3 target
+# of 32 layers and its 3-layer DFlash drafter (block 8). Each run served alone (its speed is
+# the point), benched on prompts cut from held-out Python files at concurrency 1, 4, 16, 32.
+# Changes from the product's argv: triton (the Blackwell path, as the other recordings);
+# --disable-prefill-cuda-graph (433c58ed7 captures a prefill graph of 58 sizes for a Qwen3
+# target otherwise, its first size over 25 s); CUDA graphs up to batch 32 (the highest
+# concurrency benched; fewer sizes to capture); a KV pool of 65,536 tokens (ten engines start
+# at once on the one GPU; a bench level needs at most 32 x 384).
+TRAINED_ARGV = {**TRITON, "--disable-prefill-cuda-graph": None, "--max-total-tokens": "65536"}
+TRAINED = {"engine.model_path": "{models}/trained-target",
+           "engine.speculative_draft_model_path": "{models}/trained-dflash",
+           "engine.cuda_graph_max_bs": 32}
+TRAINED_BENCH = {"bench_levels": (1, 4, 16, 32), "bench_prompts": "{models}/trained-target/heldout.jsonl",
+                 "bench_output_len": 128, "exclusive_serve": True, "self_check": False,
+                 "serve_estimate_s": 45.0}
+
+
+def _trained(name: str, about: str, example: str, spec: dict[str, object], **extra: object) -> Run:
+    options: dict[str, object] = {**TRAINED_BENCH, **extra}
+    return Run(name, about, example, spec_overrides={**TRAINED, **spec},
+               argv_overrides=dict(TRAINED_ARGV), **options)  # type: ignore[arg-type]
+
+
+RUNS.update(_runs(
+    _trained("trained_base", "no speculation on the trained target (the baseline)", "ddtree",
+             NO_SPECULATION),
+    _trained("trained_dflash", "DFLASH (block 8) on the trained pair", "dflash", {}),
+    _trained("trained_ddtree_b8", "DDTREE budget 8 (block 8) on the trained pair", "ddtree",
+             {"engine.speculative_ddtree_budget": 8}),
+    _trained("trained_ddtree_b16", "DDTREE budget 16 (block 8) on the trained pair", "ddtree",
+             {"engine.speculative_ddtree_budget": 16}),
+    _trained("trained_ddtree_b32", "DDTREE budget 32 (block 8) on the trained pair", "ddtree",
+             {"engine.speculative_ddtree_budget": 32}),
+    _trained("trained_wrong", "DFLASH: the trained drafter on a target it was not trained for "
+             "(trained-target-b, same shape, other seed and files)", "dflash",
+             {"engine.model_path": "{models}/trained-target-b"}, bench_levels=(1, 4)),
+    # The losslessness check as the product runs it, A against no speculation (B), each pair
+    # up at once and done before the speed runs serve.
+    _trained("trained_base_companion", "no speculation on the trained target: B for the "
+             "trained verify runs", "ddtree", {**NO_SPECULATION, "engine.mem_fraction_static": 0.3},
+             serve=False, exclusive_serve=False),
+    _trained("trained_verify_dflash", "DFLASH on the trained pair (A) verified against no "
+             "speculation (B)", "dflash", {}, bench_levels=(), exclusive_serve=False,
+             companion="trained_base_companion", serve_estimate_s=40.0),
+    _trained("trained_verify_ddtree", "DDTREE budget 16 on the trained pair (A) verified "
+             "against no speculation (B)", "ddtree", {"engine.speculative_ddtree_budget": 16},
+             bench_levels=(), exclusive_serve=False, companion="trained_base_companion",
+             serve_estimate_s=40.0),
+))
+TRAINED_RUNS = ("trained_base", "trained_dflash", "trained_ddtree_b8", "trained_ddtree_b16",
+                "trained_ddtree_b32", "trained_wrong", "trained_verify_dflash",
+                "trained_verify_ddtree")
+
 # The product's own verify prompts: at temperature 0 with the top-2 log-probs they show where
 # two runs part and how close the baseline's top two were there.
 PROBE_PROMPTS = BUILTIN_PROMPTS
@@ -198,6 +257,8 @@ def estimate_s(run: Run) -> float:
 def serve_s(run: Run) -> float:
     if not run.serve:
         return 0
+    if run.serve_estimate_s is not None:
+        return run.serve_estimate_s
     # idle before and after, the streams; the probe; a bench level; the refusals (long prompts)
     return 25 + (20 if run.probe else 0) + 8 * len(run.bench_levels) + (25 if run.refusals else 0)
 
