@@ -65,3 +65,19 @@ def test_another_operators_key_cannot_be_revoked(client, operator, django_user_m
     client.post(f"/keys/{key.prefix}/revoke/")
     key.refresh_from_db()
     assert key.revoked_at is None
+
+
+def test_a_deployment_with_replicas_is_one_choice_and_a_replicas_id_scopes_it(client, operator) -> None:  # type: ignore[no-untyped-def]
+    from tests.rows import queued
+    from web.gateway import services
+
+    first = queued(name="fleet", gpus=[0], replicas=3)
+    rows = list(Deployment.objects.filter(replica_of=first).order_by("replica_index"))
+    client.force_login(operator)
+    page = client.get("/keys/").content.decode()
+    boxes = re.findall(r'name="deployments" value="(\d+)"', page)
+    assert boxes == [str(first.pk)]  # one choice for the deployment, none per replica row
+    assert f"fleet (#{first.pk}, queued, 3 replicas)" in page
+    key = services.apikey_create(owner_username=operator.username, name="r",
+                                 deployment_ids=[rows[1].pk]).key
+    assert list(key.deployments.values_list("pk", flat=True)) == [first.pk]

@@ -5,9 +5,9 @@ from __future__ import annotations
 import csv
 import io
 
-from django.db.models import QuerySet
+from django.db.models import Count, Q, QuerySet
 
-from web.deployments.models import Deployment, DeploymentStatus
+from web.deployments.models import TERMINAL_STATUSES, Deployment, DeploymentStatus
 
 from .models import BenchmarkRun
 
@@ -22,8 +22,13 @@ def benchmark_list() -> QuerySet[BenchmarkRun]:
 
 
 def ready_deployments() -> QuerySet[Deployment]:
-    return Deployment.objects.filter(status=DeploymentStatus.READY).exclude(
-        engine_url="").order_by("-created_at")
+    """The ready deployments a run can aim at, each once: replica 0, the row people act on,
+    with `replica_count` its running engines (its replica rows are chosen through it)."""
+    running = ~Q(replica_rows__status__in=list(TERMINAL_STATUSES))
+    return (Deployment.objects.filter(status=DeploymentStatus.READY, replica_of=None)
+            .exclude(engine_url="")
+            .annotate(replica_count=Count("replica_rows", filter=running) + 1)
+            .order_by("-created_at"))
 
 
 def benchmark_csv(*, run: BenchmarkRun) -> str:

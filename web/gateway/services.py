@@ -79,7 +79,11 @@ def _scope(deployment_ids: Sequence[int] | None) -> list[Deployment]:
     if not found:
         raise ApiKeyError("deployments", "name at least one deployment, or leave the "
                           "scope as all deployments")
-    return found
+    # A replica row's id scopes its deployment: the key is for the served name, whichever
+    # replica answers (the gateway checks a request against replica 0's id).
+    roots = {d.replica_of_id for d in found if d.replica_of_id}
+    return [d for d in found if not d.replica_of_id] + [
+        d for d in Deployment.objects.filter(pk__in=roots) if d.pk not in ids]
 
 
 def apikey_create(*, owner_username: str, name: str, deployment_ids: Sequence[int] | None = None,

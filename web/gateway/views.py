@@ -9,6 +9,7 @@ from typing import Any
 from django import forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.db.models import Count, Q
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
@@ -31,10 +32,16 @@ class ApiKeyForm(forms.Form):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        # Each deployment once: replica 0, the row a key's scope names (it covers the
+        # deployment's replica rows, which the gateway routes to under the same name).
+        running = Q(replica_rows__status__in=list(ACTIVE_STATUSES))
         self.fields["deployments"].queryset = (  # type: ignore[attr-defined]
-            Deployment.objects.filter(status__in=ACTIVE_STATUSES).order_by("name", "id"))
+            Deployment.objects.filter(status__in=ACTIVE_STATUSES, replica_of=None)
+            .annotate(replica_count=Count("replica_rows", filter=running) + 1)
+            .order_by("name", "id"))
         self.fields["deployments"].label_from_instance = (  # type: ignore[attr-defined]
-            lambda d: f"{selectors.served_model_name(deployment=d)} (#{d.pk}, {d.status})")
+            lambda d: f"{selectors.served_model_name(deployment=d)} (#{d.pk}, {d.status}"
+                      + (f", {d.replica_count} replicas)" if d.replica_count > 1 else ")"))
 
 
 def _owner(request: HttpRequest) -> Any:
