@@ -12,6 +12,9 @@ and scheme, from a real answer of Django's to such a request (the first one; Dja
 it, and it is taken only when its status, ETag and body are the ones computed here), so
 whatever the middleware adds comes from the middleware itself.
 
+A row whose watching agent is silent (web/deployments/silence.py) is Django's too: the
+statement reads the agent's last report with the row, and Django's read answers `unknown`.
+
 Anything else goes to Django unchanged, before anything is sent: no row the token may read
 (unknown, expired or renewed token, inactive user, no permission or scope, no deployment:
 Django's 401/403/404 and an expired token's deletion stay its own), a precondition other
@@ -30,6 +33,8 @@ from django.db import connections
 from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.cache import get_conditional_response
+from psycopg.adapt import Loader
+from psycopg.pq import Format
 from psycopg_pool import AsyncConnectionPool
 
 from web.accounts.auth import token_key, token_well_formed
@@ -159,7 +164,7 @@ class StatusReads:
             # The stored body alone, on asyncpg (a third of psycopg's CPU per statement);
             # where none is current, the row is read below as before.
             row = await self._stored_read(pk, token, name)
-            if row is None:
+            if row is None or row.silence is not None:
                 return None
         if row is None or row.stored is None:
             pool = await self._pool()
@@ -168,8 +173,8 @@ class StatusReads:
                 rows = await cursor.fetchall()
             row = status_row_readable(token=token, rows=status_rows(
                 rows=rows, fields=fields, wrapper=self.wrapper, stored=name))
-        if row is None or row.version is None:
-            return None
+        if row is None or row.version is None or row.silence is not None:
+            return None  # a silent agent's row: Django's read shows it `unknown` (bodies.py)
         etag = status_etag_of(pk=pk, version=row.version, name=name)
         unchanged = get_conditional_response(_conditions(if_none_match), etag=etag)
         if unchanged is not None:
@@ -194,7 +199,8 @@ class StatusReads:
             params.setdefault("application_name", "status-reads")  # in pg_stat_activity
             pool = self.pools[loop_id] = AsyncConnectionPool(
                 kwargs={**params, "autocommit": True}, min_size=1, max_size=POOL_SIZE,
-                timeout=POOL_TIMEOUT_S, open=False, name="status-reads")
+                timeout=POOL_TIMEOUT_S, open=False, name="status-reads",
+                configure=_jsonb_as_text)
         await pool.open()  # once; the pool's lock makes a second call wait, then return
         return pool
 
@@ -258,6 +264,21 @@ class StatusReads:
                 and all(name != b"set-cookie" for name, _ in headers))
         if same and len(self.templates) < MAX_TEMPLATES:
             self.templates[key] = headers
+
+
+class _JsonbBinaryText(Loader):
+    """jsonb in binary format as its text, as Django's adapters load it in text format
+    (its JSONField decodes the text): the binary cursor would otherwise hand the converter
+    a decoded object, which it refuses."""
+
+    format = Format.BINARY
+
+    def load(self, data: Any) -> str:
+        return bytes(data[1:]).decode()  # a version byte (1), then the JSON text
+
+
+async def _jsonb_as_text(connection: Any) -> None:
+    connection.adapters.register_loader("jsonb", _JsonbBinaryText)
 
 
 async def _kept_as_it_is(connection: Any) -> None:

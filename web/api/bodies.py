@@ -7,11 +7,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from django.utils import timezone
 from django.utils.http import quote_etag
 from rest_framework.renderers import JSONRenderer
 
 from web.deployments import selectors
 from web.deployments.models import Deployment
+from web.deployments.silence import Silence, row_silence, shown_body
 
 from .serializers import DeploymentSerializer, deployment_data
 
@@ -24,6 +26,8 @@ READ_FIELDS = {
                 "alert_history", "latest_metrics", "engine_url", "last_seq", "graph_needed",
                 "load_estimate"),
 }
+# What the silence check reads besides (status_silence): the viewset loads them too.
+WATCH_FIELDS = ("status", "agent_id", "lease_until")
 # Both reads' columns: what a writer loads to render both bodies from one version.
 BOTH_FIELDS = tuple(dict.fromkeys(READ_FIELDS["retrieve"] + READ_FIELDS["summary"]))
 
@@ -37,19 +41,43 @@ STATUS_READS: dict[str, tuple[str, str, Callable[[Deployment], Any]]] = {
 _JSON = JSONRenderer()
 
 
-def status_etag(*, deployment: Deployment, name: str) -> str | None:
-    """The quoted ETag of a representation made of the row alone, from its version; None
-    where the database keeps none."""
+def status_etag(*, deployment: Deployment, name: str,
+                silence: Silence | None = None) -> str | None:
+    """The quoted ETag of a representation made of the row alone (and, while its agent is
+    silent, of that silence), from its version; None where the database keeps none."""
     version = selectors.deployment_row_version(deployment=deployment)
     return None if version is None else status_etag_of(pk=deployment.pk, version=version,
-                                                       name=name)
+                                                       name=name, silence=silence)
 
 
-def status_etag_of(*, pk: int, version: str, name: str) -> str:
-    """status_etag from the deployment's id and row version."""
+def status_etag_of(*, pk: int, version: str, name: str, silence: Silence | None = None) -> str:
+    """status_etag from the deployment's id and row version: a silence that begins or ends
+    changes it, as the body does, though the row did not change."""
+    if silence is not None:
+        return quote_etag(f"{name}-{pk}-{version}-silent-{silence.last_seen.timestamp():.0f}")
     return quote_etag(f"{name}-{pk}-{version}")
 
 
-def status_body_render(*, deployment: Deployment, url_name: str) -> bytes:
+def status_silence(*, deployment: Deployment) -> Silence | None:
+    """The silence of the agent watching the row, as its read found it: the status
+    statement's (web/api/selectors.py), or from the columns and the `agent_seen` annotation
+    the viewset's queryset reads (one query, the row's)."""
+    if hasattr(deployment, "shown_silence"):
+        return deployment.shown_silence  # type: ignore[no-any-return]
+    return row_silence(status=deployment.status, agent_id=deployment.agent_id,
+                       last_seen=getattr(deployment, "agent_seen", None),
+                       lease_until=deployment.lease_until, now=timezone.now())
+
+
+def status_body(*, deployment: Deployment, url_name: str,
+                silence: Silence | None = None) -> Any:
+    """A status read's body: the row's representation, `unknown` while its agent is
+    silent (web/deployments/silence.py shown_body)."""
+    return shown_body(STATUS_READS[url_name][2](deployment), silence)
+
+
+def status_body_render(*, deployment: Deployment, url_name: str,
+                       silence: Silence | None = None) -> bytes:
     """The JSON body of a status read's 200, as DRF renders it for a plain JSON Accept."""
-    return _JSON.render(STATUS_READS[url_name][2](deployment), _JSON.media_type, {})
+    return _JSON.render(status_body(deployment=deployment, url_name=url_name,
+                                    silence=silence), _JSON.media_type, {})

@@ -26,13 +26,15 @@ from django.contrib.auth.models import Group, Permission, User
 from django.contrib.contenttypes.models import ContentType
 from django.db import connection
 from django.http import HttpRequest
+from django.utils import timezone
 from knox.crypto import hash_token
 from knox.models import AuthToken
 
 from web.accounts.auth import token_accepted, token_in_header, token_key
 from web.accounts.models import TokenScope
-from web.deployments.models import Deployment, StatusBody
+from web.deployments.models import Deployment, Host, StatusBody
 from web.deployments.permissions import ROLE_PERMISSIONS, VIEW_PERMISSION
+from web.deployments.silence import Silence, row_silence
 
 Converter = Callable[[Any, Any, Any], Any]
 
@@ -52,6 +54,9 @@ class StatusRow:
     # The read's body as the row's writers stored it at this version (StatusBody), when the
     # statement asked for it and it is current; the row's columns are then not read.
     stored: bytes | None = None
+    # The agent watching the row is silent (web/deployments/silence.py): the read shows
+    # `unknown`, whatever was stored.
+    silence: Silence | None = None
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,9 @@ class _Statement:
 
 _STATEMENTS: dict[tuple[tuple[str, ...], str | None], _Statement] = {}
 _HEAD = 6  # digest, expiry, is_active, is_superuser, may_view, role; then xmin
+# After xmin: what the silence check reads (status, agent_id, lease_until, and the agent's
+# last host report), whatever the read's fields.
+_WATCH = 4
 
 
 def deployment_status_read(*, token_key: str, deployment_id: int, permission: str,
@@ -131,6 +139,11 @@ def _wrapped(cursor: psycopg.Cursor[Any]) -> Any:
 
 def _row(statement: _Statement, row: Sequence[Any], wrapper: Any) -> StatusRow:
     version, *values = row[_HEAD:]
+    status, agent_id, lease_until, seen = values[:_WATCH]
+    del values[:_WATCH]
+    silence = None if version is None else row_silence(
+        status=str(status or ""), agent_id=str(agent_id or ""), last_seen=seen,
+        lease_until=lease_until, now=timezone.now())
     body = values.pop(0) if statement.stored else None
     deployment = None
     if version is not None and body is None:
@@ -139,9 +152,10 @@ def _row(statement: _Statement, row: Sequence[Any], wrapper: Any) -> StatusRow:
                 values[i] = convert(values[i], statement.expression[i], wrapper)
         deployment = Deployment.from_db(wrapper.alias, statement.attnames, values)
         deployment.row_version = version  # type: ignore[attr-defined]
+        deployment.shown_silence = silence  # type: ignore[attr-defined]  # bodies.py reads it
     return StatusRow(digest=row[0], expiry=row[1], user_active=row[2], user_superuser=row[3],
                      may_view=row[4], role=row[5], deployment=deployment, version=version,
-                     stored=None if body is None else bytes(body))
+                     stored=None if body is None else bytes(body), silence=silence)
 
 
 def _statement(fields: tuple[str, ...], stored: str | None = None) -> _Statement:
@@ -170,6 +184,12 @@ def _make(fields: tuple[str, ...], stored: str | None) -> _Statement:
                      f"AND b.{q('version')} = {alias}.xmin::text")
         columns = ", ".join(f"CASE WHEN b.{q('deployment_id')} IS NULL THEN "
                             f"{alias}.{q(f.column or f.attname)} END" for f in shown)
+    table = {f.name: q(f.column or f.attname) for f in Deployment._meta.concrete_fields
+             if f.name in ("status", "agent_id", "lease_until")}
+    watch = (f"{alias}.{table['status']}, {alias}.{table['agent_id']}, "
+             f"{alias}.{table['lease_until']}, (SELECT h.{q('heartbeat_at')} FROM "
+             f"{q(Host._meta.db_table)} h WHERE h.{q('agent_id')} = {alias}.{table['agent_id']} "
+             f"ORDER BY h.{q('heartbeat_at')} DESC LIMIT 1), ")
     user = get_user_model()
     token_table, scope_table = AuthToken._meta.db_table, TokenScope._meta.db_table
     user_perms = User.user_permissions.through._meta.db_table
@@ -189,7 +209,7 @@ def _make(fields: tuple[str, ...], stored: str | None) -> _Statement:
                            ON gp.{q("group_id")} = ug.{q("group_id")}
                          WHERE ug.{q("user_id")} = u.{q("id")}
                            AND gp.{q("permission_id")} = p.{q("id")}))),
-          s.{q("role")}, {alias}.xmin::text, {body}{columns}
+          s.{q("role")}, {alias}.xmin::text, {watch}{body}{columns}
         FROM {q(token_table)} t
         JOIN {q(user._meta.db_table)} u ON u.{q("id")} = t.{q("user_id")}
         LEFT JOIN {q(scope_table)} s ON s.{q("token_id")} = t.{q("digest")}

@@ -25,9 +25,10 @@ from appliance.runtime import series
 from web.deployments import selectors, services
 from web.deployments.models import Deployment, DeploymentStatus
 from web.deployments.permissions import can_delete, can_deploy, can_stop, can_view
+from web.deployments.silence import deployments_silence, shown_body
 
 from . import metrics
-from .bodies import READ_FIELDS, STATUS_READS, status_etag
+from .bodies import READ_FIELDS, STATUS_READS, WATCH_FIELDS, status_etag, status_silence
 from .pagination import bounded_int
 from .parsers import SPEC_PARSERS, spec_body
 from .schema import CREATE_SCHEMA, spec_request
@@ -74,8 +75,20 @@ class DeploymentViewSet(
         deployments = selectors.deployment_list(
             status=wanted, versioned=self.action in ("retrieve", "summary"))
         if self.action in READ_FIELDS:  # one row by its key: no sort, only what is shown
-            deployments = deployments.order_by().only(*READ_FIELDS[self.action])
+            # (and what says whether its agent is silent, in the same query)
+            deployments = (deployments.order_by()
+                           .only(*dict.fromkeys(READ_FIELDS[self.action] + WATCH_FIELDS))
+                           .annotate(agent_seen=selectors.agent_seen()))
         return deployments
+
+    def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        """The deployments, newest first; a row whose agent is silent reads `unknown`."""
+        queryset = self.filter_queryset(self.get_queryset())
+        page = self.paginate_queryset(queryset)
+        rows = list(queryset) if page is None else page
+        silent = deployments_silence(deployments=rows)
+        data = [shown_body(deployment_data(d), silent.get(d.pk)) for d in rows]
+        return Response(data) if page is None else self.get_paginated_response(data)
 
     @extend_schema(responses={200: DeploymentSerializer, 304: None})
     def retrieve(self, request: Request, *args: Any, **kwargs: Any) -> Response:
@@ -221,15 +234,16 @@ def conditional(request: Request | HttpRequest, deployment: Deployment, name: st
     """A representation of the deployment row with an ETag, or 304 Not Modified when the
     request's If-None-Match has it (django.utils.cache). The ETag is the row's version, so
     a 304 costs no serializing; without one (not PostgreSQL), a digest of the body."""
-    versioned = status_etag(deployment=deployment, name=name)
-    data = body() if versioned is None else None
+    silence = status_silence(deployment=deployment)  # `unknown` while its agent is silent
+    versioned = status_etag(deployment=deployment, name=name, silence=silence)
+    data = shown_body(body(), silence) if versioned is None else None
     etag = versioned or quote_etag(
         f"{name}-{hashlib.sha256(JSONRenderer().render(data)).hexdigest()[:32]}")
     unchanged = get_conditional_response(request, etag=etag)  # 304 (or 412 for If-Match)
     if unchanged is not None:
         response = Response(status=unchanged.status_code)
     else:
-        response = Response(body() if data is None else data)
+        response = Response(shown_body(body(), silence) if data is None else data)
     response["ETag"] = etag
     # Per user (token or session), and always asked again: a client keeps the body and
     # sends the ETag, never uses a stored copy unasked.

@@ -61,6 +61,13 @@ def deployment_row_version(*, deployment: Deployment) -> str | None:
     return getattr(deployment, "row_version", None)
 
 
+def agent_seen() -> Subquery:
+    """An annotation: the last host report of the agent watching the row (its `agent_id`),
+    for the silence check in the row's own query (silence.row_silence)."""
+    return Subquery(Host.objects.filter(agent_id=OuterRef("agent_id"))
+                    .order_by("-heartbeat_at").values("heartbeat_at")[:1])
+
+
 def deployment_get(*, deployment_id: int) -> Deployment:
     return Deployment.objects.get(pk=deployment_id)
 
@@ -359,27 +366,55 @@ class DeploymentRow:
 
 
 def deployment_list_rows(*, now: datetime, limit: int = LIST_ROWS) -> list[DeploymentRow]:
-    """The newest `limit` deployments with what the list shows of each, in one query."""
+    """The newest `limit` deployments with what the list shows of each, in one query (and
+    one more for the agents' reports, one for the replica rows where there are any)."""
     latest = MetricPoint.objects.filter(deployment=OuterRef("pk")).order_by("-ts")
     # Replica rows are shown by their replica 0 ("3 replicas (2 ready)"), not as rows.
     ready = Q(replica_rows__status=DeploymentStatus.READY)
-    rows = (Deployment.objects.filter(replica_of__isnull=True).only(*_LIST_FIELDS)
-            .annotate(point_throughput=Subquery(latest.values("throughput")[:1]),
-                      point_ts=Subquery(latest.values("ts")[:1]),
-                      replica_count=Count("replica_rows"),
-                      replicas_ready=Count("replica_rows", filter=ready))[:limit])
+    rows = list(Deployment.objects.filter(replica_of__isnull=True).only(*_LIST_FIELDS)
+                .annotate(point_throughput=Subquery(latest.values("throughput")[:1]),
+                          point_ts=Subquery(latest.values("ts")[:1]),
+                          replica_count=Count("replica_rows"),
+                          replicas_ready=Count("replica_rows", filter=ready))[:limit])
     seen = agents_last_seen()
-    return [dataclasses.replace(_list_row(d, now, deployment_silence(
-                deployment=d, seen=seen, now=now)), replicas=_replicas_text(d))
+    silences = {d.pk: deployment_silence(deployment=d, seen=seen, now=now) for d in rows}
+    silent = _silent_replicas([d.pk for d in rows if getattr(d, "replica_count", 0)],
+                              seen, now)
+    return [dataclasses.replace(_list_row(d, now, silences[d.pk]), replicas=_replicas_text(
+                d, root_silent=silences[d.pk] is not None, silent=silent.get(d.pk, (0, 0))))
             for d in rows]
 
 
-def _replicas_text(d: Deployment) -> str:
+def _silent_replicas(roots: list[int], seen: dict[str, datetime],
+                     now: datetime) -> dict[int, tuple[int, int]]:
+    """Per replica 0 of `roots`: how many of its replica rows' agents are silent (their
+    status reads `unknown`), and how many of those are stored ready (so not counted ready).
+    One query, none without roots."""
+    found: dict[int, tuple[int, int]] = {}
+    if not roots:
+        return found
+    for d in Deployment.objects.filter(replica_of_id__in=roots).only(
+            "replica_of_id", "status", "agent_id", "lease_until"):
+        if d.replica_of_id is not None and deployment_silence(
+                deployment=d, seen=seen, now=now) is not None:
+            silent, ready = found.get(d.replica_of_id, (0, 0))
+            found[d.replica_of_id] = (silent + 1,
+                                      ready + (d.status == DeploymentStatus.READY))
+    return found
+
+
+def _replicas_text(d: Deployment, *, root_silent: bool = False,
+                   silent: tuple[int, int] = (0, 0)) -> str:
+    """"3 replicas (2 ready)", with "1 unknown" where agents are silent: a row whose agent
+    is silent never counts as ready, whatever it last reported."""
     extra = getattr(d, "replica_count", 0)
     if not extra:
         return ""
-    ready = getattr(d, "replicas_ready", 0) + (d.status == DeploymentStatus.READY)
-    return f"{extra + 1} replicas ({ready} ready)"
+    ready = (getattr(d, "replicas_ready", 0) - silent[1]
+             + (d.status == DeploymentStatus.READY and not root_silent))
+    unknown = silent[0] + root_silent
+    return (f"{extra + 1} replicas ({ready} ready"
+            f"{f', {unknown} unknown' if unknown else ''})")
 
 
 def _list_row(d: Deployment, now: datetime, silence: Silence | None = None) -> DeploymentRow:

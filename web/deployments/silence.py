@@ -62,6 +62,16 @@ class Silence:
                 "last_seen": self.last_seen.isoformat(), "silent_s": round(self.seconds, 1),
                 "summary": self.summary, "fix": self.fix}
 
+    def stable_dict(self) -> dict[str, Any]:
+        """As the API's status reads carry it: nothing in it changes while the silence
+        lasts (no running duration), so their ETag may stand for it."""
+        at = self.last_seen.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+        return {"agent_id": self.agent_id, "silent": True,
+                "last_seen": self.last_seen.isoformat(),
+                "summary": f"The engine agent {self.agent_id} is silent since {at} UTC: the "
+                           "status, metrics and alerts shown are as of its last report, not now.",
+                "fix": self.fix}
+
 
 def _duration(seconds: float) -> str:
     s = int(seconds)
@@ -75,6 +85,25 @@ def _duration(seconds: float) -> str:
 def agents_last_seen() -> dict[str, datetime]:
     """Each agent's last host report (one query)."""
     return dict(Host.objects.values_list("agent_id", "heartbeat_at"))
+
+
+def row_silence(*, status: str, agent_id: str, last_seen: datetime | None,
+                lease_until: datetime | None, now: datetime) -> Silence | None:
+    """deployment_silence from a row's columns and its agent's last report (`last_seen`,
+    None where the agent has no host report yet: then its lease on the row says)."""
+    if status not in WATCHED_STATUSES or not agent_id:
+        return None
+    return _silence(agent_id, last_seen or lease_until, now)
+
+
+def shown_body(data: dict[str, Any], silence: Silence | None) -> dict[str, Any]:
+    """A status read's body as the API answers it: the row's own, or, while the agent
+    watching it is silent, with `unknown` for its status and a `silence` object saying
+    since when and what to do (the stored status is the pages' "last known")."""
+    if silence is None:
+        return data
+    return {**data, "status": UNKNOWN, "silence": {**silence.stable_dict(),
+                                                   "last_known_status": data.get("status")}}
 
 
 def _silence(agent_id: str, last_seen: datetime | None, now: datetime) -> Silence | None:
@@ -101,8 +130,9 @@ def deployment_silence(*, deployment: Deployment, seen: Mapping[str, datetime] |
     if deployment.status not in WATCHED_STATUSES or not deployment.agent_id:
         return None
     seen = agents_last_seen() if seen is None else seen
-    last = seen.get(deployment.agent_id) or deployment.lease_until
-    return _silence(deployment.agent_id, last, now or timezone.now())
+    return row_silence(status=deployment.status, agent_id=deployment.agent_id,
+                       last_seen=seen.get(deployment.agent_id),
+                       lease_until=deployment.lease_until, now=now or timezone.now())
 
 
 def deployments_silence(*, deployments: Iterable[Deployment],
