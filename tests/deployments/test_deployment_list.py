@@ -1,5 +1,6 @@
 """The deployments list (views.deployment_list and its JSON rows for list.js): status, uptime
-since ready, current throughput from the latest stored metric point, the engine's endpoint;
+since ready, current throughput from the latest stored metric point, the endpoint clients
+call (the gateway's, with the model they name: never the engine's own address);
 one query for the rows however many there are."""
 
 from __future__ import annotations
@@ -56,12 +57,19 @@ def test_a_ready_deployment_shows_its_uptime_throughput_and_endpoint(viewer) -> 
     assert row["status"] == "ready"
     assert row["uptime"] == "3 h 02 min" and row["uptime_s"] == pytest.approx(10925, abs=5)
     assert row["throughput"] == "312.4 tok/s" and row["throughput_tok_s"] == 312.44
-    assert row["endpoint"] == "http://appliance-engine-serving:30000"
+    assert (row["endpoint"], row["model"]) == ("http://testserver/v1", "serving")
     assert row["ready_since"].endswith(" UTC") and row["throughput_at"].endswith(" UTC")
     page = _client(viewer).get(reverse("deployments:list")).content.decode()
     assert f'<tr id="deployment-{serving.pk}">' in page
     assert ">3 h 02 min</td>" in page and ">312.4 tok/s</td>" in page
-    assert "<code>http://appliance-engine-serving:30000</code>" in page
+    assert ("<code>http://testserver/v1</code> <small>model <code>serving</code></small>"
+            in page)
+    assert "appliance-engine-serving" not in page  # on the engines' network: nobody reaches it
+    # A served_model_name is what clients name, so it is what the Endpoint says.
+    named = _ready("named", gpu=1)
+    Deployment.objects.filter(pk=named.pk).update(
+        spec={**named.spec, "engine": {**named.spec["engine"], "served_model_name": "kimi"}})
+    assert _rows(viewer)[named.pk]["model"] == "kimi"
 
 
 def test_a_deployment_that_is_not_serving_shows_dashes_not_old_figures(viewer) -> None:  # type: ignore[no-untyped-def]

@@ -70,7 +70,7 @@ def test_the_list_follows_deployments_without_a_reload(server, first: int, page:
     _meanwhile(lambda: (_serve(first, 321.5), second.append(_create("second", gpu=1))))
     expect(row.locator(".status")).to_have_text("ready", timeout=15_000)
     expect(row.locator(".throughput")).to_have_text("321.5 tok/s")
-    expect(row.locator(".endpoint")).to_have_text("http://appliance-engine-a:30000")
+    expect(row.locator(".endpoint")).to_have_text(f"{server}/v1 model first")
     expect(row.locator(".uptime")).to_have_text(re.compile(r"^\d+ s$"))
     expect(page.locator(f"#deployment-{second[0]} .status")).to_have_text("queued")
     expect(page.locator("#list-refreshed")).to_contain_text("refreshed ")

@@ -35,7 +35,11 @@ def throughput_text(tok_s: float | None) -> str:
     return DASH if tok_s is None else f"{tok_s:.1f} tok/s"
 
 
-def row_texts(row: DeploymentRow) -> dict[str, Any]:
+def row_texts(row: DeploymentRow, *, gateway: str = "") -> dict[str, Any]:
+    """The row as text. gateway: the OpenAI base URL clients call (the panel's /v1), shown as
+    the Endpoint of a deployment that serves, with the `model` it is called by; the engine's
+    own address is on the engines' network, where no client reaches it."""
+    serving = bool(row.endpoint) and bool(gateway)
     return {
         "id": row.id,
         "name": row.name,
@@ -51,7 +55,8 @@ def row_texts(row: DeploymentRow) -> dict[str, Any]:
         "throughput": throughput_text(row.throughput),
         "throughput_tok_s": row.throughput,
         "throughput_at": _utc(row.throughput_at) if row.throughput_at else "",
-        "endpoint": row.endpoint,  # empty: none yet (the page shows a dash)
+        "endpoint": gateway if serving else "",  # empty: none yet (the page shows a dash)
+        "model": row.model if serving else "",
         "silent": row.silent,  # its agent is silent: why the status says unknown
         "replicas": row.replicas,  # "3 replicas (2 ready)"; empty for one engine
     }

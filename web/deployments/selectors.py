@@ -363,6 +363,7 @@ class DeploymentRow:
     # Its agent is silent (silence.py): the status shown is `unknown`, this says why.
     silent: str = ""
     replicas: str = ""  # "3 replicas (2 ready)"; empty for one engine
+    model: str = ""  # the `model` clients name: the spec's served_model_name, else the name
 
 
 def deployment_list_rows(*, now: datetime, limit: int = LIST_ROWS) -> list[DeploymentRow]:
@@ -374,6 +375,8 @@ def deployment_list_rows(*, now: datetime, limit: int = LIST_ROWS) -> list[Deplo
     rows = list(Deployment.objects.filter(replica_of__isnull=True).only(*_LIST_FIELDS)
                 .annotate(point_throughput=Subquery(latest.values("throughput")[:1]),
                           point_ts=Subquery(latest.values("ts")[:1]),
+                          served_name=KeyTextTransform("served_model_name",
+                                                       KeyTextTransform("engine", "spec")),
                           replica_count=Count("replica_rows"),
                           replicas_ready=Count("replica_rows", filter=ready))[:limit])
     seen = agents_last_seen()
@@ -381,7 +384,8 @@ def deployment_list_rows(*, now: datetime, limit: int = LIST_ROWS) -> list[Deplo
     silent = _silent_replicas([d.pk for d in rows if getattr(d, "replica_count", 0)],
                               seen, now)
     return [dataclasses.replace(_list_row(d, now, silences[d.pk]), replicas=_replicas_text(
-                d, root_silent=silences[d.pk] is not None, silent=silent.get(d.pk, (0, 0))))
+                d, root_silent=silences[d.pk] is not None, silent=silent.get(d.pk, (0, 0))),
+                model=str(getattr(d, "served_name", None) or d.name))
             for d in rows]
 
 

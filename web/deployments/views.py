@@ -13,6 +13,8 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_safe
 
+from web.gateway.selectors import gateway_base_url
+
 from . import selectors, services
 from .engine_limits import engine_limits
 from .forms import DeploymentForm
@@ -44,7 +46,7 @@ def deployment_list(request: HttpRequest) -> HttpResponse:
     return render(
         request,
         "deployments/list.html",
-        {"rows": _list_rows(), "refresh_s": LIST_REFRESH_S,
+        {"rows": _list_rows(request), "refresh_s": LIST_REFRESH_S,
          "can_deploy": can_deploy(request.user), "hosts": selectors.hosts_list()},
     )
 
@@ -54,11 +56,14 @@ def deployment_list(request: HttpRequest) -> HttpResponse:
 def deployment_list_rows(request: HttpRequest) -> HttpResponse:
     """The list's rows as JSON, for the page's refresh (list.js): one query however long."""
     _require_view(request)
-    return JsonResponse({"deployments": _list_rows(), "refresh_s": LIST_REFRESH_S})
+    return JsonResponse({"deployments": _list_rows(request), "refresh_s": LIST_REFRESH_S})
 
 
-def _list_rows() -> list[dict[str, Any]]:
-    return [row_texts(row) for row in selectors.deployment_list_rows(now=timezone.now())]
+def _list_rows(request: HttpRequest) -> list[dict[str, Any]]:
+    # The Endpoint of a serving deployment is the gateway's, with the model clients name.
+    base = gateway_base_url(request=request)
+    return [row_texts(row, gateway=base)
+            for row in selectors.deployment_list_rows(now=timezone.now())]
 
 
 @login_required

@@ -50,7 +50,13 @@
     cell(tr, d.uptime, "uptime", d.ready_since ? "ready since " + d.ready_since : "");
     cell(tr, d.throughput, "throughput",
       d.throughput_at ? "output tokens, from the metric point of " + d.throughput_at : "");
-    cell(tr, d.endpoint ? tag("code", d.endpoint) : "–", "endpoint");
+    const endpoint = cell(tr, d.endpoint ? tag("code", d.endpoint) : "–", "endpoint");
+    if (d.endpoint) {  // the gateway's URL and the model clients name (list.html too)
+      const model = tag("small", "model ");
+      model.appendChild(tag("code", d.model));
+      endpoint.appendChild(document.createTextNode(" "));
+      endpoint.appendChild(model);
+    }
     cell(tr, d.algorithm);
     cell(tr, d.recipe);
     cell(tr, d.gpus);
