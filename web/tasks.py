@@ -30,6 +30,8 @@ from kombu import Queue
 DEPLOYMENT_START = "worker.tasks.deploy"
 BENCHMARK_RUN = "worker.tasks.benchmark"
 VERIFICATION_RUN = "worker.tasks.verification"
+TUNE_RUN = "worker.tasks.tune"
+TUNE_APPLY = "worker.tasks.tune_apply"
 ROOT_READ_RATE = "worker.tasks.store_read_rate"
 MODEL_DOWNLOAD = "worker.model_tasks.model_download"
 MODEL_DOWNLOADS_RESUME = "worker.model_tasks.model_downloads_resume"
@@ -39,6 +41,8 @@ QUEUE_OF = {
     DEPLOYMENT_START: "builds",
     BENCHMARK_RUN: "bench",
     VERIFICATION_RUN: "bench",
+    TUNE_RUN: "bench",
+    TUNE_APPLY: "bench",
     ROOT_READ_RATE: "models",
     MODEL_DOWNLOAD: "models",
     MODEL_DOWNLOADS_RESUME: "models",
@@ -82,6 +86,14 @@ def benchmark_run_later(run_id: int) -> None:
 
 def verification_run_later(run_id: int) -> None:
     _send_on_commit(VERIFICATION_RUN, run_id)
+
+
+def tune_run_later(run_id: int) -> None:
+    _send_on_commit(TUNE_RUN, run_id)
+
+
+def tune_apply_later(run_id: int) -> None:
+    _send_on_commit(TUNE_APPLY, run_id)
 
 
 def root_read_rate_later(root: str) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from web import tasks as names
 from web.benchmarks import services as bench_services
-from web.benchmarks import verification_services
+from web.benchmarks import tune_services, verification_services
 from web.builder.builds import deployment_run
 from web.deployments.services import loadtime
 
@@ -28,6 +28,19 @@ def benchmark(run_id: int) -> str:
 @app.task(name=names.VERIFICATION_RUN, acks_late=True)
 def verification(run_id: int) -> str:
     return verification_services.verification_run(run_id=run_id)
+
+
+# A Tune: the bench queue (it benchmarks); it holds its deployment while it runs and
+# restores it whatever ends it.
+@app.task(name=names.TUNE_RUN, acks_late=True)
+def tune(run_id: int) -> str:
+    return tune_services.tune_run(run_id=run_id)
+
+
+# Apply a Tune's winner: stop and start again on its spec, or a rolling redeploy.
+@app.task(name=names.TUNE_APPLY, acks_late=True)
+def tune_apply(run_id: int) -> str:
+    return tune_services.tune_apply_run(run_id=run_id)
 
 
 # A model root's read rate: on the store's queue, beside the downloads, since it reads the

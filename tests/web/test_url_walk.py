@@ -70,7 +70,10 @@ def _kind(path: str) -> str:
     if bare.startswith(("api/fleet/hosts", "fleet/")):
         return "fleet"  # viewers read; draining and removing a host is an admin's
     if bare.startswith(("keys/", "api/keys")):
-        return "keys"  # gateway API keys call deployments: an operator's and an admin's
+        return "keys"
+    if bare.startswith(("api/tunes", "benchmarks/tunes")) or (
+            bare.startswith("api/deployments/") and bare.endswith("/tune/")):
+        return "tune"  # Tune takes a deployment out of service: an operator's and an admin's  # gateway API keys call deployments: an operator's and an admin's
     if bare.startswith(("api/deployments", "deployments/")) or bare in ("", "api/", "api.json"):
         return "deployments"
     return "other"
@@ -96,7 +99,7 @@ def _allowed(actor: str, kind: str, method: str, path: str) -> set[int]:
         return {200, 405} if read else {200, 302, 400, 403, 405}
     if actor == "nobody":
         return {403, 405}
-    if actor == "viewer" and kind == "keys":
+    if actor == "viewer" and kind in ("keys", "tune"):
         return {403, 405}
     if actor != "admin" and (kind == "fleet-admin" or (kind == "fleet" and not read)):
         return {403, 405}

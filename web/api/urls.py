@@ -4,6 +4,7 @@ from rest_framework.permissions import IsAuthenticated
 from rest_framework.routers import DefaultRouter
 
 from web.benchmarks.api import BenchmarkViewSet
+from web.benchmarks.tune_api import TuneViewSet, deployment_tune
 from web.benchmarks.verification_api import VerificationViewSet
 from web.gateway.api import ApiKeyViewSet
 from web.store.api import ModelEntryViewSet
@@ -23,6 +24,7 @@ router.register("benchmarks", BenchmarkViewSet, basename="benchmark")
 router.register("keys", ApiKeyViewSet, basename="apikey")
 router.register("models", ModelEntryViewSet, basename="model")
 router.register("verifications", VerificationViewSet, basename="verification")
+router.register("tunes", TuneViewSet, basename="tune")
 
 
 def _with_status_reads(patterns: list[URLPattern | URLResolver],
@@ -37,6 +39,7 @@ def _with_status_reads(patterns: list[URLPattern | URLResolver],
 
 
 urlpatterns = [
+    path("deployments/<int:pk>/tune/", deployment_tune, name="deployment-tune"),
     path("", include(_with_status_reads(router.urls))),
     path("preflight/", views.preflight, name="preflight"),
     path("fleet/", include("web.fleet.api_urls")),

@@ -9,7 +9,6 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.utils import timezone
 
 from appliance.bench import (
     BenchOptions,
@@ -28,6 +27,7 @@ from web.gateway.services import ApiKeyError, apikey_create, apikey_revoke
 
 from .choices import BenchmarkStatus
 from .models import BenchmarkRun
+from .runs import run_cancelling, run_claim, run_finish, run_request_cancel
 
 MAX_LEVEL, MAX_PROMPTS, MAX_LEN = 1024, 10000, 131072
 POLL_S = 0.5
@@ -161,25 +161,17 @@ def benchmark_create(*, deployment_ids: list[int], config: dict[str, Any],
 
 def benchmark_request_cancel(*, run: BenchmarkRun) -> BenchmarkRun:
     """A queued run ends at once; a running one is asked to stop (its task polls)."""
-    BenchmarkRun.objects.filter(pk=run.pk, status=BenchmarkStatus.QUEUED).update(
-        status=BenchmarkStatus.CANCELLED, finished_at=timezone.now())
-    BenchmarkRun.objects.filter(pk=run.pk, status=BenchmarkStatus.RUNNING).update(
-        status=BenchmarkStatus.CANCELLING)
-    run.refresh_from_db()
-    return run
+    return run_request_cancel(run)
 
 
 def _finish(run_id: int, status: str, **fields: Any) -> None:
-    BenchmarkRun.objects.filter(pk=run_id, status__in=[
-        BenchmarkStatus.RUNNING, BenchmarkStatus.CANCELLING]).update(
-        status=status, finished_at=timezone.now(), **fields)
+    run_finish(BenchmarkRun, run_id, status, **fields)
 
 
 def benchmark_run(*, run_id: int) -> str:
     """The task's body: runs the sweep on a thread, saving progress and watching for a
     cancel every POLL_S seconds (ORM calls stay on this thread, off the event loop)."""
-    if not BenchmarkRun.objects.filter(pk=run_id, status=BenchmarkStatus.QUEUED).update(
-            status=BenchmarkStatus.RUNNING, started_at=timezone.now()):
+    if not run_claim(BenchmarkRun, run_id):
         return "not queued"
     run = BenchmarkRun.objects.get(pk=run_id)
     progress, cancel = Progress(), threading.Event()
@@ -190,7 +182,7 @@ def benchmark_run(*, run_id: int) -> str:
     while worker.is_alive():
         worker.join(POLL_S)
         BenchmarkRun.objects.filter(pk=run_id).update(progress=progress.snapshot())
-        if BenchmarkRun.objects.filter(pk=run_id, status=BenchmarkStatus.CANCELLING).exists():
+        if run_cancelling(BenchmarkRun, run_id):
             cancel.set()
     return _record(run, outcome, progress)
 

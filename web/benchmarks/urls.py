@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import verification_views, views
+from . import tune_views, verification_views, views
 
 app_name = "benchmarks"
 
@@ -16,4 +16,10 @@ urlpatterns = [
          name="verification-detail"),
     path("verifications/<int:pk>/cancel/", verification_views.verification_cancel,
          name="verification-cancel"),
+    # Tune (candidates of one deployment's spec, the fastest lossless one recommended).
+    path("tunes/", tune_views.tune_list, name="tune-list"),
+    path("tunes/new/", tune_views.tune_new, name="tune-new"),
+    path("tunes/<int:pk>/", tune_views.tune_detail, name="tune-detail"),
+    path("tunes/<int:pk>/cancel/", tune_views.tune_cancel, name="tune-cancel"),
+    path("tunes/<int:pk>/apply/", tune_views.tune_apply, name="tune-apply"),
 ]

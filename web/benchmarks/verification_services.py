@@ -12,7 +12,6 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.utils import timezone
 
 from appliance.bench.lossless import NEAR_TIE_GAP
 from appliance.bench.prompts import PromptError, from_jsonl
@@ -28,6 +27,7 @@ from web.deployments.models import Deployment, DeploymentStatus
 from web.gateway.services import ApiKeyError, apikey_create, apikey_revoke
 
 from .choices import BenchmarkStatus
+from .runs import run_cancelling, run_claim, run_finish, run_request_cancel
 from .services import BenchmarkInputError, target_name
 from .verification_models import VerificationRun
 
@@ -145,12 +145,7 @@ def verification_create(*, candidate_id: int | None, baseline_id: int | None,
 
 def verification_request_cancel(*, run: VerificationRun) -> VerificationRun:
     """A queued check ends at once; a running one stops before its next prompt."""
-    VerificationRun.objects.filter(pk=run.pk, status=BenchmarkStatus.QUEUED).update(
-        status=BenchmarkStatus.CANCELLED, finished_at=timezone.now())
-    VerificationRun.objects.filter(pk=run.pk, status=BenchmarkStatus.RUNNING).update(
-        status=BenchmarkStatus.CANCELLING)
-    run.refresh_from_db()
-    return run
+    return run_request_cancel(run)
 
 
 class _Progress:
@@ -179,8 +174,7 @@ class _Progress:
 def verification_run(*, run_id: int) -> str:
     """The task's body: the check runs on a thread; every POLL_S the row gets its progress
     (each prompt's result as it is judged) and a cancel is looked for."""
-    if not VerificationRun.objects.filter(pk=run_id, status=BenchmarkStatus.QUEUED).update(
-            status=BenchmarkStatus.RUNNING, started_at=timezone.now()):
+    if not run_claim(VerificationRun, run_id):
         return "not queued"
     run = VerificationRun.objects.get(pk=run_id)
     outcome: dict[str, Any] = {}
@@ -201,8 +195,7 @@ def verification_run(*, run_id: int) -> str:
         if snapshot["done"] != written:  # each prompt's row once, not every poll
             VerificationRun.objects.filter(pk=run_id).update(progress=snapshot)
             written = snapshot["done"]
-        if VerificationRun.objects.filter(pk=run_id,
-                                          status=BenchmarkStatus.CANCELLING).exists():
+        if run_cancelling(VerificationRun, run_id):
             cancel.set()
     return _record(run, outcome, progress)
 
@@ -268,9 +261,7 @@ def _named(message: str, targets: dict[str, Any]) -> str:
 
 
 def _finish(run_id: int, status: str, **fields: Any) -> None:
-    VerificationRun.objects.filter(pk=run_id, status__in=[
-        BenchmarkStatus.RUNNING, BenchmarkStatus.CANCELLING]).update(
-        status=status, finished_at=timezone.now(), **fields)
+    run_finish(VerificationRun, run_id, status, **fields)
 
 
 def _record(run: VerificationRun, outcome: dict[str, Any], progress: _Progress) -> str:
