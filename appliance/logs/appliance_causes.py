@@ -11,6 +11,8 @@ reads Docker's message, the build, the model wait and the follower name theirs.
 
 from __future__ import annotations
 
+import signal
+
 from appliance.logs.cause import Cause, Diagnosis
 from appliance.logs.causes import CAUSES as ENGINE_CAUSES
 
@@ -101,6 +103,53 @@ START_ERRORS: tuple[tuple[tuple[str, ...], Cause], ...] = (
     (("cannot reach the Docker engine", "Connection refused", "No such file or directory"),
      DOCKER_UNREACHABLE),
 )
+
+
+DOCKER_LOST_CODE = 255  # what Docker records for a container whose process it lost
+NO_LINES_FIX = ("The engine printed no line in this run, so there is none to read: the host's "
+                "Docker log (`journalctl -u docker`) and `docker inspect` of the engine's "
+                "container, where it is still there, say what ended it.")
+HOST_RESTART_FIX = (
+    "Nothing to fix in the engine: its host or the host's Docker restarted while it ran "
+    "(`uptime`, `journalctl -u docker` on the host say when). A replica or a companion is "
+    "started again by the panel; a deployment of its own is started again by Restart, or by "
+    "itself with `restart: {policy: on-failure}` in its spec.")
+
+
+def exit_message(code: object, when: str) -> str:
+    """How the engine's container ended, from Docker's exit code: a code above 128 names
+    the signal that killed it only where there is such a signal (129 to 192); 255 is
+    Docker's own code for a process it lost (its dockerd or the host restarted), never
+    "signal 127"."""
+    if code == DOCKER_LOST_CODE:
+        return (f"the engine container ended with exit code 255 {when}: Docker's code for a "
+                "container whose process it lost, as when the host or its Docker restarted "
+                "under it (no signal)")
+    if isinstance(code, int) and 128 < code <= 128 + 64:
+        try:
+            name = f" ({signal.Signals(code - 128).name})"
+        except ValueError:
+            name = ""
+        return f"the engine was killed by signal {code - 128}{name} {when}"
+    return f"the engine container exited with code {code} {when}"
+
+
+def exit_diagnosis(code: object, message: str, evidence: dict[str, object]) -> Diagnosis:
+    """ENGINE_EXITED worded for the exit: for Docker's 255, that its host or Docker
+    restarted (not a cause to look for in the engine's lines)."""
+    if code == DOCKER_LOST_CODE:
+        return ENGINE_EXITED.worded(summary=message[:1].upper() + message[1:] + ".",
+                                    fix=HOST_RESTART_FIX, evidence=evidence)
+    return ENGINE_EXITED.worded(summary=message, evidence=evidence)
+
+
+def without_lines(diagnosis: Diagnosis) -> Diagnosis:
+    """The diagnosis of an engine that printed no line: a fix that sends the reader to the
+    lines below says where to look instead."""
+    if "last lines below" not in diagnosis.fix:
+        return diagnosis
+    return Diagnosis(diagnosis.cause, diagnosis.summary, NO_LINES_FIX, dict(diagnosis.evidence),
+                     diagnosis.patch, diagnosis.severity)
 
 
 def start_failure(message: str) -> Diagnosis:

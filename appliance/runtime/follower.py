@@ -45,6 +45,8 @@ from appliance.logs.appliance_causes import (
     ENGINE_TIMEOUT,
     ENGINE_VANISHED,
     GENERATION_FAILED,
+    exit_diagnosis,
+    exit_message,
 )
 from appliance.logs.cause import Cause
 from appliance.logs.causes import Diagnosis
@@ -602,10 +604,9 @@ class EngineFollower:
             message = f"the engine was killed for lack of host memory (OOM) {when}"
             found = found or ENGINE_OOM_KILLED.worded(summary=message,
                                                       evidence={"exit_code": code})
-        elif isinstance(code, int) and code > 128:
-            message = f"the engine was killed by signal {code - 128} {when}"
         else:
-            message = f"the engine container exited with code {code} {when}"
+            message = exit_message(code, when)
+            found = found or exit_diagnosis(code, message, {"exit_code": code, **state})
         self._fail(found, ENGINE_EXITED, message, evidence={"exit_code": code, **state})
 
     def _fail(self, found: Diagnosis | None, cause: Cause, message: str, *,

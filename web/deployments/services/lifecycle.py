@@ -26,6 +26,7 @@ from django.utils import timezone
 
 from appliance.engine.restart import backoff_s, restart_from
 from appliance.lifecycle import Process, Status, sources_of
+from appliance.logs.appliance_causes import without_lines
 from appliance.logs.catalogue import catalogued
 from appliance.logs.cause import Diagnosis
 
@@ -147,6 +148,10 @@ def deployment_mark_failed(
     engine only: an engine that ends while a stop is under way has stopped, not failed. The
     build worker fails what it has not handed over yet.
     """
+    if not last_lines:  # an agent that came back after the engine's lines: the stored ones
+        last_lines = run_last_lines(deployment_id=deployment_id)
+    if not last_lines:
+        diagnosis = without_lines(diagnosis)
     stored = catalogued(diagnosis).to_dict()
     done = _transition(
         deployment_id, target=S.FAILED, by=by, message=message or diagnosis.summary,
@@ -160,6 +165,19 @@ def deployment_mark_failed(
             ],
         )
     return bool(done)
+
+
+def run_last_lines(*, deployment_id: int, limit: int = 60) -> list[str]:
+    """The current run's last `limit` engine lines as stored (its log events), oldest
+    first: what a failure shows where its agent sent none (it followed the engine from a
+    cursor, after the lines: an agent or its host restarted)."""
+    run = Deployment.objects.filter(pk=deployment_id).values_list("run", flat=True).first() or 1
+    first = (Run.objects.filter(deployment_id=deployment_id, number=run)
+             .values_list("first_seq", flat=True).first() or 1)
+    texts = (Event.objects.filter(deployment_id=deployment_id, kind=EventKind.LOG,
+                                  seq__gte=first).order_by("-seq")
+             .values_list("payload__text", flat=True)[:limit])
+    return [str(t) for t in reversed(list(texts)) if t is not None]
 
 
 # ------------------------------------------------------------------------- restarts
@@ -211,28 +229,49 @@ def deployment_mark_requeued(*, deployment: Deployment, user: User = None,
     return True
 
 
+def deployment_serves_a_set(*, deployment: Deployment) -> str:
+    """What the row is, where it is one engine of a set that exists to serve ('' where it
+    is a deployment of its own): "a replica" (replica 0 with replica rows, or a replica
+    row), or "a companion" (a live deployment's spec names it as its `companion:`)."""
+    if deployment.replica_of_id is not None or Deployment.objects.filter(
+            replica_of_id=deployment.pk).exclude(status__in=TERMINAL_STATUSES).exists():
+        return "a replica"
+    if Deployment.objects.filter(spec__companion=deployment.name).exclude(
+            pk=deployment.pk).exclude(status__in=TERMINAL_STATUSES).exists():
+        return "a companion"
+    return ""
+
+
 def deployment_restart_after_death(*, deployment_id: int, start_token: str,
                                    diagnosis: Diagnosis, message: str) -> bool:
     """The restart policy: an engine that died while serving starts again after a wait.
 
     Only from ready, and only the run whose engine died (its start token): a failure before
     ready needs a fix, not a retry. False when the spec has no policy or it is used up; the
-    caller then marks the deployment failed.
+    caller then marks the deployment failed. A replica or a companion
+    (deployment_serves_a_set) exists to serve: it is started again whatever the policy,
+    each time after the policy's doubling wait (capped at APPLIANCE_RESTART_BACKOFF_MAX_S),
+    the same way after its host came back (its agent finds the engine exited) as after the
+    engine died.
     """
     stored = catalogued(diagnosis).to_dict()
     row = Deployment.objects.get(pk=deployment_id)
     policy, _ = restart_from((row.spec or {}).get("restart"))
-    if not policy.on_failure or row.restarts >= policy.max_restarts:
+    serving = deployment_serves_a_set(deployment=row)
+    if not serving and (not policy.on_failure or row.restarts >= policy.max_restarts):
         return False
     wait = backoff_s(row.restarts, first_s=float(settings.RESTART_BACKOFF_S),
                      max_s=float(settings.RESTART_BACKOFF_MAX_S))
     number, restarts = row.run + 1, row.restarts + 1
+    why = (f"{serving} is brought back whatever the restart policy: start {restarts} after a "
+           f"death, in {wait:.0f} s" if serving else
+           f"restart {restarts} of {policy.max_restarts} in {wait:.0f} s (restart policy "
+           "on-failure)")
     with transaction.atomic():
         event = _transition(
             row.pk, target=S.STARTING, by=Process.AGENT, match={"start_token": start_token},
             event={"run": number, "restarts": restarts, "diagnosis": stored},
-            message=f"{message}; restart {restarts} of {policy.max_restarts} "
-                    f"in {wait:.0f} s (restart policy on-failure), run {number}",
+            message=f"{message}; {why}, run {number}",
             phase="start", run=F("run") + 1, restarts=F("restarts") + 1,
             start_token=secrets.token_hex(8),
             restart_not_before=timezone.now() + timedelta(seconds=wait), **_FRESH_RUN)
