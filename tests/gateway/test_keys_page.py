@@ -81,3 +81,31 @@ def test_a_deployment_with_replicas_is_one_choice_and_a_replicas_id_scopes_it(cl
     key = services.apikey_create(owner_username=operator.username, name="r",
                                  deployment_ids=[rows[1].pk]).key
     assert list(key.deployments.values_list("pk", flat=True)) == [first.pk]
+
+
+def test_usage_shows_per_deployment_that_served_with_the_companions_share(client, operator, token_for) -> None:  # type: ignore[no-untyped-def]
+    from tests.rows import queued
+    from web.gateway import services
+
+    base = queued(name="base", gpus=[1], engine__speculative_algorithm="NONE")
+    ddt = queued(name="ddt", gpus=[0], companion="base")
+    key = services.apikey_create(owner_username=operator.username, name="evals").key
+    for _ in range(3):  # three answered by the DDTree engine
+        services.usage_record(key_id=key.pk, user_id=None, deployment_id=ddt.pk,
+                              prompt_tokens=10, completion_tokens=20)
+    # one log-probs request the DDTree engine refuses, served by its companion
+    services.usage_record(key_id=key.pk, user_id=None, deployment_id=base.pk,
+                          prompt_tokens=7, completion_tokens=1)
+    client.force_login(operator)
+    page = client.get("/keys/").content.decode()
+    assert "<b>ddt</b>: 3 requests, 30 + 60 tokens" in page
+    assert "<b>base (companion of ddt)</b>: 1 request, 7 + 1 tokens" in page
+    auth = {"HTTP_AUTHORIZATION": f"Token {token_for(operator)}"}
+    for answer in (client.get("/api/keys/", **auth).json()[0],
+                   client.get(f"/api/keys/{key.pk}/", **auth).json()):
+        assert (answer["requests"], answer["prompt_tokens"], answer["completion_tokens"]) == (
+            4, 37, 61)
+        shares = {u["deployment"]: (u["deployment_id"], u["companion_of"], u["requests"],
+                                    u["prompt_tokens"], u["completion_tokens"])
+                  for u in answer["usage"]}
+        assert shares == {"ddt": (ddt.pk, [], 3, 30, 60), "base": (base.pk, ["ddt"], 1, 7, 1)}

@@ -1,5 +1,6 @@
 """REST API for the gateway's keys: list, create (the secret in the 201 answer only),
-detail with usage per deployment, revoke. Operators and admins; one's own keys (an admin
+each with its usage per deployment that served it (a companion's share on its own row),
+revoke. Operators and admins; one's own keys (an admin
 sees everyone's)."""
 
 from __future__ import annotations
@@ -45,6 +46,11 @@ class ApiKeySerializer(serializers.Serializer[Any]):
     requests = serializers.IntegerField(read_only=True)
     prompt_tokens = serializers.IntegerField(read_only=True)
     completion_tokens = serializers.IntegerField(read_only=True)
+    usage = serializers.ListField(
+        child=serializers.DictField(), read_only=True,
+        help_text="per deployment that served the key's requests: deployment, deployment_id, "
+                  "model, companion_of (the deployments it served as their companion), "
+                  "requests, prompt_tokens, completion_tokens, last_used_at")
 
 
 class NewApiKeySerializer(ApiKeySerializer):
@@ -80,8 +86,7 @@ class ApiKeyViewSet(viewsets.ViewSet):
     @extend_schema(parameters=[KEY_ID])
     def retrieve(self, request: Request, pk: str | None = None) -> Response:
         info = self._get(request, pk)
-        usage = [dataclasses.asdict(u) for u in selectors.apikey_usage(key_id=info.id)]
-        return Response({**ApiKeySerializer(_as_dict(info)).data, "usage": usage})
+        return Response(ApiKeySerializer(_as_dict(info)).data)
 
     @extend_schema(request=ApiKeySerializer, responses={201: NewApiKeySerializer})
     def create(self, request: Request) -> Response:

@@ -15,7 +15,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import connection
-from django.db.models import OuterRef, Q, Subquery, Sum
+from django.db.models import OuterRef, Q, Subquery
 from django.db.models.fields.json import KT
 from django.http import HttpRequest
 
@@ -27,6 +27,27 @@ from web.gateway.models import ApiKey, ApiKeyUsage
 
 KEY_PREFIX = "sk-sd-"
 PREFIX_LENGTH = 8  # characters after KEY_PREFIX that name a key in lists
+
+
+@dataclass(frozen=True)
+class UsageRow:
+    """A key's use of one deployment: the requests its engines answered, and their tokens."""
+
+    deployment: str
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+    last_used_at: datetime | None
+    deployment_id: int = 0
+    model: str = ""  # the name clients call it by
+    # The deployments that name this one as their companion: its requests here are those
+    # they refused (log-probs, grammar) and it served in their stead.
+    companion_of: list[str] = field(default_factory=list)
+
+    @property
+    def served(self) -> str:
+        return (f"{self.deployment} (companion of {', '.join(self.companion_of)})"
+                if self.companion_of else self.deployment)
 
 
 @dataclass(frozen=True)
@@ -46,6 +67,8 @@ class ApiKeyInfo:
     requests: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # The totals per deployment that served (a companion's share on its own row).
+    usage: tuple[UsageRow, ...] = ()
 
     @property
     def scope(self) -> str:
@@ -238,22 +261,20 @@ def gateway_target(*, model: str) -> Target | None:
 
 
 def _infos(keys: list[ApiKey]) -> list[ApiKeyInfo]:
-    totals = {row["key_id"]: row for row in ApiKeyUsage.objects.filter(
-        key__in=keys).values("key_id").annotate(
-        requests_sum=Sum("requests"), prompt_sum=Sum("prompt_tokens"),
-        completion_sum=Sum("completion_tokens"))}
+    per_deployment = _usage_rows([key.id for key in keys]) if keys else {}
     out = []
     for key in keys:
-        usage: dict[str, Any] = dict(totals.get(key.id) or {})
+        rows = per_deployment.get(key.id, [])  # the totals are their sums
         out.append(ApiKeyInfo(
             id=key.id, name=key.name, prefix=KEY_PREFIX + key.prefix, owner=str(key.owner),
             all_deployments=key.all_deployments,
             deployment_names=sorted({d.name for d in key.deployments.all()}),
             rate_limit_per_minute=key.rate_limit_per_minute, created_at=key.created_at,
             last_used_at=key.last_used_at, revoked_at=key.revoked_at,
-            requests=usage.get("requests_sum") or 0,
-            prompt_tokens=usage.get("prompt_sum") or 0,
-            completion_tokens=usage.get("completion_sum") or 0))
+            requests=sum(r.requests for r in rows),
+            prompt_tokens=sum(r.prompt_tokens for r in rows),
+            completion_tokens=sum(r.completion_tokens for r in rows),
+            usage=tuple(rows)))
     return out
 
 
@@ -288,19 +309,24 @@ def api_keys_for_deployment(*, user: AbstractBaseUser | AnonymousUser,
     return _infos(list(keys))
 
 
-@dataclass(frozen=True)
-class UsageRow:
-    deployment: str
-    requests: int
-    prompt_tokens: int
-    completion_tokens: int
-    last_used_at: datetime | None
-
-
-def apikey_usage(*, key_id: int) -> list[UsageRow]:
-    """A key's usage per deployment."""
-    rows = (ApiKeyUsage.objects.filter(key_id=key_id).select_related("deployment")
-            .order_by("deployment__name", "deployment_id"))
-    return [UsageRow(deployment=r.deployment.name, requests=r.requests,
-                     prompt_tokens=r.prompt_tokens, completion_tokens=r.completion_tokens,
-                     last_used_at=r.last_used_at) for r in rows]
+def _usage_rows(key_ids: list[int]) -> dict[int, list[UsageRow]]:
+    """Each key's usage rows, per deployment that served (the gateway counts a request on
+    the deployment whose engine answered: replica 0's row for any of its replicas, the
+    companion's for what a companion served), with the deployments each one is the
+    companion of. Two queries however many keys."""
+    rows = list(ApiKeyUsage.objects.filter(key_id__in=key_ids)
+                .select_related("deployment").order_by("deployment__name", "deployment_id"))
+    names = {r.deployment.name for r in rows}
+    companion_of: dict[str, set[str]] = {}
+    for name, companion in (Deployment.objects.filter(replica_of=None, spec__companion__in=names)
+                            .values_list("name", "spec__companion")):
+        companion_of.setdefault(str(companion), set()).add(name)
+    out: dict[int, list[UsageRow]] = {}
+    for r in rows:
+        out.setdefault(int(r.key_id or 0), []).append(UsageRow(
+            deployment=r.deployment.name, deployment_id=r.deployment_id,
+            model=served_model_name(deployment=r.deployment),
+            companion_of=sorted(companion_of.get(r.deployment.name, ())),
+            requests=r.requests, prompt_tokens=r.prompt_tokens,
+            completion_tokens=r.completion_tokens, last_used_at=r.last_used_at))
+    return out
