@@ -164,3 +164,22 @@ def test_the_asgi_fast_path_hands_a_silent_agents_row_to_django_which_says_unkno
             await app.close()
 
     asyncio.run(reads())
+
+
+@pytest.mark.django_db
+def test_the_pages_live_ask_carries_the_replicas_table_with_a_lost_hosts_row_unknown(
+        settings: Any, viewer: Any) -> None:
+    rows = _replicated(settings)
+    page = Client()
+    page.force_login(viewer)
+    asked = page.get(f"/deployments/{rows[0].pk}/agent/").json()
+    assert [r["status"] for r in asked["replicas"]] == ["ready"] * 3
+    assert asked["replicas_heading"] == "3 replicas"
+    assert asked["replicas"][2]["url"] == f"/deployments/{rows[2].pk}/"
+    _report("agent@sim-b", age_s=40)
+    asked = page.get(f"/deployments/{rows[0].pk}/agent/").json()
+    assert [r["status"] for r in asked["replicas"]] == ["ready", "ready", "unknown"]
+    assert asked["silence"] is None  # replica 0's own agent reports
+    assert page.get(f"/deployments/{rows[2].pk}/agent/").json()["silence"]["silent"]
+    # A replica row's page has no Replicas table to redraw.
+    assert page.get(f"/deployments/{rows[2].pk}/agent/").json()["replicas"] == []

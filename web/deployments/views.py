@@ -10,6 +10,7 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_safe
 
@@ -138,10 +139,20 @@ def deployment_agent(request: HttpRequest, pk: int) -> HttpResponse:
     silent agent sends nothing down the page's live stream, so the page asks."""
     _require_view(request)
     deployment = get_object_or_404(
-        Deployment.objects.only("status", "agent_id", "lease_until"), pk=pk)
+        Deployment.objects.only("status", "agent_id", "lease_until", "replica_of", "rolling",
+                                "spec"), pk=pk)
     silence = deployment_silence(deployment=deployment)
-    return JsonResponse({"status": deployment.status,
-                         "silence": silence.to_dict() if silence else None})
+    # Its engines as the Replicas table shows them (each replica's `unknown` included): a
+    # replica's moves go down its own stream and a lost host sends none, so the page asks.
+    replicas = ([] if deployment.replica_of_id else
+                selectors.deployment_replicas(deployment=deployment, now=timezone.now()))
+    return JsonResponse({
+        "status": deployment.status, "silence": silence.to_dict() if silence else None,
+        "replicas": [{**r.to_dict(), "url": reverse("deployments:detail", args=[r.id])}
+                     for r in replicas] if len(replicas) > 1 else [],
+        "replicas_heading": _replicas_heading(deployment, replicas),
+        "replicas_throughput": selectors.replicas_throughput(replicas=replicas),
+        "rolling": deployment.rolling or {}})
 
 
 def _replicas_heading(deployment: Deployment, replicas: list[selectors.ReplicaRow]) -> str:

@@ -381,6 +381,7 @@
       const event = JSON.parse(msg.data);
       ApplianceLog.live(event);
       handle(event);
+      if (event.kind === "phase" || event.kind === "status") askAgentSoon();
     };
   }
   // A silent agent sends nothing down the stream, which stays open (the panel is up): the
@@ -411,8 +412,74 @@
     if (ended || document.hidden) return;
     fetch(agentUrl, {credentials: "same-origin", headers: {Accept: "application/json"}})
       .then(function (r) { if (!r.ok || r.redirected) throw new Error("HTTP " + r.status); return r.json(); })
-      .then(function (body) { showSilence(body.silence); })
+      .then(function (body) {
+        showSilence(body.silence);
+        showReplicas(body.replicas || [], body.replicas_heading, body.replicas_throughput);
+        if (body.rolling && body.rolling.text) showRolling(body.rolling);
+      })
       .catch(function () { /* the page keeps what it shows; the next ask may answer */ });
+  }
+  // The Replicas table, live: each replica's moves go down its own stream and a lost host
+  // sends nothing, so the page redraws the table from each ask (a replica whose host is
+  // lost reads `unknown`), and asks at once when its own stream tells of a move.
+  function cell(row, text, cls) {
+    const td = document.createElement("td");
+    if (cls) td.className = cls;
+    if (text instanceof Node) td.appendChild(text); else td.textContent = text;
+    row.appendChild(td);
+  }
+  function showReplicas(rows, heading, throughput) {
+    const section = document.getElementById("replicas");
+    if (!section || !rows.length) return;
+    let table = document.getElementById("replica-rows");
+    if (!table) {
+      table = document.createElement("table");
+      table.className = "list";
+      table.id = "replica-rows";
+      const head = document.createElement("tr");
+      ["Replica", "Host", "GPUs", "Status", "Run", "Throughput", "Placed because"].forEach(function (h) {
+        const th = document.createElement("th");
+        th.textContent = h;
+        head.appendChild(th);
+      });
+      table.appendChild(document.createElement("thead")).appendChild(head);
+      table.appendChild(document.createElement("tbody"));
+      section.insertBefore(table, document.getElementById("scale-form"));
+    }
+    const body = table.tBodies[0];
+    body.textContent = "";
+    rows.forEach(function (r) {
+      const tr = document.createElement("tr");
+      tr.dataset.replica = r.index;
+      const link = document.createElement("a");
+      link.href = r.url;
+      link.textContent = r.index + " (#" + r.id + ")";
+      cell(tr, link);
+      cell(tr, r.host || "–");
+      cell(tr, (r.gpus || []).join(","));
+      const badge = document.createElement("span");
+      badge.className = "status status-" + r.status;
+      badge.textContent = r.status;
+      cell(tr, badge);
+      cell(tr, String(r.run));
+      cell(tr, r.throughput === null || r.throughput === undefined ? "–" : r.throughput.toFixed(1) + " tok/s");
+      cell(tr, r.placement_reason || "", "muted");
+      body.appendChild(tr);
+    });
+    let total = document.getElementById("replicas-throughput");
+    if (!total) {
+      total = document.createElement("p");
+      total.id = "replicas-throughput";
+      section.insertBefore(total, table);
+    }
+    total.textContent = heading + " · throughput " +
+      (throughput === null || throughput === undefined ? "–" : throughput.toFixed(1) + " tok/s") +
+      " (the ready replicas' latest decode figures, summed)";
+  }
+  let askSoon = null;
+  function askAgentSoon() {
+    if (askSoon) return;
+    askSoon = setTimeout(function () { askSoon = null; askAgent(); }, 300);
   }
   showSilence(JSON.parse(document.getElementById("agent-silence").textContent));
   if (!summary.is_terminal) setInterval(askAgent, AGENT_ASK_MS);
