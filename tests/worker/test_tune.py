@@ -1,0 +1,130 @@
+"""Tune on the production road: the Celery worker and the engine agent (processes, on the
+test database and Redis) and the test engine in Docker. A Tune of three candidates at two
+levels measures each on the deployment's own GPU, checks them lossless, recommends, and
+leaves the deployment as it was; Apply redeploys it with the winner; a Tune cancelled
+midway restores the deployment (spec, GPUs, served name, its row and so its keys)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.test import override_settings
+
+from tests.conftest_docker import remove_engines
+from tests.servers import celery_worker, engine_agent
+from tests.specs import spec
+from web.agent.controller import wait_for
+from web.benchmarks import tune_services
+from web.benchmarks.tune_models import TuneRun
+from web.deployments import services
+from web.deployments.models import Deployment, DeploymentStatus
+from web.deployments.services.installation import instance_id
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
+S = DeploymentStatus
+FAST = {"TEST_ENGINE_PACE_S": "0.01", "TEST_ENGINE_SHARDS": "2", "TEST_ENGINE_TOKEN_S": "0.004"}
+CONFIG = {"levels": [1, 4], "num_prompts": 8, "output_len": 24, "prompt_source": "builtin",
+          "warmup": 1, "time_budget_s": 900, "deploy_timeout_s": 120, "lossless_prompts": 3,
+          "lossless_max_tokens": 12}
+
+
+@pytest.fixture
+def env(test_engine_image: str) -> Iterator[dict[str, str]]:  # noqa: F811
+    extra = ",".join(f"{k}={v}" for k, v in FAST.items())
+    with override_settings(ENGINE_IMAGE=test_engine_image, ENGINE_GPU_REQUESTS=False,
+                           ENGINE_EXTRA_ENV=FAST, ENGINE_STOP_TIMEOUT_S=5):
+        yield {"APPLIANCE_ENGINE_IMAGE": test_engine_image,
+               "APPLIANCE_ENGINE_GPU_REQUESTS": "0", "APPLIANCE_ENGINE_EXTRA_ENV": extra,
+               "APPLIANCE_ENGINE_STOP_TIMEOUT_S": "5", "APPLIANCE_ENGINE_READY_TIMEOUT_S": "90",
+               "APPLIANCE_ENGINE_TEST_ENV": "1", "APPLIANCE_AGENT_TICK_MS": "250"}
+    remove_engines(instance_id())
+
+
+def _until(check: Any, what: Any, timeout_s: float = 240) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while not (found := check()):
+        assert time.monotonic() < deadline, what() if callable(what) else what
+        time.sleep(0.2)
+    return found
+
+
+def _run(pk: int) -> TuneRun:
+    return TuneRun.objects.get(pk=pk)
+
+
+def _as_was(row: Deployment, before: dict[str, Any]) -> None:
+    assert row.status == S.READY and row.engine_url
+    assert row.spec == before["spec"] and row.gpus == before["gpus"]
+    assert row.algorithm == before["algorithm"] and row.name == before["name"]
+
+
+def test_tune_recommends_applies_and_a_cancelled_one_restores(env: dict[str, str],
+                                                              tmp_path: Path) -> None:
+    with celery_worker(tmp_path / "worker.log", **env), \
+            engine_agent(tmp_path / "agent.log", **env):
+        row = services.deployment_create(data=spec(), confirm_warnings=True)
+        assert wait_for(row.pk, {S.READY, S.FAILED}, 120) == S.READY
+        row.refresh_from_db()
+        before = {"spec": row.spec, "gpus": row.gpus, "algorithm": row.algorithm,
+                  "name": row.name}
+
+        run = tune_services.tune_create(deployment_id=row.pk, config=dict(CONFIG),
+                                        candidates=["dflash", "ddtree-8"])
+        # While it runs the deployment is out of service, and says until when.
+        _until(lambda: tune_services.tune_hold(deployment_id=row.pk), "the Tune holds it")
+        hold = tune_services.tune_hold(deployment_id=row.pk)
+        assert hold is not None and "out of service for Tune" in hold["text"]
+        _until(lambda: not _run(run.pk).is_active, lambda: (
+            f"the Tune ends: {_run(run.pk).progress}; the worker's log: "
+            f"{(tmp_path / 'worker.log').read_text()[-3000:]}"), timeout_s=400)
+        run = _run(run.pk)
+        assert run.status == "done", (run.error, run.results.get("reason"))
+        states = {c["name"]: c["state"] for c in run.results["candidates"]}
+        assert states == {"none": "measured", "dflash": "measured", "ddtree-8": "measured"}
+        assert {(r["candidate"], r["concurrency"]) for r in run.results["rows"]} == {
+            (c, level) for c in states for level in (1, 4)}
+        assert all(r["completed"] == 8 and not r["errors"] for r in run.results["rows"])
+        lossless = {c["name"]: c["lossless"] for c in run.results["candidates"]}
+        assert lossless["dflash"]["passed"] is True and lossless["ddtree-8"]["passed"] is True
+        assert lossless["dflash"]["total"] == 3
+        rec = run.results["recommendation"]
+        assert [e["concurrency"] for e in rec["per_level"]] == [1, 4]
+        assert all(e["candidate"] in states for e in rec["per_level"])
+        assert run.results["restore"]["ok"] is True
+        _as_was(Deployment.objects.get(pk=row.pk), before)
+        assert tune_services.tune_hold(deployment_id=row.pk) is None
+
+        # Apply: the winner's spec on the deployment, started again.
+        winner = tune_services.recommended(run)
+        assert winner is not None
+        tune_services.tune_apply(run=run)
+        _until(lambda: _run(run.pk).applied.get("state") in ("done", "failed"),
+               lambda: f"the apply ends: {_run(run.pk).applied}")
+        assert _run(run.pk).applied["state"] == "done", _run(run.pk).applied
+        applied = Deployment.objects.get(pk=row.pk)
+        want = next(c for c in run.config["candidates"] if c["name"] == winner)
+        assert applied.status == S.READY
+        assert applied.algorithm == want["algorithm"]
+        assert applied.gpus == before["gpus"] and applied.name == before["name"]
+
+        # A Tune cancelled while its second candidate runs: the deployment as it was then.
+        before = {"spec": applied.spec, "gpus": applied.gpus, "algorithm": applied.algorithm,
+                  "name": applied.name}
+        # (longer answers: its levels outlast the cancel's poll)
+        second = tune_services.tune_create(deployment_id=row.pk, candidates=[
+            "dflash", "ddtree-8"], config={**CONFIG, "output_len": 400})
+        _until(lambda: (_run(second.pk).progress or {}).get("index", 0) >= 2,
+               lambda: f"the second candidate starts: {_run(second.pk).progress}")
+        tune_services.tune_request_cancel(run=_run(second.pk))
+        _until(lambda: not _run(second.pk).is_active,
+               lambda: f"the cancel ends it: {_run(second.pk).progress}", timeout_s=200)
+        second = _run(second.pk)
+        assert second.status == "cancelled", second.error
+        assert second.error.startswith("cancelled by the operator during ")
+        assert second.results["restore"]["ok"] is True
+        assert second.results["candidates"][-1]["state"] == "not run"
+        _as_was(Deployment.objects.get(pk=row.pk), before)
