@@ -50,6 +50,18 @@ def test_a_host_joins_over_the_api_and_receives_its_credential_once() -> None:
     assert host.credential_last_used_at is not None
 
 
+def test_a_spent_join_token_is_refused_saying_so_and_the_host_keeps_its_credential() -> None:
+    made = services.jointoken_create(host_name="gpu-2")
+    status, body = _post("/api/fleet/join/", {"token": made.secret, "name": "gpu-2", **report()})
+    assert status == 201
+    status, again = _post("/api/fleet/join/", {"token": made.secret, "name": "gpu-2",
+                                                **report()})
+    assert status == 403 and again["detail"].startswith(
+        f"This join token (sdj-{made.token.prefix}) was spent when host 'gpu-2' joined")
+    status, _ = _post("/api/fleet/host/heartbeat/", report(), body["credential"])
+    assert status == 200
+
+
 def test_an_expired_join_token_is_refused_saying_so() -> None:
     made = services.jointoken_create(host_name="gpu-2")
     JoinToken.objects.update(expires_at=timezone.now() - timedelta(minutes=1))

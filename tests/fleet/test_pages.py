@@ -38,10 +38,18 @@ def test_the_token_page_shows_a_new_token_once_and_never_again(admin) -> None:  
 def test_the_token_page_shows_who_used_a_token_and_revokes_it(admin) -> None:  # type: ignore[no-untyped-def]
     joined("gpu-2")
     client = _client(admin)
-    row = client.get("/fleet/tokens/").content.decode()
-    assert "gpu-2 (1 join)" in row
-    token = JoinToken.objects.get()
-    client.post(f"/fleet/tokens/{token.pk}/revoke/")
+    spent = JoinToken.objects.get()
+    page = client.get("/fleet/tokens/").content.decode()
+    row = page[page.index(f'id="token-{spent.pk}"'):]
+    row = row[:row.index("</tr>")]
+    # Its join spent it: shown as such, with nothing left to revoke.
+    assert '<td class="state">spent</td>' in row and "<td>gpu-2</td>" in row
+    assert "Revoke" not in row
+    assert "its join spends\nit" in page
+    client.post("/fleet/tokens/", {"host_name": "gpu-3", "ttl_hours": 1})
+    unused = JoinToken.objects.get(host_name="gpu-3")
+    client.post(f"/fleet/tokens/{unused.pk}/revoke/")
+    assert JoinToken.objects.get(pk=unused.pk).revoked_at is not None
     assert "revoked" in client.get("/fleet/tokens/").content.decode()
 
 

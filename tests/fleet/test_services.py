@@ -101,13 +101,25 @@ def test_a_made_up_token_joins_no_host() -> None:
         services.host_join(token="sdj-0000000000", name="gpu-2", facts=_facts())
 
 
-def test_a_second_join_ends_the_first_credential() -> None:
+def test_a_token_is_spent_by_its_join_and_a_join_again_takes_a_new_token() -> None:
     made = services.jointoken_create(host_name="gpu-2")
     first = services.host_join(token=made.secret, name="gpu-2", facts=_facts())
-    second = services.host_join(token=made.secret, name="gpu-2", facts=_facts())
+    with pytest.raises(services.JoinRefused) as refused:
+        services.host_join(token=made.secret, name="gpu-2", facts=_facts())
+    assert str(refused.value).startswith(
+        f"This join token (sdj-{made.token.prefix}) was spent when host 'gpu-2' joined with it "
+        "at ")
+    assert "ask an admin for a new token on the panel's Join tokens page" in str(refused.value)
+    # The live host's credential is untouched by the refused second use.
+    assert selectors.host_for_credential(credential=first.credential) == first.host
+    assert selectors.jointoken_state(token=JoinToken.objects.get(), now=timezone.now()) == \
+        "spent"
+    again = services.jointoken_create(host_name="gpu-2")
+    second = services.host_join(token=again.secret, name="gpu-2", facts=_facts())
     assert selectors.host_for_credential(credential=first.credential) is None
     assert selectors.host_for_credential(credential=second.credential) == second.host
-    assert FleetHost.objects.count() == 1 and JoinToken.objects.get().uses == 2
+    assert FleetHost.objects.count() == 1
+    assert sorted(JoinToken.objects.values_list("uses", flat=True)) == [1, 1]
 
 
 def test_neither_a_join_token_nor_garbage_is_a_credential() -> None:

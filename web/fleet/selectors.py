@@ -129,6 +129,8 @@ def jointoken_list() -> list[JoinToken]:
 def jointoken_state(*, token: JoinToken, now: datetime) -> str:
     if token.revoked_at is not None:
         return "revoked"
+    if token.uses:
+        return "spent"  # a token joins once
     return "expired" if token.expires_at <= now else "usable"
 
 

@@ -154,8 +154,10 @@ class Joined:
 
 
 def host_join(*, token: str, name: str, facts: HostFacts) -> Joined:
-    """A host joins with a join token made for it: its row (new or, on a second join,
-    the same) and a new credential; the old credential stops working."""
+    """A host joins with a join token made for it: its row (new or, on a join again with a
+    new token, the same) and a new credential; the old credential stops working. A token
+    is spent by its join: a second use is refused, so a copied token cannot mint a
+    credential that cuts the live host off."""
     host_name = host_name_checked(name)
     now = timezone.now()
     with transaction.atomic():
@@ -181,6 +183,13 @@ def _check_join(join: JoinToken | None, host_name: str, now: Any) -> None:
     if join.revoked_at is not None:
         raise JoinRefused(f"This join token (sdj-{join.prefix}) was revoked: ask an admin "
                           "for a new one.")
+    if join.uses or join.first_used_at is not None:
+        at = join.first_used_at or join.last_used_at
+        raise JoinRefused(
+            f"This join token (sdj-{join.prefix}) was spent when host {join.used_by!r} joined "
+            f"with it{f' at {at:%Y-%m-%d %H:%M} UTC' if at else ''}: a token is for one join. "
+            "The host keeps the credential that join gave it; to join again (its stored "
+            "credential lost), ask an admin for a new token on the panel's Join tokens page.")
     if join.expires_at <= now:
         raise JoinRefused(f"This join token (sdj-{join.prefix}) expired at "
                           f"{join.expires_at:%Y-%m-%d %H:%M} UTC: ask an admin for a new one.")
