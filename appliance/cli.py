@@ -42,6 +42,7 @@ from appliance.preflight import Finding, has_errors, read_config, read_weights_b
 from appliance.preflight import folders as local_folders
 from appliance.preflight.files import MODEL_FIELDS
 from appliance.store.loadtime import add_parser as add_store
+from appliance.tune.cli import add_parser as add_tune
 
 EXIT_OK, EXIT_FINDINGS, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -374,6 +375,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_verify(sub)
 
     add_store(sub)
+
+    add_tune(sub)
     # Listed for --help only: main() hands gpu-check's own arguments (--help, --gpus ...)
     # to the self-check untouched, which argparse.REMAINDER cannot do for a leading option.
     sub.add_parser("gpu-check", help="GPU self-check (inside the engine container); "
