@@ -244,6 +244,10 @@ for _name, _value in (("FIRST_BYTE", GATEWAY_FIRST_BYTE_TIMEOUT_S),
 # The gateway's base URL as the worker reaches it (compose: http://web:8000): a losslessness
 # check "through the gateway" calls /v1 there, as a client would. Empty: that route is off.
 GATEWAY_URL = env_str("APPLIANCE_GATEWAY_URL", "").rstrip("/")
+# The panel's address as other machines reach it (e.g. https://panel.example:8000): what
+# the Join tokens page prints for a GPU host's APPLIANCE_PANEL_URL. Empty: the address the
+# admin's browser used, with a note when that is this machine's own loopback name.
+PUBLIC_URL = env_str("APPLIANCE_PUBLIC_URL", "").rstrip("/")
 
 # Login throttling (django-axes): after LOGIN_FAILURE_LIMIT wrong passwords for one username
 # from one address, that pair is refused for LOGIN_COOLOFF_MINUTES. Counters live in Redis.

@@ -35,6 +35,32 @@ def test_the_token_page_shows_a_new_token_once_and_never_again(admin) -> None:  
     assert secret not in again and f"sdj-{token.prefix}…" in again and "usable" in again
 
 
+def test_the_tokens_hint_names_the_host_and_the_panels_address_as_hosts_reach_it(
+        admin, settings) -> None:  # type: ignore[no-untyped-def]
+    client = _client(admin)
+    # The browser's address is this machine's loopback name: printed, and said to be so.
+    page = client.post("/fleet/tokens/", {"host_name": "gpu-2", "ttl_hours": 1},
+                       HTTP_HOST="localhost:8000").content.decode()
+    secret = JoinToken.objects.get()
+    assert ("APPLIANCE_PANEL_URL=http://localhost:8000\nAPPLIANCE_HOST_NAME=gpu-2\n"
+            "APPLIANCE_JOIN_TOKEN=sdj-" + secret.prefix) in page
+    assert 'id="panel-url-note"' in page and "a GPU host elsewhere cannot reach it" in page
+    assert "docker compose -f docker/compose.host.yaml up -d" in page
+    # The address other machines reach it at, where the panel is told it.
+    settings.PUBLIC_URL = "https://panel.example:8000"
+    page = client.post("/fleet/tokens/", {"host_name": "gpu-3", "ttl_hours": 1},
+                       HTTP_HOST="localhost:8000").content.decode()
+    assert "APPLIANCE_PANEL_URL=https://panel.example:8000\nAPPLIANCE_HOST_NAME=gpu-3\n" in page
+    assert 'id="panel-url-note"' not in page
+    # A browser that used the machine's own name gets that address, with no note.
+    settings.PUBLIC_URL = ""
+    settings.ALLOWED_HOSTS = [*settings.ALLOWED_HOSTS, "panel-7.lab"]
+    page = client.post("/fleet/tokens/", {"host_name": "gpu-4", "ttl_hours": 1},
+                       HTTP_HOST="panel-7.lab:8000").content.decode()
+    assert "APPLIANCE_PANEL_URL=http://panel-7.lab:8000\nAPPLIANCE_HOST_NAME=gpu-4\n" in page
+    assert 'id="panel-url-note"' not in page
+
+
 def test_the_token_page_shows_who_used_a_token_and_revokes_it(admin) -> None:  # type: ignore[no-untyped-def]
     joined("gpu-2")
     client = _client(admin)

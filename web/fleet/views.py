@@ -4,7 +4,10 @@ made it and never again, and revokes)."""
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 from django import forms
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
@@ -15,6 +18,7 @@ from django.views.decorators.http import require_http_methods, require_POST, req
 
 from . import selectors, services
 from .permissions import can_manage_fleet, can_view_fleet
+from .services import NewJoinToken
 
 
 def _require_admin(request: HttpRequest) -> None:
@@ -71,14 +75,28 @@ class JoinTokenForm(forms.Form):
                                    label="Valid for (hours)")
 
 
-def _tokens_page(request: HttpRequest, form: JoinTokenForm, shown: str | None = None,
+_LOOPBACK = ("localhost", "127.0.0.1", "[::1]", "::1")
+
+
+def _panel_url(request: HttpRequest) -> tuple[str, bool]:
+    """The panel's address for a GPU host's APPLIANCE_PANEL_URL, and whether it is only this
+    machine's own loopback name (a host elsewhere cannot reach it: the page says so)."""
+    if settings.PUBLIC_URL:
+        return settings.PUBLIC_URL, False
+    url = request.build_absolute_uri("/").rstrip("/")
+    return url, (urlsplit(url).hostname or "") in _LOOPBACK
+
+
+def _tokens_page(request: HttpRequest, form: JoinTokenForm, shown: NewJoinToken | None = None,
                  status: int = 200) -> HttpResponse:
     now = timezone.now()
     tokens = [(t, selectors.jointoken_state(token=t, now=now))
               for t in selectors.jointoken_list()]
+    panel_url, loopback = _panel_url(request)
     return render(request, "fleet/tokens.html", {
-        "form": form, "tokens": tokens, "shown": shown,
-        "panel_url": request.build_absolute_uri("/").rstrip("/")}, status=status)
+        "form": form, "tokens": tokens, "shown": shown.secret if shown else None,
+        "shown_host": shown.token.host_name if shown else "",
+        "panel_url": panel_url, "panel_url_loopback": loopback}, status=status)
 
 
 @login_required
@@ -98,7 +116,7 @@ def jointoken_page(request: HttpRequest) -> HttpResponse:
         form.add_error(exc.field if exc.field in form.fields else None, str(exc))
         return _tokens_page(request, form, status=400)
     # Rendered, not redirected: the secret is on this one answer and nowhere after it.
-    return _tokens_page(request, JoinTokenForm(), shown=made.secret)
+    return _tokens_page(request, JoinTokenForm(), shown=made)
 
 
 @login_required
