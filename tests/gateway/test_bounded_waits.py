@@ -28,9 +28,12 @@ from tests.conftest_docker import (  # noqa: F401
     test_engine_image,
     wait_for,
 )
+from tests.fleet.simhosts import gateway as network_gateway
+from tests.fleet.simhosts import host_networks, sim_host_image, sim_hosts
 from tests.servers import panel_server
 from tests.specs import spec
 from web.deployments.models import Deployment, DeploymentStatus
+from web.fleet import services as fleet
 from web.gateway.upstream import PROBE_TIMEOUT_S
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
@@ -43,12 +46,14 @@ SLACK_S = 1.5  # the other replica's answer, and this busy machine's scheduling
 NO_AFFINITY = [{"type": "text", "text": "no affinity"}]  # content parts: picks go round
 
 
+BOUNDS = {"APPLIANCE_GATEWAY_FIRST_BYTE_TIMEOUT_S": str(FIRST_BYTE_S),
+          "APPLIANCE_GATEWAY_IDLE_STREAM_TIMEOUT_S": str(IDLE_S),
+          "APPLIANCE_GATEWAY_WHOLE_ANSWER_TIMEOUT_S": str(WHOLE_S)}
+
+
 @pytest.fixture
 def gateway(tmp_path: Path, live_channel) -> Iterator[str]:  # type: ignore[no-untyped-def]
-    with panel_server(tmp_path / "uvicorn.log",
-                      APPLIANCE_GATEWAY_FIRST_BYTE_TIMEOUT_S=str(FIRST_BYTE_S),
-                      APPLIANCE_GATEWAY_IDLE_STREAM_TIMEOUT_S=str(IDLE_S),
-                      APPLIANCE_GATEWAY_WHOLE_ANSWER_TIMEOUT_S=str(WHOLE_S)) as url:
+    with panel_server(tmp_path / "uvicorn.log", **BOUNDS) as url:
         yield url
 
 
@@ -57,8 +62,7 @@ def engines(client: Any, image: str, *envs: dict[str, str],
             model: str = MODEL) -> Iterator[tuple[list[Any], list[str]]]:
     """Test engines as the product launches them, each reached at its own address on the
     bridge (as a host's engine is); (containers, URLs) once every /health answers."""
-    argv = launch_args(spec_from_dict(spec(name="bounded",
-                                           engine__served_model_name=model))).argv
+    argv = launch_argv(model)
     containers = [client.containers.run(image, command=argv, detach=True,
                                         environment={**FAST_ENV, **env},
                                         labels=dict(TEST_LABELS)) for env in envs]
@@ -76,6 +80,11 @@ def engines(client: Any, image: str, *envs: dict[str, str],
             with contextlib.suppress(Exception):
                 container.unpause()
             container.remove(force=True)
+
+
+def launch_argv(model: str = MODEL) -> list[str]:
+    return launch_args(spec_from_dict(spec(name="bounded",
+                                           engine__served_model_name=model))).argv
 
 
 def replicas(name: str, urls: list[str], served: str = MODEL) -> list[Deployment]:
@@ -143,48 +152,95 @@ def retried_once_elsewhere(answers: list[tuple[requests.Response, list[bytes], f
     assert len(retried) == 1, [a.headers for a, _, _ in answers]
 
 
+def frozen_replica(gateway: str, secret: str, what: str, freeze: Any, thaw: Any,
+                   victim: int | None = None) -> None:
+    """Two replicas, one frozen (`freeze(index)`, `thaw(index)`): first a stream under way
+    on it (ends with the error event within the idle bound), then requests not yet answered
+    (each within the first-byte bound, one probe for a whole answer, answered by the other
+    replica, the frozen one tried once). `victim`: the replica to freeze, else the one that
+    begins the first stream."""
+    # A stream cut midway: its replica frozen after its first events.
+    while True:
+        with timed(gateway, secret, stream=True, max_tokens=40) as (answer, lines, took):
+            began = int(answer.headers["x-appliance-replica"])
+            events = answer.iter_lines()
+            lines.append(next(line for line in events if line))
+            assert lines[0].startswith(b"data: {")
+            if victim is not None and began != victim:
+                continue  # (round robin: the next stream begins on the other)
+            victim = began
+            freeze(victim)
+            frozen_at = time.monotonic()
+            lines.extend(line for line in events if line)
+        break
+    cut_after = time.monotonic() - frozen_at
+    print(f"{what}: the stream under way ended {cut_after:.1f} s after the freeze")
+    error = error_event(lines)
+    assert error["code"] == "engine_timeout" and "idle-stream timeout" in error["message"]
+    assert cut_after < IDLE_S + SLACK_S
+    assert len(lines) > 3  # events before the freeze came through, then the error
+
+    # Not yet answered: the first-byte timeout, then once on the other replica.
+    thaw(victim)
+    wait_for(lambda: call(gateway, secret, stream=False)[0].headers[
+        "x-appliance-replica"] == str(victim), timeout_s=60)  # back in rotation
+    freeze(victim)
+    streamed = [call(gateway, secret, stream=True) for _ in range(3)]
+    # A whole answer waits past the first byte only while /health answers: frozen, it
+    # does not, so one probe's time more at most.
+    whole = [call(gateway, secret, stream=False) for _ in range(3)]
+    retried_once_elsewhere(streamed + whole, str(1 - victim),
+                           FIRST_BYTE_S + PROBE_TIMEOUT_S + SLACK_S)
+    for answer, _, took in streamed + whole:
+        if answer.headers.get("x-appliance-retried"):
+            print(f"{what}: a request not yet answered came from the other replica after "
+                  f"{took:.1f} s")
+            assert took >= FIRST_BYTE_S  # it did wait for the frozen one first
+    assert all(took < SLACK_S for a, _, took in streamed + whole
+               if not a.headers.get("x-appliance-retried"))  # none waits on it again
+
+
 def test_a_paused_engine_container_delays_no_request_past_the_timeouts(
         gateway: str, operator: Any, key_for: Any, docker_client: Any,  # noqa: F811
         test_engine_image: str) -> None:  # noqa: F811
     slow = {"TEST_ENGINE_TOKEN_S": "0.1"}  # a 40-token stream lasts 4 s: time to pause it
     with engines(docker_client, test_engine_image, slow, slow) as (containers, urls):
         replicas("paused", urls)
-        secret = key_for(operator)
-        # A stream cut midway: its replica paused after its first events.
-        with timed(gateway, secret, stream=True, max_tokens=40) as (answer, lines, took):
-            victim = int(answer.headers["x-appliance-replica"])
-            events = answer.iter_lines()
-            lines.append(next(line for line in events if line))
-            assert lines[0].startswith(b"data: {")
-            containers[victim].pause()
-            paused_at = time.monotonic()
-            lines.extend(line for line in events if line)
-        cut_after = time.monotonic() - paused_at
-        print(f"paused engine: the stream ended {cut_after:.1f} s after the pause")
-        error = error_event(lines)
-        assert error["code"] == "engine_timeout" and "idle-stream timeout" in error["message"]
-        assert cut_after < IDLE_S + SLACK_S
-        assert len(lines) > 3  # events before the pause came through, then the error
+        frozen_replica(gateway, key_for(operator), "paused engine",
+                       lambda i: containers[i].pause(), lambda i: containers[i].unpause())
 
-        # Not yet answered: the first-byte timeout, then once on the other replica.
-        containers[victim].unpause()
-        wait_for(lambda: call(gateway, secret, stream=False)[0].headers[
-            "x-appliance-replica"] == str(victim), timeout_s=30)  # back in rotation
-        containers[victim].pause()
-        streamed = [call(gateway, secret, stream=True) for _ in range(3)]
-        # A whole answer waits past the first byte only while /health answers: paused, it
-        # does not, so one probe's time more at most.
-        whole = [call(gateway, secret, stream=False) for _ in range(3)]
-        other = str(1 - victim)
-        retried_once_elsewhere(streamed + whole, other,
-                               FIRST_BYTE_S + PROBE_TIMEOUT_S + SLACK_S)
-        for answer, _, took in streamed + whole:
-            if answer.headers.get("x-appliance-retried"):
-                print(f"paused engine: a request not yet answered came from the other "
-                      f"replica after {took:.1f} s")
-                assert took >= FIRST_BYTE_S  # it did wait for the frozen one first
-        assert all(took < SLACK_S for a, _, took in streamed + whole
-                   if not a.headers.get("x-appliance-retried"))  # none waits on it again
+
+@pytest.fixture(scope="session")
+def sim_image(docker_client: Any) -> str:  # noqa: F811
+    return sim_host_image(docker_client)
+
+
+@pytest.mark.e2e
+def test_a_paused_host_delays_no_request_past_the_timeouts(
+        tmp_path: Path, live_channel: Any, operator: Any, key_for: Any,
+        docker_client: Any, test_engine_image: str, sim_image: str) -> None:  # noqa: F811
+    """Replica 0's engine runs on a simulated fleet host (docker/sim-host: its own Docker,
+    the host's agent joined to this panel), replica 1's on this machine's Docker; the host
+    is paused whole (`docker pause`: its agent, its Docker and its engine stop, its kernel's
+    network answers), as a partition or a frozen machine."""
+    networks = host_networks(docker_client, ["gw-host"])
+    allowed = ",".join(["localhost", "127.0.0.1", network_gateway(networks["gw-host"])])
+    token = fleet.jointoken_create(host_name="gw-host").secret
+    slow = {"TEST_ENGINE_TOKEN_S": "0.1"}
+    with panel_server(tmp_path / "web.log", bind="0.0.0.0", APPLIANCE_ALLOWED_HOSTS=allowed,
+                      **BOUNDS) as url, \
+            sim_hosts(docker_client, sim_image, {"gw-host": token}, networks=networks,
+                      panel_port=int(url.rsplit(":", 1)[1])) as hosts, \
+            engines(docker_client, test_engine_image, slow) as (_, [outside]):
+        host = hosts["gw-host"]
+        host.run("docker", "run", "-d", "--name", "gw-engine", "-p", "30000:30000",
+                 "-e", "TEST_ENGINE_PACE_S=0.01", "-e", "TEST_ENGINE_TOKEN_S=0.1",
+                 "appliance-test-engine:latest", *launch_argv())
+        inside = f"http://{host.address()}:30000"
+        wait_for(lambda: _healthy(inside), timeout_s=90)
+        replicas("on-host", [inside, outside])
+        frozen_replica(url, key_for(operator), "paused host",
+                       lambda i: host.pause(), lambda i: host.unpause(), victim=0)
 
 
 def test_a_hung_engine_process_delays_no_request_past_the_timeouts(
