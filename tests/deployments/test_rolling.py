@@ -274,9 +274,16 @@ def test_the_page_offers_a_rolling_restart_while_serving_and_shows_the_roll(
     browser = Client()
     browser.force_login(operator)
     page = browser.get(f"/deployments/{rows[0].pk}/").content.decode()
-    form = page.split('id="restart-form"', 1)[1].split(">", 1)[0]
-    assert "hidden" not in form and "Rolling restart</button>" in page
-    answer = browser.post(f"/deployments/{rows[0].pk}/restart/", follow=True)
+    link = page.split('id="restart"', 1)[1].split("</a>", 1)[0]
+    assert "hidden" not in link and link.endswith(">Rolling restart…")
+    # It asks first: the page, and a POST without the confirmation, change nothing.
+    asked = browser.get(f"/deployments/{rows[0].pk}/restart/").content.decode()
+    assert "Rolling restart of kimi-ddtree" in asked and "Each of its 3 replicas" in asked
+    unconfirmed = browser.post(f"/deployments/{rows[0].pk}/restart/")
+    assert unconfirmed.status_code == 200 and b'id="confirm-restart"' in unconfirmed.content
+    assert not Deployment.objects.get(pk=rows[0].pk).rolling
+    answer = browser.post(f"/deployments/{rows[0].pk}/restart/", {"confirm": "yes"},
+                          follow=True)
     assert "rolling restart: replica 1 of 3: draining" in answer.content.decode()
     rolling.rolling_step(deployment_id=rows[0].pk, client=client)
     page = browser.get(f"/deployments/{rows[0].pk}/").content.decode()

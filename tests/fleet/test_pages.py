@@ -116,8 +116,26 @@ def test_an_admin_drains_and_is_refused_removal_while_an_engine_runs(admin) -> N
     client = _client(admin)
     drained = client.post("/fleet/hosts/gpu-2/drain/", {"draining": "1"}, follow=True)
     assert "is draining" in drained.content.decode() and FleetHost.objects.get().draining
-    refused = client.post("/fleet/hosts/gpu-2/remove/", follow=True).content.decode()
+    refused = client.post("/fleet/hosts/gpu-2/remove/", {"confirm": "yes"},
+                          follow=True).content.decode()
     assert f"#{running.pk} kimi-ddtree (ready)" in refused and FleetHost.objects.exists()
+
+
+def test_remove_asks_first_and_removes_only_when_confirmed(admin) -> None:  # type: ignore[no-untyped-def]
+    joined("gpu-2")
+    client = _client(admin)
+    fleet = client.get("/fleet/").content.decode()
+    assert 'href="/fleet/hosts/gpu-2/remove/">Remove…</a>' in fleet
+    asked = client.get("/fleet/hosts/gpu-2/remove/").content.decode()
+    assert "Remove host gpu-2?" in asked and "refuses its\n    credential from now on" in asked
+    assert 'name="confirm" value="yes"' in asked
+    # A POST without the confirmation (one click on an old page) only asks.
+    unconfirmed = client.post("/fleet/hosts/gpu-2/remove/")
+    assert unconfirmed.status_code == 200 and b'id="confirm-remove"' in unconfirmed.content
+    assert FleetHost.objects.filter(name="gpu-2").exists()
+    done = client.post("/fleet/hosts/gpu-2/remove/", {"confirm": "yes"}, follow=True)
+    assert "Host gpu-2 removed" in done.content.decode()
+    assert not FleetHost.objects.filter(name="gpu-2").exists()
 
 
 @pytest.mark.parametrize("actor", ["operator", "viewer"])
@@ -125,7 +143,8 @@ def test_only_an_admin_drains_or_removes_on_the_page(actor, request) -> None:  #
     joined("gpu-2")
     client = _client(request.getfixturevalue(actor))
     assert client.post("/fleet/hosts/gpu-2/drain/").status_code == 403
-    assert client.post("/fleet/hosts/gpu-2/remove/").status_code == 403
+    assert client.post("/fleet/hosts/gpu-2/remove/", {"confirm": "yes"}).status_code == 403
+    assert client.get("/fleet/hosts/gpu-2/remove/").status_code == 403
     assert FleetHost.objects.exists() and not FleetHost.objects.get().draining
 
 

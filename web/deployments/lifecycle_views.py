@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.db.models import Q
 from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
-from django.views.decorators.http import require_POST, require_safe
+from django.views.decorators.http import require_http_methods, require_POST, require_safe
 
 from appliance.engine.recipes import RecipeError
 
@@ -23,6 +24,7 @@ from . import selectors, services
 from .clone import FilledForm, form_from_deployment
 from .models import TERMINAL_STATUSES, Deployment, DeploymentStatus
 from .permissions import can_delete, can_deploy, can_stop, can_view
+from .services.rolling import deployment_has_replicas
 
 
 def _confirm(request: HttpRequest, deployment: Deployment, *, action: str,
@@ -30,6 +32,7 @@ def _confirm(request: HttpRequest, deployment: Deployment, *, action: str,
     return render(request, "deployments/confirm.html", {
         "deployment": deployment, "action": action,
         "replica_rows": Deployment.objects.filter(replica_of=deployment).count(),
+        "drain_timeout_s": settings.ROLL_DRAIN_TIMEOUT_S,
         "load_s": selectors.deployment_load_seconds(deployment=deployment)}, status=status)
 
 
@@ -57,11 +60,19 @@ def _flash_refusal(request: HttpRequest, action: str,
 
 
 @login_required
-@require_POST
+@require_http_methods(["GET", "HEAD", "POST"])
 def deployment_restart(request: HttpRequest, pk: int) -> HttpResponse:
+    """A stopped or failed deployment: POST restarts it. One with replicas (a rolling
+    restart, each replica drained and started again in turn): GET is its confirm page, and
+    only POST with confirm=yes rolls."""
     if not can_stop(request.user):
         raise PermissionDenied("You need the operator role to restart deployments.")
-    get_object_or_404(Deployment, pk=pk)
+    deployment = get_object_or_404(Deployment, pk=pk)
+    rolls = deployment_has_replicas(deployment=deployment)
+    if request.method != "POST" or (rolls and request.POST.get("confirm") != "yes"):
+        if not rolls:
+            return redirect("deployments:detail", pk=pk)
+        return _confirm(request, deployment, action="restart")
     try:
         deployment = services.deployment_restart(deployment_id=pk, user=request.user)
     except services.DeploymentInputError as exc:

@@ -126,6 +126,12 @@ def jointoken_list() -> list[JoinToken]:
     return list(JoinToken.objects.select_related("created_by"))
 
 
+def jointoken_usable_count(*, host_name: str) -> int:
+    """The join tokens that could still join the host (a removal revokes them)."""
+    return JoinToken.objects.filter(host_name=host_name, revoked_at__isnull=True, uses=0,
+                                    expires_at__gt=timezone.now()).count()
+
+
 def jointoken_state(*, token: JoinToken, now: datetime) -> str:
     if token.revoked_at is not None:
         return "revoked"

@@ -53,9 +53,17 @@ def host_drain(request: HttpRequest, name: str) -> HttpResponse:
 
 
 @login_required
-@require_POST
+@require_http_methods(["GET", "HEAD", "POST"])
 def host_remove(request: HttpRequest, name: str) -> HttpResponse:
+    """GET: the confirm page (what removal ends); POST with confirm=yes: remove."""
     _require_admin(request)
+    if request.method != "POST" or request.POST.get("confirm") != "yes":
+        row = next((h for h in selectors.host_rows() if h.name == name and h.joined), None)
+        if row is None:
+            messages.error(request, f"No joined host {name}.")
+            return redirect("fleet:hosts")
+        return render(request, "fleet/confirm_remove.html", {
+            "host": row, "tokens": selectors.jointoken_usable_count(host_name=name)})
     try:
         revoked = services.host_remove(name=name)
     except services.FleetError as exc:
