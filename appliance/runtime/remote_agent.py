@@ -160,7 +160,9 @@ def host_report(runtime: EngineRuntime, config: RemoteSettings) -> dict[str, Any
     secret store's names (never a value)."""
     telemetry = gpu_telemetry.collect()
     report: dict[str, Any] = {
-        "agent_version": AGENT_VERSION, "docker": docker_facts(runtime),
+        # gpu_requests: whether engines are given GPUs at all (the simulator's hosts: no).
+        "agent_version": AGENT_VERSION,
+        "docker": {**docker_facts(runtime), "gpu_requests": config.gpu_requests},
         "secret_names": secret_names_available(directory=config.secrets_dir)}
     if telemetry.available:
         report["gpus"] = [{"index": g.index, "name": g.name, "uuid": g.uuid,

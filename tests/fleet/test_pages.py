@@ -161,3 +161,39 @@ def test_the_fleet_page_counts_a_hosts_free_gpus_and_lists_its_engines(viewer, s
     start = page.index('id="fleet-host-gpu-2"')
     row = page[start:page.index("</tr>", start)]
     assert "6 free" in row and f'href="/deployments/{holder.pk}/"' in row
+
+
+def test_a_simulated_host_is_described_as_simulated_and_a_real_one_without_runtime_warned(
+        viewer) -> None:  # type: ignore[no-untyped-def]
+    # The trial's hosts: the simulator's image, no NVIDIA runtime, no GPUs asked of Docker.
+    sim = {"server_version": "20.10.24", "runtimes": ["runc"], "nvidia": False,
+           "cdi_devices": [], "gpu_requests": False,
+           "simulator_images": ["appliance-test-engine:latest"]}
+    joined("sim-a", gpus=None, gpu_count=4, docker=sim)
+    # A host meant for real engines whose Docker lacks the runtime: a fault, said as one.
+    joined("gpu-9", docker={**sim, "gpu_requests": True, "simulator_images": []})
+    client = _client(viewer)
+    for url, start in (("/fleet/", 'id="fleet-host-{}"'), ("/", 'id="host-{}"')):
+        page = client.get(url).content.decode()
+        sim_row = page[page.index(start.format("sim-a")):]
+        sim_row = sim_row[:sim_row.index("</tr>" if url == "/fleet/" else "</section>")]
+        assert "Simulated GPUs: this host runs the simulator" in sim_row, url
+        assert "no NVIDIA runtime</strong>" not in sim_row and "cannot be given GPUs" not in \
+            sim_row, url
+        real = page[page.index(start.format("gpu-9")):]
+        real = real[:real.index("</tr>" if url == "/fleet/" else "</section>")]
+        assert "<strong>no NVIDIA runtime</strong>: engines cannot be given GPUs." in real, url
+
+
+def test_a_hosts_report_says_whether_its_agent_gives_engines_gpus() -> None:
+    from appliance.runtime.containers import EngineRuntime
+    from appliance.runtime.remote_agent import RemoteSettings, host_report
+
+    env = {"APPLIANCE_PANEL_URL": "http://panel:8000", "APPLIANCE_HOST_NAME": "sim-a",
+           "APPLIANCE_HOST_ADVERTISE_ADDR": "10.0.0.9", "APPLIANCE_GPU_COUNT": "4"}
+    runtime = EngineRuntime()  # this machine's real Docker
+    for value, said in (("false", False), ("true", True)):
+        config = RemoteSettings.from_env({**env, "APPLIANCE_ENGINE_GPU_REQUESTS": value})
+        facts = services.host_facts_from(host_report(runtime, config))
+        assert facts.docker["gpu_requests"] is said
+        assert "runtimes" in facts.docker  # Docker's own facts beside it

@@ -383,7 +383,9 @@ class EngineAgent:
         Host.objects.update_or_create(name=host, defaults={
             "agent_id": self.agent_id, "heartbeat_at": now,
             "docker": {**docker_facts(self.runtime),
-                       "engine_network_open": _network_notes.get("open", "")},
+                       "engine_network_open": _network_notes.get("open", ""),
+                       # Whether engines are given GPUs at all (the simulator: no).
+                       "gpu_requests": settings.ENGINE_GPU_REQUESTS},
             "foreign_containers": strays,
             "gpu_telemetry": gpu_telemetry.collect().to_dict(),
             # Names only: pre-flight refuses a spec whose secret this store lacks.
