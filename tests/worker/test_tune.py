@@ -21,7 +21,7 @@ from web.agent.controller import wait_for
 from web.benchmarks import tune_services
 from web.benchmarks.tune_models import TuneRun
 from web.deployments import services
-from web.deployments.models import Deployment, DeploymentStatus
+from web.deployments.models import Deployment, DeploymentStatus, Event
 from web.deployments.services.installation import instance_id
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
@@ -97,6 +97,9 @@ def test_tune_recommends_applies_and_a_cancelled_one_restores(env: dict[str, str
         assert run.results["restore"]["ok"] is True
         _as_was(Deployment.objects.get(pk=row.pk), before)
         assert tune_services.tune_hold(deployment_id=row.pk) is None
+        said = [e.payload["message"] for e in Event.objects.filter(
+            deployment_id=row.pk, kind="status", payload__message__startswith=f"Tune #{run.pk}")]
+        assert len(said) == 2 and "out of service" in said[0] and "ended (done)" in said[1]
 
         # Apply: the winner's spec on the deployment, started again.
         winner = tune_services.recommended(run)
@@ -114,16 +117,17 @@ def test_tune_recommends_applies_and_a_cancelled_one_restores(env: dict[str, str
         # A Tune cancelled while its second candidate runs: the deployment as it was then.
         before = {"spec": applied.spec, "gpus": applied.gpus, "algorithm": applied.algorithm,
                   "name": applied.name}
-        # (longer answers: its levels outlast the cancel's poll)
+        # (long answers: a level lasts seconds, many times the cancel's poll)
         second = tune_services.tune_create(deployment_id=row.pk, candidates=[
-            "dflash", "ddtree-8"], config={**CONFIG, "output_len": 400})
-        _until(lambda: (_run(second.pk).progress or {}).get("index", 0) >= 2,
-               lambda: f"the second candidate starts: {_run(second.pk).progress}")
+            "dflash", "ddtree-8"], config={**CONFIG, "levels": [4], "output_len": 2000})
+        _until(lambda: ((p := _run(second.pk).progress or {}).get("index"), p.get("phase")) == (
+            2, "benchmark"), lambda: f"the second candidate measured: {_run(second.pk).progress}")
         tune_services.tune_request_cancel(run=_run(second.pk))
         _until(lambda: not _run(second.pk).is_active,
                lambda: f"the cancel ends it: {_run(second.pk).progress}", timeout_s=200)
         second = _run(second.pk)
-        assert second.status == "cancelled", second.error
+        assert second.status == "cancelled", (second.error, second.results.get("seconds"), [
+            (c["name"], c["state"]) for c in second.results.get("candidates", [])])
         assert second.error.startswith("cancelled by the operator during ")
         assert second.results["restore"]["ok"] is True
         assert second.results["candidates"][-1]["state"] == "not run"

@@ -35,7 +35,12 @@ from appliance.tune import (
 )
 from web import tasks
 from web.deployments import services as deployments
-from web.deployments.models import TERMINAL_STATUSES, Deployment, DeploymentStatus
+from web.deployments.models import (
+    TERMINAL_STATUSES,
+    Deployment,
+    DeploymentStatus,
+    EventKind,
+)
 from web.deployments.services.rolling import deployment_has_replicas
 from web.deployments.simulator import image_is_simulator
 
@@ -288,6 +293,10 @@ def tune_run(*, run_id: int) -> str:
                           threshold=config["threshold"], seed=config["seed"])
     progress, outcome = TuneProgress(), dict[str, Any]()
     deployer = PanelDeployer(run)
+    until = timezone.now() + timedelta(seconds=options.time_budget_s)
+    _note(run, f"Tune #{run.pk} began: out of service while its {len(candidates)} "
+          f"candidates run in its place, until {until:%Y-%m-%d %H:%M} UTC at the latest, "
+          "then restored as it is now")
 
     def work(cancel: threading.Event) -> None:
         try:
@@ -340,7 +349,17 @@ def _record(run: TuneRun, outcome: dict[str, Any], progress: TuneProgress,
         status = BenchmarkStatus.FAILED
         error = f"{error}; {restore['message']}" if error else restore["message"]
     run_finish(TuneRun, run.pk, status, progress=snapshot, results=results, error=error)
+    _note(run, f"Tune #{run.pk} ended ({result.ended}"
+          f"{': ' + result.reason.splitlines()[-1] if result.reason else ''}); "
+          f"{restore['message']}")
     return str(status)
+
+
+def _note(run: TuneRun, message: str) -> None:
+    """A line in the deployment's own event log (its page's timeline, its events API)."""
+    if run.deployment_id is not None:
+        deployments.events_append(deployment_id=run.deployment_id,
+                                  events=[(EventKind.STATUS, {"message": message[:500]})])
 
 
 # ---------------------------------------------------------------- Apply

@@ -14,6 +14,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_safe
 
+from web.benchmarks.tune_services import tune_hold
 from web.gateway.selectors import gateway_base_url
 
 from . import selectors, services
@@ -190,6 +191,8 @@ def deployment_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "can_stop": can_stop(request.user),
             "can_deploy": can_deploy(request.user),
             "can_delete": can_delete(request.user),
+            # A Tune running its candidates in this deployment's place, and until when.
+            "tune_hold": tune_hold(deployment_id=deployment.pk),
             # Restart rolls when replica 0 has replicas; a replica row restarts alone.
             "replica_count": 1 if deployment.replica_of_id else len(replicas),
             "runs": selectors.deployment_runs(deployment=deployment),
