@@ -67,6 +67,11 @@ if ! unpack "$carry/site.tar.xz" site; then
     || { echo "no packages: carry $carry/site.tar.xz or reach PyPI"; exit 2; }
 fi
 [ $need101 = 1 ] && { unpack "$carry/site101.tar.xz" site101 || unpack "$stash/carry/site101.tar.xz" site101; }
+# The rig's own driver imports the checkout's `appliance`, which imports the Docker SDK: the host
+# lacks it, pydeps.tar.xz brings it (build_carry.py).
+unpack "$carry/pydeps.tar.xz" pydeps || unpack "$stash/carry/pydeps.tar.xz" pydeps \
+  || echo "no pydeps.tar.xz: record.py needs the docker package"
+export PYTHONPATH="$stash/pydeps${PYTHONPATH:+:$PYTHONPATH}"
 # xgrammar unpacks into site/ (runs with grammar requests; the others pass --grammar-backend none).
 unpack "$carry/grammar.tar.xz" grammar || unpack "$stash/carry/grammar.tar.xz" grammar \
   || echo "no grammar.tar.xz: runs that need xgrammar will fail to start"

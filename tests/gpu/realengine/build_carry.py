@@ -9,7 +9,8 @@ the lock (`appliance/engine/locks/kimi-k2.6-ddtree.lock.txt`) pins, and packs th
 stubs into OUTDIR/site.tar.xz (433c58ed7's site). OUTDIR/site101.tar.xz holds the
 sglang-kernel 101cd5bd0 needs. `--only` builds one of the two. `--grammar` adds
 OUTDIR/grammar.tar.xz: xgrammar at the lock's version, which unpacks into the same site
-(runs that send grammar requests need it). `--sglang-src DIR` copies the SGLang source
+(runs that send grammar requests need it). OUTDIR/pydeps.tar.xz always: what the rig's own
+driver imports through the checkout's `appliance` that the host lacks (the Docker SDK). `--sglang-src DIR` copies the SGLang source
 snapshots the built sites run (`sglang-<commit>.tar.gz`) from DIR (`../shared/sglang-src`)
 into OUTDIR, so that OUTDIR alone is what a GPU host without `../shared` needs.
 
@@ -56,6 +57,9 @@ NEEDED = [
 # apache-tvm-ffi, torch, transformers, triton, numpy, are in NEEDED or on the host).
 GRAMMAR = ["xgrammar"]
 GRAMMAR_SKIPPED = ("xgrammar/lib/", "xgrammar/include/")
+# What the rig's own driver (record.py, through the checkout's `appliance` package) imports that
+# the GPU host lacks, at the project's own pins (pyproject.toml): pydeps.tar.xz.
+PYDEPS = {"docker": "7.2.0"}
 # Not in the lock at all: the lock's image builds them elsewhere; pinned here, said here.
 OUTSIDE_LOCK: dict[str, str] = {}
 KERNEL = "sglang-kernel"
@@ -135,6 +139,13 @@ def build_grammar(work: Path, out: Path, pins: dict[str, str]) -> None:
     pack(out / "grammar.tar.xz", {"site": site})
 
 
+def build_pydeps(work: Path, out: Path) -> None:
+    download(work / "pydeps", [f"{name}=={version}" for name, version in PYDEPS.items()])
+    site = work / "pydeps-site"
+    unpack_wheels(sorted((work / "pydeps").glob("*.whl")), site)
+    pack(out / "pydeps.tar.xz", {"pydeps": site})
+
+
 def copy_sources(src_dir: Path, out: Path, commits: list[str]) -> None:
     for commit in commits:
         name = f"sglang-{commit}.tar.gz"
@@ -166,6 +177,7 @@ def main() -> None:
             build_101(work, out)
         if args.grammar:
             build_grammar(work, out, pins)
+        build_pydeps(work, out)
         if args.work:
             shutil.rmtree(args.work, ignore_errors=True)
     if args.sglang_src:
