@@ -114,3 +114,29 @@ def test_block_loss_weights_and_accept_length(tp) -> None:  # type: ignore[no-un
     assert top1.item() == 1.0 and loss.item() > 1.0
     assert tp.distinct_4grams([[1, 2, 3, 4, 1, 2, 3, 4]]) == pytest.approx(4 / 5)
     assert tp.decode(tp.encode("é\n".encode())) == "é\n".encode()
+
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "real-engine" / "433c58ed7"
+
+
+def recorded(run: str) -> dict[int, dict]:  # type: ignore[type-arg]
+    import json
+
+    levels = json.loads((FIXTURES / run / "bench.json").read_text())
+    return {level["concurrency"]: level["json"]["levels"][0] for level in levels}
+
+
+def test_the_recorded_trained_pair_pays_at_concurrency_1_and_the_wrong_pair_accepts_nothing() -> None:
+    """What the fixtures README says of the trained pair's recordings: a speculative mode reaches
+    1.3x no speculation at concurrency 1 with an accept length of at least 2; the drafter on
+    the other target accepts about nothing."""
+    base = recorded("trained_base")
+    speedups = {}
+    for run in ("trained_dflash", "trained_ddtree_b8", "trained_ddtree_b16", "trained_ddtree_b32"):
+        levels = recorded(run)
+        assert set(levels) == {1, 4, 16, 32} and all(lv["errors"] == 0 for lv in levels.values())
+        assert all(lv["accept_len"] >= 2 for lv in levels.values())
+        speedups[run] = levels[1]["output_throughput"] / base[1]["output_throughput"]
+    assert max(speedups.values()) >= 1.3 and speedups["trained_dflash"] == pytest.approx(1.57, abs=0.01)
+    wrong = recorded("trained_wrong")
+    assert all(lv["accept_len"] < 1.1 for lv in wrong.values())
