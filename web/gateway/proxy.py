@@ -523,7 +523,8 @@ async def _disconnected(receive: Receive) -> None:
 async def _relay(send: Send, target: Target, path: str, body: bytes, stream: bool,
                  tap: UsageTap, data: dict[str, Any]) -> None:
     """To one replica of the deployment; once more to another when the first failed before
-    answering (refused, reset, a 502/503, a stream broken before its first event)."""
+    answering (refused, reset, a 502/503, a stream broken before its first event, nothing
+    within the first-byte timeout: web/gateway/upstream.py's Bounds)."""
     table = routing()
     rows = table.rotation(target)
     if not rows:
