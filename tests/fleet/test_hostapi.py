@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from tests.rows import queued, ready
 from web.deployments import services as dservices
-from web.deployments.models import Deployment, Event, MetricPoint
+from web.deployments.models import Deployment, Event, Host, MetricPoint
 from web.deployments.silence import deployment_silence
 from web.fleet import selectors, services
 from web.fleet.models import FleetHost, JoinToken
@@ -208,6 +208,32 @@ def test_an_engine_that_died_on_a_host_while_serving_restarts_by_its_policy(live
     # The old start's steps are refused from now on: its engine is gone.
     status, body = _step(mine.pk, done.credential, step="stopped", start_token="t")
     assert status == 409 and "no longer on that start" in body["detail"]
+
+
+def test_a_replica_whose_host_came_back_with_its_engine_exited_heals_without_a_policy(
+        live_channel, settings) -> None:  # type: ignore[no-untyped-def]
+    settings.AGENT_SILENT_S = 30
+    done = joined("gpu-2")
+    first = queued(gpus=[0], replicas=2)
+    replica = Deployment.objects.get(replica_of=first)
+    dservices.deployment_mark_starting(deployment_id=replica.pk, image="img", start_token="t")
+    dservices.deployment_mark_ready(deployment_id=replica.pk)
+    assert replica.host == "gpu-2"  # placed on the host it does not use yet
+    died = {"cause": "engine-exited", "summary": "The engine container ended with exit code "
+            "255 while serving: Docker's code for a container whose process it lost.",
+            "fix": "Nothing to fix in the engine.", "evidence": {"exit_code": 255}}
+    status, body = _step(replica.pk, done.credential, step="failed", start_token="t",
+                         diagnosis=died, message="exit code 255")
+    assert status == 200 and body["status"] == "starting", body
+    replica.refresh_from_db()
+    assert replica.run == 2 and replica.restart_not_before is not None
+    # Its new run is still this host's to watch: lost again, it reads unknown, not starting.
+    assert replica.agent_id == "agent@gpu-2"
+    FleetHost.objects.filter(name="gpu-2").update(
+        heartbeat_at=timezone.now() - timedelta(seconds=60))
+    Host.objects.filter(name="gpu-2").update(
+        heartbeat_at=timezone.now() - timedelta(seconds=60))
+    assert deployment_silence(deployment=replica) is not None
 
 
 @pytest.mark.parametrize(("body", "field"), [

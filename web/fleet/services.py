@@ -497,9 +497,14 @@ def host_step(*, host: FleetHost, deployment_id: int, step: HostStep) -> bool:
     if not (token and secrets.compare_digest(token, step.start_token)):
         raise StaleStart(f"deployment {deployment_id} is no longer on that start (it was "
                          "restarted or redeployed): this step is for an engine that is gone")
-    # Whose engine it is, for the silence check (web/deployments/silence.py): this host's.
+    # Whose engine it is, for the silence check (web/deployments/silence.py): this host's,
+    # before the move and after it (a new run, as a replica's after its death, starts with
+    # no agent: its row would not read unknown while this host is lost before it steps).
     Deployment.objects.filter(pk=deployment_id).update(agent_id=f"agent@{host.name}")
-    return _host_move(deployment_id, status, step)
+    moved = _host_move(deployment_id, status, step)
+    Deployment.objects.filter(pk=deployment_id, agent_id="").update(
+        agent_id=f"agent@{host.name}")
+    return moved
 
 
 def _host_move(deployment_id: int, status: str, step: HostStep) -> bool:
