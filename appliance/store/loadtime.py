@@ -107,6 +107,10 @@ def _loaded_bytes(estimate: dict[str, Any], done: dict[str, Any]) -> float | Non
     return float(usage) * 2**30 * (done.get("ranks") or 1) if usage else None
 
 
+def _significant(value: float) -> float:
+    return float(f"{value:.3g}")
+
+
 def load_report(*, estimate: dict[str, Any], progress: dict[str, Any]) -> dict[str, Any]:
     """Per model ("weights", "draft_weights"): the expected load and, once the engine has
     loaded it, the GB/s it reached and that rate's share of the disk's measured one.
@@ -121,17 +125,26 @@ def load_report(*, estimate: dict[str, Any], progress: dict[str, Any]) -> dict[s
         size, elapsed = _loaded_bytes(expected, done), done.get("elapsed_s")
         if done.get("finished") and size and elapsed:
             row["elapsed_s"] = elapsed
-            row["gbps"] = round(size / GB / elapsed, 3)
+            # Three significant figures, not decimals: a small checkpoint's rate is not 0.
+            row["gbps"] = _significant(size / GB / elapsed)
             if expected.get("read_gbps"):
-                row["share"] = round(row["gbps"] / expected["read_gbps"], 3)
+                row["share"] = _significant(row["gbps"] / expected["read_gbps"])
         if any(v is not None for v in row.values()):
             report[key] = row
     return report
 
 
 def rate_text(gbps: float) -> str:
-    """A rate as the panel writes it: GB/s, or MB/s below 0.1 GB/s (detail.js the same)."""
-    return f"{gbps:.2f} GB/s" if gbps >= 0.1 else f"{gbps * 1000:.1f} MB/s"
+    """A rate as the panel writes it: GB/s, or MB/s below 0.1 GB/s, kB/s below 0.1 MB/s and
+    bytes/s below 0.1 kB/s (the simulator's tiny checkpoints), never a "0.0" (detail.js the
+    same)."""
+    if gbps >= 0.1:
+        return f"{gbps:.2f} GB/s"
+    if gbps >= 1e-4:
+        return f"{gbps * 1e3:.1f} MB/s"
+    if gbps >= 1e-7:
+        return f"{gbps * 1e6:.1f} kB/s"
+    return f"{gbps * 1e9:.0f} bytes/s"
 
 
 def _percent(share: float) -> str:

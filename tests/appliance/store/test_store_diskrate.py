@@ -26,6 +26,7 @@ from appliance.store.loadtime import (
     load_text,
     measured_load,
     predict_load,
+    rate_text,
 )
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -169,7 +170,7 @@ def test_without_an_estimate_the_rate_comes_from_the_logs_memory_use_on_every_ra
     # tests/fixtures/real-engine/433c58ed7: "elapsed=0.23 s, ... mem usage=0.12 GB" on TP0.
     report = load_report(estimate={}, progress={"weights": {
         "finished": True, "elapsed_s": 0.23, "mem_usage_gb": 0.12, "ranks": 2}})
-    assert report["weights"]["gbps"] == round(0.12 * 2**30 * 2 / 1e9 / 0.23, 3)
+    assert report["weights"]["gbps"] == float(f"{0.12 * 2**30 * 2 / 1e9 / 0.23:.3g}")
     assert "share" not in report["weights"] and "draft_weights" not in report
 
 
@@ -178,6 +179,19 @@ def test_a_slow_load_is_written_in_mb_per_second() -> None:
            "elapsed_s": 30.3, "gbps": 0.004, "share": 0.0044}
     assert load_text(row) == ("read at 4.0 MB/s in 30.3 s: 0.44 % of the disk's measured "
                               "0.91 GB/s (expected 0.1 s)")
+
+
+def test_a_tiny_checkpoints_load_keeps_its_rate_rather_than_reading_0() -> None:
+    # The simulator's model: 100 bytes read in 0.4 s (its engine prints the time it took).
+    report = load_report(estimate={"weights": {"bytes": 100, "read_gbps": 1.5,
+                                               "expected_s": 0.0}},
+                         progress={"weights": {"finished": True, "elapsed_s": 0.4}})
+    row = report["weights"]
+    assert row["gbps"] == 2.5e-7 and row["share"] == float(f"{2.5e-7 / 1.5:.3g}")
+    text = load_text(row)
+    assert text.startswith("read at 0.2 kB/s in 0.4 s: ") and "0.0 MB/s" not in text
+    assert rate_text(2.5e-8) == "25 bytes/s" and rate_text(0.004) == "4.0 MB/s"
+    assert rate_text(1.2) == "1.20 GB/s"
 
 
 def _fsynced(model: Path) -> Path:

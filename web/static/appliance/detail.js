@@ -95,7 +95,10 @@
   function showRate(key, gbps, elapsed, live) {
     const row = (summaryLoad || {})[key];
     if (!row || !row.bytes) return;
-    const rate = gbps >= 0.1 ? gbps.toFixed(2) + " GB/s" : (gbps * 1000).toFixed(1) + " MB/s";
+    // appliance.store.loadtime.rate_text's units: never a "0.0" for a tiny checkpoint.
+    const rate = gbps >= 0.1 ? gbps.toFixed(2) + " GB/s"
+      : gbps >= 1e-4 ? (gbps * 1e3).toFixed(1) + " MB/s"
+      : gbps >= 1e-7 ? (gbps * 1e6).toFixed(1) + " kB/s" : (gbps * 1e9).toFixed(0) + " bytes/s";
     let text = (live ? "reading at " + rate + " so far" : "read at " + rate + " in " + elapsed + " s");
     if (row.read_gbps) {
       const share = gbps / row.read_gbps;
