@@ -16,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -143,6 +145,38 @@ class PacedEngine:
                                   "meta_info": meta})
 
 
+class PacedProcess:
+    """A PacedEngine in a process of its own (`python -m appliance.tune.paced`), so that a
+    client in the caller's process does not share its interpreter: the bench's road."""
+
+    def __init__(self, pace: Pace, name: str = "paced") -> None:
+        self.pace, self.name = pace, name
+        self.proc: subprocess.Popen[str] | None = None
+
+    def start(self) -> str:
+        p = self.pace
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "appliance.tune.paced", str(p.step_s), str(p.accept_len),
+             str(p.slope), str(int(p.speculative)), str(int(p.lossy)), self.name],
+            stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline().strip()  # its URL, once it listens
+        if not line.startswith("http://"):
+            self.stop()
+            raise RuntimeError(f"the paced engine {self.name} did not start")
+        return line
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+            self.proc = None
+
+
 class PacedDeployer:
     """Tune's `Deployer` over paced engines: one engine at a time, as candidates on one
     deployment's GPUs run; `restore` brings back the engine of `original` (the deployment's
@@ -150,9 +184,10 @@ class PacedDeployer:
     `refused` fails pre-flight with that finding."""
 
     def __init__(self, paces: dict[str, Pace], original: str,
-                 refused: dict[str, str] | None = None) -> None:
+                 refused: dict[str, str] | None = None, *, processes: bool = False) -> None:
         self.paces, self.original, self.refused = paces, original, refused or {}
-        self.engine: PacedEngine | None = None
+        self.processes = processes
+        self.engine: PacedEngine | PacedProcess | None = None
         self.deployed: list[str] = []
         self.current = ""
         self._swap(original)
@@ -161,7 +196,8 @@ class PacedDeployer:
     def _swap(self, name: str) -> str:
         if self.engine is not None:
             self.engine.stop()
-        self.engine = PacedEngine(self.paces[name], name)
+        kind = PacedProcess if self.processes else PacedEngine
+        self.engine = kind(self.paces[name], name)
         self.current = name
         self.deployed.append(name)
         return self.engine.start()
@@ -183,3 +219,15 @@ class PacedDeployer:
         if self.engine is not None:
             self.engine.stop()
             self.engine = None
+
+
+if __name__ == "__main__":
+    # python -m appliance.tune.paced STEP_S ACCEPT_LEN SLOPE SPECULATIVE LOSSY [NAME]: prints
+    # its URL, serves until terminated.
+    import signal
+
+    a = sys.argv[1:]
+    engine = PacedEngine(Pace(float(a[0]), float(a[1]), float(a[2]), a[3] == "1", a[4] == "1"),
+                         a[5] if len(a) > 5 else "paced")
+    print(engine.start(), flush=True)
+    signal.sigwait({signal.SIGTERM, signal.SIGINT})
