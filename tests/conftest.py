@@ -116,13 +116,18 @@ def worker_redis_url(url: str, worker: int) -> str:
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The groups no test names itself: the browser and compose tests (tests/e2e) on one
-    worker, apart from the rest; a module with a module-scoped fixture (a stack, a build,
-    engines) on one worker, so the fixture is made once, not once per worker."""
+    """The groups no test names itself: the tests on simulated hosts (tests/fleet/simhosts.py:
+    each host a Docker engine of its own, the heaviest waits there are) on one worker; the
+    browser and compose tests (tests/e2e) on one worker, apart from the rest; a module with
+    a module-scoped fixture (a stack, a build, engines) on one worker, so the fixture is made
+    once, not once per worker."""
     for item in items:
         if item.get_closest_marker("xdist_group"):
             continue
-        if item.nodeid.startswith("tests/e2e/"):
+        module = vars(getattr(item, "module", None) or pytest).values()
+        if any(getattr(value, "__module__", None) == "tests.fleet.simhosts" for value in module):
+            item.add_marker(pytest.mark.xdist_group("simhosts"))
+        elif item.nodeid.startswith("tests/e2e/"):
             item.add_marker(pytest.mark.xdist_group("e2e"))
         elif (info := getattr(item, "_fixtureinfo", None)) and any(
                 fixture.scope == "module"
