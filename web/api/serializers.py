@@ -6,6 +6,7 @@ from django.conf import settings
 from rest_framework import serializers
 
 from web.deployments.models import Deployment, Event
+from web.deployments.simulator import image_is_simulator, simulator_images_recent
 
 
 class DeploymentSerializer(serializers.ModelSerializer[Deployment]):
@@ -21,6 +22,14 @@ class DeploymentSerializer(serializers.ModelSerializer[Deployment]):
             "host", "placement_reason", "replica_of", "replica_index", "draining",
         ]
         read_only_fields = fields
+
+    def to_representation(self, instance: Deployment) -> dict[str, Any]:
+        data: dict[str, Any] = super().to_representation(instance)
+        # Whether its engine is the simulator (the test engine, not SGLang), as every page's
+        # banner and every result says: an API client is told too.
+        data["simulator"] = image_is_simulator(image=instance.image,
+                                               images=simulator_images_recent())
+        return data
 
 
 _DEPLOYMENT: DeploymentSerializer | None = None

@@ -10,6 +10,7 @@ losslessness result that measured it.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 
 from django.conf import settings
@@ -30,6 +31,27 @@ def simulator_images() -> frozenset[str]:
         if isinstance(tags, list):
             reported.update(t for t in tags if isinstance(t, str))
     return frozenset(reported)
+
+
+# simulator_images() as an answer of the API reads it: at most one query a process every
+# SIMULATOR_IMAGES_TTL_S (an image's label never changes; a new host's report is seen within
+# that time). The status reads' bodies are made from the row and this alone.
+SIMULATOR_IMAGES_TTL_S = 30.0
+_images_read: list[tuple[float, frozenset[str]]] = []
+
+
+def simulator_images_recent() -> frozenset[str]:
+    now = time.monotonic()
+    if _images_read and now - _images_read[0][0] < SIMULATOR_IMAGES_TTL_S:
+        return _images_read[0][1]
+    images = simulator_images()
+    _images_read[:] = [(now, images)]
+    return images
+
+
+def simulator_images_forget() -> None:
+    """Drop the remembered images (a test that changes a host's report)."""
+    _images_read.clear()
 
 
 def image_is_simulator(*, image: str, images: Iterable[str] | None = None) -> bool:
