@@ -136,6 +136,13 @@ def road_paced(args: argparse.Namespace, levels: tuple[int, ...]) -> int:
 def road_panel(args: argparse.Namespace, levels: tuple[int, ...]) -> int:
     import _loadkit
 
+    from tests.models import write_models
+
+    # The model folders the test specs name (/models/<name>), small and real, as the suite
+    # makes them: pre-flight refuses a path with no checkpoint. Here and in the processes.
+    roots = write_models(Path(tempfile.mkdtemp(prefix="tune-bench-models-")))
+    os.environ["APPLIANCE_MODEL_ROOTS"] = str(roots)
+    os.environ["APPLIANCE_ENGINE_TEST_ENV"] = "1"
     _loadkit.setup_django(args)
     import redis
 
