@@ -282,6 +282,8 @@ async def _generate(receive: Receive, send: Send, path: str, caller: Caller,
         body = with_usage_option(body, data)
     if handed:  # the companion serves it: the client is told
         tap.headers = [(SERVED_BY, target.name.encode())]
+    if target.simulator:  # the simulator answered, not SGLang: as the panel's banner says
+        tap.headers.append(SIMULATOR)
     await _relay_watching(receive, send, target, path, body, stream, tap, data)
     if not tap.started:
         return  # the engine never answered (a 503 went out): nothing to count
@@ -296,6 +298,7 @@ async def _generate(receive: Receive, send: Send, path: str, caller: Caller,
 
 SERVED_BY = b"x-appliance-served-by"
 REPLICA = b"x-appliance-replica"  # the replica (its index) that answered, or began a stream
+SIMULATOR = (b"x-appliance-simulator", b"true")  # its engine is the test engine
 RETRIED = (b"x-appliance-retried", b"1")  # another replica failed it before answering
 
 

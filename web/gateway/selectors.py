@@ -21,6 +21,7 @@ from django.http import HttpRequest
 
 from appliance.engine.refusals import recipe_source
 from web.deployments.models import ACTIVE_STATUSES, Deployment, DeploymentStatus, Host
+from web.deployments.simulator import image_is_simulator, simulator_images_recent
 from web.fleet.models import FleetHost, Placement
 from web.fleet.selectors import engine_key
 from web.gateway.models import ApiKey, ApiKeyUsage
@@ -117,6 +118,8 @@ class Target:
     # "agent:<agent id>" (the panel's own host, the agent that claimed it); "" none yet.
     host_key: str = ""
     replica_index: int = 0
+    # Its image is the simulator's (web/deployments/simulator.py): its answers say so.
+    simulator: bool = False
 
     def __post_init__(self) -> None:
         if not self.group_id:
@@ -169,7 +172,7 @@ def key_grant(*, secret: str) -> KeyGrant | None:
 
 _COLUMNS = ("id", "name", "status", "engine_url", "served", "created_at", "context",
             "replica_of_id", "draining", "algorithm", "companion_name", "placed_on", "agent_id",
-            "replica_index", "start_token", "recipe")
+            "replica_index", "start_token", "recipe", "image")
 
 
 def _annotated(rows: Any) -> Any:
@@ -208,7 +211,7 @@ def _target(pk: int, name: str, status: str, engine_url: str, served: str | None
             created: datetime, context: str | None, replica_of: int | None = None,
             draining: bool = False, algorithm: str = "", companion: str | None = None,
             placed_on: int | None = None, agent_id: str = "", replica_index: int = 0,
-            start_token: str = "", recipe: str = "") -> Target:
+            start_token: str = "", recipe: str = "", image: str = "") -> Target:
     host_key = f"fleet:{placed_on}" if placed_on else (f"agent:{agent_id}" if agent_id else "")
     return Target(deployment_id=pk, model=str(served or name), status=status,
                   engine_url=engine_url, created=int(created.timestamp()),
@@ -218,7 +221,8 @@ def _target(pk: int, name: str, status: str, engine_url: str, served: str | None
                   host_key=host_key, replica_index=replica_index,
                   engine_source=recipe_source(recipe, settings.RECIPES_DIR) or "",
                   engine_key=engine_key(deployment_id=pk, start_token=start_token)
-                  if start_token else "")
+                  if start_token else "",
+                  simulator=image_is_simulator(image=image, images=simulator_images_recent()))
 
 
 # Each host's last heartbeat, keyed as Target.host_key: the joined hosts' (fleet) and the
