@@ -76,7 +76,7 @@ def test_it_prints_sglang_startup_lines_in_order_on_stderr(run_test_engine):  # 
         "Multi-thread loading shards: 100% Completed | 8/8",
         "TP0] Load weight end. elapsed=",
         # 433c58ed7's order: the drafter's weights, then both KV pools, then the graphs.
-        "TP0] Load weight end. elapsed=5.05 s, type=DFlashDraftModel,",
+        " s, type=DFlashDraftModel,",
         "TP0] KV Cache is allocated. dtype: torch.bfloat16, #tokens: ",
         "TP0] Memory pool end. avail mem=",
         "TP0] KV Cache is allocated. dtype: torch.bfloat16, #tokens: 1048576, K size: ",
@@ -91,6 +91,12 @@ def test_it_prints_sglang_startup_lines_in_order_on_stderr(run_test_engine):  # 
         "The server is fired up and ready to roll!",
     ])
     assert order == sorted(order)
+    # Each load's elapsed is the time it took (8 target shards and 1 drafter shard, at
+    # TEST_ENGINE_PACE_S=0.01 each), as SGLang prints its own: never a load it did not do.
+    loads = re.findall(r"TP0\] Load weight end\. elapsed=(\d+\.\d+) s, type=(\w+)", err)
+    assert [model for _, model in loads] == ["DeepseekV3ForCausalLM", "DFlashDraftModel"]
+    target, draft = (float(seconds) for seconds, _ in loads)
+    assert 0.08 <= target < 3.0 and 0.01 <= draft < 1.0, loads
     ranks = {m.group(1) for line in err.splitlines() if (m := RANK_PREFIX.match(line))}
     assert ranks == {"0", "1"}
     assert "The server is fired up" not in stdout_of(container)
