@@ -69,7 +69,7 @@ def test_a_store_entry_deploys_with_its_expected_load_and_the_card_gives_the_rat
     expect(page.locator("#status")).to_have_text("ready", timeout=90_000)
     card = page.locator("#weights-rate")
     expect(card).to_contain_text(re.compile(
-        r"read at [\d.]+ [MG]B/s in [\d.]+ s: [\d.]+ % of the disk's measured "
+        r"read at [\d.]+ (?:[kMG]B|bytes)/s in [\d.]+ s: [\d.]+ % of the disk's measured "
         + re.escape(rate)))
     page.reload()  # the summary the server renders says the same
     expect(card).to_contain_text(f"of the disk's measured {rate}")
