@@ -260,6 +260,18 @@ def test_the_trial_places_replicas_across_two_hosts_and_keeps_serving_through_ch
                            json={"model": "trial-fleet", "max_tokens": 8,
                                  "messages": [{"role": "user", "content": "hi"}]})
     assert answer.status_code == 200, answer.text
+    # The simulator answers, and the API and /v1 say so as the banner does (the hosts'
+    # simulator images are read at most once every 30 s: bounded by that).
+    deadline = time.monotonic() + 40
+    while (answer.headers.get("x-appliance-simulator") != "true"
+           or api.get(f"/deployments/{fleet}/")["simulator"] is not True):
+        assert time.monotonic() < deadline, dict(answer.headers)
+        time.sleep(1)
+        answer = requests.post(f"{trial.url}/v1/chat/completions", timeout=30,
+                               headers={"Authorization": f"Bearer {key}"},
+                               json={"model": "trial-fleet", "max_tokens": 8,
+                                     "messages": [{"role": "user", "content": "hi"}]})
+        assert answer.status_code == 200, answer.text
     # Off the deployment's live page while the roll streams its replicas' logs for minutes:
     # a loaded machine's Chromium then takes over 30 s to leave it (seen here).
     page.goto(f"{trial.url}/fleet/")
