@@ -121,15 +121,9 @@ def parse_candidates(raw: Any, engine: dict[str, Any], *, defaults: bool = True
 
 
 def candidate_spec(spec: dict[str, Any], candidate: Candidate) -> dict[str, Any]:
-    """The deployment's spec as this candidate runs it: its engine options changed, options
-    set to None left out, everything else (name, GPUs, replicas, served name, keys' scope,
-    env, secrets) the deployment's own."""
+    """The deployment's spec as this candidate runs it: its engine options changed (None
+    written out: left out, a recipe's default would come back in its place), everything else
+    (name, GPUs, replicas, served name, keys' scope, env, secrets) the deployment's own."""
     data = copy.deepcopy(spec)
-    engine = dict(data.get("engine") or {})
-    for key, value in candidate.engine.items():
-        if value is None:
-            engine.pop(key, None)
-        else:
-            engine[key] = value
-    data["engine"] = engine
+    data["engine"] = {**(data.get("engine") or {}), **candidate.engine}
     return data

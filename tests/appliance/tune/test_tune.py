@@ -79,7 +79,8 @@ def test_default_and_extra_candidates() -> None:
     assert names == [BASELINE, "dflash", "ddtree-8", "ddtree-16", "ddtree-32"]
     base = candidate_spec(spec(), default_candidates(engine)[0])
     assert base["engine"]["speculative_algorithm"] == "NONE"
-    assert "speculative_draft_model_path" not in base["engine"]
+    # Written out as None: a recipe's default for a left-out option would come back.
+    assert base["engine"]["speculative_draft_model_path"] is None
     assert base["name"] == "kimi-ddtree" and base["gpus"] == [0]
     tree = candidate_spec(spec(), default_candidates(engine)[3])
     assert tree["engine"]["speculative_ddtree_budget"] == 16
