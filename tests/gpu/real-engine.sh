@@ -2,7 +2,7 @@
 # The real-engine rig: runs the real SGLang DDTree engine on this GPU host and records it.
 #   bash tests/gpu/real-engine.sh [PHASE | WAVE...]   (default: all)
 # PHASE: record | failures | all | fa3 | probe | verify | bigload | round2 | int4 | train |
-#   trained (below).
+#   trained | tune (below).
 # WAVE: runs of tests/gpu/realengine/runs.py, comma-separated to start them together on the
 #   one GPU (each on its own port, KV pools capped), e.g. `missing_model,kv_too_small base_triton`
 #   is two waves, one after the other.
@@ -16,7 +16,9 @@
 #   RIG_STASH     where packages, models and recordings are kept between calls ($HOME/stash).
 #   APPLIANCE_SGLANG_SRC_DIR  SGLang snapshots when not in RIG_CARRY (../shared/sglang-src).
 #   RIG_TRAIN_S   seconds train_pair.py may take (default 500): the trained pair is made by the
-#                 `train` and `trained` phases when the stash lacks it.
+#                 `train` and `trained` phases when the stash lacks it (`tune`: 200, with
+#                 RIG_TRAIN_ARGS, default `--target-share 0.4 --b-steps 10 --prompts 1024`).
+#   RIG_TUNE_ARGS  more arguments for tune_rig.py (`tune`), e.g. `--sweep-prompts 48`.
 # Packages come at the flagship lock's versions: from $RIG_CARRY/site*.tar.xz, else built here
 # with pip (build_carry.py). SGLang sources: $RIG_CARRY/sglang-<commit>.tar.gz, else
 # $APPLIANCE_SGLANG_SRC_DIR: a host without ../shared (a device machine that gets only the
@@ -48,10 +50,20 @@ case "$phase" in train|trained)
   if [ ! -f "$stash/trained.ok" ]; then
     mkdir -p "$stash/models"
     PYTHONUNBUFFERED=1 python3 tests/gpu/realengine/train_pair.py "$stash/models" \
-        --seconds "${RIG_TRAIN_S:-500}" --report "$out/train.json" && touch "$stash/trained.ok" \
-      || { echo "training failed"; exit 3; }
+        --seconds "${RIG_TRAIN_S:-500}" ${RIG_TRAIN_ARGS:-} --report "$out/train.json" \
+      && touch "$stash/trained.ok" || { echo "training failed"; exit 3; }
   fi
   [ "$phase" = train ] && { echo "rig train end after $((SECONDS - t0)) s"; exit 0; } ;;
+# `tune` trains in the background (a shorter budget: RIG_TRAIN_S, RIG_TRAIN_ARGS) while the
+# packages unpack, and waits for it before its engines start.
+tune)
+  if [ ! -f "$stash/trained.ok" ]; then
+    mkdir -p "$stash/models"
+    ( PYTHONUNBUFFERED=1 python3 tests/gpu/realengine/train_pair.py "$stash/models" \
+        --seconds "${RIG_TRAIN_S:-200}" ${RIG_TRAIN_ARGS:---target-share 0.4 --b-steps 10 --prompts 1024} \
+        --report "$out/train.json" > "$out/train.log" 2>&1 && touch "$stash/trained.ok" ) &
+    train_pid=$!
+  fi ;;
 esac
 unpack() {  # archive, marker
   [ -f "$stash/$2.ok" ] && return 0
@@ -86,7 +98,7 @@ done
 if [ -f "$stash/fa3/flash_ops.slim.so.xz" ] && [ ! -f "$stash/site/sgl_kernel/flash_ops.abi3.so" ]; then
   xz -dc "$stash/fa3/flash_ops.slim.so.xz" > "$stash/site/sgl_kernel/flash_ops.abi3.so"
 fi
-if [ ! -f "$stash/models.ok" ]; then
+if [ ! -f "$stash/models.ok" ] && [ "$phase" != tune ]; then
   PYTHONPATH="$stash/site" python3 tests/gpu/realengine/models.py "$stash/models" && touch "$stash/models.ok"
 fi
 case " $* " in *bigload*)
@@ -102,6 +114,26 @@ import importlib.metadata as m
 print(' '.join(f'{p}=={m.version(p)}' for p in ('torch', 'triton', 'transformers', 'tokenizers', 'sglang-kernel', 'aiohttp', 'compressed-tensors', 'xgrammar')))"
   PYTHONPATH="$stash/site:$stash/stubs" python3 -c "import xgrammar; print('xgrammar imports')" 2>&1 | tail -3
   touch "$stash/env.ok"
+fi
+
+# Tune (tests/gpu/realengine/tune_rig.py): appliance.tune's run_tune over the trained pair's
+# engines (all five started at once, each measured alone), then the exhaustive sweep of the
+# same candidates; tune.json, sweep.json and the engines' logs into $OUT.
+if [ "$phase" = tune ]; then
+  if [ -n "${train_pid:-}" ]; then
+    wait "$train_pid"
+    tail -4 "$out/train.log"
+  fi
+  [ -f "$stash/trained.ok" ] || { echo "training failed"; tail -30 "$out/train.log"; exit 3; }
+  echo "trained after $((SECONDS - t0)) s"
+  rm -rf "$stash/tune"
+  PYTHONUNBUFFERED=1 python3 tests/gpu/realengine/tune_rig.py "$stash/tune" \
+      --models "$stash/models" --results "$out" ${RIG_TUNE_ARGS:-}
+  rc=$?
+  tar -cJf "$out/tune-engines.tar.xz" -C "$stash/tune" engines 2>/dev/null
+  ls -la "$out"
+  echo "rig tune end after $((SECONDS - t0)) s (rc $rc)"
+  exit $rc
 fi
 
 # A phase is a list of waves; the runs of a wave (commas) start together.

@@ -90,6 +90,8 @@ class Budget:
     """Steps and sizes; `seconds` caps the whole run (each phase stops early if it must, and
     says so in the report)."""
     seconds: float = 500.0
+    target_share: float = 0.55  # of `seconds`, target A's training
+    b_share: float = 0.08  # of `seconds`, target B's (at most target_b_steps)
     seq: int = 512
     target_batch: int = 64
     target_steps: int = 6000
@@ -684,12 +686,19 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--seconds", type=float, default=Budget.seconds)
     parser.add_argument("--report", type=Path)
+    parser.add_argument("--target-share", type=float, default=Budget.target_share,
+                        help="share of --seconds for the target's training")
+    parser.add_argument("--b-steps", type=int, default=Budget.target_b_steps,
+                        help="steps of the second target (the wrong pair's)")
+    parser.add_argument("--prompts", type=int, default=Budget.prompts,
+                        help="the drafter's data: prompts the target continues")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny shapes and steps on whatever device there is: the whole road "
                              "in seconds, for trying this file where there is no GPU")
     args = parser.parse_args()
     began = time.time()
-    budget = Budget(seconds=args.seconds)
+    budget = Budget(seconds=args.seconds, target_share=args.target_share,
+                    target_b_steps=args.b_steps, prompts=args.prompts)
     shape, dshape = TargetShape(), DrafterShape()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     corpus_limit = 120_000_000
@@ -697,7 +706,8 @@ def main() -> None:
         shape = TargetShape(layers=4, hidden=32, heads=4, kv_heads=2, head_dim=8, inner=64)
         dshape = DrafterShape(layers=1, block=4, target_layer_ids=(0, 2), heads=4, kv_heads=2,
                               head_dim=8, inner=64)
-        budget = Budget(seconds=args.seconds, seq=32, target_batch=4, target_steps=20,
+        budget = Budget(seconds=args.seconds, target_share=args.target_share, seq=32,
+                        target_batch=4, target_steps=20,
                         target_b_steps=5, prompts=8, prompt_len=16, rollout=16, drafter_batch=4,
                         anchors=4, drafter_steps=10, heldout_prompts=4, heldout_prompt_bytes=32)
         corpus_limit = 200_000
@@ -723,12 +733,13 @@ def main() -> None:
         "list_sha256": hashlib.sha256("\n".join(map(str, files)).encode()).hexdigest()[:16]}
     print(json.dumps(report["corpus"]), flush=True)
 
-    # Shares of the time budget: target A 55 %, B 8 %, rollouts and drafter the rest.
+    # Shares of the time budget: target A 55 %, B 8 % (unless set), rollouts and drafter the
+    # rest.
     torch.manual_seed(budget.seed)
     target = Target(shape).to(device)
     _init(target, budget.seed)
     report["target"] = train_target(target, data_a, valid, budget.target_steps, budget,
-                                    0.55 * budget.seconds, budget.seed, log)
+                                    budget.target_share * budget.seconds, budget.seed, log)
     # bf16 from here on, as the engine runs it (kept float32 on a CPU, which has no autocast here).
     serve_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     target = target.to(serve_dtype)
@@ -736,7 +747,7 @@ def main() -> None:
     other = Target(shape).to(device)
     _init(other, budget.seed + 1)
     report["target_b"] = train_target(other, data_b, valid, budget.target_b_steps, budget,
-                                      0.08 * budget.seconds, budget.seed + 1, log)
+                                      budget.b_share * budget.seconds, budget.seed + 1, log)
     other = other.to(serve_dtype)
 
     # The target's own greedy text from training-file prompts (the drafter's data).
