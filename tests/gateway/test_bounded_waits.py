@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -221,8 +222,8 @@ def test_a_paused_host_delays_no_request_past_the_timeouts(
         docker_client: Any, test_engine_image: str, sim_image: str) -> None:  # noqa: F811
     """Replica 0's engine runs on a simulated fleet host (docker/sim-host: its own Docker,
     the host's agent joined to this panel), replica 1's on this machine's Docker; the host
-    is paused whole (`docker pause`: its agent, its Docker and its engine stop, its kernel's
-    network answers), as a partition or a frozen machine."""
+    is frozen whole (its engine, its agent and its Docker paused; its network still answers
+    in the kernel), as a frozen machine or a stalled VM."""
     networks = host_networks(docker_client, ["gw-host"])
     allowed = ",".join(["localhost", "127.0.0.1", network_gateway(networks["gw-host"])])
     token = fleet.jointoken_create(host_name="gw-host").secret
@@ -233,14 +234,38 @@ def test_a_paused_host_delays_no_request_past_the_timeouts(
                       panel_port=int(url.rsplit(":", 1)[1])) as hosts, \
             engines(docker_client, test_engine_image, slow) as (_, [outside]):
         host = hosts["gw-host"]
+        # This machine's test engine image, loaded into the host's own Docker (the host's
+        # imported simulator is built without the recordings the engine may read).
+        loaded = subprocess.run(f"docker save {test_engine_image} | docker exec -i "
+                                f"{host.container.name} docker load", shell=True, check=False,
+                                capture_output=True, text=True, timeout=300)
+        assert loaded.returncode == 0, loaded.stderr[-1000:]
         host.run("docker", "run", "-d", "--name", "gw-engine", "-p", "30000:30000",
                  "-e", "TEST_ENGINE_PACE_S=0.01", "-e", "TEST_ENGINE_TOKEN_S=0.1",
-                 "appliance-test-engine:latest", *launch_argv())
+                 test_engine_image, *launch_argv())
         inside = f"http://{host.address()}:30000"
-        wait_for(lambda: _healthy(inside), timeout_s=90)
+        try:
+            wait_for(lambda: _healthy(inside), timeout_s=90)
+        except BaseException:
+            print(host.run("docker", "ps", "-a"), host.run("docker", "logs", "--tail", "30",
+                                                           "gw-engine"))
+            raise
         replicas("on-host", [inside, outside])
-        frozen_replica(url, key_for(operator), "paused host",
-                       lambda i: host.pause(), lambda i: host.unpause(), victim=0)
+
+        def freeze(_: int) -> None:
+            # The whole host: its engine too. Here (cgroup v1, the host's /sys/fs/cgroup
+            # shared) the host's engines' cgroups are not under the host container's, so
+            # `docker pause` of the host alone stops its agent and Docker and leaves its
+            # engines serving (seen: /health answered); the engine is paused first, by the
+            # host's own Docker, while that still answers.
+            host.run("docker", "pause", "gw-engine")
+            host.pause()
+
+        def thaw(_: int) -> None:
+            host.unpause()
+            host.run("docker", "unpause", "gw-engine")
+
+        frozen_replica(url, key_for(operator), "paused host", freeze, thaw, victim=0)
 
 
 def test_a_hung_engine_process_delays_no_request_past_the_timeouts(
