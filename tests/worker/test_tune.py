@@ -112,6 +112,8 @@ def test_tune_recommends_applies_and_a_cancelled_one_restores(env: dict[str, str
         want = next(c for c in run.config["candidates"] if c["name"] == winner)
         assert applied.status == S.READY
         assert applied.algorithm == want["algorithm"]
+        for key, value in want["engine"].items():  # its cleared options too (None)
+            assert applied.spec["engine"].get(key) == value, (key, applied.spec["engine"])
         assert applied.gpus == before["gpus"] and applied.name == before["name"]
 
         # A Tune cancelled while its second candidate runs: the deployment as it was then.
