@@ -168,6 +168,7 @@ def test_the_pages_show_the_form_and_the_run(operator, client) -> None:  # type:
         assert f'id="cand-{name}"' in form
     page = client.get(f"/benchmarks/tunes/{run.pk}/").content.decode()
     assert 'id="chart-throughput"' in page and f"/api/tunes/{run.pk}/export.csv/" in page
+    assert 'id="tunes"' in client.get("/benchmarks/").content.decode()
     listing = client.get("/benchmarks/tunes/").content.decode()
     assert run.results["recommendation"]["summary"] in listing
 
