@@ -181,3 +181,22 @@ def test_the_cli_names_the_refused_field(operator, token_for, live_server, capsy
     err = capsys.readouterr().err
     assert "HTTP 400" in err and '"deployment"' in err and "is stopped" in err
     assert cli_main(["tune", str(stopped.pk), "--panel", live_server.url, "--token", ""]) == 2
+
+
+def test_a_tune_delivered_again_after_its_worker_died_ends_and_restores() -> None:
+    """The task comes again for a Tune already running (its worker was killed mid-run): the
+    Tune ends, saying so and how the deployment was restored; never left holding it."""
+    row = _deployment()
+    run = TuneRun.objects.create(deployment=row, status="running",
+                                 original={"id": row.pk, "name": "kimi#1", "spec": row.spec,
+                                           "gpus": [0], "served_model": "kimi"},
+                                 config={"deploy_timeout_s": 30})
+    assert tune_services.tune_hold(deployment_id=row.pk) is not None
+    assert tune_services.tune_run(run_id=run.pk) == "failed"
+    run.refresh_from_db()
+    assert run.status == "failed" and run.error.startswith(
+        "the worker running this Tune stopped mid-run; the Tune ended")
+    assert run.results["restore"] == {"ok": True, "message": "kimi#1 still serves its own "
+                                      "spec; nothing to restore"}
+    assert tune_services.tune_hold(deployment_id=row.pk) is None
+    assert tune_services.tune_run(run_id=run.pk) == "not queued"
