@@ -101,13 +101,14 @@ def _allowed(actor: str, kind: str, method: str, path: str) -> set[int]:
         return {403, 405}
     if actor == "viewer" and kind in ("keys", "tune"):
         return {403, 405}
-    if actor != "admin" and (kind == "fleet-admin" or (kind == "fleet" and not read)):
+    if actor != "admin" and (kind == "fleet-admin" or (kind == "fleet" and (
+            not read or path.endswith("/remove/")))):  # Remove's confirm page too
         return {403, 405}
     if actor == "viewer":
-        # The new form, the Stop and Delete confirm pages and the playground (it calls the
-        # gateway, which takes an operator) are an operator's.
+        # The new form, the Stop, Delete and Rolling restart confirm pages and the playground
+        # (it calls the gateway, which takes an operator) are an operator's.
         action_page = "/new/" in path or (path.startswith("/deployments/") and path.endswith(
-            ("/stop/", "/delete/", "/playground/")))
+            ("/stop/", "/delete/", "/restart/", "/playground/")))
         return {200, 404, 405} if read and not action_page else {403, 405}
     if read:
         return {200, 404, 405}

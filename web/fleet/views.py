@@ -11,7 +11,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST, require_safe
@@ -60,8 +60,7 @@ def host_remove(request: HttpRequest, name: str) -> HttpResponse:
     if request.method != "POST" or request.POST.get("confirm") != "yes":
         row = next((h for h in selectors.host_rows() if h.name == name and h.joined), None)
         if row is None:
-            messages.error(request, f"No joined host {name}.")
-            return redirect("fleet:hosts")
+            raise Http404(f"No joined host {name}.")
         return render(request, "fleet/confirm_remove.html", {
             "host": row, "tokens": selectors.jointoken_usable_count(host_name=name)})
     try:
