@@ -25,10 +25,20 @@ from sglang.test_engine.config import make_config, parse_args
 from sglang.test_engine.logits import DivergeError, parse_diverge
 from sglang.test_engine.output import emit, log
 from sglang.test_engine.phases import start_up
+from sglang.test_engine.profile import ProfileError, launch_profiles
 from sglang.test_engine.replay import Replay, load, resolve
 from sglang.test_engine.replay_server import ReplayServer
 from sglang.test_engine.server import Handler
-from sglang.test_engine.settings import DIVERGE, FAIL, REPLAY, REPLAY_MAX_GAP_S, REPLAY_SPEED
+from sglang.test_engine.settings import (
+    COLLAPSE_RECORDING,
+    DIVERGE,
+    FAIL,
+    RECORDING,
+    RECORDING_SET,
+    REPLAY,
+    REPLAY_MAX_GAP_S,
+    REPLAY_SPEED,
+)
 from sglang.test_engine.tracebacks import model_missing_exit
 
 
@@ -54,6 +64,16 @@ def main(argv: list[str] | None = None) -> None:
     except DivergeError as exc:  # a test's own mistake: said at once, before anything runs
         emit(sys.stderr, f"test engine: {exc}\n")
         sys.exit(2)
+    cfg = engine.CFG
+    try:  # the recordings its acceptance and step costs play (profile.py)
+        engine.PROFILES, engine.COLLAPSED = launch_profiles(
+            cfg.algo, cfg.budget if cfg.algo == "DDTREE" else cfg.block, recording=RECORDING,
+            set_name=RECORDING_SET, collapse_recording=COLLAPSE_RECORDING)
+    except ProfileError as exc:
+        emit(sys.stderr, f"test engine: {exc}\n")
+        sys.exit(2)
+    # Where a user meets it (the deployment's log), the simulator says whose figures it plays.
+    emit(sys.stdout, f"test engine (a simulator, not SGLang): {engine.PROFILES.says()}\n")
     if FAIL == "model-missing":
         model_missing_exit(engine.CFG)  # before the HTTP server: nothing ever listens
     server = ThreadingHTTPServer((engine.CFG.args.host, engine.CFG.args.port), Handler)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from sglang.test_engine.config import Config
 from sglang.test_engine.logits import Planted
+from sglang.test_engine.profile import Profile, Profiles
 from sglang.test_engine.settings import HIST_BUCKETS
 
 
@@ -70,6 +71,10 @@ class State:
 
 # PLANTED: TEST_ENGINE_DIVERGE's divergences, parsed once by launch_server.main().
 PLANTED: tuple[Planted, ...] = ()
+# PROFILES: the recordings the speculation and step costs play, and COLLAPSED the one
+# accept-collapse falls to; set once by launch_server.main() (profile.py).
+PROFILES: Profiles | None = None
+COLLAPSED: Profile | None = None
 # CFG is set once, by launch_server.main(); it is rebound there, so read it as engine.CFG.
 CFG: Config
 STATE = State()

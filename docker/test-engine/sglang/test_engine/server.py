@@ -164,9 +164,12 @@ class Handler(BaseHTTPRequestHandler):
                                                   "graph": 1.10}}
         if engine.CFG.speculative:
             state["avg_spec_accept_length"] = STATE.avg_accept
+        # Not SGLang's: the recordings the simulator's figures replay (profile.py).
+        simulated = engine.PROFILES.to_dict() if engine.PROFILES is not None else None
         self.send_json(200, {**server_args_dict(engine.CFG), "version": __version__,
                              "max_total_num_tokens": MAX_TOKENS_POOL,
-                             "internal_states": [state], "secrets_seen": secrets_seen()})
+                             "internal_states": [state], "secrets_seen": secrets_seen(),
+                             "simulator_replays": simulated})
 
     def metrics(self) -> None:
         if not engine.CFG.args.enable_metrics:

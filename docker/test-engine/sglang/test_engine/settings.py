@@ -18,8 +18,9 @@ def env_float(name: str, default: float) -> float:
 
 
 PACE_S = env_float("TEST_ENGINE_PACE_S", 0.05)
-TOKEN_S = env_float("TEST_ENGINE_TOKEN_S", 0.002)
-# Prefill time per uncached prompt token (0: prefill takes no time, as before).
+# Seconds per decode step; 0 (the default): the recorded step time (profile.py).
+TOKEN_S = env_float("TEST_ENGINE_TOKEN_S", 0.0)
+# Prefill time per uncached prompt token (0: the recorded TTFT instead, profile.py).
 PREFILL_TOKEN_S = env_float("TEST_ENGINE_PREFILL_TOKEN_S", 0.0)
 # The prefix cache's size in tokens (the KV pool's, as SGLang's radix cache is bounded by it).
 CACHE_TOKENS = int(env_float("TEST_ENGINE_CACHE_TOKENS", 1048576))
@@ -28,12 +29,20 @@ FAIL = os.environ.get("TEST_ENGINE_FAIL", "").strip()
 STYLE = os.environ.get("TEST_ENGINE_LOG_STYLE", "new").strip().lower()
 # A quantized target's method as `Load weight end` names it (e.g. fp8); empty: unquantized.
 QUANT = os.environ.get("TEST_ENGINE_MODEL_QUANT", "").strip()
-ACCEPT_LEN = env_float("TEST_ENGINE_ACCEPT_LEN", 4.87)
+# Mean accepted tokens per verify step; 0 (the default): the recording's (profile.py).
+ACCEPT_LEN = env_float("TEST_ENGINE_ACCEPT_LEN", 0.0)
+# The recording a speculative mode plays (profile.py), and the set its runs come from.
+RECORDING = os.environ.get("TEST_ENGINE_RECORDING", "").strip()
+RECORDING_SET = os.environ.get("TEST_ENGINE_RECORDING_SET", "").strip()
 # Synthetic requests the engine serves itself once ready (0: only real requests).
 TRAFFIC = int(env_float("TEST_ENGINE_TRAFFIC", 0))
-# accept-collapse: this long after ready, acceptance falls to COLLAPSED_ACCEPT_LEN.
+# accept-collapse: this long after ready, acceptance falls to COLLAPSED_ACCEPT_LEN, or (0, the
+# default) to that of COLLAPSE_RECORDING, a drafter run against a target it was not trained
+# for (default: the trained pair's wrong-drafter run where the image has it, else the
+# random-weight DFLASH run).
 COLLAPSE_AFTER_S = env_float("TEST_ENGINE_COLLAPSE_AFTER_S", 20.0)
-COLLAPSED_ACCEPT_LEN = env_float("TEST_ENGINE_COLLAPSED_ACCEPT_LEN", 1.3)
+COLLAPSED_ACCEPT_LEN = env_float("TEST_ENGINE_COLLAPSED_ACCEPT_LEN", 0.0)
+COLLAPSE_RECORDING = os.environ.get("TEST_ENGINE_COLLAPSE_RECORDING", "").strip()
 # hang-serve: the tokens made (since the start) before the scheduler hangs.
 HANG_AFTER_TOKENS = int(env_float("TEST_ENGINE_HANG_AFTER_TOKENS", 0))
 # capture-stall: how long the target's capture stops (then it goes on).
