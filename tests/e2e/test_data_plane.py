@@ -10,6 +10,7 @@ its access log without the hosts' own calls; `down -v` removes everything `up` m
 from __future__ import annotations
 
 import re
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -18,11 +19,15 @@ from typing import Any
 
 import pytest
 import requests
+import yaml
 
 import docker
 from tests.e2e.test_fleet_trial import (  # noqa: F401 - trial: the fixture
     ARTIFACTS,
+    COMPOSE,
+    FILES,
     PROJECT,
+    ROOT,
     Api,
     Trial,
     _spec,
@@ -137,6 +142,30 @@ def _gaps(points: list[dict[str, Any]], start: float, end: float) -> list[tuple[
     times = sorted(p["t"] for p in points if start <= p["t"] <= end)
     return [(a, b) for a, b in zip(times, times[1:], strict=False)
             if b - a > 2 * METRICS_INTERVAL_S + 1]
+
+
+def test_the_trials_files_put_the_gateways_on_the_hosts_networks_and_make_the_engine_network(
+        ) -> None:
+    """What the run below relies on, read by docker-compose itself (seconds, no stack): the
+    gateways reach the hosts' engines over the hosts' networks, the engine network is
+    compose's in the trial (so `down -v` removes it), closed as the agent makes its own, and
+    the simulator decodes at a pace that leaves an idle trial idle."""
+    if COMPOSE is None:
+        pytest.skip("docker-compose not installed")
+    done = subprocess.run([COMPOSE, *FILES, "config"], cwd=ROOT, capture_output=True,
+                          text=True, check=False, env={"PATH": "/usr/local/bin:/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr
+    config = yaml.safe_load(done.stdout)
+    services, networks = config["services"], config["networks"]
+    for name in ("gateway-a", "gateway-b"):
+        assert set(services[name]["networks"]) == {"internal", "engines", "sim-a", "sim-b"}
+    assert set(services["agent"]["networks"]) == {"internal", "engines"}
+    assert "engines" not in services["proxy"]["networks"]
+    engines = networks["engines"]
+    assert engines["name"] == "appliance-engines" and engines["internal"] is True
+    assert engines["driver_opts"] == {"com.docker.network.bridge.inhibit_ipv4": "true"}
+    extra = services["sim-a"]["environment"]["APPLIANCE_ENGINE_EXTRA_ENV"]
+    assert "TEST_ENGINE_TOKEN_S=0.01" in extra.split(","), extra
 
 
 @pytest.fixture
