@@ -6,6 +6,9 @@ event per change, not one per scrape.
 
 - accept-collapse: the acceptance length falls well below its own baseline (a slow
   moving average of the points before), for a few points in a row.
+- accept-low: a speculative engine's acceptance length stays below LOW_ACCEPT_LEN for a few
+  points in a row from the start (no fall to see: a drafter not trained for its target, as
+  the recordings' wrong-drafter run shows); the alert names the drafter and the fix.
 - silent-eager: decode passes run without CUDA graphs. From /metrics: the points' graph
   share (decode passes that replayed a graph, sglang:cuda_graph_passes_total) below
   eager_share for eager_points points in a row, batches above the largest captured size
@@ -68,6 +71,14 @@ class Alert:
         return asdict(self)
 
 
+# Below this many tokens per verify step speculation paid in no recording of the real engine
+# (tests/fixtures/real-engine/433c58ed7): drafters not trained for their target accepted
+# 1.00 to 1.17 (random weights) and 1.04 (trained_wrong: the trained drafter on another
+# target), the trained pair 3.76 to 4.93; a step's cost put break-even at 2.2 (DFLASH on the
+# trained pair, c=1) to 2.5 (DFLASH, random weights) tokens per step.
+LOW_ACCEPT_LEN = 1.5
+
+
 @dataclass
 class AlertRules:
     stall_s: float = 300.0
@@ -84,6 +95,11 @@ class AlertRules:
     eager_share: float = 0.5  # fires below this share of decode passes on graphs ...
     eager_recover: float = 0.9  # ... and resolves at or above this one
     eager_points: int = 3  # consecutive points with decode passes either way
+    # The spec's drafter (speculative_draft_model_path); "" for no speculation: accept-low
+    # then never fires.
+    drafter: str = ""
+    low_accept: float = LOW_ACCEPT_LEN
+    low_points: int = 3  # consecutive decoding points either way
 
 
 FIXES = {
@@ -91,6 +107,11 @@ FIXES = {
                        "the drafter's training domain, the draft model path and the block size; "
                        "if it followed an engine fault, Stop the deployment and press "
                        "Restart on its page.",
+    "accept-low": "Deploy the drafter trained for this target (the spec's "
+                  "speculative_draft_model_path: a DFlash drafter uses the target's embedding "
+                  "and head, so it must be trained on this target's own outputs), check its "
+                  "block size and target layers, or serve this model without speculation "
+                  "(algorithm NONE) until then.",
     "stall": "The engine may be hung: read its last log lines and the GPUs' utilisation "
              "(NCCL and disk reads hang quietly); stop and redeploy if it does not move.",
     "kv-high": "Requests queue or are retracted: lower --max-running-requests or the context "
@@ -122,6 +143,7 @@ class AlertWatch:
         self.baseline: float | None = None
         self.baseline_n = 0
         self.low_run = self.high_run = 0
+        self.weak_run = self.strong_run = 0  # accept-low's runs of points below / above
         self.failures = 0
         self.graph_lines = 0
         self.eager_run = self.graph_run = 0
@@ -159,6 +181,7 @@ class AlertWatch:
         out = self._resolve("metrics-unreachable", "The engine's /metrics answers again.")
         self.failures = 0
         out += self._acceptance(point.accept_len)
+        out += self._low_acceptance(point.accept_len)
         out += self._kv(point.kv_usage)
         out += self._graph_share(point)
         return out
@@ -242,6 +265,27 @@ class AlertWatch:
             return []
         return self._resolve("accept-collapse", f"Acceptance length is back at {value:.2f}.",
                              accept_len=round(value, 3))
+
+    def _low_acceptance(self, value: float | None) -> list[Alert]:
+        rules = self.rules
+        # Below 1 no verify step has run yet (SGLang's gauge is 0 before the first).
+        if not rules.drafter or value is None or value < 1.0:
+            return []
+        if value < rules.low_accept:
+            self.weak_run, self.strong_run = self.weak_run + 1, 0
+            if self.weak_run < rules.low_points:
+                return []
+            return self._fire(
+                "accept-low",
+                f"Acceptance length is {value:.2f} tokens per step, below {rules.low_accept:g}: "
+                f"the drafter {rules.drafter} barely predicts this target, so every verify "
+                "step costs more than it saves (slower than no speculation).",
+                accept_len=round(value, 3), drafter=rules.drafter)
+        self.weak_run, self.strong_run = 0, self.strong_run + 1
+        if self.strong_run < rules.low_points:
+            return []
+        return self._resolve("accept-low", f"Acceptance length is up at {value:.2f} tokens "
+                             f"per step.", accept_len=round(value, 3))
 
     def _learn(self, value: float) -> None:
         alpha = max(self.rules.baseline_alpha, 1.0 / (self.baseline_n + 1))

@@ -44,12 +44,13 @@ class MonitorOptions:
 
 
 def monitor_options(*, interval_s: float, stall_s: float,
-                    disable_cuda_graph: bool = False) -> MonitorOptions:
+                    disable_cuda_graph: bool = False, drafter: str = "") -> MonitorOptions:
     """A deployment's monitor settings, the panel's agent's and a joined host's alike: a
     scrape never waits past the interval (nor 5 s), and an engine deployed with CUDA graphs
     disabled decodes eagerly on purpose (the eager-by-spec note, never the silent-eager
-    alert)."""
-    rules = AlertRules(stall_s=float(stall_s), expect_cuda_graph=not disable_cuda_graph)
+    alert); `drafter`, the spec's, is what the acceptance alert names."""
+    rules = AlertRules(stall_s=float(stall_s), expect_cuda_graph=not disable_cuda_graph,
+                       drafter=drafter)
     return MonitorOptions(interval_s=interval_s, timeout_s=min(interval_s, 5.0), rules=rules)
 
 

@@ -459,7 +459,10 @@ def remote_monitor(placement: Mapping[str, Any], sink: RemoteSink, config: Remot
     spec = spec_from_dict(placement["spec"])
     options = monitor_options(interval_s=float(settings.get("interval_s") or 2.0),
                               stall_s=float(settings.get("stall_s") or 300),
-                              disable_cuda_graph=spec.engine.disable_cuda_graph)
+                              disable_cuda_graph=spec.engine.disable_cuda_graph,
+                              drafter=(spec.engine.speculative_draft_model_path or "")
+                              if spec.engine.speculative_algorithm not in (None, "NONE")
+                              else "")
     gpus = [int(g) for g in placement.get("gpus") or [] if str(g).isdigit()]
     return EngineMonitor(RemoteMonitorSink(sink), gpus=gpus if config.gpu_requests else [],
                          options=options,

@@ -37,11 +37,11 @@ class Followed(Protocol):
     engine_url: str
 
 
-def monitor_options(*, disable_cuda_graph: bool = False) -> MonitorOptions:
+def monitor_options(*, disable_cuda_graph: bool = False, drafter: str = "") -> MonitorOptions:
     """The settings' interval and stall limit, for one deployment."""
     return runtime_monitor_options(interval_s=settings.METRICS_INTERVAL_S,
                                    stall_s=float(settings.ALERT_STALL_S),
-                                   disable_cuda_graph=disable_cuda_graph)
+                                   disable_cuda_graph=disable_cuda_graph, drafter=drafter)
 
 
 class _MonitorSink:
@@ -109,13 +109,22 @@ class MonitorHandle:
         self.thread.join(timeout=5)
 
 
+def _drafter(deployment: Deployment) -> str:
+    """The spec's drafter where it speculates (what the acceptance alert names)."""
+    options = deployment.engine_options
+    if str(options.get("speculative_algorithm") or "NONE").upper() == "NONE":
+        return ""
+    return str(options.get("speculative_draft_model_path") or "")
+
+
 def monitor_start(*, deployment: Deployment, followed: Followed, agent_id: str,
                   pooled: bool) -> MonitorHandle:
     sink = _MonitorSink(deployment.pk, followed, agent_id, pooled)
     gpus = [int(g) for g in deployment.gpus or [] if str(g).isdigit()]
     monitor = EngineMonitor(sink, gpus=gpus if settings.ENGINE_GPU_REQUESTS else [],
                             options=monitor_options(disable_cuda_graph=bool(
-                                deployment.engine_options.get("disable_cuda_graph"))),
+                                deployment.engine_options.get("disable_cuda_graph")),
+                                drafter=_drafter(deployment)),
                             active_alerts=list((deployment.alerts or {}).keys()))
     handle = MonitorHandle(monitor, deployment.pk)
     handle.thread.start()
