@@ -57,7 +57,7 @@ def ready_and_stalled(operator, tmp_path: Path, test_engine_image: str,  # type:
     with appliance_stack(tmp_path, env) as url:
         # chatty loads slowly (seconds), so its page is opened before it is ready; background
         # traffic keeps its decode stats coming.
-        ready = _deploy("chatty", 0, TEST_ENGINE_ACCEPT_LEN="3", TEST_ENGINE_TRAFFIC="1",
+        ready = _deploy("chatty", 0, TEST_ENGINE_TRAFFIC="1",
                         TEST_ENGINE_PACE_S="0.5")
         stalled = _deploy("stalled", 1, TEST_ENGINE_FAIL="capture-stall",
                           TEST_ENGINE_PACE_S="0.03")
