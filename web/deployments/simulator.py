@@ -19,8 +19,10 @@ from .models import Deployment, DeploymentStatus, Host
 
 SIMULATOR_MARK = "simulator"
 SIMULATOR_NOTE = ("Simulator: engines here run the test engine (docker/test-engine), not "
-                  "SGLang. No model runs and no GPU is used: its speeds, acceptance lengths "
-                  "and check results are not measurements.")
+                  "SGLang. No model runs and no GPU is used: its speeds and acceptance lengths "
+                  "replay recordings of the real engine (each engine's log names the one it "
+                  "plays), and neither they nor its check results are measurements of this "
+                  "machine.")
 
 
 def simulator_images() -> frozenset[str]:
