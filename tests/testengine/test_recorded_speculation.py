@@ -168,3 +168,27 @@ def test_the_ab_speedup_is_the_recordings_within_5_percent(algorithm: str, size:
         said = log.read_text()
     assert said.startswith("test engine (a simulator, not SGLang): acceptance and step "
                                f"times replay the real engine's recording {run} (")
+
+
+def test_the_copy_shipped_with_the_engine_is_the_recordings_levels() -> None:
+    """An image without the recordings (the simulated hosts') plays the copy beside
+    profile.py: it must be the recordings' own figures, every run the sets name."""
+    shipped = json.loads(profile.SHIPPED.read_text())
+    named = {r for s in profile.SETS.values() for runs in s.values() for r in runs.values()}
+    here = {r for r in named | set(profile.COLLAPSE_RUNS)
+            if (RECORDINGS / r / "bench.json").is_file()}
+    assert set(shipped) == here, "run `python3 -m sglang.test_engine.profile write` in " \
+        "docker/test-engine after a recording lands"
+    for run in here:
+        assert shipped[run] == [{k: lv.get(k) for k in profile.KEPT} for lv in _bench(run)]
+
+
+def test_without_the_recordings_the_engine_plays_the_shipped_copy(tmp_path: Path) -> None:
+    run = profile.SETS[SET]["DFLASH"][8]
+    with local_engine(*_mode_argv("DFLASH", 8), TEST_ENGINE_RECORDINGS=str(tmp_path)) \
+            as (url, log):
+        info = requests.get(url + "/server_info", timeout=5).json()["simulator_replays"]
+        assert info["recording"] == run
+        assert [lv["accept_len"] for lv in info["levels"]] == [
+            pytest.approx(lv["accept_len"]) for lv in sorted(
+                _bench(run), key=lambda lv: lv["concurrency"])]

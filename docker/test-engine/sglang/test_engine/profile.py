@@ -40,6 +40,11 @@ from typing import Any
 
 from sglang.test_engine.settings import ACCEPT_LEN, TOKEN_S
 
+# The bench levels of the runs the sets name, copied from their bench.json (`python3 -m
+# sglang.test_engine.profile write` in the checkout; tests/testengine/test_recorded_speculation.py
+# holds the copy equal to the recordings): an image without the recordings (the simulated
+# hosts') plays the same figures.
+SHIPPED = Path(__file__).resolve().with_name("recorded_levels.json")
 _IMAGE = Path(__file__).resolve().parents[2] / "recordings"
 _CHECKOUT = Path(__file__).resolve().parents[4] / "tests" / "fixtures" / "real-engine"
 RECORDINGS = Path(os.environ.get("TEST_ENGINE_RECORDINGS", "") or
@@ -118,36 +123,63 @@ class Profile:
                 "levels": [lv.__dict__ for lv in self.levels]}
 
 
-def load_profile(run: str, *, algorithm: str, size: int = 0) -> Profile:
-    """A run's bench.json as levels (each level's mean accept length, TPOT and TTFT)."""
+KEPT = ("concurrency", "completed", "duration_s", "total_output_tokens", "output_throughput",
+        "accept_len", "tpot_ms", "ttft_ms")
+
+
+def recorded_levels(run: str) -> list[dict[str, Any]]:
+    """A run's bench levels (the fields KEPT): from its bench.json where the recordings are
+    here, else from the copy shipped beside this module."""
     folder = Path(run) if Path(run).is_absolute() else RECORDINGS / run
     path = folder / "bench.json"
-    try:
-        bench = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ProfileError(f"recording {run}: no bench.json in {folder} ({exc})") from exc
+    if path.is_file():
+        try:
+            bench = json.loads(path.read_text())
+        except ValueError as exc:
+            raise ProfileError(f"recording {run}: {path} is not JSON ({exc})") from exc
+        return [{k: lv.get(k) for k in KEPT} for entry in bench
+                for lv in ((entry.get("json") or {}).get("levels") or [])]
+    shipped = json.loads(SHIPPED.read_text()) if SHIPPED.is_file() else {}
+    if run in shipped:
+        return list(shipped[run])
+    raise ProfileError(f"recording {run}: no bench.json in {folder}, nor in {SHIPPED.name}")
+
+
+def write_shipped() -> dict[str, list[dict[str, Any]]]:
+    """The copy of every named run's levels (and accept-collapse's), from the recordings."""
+    runs = sorted({r for s in SETS.values() for runs in s.values() for r in runs.values()}
+                  | set(COLLAPSE_RUNS))
+    copied = {run: recorded_levels(run) for run in runs
+              if (RECORDINGS / run / "bench.json").is_file()}
+    SHIPPED.write_text(json.dumps(copied, indent=1, sort_keys=True) + "\n")
+    return copied
+
+
+def load_profile(run: str, *, algorithm: str, size: int = 0) -> Profile:
+    """A run's bench levels as a profile (each level's mean accept length, TPOT and TTFT)."""
     levels = []
-    for entry in bench:
-        for lv in ((entry.get("json") or {}).get("levels") or []):
-            if not lv.get("completed") or not lv.get("tpot_ms", {}).get("mean"):
-                continue
-            completed, ttft_s = int(lv["completed"]), float(lv["ttft_ms"]["mean"]) / 1000
-            per_request = float(lv["total_output_tokens"]) / completed
-            held_s = float(lv["duration_s"]) * min(int(lv["concurrency"]), completed) / completed
-            levels.append(Level(
-                concurrency=int(lv["concurrency"]),
-                accept_len=float(lv.get("accept_len") or 1.0),
-                tpot_s=float(lv["tpot_ms"]["mean"]) / 1000,
-                ttft_s=ttft_s,
-                output_throughput=float(lv["output_throughput"]),
-                token_s=max(held_s - ttft_s, 0.0) / max(per_request - 1, 1.0)))
+    for lv in recorded_levels(run):
+        if not lv.get("completed") or not (lv.get("tpot_ms") or {}).get("mean"):
+            continue
+        completed, ttft_s = int(lv["completed"]), float(lv["ttft_ms"]["mean"]) / 1000
+        per_request = float(lv["total_output_tokens"]) / completed
+        held_s = float(lv["duration_s"]) * min(int(lv["concurrency"]), completed) / completed
+        levels.append(Level(
+            concurrency=int(lv["concurrency"]),
+            accept_len=float(lv.get("accept_len") or 1.0),
+            tpot_s=float(lv["tpot_ms"]["mean"]) / 1000,
+            ttft_s=ttft_s,
+            output_throughput=float(lv["output_throughput"]),
+            token_s=max(held_s - ttft_s, 0.0) / max(per_request - 1, 1.0)))
     if not levels:
         raise ProfileError(f"recording {run}: bench.json has no completed level")
     return Profile(run=run, levels=levels, algorithm=algorithm, size=size)
 
 
 def _exists(run: str) -> bool:
-    return (RECORDINGS / run / "bench.json").is_file()
+    if (RECORDINGS / run / "bench.json").is_file():
+        return True
+    return SHIPPED.is_file() and run in json.loads(SHIPPED.read_text())
 
 
 def chosen_set(name: str = "") -> str:
@@ -236,3 +268,11 @@ def launch_profiles(algorithm: str, size: int, *, recording: str = "", set_name:
         run = collapse_recording or next((r for r in COLLAPSE_RUNS if _exists(r)), "")
         collapsed = load_profile(run, algorithm="DFLASH") if run else None
     return profiles, collapsed
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] != ["write"]:
+        raise SystemExit("usage: python3 -m sglang.test_engine.profile write")
+    print(f"{SHIPPED}: {', '.join(write_shipped())}")
