@@ -17,7 +17,8 @@
 #   APPLIANCE_SGLANG_SRC_DIR  SGLang snapshots when not in RIG_CARRY (../shared/sglang-src).
 #   RIG_TRAIN_S   seconds train_pair.py may take (default 500): the trained pair is made by the
 #                 `train` and `trained` phases when the stash lacks it (`tune`: 200, with
-#                 RIG_TRAIN_ARGS, default `--target-share 0.4 --b-steps 10 --prompts 1024`).
+#                 RIG_TRAIN_ARGS, default `--target-share 0.4 --b-steps 10 --prompts 512
+#                 --drafter-min-s 30`).
 #   RIG_TUNE_ARGS  more arguments for tune_rig.py (`tune`), e.g. `--sweep-prompts 48`.
 # Packages come at the flagship lock's versions: from $RIG_CARRY/site*.tar.xz, else built here
 # with pip (build_carry.py). SGLang sources: $RIG_CARRY/sglang-<commit>.tar.gz, else
@@ -60,7 +61,7 @@ tune)
   if [ ! -f "$stash/trained.ok" ]; then
     mkdir -p "$stash/models"
     ( PYTHONUNBUFFERED=1 python3 tests/gpu/realengine/train_pair.py "$stash/models" \
-        --seconds "${RIG_TRAIN_S:-200}" ${RIG_TRAIN_ARGS:---target-share 0.4 --b-steps 10 --prompts 1024} \
+        --seconds "${RIG_TRAIN_S:-200}" ${RIG_TRAIN_ARGS:---target-share 0.4 --b-steps 10 --prompts 512 --drafter-min-s 30} \
         --report "$out/train.json" > "$out/train.log" 2>&1 && touch "$stash/trained.ok" ) &
     train_pid=$!
   fi ;;

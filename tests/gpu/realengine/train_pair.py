@@ -92,6 +92,7 @@ class Budget:
     seconds: float = 500.0
     target_share: float = 0.55  # of `seconds`, target A's training
     b_share: float = 0.08  # of `seconds`, target B's (at most target_b_steps)
+    drafter_min_s: float = 0.0  # the drafter's time when less is left of `seconds`
     seq: int = 512
     target_batch: int = 64
     target_steps: int = 6000
@@ -692,13 +693,16 @@ def main() -> None:
                         help="steps of the second target (the wrong pair's)")
     parser.add_argument("--prompts", type=int, default=Budget.prompts,
                         help="the drafter's data: prompts the target continues")
+    parser.add_argument("--drafter-min-s", type=float, default=Budget.drafter_min_s,
+                        help="seconds the drafter trains at least, the budget overrun if need be")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny shapes and steps on whatever device there is: the whole road "
                              "in seconds, for trying this file where there is no GPU")
     args = parser.parse_args()
     began = time.time()
     budget = Budget(seconds=args.seconds, target_share=args.target_share,
-                    target_b_steps=args.b_steps, prompts=args.prompts)
+                    target_b_steps=args.b_steps, prompts=args.prompts,
+                    drafter_min_s=args.drafter_min_s)
     shape, dshape = TargetShape(), DrafterShape()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     corpus_limit = 120_000_000
@@ -766,7 +770,9 @@ def main() -> None:
     torch.manual_seed(budget.seed + 3)
     drafter = Drafter(dshape, target).to(device)
     _init(drafter, budget.seed + 3)
-    left = budget.seconds - (time.time() - began) - 40
+    # What is left of the budget, and never less than `drafter_min_s`: a drafter with no steps
+    # accepts nothing (the whole budget then runs over by at most that much).
+    left = max(budget.seconds - (time.time() - began) - 40, budget.drafter_min_s)
     report["drafter"] = train_drafter(drafter, target, sequences, budget.prompt_len, budget,
                                       left, log)
 

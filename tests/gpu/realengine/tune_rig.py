@@ -301,9 +301,10 @@ def main() -> int:
         print(f"starting {len(candidates)} engines ({start_timeout:.0f} s at most)", flush=True)
         report["engines"] = deployer.start_all(start_timeout)
         print(json.dumps({"engines": report["engines"]["ready_s"]}), flush=True)
-        # Tune gets what is left but for the sweep's share (about twice Tune's requests).
+        # Tune gets what is left but for the sweep's share (twice Tune's requests; the
+        # deadline cuts its last level first).
         left = deadline - time.time() - 40
-        options = TuneOptions(levels=levels, warmup=2, time_budget_s=max(30.0, left * 0.4),
+        options = TuneOptions(levels=levels, warmup=2, time_budget_s=max(30.0, left * 0.55),
                               lossless_max_tokens=LOSSLESS_MAX_TOKENS)
         report["options"] = {"levels": options.levels, "warmup": options.warmup,
                              "time_budget_s": round(options.time_budget_s, 1),
@@ -319,7 +320,9 @@ def main() -> int:
                           "summary": result.recommendation["summary"],
                           "per_level": result.recommendation["per_level"]}, default=str),
               flush=True)
-        names = [c["name"] for c in result.candidates if c["state"] == "measured"]
+        # Every candidate whose engine serves, measured by Tune or not (a Tune cut short by
+        # its budget is then compared with what it did not reach too: `sweep_best_any`).
+        names = [c.name for c in candidates if deployer.ready_s.get(c.name) is not None]
         sweep_rows = sweep(deployer.urls, names, levels, prompts_file, args.sweep_prompts,
                            args.output_len, deadline - 25)
         compared = compare(result.to_dict(), sweep_rows)

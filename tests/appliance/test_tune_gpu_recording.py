@@ -1,0 +1,101 @@
+"""Tune on the GPU host, as recorded (tests/fixtures/real-engine/433c58ed7/trained_tune/, made
+by `tests/gpu/real-engine.sh tune`): appliance.tune's recommendation per concurrency against
+the best of the exhaustive sweep of the same candidates, within 5 %, recomputed here from the
+raw rows (not from the rig's own `compare`), and the recording's figures as its README states
+them.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from appliance.tune.recommend import eligible, recommend
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "real-engine" / "433c58ed7" / \
+    "trained_tune"
+TOLERANCE = 0.05
+
+
+def load() -> tuple[dict[str, Any], dict[str, Any]]:
+    return (json.loads((FIXTURE / "tune.json").read_text()),
+            json.loads((FIXTURE / "sweep.json").read_text()))
+
+
+def judged(tune: dict[str, Any], sweep: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per level Tune measured: its pick's tok/s in the sweep over the best of the sweep among
+    the candidates Tune may recommend (measured and lossless)."""
+    result = tune["result"]
+    allowed = eligible(result["candidates"])
+    out = []
+    for entry in result["recommendation"]["per_level"]:
+        level, pick = entry["concurrency"], entry["candidate"]
+        here = {r["candidate"]: float(r["output_throughput"]) for r in sweep["rows"]
+                if r["concurrency"] == level and r.get("output_throughput") is not None
+                and r.get("completed") and not r.get("errors") and r["candidate"] in allowed}
+        assert pick in here, f"c{level}: Tune's pick {pick} has no sweep row"
+        best = max(here.values())
+        out.append({"concurrency": level, "pick": pick, "ratio": here[pick] / best,
+                    "best": max(here, key=lambda name: here[name])})
+    return out
+
+
+def test_tunes_pick_at_each_level_is_within_5_percent_of_the_sweeps_best() -> None:
+    tune, sweep = load()
+    rows = judged(tune, sweep)
+    assert [r["concurrency"] for r in rows] == [1, 4, 16]
+    for row in rows:
+        assert row["ratio"] >= 1 - TOLERANCE, row
+
+
+def test_the_check_fails_when_the_sweep_finds_a_faster_lossless_candidate() -> None:
+    tune, sweep = load()
+    pick = tune["result"]["recommendation"]["per_level"][0]["candidate"]
+    other = next(c["name"] for c in tune["result"]["candidates"]
+                 if c["name"] != pick and c["name"] in eligible(tune["result"]["candidates"]))
+    faster = copy.deepcopy(sweep)
+    top = max(float(r["output_throughput"]) for r in faster["rows"] if r["concurrency"] == 1
+              and r.get("output_throughput") is not None)
+    for row in faster["rows"]:
+        if row["concurrency"] == 1 and row["candidate"] == other:
+            row["output_throughput"] = top * 1.10
+    ratio = judged(tune, faster)[0]["ratio"]
+    assert ratio < 1 - TOLERANCE
+    with pytest.raises(AssertionError):
+        assert ratio >= 1 - TOLERANCE
+
+
+def test_the_rigs_own_comparison_agrees_and_the_recommendation_is_recomputable() -> None:
+    tune, sweep = load()
+    result = tune["result"]
+    assert recommend(result["candidates"], result["rows"]) == result["recommendation"]
+    mine = {r["concurrency"]: r for r in judged(tune, sweep)}
+    for entry in sweep["compare"]:
+        assert entry["tune_pick"] == mine[entry["concurrency"]]["pick"]
+        assert entry["ratio"] == pytest.approx(mine[entry["concurrency"]]["ratio"])
+
+
+def test_the_recording_is_what_its_readme_says() -> None:
+    """This call's drafter trained no step (the rollouts ate its share of the budget), so it
+    accepts nothing and no speculation wins everywhere; Tune ran out of its budget during its
+    third candidate."""
+    tune, sweep = load()
+    train = json.loads((FIXTURE / "train.json").read_text())
+    assert train["drafter"]["steps"] == 0
+    assert train["heldout"]["accept_length"] < 1.1
+    result = tune["result"]
+    assert result["ended"] == "out_of_time"
+    states = {c["name"]: c["state"] for c in result["candidates"]}
+    assert states == {"none": "measured", "dflash": "measured", "ddtree-8": "stopped",
+                      "ddtree-16": "not run", "ddtree-32": "not run"}
+    picks = {e["concurrency"]: (e["candidate"], round(e["output_throughput"]))
+             for e in result["recommendation"]["per_level"]}
+    assert picks == {1: ("none", 407), 4: ("none", 1501), 16: ("none", 5236)}
+    assert result["recommendation"]["crossover"] == 1
+    assert round(result["seconds"], 1) == 72.8
+    assert {r["candidate"] for r in sweep["rows"]} == {"none", "dflash"}
+    assert max(tune["engines"]["ready_s"].values()) == pytest.approx(115.6)
