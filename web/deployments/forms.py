@@ -132,8 +132,9 @@ class DeploymentForm(forms.Form):
     companion = forms.CharField(
         max_length=63, required=False,
         help_text="The name of a deployment of the same target without speculation that serves "
-                  "the requests this engine refuses (log-probs, grammar, n > 1); blank: those "
-                  "get a 400 naming the reason.")
+                  "the requests this engine's build refuses (433c58ed7's DFLASH and DDTREE: "
+                  "log-probs and grammar; 0.5.23's DFLASH serves both); blank: those get a 400 "
+                  "naming the reason.")
     self_check = forms.BooleanField(
         required=False, initial=True, label="GPU self-check before the load",
         help_text="Driver, GPUs, NCCL all-reduce and CUDA graphs at the verify and draft widths, "
