@@ -93,8 +93,8 @@ def live_channel():  # type: ignore[no-untyped-def]
 # TEST_SESSION (tests/conftest_docker.py), drawn anew in each worker. Tests that share a fixed
 # Docker name, image tag or an expensive module fixture are put on one worker with
 # @pytest.mark.xdist_group (the run uses --dist loadgroup); a test that restarts a service
-# every test uses (PostgreSQL, dockerd) is marked `exclusive`: no other worker runs a test
-# while it runs.
+# every test uses (PostgreSQL, dockerd), or measures timings that another test's CPU use would
+# skew, is marked `exclusive`: no other worker runs a test while it runs.
 
 EXCLUSIVE_WAIT_S = 3600  # the longest test (a compose build) fits well inside
 _LOCKS_ENV = "APPLIANCE_TEST_LOCKS"  # the run's lock folder, made by the controller
@@ -103,8 +103,9 @@ _LOCKS = pytest.StashKey[Path]()
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", "exclusive: restarts a service every test uses (PostgreSQL, dockerd); "
-        "under pytest-xdist no other worker runs a test meanwhile")
+        "markers", "exclusive: restarts a service every test uses (PostgreSQL, dockerd), or "
+        "measures timings that other tests' CPU use skews; under pytest-xdist no other "
+        "worker runs a test meanwhile")
 
 
 def worker_redis_url(url: str, worker: int) -> str:

@@ -78,4 +78,8 @@ step "lint"
 
 step "pytest"
 export APPLIANCE_CHROMIUM="${APPLIANCE_CHROMIUM:-/usr/bin/chromium}"
+# `./test -n 3 --dist loadgroup` runs the tests side by side in pytest-xdist workers, each on
+# its own database and Redis db (Redis dbs N..N+2 from APPLIANCE_REDIS_URL's N); the groups
+# that share Docker names or restart services are kept apart (tests/conftest.py). Not yet
+# the default: a full run so has not been green on this machine.
 .venv/bin/pytest -p no:cacheprovider "$@"
