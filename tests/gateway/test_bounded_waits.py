@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
 import time
 from collections.abc import Iterator
@@ -213,7 +214,9 @@ def test_a_paused_engine_container_delays_no_request_past_the_timeouts(
 
 @pytest.fixture(scope="session")
 def sim_image(docker_client: Any) -> str:  # noqa: F811
-    return sim_host_image(docker_client)
+    """The simulated host's image, built from this checkout (under the Docker lock), or one
+    already built that APPLIANCE_TEST_SIM_HOST_IMAGE names."""
+    return os.environ.get("APPLIANCE_TEST_SIM_HOST_IMAGE") or sim_host_image(docker_client)
 
 
 @pytest.mark.e2e
@@ -265,7 +268,11 @@ def test_a_paused_host_delays_no_request_past_the_timeouts(
             host.unpause()
             host.run("docker", "unpause", "gw-engine")
 
-        frozen_replica(url, key_for(operator), "paused host", freeze, thaw, victim=0)
+        try:
+            frozen_replica(url, key_for(operator), "paused host", freeze, thaw, victim=0)
+        finally:  # a frozen engine cannot be killed: the host would not be removed
+            with contextlib.suppress(Exception):
+                thaw(0)
 
 
 def test_a_hung_engine_process_delays_no_request_past_the_timeouts(
