@@ -123,8 +123,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     a module-scoped fixture (a stack, a build, engines) on one worker, so the fixture is made
     once, not once per worker."""
     for item in items:
-        if item.get_closest_marker("xdist_group"):
-            continue
+        _group_by_default(item)
+        if getattr(config.option, "loadgroup", False):  # a worker of a --dist loadgroup run
+            _mark_group_in_nodeid(item)
+
+
+def _group_by_default(item: pytest.Item) -> None:
+    if not item.get_closest_marker("xdist_group"):
         module = vars(getattr(item, "module", None) or pytest).values()
         if any(getattr(value, "__module__", None) == "tests.fleet.simhosts" for value in module):
             item.add_marker(pytest.mark.xdist_group("simhosts"))
@@ -134,6 +139,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 fixture.scope == "module"
                 for fixtures in info.name2fixturedefs.values() for fixture in fixtures):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
+def _mark_group_in_nodeid(item: pytest.Item) -> None:
+    """pytest-xdist's scheduler reads a test's group from a `@group` suffix of its node id,
+    which pytest-xdist 3.8 writes to `item._nodeid`: pytest 9 no longer reads that (the id
+    is `item._id`), so without this every group is silently spread over all workers."""
+    names = sorted({str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+                    for mark in item.iter_markers("xdist_group")})
+    ident = getattr(item, "_id", None)
+    if names and ident is not None and "@" not in item.nodeid.rsplit("]", 1)[-1]:
+        item._id = type(ident).parse(f"{item.nodeid}@{'_'.join(names)}")
 
 
 @pytest.hookimpl(optionalhook=True)
