@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Page, expect
 
-from tests.e2e.stack import login
-from tests.e2e.test_metrics_panel import _stack
+from tests.e2e.stack import appliance_stack, login
 from tests.real_engine import ROOT as RECORDINGS
 from tests.specs import spec
 from web.deployments import services
@@ -62,6 +61,16 @@ def _recorded_ratio(level: int) -> float:
         figures.append(next(lv["output_throughput"] for lv in levels
                             if lv["concurrency"] == level))
     return figures[0] / figures[1]
+
+
+def _stack(tmp_path: Path, image: str):  # type: ignore[no-untyped-def]
+    """The stack with engines that keep their recordings' step costs (no TEST_ENGINE_TOKEN_S:
+    that would pace both alike, and the ratio would be the accept length alone)."""
+    return appliance_stack(tmp_path, {
+        "APPLIANCE_ENGINE_IMAGE": image, "APPLIANCE_ENGINE_GPU_REQUESTS": "0",
+        "APPLIANCE_ENGINE_EXTRA_ENV": "TEST_ENGINE_PACE_S=0.03,TEST_ENGINE_SHARDS=8,"
+                                      "TEST_ENGINE_DECODE_LOG_INTERVAL=40",
+        "APPLIANCE_ENGINE_STOP_TIMEOUT_S": "5", "APPLIANCE_METRICS_INTERVAL_S": "1"})
 
 
 @pytest.fixture
