@@ -68,12 +68,19 @@ from appliance.runtime.work import EngineWork
 log = logging.getLogger(__name__)
 AGENT_VERSION = "0.9.0"
 MAX_BATCH_BYTES = 512 * 1024  # the panel's body limit is 1 MiB (APPLIANCE_MAX_BODY_BYTES)
-SHIP_TRIES = 5  # a batch the panel did not take is sent again, then the follower starts over
+SHIP_TRIES = 5  # a batch the panel refused with another 5xx is sent again, then the follower
+# starts over. A panel that is away (no connection, a timeout, the proxy's 502/503/504 while
+# web restarts) is waited for instead, up to PANEL_AWAY_S: the follower, and with it the
+# engine's monitor and the points it keeps, outlives a panel restart or upgrade.
+PANEL_AWAY_S = 600.0
+PANEL_AWAY_STATUSES = frozenset({502, 503, 504})
 MASK = "***"
 CREDENTIAL_PATH = "/var/lib/appliance/host-credential/credential"  # a volume (compose.host.yaml)
-# Kept while the panel does not answer: a minute of points at 2 s, the latest alert changes;
-# both the most one report may carry (web/fleet/services.py's MAX_POINTS, MAX_ALERTS).
-MONITOR_KEEP_POINTS = 30
+# Kept while the panel does not answer: PANEL_AWAY_S of points at the default 2 s interval,
+# sent in reports of MONITOR_SEND_POINTS (the most one report may carry: web/fleet/services.py's
+# MAX_POINTS), and the latest alert changes (MAX_ALERTS).
+MONITOR_KEEP_POINTS = 300
+MONITOR_SEND_POINTS = 30
 MONITOR_KEEP_ALERTS = 20
 COMPACT_EVERY_S = 60.0  # the panel merges the series' old points this often (monitoring.py's)
 
@@ -312,9 +319,16 @@ class RemoteSink:
         self.engine_url = str(placement.get("engine_url") or "")
         self.agent, self.stop, self.identity = agent, stop, identity
         self.monitor: EngineMonitor | None = None
+        self.clock = time.monotonic
 
     def _call(self, send: Any) -> Any:
-        for attempt in range(SHIP_TRIES):
+        """send() until the panel answers: a refusal (4xx) raised at once, another 5xx after
+        SHIP_TRIES, a panel away (PANEL_AWAY_STATUSES, no connection) after PANEL_AWAY_S of
+        it, or at once when this engine's work is stopped."""
+        away_since: float | None = None
+        failures = 0
+        error: Exception
+        while True:
             try:
                 return send()
             except PanelRefused as exc:
@@ -323,13 +337,24 @@ class RemoteSink:
                 if exc.status in (401, 404, 409):
                     self.stop.set()  # not ours any more (or never again): stop writing
                     raise
-                if exc.status < 500 or attempt == SHIP_TRIES - 1:
+                if exc.status < 500:
                     raise
-            except requests.RequestException:
-                if attempt == SHIP_TRIES - 1:
-                    raise
-            time.sleep(min(0.5 * 2 ** attempt, 5.0))
-        return None
+                away, error = exc.status in PANEL_AWAY_STATUSES, exc
+            except requests.RequestException as exc:
+                away, error = True, exc
+            failures += 1
+            now = self.clock()
+            if away:
+                away_since = now if away_since is None else away_since
+                if now - away_since >= PANEL_AWAY_S:
+                    raise error
+                if failures == 1:
+                    log.warning("deployment %s: the panel is away (%s); waiting for it up to "
+                                "%.0f s", self.pk, error, PANEL_AWAY_S)
+            elif failures >= SHIP_TRIES:
+                raise error
+            if self.stop.wait(min(0.5 * 2 ** (failures - 1), 5.0)):
+                raise error
 
     def ship(self, events: Events, cursor: Cursor | None) -> None:
         changed = False
@@ -398,8 +423,9 @@ class RemoteMonitorSink:
     compaction asked for once a minute.
 
     A call the panel did not answer (down, restarting, a 5xx) keeps what it carried for the
-    next one: the last MONITOR_KEEP_POINTS points, so a panel away for a minute leaves no gap,
-    and every alert change (up to MONITOR_KEEP_ALERTS), so no raise or clear is lost. A call
+    next one: the last MONITOR_KEEP_POINTS points, so a panel away for up to PANEL_AWAY_S
+    leaves no gap (the follower waits that long for it too, so this sink lives on), and every
+    alert change (up to MONITOR_KEEP_ALERTS), so no raise or clear is lost. A call
     that timed out after the panel stored it is sent again: its alert events then show twice
     rather than never. A refusal (4xx: a bad field, not placed here, another start) drops
     the batch, which would never be taken, and is the monitor's failed step, logged."""
@@ -429,27 +455,32 @@ class RemoteMonitorSink:
         self._send()
 
     def _send(self) -> None:
+        """Everything kept, oldest first, in reports of MONITOR_SEND_POINTS points (the
+        alert changes with the first), until the panel takes no more."""
         sink = self.followed
-        if sink.stop.is_set():
-            return
-        compact = time.monotonic() - self.compacted_at > COMPACT_EVERY_S
-        points, alerts = list(self.points), self.pending_alerts[:]
-        try:
-            sink.agent.link.metrics(sink.pk, sink.start_token, points=points, alerts=alerts,
-                                    compact=compact)
-        except (requests.RequestException, PanelRefused) as exc:
-            if isinstance(exc, PanelRefused) and exc.status < 500:
-                self.points.clear()
-                self.pending_alerts.clear()
-                raise
-            log.warning("deployment %s: the panel took no monitor report (%s); %d points and "
-                        "%d alert changes go with the next", sink.pk, exc, len(points),
-                        len(alerts))
-            return
-        self.points.clear()
-        del self.pending_alerts[:len(alerts)]
-        if compact:
-            self.compacted_at = time.monotonic()
+        while not sink.stop.is_set():
+            compact = time.monotonic() - self.compacted_at > COMPACT_EVERY_S
+            points = list(self.points)[:MONITOR_SEND_POINTS]
+            alerts = self.pending_alerts[:]
+            try:
+                sink.agent.link.metrics(sink.pk, sink.start_token, points=points,
+                                        alerts=alerts, compact=compact)
+            except (requests.RequestException, PanelRefused) as exc:
+                if isinstance(exc, PanelRefused) and exc.status < 500:
+                    self.points.clear()
+                    self.pending_alerts.clear()
+                    raise
+                log.warning("deployment %s: the panel took no monitor report (%s); %d points "
+                            "and %d alert changes go with the next", sink.pk, exc,
+                            len(self.points), len(alerts))
+                return
+            for _ in points:
+                self.points.popleft()
+            del self.pending_alerts[:len(alerts)]
+            if compact:
+                self.compacted_at = time.monotonic()
+            if not self.points:
+                return
 
 
 def remote_monitor(placement: Mapping[str, Any], sink: RemoteSink, config: RemoteSettings,

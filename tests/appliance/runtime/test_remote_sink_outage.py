@@ -1,0 +1,170 @@
+"""A joined host's writes across a panel that is away (restarting behind its proxy): the log
+follower waits for it rather than ending (its end ends the engine's monitor, and the points
+that monitor kept), and the monitor's kept points all reach the panel at their own times.
+
+A real HTTP server stands for the panel and its proxy (503 while "web" is down, as HAProxy
+answers); the outage's 31 s pass on a fake clock that the sink's waits advance."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from appliance.runtime.containers import Identity
+from appliance.runtime.panel_link import PanelLink, PanelRefused
+from appliance.runtime.remote_agent import (
+    MONITOR_SEND_POINTS,
+    PANEL_AWAY_S,
+    SHIP_TRIES,
+    RemoteMonitorSink,
+    RemoteSink,
+)
+from appliance.runtime.series import MetricPoint
+
+OUTAGE_S = 31.0  # the restart of web, worker and agent seen on the trial
+
+
+@dataclass
+class Clock:
+    now: float = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FakeStop(threading.Event):
+    """The follower's stop: waiting on it advances the fake clock instead of sleeping."""
+
+    def __init__(self, clock: Clock) -> None:
+        super().__init__()
+        self.clock = clock
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.clock.now += timeout or 0.0
+        return self.is_set()
+
+
+@dataclass
+class Panel:
+    """What the panel took (200) and how many calls its proxy answered `status` to."""
+
+    clock: Clock
+    down_until: float = OUTAGE_S
+    status: int = 503
+    taken: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    refused: int = 0
+
+
+@pytest.fixture
+def panel() -> Iterator[tuple[Panel, str]]:
+    state = Panel(Clock())
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if state.clock.now < state.down_until:
+                state.refused += 1
+                answer, code = b"<html>503 Service Unavailable</html>", state.status
+            else:
+                state.taken.append((self.path, body))
+                answer = json.dumps({"last_seq": len(state.taken),
+                                     "stored": len(body.get("points") or [])}).encode()
+                code = 200
+            self.send_response(code)
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, *args: Any) -> None:
+            return None
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield state, f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+class Agent:
+    def __init__(self, url: str) -> None:
+        self.link = PanelLink(url, "host-credential", timeout_s=5)
+        self.refused: PanelRefused | None = None
+
+    def credential_refused(self, exc: PanelRefused) -> None:
+        self.refused = exc
+
+
+def _sink(state: Panel, url: str) -> RemoteSink:
+    placement = {"id": 7, "start_token": "t" * 32, "status": "ready",
+                 "engine_url": "http://10.0.0.9:30000"}
+    sink = RemoteSink(placement, Agent(url), FakeStop(state.clock),  # type: ignore[arg-type]
+                      Identity("7"))
+    sink.clock = state.clock
+    return sink
+
+
+def test_a_batch_shipped_while_the_proxy_answers_503_is_taken_once_the_panel_is_back(
+        panel: tuple[Panel, str]) -> None:
+    state, url = panel
+    sink = _sink(state, url)
+    sink.ship([("log", {"stream": "stdout", "text": "decode batch"})], None)
+    assert state.clock.now >= OUTAGE_S and state.refused >= SHIP_TRIES
+    assert [path for path, _ in state.taken] == ["/api/fleet/host/deployments/7/events/"]
+    assert not sink.stop.is_set()  # the follower, and the monitor it runs, go on
+
+
+def test_a_panel_refusing_connections_is_waited_for_too(panel: tuple[Panel, str]) -> None:
+    state, url = panel
+    sink = _sink(state, "http://127.0.0.1:9")  # nothing listens: the panel's port closed
+    stop = sink.stop
+    assert isinstance(stop, FakeStop)
+
+    def wait(timeout: float | None = None) -> bool:
+        FakeStop.wait(stop, timeout)
+        if state.clock.now >= OUTAGE_S:
+            sink.agent.link.panel_url = url  # web is back
+        return stop.is_set()
+
+    stop.wait = wait  # type: ignore[method-assign]
+    assert sink.advance("ready") is False  # the test panel's answer has no "moved"
+    assert state.clock.now >= OUTAGE_S
+    assert [path for path, _ in state.taken] == ["/api/fleet/host/deployments/7/steps/"]
+
+
+def test_a_panel_away_past_the_bound_or_another_5xx_ends_the_wait(
+        panel: tuple[Panel, str]) -> None:
+    state, url = panel
+    state.down_until = PANEL_AWAY_S * 2
+    with pytest.raises(PanelRefused) as away:
+        _sink(state, url).ship([("log", {"text": "x"})], None)
+    assert away.value.status == 503 and PANEL_AWAY_S <= state.clock.now < PANEL_AWAY_S + 10
+    state.clock.now, state.refused, state.status = 0.0, 0, 500
+    with pytest.raises(PanelRefused) as broken:
+        _sink(state, url).ship([("log", {"text": "x"})], None)
+    assert broken.value.status == 500 and state.refused == SHIP_TRIES
+
+
+def test_the_monitor_keeps_every_point_of_a_long_outage_and_sends_them_at_their_times(
+        panel: tuple[Panel, str]) -> None:
+    state, url = panel
+    state.down_until = 100.0  # longer than one report's worth of points at 2 s
+    monitor = RemoteMonitorSink(_sink(state, url))
+    sampled = [1000.0 + 2 * i for i in range(52)]
+    for i, t in enumerate(sampled):
+        state.clock.now = 2.0 * i
+        monitor.store(MetricPoint(t=t, throughput=float(i)))
+    assert state.clock.now > state.down_until and len(state.taken) >= 2
+    reports = [body for path, body in state.taken
+               if path == "/api/fleet/host/deployments/7/metrics/"]
+    assert all(len(r["points"]) <= MONITOR_SEND_POINTS for r in reports)
+    assert [p["t"] for r in reports for p in r["points"]] == sampled
+    assert not monitor.points
