@@ -422,19 +422,30 @@ class RemoteMonitorSink:
     web/agent/monitoring.py): each point and each step's alerts in one call, the series'
     compaction asked for once a minute.
 
-    A call the panel did not answer (down, restarting, a 5xx) keeps what it carried for the
+    The report is sent from a thread of its own, waited for up to `wait_s` (less than the
+    monitor's interval): a panel that does not answer at once (web stopped, its address
+    answering nothing until the link's timeout; the proxy holding the call while web
+    restarts) never holds the monitor past its next scrape, so the series keeps its points.
+    Points and alert changes that come while a report is under way go with it or the next.
+
+    A report the panel did not take (down, restarting, a 5xx) keeps what it carried for the
     next one: the last MONITOR_KEEP_POINTS points, so a panel away for up to PANEL_AWAY_S
     leaves no gap (the follower waits that long for it too, so this sink lives on), and every
     alert change (up to MONITOR_KEEP_ALERTS), so no raise or clear is lost. A call
     that timed out after the panel stored it is sent again: its alert events then show twice
     rather than never. A refusal (4xx: a bad field, not placed here, another start) drops
-    the batch, which would never be taken, and is the monitor's failed step, logged."""
+    what is kept, which would never be taken, and is the monitor's failed step, logged
+    (raised by the call that waited for it, or else by the next)."""
 
-    def __init__(self, followed: RemoteSink) -> None:
+    def __init__(self, followed: RemoteSink, wait_s: float = 5.0) -> None:
         self.followed = followed
+        self.wait_s = wait_s
         self.compacted_at = time.monotonic()
         self.points: deque[dict[str, Any]] = deque(maxlen=MONITOR_KEEP_POINTS)
         self.pending_alerts: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+        self.sending: threading.Thread | None = None
+        self.refusal: PanelRefused | None = None
 
     def status(self) -> str:
         return self.followed.status
@@ -443,44 +454,72 @@ class RemoteMonitorSink:
         return self.followed.engine_url
 
     def store(self, point: MetricPoint) -> None:
-        self.points.append(point.to_dict())
+        with self.lock:
+            self.points.append(point.to_dict())
         self._send()
 
     def alerts(self, alerts: list[Alert]) -> None:
         for alert in alerts:
             log.info("deployment %s: alert %s %s: %s", self.followed.pk, alert.id,
                      alert.state, alert.summary)
-        self.pending_alerts.extend(a.to_dict() for a in alerts)
-        del self.pending_alerts[:-MONITOR_KEEP_ALERTS]
+        with self.lock:
+            self.pending_alerts.extend(a.to_dict() for a in alerts)
+            del self.pending_alerts[:-MONITOR_KEEP_ALERTS]
         self._send()
 
     def _send(self) -> None:
+        """A report under way takes what was added meanwhile (not waited for); else one is
+        started and waited for up to wait_s. A refusal is raised here once."""
+        with self.lock:
+            sending = self.sending
+            if sending is None or not sending.is_alive():
+                sending = self.sending = threading.Thread(
+                    target=self._send_all, daemon=True,
+                    name=f"fleet-engine-metrics-{self.followed.pk}")
+                sending.start()
+            else:
+                sending = None
+        if sending is not None:
+            sending.join(self.wait_s)
+        with self.lock:
+            refusal, self.refusal = self.refusal, None
+        if refusal is not None:
+            raise refusal
+
+    def _send_all(self) -> None:
         """Everything kept, oldest first, in reports of MONITOR_SEND_POINTS points (the
         alert changes with the first), until the panel takes no more."""
         sink = self.followed
         while not sink.stop.is_set():
-            compact = time.monotonic() - self.compacted_at > COMPACT_EVERY_S
-            points = list(self.points)[:MONITOR_SEND_POINTS]
-            alerts = self.pending_alerts[:]
+            with self.lock:
+                compact = time.monotonic() - self.compacted_at > COMPACT_EVERY_S
+                points = list(self.points)[:MONITOR_SEND_POINTS]
+                alerts = self.pending_alerts[:]
             try:
                 sink.agent.link.metrics(sink.pk, sink.start_token, points=points,
                                         alerts=alerts, compact=compact)
             except (requests.RequestException, PanelRefused) as exc:
-                if isinstance(exc, PanelRefused) and exc.status < 500:
-                    self.points.clear()
-                    self.pending_alerts.clear()
-                    raise
+                with self.lock:
+                    if isinstance(exc, PanelRefused) and exc.status < 500:
+                        self.points.clear()
+                        self.pending_alerts.clear()
+                        self.refusal = exc
+                        return
+                    kept, changes = len(self.points), len(self.pending_alerts)
                 log.warning("deployment %s: the panel took no monitor report (%s); %d points "
-                            "and %d alert changes go with the next", sink.pk, exc,
-                            len(self.points), len(alerts))
+                            "and %d alert changes go with the next", sink.pk, exc, kept,
+                            changes)
                 return
-            for _ in points:
-                self.points.popleft()
-            del self.pending_alerts[:len(alerts)]
-            if compact:
-                self.compacted_at = time.monotonic()
-            if not self.points:
-                return
+            with self.lock:
+                # By identity: points and changes added (or the oldest let go) meanwhile.
+                sent = {id(item) for item in (*points, *alerts)}
+                self.points = deque((p for p in self.points if id(p) not in sent),
+                                    maxlen=MONITOR_KEEP_POINTS)
+                self.pending_alerts = [a for a in self.pending_alerts if id(a) not in sent]
+                if compact:
+                    self.compacted_at = time.monotonic()
+                if not (self.points or self.pending_alerts):
+                    return
 
 
 def remote_monitor(placement: Mapping[str, Any], sink: RemoteSink, config: RemoteSettings,
@@ -495,7 +534,9 @@ def remote_monitor(placement: Mapping[str, Any], sink: RemoteSink, config: Remot
                               if spec.engine.speculative_algorithm not in (None, "NONE")
                               else "")
     gpus = [int(g) for g in placement.get("gpus") or [] if str(g).isdigit()]
-    return EngineMonitor(RemoteMonitorSink(sink), gpus=gpus if config.gpu_requests else [],
+    # A report is waited for at most 3/4 of the interval: the next scrape stays on time.
+    monitor_sink = RemoteMonitorSink(sink, wait_s=0.75 * options.interval_s)
+    return EngineMonitor(monitor_sink, gpus=gpus if config.gpu_requests else [],
                          options=options,
                          active_alerts=list((placement.get("alerts") or {}).keys()))
 

@@ -8,7 +8,9 @@ answers); the outage's 31 s pass on a fake clock that the sink's waits advance."
 from __future__ import annotations
 
 import json
+import socket
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -168,3 +170,36 @@ def test_the_monitor_keeps_every_point_of_a_long_outage_and_sends_them_at_their_
     assert all(len(r["points"]) <= MONITOR_SEND_POINTS for r in reports)
     assert [p["t"] for r in reports for p in r["points"]] == sampled
     assert not monitor.points
+
+
+def test_a_panel_that_answers_nothing_never_holds_the_monitor_past_its_next_scrape(
+        panel: tuple[Panel, str]) -> None:
+    """web stopped: its address takes the connection and answers nothing until the link's
+    timeout. Each store returns within its wait, the points are kept and all go once the
+    panel answers again."""
+    state, url = panel
+    state.down_until = 0.0  # the test server answers at once once the link points at it
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)  # connections complete in the kernel; nothing is ever read or answered
+    try:
+        sink = _sink(state, f"http://127.0.0.1:{silent.getsockname()[1]}")
+        sink.agent.link.timeout_s = 3.0
+        monitor = RemoteMonitorSink(sink, wait_s=0.2)
+        sampled = [2000.0 + 2 * i for i in range(6)]
+        for i, t in enumerate(sampled[:5]):
+            started = time.monotonic()
+            monitor.store(MetricPoint(t=t, throughput=float(i)))
+            assert time.monotonic() - started < 1.0, "the monitor waited on the panel"
+        assert state.taken == [] and len(monitor.points) == 5
+        sink.agent.link.panel_url = url  # web is back
+        held = monitor.sending
+        assert held is not None
+        held.join(5)  # the held report ends at the link's timeout, kept for the next
+        monitor.store(MetricPoint(t=sampled[5], throughput=5.0))
+        deadline = time.monotonic() + 5
+        while monitor.points and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [p["t"] for _, body in state.taken for p in body["points"]] == sampled
+    finally:
+        silent.close()
