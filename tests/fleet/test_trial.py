@@ -169,7 +169,10 @@ def test_the_trial_file_puts_each_host_on_its_own_network_with_its_own_token() -
     assert done.returncode == 0, done.stderr
     services = yaml.safe_load(done.stdout)["services"]
     assert {"sim-a", "sim-b", "trial-setup"} <= set(services)
-    assert set(services["web"]["networks"]) == {"internal", "sim-a", "sim-b"}
+    # web and the gateways reach the hosts over each host's network and the trial's own engine
+    # network (compose's, so that `down -v` removes it); a host is on neither of the others.
+    for name in ("web", "gateway-a", "gateway-b"):
+        assert set(services[name]["networks"]) == {"internal", "engines", "sim-a", "sim-b"}
     for name in ("sim-a", "sim-b"):
         host = services[name]
         # Its own network only: no route to PostgreSQL or Redis, nor to the other host.

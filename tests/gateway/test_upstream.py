@@ -315,7 +315,7 @@ def test_a_stream_whose_first_event_does_not_come_times_out_at_the_first_byte_bo
                 with pytest.raises(UpstreamTimeout, match="first-byte timeout"):
                     await response.read()
             took = asyncio.get_running_loop().time() - started
-            assert 0.3 <= took < 0.6, took
+            assert 0.3 <= took < 0.9, took
             await asyncio.wait_for(server.closed.wait(), 2)  # closed: the engine drops it
     run(test)
 
@@ -336,7 +336,7 @@ def test_a_head_that_never_comes_times_out_and_is_not_retried_on_a_fresh_connect
             with pytest.raises(UpstreamTimeout):
                 async with pool.post(server.url, b"{}", bounds=Bounds(first_byte_s=0.3)):
                     pass
-            assert asyncio.get_running_loop().time() - started < 0.6
+            assert asyncio.get_running_loop().time() - started < 0.9
             assert len(server.requests) == 2  # one wait, not one more on a new connection
     run(test)
 
@@ -365,7 +365,7 @@ def test_a_stream_silent_midway_times_out_at_the_idle_bound_and_a_slow_reader_ne
                         started = asyncio.get_running_loop().time()
                 silent = asyncio.get_running_loop().time() - started
                 assert b"".join(pieces) == b"data: x\n\n" * 5
-                assert 0.3 <= silent < 0.6, silent
+                assert 0.3 <= silent < 0.9, silent
             # A reader slower than the bound (0.5 s a piece) is not the engine's silence.
             async with pool.post(server.url, b"{}", bounds=bounds) as response:
                 got = []

@@ -21,7 +21,8 @@ from tests.conftest_docker import (  # noqa: F401 (fixtures)
     unique_id,
 )
 
-pytestmark = pytest.mark.docker
+# Every test here removes the follower-test containers it finds: one worker runs them all.
+pytestmark = [pytest.mark.docker, pytest.mark.xdist_group("follower")]
 
 DECODE = ("[2026-12-01 09:27:25 TP0] Decode batch, #running-req: 1, #token: {i}, token usage: "
           "0.00, accept len: 3.20, accept rate: 0.40, cuda graph: True, gen throughput "
