@@ -50,6 +50,24 @@ def without_ids(event: str) -> str:
     return re.sub(r'"(id|created)": ("[0-9a-f]+"|\d+)', r'"\1": _', event)
 
 
+def shapes(events: list[str]) -> list[str]:
+    """The events with id, created and the text taken out, a run of one shape kept once: how
+    many chunks a generation's text comes in varies from run to run (the test engine sends
+    the steps already due together, as a loaded engine does), their order and kinds do not."""
+    kept: list[str] = []
+    for event in events:
+        shape = re.sub(r'"content": "(?:[^"\\]|\\.)*"', '"content": _', without_ids(event))
+        if not kept or kept[-1] != shape:
+            kept.append(shape)
+    return kept
+
+
+def text(events: list[str]) -> str:
+    """The content the chunks carry, joined."""
+    chunks = [json.loads(e.removeprefix("data: ")) for e in events if e != "data: [DONE]"]
+    return "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+
+
 def test_it_refuses_a_call_without_a_key(panel, engine_for) -> None:  # type: ignore[no-untyped-def]
     engine_for()
     answer = post(panel, "/v1/chat/completions", CHAT)
@@ -135,7 +153,8 @@ def test_a_stream_passes_the_engines_chunks_unchanged_and_in_order(panel, engine
     assert through.status_code == 200
     assert through.headers["Content-Type"].startswith("text/event-stream")
     ours, theirs = events(through.raw.read()), events(direct.raw.read())
-    assert [without_ids(e) for e in ours] == [without_ids(e) for e in theirs]
+    assert shapes(ours) == shapes(theirs)
+    assert text(ours) == text(theirs)
     assert ours[-1] == "data: [DONE]"
     assert len({json.loads(e[6:])["id"] for e in ours[:-1]}) == 1  # one generation's chunks
 
@@ -146,7 +165,9 @@ def test_a_stream_holds_no_usage_chunk_the_client_did_not_ask_for(panel, engine_
     body = {**CHAT, "stream": True, "max_tokens": 12}
     direct = events(post(engine, "/v1/chat/completions", body).content)
     through = events(post(panel, "/v1/chat/completions", body, bearer(secret)).content)
-    assert [without_ids(e) for e in through] == [without_ids(e) for e in direct]
+    assert shapes(through) == shapes(direct)
+    assert text(through) == text(direct)
+    assert len(text(through).split()) == 12
     assert all('"usage"' not in e for e in through)
     usage = ApiKeyUsage.objects.get()
     assert (usage.requests, usage.completion_tokens) == (1, 12)  # asked on the client's behalf
