@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -44,9 +45,16 @@ FAILED_DDTREE_LOG = (
 )
 
 
+# No models folder for the command line to look in, whatever this machine has at /models (a
+# bind mount of an earlier Docker test may have made an empty one): the flagship's folders
+# are then "not checked", never "missing". Tests that want a folder pass --models-dir.
+NO_MODELS_DIR = str(ROOT / "var" / "no-such-models-folder")
+
+
 def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "APPLIANCE_MODELS_DIR": NO_MODELS_DIR}
     return subprocess.run([sys.executable, "-m", "appliance", *args], cwd=ROOT, input=stdin,
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60, env=env)
 
 
 def write_spec(tmp_path: Path, **changes: Any) -> Path:
