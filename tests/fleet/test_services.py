@@ -11,7 +11,7 @@ from appliance.logs.catalogue import CATALOGUE
 from tests.rows import queued, ready
 from web.deployments.models import Deployment, Event, Host
 from web.deployments.services import deployment_mark_failed
-from web.fleet import selectors, services
+from web.fleet import heartbeat, selectors, services
 from web.fleet.models import FleetHost, JoinToken
 
 from .hosts import joined, report
@@ -133,10 +133,10 @@ def test_a_host_is_lost_once_its_heartbeat_is_older_than_the_threshold(settings)
     settings.AGENT_SILENT_S = 30
     host = joined("gpu-2").host
     now = timezone.now()
-    assert selectors.host_state(host=host, now=now) == "ready"
-    assert selectors.host_state(host=host, now=now + timedelta(seconds=31)) == "lost"
+    assert heartbeat.host_state(host=host, now=now) == "ready"
+    assert heartbeat.host_state(host=host, now=now + timedelta(seconds=31)) == "lost"
     services.host_heartbeat(host=host, facts=_facts())
-    assert selectors.host_state(host=host, now=timezone.now()) == "ready"
+    assert heartbeat.host_state(host=host, now=timezone.now()) == "ready"
 
 
 def test_the_heartbeat_takes_the_hosts_facts_now() -> None:
@@ -150,7 +150,7 @@ def test_the_heartbeat_takes_the_hosts_facts_now() -> None:
 def test_a_drained_host_takes_no_new_placement_and_says_so() -> None:
     joined("gpu-2")
     host = services.host_set_draining(name="gpu-2", draining=True)
-    assert host.draining and selectors.host_state(host=host, now=timezone.now()) == "draining"
+    assert host.draining and heartbeat.host_state(host=host, now=timezone.now()) == "draining"
     with pytest.raises(services.FleetError, match="draining"):
         services.placement_assign(deployment=queued(), host_name="gpu-2")
     services.host_set_draining(name="gpu-2", draining=False)

@@ -22,7 +22,7 @@ from django.views.decorators.http import require_POST, require_safe
 
 from web.deployments.services.installation import instance_id
 
-from . import selectors, services
+from . import heartbeat, selectors, services
 from .models import FleetHost
 
 HEARTBEAT_S = 10  # how often an agent reports; the host is lost after selectors' threshold
@@ -96,7 +96,7 @@ def _placed_write(request: HttpRequest,
 
 def _host_answer(host: FleetHost) -> dict[str, Any]:
     return {"host": host.name, "draining": host.draining, "heartbeat_s": HEARTBEAT_S,
-            "lost_after_s": selectors.host_lost_after_s(),
+            "lost_after_s": heartbeat.host_lost_after_s(),
             "deployments": selectors.host_deployment_ids(host=host)}
 
 

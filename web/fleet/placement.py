@@ -32,6 +32,7 @@ from django.utils import timezone
 
 from web.deployments.models import Deployment, GpuLease, Host
 
+from .heartbeat import host_state
 from .models import FleetHost, Placement
 
 MAX_REASON = 300
@@ -84,10 +85,6 @@ class Choice:
 
 def placement_candidates(*, exclude_pk: int | None = None) -> dict[str, Candidate]:
     """Every host with its GPUs, who holds each, and its state, by name."""
-    # Imported here: web.fleet.selectors imports web.fleet.services, which imports
-    # web.deployments.services, whose create imports this module.
-    from .selectors import host_state  # noqa: PLC0415
-
     now = timezone.now()
     hosts = {h.name: Candidate(name=h.name, joined=True, state=host_state(host=h, now=now),
                                gpus={int(g["index"]): str(g.get("name") or "")

@@ -21,16 +21,11 @@ from web.deployments.models import Deployment, GpuLease, Host
 from web.deployments.services.deployments import recipe_load
 from web.deployments.services.loadtime import deployment_models_refused
 
+from .heartbeat import host_lost_after_s, host_state
 from .models import FleetHost, JoinToken, Placement
 from .services import CREDENTIAL_PREFIX, secret_digest
 
 MAX_CREDENTIAL = 128
-
-
-def host_lost_after_s() -> int:
-    """A host whose last heartbeat is older than this is `lost` (the agents' silence
-    threshold, APPLIANCE_AGENT_SILENT_S, where the panel has it; 30 s otherwise)."""
-    return int(getattr(settings, "AGENT_SILENT_S", 30))
 
 
 def host_for_credential(*, credential: str) -> FleetHost | None:
@@ -43,14 +38,6 @@ def host_for_credential(*, credential: str) -> FleetHost | None:
     if host is None or not compare_digest(host.credential_digest, digest):
         return None
     return host
-
-
-def host_state(*, host: FleetHost, now: datetime) -> str:
-    """lost (no heartbeat within host_lost_after_s), else draining or ready."""
-    fresh = timedelta(seconds=host_lost_after_s())
-    if host.heartbeat_at is None or now - host.heartbeat_at > fresh:
-        return "lost"
-    return "draining" if host.draining else "ready"
 
 
 @dataclass(frozen=True)

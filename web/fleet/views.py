@@ -16,7 +16,7 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST, require_safe
 
-from . import selectors, services
+from . import heartbeat, selectors, services
 from .permissions import can_manage_fleet, can_view_fleet
 from .services import NewJoinToken
 
@@ -32,7 +32,7 @@ def host_list(request: HttpRequest) -> HttpResponse:
     if not can_view_fleet(request.user):
         raise PermissionDenied("You need the viewer role (or operator) to see hosts.")
     return render(request, "fleet/hosts.html", {
-        "rows": selectors.host_rows(), "lost_after_s": selectors.host_lost_after_s(),
+        "rows": selectors.host_rows(), "lost_after_s": heartbeat.host_lost_after_s(),
         "can_manage": can_manage_fleet(request.user)})
 
 
