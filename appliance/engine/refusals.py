@@ -44,6 +44,8 @@ deployment's build (`recipe_source`).
 
 from __future__ import annotations
 
+import json
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -214,3 +216,29 @@ def recipe_source(recipe: str, site_dir: str | Path | None) -> str | None:
         source = None
     _SOURCES[key] = (now, source)
     return source
+
+
+def table() -> dict[str, Any]:
+    """The table as plain data: per build, its title, basis, evidence and, per algorithm it
+    has, the needs it refuses with the engine's message. The simulator ships a copy of it
+    (docker/test-engine/sglang/test_engine/refusals.json), written by
+    `python3 -m appliance.engine.refusals write FILE`; a test holds the copy equal to this."""
+    return {"served_by_all": sorted(SERVED_BY_ALL), "builds": {
+        source: {"title": build.title, "basis": build.basis, "evidence": build.evidence,
+                 "refused": {algorithm: {need: message for need, (_, message)
+                                         in sorted(needs.items())}
+                             for algorithm, needs in sorted(build.refused.items())}}
+        for source, build in sorted(BUILDS.items())}}
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2 or argv[0] != "write":
+        print("usage: python3 -m appliance.engine.refusals write FILE", file=sys.stderr)
+        return 2
+    Path(argv[1]).write_text(json.dumps(table(), indent=1, sort_keys=True) + "\n")
+    print(f"wrote {argv[1]}: {', '.join(sorted(BUILDS))}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -26,10 +26,12 @@ from sglang.test_engine.logits import DivergeError, parse_diverge
 from sglang.test_engine.output import emit, log
 from sglang.test_engine.phases import start_up
 from sglang.test_engine.profile import ProfileError, launch_profiles
+from sglang.test_engine.refusals import BuildError, for_build
 from sglang.test_engine.replay import Replay, load, resolve
 from sglang.test_engine.replay_server import ReplayServer
 from sglang.test_engine.server import Handler
 from sglang.test_engine.settings import (
+    BUILD,
     COLLAPSE_RECORDING,
     DIVERGE,
     FAIL,
@@ -69,11 +71,14 @@ def main(argv: list[str] | None = None) -> None:
         engine.PROFILES, engine.COLLAPSED = launch_profiles(
             cfg.algo, cfg.budget if cfg.algo == "DDTREE" else cfg.block, recording=RECORDING,
             set_name=RECORDING_SET, collapse_recording=COLLAPSE_RECORDING)
-    except ProfileError as exc:
+        engine.REFUSALS = for_build(BUILD, cfg.algo)  # what its build refuses (refusals.py)
+    except (ProfileError, BuildError) as exc:
         emit(sys.stderr, f"test engine: {exc}\n")
         sys.exit(2)
-    # Where a user meets it (the deployment's log), the simulator says whose figures it plays.
-    emit(sys.stdout, f"test engine (a simulator, not SGLang): {engine.PROFILES.says()}\n")
+    # Where a user meets it (the deployment's log), the simulator says whose figures it plays
+    # and whose refusals.
+    emit(sys.stdout, f"test engine (a simulator, not SGLang): {engine.PROFILES.says()}; "
+                     f"{engine.REFUSALS.says()}\n")
     if FAIL == "model-missing":
         model_missing_exit(engine.CFG)  # before the HTTP server: nothing ever listens
     server = ThreadingHTTPServer((engine.CFG.args.host, engine.CFG.args.port), Handler)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from sglang.test_engine.config import Config
 from sglang.test_engine.logits import Planted
 from sglang.test_engine.profile import Profile, Profiles
+from sglang.test_engine.refusals import Refusals
 from sglang.test_engine.settings import HIST_BUCKETS
 
 
@@ -75,6 +76,9 @@ PLANTED: tuple[Planted, ...] = ()
 # accept-collapse falls to; set once by launch_server.main() (profile.py).
 PROFILES: Profiles | None = None
 COLLAPSED: Profile | None = None
+# REFUSALS: what the imitated build (TEST_ENGINE_BUILD) refuses under the launch's algorithm
+# (refusals.py); set once by launch_server.main(); None (replay mode): nothing refused here.
+REFUSALS: Refusals | None = None
 # CFG is set once, by launch_server.main(); it is rebound there, so read it as engine.CFG.
 CFG: Config
 STATE = State()

@@ -1,7 +1,9 @@
 """/generate's answer in the shape 433c58ed7 gave it (tests/fixtures/real-engine/433c58ed7/
 *probe*/probe.json): `text`, `output_ids` and `meta_info`; with `return_logprob` the
-baseline's per-token and top-N log-probs, entries `[logprob, id, text or None]`; a DFLASH
-or DDTREE engine refuses log-probs with the recorded 400, as the real ones do."""
+baseline's per-token and top-N log-probs, entries `[logprob, id, text or None]`. What the
+engine refuses is its build's (refusals.py, TEST_ENGINE_BUILD): a build recorded refusing
+log-probs under the launch's algorithm answers the recorded 400 with its message; one that
+serves them serves them."""
 
 from __future__ import annotations
 
@@ -11,31 +13,37 @@ from typing import Any
 
 from sglang.test_engine import engine
 from sglang.test_engine.logits import Step, steps, token_text
-
-# 433c58ed7's answer to return_logprob on a DFLASH or DDTREE server (DDTREE runs DFLASH's
-# worker, so it names DFLASH too).
-LOGPROB_REFUSAL = {"error": {"message":
-                             "DFLASH speculative decoding does not support return_logprob yet."}}
-REFUSES_LOGPROBS = ("DFLASH", "DDTREE")
-# The same refusal on /v1 (433c58ed7's serving_base.create_error_response of that message).
-OPENAI_LOGPROB_REFUSAL = {"object": "error",
-                          "message": LOGPROB_REFUSAL["error"]["message"],
-                          "type": "BadRequestError", "param": None, "code": 400}
+from sglang.test_engine.refusals import GRAMMAR, LOGPROBS
 
 
-# 433c58ed7's answers to grammar on /v1 (refusals_ddtree, refusals_dflash): a whole request
-# is a 400; a streamed one a 200 whose one event is the error (type BAD_REQUEST), then
-# [DONE]. Streamed chat log-probs are no refusal but a failure: a 500.
-GRAMMAR_MESSAGE = ("DFLASH speculative decoding does not support grammar-constrained "
-                   "decoding yet.")
-OPENAI_GRAMMAR_REFUSAL = {"object": "error", "message": GRAMMAR_MESSAGE,
-                          "type": "BadRequestError", "param": None, "code": 400}
-STREAM_GRAMMAR_REFUSAL = ("data: " + json.dumps({"error": {
-    "object": "error", "message": GRAMMAR_MESSAGE, "type": "BAD_REQUEST", "param": None,
-    "code": 400}}) + "\n\ndata: [DONE]\n\n")
+# The shapes of 433c58ed7's refusals (refusals_ddtree, refusals_dflash, the probes), the one
+# build recorded refusing; the message is the imitated build's. /generate: a 400
+# {"error": {"message"}}; /v1: serving_base.create_error_response's 400; a streamed grammar
+# refusal a 200 whose one event is the error (type BAD_REQUEST), then [DONE]; streamed chat
+# log-probs no refusal but a failure, a 500.
+def generate_refusal(message: str) -> dict[str, Any]:
+    return {"error": {"message": message}}
+
+
+def openai_error(message: str) -> dict[str, Any]:
+    return {"object": "error", "message": message, "type": "BadRequestError", "param": None,
+            "code": 400}
+
+
+def stream_error(message: str) -> str:
+    return ("data: " + json.dumps({"error": {
+        "object": "error", "message": message, "type": "BAD_REQUEST", "param": None,
+        "code": 400}}) + "\n\ndata: [DONE]\n\n")
+
+
 STREAM_LOGPROBS_FAILURE = {"object": "error",
                            "message": "Internal server error: 'output_token_logprobs_length'",
                            "type": "InternalServerError", "param": None, "code": 500}
+
+
+def refused(need: str) -> str | None:
+    """The imitated build's message for a need it refuses under the launch's algorithm."""
+    return engine.REFUSALS.message(need) if engine.REFUSALS is not None else None
 
 
 def openai_wants_grammar(body: dict[str, Any]) -> bool:
@@ -53,16 +61,16 @@ def openai_wants_grammar(body: dict[str, Any]) -> bool:
 
 
 def openai_refusal(body: dict[str, Any], *, chat: bool) -> tuple[int, Any] | None:
-    """What a DFLASH or DDTREE engine answers instead of serving the request, as recorded
-    (status, a JSON body or an SSE text), or None when it serves it."""
-    if engine.CFG.algo not in REFUSES_LOGPROBS:
-        return None
+    """What the imitated build answers instead of serving the request, in the recorded
+    shapes (status, a JSON body or an SSE text), or None when it serves it."""
     stream = bool(body.get("stream"))
-    if openai_wants_grammar(body):  # checked first: the request's validation order
-        return (200, STREAM_GRAMMAR_REFUSAL) if stream else (400, OPENAI_GRAMMAR_REFUSAL)
-    if openai_wants_logprobs(body, chat=chat):
+    grammar = refused(GRAMMAR)
+    if grammar and openai_wants_grammar(body):  # checked first: the validation order
+        return (200, stream_error(grammar)) if stream else (400, openai_error(grammar))
+    logprobs = refused(LOGPROBS)
+    if logprobs and openai_wants_logprobs(body, chat=chat):
         return (500, STREAM_LOGPROBS_FAILURE) if stream and chat else \
-            (400, OPENAI_LOGPROB_REFUSAL)
+            (400, openai_error(logprobs))
     return None
 
 
@@ -74,8 +82,10 @@ def prompt_key(body: dict[str, Any]) -> str:
     return json.dumps(body.get("input_ids") or "")
 
 
-def refuses(body: dict[str, Any]) -> bool:
-    return bool(body.get("return_logprob")) and engine.CFG.algo in REFUSES_LOGPROBS
+def generate_refused(body: dict[str, Any]) -> dict[str, Any] | None:
+    """/generate's refusal of `return_logprob` where the imitated build refuses log-probs."""
+    message = refused(LOGPROBS)
+    return generate_refusal(message) if message and body.get("return_logprob") else None
 
 
 def _entry(logprob: float, token: int, with_text: bool) -> list[Any]:
@@ -119,12 +129,6 @@ def openai_wants_logprobs(body: dict[str, Any], *, chat: bool) -> bool:
     """As SGLang's /v1 sets return_logprob: chat `logprobs: true`; completions any
     `logprobs` number, 0 included."""
     return bool(body.get("logprobs")) if chat else body.get("logprobs") is not None
-
-
-def openai_refuses(body: dict[str, Any], *, chat: bool) -> bool:
-    """/v1 asks the scheduler for log-probs too, so a DFLASH or DDTREE engine refuses them
-    there as on /generate."""
-    return openai_wants_logprobs(body, chat=chat) and engine.CFG.algo in REFUSES_LOGPROBS
 
 
 def openai_answer(prompt: str, max_tokens: int, body: dict[str, Any], *,

@@ -169,7 +169,10 @@ class Handler(BaseHTTPRequestHandler):
         self.send_json(200, {**server_args_dict(engine.CFG), "version": __version__,
                              "max_total_num_tokens": MAX_TOKENS_POOL,
                              "internal_states": [state], "secrets_seen": secrets_seen(),
-                             "simulator_replays": simulated})
+                             "simulator_replays": simulated,
+                             # Not SGLang's either: the build whose refusals it imitates.
+                             "simulator_refusals": engine.REFUSALS.to_dict()
+                             if engine.REFUSALS is not None else None})
 
     def metrics(self) -> None:
         if not engine.CFG.args.enable_metrics:
@@ -207,7 +210,7 @@ class Handler(BaseHTTPRequestHandler):
             "usage": usage(ticket, max_tokens)})
 
     def refused(self, body: dict[str, Any], *, chat: bool) -> bool:
-        """A DFLASH/DDTREE engine's recorded answer to a request it cannot serve."""
+        """The imitated build's recorded answer to a request it cannot serve."""
         refusal = generate_api.openai_refusal(body, chat=chat)
         if refusal is None:
             return False
@@ -307,8 +310,9 @@ class Handler(BaseHTTPRequestHandler):
         body = self.read_json()
         params = body.get("sampling_params") or {}
         max_tokens = int(params.get("max_new_tokens") or 16)
-        if generate_api.refuses(body):
-            self.send_json(400, generate_api.LOGPROB_REFUSAL)
+        refusal = generate_api.generate_refused(body)
+        if refusal is not None:
+            self.send_json(400, refusal)
             return
         prompt = body.get("text") or body.get("input_ids") or ""
         ticket = ticket_for(prompt if isinstance(prompt, str) else " ".join(map(str, prompt)))

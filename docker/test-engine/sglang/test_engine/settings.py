@@ -34,6 +34,9 @@ ACCEPT_LEN = env_float("TEST_ENGINE_ACCEPT_LEN", 0.0)
 # The recording a speculative mode plays (profile.py), and the set its runs come from.
 RECORDING = os.environ.get("TEST_ENGINE_RECORDING", "").strip()
 RECORDING_SET = os.environ.get("TEST_ENGINE_RECORDING_SET", "").strip()
+# The engine build whose refusals the simulator imitates (refusals.py): a release or a
+# commit's first 9 hex digits, as appliance/engine/refusals.py keys them; empty: 433c58ed7.
+BUILD = os.environ.get("TEST_ENGINE_BUILD", "").strip()
 # Synthetic requests the engine serves itself once ready (0: only real requests).
 TRAFFIC = int(env_float("TEST_ENGINE_TRAFFIC", 0))
 # accept-collapse: this long after ready, acceptance falls to COLLAPSED_ACCEPT_LEN, or (0, the
