@@ -320,3 +320,36 @@ def percentile(values: list[float], p: float) -> float:
 
 def ms(seconds: float) -> str:
     return f"{seconds * 1000:.1f} ms"
+
+
+# ------------------------------------------------------- the clients' own limit
+
+# A client process that used this share of a core or more over a figure's window was
+# (or may have been) the limit: its figure is not printed.
+CLIENT_BOUND_SHARE = 0.85
+
+
+def load_average() -> str:
+    """The machine's 1/5/15-minute load average, as `uptime` gives it."""
+    one, five, fifteen = os.getloadavg()
+    return f"{one:.2f} {five:.2f} {fifteen:.2f}"
+
+
+def client_verdict(cpu_s: list[float], wall_s: float) -> tuple[str, bool]:
+    """The client processes' CPU over a window (`cpu_s`, one each) as a column ("0.41+0.38
+    cores"), and whether one of them was near a full core: then the client, not the
+    server, may have set the figure."""
+    shares = [cpu / wall_s if wall_s > 0 else 0.0 for cpu in cpu_s]
+    text = "+".join(f"{share:.2f}" for share in shares) + " cores"
+    return text, any(share >= CLIENT_BOUND_SHARE for share in shares)
+
+
+def run_fast(coro: Any) -> Any:
+    """asyncio.run on uvloop's loop where it is installed: a client that spends less per
+    request becomes the limit later."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(coro)

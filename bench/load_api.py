@@ -31,7 +31,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import multiprocessing
 import os
+import re
 import secrets
 import signal
 import socket
@@ -42,6 +44,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +52,7 @@ from pathlib import Path
 import _loadkit as kit
 
 ENTRYPOINT = kit.ROOT / "docker" / "panel" / "entrypoint.sh"
+METRICS_TOKEN = secrets.token_urlsafe(24)  # the started panel's /metrics, for its counters
 WRITE_EVERY_S = 2.0  # the engine monitor's scrape interval (APPLIANCE_METRICS_INTERVAL_S)
 SPEC = {"name": "bench-api", "recipe": "kimi-k2.6-ddtree", "gpus": [0], "extra_args": [],
         "engine": {"model_path": "/models/Kimi-K2.6", "tp_size": 1, "trust_remote_code": True,
@@ -66,6 +70,9 @@ class Tally:
     done_at: float = 0.0  # the last answer's time
     server_cpu_s: float = 0.0  # CPU of the server's processes during the loop
     pg_cpu_s: float = 0.0  # CPU of PostgreSQL's backends of the bench's database
+    client_cpu_s: list[float] = field(default_factory=list)  # each client process's CPU
+    load: str = ""  # the machine's load average when the loop ended
+    answered_by: dict[str, float] = field(default_factory=dict)  # the panel's counter's delta
 
     def answered_per_s(self) -> float:
         span = self.done_at - self.started_at
@@ -73,6 +80,16 @@ class Tally:
 
     def error(self, what: str) -> None:
         self.errors[what] = self.errors.get(what, 0) + 1
+
+    def merge(self, other: Tally) -> None:
+        """Another client process's tally of the same loop, into this one."""
+        self.latencies.extend(other.latencies)
+        for what, n in other.errors.items():
+            self.errors[what] = self.errors.get(what, 0) + n
+        self.not_modified += other.not_modified
+        self.started_at = min(self.started_at or other.started_at, other.started_at)
+        self.done_at = max(self.done_at, other.done_at)
+        self.client_cpu_s.extend(other.client_cpu_s)
 
 
 @dataclass(frozen=True)
@@ -115,9 +132,12 @@ async def closed_client(target: Target, headers: dict[str, str], until: float,
 
 
 async def closed_loop(target: Target, headers: dict[str, str], clients: int,
-                      seconds: float) -> Tally:
+                      seconds: float, start: float = 0.0) -> Tally:
+    """`clients` keep-alive clients back to back from `start` (monotonic; now if 0)."""
     tally = Tally()
-    until = time.monotonic() + seconds
+    await asyncio.sleep(max(0.0, start - time.monotonic()))
+    tally.started_at = time.monotonic()
+    until = tally.started_at + seconds
     await asyncio.gather(*(closed_client(target, headers, until, tally)
                            for _ in range(clients)))
     return tally
@@ -133,13 +153,14 @@ async def open_connection_worker(target: Target, headers: dict[str, str],
 
 
 async def open_loop(target: Target, headers: dict[str, str], rate: float, connections: int,
-                    seconds: float) -> Tally:
-    """`rate` requests/s on a fixed schedule, round-robin over `connections`."""
+                    seconds: float, start: float = 0.0, offset: float = 0.0) -> Tally:
+    """`rate` requests/s on a fixed schedule from `start` (+ `offset`: the other client
+    processes' share of the schedule interleaves), round-robin over `connections`."""
     tally = Tally()
     queues: list[asyncio.Queue[float | None]] = [asyncio.Queue() for _ in range(connections)]
     workers = [asyncio.create_task(open_connection_worker(target, headers, q, tally))
                for q in queues]
-    start = time.monotonic() + 0.5
+    start = (start or time.monotonic() + 0.5) + offset
     tally.started_at = start
     for i in range(int(rate * seconds)):
         scheduled = start + i / rate
@@ -149,6 +170,65 @@ async def open_loop(target: Target, headers: dict[str, str], rate: float, connec
         q.put_nowait(None)
     await asyncio.gather(*workers)
     return tally
+
+
+@dataclass(frozen=True)
+class Job:
+    """One client process's part of a loop."""
+
+    target: Target
+    headers: dict[str, str]
+    clients: int
+    seconds: float
+    start: float  # monotonic (the same clock in every process of the machine)
+    rate: float = 0.0  # open loop: this process's share of the offered rate
+    offset: float = 0.0
+
+
+def client_process(job: Job) -> Tally:
+    """A client process's loop (closed, or open where a rate is given), with its CPU."""
+    cpu = time.process_time()
+    if job.rate:
+        tally = kit.run_fast(open_loop(job.target, job.headers, job.rate, job.clients,
+                                       job.seconds, job.start, job.offset))
+    else:
+        tally = kit.run_fast(closed_loop(job.target, job.headers, job.clients, job.seconds,
+                                         job.start))
+    tally.client_cpu_s = [time.process_time() - cpu]
+    return tally
+
+
+class Clients:
+    """The bench's clients, spread over `procs` processes (one Python process of asyncio
+    clients tops out near a core: a figure it set would be the client's)."""
+
+    def __init__(self, procs: int) -> None:
+        self.procs = procs
+        self.pool = ProcessPoolExecutor(procs, mp_context=multiprocessing.get_context("spawn"))
+        list(self.pool.map(time.sleep, [0.0] * procs))  # started before any figure
+
+    def closed(self, target: Target, headers: dict[str, str], clients: int,
+               seconds: float) -> Tally:
+        start = time.monotonic() + 0.3
+        shares = [clients // self.procs + (i < clients % self.procs) for i in range(self.procs)]
+        return self._gather([Job(target, headers, n, seconds, start) for n in shares if n])
+
+    def open(self, target: Target, headers: dict[str, str], rate: float, connections: int,
+             seconds: float) -> Tally:
+        start = time.monotonic() + 0.5
+        n = self.procs
+        return self._gather([Job(target, headers, max(1, connections // n), seconds, start,
+                                 rate / n, i / rate) for i in range(n)])
+
+    def _gather(self, jobs: list[Job]) -> Tally:
+        tally = Tally()
+        for part in self.pool.map(client_process, jobs):
+            tally.merge(part)
+        tally.load = kit.load_average()
+        return tally
+
+    def close(self) -> None:
+        self.pool.shutdown()
 
 
 # ------------------------------------------------------------------ the deployment
@@ -210,6 +290,33 @@ def write_state(pk: int, stop: threading.Event) -> None:
     connection.close()
 
 
+def hold_lease(stop: threading.Event, every_tick: bool) -> None:
+    """What the engine agent writes to the rows it watches, every tick (AGENT_TICK_S): its
+    lease, by its own claim (web/agent/controller.py), or with `every_tick` renewed at
+    every tick, as the agent did before it kept a lease to half (each renewal a new row
+    version: the stored answers stale, every read rendered again)."""
+    from datetime import timedelta
+
+    from django.conf import settings
+    from django.db import connection
+    from django.utils import timezone
+
+    from web.agent.controller import OWNED_STATUSES, EngineAgent
+    from web.deployments.models import Deployment
+
+    agent = EngineAgent(agent_id="bench-agent")
+    while True:
+        now = timezone.now()
+        if every_tick:
+            Deployment.objects.filter(status__in=OWNED_STATUSES).update(
+                agent_id=agent.agent_id, lease_until=now + timedelta(seconds=agent.lease_s))
+        else:
+            agent._claim(now)  # the agent's own claim: the bench holds no lease logic of its own
+        if stop.wait(settings.AGENT_TICK_S):
+            break
+    connection.close()
+
+
 # ------------------------------------------------------------------ the servers
 
 
@@ -231,7 +338,8 @@ def served(args: argparse.Namespace, app: str, log_path: Path) -> Iterator[Serve
         PYTHONUNBUFFERED="1", PGAPPNAME=kit.PANEL_APP_NAME,
         PYTHONPATH=os.pathsep.join([str(kit.ROOT), str(kit.ROOT / "bench")]),
         PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
-        PROMETHEUS_MULTIPROC_DIR=tempfile.mkdtemp(prefix="load-api-prom-"))
+        PROMETHEUS_MULTIPROC_DIR=tempfile.mkdtemp(prefix="load-api-prom-"),
+        APPLIANCE_METRICS_TOKEN=METRICS_TOKEN)
     env.update(item.split("=", 1) for item in args.server_env)
     with log_path.open("w") as log:
         proc = subprocess.Popen(
@@ -296,6 +404,11 @@ def main() -> None:
     parser.add_argument("--open-seconds", type=float, default=10)
     parser.add_argument("--events", type=int, default=20_000)
     parser.add_argument("--profile", type=Path, default=None)
+    parser.add_argument("--client-procs", type=int, default=2,
+                        help="processes the clients are spread over")
+    parser.add_argument("--lease-every-tick", action="store_true",
+                        help="renew the agent's lease every tick, as the agent did before "
+                        "it kept a lease to half (the old behaviour, side by side)")
     args = parser.parse_args()
     kit.setup_django(args)
     _, token = kit.bench_user()
@@ -306,6 +419,9 @@ def main() -> None:
     pg = kit.PgConnections(args)
     stop = threading.Event()
     writer = threading.Thread(target=write_state, args=(pk, stop), daemon=True)
+    lease = threading.Thread(target=hold_lease, args=(stop, args.lease_every_tick), daemon=True)
+    lease.start()  # the agent watches the row from before the first read, as it does served
+    clients = Clients(args.client_procs)
     peak: dict[str, int] = {}
     with served(args, "web.asgi:application", logs / "panel.log") as panel, \
             served(args, "bare_asgi:app", logs / "bare.log") as bare:
@@ -316,32 +432,33 @@ def main() -> None:
                   Target("detail, If-None-Match", panel.url, detail, True),
                   Target("summary, If-None-Match", panel.url, summary, True)]
         for target in closed:  # warm: imports, first queries, every server process
-            asyncio.run(closed_loop(target, headers, 8, 0.5))
+            clients.closed(target, headers, 8, 0.5)
         writer.start()
         sampler = threading.Thread(target=sample_peak, args=(pg, stop, peak), daemon=True)
         sampler.start()
-        cpu = CpuMeter(pg, [panel, bare])
+        cpu = CpuMeter(pg, [panel, bare], panel)
         rounds = []
         for r in range(args.rounds):
-            rounds.append(run_round(args, closed, headers, r, cpu))
+            rounds.append(run_round(args, closed, headers, r, cpu, clients))
         with profiled(args.profile, panel):
             if args.profile:
                 for target in closed[2:4]:
-                    asyncio.run(closed_loop(target, headers, args.clients, args.seconds))
-        opened = {t.name: asyncio.run(open_loop(t, headers, args.rate, args.clients,
-                                                args.open_seconds))
-                  for t in closed[1:]}
+                    clients.closed(target, headers, args.clients, args.seconds)
+        opened = {t.name: cpu.measured(t, lambda t=t: clients.open(
+            t, headers, args.rate, args.clients, args.open_seconds)) for t in closed[1:]}
         stop.set()
         writer.join()
+        lease.join()
+    clients.close()
     report(args, closed, rounds, opened, peak, load_before, uptime(), logs)
     pg.close()
 
 
 def run_round(args: argparse.Namespace, targets: list[Target], headers: dict[str, str],
-              r: int, cpu: CpuMeter) -> dict[str, Tally]:
+              r: int, cpu: CpuMeter, clients: Clients) -> dict[str, Tally]:
     order = targets[r % len(targets):] + targets[:r % len(targets)]
-    return {t.name: cpu.measured(t, lambda t=t: asyncio.run(
-        closed_loop(t, headers, args.clients, args.seconds))) for t in order}
+    return {t.name: cpu.measured(t, lambda t=t: clients.closed(
+        t, headers, args.clients, args.seconds)) for t in order}
 
 
 class CpuMeter:
@@ -349,16 +466,20 @@ class CpuMeter:
     database's PostgreSQL backends spent while a loop ran: the cost of a request on these
     cores whatever else shares them, beside the throughput that others' load moves."""
 
-    def __init__(self, pg: kit.PgConnections, servers: list[Server]) -> None:
+    def __init__(self, pg: kit.PgConnections, servers: list[Server], panel: Server) -> None:
         self.pg = pg
         self.servers = {server.url: server for server in servers}
+        self.panel = panel
 
     def measured(self, target: Target, loop: Callable[[], Tally]) -> Tally:
         pids = serving_pids(self.servers[target.base])
         server, backends = kit.cpu_seconds(pids), kit.cpu_seconds(self.backends())
+        by = answered_by(self.panel)
         tally = loop()
         tally.server_cpu_s = kit.cpu_seconds(pids) - server
         tally.pg_cpu_s = kit.cpu_seconds(self.backends()) - backends
+        after = answered_by(self.panel)
+        tally.answered_by = {k: after.get(k, 0) - by.get(k, 0) for k in after}
         return tally
 
     def backends(self) -> list[int]:
@@ -366,6 +487,16 @@ class CpuMeter:
             "SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
             [self.pg.name]).fetchall()
         return [pid for (pid,) in rows]
+
+
+def answered_by(panel: Server) -> dict[str, float]:
+    """The panel's status reads by the path that answered them (its /metrics counter)."""
+    import requests
+
+    text = requests.get(f"{panel.url}/metrics", timeout=10,
+                        headers={"Authorization": f"Bearer {METRICS_TOKEN}"}).text
+    found = re.findall(r'appliance_status_reads_total\{answered_by="(\w+)"\} (\S+)', text)
+    return {name: float(value) for name, value in found}
 
 
 def sample_peak(pg: kit.PgConnections, stop: threading.Event, peak: dict[str, int]) -> None:
@@ -388,37 +519,78 @@ def report(args: argparse.Namespace, targets: list[Target], rounds: list[dict[st
            logs: Path) -> None:
     print(f"command: {kit.command_line()}")
     print(f"server: sh docker/panel/entrypoint.sh serve APP ({server_processes()} processes); "
-          f"{args.clients} clients; logs in {logs}")
+          f"{args.clients} clients in {args.client_procs} processes; agent lease "
+          f"{'renewed every tick (old)' if args.lease_every_tick else 'kept to half'}; "
+          f"logs in {logs}")
     print(f"load before: {load_before}\nload after:  {load_after}")
     print(f"\nclosed loop, {args.clients} keep-alive clients, {args.seconds:g} s each, "
-          f"median of {len(rounds)} rounds (min-max of req/s)")
+          f"median of {len(rounds)} rounds (min-max of req/s); client: the client processes' "
+          f"CPU, the busiest round (a figure is withheld where one process used "
+          f"{kit.CLIENT_BOUND_SHARE:.0%} of a core or more); fast: the share of status reads "
+          f"answered before Django (stored body / rendered), from the panel's counter")
     print(f"{'':24} {'req/s':>16} {'x /healthz':>10} {'x bare':>7} {'p50':>9} {'p99':>9} "
-          f"{'304':>5} {'errors':>6} {'server µs':>9} {'pg µs':>6} {'CPU x /healthz':>14}")
+          f"{'304':>5} {'errors':>6} {'server µs':>9} {'pg µs':>6} {'CPU x /healthz':>14} "
+          f"{'client':>16} {'fast':>13}  load by round")
+    bound = {t.name: any(client_bound(r[t.name], args.seconds) for r in rounds)
+             for t in targets}
     for t in targets:
         rates = [len(r[t.name].latencies) / args.seconds for r in rounds]
-        ratio = statistics.median(rate(r, t.name, args) / rate(r, "/healthz", args)
-                                  for r in rounds)
-        vs_bare = statistics.median(rate(r, t.name, args) / rate(r, "bare ASGI app", args)
-                                    for r in rounds)
         lat = [x for r in rounds for x in r[t.name].latencies]
         answered = len(lat) or 1
         share = sum(r[t.name].not_modified for r in rounds) / answered
         errors = sum(sum(r[t.name].errors.values()) for r in rounds)
-        spread = f"{statistics.median(rates):.0f} ({min(rates):.0f}-{max(rates):.0f})"
         server, pg = cpu_per_request(rounds, t.name)
         by_cpu = sum(cpu_per_request(rounds, "/healthz")) / ((server + pg) or float("nan"))
+        busiest = max((r[t.name] for r in rounds), key=lambda x: max(x.client_cpu_s or [0]))
+        client, _ = kit.client_verdict(busiest.client_cpu_s, args.seconds)
+        loads = ", ".join(r[t.name].load.split()[0] for r in rounds)
+        if bound[t.name] or bound["/healthz"] or bound["bare ASGI app"]:
+            print(f"{t.name:24} {'client-bound':>16} {'-':>10} {'-':>7} {'-':>9} {'-':>9} "
+                  f"{'':>5} {errors:>6} {'':>9} {'':>6} {'':>14} {client:>16} "
+                  f"{fast_share(rounds, t.name):>13}  {loads}")
+            continue
+        ratio = statistics.median(rate(r, t.name, args) / rate(r, "/healthz", args)
+                                  for r in rounds)
+        vs_bare = statistics.median(rate(r, t.name, args) / rate(r, "bare ASGI app", args)
+                                    for r in rounds)
+        spread = f"{statistics.median(rates):.0f} ({min(rates):.0f}-{max(rates):.0f})"
         print(f"{t.name:24} {spread:>16} {ratio:>10.2f} {vs_bare:>7.2f} "
               f"{ms(kit.percentile(lat, 50)):>9} {ms(kit.percentile(lat, 99)):>9} "
-              f"{share:>5.0%} {errors:>6} {server:>9.0f} {pg:>6.0f} {by_cpu:>14.2f}")
+              f"{share:>5.0%} {errors:>6} {server:>9.0f} {pg:>6.0f} {by_cpu:>14.2f} "
+              f"{client:>16} {fast_share(rounds, t.name):>13}  {loads}")
     print(f"\nopen loop, {args.rate:g} req/s offered over {args.clients} connections, "
           f"{args.open_seconds:g} s each")
-    print(f"{'':24} {'answered/s':>10} {'p50':>9} {'p99':>9} {'max':>9} {'errors':>6}")
+    print(f"{'':24} {'answered/s':>10} {'p50':>9} {'p99':>9} {'max':>9} {'errors':>6} "
+          f"{'client':>16} {'fast':>13}  load")
     for name, tally in opened.items():
         lat = tally.latencies
-        print(f"{name:24} {tally.answered_per_s():>10.0f} {ms(kit.percentile(lat, 50)):>9} "
-              f"{ms(kit.percentile(lat, 99)):>9} {ms(max(lat, default=float('nan'))):>9} "
-              f"{sum(tally.errors.values()):>6} {tally.errors or ''}")
+        wall = args.open_seconds + 0.5
+        client, limited = kit.client_verdict(tally.client_cpu_s, wall)
+        figures = (f"{ms(kit.percentile(lat, 50)):>9} {ms(kit.percentile(lat, 99)):>9} "
+                   f"{ms(max(lat, default=float('nan'))):>9}")
+        if limited:
+            figures = f"{'client-bound':>29}"
+        print(f"{name:24} {tally.answered_per_s():>10.0f} {figures} "
+              f"{sum(tally.errors.values()):>6} {client:>16} {fast_share([opened], name):>13}  "
+              f"{tally.load.split()[0]} {tally.errors or ''}")
     print(f"\npanel's pg sessions at peak: {kit.show_counts(peak) if peak else 'none seen'}")
+
+
+def client_bound(tally: Tally, seconds: float) -> bool:
+    return kit.client_verdict(tally.client_cpu_s, seconds)[1]
+
+
+def fast_share(rounds: list[dict[str, Tally]], name: str) -> str:
+    """The share of the loop's status reads answered before Django: stored / rendered."""
+    counts: dict[str, float] = {}
+    for r in rounds:
+        for k, n in r[name].answered_by.items():
+            counts[k] = counts.get(k, 0) + n
+    total = sum(counts.values())
+    if not total:
+        return "-"
+    return (f"{counts.get('asgi_stored', 0) / total:.0%} / "
+            f"{counts.get('asgi_rendered', 0) / total:.0%}")
 
 
 def cpu_per_request(rounds: list[dict[str, Tally]], name: str) -> tuple[float, float]:

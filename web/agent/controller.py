@@ -73,6 +73,7 @@ from web.deployments.services.lifecycle import (
 )
 from web.deployments.services.loadtime import deployment_models_refused
 from web.deployments.services.metrics import metrics_prune
+from web.deployments.services.reads import deployment_status_bodies_later
 from web.deployments.services.retention import events_prune_in_background
 from web.deployments.services.rolling import rolling_tick
 
@@ -240,15 +241,23 @@ class EngineAgent:
     def _claim(self, now: Any) -> list[Deployment]:
         until = now + timedelta(seconds=self.lease_s)
         free = Q(agent_id=self.agent_id) | Q(lease_until__isnull=True) | Q(lease_until__lt=now)
+        # A lease of this agent's with more than half of it left is kept as it is: each
+        # renewal writes the row, which changes its version, and so the status reads' ETag
+        # and their stored answers (web/deployments/services/reads.py), which a renewal
+        # every tick made stale every second, every read then rendered again.
+        kept = Q(agent_id=self.agent_id, lease_until__gte=now + timedelta(
+            seconds=self.lease_s / 2))
         # A deployment placed on a fleet host is that host's remote agent's (docs/fleet.md).
         candidates = Deployment.objects.filter(status__in=OWNED_STATUSES,
-                                               placements__isnull=True).filter(free)
-        claimed = []
-        for pk in candidates.values_list("pk", flat=True):
+                                               placements__isnull=True)
+        owned = list(candidates.filter(kept).values_list("pk", flat=True))
+        for pk in candidates.filter(free).exclude(pk__in=owned).values_list("pk", flat=True):
             if Deployment.objects.filter(pk=pk, status__in=OWNED_STATUSES).filter(free).update(
                     agent_id=self.agent_id, lease_until=until):
-                claimed.append(pk)
-        return list(Deployment.objects.filter(pk__in=claimed))
+                owned.append(pk)
+                # The reads' answers at the row's new version.
+                deployment_status_bodies_later(deployment_id=pk)
+        return list(Deployment.objects.filter(pk__in=owned))
 
     # ------------------------------------------------------------------ steps
 

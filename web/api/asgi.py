@@ -40,6 +40,7 @@ from psycopg_pool import AsyncConnectionPool
 from web.accounts.auth import token_key, token_well_formed
 from web.asgitypes import ASGIApp, Headers, Receive, Scope, Send
 from web.deployments.permissions import VIEW_PERMISSION
+from web.deployments.prom import STATUS_READS_ANSWERED
 
 from .bodies import READ_FIELDS, STATUS_READS, status_body_render, status_etag_of
 from .selectors import (
@@ -52,6 +53,11 @@ from .selectors import (
 from .views import PLAIN_JSON
 
 log = logging.getLogger(__name__)
+
+# Who answered each status read (the /metrics counter appliance_status_reads_total).
+_BY_DJANGO = STATUS_READS_ANSWERED.labels("django")
+_STORED = STATUS_READS_ANSWERED.labels("asgi_stored")
+_RENDERED = STATUS_READS_ANSWERED.labels("asgi_rendered")
 
 
 def _installed(module: str) -> Any:
@@ -98,6 +104,8 @@ class StatusReads:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         read = self._eligible(scope) if self.enabled else None
         if read is None:
+            if self._status_path(scope):
+                _BY_DJANGO.inc()
             await self.django_app(scope, receive, send)
             return
         url_name, pk, token, key, if_none_match = read
@@ -107,18 +115,29 @@ class StatusReads:
             log.debug("status read left to Django", exc_info=True)
             answer = None
         if answer is None:
+            _BY_DJANGO.inc()
             await self.django_app(scope, receive, send)
             return
-        status, etag, body = answer
+        status, etag, body, stored = answer
         template = self.templates.get((*key, status))
         if template is None:
+            _BY_DJANGO.inc()
             await self._learn(scope, receive, send, (*key, status), etag, body)
             return
+        (_STORED if stored else _RENDERED).inc()
         headers = [(name, etag if name == b"etag" else
                     str(len(body)).encode() if name == b"content-length" else value)
                    for name, value in template]
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+
+    def _status_path(self, scope: Scope) -> bool:
+        """Whether the request's path is a status read's (whoever answers it)."""
+        path: str = scope.get("path", "") if scope["type"] == "http" else ""
+        if not path.startswith(self.prefix):
+            return False
+        pk, slash, rest = path[len(self.prefix):].partition("/")
+        return slash + rest in self.suffixes and pk.isdigit()
 
     def _eligible(self, scope: Scope) -> tuple[str, int, str, tuple[Any, ...], str | None] | None:
         """(URL name, id, token, template key, If-None-Match) of a request answered here;
@@ -151,8 +170,9 @@ class StatusReads:
                 None if none_match is None else none_match.decode("latin-1"))
 
     async def _answer(self, url_name: str, pk: int, token: str,
-                      if_none_match: str | None) -> tuple[int, bytes, bytes] | None:
-        """(status, ETag, body) as the status read's view answers, or None: Django's."""
+                      if_none_match: str | None) -> tuple[int, bytes, bytes, bool] | None:
+        """(status, ETag, body, whether the body was the stored one) as the status read's
+        view answers, or None: Django's."""
         action, name, _ = STATUS_READS[url_name]
         fields = READ_FIELDS[action]
         # With the body the row's writers stored at its current version, if they did
@@ -178,13 +198,15 @@ class StatusReads:
         etag = status_etag_of(pk=pk, version=row.version, name=name)
         unchanged = get_conditional_response(_conditions(if_none_match), etag=etag)
         if unchanged is not None:
-            return (304, etag.encode("latin-1"), b"") if unchanged.status_code == 304 else None
+            if unchanged.status_code != 304:
+                return None
+            return 304, etag.encode("latin-1"), b"", row.stored is not None
         if row.stored is not None:
-            return 200, etag.encode("latin-1"), row.stored
+            return 200, etag.encode("latin-1"), row.stored, True
         if row.deployment is None:
             return None
         return 200, etag.encode("latin-1"), status_body_render(deployment=row.deployment,
-                                                               url_name=url_name)
+                                                               url_name=url_name), False
 
     async def _pool(self) -> AsyncConnectionPool:
         """This event loop's pool, on Django's connection parameters (its adapters: JSON

@@ -33,6 +33,7 @@ from django.utils import timezone
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
+    Counter,
     Gauge,
     generate_latest,
     multiprocess,
@@ -45,6 +46,13 @@ from .permissions import can_view
 
 SSE_CLIENTS = Gauge("appliance_sse_clients", "Open live event streams (SSE) to browsers.",
                     multiprocess_mode="livesum", registry=None)
+# The status reads (a deployment's detail and summary), by who answered them: the ASGI path
+# before Django with the body its writers stored ("asgi_stored") or rendered from the row
+# ("asgi_rendered"), or Django ("django": a session, another Accept, a row the fast path
+# left to it). A load test reads it to know which path it measured.
+STATUS_READS_ANSWERED = Counter(
+    "appliance_status_reads", "Deployment detail and summary reads, by the path that "
+    "answered them.", ["answered_by"], registry=None)
 ENDED_SHOWN = timedelta(days=1)
 # Statuses that start a timed phase, and the phase's name.
 PHASES = {"building": "build", "checking": "self_check", "loading": "load",
@@ -97,6 +105,7 @@ def _registry() -> CollectorRegistry:
         multiprocess.MultiProcessCollector(registry, path=path)
     else:
         registry.register(SSE_CLIENTS)
+        registry.register(STATUS_READS_ANSWERED)
     return registry
 
 

@@ -1,0 +1,117 @@
+"""Which path answers the status reads (the /metrics counter appliance_status_reads_total),
+for token reads shaped as API clients and load tools send them, and the engine agent's
+lease, whose renewal every tick made the reads' stored answers stale every second."""
+
+from __future__ import annotations
+
+import re
+import socket
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+from django.utils import timezone
+
+from tests.servers import panel_server
+from tests.specs import spec
+from web.agent.controller import EngineAgent
+from web.deployments import services
+from web.deployments.models import Deployment, StatusBody
+from web.deployments.selectors import deployment_list
+
+pytestmark = pytest.mark.django_db(transaction=True)
+METRICS_TOKEN = "metrics-token-for-the-answered-by-test"
+
+
+@pytest.fixture(scope="module")
+def panel(django_db_setup: Any, django_db_blocker: Any,
+          tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    logs = tmp_path_factory.mktemp("answered-by")
+    with django_db_blocker.unblock(), panel_server(
+            Path(logs / "panel.log"), APPLIANCE_METRICS_TOKEN=METRICS_TOKEN) as url:
+        yield url
+
+
+def _answered_by(base: str) -> dict[str, float]:
+    """The panel's counter by path, from its /metrics."""
+    text = _keep_alive_gets(base, ["/metrics"], {"Authorization": f"Bearer {METRICS_TOKEN}"})[0]
+    found = re.findall(r'appliance_status_reads_total\{answered_by="(\w+)"\} ([0-9.e+]+)',
+                       text.decode())
+    return {name: float(value) for name, value in found}
+
+
+def _keep_alive_gets(base: str, paths: list[str], headers: dict[str, str]) -> list[bytes]:
+    """GETs one after another on one HTTP/1.1 connection (as a load tool's client keeps
+    it); each answer's status line and body, which must be 200s."""
+    where = urlsplit(base)
+    bodies = []
+    with socket.create_connection((where.hostname, where.port), timeout=30) as sock:
+        reader = sock.makefile("rb")
+        for path in paths:
+            lines = [f"GET {path} HTTP/1.1", f"Host: {where.netloc}",
+                     *(f"{k}: {v}" for k, v in headers.items()), "", ""]
+            sock.sendall("\r\n".join(lines).encode())
+            status = reader.readline()
+            assert status.startswith(b"HTTP/1.1 200"), status
+            length = 0
+            while (line := reader.readline()) not in (b"\r\n", b""):
+                name, _, value = line.decode().partition(":")
+                if name.lower() == "content-length":
+                    length = int(value)
+            bodies.append(reader.read(length))
+    return bodies
+
+
+def test_token_reads_as_load_tools_send_them_are_answered_before_django(
+        panel: str, viewer: Any, token_for: Any) -> None:
+    deployment = services.deployment_create(data=spec(), confirm_warnings=True)
+    # What aiohttp, httpx, wrk and ab send besides the token and the Accept.
+    headers = {"Authorization": f"Token {token_for(viewer)}", "Accept": "application/json",
+               "User-Agent": "load-tool/1.0", "Accept-Encoding": "gzip, deflate",
+               "Connection": "keep-alive"}
+    paths = [f"/api/deployments/{deployment.pk}/", f"/api/deployments/{deployment.pk}/summary/"]
+    _keep_alive_gets(panel, paths, headers)  # Django's first answers: their headers learnt
+    before = _answered_by(panel)
+    bodies = _keep_alive_gets(panel, paths * 10, headers)
+    after = _answered_by(panel)
+    assert all(b'"id":%d' % deployment.pk in body for body in bodies)
+    early = sum(after.get(k, 0) - before.get(k, 0) for k in ("asgi_stored", "asgi_rendered"))
+    assert early == 20
+    assert after.get("django", 0) == before.get("django", 0)
+    # A session's read (a cookie) is Django's, and counted so.
+    _keep_alive_gets(panel, paths[:1], {**headers, "Cookie": "x=1"})
+    assert _answered_by(panel).get("django", 0) == after.get("django", 0) + 1
+
+
+def _version(pk: int) -> Any:
+    return deployment_list(versioned=True).get(pk=pk).row_version
+
+
+def test_the_agent_renews_its_lease_at_half_and_stores_the_reads_answers_after(
+        settings: Any) -> None:
+    deployment = services.deployment_create(data=spec(), confirm_warnings=True)
+    Deployment.objects.filter(pk=deployment.pk).update(status="ready")
+    agent = EngineAgent(agent_id="lease-test-agent", lease_s=15.0)
+    now = timezone.now()
+    claimed = agent._claim(now)
+    assert [d.pk for d in claimed] == [deployment.pk]
+    claimed_version = _version(deployment.pk)
+    # The answers were stored at the version the claim left.
+    assert StatusBody.objects.filter(pk=deployment.pk, version=claimed_version).exists()
+    # Ticks within the lease's first half keep the row as it is: the stored answers and
+    # the ETag stay current.
+    for seconds in (1, 2, 7):
+        assert [d.pk for d in agent._claim(now + timedelta(seconds=seconds))] == [deployment.pk]
+        assert _version(deployment.pk) == claimed_version
+    # Past half, the lease is renewed, and the answers stored again at its version.
+    later = now + timedelta(seconds=8)
+    assert [d.pk for d in agent._claim(later)] == [deployment.pk]
+    renewed = Deployment.objects.get(pk=deployment.pk)
+    assert renewed.lease_until == later + timedelta(seconds=15)
+    assert _version(deployment.pk) != claimed_version
+    assert StatusBody.objects.filter(pk=deployment.pk, version=_version(deployment.pk)).exists()
+    # Another agent cannot take a row whose lease runs.
+    assert EngineAgent(agent_id="other-agent")._claim(later + timedelta(seconds=1)) == []
