@@ -22,8 +22,8 @@ from django.urls import URLPattern, URLResolver, get_resolver
 
 from tests.servers import login_session, panel_server
 from tests.specs import spec
-from web.api.parsers import MAX_JSON_DEPTH
 from web.deployments.models import Deployment, DeploymentStatus
+from web.deployments.spec_yaml import MAX_JSON_DEPTH
 from web.gateway import proxy
 from web.gateway.services import apikey_create
 
