@@ -22,10 +22,10 @@ from rest_framework.test import APIClient
 from appliance.logs.appliance_causes import ENGINE_EXITED
 from tests.specs import spec
 from web.deployments import services
+from web.deployments.inflight import inflight_key
 from web.deployments.models import Deployment, DeploymentStatus
 from web.deployments.services import rolling
 from web.deployments.services.leases import gpu_leases_acquire
-from web.gateway.inflight import inflight_key
 
 pytestmark = pytest.mark.django_db
 S = DeploymentStatus

@@ -26,8 +26,8 @@ from tests.openai_standin import standin
 from tests.servers import free_port, process_env
 from tests.specs import spec
 from web.accesslog import QuietHostAPI
+from web.deployments.inflight import inflight_key
 from web.deployments.models import Deployment, DeploymentStatus
-from web.gateway.inflight import inflight_key
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -35,9 +35,9 @@ from tests.conftest_docker import (  # noqa: F401
 from tests.openai_standin import StandIn, standin
 from tests.servers import panel_server
 from tests.specs import spec
+from web.deployments.inflight import inflight_key, replica_inflight
 from web.deployments.models import Deployment, DeploymentStatus
 from web.fleet.models import FleetHost, Placement
-from web.gateway.inflight import inflight_key, replica_inflight
 from web.gateway.models import ApiKeyUsage
 from web.gateway.upstream import DEAD_PEER_S
 

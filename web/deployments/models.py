@@ -116,7 +116,7 @@ class Deployment(models.Model):
     host = models.CharField(max_length=100, blank=True, default="")
     placement_reason = models.CharField(max_length=300, blank=True, default="")
     # Out of the gateway's rotation for new requests (a rolling change drains a replica
-    # before it stops it; in-flight requests finish: web/gateway/inflight.py counts them).
+    # before it stops it; in-flight requests finish: web/deployments/inflight.py counts them).
     draining = models.BooleanField(default=False)
     # Replica 0's alone: the rolling change under way or the last one (kind, its replicas in
     # order, the one whose turn it is and its step, a halt's cause): services/rolling.py

@@ -29,7 +29,7 @@ process, so a request with a known key costs one Redis round trip before the eng
   request before answering is ejected: no client request goes there until its /health
   answers again (probed each PROBE_S); the agent's status change (through the trigger)
   takes a dead engine out of the table for good. `begin`/`end` keep the per-row in-flight
-  counter in Redis (web/gateway/inflight.py) off the request's path: the changes of
+  counter in Redis (web/deployments/inflight.py) off the request's path: the changes of
   INFLIGHT_FLUSH_S go out in one pipeline in the background, each send after the last.
 """
 
@@ -48,9 +48,9 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import connections
 
+from web.deployments.inflight import INFLIGHT_TTL_S, inflight_key
 from web.gateway import admission
 from web.gateway.admission import Caller, Refusal
-from web.gateway.inflight import INFLIGHT_TTL_S, inflight_key
 from web.gateway.selectors import HEARTBEATS_SQL, Target, secret_digest
 from web.gateway.services import KEYS_EPOCH, keys_channel, rate_limit_key
 from web.gateway.upstream import PROBE_TIMEOUT_S, healthy

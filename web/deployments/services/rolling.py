@@ -5,7 +5,7 @@ people see, so the page and the API read it with the row): its kind, its replica
 the one whose turn it is (`at`) and that one's step. For each replica in turn:
 
     draining   out of the gateway's rotation (`draining`); wait until its in-flight requests
-               are done (web/gateway/inflight.py's counter is 0, read no sooner than
+               are done (web/deployments/inflight.py's counter is 0, read no sooner than
                DRAIN_GRACE_S after the drain) or ROLL_DRAIN_TIMEOUT_S has passed
     stopping   the roller moves it to `stopping`; wait until the agent has stopped it
     starting   its next run is queued (a redeploy's new spec with it); wait for `ready`,
@@ -33,7 +33,7 @@ from django.utils import timezone
 
 from appliance.lifecycle import Process
 from web import tasks
-from web.gateway.inflight import replica_inflight
+from web.deployments.inflight import replica_inflight
 
 from ..models import TERMINAL_STATUSES, Deployment, DeploymentStatus, EventKind
 from .errors import DeploymentInputError
