@@ -99,3 +99,24 @@ def test_the_recording_is_what_its_readme_says() -> None:
     assert round(result["seconds"], 1) == 72.8
     assert {r["candidate"] for r in sweep["rows"]} == {"none", "dflash"}
     assert max(tune["engines"]["ready_s"].values()) == pytest.approx(115.6)
+
+
+SHORT = FIXTURE.parent / "trained_tune_short"
+
+
+def test_on_the_real_engine_a_candidate_never_checked_lossless_is_never_recommended() -> None:
+    """trained_tune_short: a pair that accepts (held-out accept length 3.7, the engines 2.7 and
+    3.1), but the no-speculation engine served 0.1 s after the rig's bound, so Tune had no
+    baseline to check against and recommended nothing rather than an unchecked candidate."""
+    tune = json.loads((SHORT / "tune.json").read_text())
+    train = json.loads((SHORT / "train.json").read_text())
+    assert train["drafter"]["steps"] > 700 and train["heldout"]["accept_length"] >= 3.5
+    result = tune["result"]
+    states = {c["name"]: c["state"] for c in result["candidates"]}
+    assert states == {"none": "failed", "dflash": "measured", "ddtree-16": "measured"}
+    accept = {r["candidate"]: r["accept_len"] for r in result["rows"]}
+    assert accept["dflash"] > 2.5 and accept["ddtree-16"] > 3.0
+    assert not eligible(result["candidates"])
+    assert recommend(result["candidates"], result["rows"]) == result["recommendation"]
+    assert [e["candidate"] for e in result["recommendation"]["per_level"]] == [None, None]
+    assert "no candidate may be recommended" in result["recommendation"]["summary"]

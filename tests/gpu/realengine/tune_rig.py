@@ -153,6 +153,18 @@ class RigDeployer:
         return []
 
     def deploy(self, candidate: Candidate, stop: Any) -> str:
+        # An engine still starting is waited for, up to the rig's deadline less the sweep's
+        # share: the start's bound is for starting all at once, and one engine may come up
+        # seconds after it (the no-speculation engine did, 0.1 s late, in one call).
+        engine = self.engines.get(candidate.name)
+        ready = "" if self.fake else __import__("record").READY
+        end = float(os.environ.get("RIG_DEADLINE", time.time())) - 60
+        while (not self.fake and engine is not None and self.ready_s.get(candidate.name) is None
+               and engine.proc.poll() is None and time.time() < end and not stop()):
+            if engine.seen(ready):
+                self.ready_s[candidate.name] = round(time.time() - engine.started, 1)
+                break
+            time.sleep(0.5)
         if self.ready_s.get(candidate.name) is None:
             engine = self.engines.get(candidate.name)
             tail = "\n".join(getattr(engine, "lines", [])[-8:])
@@ -267,6 +279,10 @@ def main() -> int:
     parser.add_argument("--output-len", type=int, default=TRAINED_BENCH["bench_output_len"])
     parser.add_argument("--prompts", type=Path, help="JSONL (default: the held-out prompts)")
     parser.add_argument("--start-timeout", type=float, default=240.0)
+    parser.add_argument("--reserve", type=float, default=200.0,
+                        help="seconds the engines' start leaves for Tune and the sweep")
+    parser.add_argument("--only", default="",
+                        help="the candidates to run, by name (default: all of Tune's defaults)")
     args = parser.parse_args()
     deadline = float(os.environ.get("RIG_DEADLINE", time.time() + 900))
     levels = tuple(int(x) for x in args.levels.split(","))
@@ -279,6 +295,13 @@ def main() -> int:
     engine = ({"speculative_draft_model_path": "{models}/trained-dflash",
                "speculative_num_draft_tokens": 8} if args.fake else trained_engine(args.models))
     candidates = default_candidates(engine)
+    if args.only:
+        wanted = [name.strip() for name in args.only.split(",") if name.strip()]
+        unknown = sorted(set(wanted) - {c.name for c in candidates})
+        if unknown:
+            parser.error(f"--only: no candidate named {', '.join(unknown)} (the candidates: "
+                         f"{', '.join(c.name for c in candidates)})")
+        candidates = [c for c in candidates if c.name in wanted]
     stash = Path(os.environ.get("RIG_STASH", "/tmp"))
     run = RUNS["trained_dflash"]
     pythonpath = ":".join(str(stash / part).format(**run.paths) for part in run.pythonpath)
@@ -297,7 +320,7 @@ def main() -> int:
                               "fake": args.fake}
     sweep_rows: list[dict[str, Any]] = []
     try:
-        start_timeout = min(args.start_timeout, deadline - time.time() - 200)
+        start_timeout = min(args.start_timeout, deadline - time.time() - args.reserve)
         print(f"starting {len(candidates)} engines ({start_timeout:.0f} s at most)", flush=True)
         report["engines"] = deployer.start_all(start_timeout)
         print(json.dumps({"engines": report["engines"]["ready_s"]}), flush=True)
