@@ -78,8 +78,13 @@ step "lint"
 
 step "pytest"
 export APPLIANCE_CHROMIUM="${APPLIANCE_CHROMIUM:-/usr/bin/chromium}"
-# `./test -n 3 --dist loadgroup` runs the tests side by side in pytest-xdist workers, each on
-# its own database and Redis db (Redis dbs N..N+2 from APPLIANCE_REDIS_URL's N); the groups
-# that share Docker names or restart services are kept apart (tests/conftest.py). Not yet
-# the default: a full run so has not been green on this machine.
+# With no arguments the tests run side by side in 3 pytest-xdist workers (most of the suite's
+# time is spent waiting on containers, browsers and servers, not computing), each on its own
+# database and Redis db (Redis dbs N..N+2 from APPLIANCE_REDIS_URL's N); the groups that share
+# Docker names or restart services are kept apart (tests/conftest.py), and the slowest tests
+# are listed at the end. Arguments replace all of that: `./test -p no:xdist tests/api` runs
+# one folder in one process.
+if [ $# -eq 0 ]; then
+  set -- -n "${APPLIANCE_TEST_WORKERS:-3}" --dist loadgroup --durations=30
+fi
 .venv/bin/pytest -p no:cacheprovider "$@"
