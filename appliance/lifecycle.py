@@ -54,7 +54,8 @@ class Status(StrEnum):
 
 
 class Process(StrEnum):
-    """The processes that move a status (shared/DESIGN.md: web, Celery workers, the agent)."""
+    """The processes that move a status (docs/architecture.md, Processes: web, Celery
+    workers, the agent)."""
 
     WEB = "web"
     BUILDER = "build worker"

@@ -2,13 +2,14 @@
 # Builds the flagship engine image from the pinned SGLang snapshot on a local base (no
 # registry, no GitHub), from its lock, and checks it as shipped: import sglang, the DDTree
 # launch flags, pip check, a compiler and Python headers for run-time kernel builds, and the
-# GPU self-check stopping a GPU-less start. Prints the figures. Needs the snapshots in
-# ../shared/sglang-src (or APPLIANCE_SGLANG_SRC_DIR), Docker, and PyPI through the CA bundle.
+# GPU self-check stopping a GPU-less start. Prints the figures. Needs a folder of SGLang
+# source snapshots named by APPLIANCE_SGLANG_SRC_DIR (docs/engine-sources.md), Docker, and
+# PyPI through the CA bundle.
 # Usage: bench/flagship_image.sh [base image, default appliance-base:bookworm]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 base="${1:-appliance-base:bookworm}"
-src="${APPLIANCE_SGLANG_SRC_DIR:-$(cd .. && pwd)/shared/sglang-src}"
+src="${APPLIANCE_SGLANG_SRC_DIR:?set APPLIANCE_SGLANG_SRC_DIR to a folder of SGLang source snapshots}"
 ref="$(sed -n 's/^ *ref: *\([0-9a-f]\{40\}\).*/\1/p' appliance/engine/recipes/kimi-k2.6-ddtree.yaml)"
 ca="${APPLIANCE_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}"
 work="$(mktemp -d)"

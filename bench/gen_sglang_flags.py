@@ -11,8 +11,9 @@ How it was generated for 0.5.23 (on a machine without GPUs; torch CPU is enough)
     python3 -m venv /tmp/sglvenv
     /tmp/sglvenv/bin/pip install msgspec numpy orjson psutil pybase64 requests torch \
         packaging pillow starlette pydantic pyzmq tqdm ipython aiohttp
-    cd /tmp/sgl/src && PYTHONPATH=. /tmp/sglvenv/bin/python /work/main/bench/gen_sglang_flags.py \
-        --version 0.5.23 --out /work/main/appliance/data/sglang-0.5.23-flags.txt
+    repo=$PWD  # this repository's root
+    cd /tmp/sgl/src && PYTHONPATH=. /tmp/sglvenv/bin/python "$repo/bench/gen_sglang_flags.py" \
+        --version 0.5.23 --out "$repo/appliance/data/sglang-0.5.23-flags.txt"
 Flags added by an unreleased source (the DDTree PR) are appended with --extra.
 
 A git source whose server_args.py still spells every flag as a literal add_argument call

@@ -1,17 +1,17 @@
 """Which of Django's two handlers serves a request (web/asgi.py).
 
 Under ASGI, Django runs a sync view on a new thread per request and moves between that
-thread and the event loop around the view and the sync-only middleware (issue 22's
-profile: /healthz at 6-7x the cost of a bare ASGI app, most of it thread creation and those
-hops). Django's WSGI handler runs the same middleware, view and signals in one thread of a
-pool, without them. So the panel's requests for sync views (the REST API, the pages) go to
-the WSGI handler through a2wsgi, the ASGI-to-WSGI adapter uvicorn's docs point to (a
-bounded thread pool fed from uvicorn's loop), and the async views (the SSE streams, the log
-download), which must not hold a thread while they stream, stay on ASGI.
+thread and the event loop around the view and the sync-only middleware (a profile,
+docs/performance.md: /healthz at 6-7x the cost of a bare ASGI app, most of it thread
+creation and those hops). Django's WSGI handler runs the same middleware, view and signals
+in one thread of a pool, without them. So the panel's requests for sync views (the REST
+API, the pages) go to the WSGI handler through a2wsgi, the ASGI-to-WSGI adapter uvicorn's
+docs point to (a bounded thread pool fed from uvicorn's loop), and the async views (the SSE
+streams, the log download), which must not hold a thread while they stream, stay on ASGI.
 
 a2wsgi sends each message of the answer from the thread and waits there for the event loop
 to take it (the start, the body, the end: three waits on the loop per request, then the
-thread's own return), which was half of /healthz's CPU in the third round's profile
+thread's own return), which was half of /healthz's CPU in a profile of it
 (threading's Condition wait and notify, the futures chaining them; uvicorn with httptools
 answers a bare app 8x faster than Django answered /healthz). WSGIBridge runs the handler
 the same way, on a bounded pool with a2wsgi's environ and request body, but a response
@@ -60,7 +60,7 @@ def view_is_async(path: str) -> bool:
     """Whether the view at `path` is a coroutine function (a path that matches none is
     Django's 404, answered as well by either handler). The URL patterns are fixed for the
     process and no middleware sets another urlconf, so a path's answer never changes: it
-    is resolved once (issue 22, fifth round: resolve() was 23 µs of /healthz's ~450, and
+    is resolved once (profiled: resolve() was 23 µs of /healthz's ~450, and
     Django resolves the path again in its handler), the latest 4,096 paths kept. Either
     handler answers any view (a stale answer, after a test's override of ROOT_URLCONF,
     would cost speed, not correctness)."""

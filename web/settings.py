@@ -155,7 +155,7 @@ def _database(url: str) -> dict[str, object]:
             # Parameters bound by PostgreSQL rather than quoted into the SQL by psycopg, so
             # psycopg can prepare a statement a pooled connection has run this many times
             # (Django's default: client-side binding, nothing prepared). Measured
-            # (docs/performance.md, Status API, third round): PostgreSQL's CPU for the
+            # (docs/performance.md, Status API): PostgreSQL's CPU for the
             # ORM's reads fell by 60-75 % (parse and plan once per connection); the status
             # reads' statement is prepared the same way.
             "server_side_binding": True,

@@ -49,7 +49,7 @@ def join_engine_network_on_start(**_: Any) -> None:
     `internal`, where engines never are. A worker outside a container is a no-op.
 
     Why here and not in a service of its own: each GPU host runs a worker beside its agent
-    (shared/DESIGN.md "Growing past one machine"); an engine network is a bridge local to
+    (docs/fleet.md); an engine network is a bridge local to
     its host, so a benchmark runs on the worker of the host that holds its engines.
     """
     try:

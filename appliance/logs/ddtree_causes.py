@@ -2,7 +2,7 @@
 
 Texts are PyTorch's and Python's (checked against torch 2.13: the broadcast check of
 `copy_`/`_foreach_copy_`, `torch.where`'s condition dtype check, `expand`'s rank check) at the
-places the sources raise them (python/sglang/srt/ of ../shared/sglang-src/; 101cd5bd0 lines
+places the sources raise them (python/sglang/srt/ of each source at its commit; 101cd5bd0 lines
 with our ddtree-verify-graph-width patch applied, unpatched in brackets):
 - draft capture: layers/attention/flashattention_backend.py:1032 [1023] forward_extend reads
   `self.forward_metadata_spec_decode_expand.page_table` (None for the draft) because cascade is

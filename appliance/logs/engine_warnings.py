@@ -1,7 +1,7 @@
 """Engine warnings that change what runs: findings while the engine starts and serves, with a
 severity and a fix, in the same catalogue as the failures (appliance.logs.causes).
 
-Each is a line the pinned source (433c58ed7, ../shared/sglang-src) logs when it ignores a
+Each is a line the pinned source (433c58ed7, docs/engine-sources.md) logs when it ignores a
 flag, replaces a backend or turns a feature off; the message is matched as SGLang formats
 it, and the values it prints are quoted in the finding. Where the source is:
 

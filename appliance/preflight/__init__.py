@@ -2,8 +2,8 @@
 
 Each rule is a small function with a stable id (the key in RULES) and tests for firing and for
 staying quiet. Facts come from SGLang 0.5.23's argument handling (arg_groups/speculative_hook.py,
-speculative/dflash_utils.py) and from the DDTree sources (101cd5bd0, 398fc2c72, 433c58ed7 in
-../shared/sglang-src), keyed by the recipe's source, never its name (preflight.sources).
+speculative/dflash_utils.py) and from the DDTree sources (101cd5bd0, 398fc2c72, 433c58ed7;
+docs/engine-sources.md), keyed by the recipe's source, never its name (preflight.sources).
 
 Rules by concern: speculative (DDTree/DFLASH settings), ddtree (what depends on the SGLang
 source: verify width, the draft's attention backend, page size, overlap; the per-source facts are

@@ -2,7 +2,7 @@
 
 Rules look a source up by what the recipe pins (its git commit, or its flag list name),
 never by the recipe's name, so a site recipe that pins the same source gets the same checks.
-Paths below are under python/sglang/srt/ of the snapshots in ../shared/sglang-src/.
+Paths below are under python/sglang/srt/ of each source at its commit (docs/engine-sources.md).
 
 101cd5bd0 (PR #27509 head)
 - verify graph width: captured at the block size; our ddtree-verify-graph-width patch

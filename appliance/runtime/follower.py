@@ -5,7 +5,8 @@ container, reads its stdout and stderr with Docker's timestamps from a stored cu
 parses every line, and hands the events to a sink in batches together with the cursor of
 the last line in the batch; the sink stores both in one transaction, so a follower that
 dies and a new one that resumes from the stored cursor ship every line exactly once.
-Readiness is `/health` turning 200, then a one-token generation (DESIGN.md, style 9);
+Readiness is `/health` turning 200 (the container watched for an early exit, with a
+deadline), then a one-token generation;
 the follower keeps following after ready, with no gap. Framework-free: the sink holds
 the database side.
 """
@@ -78,7 +79,7 @@ LINGER_EVENTS = 1000  # a batch this large goes without lingering
 # After two batches in a row of BUSY_EVENTS or more (some 15,000 events/s and up), the next
 # gathers for up to BUSY_LINGER_S: at 10,000 decode lines/s, batches of 160 events every
 # 8 ms cost more than their rows (each is a statement, a Redis call and a wake-up of the
-# live feed: docs/performance.md, Log path, fourth round). A trickle (1,000 lines/s:
+# live feed: docs/performance.md, Log path). A trickle (1,000 lines/s:
 # batches of 10) keeps LINGER_S, and so does the batch after a single large one (a stall,
 # not a busy engine).
 BUSY_EVENTS = 100

@@ -28,7 +28,7 @@ STREAM_NAMES: dict[int, StreamName] = {1: "stdout", 2: "stderr"}
 # reader waits READ_LINGER_S for more to gather. Docker writes each line as an HTTP chunk,
 # so a reader that keeps up took one small read (a wake-up, a system call and urllib3's
 # parse of the chunk) per line: 22 us of the agent's CPU per line at 10,000 lines/s
-# (docs/performance.md, Log path, fourth round). A line waits at most this much longer.
+# (docs/performance.md, Log path). A line waits at most this much longer.
 READ_BYTES = 1 << 16
 READ_FULL_BYTES = 1 << 14
 READ_LINGER_S = 0.002

@@ -1,5 +1,5 @@
-"""The status reads' token GETs answered on the ASGI path, before Django (issue 22, fourth
-round).
+"""The status reads' token GETs answered on the ASGI path, before Django
+(docs/performance.md, Status API).
 
 A token GET of a deployment's detail or summary was one prepared statement inside Django
 (web/api/views.status_read), but still went through the WSGI bridge's thread and the whole

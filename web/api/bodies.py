@@ -1,4 +1,4 @@
-"""What the status reads return (issue 22): the fields each shows, its ETag and its JSON
+"""What the status reads return: the fields each shows, its ETag and its JSON
 body, made from the deployment row alone. One module, with nothing of the views', so the
 row's writers (web/deployments/services/reads.py) render the very bytes a read answers."""
 
@@ -17,9 +17,9 @@ from web.deployments.silence import Silence, row_silence, shown_body
 
 from .serializers import DeploymentSerializer, deployment_data
 
-# The columns each status read shows (issue 22's profile: decoding the row's other JSON
-# columns was a fifth of the row's cost); a deferred one read anyway would be a query more,
-# which tests/api/test_status_api_queries.py counts.
+# The columns each status read shows (a profile, docs/performance.md: decoding the row's
+# other JSON columns was a fifth of the row's cost); a deferred one read anyway would be a
+# query more, which tests/api/test_status_api_queries.py counts.
 READ_FIELDS = {
     "retrieve": tuple(DeploymentSerializer.Meta.fields),
     "summary": ("name", "status", "phase", "progress", "decode_stats", "diagnosis", "alerts",

@@ -1,4 +1,4 @@
-"""The status reads' one statement (issue 22): a token's row, its user's standing, whether
+"""The status reads' one statement: a token's row, its user's standing, whether
 the user may view deployments, and the deployment's shown columns, in one round trip,
 prepared on each pooled connection.
 

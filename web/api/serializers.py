@@ -37,9 +37,9 @@ _DEPLOYMENT: DeploymentSerializer | None = None
 
 def deployment_data(deployment: Deployment) -> dict[str, Any]:
     """DeploymentSerializer(deployment).data, from one serializer made once: a
-    ModelSerializer builds its fields from the model each time it is made (issue 22's
-    profile: most of a detail read's serializing), and its fields keep no per-object state,
-    so one instance represents every deployment, in any thread."""
+    ModelSerializer builds its fields from the model each time it is made (a profile,
+    docs/performance.md: most of a detail read's serializing), and its fields keep no
+    per-object state, so one instance represents every deployment, in any thread."""
     global _DEPLOYMENT
     if _DEPLOYMENT is None:
         made = DeploymentSerializer()

@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 # which costs the panel and the database more than the stream did; at 5,000 (0.25 s of that
 # rate) one hiccup made every feed read the database, the feed fell further behind, and the
 # one viewer of bench/log_path.py's sustained phase was skipped past 200,000-550,000 events
-# (py-spy on the panel: `_db_frames` 30.6 % of its samples; fifth round, docs/performance.md).
+# (py-spy on the panel: `_db_frames` 30.6 % of its samples; docs/performance.md, Log path).
 STREAM_MAXLEN = 40_000
 POINTS_MAXLEN = 100  # a late stream gets later points only; the REST API has the rest
 

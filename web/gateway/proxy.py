@@ -490,7 +490,7 @@ async def _relay_watching(receive: Receive, send: Send, target: Target, path: st
 
     The relay runs in the request's own task; a watcher of the client's disconnect cancels
     it. (A task of its own for the relay and `asyncio.wait` on the two cost a task, a
-    waiter and four callbacks per request, on the path whose added p99 is issue 21's.)"""
+    waiter and four callbacks per request, on the path whose added p99 docs/gateway.md bounds.)"""
     relaying = asyncio.current_task()
     assert relaying is not None
     watching = True  # the watcher cancels the relay only while it runs

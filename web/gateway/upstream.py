@@ -1,9 +1,9 @@
 """The gateway's client to the engines: HTTP/1.1 over pooled keep-alive connections, parsed by
 httptools (llhttp, the C parser uvicorn itself serves the panel with).
 
-Why not aiohttp's client, which the gateway used until the seventh round: the gateway needs a
+Why not aiohttp's client, which the gateway used before this one: the gateway needs a
 small part of a client (one POST to a known engine, a status, one header, the body as it
-arrives), and on the path whose added time to first byte is issue 21's, aiohttp's generality
+arrives), and on the path whose added time to first byte docs/gateway.md bounds, its generality
 cost. Against it in the same hour (`bench/gateway_overhead.py --streams 0 --requests 1000`),
 this client took the added TTFB from 1.02 to 0.70 ms at p50 and from 2.28 to 1.20 ms at p99,
 and the panel's CPU for a 32-token stream from 9.8 to 8.7 ms (docs/gateway.md).

@@ -1,4 +1,4 @@
-# The status summary's derived parts on the deployment row, kept by their writers (issue 22).
+# The status summary's derived parts on the deployment row, kept by their writers.
 from typing import Any
 
 from django.db import migrations, models

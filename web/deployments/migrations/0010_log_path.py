@@ -1,4 +1,4 @@
-# Issue 22: the events table without its foreign key check and its redundant deployment
+# The events table without its foreign key check and its redundant deployment
 # index (models.Event.deployment says why and what keeps the integrity).
 import django.db.models.deletion
 from django.db import migrations, models

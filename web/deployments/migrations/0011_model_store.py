@@ -1,5 +1,5 @@
 # Reserved for parallel work; its owner fills in the operations.
-# The model store's load-time side (issue 23): each root's measured read rate, and each
+# The model store's load-time side: each root's measured read rate, and each
 # deployment's expected weight load.
 from django.db import migrations, models
 

@@ -1,4 +1,4 @@
-# Issue 22, status reads: the detail and summary JSON stored by the row's writers
+# Status reads: the detail and summary JSON stored by the row's writers
 # (StatusBody; web/deployments/services/reads.py).
 import django.db.models.deletion
 from django.db import migrations, models

@@ -41,7 +41,7 @@ def metrics_store_point(*, deployment_id: int, point: series.MetricPoint,
     with transaction.atomic():
         MetricPoint.of(deployment_id, point, resolution_s).save()
         Deployment.objects.filter(pk=deployment_id).update(latest_metrics=point.to_dict())
-        deployment_status_bodies_later(deployment_id=deployment_id)  # issue 22's reads
+        deployment_status_bodies_later(deployment_id=deployment_id)  # the stored status bodies
     live.publish_point(deployment_id, point.to_dict())
 
 

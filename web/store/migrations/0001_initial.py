@@ -1,4 +1,4 @@
-# The model store (issue 23): entries per model folder in a root, one row per file.
+# The model store: entries per model folder in a root, one row per file.
 import django.db.models.deletion
 from django.db import migrations, models
 
