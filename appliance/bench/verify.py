@@ -12,10 +12,16 @@ number of tokens, through one of two APIs (`--api`, detected when not given):
   the same text (byte pieces shown as U+FFFD) are the same token here, and the top log-probs
   of two tokens of one text come merged (SGLang keys them by text).
 
-Only B must give log-probs (its top TOP_LOGPROBS): SGLang's speculative servers refuse them
-with a 400 "does not support return_logprob yet" (433c58ed7, DDTREE and DFLASH, on both APIs,
-tests/fixtures/real-engine). A is asked for them too, since a server that gives them costs
-nothing more; after its first refusal it is asked without them. Over OpenAI an A without
+Only B must give log-probs (its top TOP_LOGPROBS). Whether A is asked for them is its engine
+build's (appliance/engine/refusals.py, keyed by build, never by the algorithm's name) where
+the caller names A's build and algorithm (`a_build`, `a_algorithm`; the panel does, from the
+deployment's recipe): a build that refuses them (433c58ed7 under DDTREE and DFLASH, a 400 "does
+not support return_logprob yet", recorded) is not asked, and the result says so (`a_engine`,
+`a_logprobs`, `compared`); through the gateway this also keeps A's requests on A, where a
+log-prob request to such a deployment would go to its companion (the baseline). A build
+that serves them (0.5.23 under DFLASH) is asked; should it refuse all the same, the result
+says that the table is wrong for it. Where the caller names no build, A is asked until its
+first refusal, then without them. Over OpenAI an A without
 log-probs gives only its text: its tokens are taken to be B's as far as the two texts agree,
 and its token where they part is the one of B's top log-probs there whose text the rest of
 A's text starts with (none: a token outside them). A split of the same characters into other
@@ -55,6 +61,7 @@ from appliance.bench.verify_api import (
     refuses_ignore_eos,
     refuses_logprobs,
 )
+from appliance.engine.refusals import build_refusals, limitation
 
 # Written for this project, and the prompts the real-engine rig probes with
 # (tests/gpu/realengine/runs.py), so NEAR_TIE_GAP was measured on them: prose, code, SQL,
@@ -116,6 +123,8 @@ class VerifyResult:
     models: dict[str, str] = field(default_factory=dict)  # {"a": ..., "b": ...} (OpenAI)
     compared: str = "token ids"  # what was compared token by token (module docstring)
     notes: list[str] = field(default_factory=list)  # e.g. a server that refused ignore_eos
+    # A's engine build and what its table says of log-probs (a_logprobs_plan); {} unnamed.
+    a_engine: dict[str, Any] = field(default_factory=dict)
 
     @property
     def identical(self) -> int:
@@ -140,7 +149,7 @@ class VerifyResult:
         return {"a": self.a_url, "b": self.b_url, "threshold": self.threshold,
                 "max_tokens": self.max_tokens, "a_logprobs": self.a_logprobs,
                 "api": self.api, "models": self.models, "compared": self.compared,
-                "notes": self.notes,
+                "notes": self.notes, "a_engine": self.a_engine,
                 "prompts": [asdict(p) for p in self.prompts],
                 "total": total, "identical": self.identical,
                 "match_rate": self.identical / total if total else None,
@@ -183,11 +192,38 @@ def shipped_prompts() -> list[str]:
 
 # ---------------------------------------------------------------- the servers
 
-class _Candidate:
-    """A, asked for log-probs until it first refuses them."""
+def a_logprobs_plan(build: str | None, algorithm: str) -> dict[str, Any]:
+    """What A's engine build does with a log-prob request under its algorithm, from the
+    per-build table: `logprobs` "served" or "refused" (a build the table does not know:
+    "refused" where a known build of the algorithm refused them, `assumed`), with the
+    build's `title`, the table's `basis` and the engine's `message`."""
+    known = build_refusals(build)
+    found = limitation(source=build, algorithm=algorithm, body={"return_logprob": True},
+                       chat=False)
+    plan: dict[str, Any] = {
+        "build": build or "", "algorithm": algorithm.upper(),
+        "title": known.title if known is not None else (
+            f"SGLang {build}" if build else "an engine build not recorded"),
+        "basis": known.basis if known is not None and known.needs(algorithm) is not None
+        else "", "logprobs": "served" if found is None else "refused",
+        "assumed": bool(found and found.assumed), "message": found.engine_message if found
+        else ""}
+    return plan
 
-    def __init__(self, endpoint: Endpoint) -> None:
+
+class _Candidate:
+    """A, asked for log-probs where its build serves them (or, its build unnamed, until it
+    first refuses them)."""
+
+    def __init__(self, endpoint: Endpoint, plan: dict[str, Any]) -> None:
         self.endpoint, self.logprobs, self.refusal = endpoint, True, ""
+        self.refused_anyway = False  # the table said served, A refused
+        if plan.get("logprobs") == "refused":
+            self.logprobs = False
+            how = "assumed: not recorded for this build" if plan["assumed"] else plan["basis"]
+            self.refusal = (f"not asked: {plan['title']} refuses log-probs under "
+                            f"{plan['algorithm']} ({how}; the engine answers "
+                            f"\"{plan['message']}\")")
 
     async def generate(self, session: aiohttp.ClientSession, prompt: str, index: int, *,
                        max_tokens: int) -> dict[str, Any]:
@@ -197,6 +233,7 @@ class _Candidate:
             if not refuses_logprobs(status, text):
                 return answer(self.endpoint, status, text, index)
             self.logprobs, self.refusal = False, f"HTTP {status}: {text[:300]}"
+            self.refused_anyway = True
         status, text = await _call(session, self.endpoint, prompt, max_tokens=max_tokens,
                                    logprobs=False)
         return answer(self.endpoint, status, text, index)
@@ -321,18 +358,23 @@ class VerifyCancelled(Exception):
 async def verify(*, a_url: str, b_url: str, prompts: Sequence[str], max_tokens: int,
                  threshold: float, api: str = "auto", endpoint: str = "completions",
                  api_key: str = "", a_model: str = "", b_model: str = "",
+                 a_build: str | None = None, a_algorithm: str = "",
                  on_prompt: Callable[[PromptResult], None] | None = None,
                  cancelled: Callable[[], bool] | None = None) -> VerifyResult:
     """`api`, `endpoint`, `api_key` and the models: appliance.bench.verify_api.endpoints.
-    `on_prompt` hears each prompt's result as it is judged (the panel's progress);
-    `cancelled` is asked before each prompt."""
+    `a_build` (Recipe.source_key, None where unknown) and `a_algorithm`: A's engine build
+    and mode, whose table entry decides whether A is asked for log-probs (the module says
+    how); no algorithm: A is asked until it first refuses. `on_prompt` hears each prompt's
+    result as it is judged (the panel's progress); `cancelled` is asked before each
+    prompt."""
+    plan = a_logprobs_plan(a_build, a_algorithm) if a_algorithm else {}
     results = []
     timeout = aiohttp.ClientTimeout(total=TIMEOUT_S)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         a_end, b_end = await endpoints(session, a_url=a_url, b_url=b_url, api=api,
                                        endpoint=endpoint, api_key=api_key, a_model=a_model,
                                        b_model=b_model)
-        candidate = _Candidate(a_end)
+        candidate = _Candidate(a_end, plan)
         for index, prompt in enumerate(prompts, 1):
             if cancelled is not None and cancelled():
                 raise VerifyCancelled(f"cancelled before prompt {index}")
@@ -346,12 +388,24 @@ async def verify(*, a_url: str, b_url: str, prompts: Sequence[str], max_tokens: 
     result = VerifyResult(a_url, b_url, threshold, max_tokens,
                           "given" if candidate.logprobs else candidate.refusal, results,
                           api=a_end.api)
+    result.a_engine = plan
     if a_end.api != "sglang":
         result.models = {"a": a_end.model, "b": b_end.model}
+        why = ("its engine build refuses log-probs, so none were asked"
+               if plan.get("logprobs") == "refused" else "it gave no log-probs")
         result.compared = "token texts" if candidate.logprobs else (
-            "token texts (A's tokens read from its text: it gave no log-probs)")
+            f"token texts (A's tokens read from its text: {why})")
     result.notes = [f"{e.flag} {e.url} refused ignore_eos: its answers end at its EOS"
                     for e in (a_end, b_end) if not e.ignore_eos]
+    if plan.get("logprobs") == "refused":
+        result.notes.append(f"A was not asked for log-probs: {plan['title']} refuses them "
+                            f"under {plan['algorithm']}; its tokens are compared with B's, "
+                            "whose log-probs judge each divergence")
+    if plan and candidate.refused_anyway:
+        result.notes.append(f"A refused log-probs although the refusal table says "
+                            f"{plan['title']} serves them under {plan['algorithm']} "
+                            "(appliance/engine/refusals.py): the table is wrong for this "
+                            "engine; its tokens were compared without them")
     return result
 
 
@@ -377,6 +431,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     cmd.add_argument("--a-model", default="", help="A's model, where it differs from B's "
                      "(two deployments behind one gateway)")
     cmd.add_argument("--b-model", default="", help="B's model")
+    cmd.add_argument("--a-algorithm", default="", help="A's speculative algorithm (DFLASH, "
+                     "DDTREE): the refusal table (appliance/engine/refusals.py) then decides "
+                     "whether A is asked for log-probs, for the build --a-build names (none: "
+                     "the most a recorded build refused); without it A is asked until it "
+                     "first refuses")
+    cmd.add_argument("--a-build", default="", help="A's engine build, as recipes key it: a "
+                     "release (0.5.23) or a commit's first 9 hex digits (433c58ed7): the "
+                     "recipe's sglang pip release, or its ref's first 9")
     cmd.add_argument("--api-key", default="", help="sent as 'Authorization: Bearer KEY' to "
                      f"both (default: ${API_KEY_ENV}); the gateway's keys are sk-sd-...")
     cmd.add_argument("--prompts", type=Path, help='JSONL, one {"prompt": "..."} per line '
@@ -440,7 +502,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
             a_url=a_url, b_url=b_url, prompts=prompts, max_tokens=args.max_tokens,
             threshold=args.threshold, api=args.api, endpoint=args.endpoint,
             api_key=args.api_key or os.environ.get(API_KEY_ENV, ""),
-            a_model=args.a_model or args.model, b_model=args.b_model or args.model))
+            a_model=args.a_model or args.model, b_model=args.b_model or args.model,
+            a_build=args.a_build or None, a_algorithm=args.a_algorithm))
     except VerifyError as exc:
         print(f"error  {exc}", file=sys.stderr)
         return 2

@@ -22,6 +22,7 @@ from appliance.bench.verify import (
     shipped_prompts,
     verify,
 )
+from appliance.engine.refusals import recipe_source
 from web import tasks
 from web.deployments.models import Deployment, DeploymentStatus
 from web.gateway.services import ApiKeyError, apikey_create, apikey_revoke
@@ -53,10 +54,13 @@ def served_model(deployment: Deployment) -> str:
 
 
 def _snapshot(deployment: Deployment) -> dict[str, Any]:
+    # engine_source: its engine build (the recipe's SGLang source, Recipe.source_key), whose
+    # refusal table decides whether the check asks the candidate for log-probs.
     return {"id": deployment.pk, "name": target_name(deployment),
             "model": target_model(deployment), "algorithm": deployment.algorithm,
             "image": deployment.image, "engine_url": deployment.engine_url,
-            "served_model": served_model(deployment)}
+            "served_model": served_model(deployment), "recipe": deployment.recipe,
+            "engine_source": recipe_source(deployment.recipe, settings.RECIPES_DIR) or ""}
 
 
 def _ready(pk: int | None, field: str) -> Deployment:
@@ -209,9 +213,12 @@ def _check(run: VerificationRun, prompts: list[str], progress: _Progress,
         if config.get("route") == "gateway":
             key = _check_key(run)
             where = _through_gateway(targets, key.secret)
+        candidate = targets["candidate"]
         outcome["result"] = asyncio.run(verify(
             prompts=prompts, max_tokens=config["max_tokens"], threshold=config["threshold"],
-            on_prompt=progress.add, cancelled=cancel.is_set, **where))
+            on_prompt=progress.add, cancelled=cancel.is_set,
+            a_build=candidate.get("engine_source") or None,
+            a_algorithm=str(candidate.get("algorithm") or ""), **where))
     except VerifyCancelled:
         outcome["cancelled"] = True
     except VerifyError as exc:  # an engine that cannot be reached or answers wrong: said

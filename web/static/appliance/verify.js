@@ -69,6 +69,11 @@
     document.getElementById("failures").textContent = r ? r.failures : (p.failures || 0);
     document.getElementById("verify-verdict").textContent = r
       ? (r.passed ? "passed" : "failed") : (run.status === "done" ? "passed" : run.status);
+    // What was compared (token ids, token texts, or A's tokens read from its text where its
+    // engine build refuses log-probs) and why: the result's own words.
+    const compared = document.getElementById("verify-compared");
+    compared.hidden = !r;
+    compared.textContent = r ? ["Compared: " + r.compared + "."].concat(r.notes || []).join(" ") : "";
   }
 
   function showProgress(run) {
