@@ -1,6 +1,7 @@
 """Tune's REST API, pages and CLI without engines: a Tune is refused with a 400 naming the
-field (a deployment not ready, with replicas, already tuning; bad levels; a bad candidate),
-nothing stored then; viewers get 403 (Tune takes a deployment out of service); the queued
+field (a deployment not ready, in a rolling change, already tuning; bad levels; a bad
+candidate), nothing stored then; a deployment with replicas is tuned on replica 0 (its rows
+kept in `original`); viewers get 403 (Tune takes a deployment out of service); the queued
 run says its candidates; a queued Tune cancelled ends at once; the export of a Tune measured
 on paced engines (appliance.tune.paced) gives a CSV row per candidate and level; Apply only
 of a finished Tune and a candidate it recommends; `appliance tune` names the refused field."""
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import io
+import time
 from typing import Any
 from unittest import mock
 
@@ -90,20 +92,38 @@ def test_bad_input_is_a_400_naming_the_field(operator, body, field, words) -> No
     assert not TuneRun.objects.exists() and not r.enqueued
 
 
-def test_only_a_ready_single_replica_deployment_is_tuned(operator, viewer) -> None:  # type: ignore[no-untyped-def]
+def test_only_a_ready_deployment_is_tuned(operator, viewer) -> None:  # type: ignore[no-untyped-def]
     stopped = _deployment("off", status=DeploymentStatus.STOPPED)
     r = _create(operator, deployment=stopped.pk)
     assert r.status_code == 400 and "is stopped" in r.json()["deployment"][0]
-    many = _deployment("many", replicas=2)
-    Deployment.objects.create(name="many", spec=many.spec, recipe="r", algorithm="DDTREE",
-                              status=DeploymentStatus.READY, replica_of=many, replica_index=1)
-    r = _create(operator, deployment=many.pk)
-    assert r.status_code == 400 and "scale it to 1 replica" in r.json()["deployment"][0]
+    rolling = _deployment("rolls")
+    Deployment.objects.filter(pk=rolling.pk).update(rolling={
+        "state": "rolling", "text": "rolling restart: replica 1 of 2: stopping"})
+    r = _create(operator, deployment=rolling.pk)
+    assert r.status_code == 400 and "in a rolling change (rolling restart: replica 1 of 2" in r.json(
+        )["deployment"][0]
     assert _create(operator, deployment=999999).status_code == 400
     ready = _deployment("ready")
     assert _create(viewer, deployment=ready.pk).status_code == 403
     assert _api(viewer).get("/api/tunes/").status_code == 403
     assert not TuneRun.objects.exists()
+
+
+def test_a_deployment_with_replicas_is_tuned_on_replica_0(operator) -> None:  # type: ignore[no-untyped-def]
+    many = _deployment("many", replicas=2)
+    other = Deployment.objects.create(
+        name="many", spec=many.spec, recipe="r", algorithm="DDTREE", gpus=[1],
+        status=DeploymentStatus.READY, replica_of=many, replica_index=1, host="h1")
+    r = _create(operator, deployment=many.pk, candidates=["dflash"])
+    assert r.status_code == 201, r.content
+    original = r.json()["original"]
+    assert original["replicas"] == 2 and original["gpus"] == [0]
+    assert [(x["id"], x["replica"], x["gpus"], x["host"]) for x in original["rows"]] == [
+        (many.pk, 0, [0], ""), (other.pk, 1, [1], "h1")]
+    assert len(r.enqueued) == 1
+    # A replica row itself is not tuned: its replica 0 is.
+    r = _create(operator, deployment=other.pk)
+    assert r.status_code == 400 and f"tune #{many.pk}" in r.json()["deployment"][0]
 
 
 def _measured(row: Deployment) -> TuneRun:
@@ -191,7 +211,8 @@ def test_a_tune_delivered_again_after_its_worker_died_ends_and_restores() -> Non
                                  original={"id": row.pk, "name": "kimi#1", "spec": row.spec,
                                            "gpus": [0], "served_model": "kimi"},
                                  config={"deploy_timeout_s": 30})
-    assert tune_services.tune_hold(deployment_id=row.pk) is not None
+    Deployment.objects.filter(pk=row.pk).update(tune_hold={"tune": run.pk, "text": "held"})
+    assert tune_services.tune_hold(deployment_id=row.pk) == {"tune": run.pk, "text": "held"}
     assert tune_services.tune_run(run_id=run.pk) == "failed"
     run.refresh_from_db()
     assert run.status == "failed" and run.error.startswith(
@@ -200,3 +221,83 @@ def test_a_tune_delivered_again_after_its_worker_died_ends_and_restores() -> Non
                                       "spec; nothing to restore"}
     assert tune_services.tune_hold(deployment_id=row.pk) is None
     assert tune_services.tune_run(run_id=run.pk) == "not queued"
+
+
+def _held(row: Deployment, **fields: Any) -> TuneRun:
+    run = TuneRun.objects.create(
+        deployment=row, original={"id": row.pk, "name": f"{row.name}#{row.pk}",
+                                  "spec": row.spec, "gpus": [0], "served_model": row.name},
+        config={"deploy_timeout_s": 30, "time_budget_s": 600}, **fields)
+    Deployment.objects.filter(pk=row.pk).update(tune_hold={
+        "tune": run.pk, "holds": "the deployment (GPUs 0)", "until": "2026-01-01T00:00:00",
+        "text": f"the deployment is out of service for Tune #{run.pk}"})
+    return run
+
+
+def test_the_detail_api_says_which_tune_holds_the_deployment(operator) -> None:  # type: ignore[no-untyped-def]
+    row = _deployment()
+    assert _api(operator).get(f"/api/deployments/{row.pk}/").json()["tune_hold"] == {}
+    run = _held(row, status="running")
+    body = _api(operator).get(f"/api/deployments/{row.pk}/").json()
+    assert body["tune_hold"]["tune"] == run.pk and body["tune_hold"]["until"]
+    assert body["tune_hold"]["holds"] == "the deployment (GPUs 0)"
+    assert _api(operator).get(f"/api/tunes/{run.pk}/").json()["hold"]["tune"] == run.pk
+
+
+def test_the_sweep_ends_a_queued_tune_no_worker_took(operator) -> None:  # type: ignore[no-untyped-def]
+    row = _deployment()
+    r = _create(operator, deployment=row.pk, candidates=["dflash"])
+    run = TuneRun.objects.get(pk=r.json()["id"])
+    born = run.created_at.timestamp()
+    assert tune_services.tune_sweep(now=born + 5) == []  # within its bound: waiting
+    with mock.patch.object(tasks, "tune_run_later") as resend:
+        said = tune_services.tune_sweep(now=born + tune_services.QUEUED_LOST_S + 1)
+        assert [c.args for c in resend.call_args_list] == [(run.pk,)]
+        assert "no worker took it" in said[0] and "sent to the workers again" in said[0]
+        # Sent once: not again before its bound, then ended.
+        assert tune_services.tune_sweep(now=born + tune_services.QUEUED_LOST_S + 5) == []
+        said = tune_services.tune_sweep(now=born + 2 * tune_services.QUEUED_LOST_S + 2)
+        assert len(resend.call_args_list) == 1
+    run.refresh_from_db()
+    assert run.status == "failed" and "no worker took this Tune" in run.error, run.error
+    assert "the deployment was never touched" in run.error and said == [
+        f"Tune #{run.pk}: {run.error}"]
+    after = Deployment.objects.get(pk=row.pk)
+    assert after.spec == row.spec and after.status == "ready" and after.tune_hold == {}
+    # The late message, should it come, finds nothing to do.
+    assert tune_services.tune_run(run_id=run.pk) == "not queued"
+
+
+def test_the_sweep_has_a_running_tune_whose_worker_died_restored_and_ended() -> None:
+    row = _deployment()
+    now = time.time()
+    alive = _held(row, status="running", progress={"beat": now - 5})
+    # Its worker beats: the sweep leaves it, and a duplicate delivery leaves it too.
+    assert tune_services.tune_sweep(now=now) == []
+    assert tune_services.tune_run(run_id=alive.pk) == "running elsewhere"
+    TuneRun.objects.filter(pk=alive.pk).update(progress={"beat": now - tune_services.LOST_S})
+    with mock.patch.object(tasks, "tune_run_later") as resend:
+        said = tune_services.tune_sweep(now=now + 1)
+    assert [c.args for c in resend.call_args_list] == [(alive.pk,)]
+    assert "its worker stopped (no beat)" in said[0]
+    # The message sent again: its task restores the deployment and ends the Tune.
+    assert tune_services.tune_run(run_id=alive.pk) == "failed"
+    alive.refresh_from_db()
+    assert alive.status == "failed" and alive.results["restore"]["ok"] is True
+    assert "stopped mid-run" in alive.error and alive.progress["phase"] == "restoring"
+    assert tune_services.tune_hold(deployment_id=row.pk) is None
+
+
+def test_the_sweep_ends_a_running_tune_no_worker_takes_up_again() -> None:
+    row = _deployment()
+    now = time.time()
+    run = _held(row, status="cancelling", progress={"beat": now - tune_services.LOST_S - 1})
+    with mock.patch.object(tasks, "tune_run_later") as resend:
+        tune_services.tune_sweep(now=now)
+        said = tune_services.tune_sweep(now=now + tune_services.LOST_S)
+    assert len(resend.call_args_list) == 1
+    run.refresh_from_db()
+    assert run.status == "failed" and said == [f"Tune #{run.pk}: {run.error}"]
+    assert "no worker took it up again" in run.error and "left on its own spec" in run.error
+    assert run.results["restore"]["ok"] is False
+    assert tune_services.tune_hold(deployment_id=row.pk) is None

@@ -134,3 +134,76 @@ def test_tune_recommends_applies_and_a_cancelled_one_restores(env: dict[str, str
         assert second.results["restore"]["ok"] is True
         assert second.results["candidates"][-1]["state"] == "not run"
         _as_was(Deployment.objects.get(pk=row.pk), before)
+
+
+def _rows(pk: int) -> list[Deployment]:
+    return [Deployment.objects.get(pk=pk), *Deployment.objects.filter(
+        replica_of_id=pk).order_by("replica_index")]
+
+
+def _kept(row: Deployment) -> dict[str, Any]:
+    return {"spec": row.spec, "gpus": row.gpus, "algorithm": row.algorithm, "name": row.name,
+            "host": row.host, "status": row.status, "served": row.engine_options.get(
+                "served_model_name")}
+
+
+def test_a_deployment_with_replicas_is_tuned_on_replica_0_and_applied_rolling(
+        env: dict[str, str], tmp_path: Path) -> None:
+    """Replica 0 runs the candidates, drained, while replica 1 keeps serving its own run
+    untouched; then every row is as it was; Apply rolls the winner over both replicas."""
+    with celery_worker(tmp_path / "worker.log", **env), \
+            engine_agent(tmp_path / "agent.log", **env):
+        first = services.deployment_create(data=spec(gpus=[0], replicas=2),
+                                           confirm_warnings=True)
+        rows = _rows(first.pk)
+        for row in rows:
+            assert wait_for(row.pk, {S.READY, S.FAILED}, 120) == S.READY
+        rows = _rows(first.pk)
+        before = [_kept(r) for r in rows]
+        other_run = rows[1].run
+
+        # (answers long enough that the candidate is seen measuring, many polls)
+        run = tune_services.tune_create(deployment_id=first.pk, candidates=["dflash"],
+                                        config={**CONFIG, "levels": [1], "output_len": 300})
+        _until(lambda: tune_services.tune_hold(deployment_id=first.pk), "the Tune holds it")
+        hold = tune_services.tune_hold(deployment_id=first.pk)
+        assert hold is not None and hold["tune"] == run.pk and hold["serving"] == 1
+        assert hold["text"].startswith("replica 0 (GPUs 0) is out of service for Tune")
+        assert "replicas 1 to 1 keep serving" in hold["text"]
+        # While the candidate runs on replica 0 (out of the rotation), replica 1 serves on.
+        _until(lambda: ((p := _run(run.pk).progress or {}).get("index"), p.get("phase")) == (
+            2, "benchmark"), lambda: f"the candidate measured: {_run(run.pk).progress}")
+        zero, one = _rows(first.pk)
+        assert zero.draining and not one.draining and zero.algorithm == "DFLASH"
+        assert one.status == S.READY and one.run == other_run and one.algorithm == "DDTREE"
+        _until(lambda: not _run(run.pk).is_active, lambda: (
+            f"the Tune ends: {_run(run.pk).progress}; the worker's log: "
+            f"{(tmp_path / 'worker.log').read_text()[-3000:]}"), timeout_s=400)
+        run = _run(run.pk)
+        assert run.status == "done", (run.error, run.results.get("reason"))
+        assert {c["name"]: c["state"] for c in run.results["candidates"]} == {
+            "none": "measured", "dflash": "measured"}
+        assert run.results["restore"]["ok"] is True
+        after = _rows(first.pk)
+        assert [_kept(r) for r in after] == before
+        assert after[1].run == other_run  # never stopped
+        assert not any(r.draining for r in after)
+        assert tune_services.tune_hold(deployment_id=first.pk) is None
+
+        # Apply: a rolling redeploy, one replica at a time, followed to its end.
+        winner = tune_services.recommended(run)
+        assert winner is not None
+        tune_services.tune_apply(run=run)
+        _until(lambda: _run(run.pk).applied.get("state") in ("done", "failed"),
+               lambda: f"the apply ends: {_run(run.pk).applied}", timeout_s=300)
+        applied = _run(run.pk).applied
+        assert applied["state"] == "done", applied
+        assert "rolling redeploy done: 2 of 2 replicas" in applied["message"]
+        want = next(c for c in run.config["candidates"] if c["name"] == winner)
+        rolled = _rows(first.pk)
+        for row, was in zip(rolled, before, strict=True):
+            assert row.status == S.READY and row.algorithm == want["algorithm"]
+            assert row.gpus == was["gpus"] and row.name == was["name"]
+            for key, value in want["engine"].items():
+                assert row.spec["engine"].get(key) == value, (key, row.spec["engine"])
+        assert rolled[1].run == other_run + 1

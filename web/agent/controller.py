@@ -57,6 +57,7 @@ from appliance.runtime.progress import progress_fold
 from appliance.runtime.secrets import secret_names_available
 from appliance.runtime.work import EngineWork
 from web import tasks
+from web.benchmarks.tune_services import tune_sweep
 from web.deployments.models import Deployment, DeploymentStatus, EventKind, Host
 from web.deployments.services.events import (
     events_append,
@@ -221,6 +222,8 @@ class EngineAgent:
         self._requeue_builds(now)
         self._roll()
         if self._ticks % 10 == 0:
+            self._sweep_tunes()
+        if self._ticks % 10 == 0:
             self._report_host(now)
         else:  # the heartbeat alone, every tick: a silent agent is seen in seconds (silence.py)
             Host.objects.filter(agent_id=self.agent_id).update(heartbeat_at=now)
@@ -347,6 +350,15 @@ class EngineAgent:
             rolling_tick(client=self._redis)
         except Exception:  # noqa: BLE001 - a roll's error never holds up the engines' loop
             log.exception("rolling changes: a step failed; retried next tick")
+
+    def _sweep_tunes(self) -> None:
+        """Tunes whose task is gone: sent to the workers again, or ended, saying why
+        (web/benchmarks/tune_services.py tune_sweep)."""
+        try:
+            for line in tune_sweep():
+                log.warning("%s", line)
+        except Exception:  # noqa: BLE001 - never holds up the engines' loop; next time again
+            log.exception("the Tune sweep failed; retried")
 
     # ------------------------------------------------------------------ builds and host
 

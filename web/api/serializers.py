@@ -20,6 +20,8 @@ class DeploymentSerializer(serializers.ModelSerializer[Deployment]):
             # Where this row runs and why (web/fleet/placement.py); a replica row names its
             # replica 0 (replica_of) and its index; GET replicas/ lists them all.
             "host", "placement_reason", "replica_of", "replica_index", "draining",
+            # The Tune that holds it now ({} when none): its id, what it holds, until when.
+            "tune_hold",
         ]
         read_only_fields = fields
 

@@ -42,7 +42,8 @@ class TuneRunSerializer(serializers.ModelSerializer[TuneRun]):
         """While it runs: the deployment is out of service, and until when at the latest."""
         if not run.is_active or run.deployment_id is None:
             return None
-        return services.tune_hold(deployment_id=run.deployment_id)
+        hold = services.tune_hold(deployment_id=run.deployment_id)
+        return hold if hold and hold.get("tune") == run.pk else None
 
 
 class CandidateSerializer(serializers.Serializer[Any]):

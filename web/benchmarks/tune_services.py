@@ -1,10 +1,18 @@
-"""Tune: create (validated: a ready deployment of one replica, its inputs, its candidates),
-run (the Celery task's body, on the bench queue: appliance.tune.run_tune with the
-deployment's own row as its Deployer), cancel, and Apply (the winner redeployed: rolling over
-replicas, else stop and start again). Rows change state through web/benchmarks/runs.py.
+"""Tune: create (validated: a ready deployment, its inputs, its candidates), run (the Celery
+task's body, on the bench queue: appliance.tune.run_tune with the deployment's own row as its
+Deployer), cancel, Apply (the winner redeployed: rolling over replicas, one at a time, else
+stop and start again), and the sweep of Tunes whose task is gone. Rows change state through
+web/benchmarks/runs.py.
 
-While a Tune runs, its deployment serves its candidates one after another, not its own
-spec: `tune_hold` says so, and until when, for the deployment's page and API.
+While a Tune runs, its deployment's replica 0 serves its candidates one after another, not
+its own spec, out of the gateway's rotation (drained); a deployment with replicas keeps
+serving on the others. The row's `tune_hold` says so, and until when, for its page and API;
+the Tune empties it when it gives the deployment back, restored.
+
+A running Tune's task writes its progress with a beat every POLL_S; `tune_sweep` (the
+engine agent's loop) sends the task again for one whose beat stopped LOST_S ago (its worker
+died: the task, delivered again, restores and ends it) or that no worker took, and ends one
+that no worker takes even then.
 """
 
 from __future__ import annotations
@@ -12,7 +20,7 @@ from __future__ import annotations
 import threading
 import time
 import traceback
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
@@ -22,6 +30,7 @@ from django.utils import timezone
 from appliance.bench.lossless import NEAR_TIE_GAP
 from appliance.bench.prompts import SOURCES, Prompt, PromptError, load_prompts
 from appliance.bench.verify import SHIPPED_PROMPTS_FILE
+from appliance.lifecycle import Process
 from appliance.tune import (
     BASELINE,
     Candidate,
@@ -41,7 +50,11 @@ from web.deployments.models import (
     DeploymentStatus,
     EventKind,
 )
-from web.deployments.services.rolling import deployment_has_replicas
+from web.deployments.services.lifecycle import (
+    deployment_mark_stopped,
+    deployment_mark_stopping,
+)
+from web.deployments.services.rolling import ROLLING, deployment_has_replicas, deployment_replicas
 from web.deployments.simulator import image_is_simulator
 
 from .choices import ACTIVE_STATUSES, BenchmarkStatus
@@ -61,6 +74,13 @@ DEFAULTS: dict[str, Any] = {
 MAX_LEVELS = 8
 STOP_WAIT_S = 60.0  # beyond the engine's own stop timeout
 POLL_S = 0.5
+# A running Tune whose task wrote no beat this long: its worker is gone (the task beats
+# every POLL_S, its restore included). A queued one that no worker took this long: its
+# message is lost (as a queued deployment's, web/agent/controller.py's QUEUED_GRACE_S).
+LOST_S = 120.0
+QUEUED_LOST_S = 600.0
+# The bound on an Apply's rolling redeploy, per replica, beyond its deploy timeout.
+ROLL_SLACK_S = 300.0
 
 
 def _deployment(pk: int | None) -> Deployment:
@@ -73,11 +93,10 @@ def _deployment(pk: int | None) -> Deployment:
     if row.status != DeploymentStatus.READY or not row.engine_url:
         raise BenchmarkInputError({"deployment": f"{target_name(row)} is {row.status}; "
                                    "Tune starts from a ready deployment"})
-    if deployment_has_replicas(deployment=row):
-        raise BenchmarkInputError({"deployment": f"{target_name(row)} has replicas: Tune "
-                                   "runs each candidate on the deployment's own GPUs, so "
-                                   "scale it to 1 replica, tune, and scale back (Apply "
-                                   "rolls the winner over every replica)"})
+    if (row.rolling or {}).get("state") == ROLLING:
+        raise BenchmarkInputError({"deployment": f"{target_name(row)} is in a rolling "
+                                   f"change ({row.rolling.get('text', '')}); Tune once it "
+                                   "has finished"})
     if TuneRun.objects.filter(deployment=row, status__in=list(ACTIVE_STATUSES)).exists():
         raise BenchmarkInputError({"deployment": f"a Tune of {target_name(row)} is under "
                                    "way; wait for it or cancel it"})
@@ -163,10 +182,15 @@ def tune_create(*, deployment_id: int | None, config: dict[str, Any], prompts_te
     tune_prompts(config, prompts_text)
     found = _candidates(row, candidates, extra_candidates)
     config["candidates"] = [c.to_dict() for c in found]
+    group = deployment_replicas(deployment=row)
     original = {"id": row.pk, "name": target_name(row), "spec": row.spec,
                 "gpus": list(row.gpus), "status": row.status, "image": row.image,
                 "algorithm": row.algorithm, "served_model": _served(row),
-                "replicas": int(row.spec.get("replicas") or 1)}
+                "replicas": int(row.spec.get("replicas") or 1),
+                # Every replica row as it was (replica 0 the first): the others keep serving
+                # while replica 0 runs the candidates.
+                "rows": [{"id": r.pk, "replica": r.replica_index, "gpus": list(r.gpus),
+                          "host": r.host, "status": r.status} for r in group]}
     with transaction.atomic():
         run = TuneRun.objects.create(
             name=name, config=config, deployment=row, original=original,
@@ -182,34 +206,65 @@ def tune_request_cancel(*, run: TuneRun) -> TuneRun:
 
 
 def tune_hold(*, deployment_id: int) -> dict[str, Any] | None:
-    """The Tune that holds the deployment now, and until when at the latest (its budget
-    spent, then its restore): for the deployment's page and API; None when none does."""
-    run = TuneRun.objects.filter(deployment_id=deployment_id, status__in=[
-        BenchmarkStatus.RUNNING, BenchmarkStatus.CANCELLING]).first()
-    if run is None:
-        return None
-    deadline = (run.progress or {}).get("deadline")
-    until = (datetime.fromtimestamp(deadline, UTC) if deadline
-             else (run.started_at or timezone.now()) + timedelta(
-                 seconds=run.config.get("time_budget_s", 3600)))
-    return {"tune": run.pk, "until": until.isoformat(),
-            "text": f"out of service for Tune #{run.pk} (its candidates run in its place) "
-                    f"until {until:%Y-%m-%d %H:%M} UTC at the latest, then restored as it was"}
+    """The Tune that holds the deployment now (the row's `tune_hold`): its id, what it
+    holds, until when; None when none does."""
+    hold = Deployment.objects.filter(pk=deployment_id).values_list("tune_hold", flat=True)
+    found = next(iter(hold), None)
+    return dict(found) if found else None
+
+
+def _hold_take(run: TuneRun) -> None:
+    """The deployment held by this Tune from now until its budget ends, then its restore
+    (each candidate's start, and the restore's, bounded by deploy_timeout_s)."""
+    rows = run.original.get("rows") or [{"replica": 0, "gpus": run.original["gpus"]}]
+    now = timezone.now()
+    until = now + timedelta(seconds=run.config.get("time_budget_s", 3600))
+    restored_by = until + timedelta(seconds=run.config.get("deploy_timeout_s", 1800) + 2 * (
+        settings.ENGINE_STOP_TIMEOUT_S + STOP_WAIT_S))
+    gpus = ", ".join(str(g) for g in rows[0]["gpus"])
+    if len(rows) > 1:
+        holds = f"replica 0 (GPUs {gpus})"
+        text = (f"replica 0 (GPUs {gpus}) is out of service for Tune #{run.pk} (its "
+                f"candidates run in its place, out of the gateway's rotation) while replicas "
+                f"1 to {len(rows) - 1} keep serving, until {until:%Y-%m-%d %H:%M} UTC at the "
+                f"latest, restored by {restored_by:%H:%M} UTC")
+    else:
+        holds = f"the deployment (GPUs {gpus})"
+        text = (f"the deployment is out of service for Tune #{run.pk} (its candidates run "
+                f"in its place) until "
+                f"{until:%Y-%m-%d %H:%M} UTC at the latest, then restored as it was (by "
+                f"{restored_by:%H:%M} UTC)")
+    Deployment.objects.filter(pk=run.original["id"]).update(tune_hold={
+        "tune": run.pk, "holds": holds, "replica": 0, "gpus": rows[0]["gpus"],
+        "serving": len(rows) - 1, "since": now.isoformat(), "until": until.isoformat(),
+        "restored_by": restored_by.isoformat(), "text": text})
+
+
+def _hold_give_back(run_id: int, deployment_id: int | None) -> None:
+    if deployment_id is not None:
+        Deployment.objects.filter(pk=deployment_id, tune_hold__tune=run_id).update(
+            tune_hold={})
 
 
 # ---------------------------------------------------------------- the deployment as Deployer
 
 class PanelDeployer:
-    """Each candidate as a redeploy of the deployment's own row (its GPUs, its name, its
-    keys), waiting on its status; the restore redeploys the spec it had. Runs on the Tune's
-    thread: its own database connection, closed by the caller."""
+    """Each candidate as a redeploy of the deployment's own row, replica 0 (its GPUs, its
+    name, its keys), drained out of the gateway's rotation, waiting on its status; the
+    restore redeploys the spec it had and puts it back in the rotation. With replicas,
+    replica 0 alone stops and starts (the others keep serving). Runs on the Tune's thread:
+    its own database connection, closed by the caller."""
 
     def __init__(self, run: TuneRun) -> None:
         self.pk = int(run.original["id"])
+        self.run_id = run.pk
         self.original = run.original
         self.user = run.created_by
         self.deploy_timeout_s = float(run.config.get("deploy_timeout_s", 1800))
         self.images: set[str] = set()
+
+    def _group(self) -> bool:
+        return Deployment.objects.filter(replica_of_id=self.pk).exists()
 
     def _spec(self, candidate: Candidate) -> dict[str, Any]:
         return candidate_spec(self.original["spec"], candidate)
@@ -222,7 +277,13 @@ class PanelDeployer:
         return []
 
     def stop_engine(self) -> None:
-        deployments.deployment_stop(deployment_id=self.pk)
+        Deployment.objects.filter(pk=self.pk).update(draining=True)
+        if self._group():  # replica 0 alone; a queued one stops at once
+            if not deployment_mark_stopped(deployment_id=self.pk, by=Process.WEB):
+                deployment_mark_stopping(deployment_id=self.pk, message=(
+                    f"Tune #{self.run_id}: replica 0 stops for its next candidate"))
+        else:
+            deployments.deployment_stop(deployment_id=self.pk)
         bound = time.monotonic() + settings.ENGINE_STOP_TIMEOUT_S + STOP_WAIT_S
         while time.monotonic() < bound:
             if Deployment.objects.filter(pk=self.pk, status__in=list(
@@ -234,8 +295,12 @@ class PanelDeployer:
 
     def start_spec(self, spec: dict[str, Any]) -> None:
         try:
-            deployments.deployment_redeploy(deployment_id=self.pk, data=spec, user=self.user,
-                                            confirm_warnings=True)
+            if self._group():
+                deployments.deployment_run_alone(deployment_id=self.pk, data=spec,
+                                                 user=self.user, why=f"Tune #{self.run_id}")
+            else:
+                deployments.deployment_redeploy(deployment_id=self.pk, data=spec,
+                                                user=self.user, confirm_warnings=True)
         except deployments.DeploymentInputError as exc:
             raise DeployFailed(f"the redeploy was refused: {exc}") from exc
 
@@ -264,12 +329,15 @@ class PanelDeployer:
         return self.wait_ready(stop, self.deploy_timeout_s)
 
     def restore(self) -> str:
-        row = Deployment.objects.get(pk=self.pk)
-        if row.spec == self.original["spec"] and row.status == DeploymentStatus.READY:
-            return f"{self.original['name']} still serves its own spec; nothing to restore"
-        self.stop_engine()
-        self.start_spec(self.original["spec"])
-        self.wait_ready(None, self.deploy_timeout_s)
+        try:
+            row = Deployment.objects.get(pk=self.pk)
+            if row.spec == self.original["spec"] and row.status == DeploymentStatus.READY:
+                return f"{self.original['name']} still serves its own spec; nothing to restore"
+            self.stop_engine()
+            self.start_spec(self.original["spec"])
+            self.wait_ready(None, self.deploy_timeout_s)
+        finally:  # back in the rotation (one that failed to start is out by its status)
+            Deployment.objects.filter(pk=self.pk).update(draining=False)
         return (f"{self.original['name']} serves its own spec again (GPUs "
                 f"{self.original['gpus']}, served as {self.original['served_model']})")
 
@@ -286,6 +354,7 @@ def tune_run(*, run_id: int) -> str:
     except BenchmarkInputError as exc:
         run_finish(TuneRun, run_id, BenchmarkStatus.FAILED, error=str(exc))
         return "failed"
+    _hold_take(run)
     candidates = [Candidate(c["name"], c["engine"]) for c in config["candidates"]]
     options = TuneOptions(levels=tuple(config["levels"]), warmup=config["warmup"],
                           time_budget_s=config["time_budget_s"],
@@ -293,10 +362,9 @@ def tune_run(*, run_id: int) -> str:
                           threshold=config["threshold"], seed=config["seed"])
     progress, outcome = TuneProgress(), dict[str, Any]()
     deployer = PanelDeployer(run)
-    until = timezone.now() + timedelta(seconds=options.time_budget_s)
-    _note(run, f"Tune #{run.pk} began: out of service while its {len(candidates)} "
-          f"candidates run in its place, until {until:%Y-%m-%d %H:%M} UTC at the latest, "
-          "then restored as it is now")
+    held = (tune_hold(deployment_id=deployer.pk) or {}).get("text", "out of service")
+    _note(run, f"Tune #{run.pk} began: {held}; its {len(candidates)} candidates run one "
+          "after another")
 
     def work(cancel: threading.Event) -> None:
         try:
@@ -308,27 +376,120 @@ def tune_run(*, run_id: int) -> str:
         finally:
             connection.close()
 
-    run_polled(TuneRun, run_id, work, progress.snapshot, name=f"tune-{run_id}")
+    run_polled(TuneRun, run_id, work, lambda: {**progress.snapshot(), "beat": _now()},
+               name=f"tune-{run_id}")
     return _record(run, outcome, progress, deployer)
 
 
+def _now() -> float:
+    return round(time.time(), 1)
+
+
+def _beat(run: TuneRun) -> float:
+    """When the Tune's task last showed it lives: its last beat, else its start."""
+    beat = (run.progress or {}).get("beat")
+    if isinstance(beat, int | float):
+        return float(beat)
+    return run.started_at.timestamp() if run.started_at else 0.0
+
+
 def _resumed(run_id: int) -> str:
-    """The task delivered again for a Tune already running (its worker was killed): the
-    candidate it left deployed is taken down, the deployment restored, and the Tune ends
-    saying so; never left holding the deployment."""
+    """The task delivered again for a Tune already running: while its worker beats, a
+    duplicate, which leaves it alone; once its beat stopped (its worker was killed) or the
+    sweep sent it again for that, the candidate it left deployed is taken down, the
+    deployment restored, and the Tune ends saying so; never left holding the deployment.
+    One copy takes it over (a conditional update of the progress it read)."""
     run = TuneRun.objects.filter(pk=run_id, status__in=[
         BenchmarkStatus.RUNNING, BenchmarkStatus.CANCELLING]).first()
     if run is None:
         return "not queued"
-    try:
-        restored = {"ok": True, "message": PanelDeployer(run).restore()}
-    except Exception as exc:
-        restored = {"ok": False, "message": f"the deployment could not be restored: {exc}"}
+    progress = dict(run.progress or {})
+    beat, resent = _beat(run), progress.get("resent")
+    if time.time() - beat < LOST_S and not (isinstance(resent, int | float) and resent >= beat):
+        return "running elsewhere"
+    taken = {**progress, "phase": "restoring", "beat": _now(), "resumed": _now()}
+    if not TuneRun.objects.filter(pk=run_id, progress=run.progress).update(progress=taken):
+        return "taken over elsewhere"
+    outcome: dict[str, Any] = {}
+
+    def work(cancel: threading.Event) -> None:
+        try:
+            outcome["restored"] = {"ok": True, "message": PanelDeployer(run).restore()}
+        except Exception as exc:
+            outcome["restored"] = {"ok": False,
+                                   "message": f"the deployment could not be restored: {exc}"}
+        finally:
+            connection.close()
+
+    run_polled(TuneRun, run_id, work, lambda: {**taken, "beat": _now()},
+               name=f"tune-{run_id}-restore")
+    restored = outcome["restored"]
     run_finish(TuneRun, run_id, BenchmarkStatus.FAILED,
                results={**(run.results or {}), "restore": restored},
                error="the worker running this Tune stopped mid-run; the Tune ended and "
                      f"the deployment was restored: {restored['message']}")
+    _hold_give_back(run_id, run.deployment_id)
+    _note(run, f"Tune #{run.pk} ended (its worker stopped mid-run); {restored['message']}")
     return "failed"
+
+
+def tune_sweep(*, now: float | None = None) -> list[str]:
+    """Tunes whose task is gone (the engine agent's loop, every few seconds): a running one
+    whose beat stopped LOST_S ago, or a queued one no worker took in QUEUED_LOST_S, is sent
+    to the workers once more (the task, for a running one, restores the deployment and ends
+    it); one no worker takes even then is ended, saying why. What it did, in words."""
+    now = time.time() if now is None else now
+    said: list[str] = []
+    for run in TuneRun.objects.filter(status__in=list(ACTIVE_STATUSES)):
+        progress = dict(run.progress or {})
+        resent = progress.get("resent")
+        if run.status == BenchmarkStatus.QUEUED:
+            since = run.created_at.timestamp()
+            lost = "no worker took it"
+        else:
+            since = _beat(run)
+            lost = "its worker stopped (no beat)"
+        if now - since < (QUEUED_LOST_S if run.status == BenchmarkStatus.QUEUED else LOST_S):
+            continue
+        if not isinstance(resent, int | float) or resent < since:
+            if TuneRun.objects.filter(pk=run.pk, progress=run.progress).update(
+                    progress={**progress, "resent": now}):
+                tasks.tune_run_later(run.pk)
+                said.append(f"Tune #{run.pk}: {lost} for {now - since:.0f} s; sent to the "
+                            "workers again")
+            continue
+        bound = QUEUED_LOST_S if run.status == BenchmarkStatus.QUEUED else LOST_S
+        if now - resent >= bound:
+            said.append(_ended_lost(run, lost, now - since))
+    return said
+
+
+def _ended_lost(run: TuneRun, lost: str, waited: float) -> str:
+    """The Tune ended after no worker took it up again: a queued one never touched the
+    deployment; a running one leaves it where its worker stopped, said on the Tune and in
+    the deployment's log, and gives up its hold (the operator can act on it)."""
+    if run.status == BenchmarkStatus.QUEUED:
+        why = (f"no worker took this Tune in {waited:.0f} s, even when sent again (its task "
+               "message was lost, or no worker consumes the bench queue); the deployment "
+               "was never touched")
+        ended = bool(TuneRun.objects.filter(pk=run.pk, status=BenchmarkStatus.QUEUED).update(
+            status=BenchmarkStatus.FAILED, finished_at=timezone.now(), error=why))
+    else:
+        row = Deployment.objects.filter(pk=run.original.get("id")).first()
+        where = ("gone" if row is None else
+                 "on its own spec" if row.spec == run.original.get("spec") else
+                 f"{row.status} on a candidate's spec: Redeploy it with its own spec")
+        why = (f"{lost} for {waited:.0f} s and no worker took it up again to restore the "
+               f"deployment; it was left {where}")
+        ended = run_finish(TuneRun, run.pk, BenchmarkStatus.FAILED, error=why, results={
+            **(run.results or {}), "restore": {"ok": False, "message": why}})
+        if ended and row is not None:
+            Deployment.objects.filter(pk=row.pk, spec=run.original.get("spec")).update(
+                draining=False)
+    if ended:
+        _hold_give_back(run.pk, run.deployment_id)
+        _note(run, f"Tune #{run.pk} ended: {why}")
+    return f"Tune #{run.pk}: {why}"
 
 
 def _record(run: TuneRun, outcome: dict[str, Any], progress: TuneProgress,
@@ -337,6 +498,7 @@ def _record(run: TuneRun, outcome: dict[str, Any], progress: TuneProgress,
     if "error" in outcome:
         run_finish(TuneRun, run.pk, BenchmarkStatus.FAILED, progress=snapshot,
                    error=outcome["error"][-4000:])
+        _hold_give_back(run.pk, run.deployment_id)
         return "failed"
     result = outcome["result"]
     results = {**result.to_dict(),
@@ -349,6 +511,7 @@ def _record(run: TuneRun, outcome: dict[str, Any], progress: TuneProgress,
         status = BenchmarkStatus.FAILED
         error = f"{error}; {restore['message']}" if error else restore["message"]
     run_finish(TuneRun, run.pk, status, progress=snapshot, results=results, error=error)
+    _hold_give_back(run.pk, run.deployment_id)
     _note(run, f"Tune #{run.pk} ended ({result.ended}"
           f"{': ' + result.reason.splitlines()[-1] if result.reason else ''}); "
           f"{restore['message']}")
@@ -409,6 +572,35 @@ def _applied(run_id: int, **values: Any) -> None:
     TuneRun.objects.filter(pk=run_id).update(applied={**run.applied, **values})
 
 
+def _apply_rolling(run: TuneRun, row: Deployment, candidate: Candidate,
+                   spec: dict[str, Any]) -> str:
+    """The winner over every replica by the rolling redeploy (rolling.py: one replica at a
+    time, drained first, the others serving), followed until the roll ends, bounded."""
+    deployments.deployment_redeploy(deployment_id=row.pk, data=spec, user=run.created_by,
+                                    confirm_warnings=True)
+    count = len(deployment_replicas(deployment=row))
+    _applied(run.pk, state="rolling", message=f"rolling redeploy of {row.name} with "
+             f"{candidate.name} under way (one replica at a time, {count} replicas)")
+    bound = time.monotonic() + count * (float(run.config.get("deploy_timeout_s", 1800)) +
+                                        settings.ROLL_DRAIN_TIMEOUT_S + ROLL_SLACK_S)
+    rolling: dict[str, Any] = {}
+    while time.monotonic() < bound:
+        rolling = Deployment.objects.filter(pk=row.pk).values_list(
+            "rolling", flat=True).first() or {}
+        if rolling.get("state") != ROLLING:
+            break
+        time.sleep(POLL_S)
+    text = rolling.get("text") or rolling.get("state") or "no roll found"
+    if rolling.get("state") == "done":
+        _applied(run.pk, state="done", message=f"{row.name} redeployed with "
+                 f"{candidate.name}, rolling: {text}")
+        return "done"
+    if rolling.get("state") == ROLLING:
+        text = f"still rolling after the bound: {text}"
+    _applied(run.pk, state="failed", message=text)
+    return "failed"
+
+
 def tune_apply_run(*, run_id: int) -> str:
     """The Apply task: the candidate's spec on the deployment as it is now."""
     run = TuneRun.objects.select_related("created_by").get(pk=run_id)
@@ -426,11 +618,7 @@ def tune_apply_run(*, run_id: int) -> str:
     spec = candidate_spec(row.spec, candidate)
     try:
         if deployment_has_replicas(deployment=row):
-            deployments.deployment_redeploy(deployment_id=row.pk, data=spec,
-                                            user=run.created_by, confirm_warnings=True)
-            _applied(run_id, state="rolling", message=f"rolling redeploy of {row.name} "
-                     f"with {candidate.name} under way (one replica at a time)")
-            return "rolling"
+            return _apply_rolling(run, row, candidate, spec)
         deployer = PanelDeployer(run)
         deployer.original = {**deployer.original, "spec": row.spec}
         deployer.stop_engine()

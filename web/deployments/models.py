@@ -122,6 +122,10 @@ class Deployment(models.Model):
     # order, the one whose turn it is and its step, a halt's cause): services/rolling.py
     # writes it, the engine agent's loop moves it on, the page and the API show it.
     rolling = models.JSONField(default=dict, blank=True)
+    # Replica 0's alone: the Tune that holds the deployment now (its id, what it holds, since
+    # and until when), written when the Tune takes it and emptied when it gives it back
+    # (web/benchmarks/tune_services.py); the page and the detail API show it with the row.
+    tune_hold = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]

@@ -354,6 +354,30 @@ def deployment_redeploy(*, deployment_id: int, data: dict[str, Any], user: User 
                     changes={**columns, "gpus": list(spec.gpus), "rebuild_image": rebuild_image})
 
 
+def deployment_run_alone(*, deployment_id: int, data: dict[str, Any], user: User = None,
+                         why: str) -> Deployment:
+    """One stopped or failed row of a deployment with replicas started again alone on a new
+    spec, its own GPUs kept, the other replicas untouched (they keep serving): a Tune runs
+    its candidates on replica 0 so. A row still running is refused (400)."""
+    spec, findings = deployment_validate(data=data)
+    columns = _spec_columns(spec, findings)
+    with transaction.atomic():
+        row = Deployment.objects.select_for_update().get(pk=deployment_id)
+        if row.status not in TERMINAL_STATUSES:
+            raise _not_terminal(row, "started alone")
+        columns["spec"] = {**columns["spec"], "gpus": list(row.gpus)}
+        taken = served_name_conflict(spec=columns["spec"], name=row.name,
+                                     family=row.replica_of_id or row.pk)
+        if taken:
+            raise DeploymentInputError(errors=taken)
+        gpu_leases_acquire(deployment=row)
+        if not deployment_mark_requeued(deployment=row, user=user, why=why, changes=columns):
+            raise _not_terminal(row, "started alone")
+        tasks.deployment_start_later(row.pk)
+    row.refresh_from_db()
+    return row
+
+
 def _spec_columns(spec: DeploymentSpec, findings: list[Finding]) -> dict[str, Any]:
     """The row's columns that follow from a validated spec (as deployment_create stores)."""
     return {"spec": spec_to_dict(spec), "recipe": spec.recipe,

@@ -42,7 +42,7 @@
     document.getElementById("tune-status").textContent = run.status;
     const hold = document.getElementById("tune-hold");
     hold.hidden = !run.hold;
-    hold.textContent = run.hold ? "The deployment is " + run.hold.text + "." : "";
+    hold.textContent = run.hold ? run.hold.text.charAt(0).toUpperCase() + run.hold.text.slice(1) + "." : "";
     const err = document.getElementById("tune-error");
     err.hidden = !run.error;
     err.textContent = run.error ? run.error.trim().split("\n").slice(-3).join(" ") : "";
