@@ -541,6 +541,21 @@ def remote_monitor(placement: Mapping[str, Any], sink: RemoteSink, config: Remot
                          active_alerts=list((placement.get("alerts") or {}).keys()))
 
 
+# Heartbeats per lost threshold at least: a beat every threshold exactly (the panel's 10 s
+# against the trial's APPLIANCE_AGENT_SILENT_S of 10) let every tick's own second read as a
+# host gone, for a moment each cycle, in the gateway's rotation and on every page.
+BEATS_PER_THRESHOLD = 3
+
+
+def heartbeat_interval(answer: Mapping[str, Any], current: float) -> float:
+    """How often to beat: the panel's `heartbeat_s`, and at most a BEATS_PER_THRESHOLD-th of
+    its `lost_after_s`, so a late tick (a slow Docker call, a slow answer) never makes a
+    live host read lost."""
+    told = float(answer.get("heartbeat_s") or current)
+    lost_after = float(answer.get("lost_after_s") or 0)
+    return min(told, lost_after / BEATS_PER_THRESHOLD) if lost_after > 0 else told
+
+
 @dataclass
 class RemoteAgent:
     """Call tick() every second or two (run() does), from one thread."""
@@ -591,7 +606,7 @@ class RemoteAgent:
         answer = self._panel(self.link.me)
         placements = {int(p["id"]): p for p in answer.get("placements", [])
                       if p.get("status") in AGENT_OWNED and p.get("start_token")}
-        self.heartbeat_s = float(answer.get("heartbeat_s") or self.heartbeat_s)
+        self.heartbeat_s = heartbeat_interval(answer, self.heartbeat_s)
         self.monitor_settings = dict(answer.get("monitor") or {})
         for placement in placements.values():
             self._step(placement, str(answer.get("instance_id", "")))

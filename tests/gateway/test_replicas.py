@@ -12,6 +12,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -232,6 +233,36 @@ def test_a_retry_goes_to_a_replica_on_another_host_when_the_first_ones_host_fail
         assert [a.status_code for a in answers] == [200] * 6, [a.text for a in answers]
         assert {a.headers["x-appliance-replica"] for a in answers} == {"2"}
         assert answers[0].headers.get("x-appliance-retried") == "1"
+
+
+def test_the_retry_reaches_a_ready_replica_the_rotation_left_out_for_a_late_heartbeat(
+        gateway: str, operator: Any, key_for: Any) -> None:
+    """A host whose heartbeat is a moment late reads lost to the rotation, though its
+    engine serves (in the trial a host beats every 10 s against a 10 s threshold). When the
+    only replica left in the rotation is on a host whose Docker just stopped (its row still
+    ready, its port refusing), its failure is retried on the left-out replica: the client
+    gets an answer, never the gateway's 503 engine_unreachable."""
+    with standin() as stopped:
+        refused_url = stopped.url  # nothing listens there from now: connections refused
+    with engines(1) as served:
+        rows = replicas("late-beat", [served[0].url, refused_url])
+        # sim-a's last beat is past the threshold; sim-b's is dated ahead, so it stays fresh
+        # however slowly this test runs.
+        now = timezone.now()
+        hosts = [FleetHost.objects.create(
+            name=name, credential_prefix=f"p{i}", credential_digest=str(i) * 64,
+            credential_made_at=now, heartbeat_at=now + timedelta(seconds=offset))
+            for i, (name, offset) in enumerate((("sim-a", -SILENT_S - 2), ("sim-b", 60)))]
+        for row, host in zip(rows, hosts, strict=True):
+            Placement.objects.create(deployment=row, replica=row.replica_index, host=host,
+                                     reason="test")
+        secret = key_for(operator)
+        time.sleep(1.5)  # the gateway's watch reads the heartbeats each second
+        answers = [call(gateway, secret, f"during the restart {i}") for i in range(6)]
+        assert [a.status_code for a in answers] == [200] * 6, [a.text[:200] for a in answers]
+        assert {a.headers["x-appliance-replica"] for a in answers} == {"0"}
+        assert answers[0].headers.get("x-appliance-retried") == "1"
+        assert len(served[0].seen) == 6
 
 
 @pytest.mark.docker

@@ -540,7 +540,11 @@ async def _relay(send: Send, target: Target, path: str, body: bytes, stream: boo
     while rows:
         row = table.pick(rows, affinity=affinity)
         tried += (row.deployment_id,)
-        retry = len(tried) == 1 and any(t.deployment_id != row.deployment_id for t in rows)
+        # The one retry is owed whenever another row serves, not only when the rotation
+        # offered one: a row left out of it (its host's heartbeat late, a failure of its own
+        # not yet cleared by /health) is still a better answer than a 503.
+        retry = len(tried) == 1 and any(t.deployment_id != row.deployment_id
+                                        for t in table.serving(target))
         tap.replica = row.replica_index
         table.begin(row)
         try:

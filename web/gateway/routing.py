@@ -255,6 +255,11 @@ class Routing:
         return beat is not None and (self.routes_watch.heartbeats_at - beat
                                      > settings.AGENT_SILENT_S)
 
+    def serving(self, target: Target) -> list[Target]:
+        """Every row of `target`'s deployment in rotation (ready, not draining), whatever its
+        host's last heartbeat or a failure of its own says: what a retry may fall back to."""
+        return [t for t in self.groups.get(target.group_id) or [target] if t.in_rotation]
+
     def rotation(self, target: Target, *, exclude: tuple[int, ...] = (),
                  away_from: str = "") -> list[Target]:
         """The rows of `target`'s deployment that may take a new request now. Rows on a lost
@@ -262,8 +267,7 @@ class Routing:
         whose replica just failed (a host that dies takes all its replicas with it, before
         its heartbeat says so) are left out while another row can serve; when none can,
         they are tried rather than refused."""
-        ready = [t for t in self.groups.get(target.group_id) or [target]
-                 if t.in_rotation and t.deployment_id not in exclude]
+        ready = [t for t in self.serving(target) if t.deployment_id not in exclude]
         if len(ready) <= 1:
             return ready
         kept = [t for t in ready if not self.lost(t)] or ready
