@@ -21,8 +21,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def _seqs(chunks: list[bytes]) -> list[int]:
-    """The seqs of the events in chunks (a skip frame's id is no event of its own)."""
-    return [body["seq"] for body in _bodies(chunks) if body.get("kind") != "skip"]
+    """The seqs of the events in chunks (a skip or behind frame is no event of its own)."""
+    return [body["seq"] for body in _bodies(chunks)
+            if body.get("kind") not in ("skip", "behind")]
 
 
 def _bodies(chunks: list[bytes]) -> list[dict[str, Any]]:
@@ -153,6 +154,43 @@ def test_a_stream_that_stops_reading_is_told_where_it_skipped_to_and_costs_the_o
     assert skip["skipped"] == skip["to"] - skip["from"] + 1 > 0
     assert skips[0]["seq"] == skip["to"]  # its id: a reconnect resumes after the skipped seqs
     assert feed.closed  # the last stream gone, the reader stops
+
+
+def test_a_stream_that_fell_behind_the_ring_is_told_so_and_gets_every_event_from_the_record(live_channel):  # type: ignore[no-untyped-def]
+    pk = services.deployment_create(data=spec(), confirm_warnings=True).pk
+    start = _append(pk, 1)
+
+    async def scenario() -> tuple[list[bytes], list[bytes], int]:
+        fast, slow = sse._events(pk, start), sse._events(pk, start)
+        await anext(fast)
+        await anext(slow)
+        pending = asyncio.ensure_future(anext(slow))  # attached; its client then starved
+        await asyncio.sleep(0.5)
+        fast_chunks: list[bytes] = []
+        last = start
+        # Past the ring (RING_FRAMES), within SKIP_LAG: as a client too slow for a while.
+        for _ in range(sse.RING_FRAMES // 2000 + 2):
+            last = await _append_async(pk, 2000)
+            fast_chunks += await _read_until(fast, last)
+        assert _feed(pk).floor > start + 1 and last - start < sse.SKIP_LAG
+        slow_chunks = [await pending, *await _read_until(slow, last)]
+        for stream in (fast, slow):
+            await stream.aclose()
+        return fast_chunks, slow_chunks, last
+
+    fast, slow, last = asyncio.run(scenario())
+    assert _seqs(fast) == list(range(start + 1, last + 1))
+    bodies = _bodies(slow)
+    assert not [b for b in bodies if b["kind"] == "skip"]  # nothing skipped
+    behind = [b for b in bodies if b["kind"] == "behind"]
+    assert len(behind) == 1  # told once, where it fell behind
+    told = behind[0]
+    assert told["payload"]["from"] == told["seq"] + 1
+    assert told["payload"]["behind"] == told["payload"]["head"] - told["seq"] > 0
+    assert _seqs(slow) == list(range(start + 1, last + 1))  # every event, once, in order
+    # The behind frame has no id: a reconnect resumes after the last event it got.
+    assert b"id: %d\ndata: {\"seq\":%d,\"kind\":\"behind\"" % (told["seq"], told["seq"]) \
+        not in b"".join(slow)
 
 
 def test_a_new_stream_from_the_start_of_a_long_record_gets_the_tail_not_the_whole(live_channel):  # type: ignore[no-untyped-def]

@@ -2,8 +2,9 @@
 
 A frame is framed once, by the live feed, and its bytes go to every stream. A metric
 point has no id: it is live only (the series table is its record), so a browser's
-Last-Event-ID stays the last event's seq. A skip frame (no event of the record) tells a
-stream that fell too far behind which seqs it skipped.
+Last-Event-ID stays the last event's seq. A behind frame tells a stream that fell behind
+the feed's ring that it is catching up from the record; a skip frame (no event of the
+record) tells a stream that fell too far behind (SKIP_LAG) which seqs it skipped.
 """
 
 from __future__ import annotations
@@ -45,6 +46,16 @@ def skip_frame(first: int, last: int) -> Frame:
     body = {"seq": last, "kind": "skip",
             "payload": {"from": first, "to": last, "skipped": last - first + 1}}
     return Frame(last, sse_frame(body).encode(), False)
+
+
+def behind_frame(last: int, head: int) -> Frame:
+    """Told to a stream that fell behind what the feed keeps (a slow client, a tab that
+    stopped reading): the seqs after `last` up to `head` come from the record, in order,
+    before it is live again (the page says it is catching up). It has no id (no event of
+    the record); its seq is the stream's last, so a page that has it ignores it as a line."""
+    body = {"seq": last, "kind": "behind", "payload": {"from": last + 1, "head": head,
+                                                       "behind": head - last}}
+    return Frame(last, b"data: %s\n\n" % live.wire_json(body).encode(), False)
 
 
 def point_frame(fields: dict[bytes, bytes]) -> Frame:

@@ -23,9 +23,9 @@ pages that the feed reads once for all such streams, one read at a time (the fee
 the pages of the last SKIP_LAG events, so each is read once however many streams are
 behind); a stream more than SKIP_LAG behind the head (a background tab, or a resumption
 from long ago) is sent a `skip` frame naming the seqs it will not get and goes on
-SKIP_TAIL events before the head. So is a stream whose client stopped reading (a send of
-it waited STALL_S or more) once it is behind the ring: a background tab is told where it
-skipped to instead of crawling through the record, page by page, as it reads on.
+SKIP_TAIL events before the head. A stream behind the ring but within SKIP_LAG is first
+sent a `behind` frame (the page says it is catching up), then every event from the
+record, however slowly its client reads: a client starved of CPU loses nothing.
 No path replays a long record: the page opens at the tail and pages back through the
 history view.
 
@@ -59,7 +59,15 @@ from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.views.decorators.http import require_safe
 
 from . import live, selectors
-from .frames import POINT, Frame, entry_frame, event_frame, point_frame, skip_frame
+from .frames import (
+    POINT,
+    Frame,
+    behind_frame,
+    entry_frame,
+    event_frame,
+    point_frame,
+    skip_frame,
+)
 from .frames import text as _text
 from .models import Deployment
 from .permissions import can_view
@@ -79,7 +87,6 @@ SKIP_TAIL = 500  # ... to this many events before the head (the page's tail is a
 CATCHUP_PAGES = SKIP_LAG // REPLAY_PAGE + 2
 SEND_BYTES = 2**16  # what a stream hands the server at once, at most (or one frame)
 BATCH_BYTES = 2**16  # a batch of the ring, at most (or one frame): a read is cut into such
-STALL_S = 1.0  # a send that waited this long for its client: the client is not reading
 STREAM_UNSENT_BYTES = 2**16  # what an event stream's socket holds unsent in the kernel
 REDIS_RETRY_S = 1.0  # while Redis fails, a feed polls the database this often
 # After a fan-out a feed pauses this long per stream (fanout_pause), at most FANOUT_MAX_S
@@ -264,19 +271,13 @@ async def _follow(stream: _Stream) -> AsyncGenerator[bytes, None]:
     keep-alive when the feed says its deployment was quiet for SSE_KEEPALIVE_S."""
     feed = _feed_for(stream.pk)
     viewer = feed.attach()
-    loop = asyncio.get_running_loop()
     try:
         await asyncio.shield(feed.ready)
         while not stream.ended and not feed.closed:
             data = await feed.chunk_for(stream, viewer)
             if not data and not (await viewer.wait() and not feed.closed):
                 continue
-            # The server asks for the next part once this one is written: a send waits
-            # only while the socket is full (STREAM_UNSENT_BYTES), so a long one says
-            # that the client stopped reading.
-            handed = loop.time()
             yield data or KEEPALIVE
-            viewer.stalled = loop.time() - handed >= STALL_S
     finally:
         feed.detach(viewer)
 
@@ -309,7 +310,8 @@ class _Viewer:
         self.next_batch = 0
         self.at = -1  # the stream's seq when next_batch was set: else it is looked up
         self.waiter: asyncio.Future[bool] | None = None
-        self.stalled = False  # its last send waited STALL_S or more for the client
+        self.live = False  # it has sent from the ring (a replay at its start is not)
+        self.behind = False  # it fell behind the ring, and was told so
 
     def wake(self, *, keepalive: bool = False) -> None:
         if self.waiter is not None and not self.waiter.done():
@@ -415,11 +417,19 @@ class _Feed:
         """The next bytes for a stream (b"" when it has all there is): a skip frame, a
         catch-up from the record, or the ring's batches after its place."""
         if self.head - stream.last > SKIP_LAG:
+            viewer.behind = False
             return self._skip(stream, self.head - SKIP_TAIL)
         if stream.last < self.floor:
-            if viewer.stalled:  # its client stopped reading: on from the ring, told so
-                return self._skip(stream, max(self.floor, self.head - SKIP_TAIL))
-            return await self._catch_up(stream)
+            # Behind the ring, however slowly its client reads (a starved client, a tab
+            # that stopped reading): every event from the record, in order, and a stream
+            # that was live told once that it fell behind; only SKIP_LAG behind skips.
+            told = b""
+            if viewer.live and not viewer.behind:
+                viewer.behind = True
+                told = behind_frame(stream.last, self.head).data
+            return told + await self._catch_up(stream)
+        viewer.behind = False
+        viewer.live = True
         return self._from_ring(stream, viewer)
 
     def _skip(self, stream: _Stream, target: int) -> bytes:

@@ -338,6 +338,7 @@
       case "progress": foldProgress(p); break;
       case "metric": if (p.kind === "decode_stats") showDecode(p); break;
       case "point": lastPoint = p; showPoint(p); ApplianceCharts.push(p); break;
+      case "behind": showBehind(p); break;
       case "alert": showAlert(p, event.ts); break;
       case "diagnosis": showDiagnosis(p); break;
       case "build": build(p); break;
@@ -383,9 +384,23 @@
     source.onmessage = function (msg) {
       const event = JSON.parse(msg.data);
       ApplianceLog.live(event);
+      caughtUp(event);
       handle(event);
       if (event.kind === "phase" || event.kind === "status") askAgentSoon();
     };
+  }
+  // The panel says when this page fell behind the live feed (a slow connection or a busy
+  // machine): every line still comes, from the record, in order; the connection line says
+  // how far behind until the stream reaches the head it named.
+  let behindUntil = 0;
+  function showBehind(p) {
+    behindUntil = p.head;
+    conn.textContent = "behind by " + p.behind + " lines: catching up from the record";
+  }
+  function caughtUp(event) {
+    if (!behindUntil || event.kind === "behind" || !(event.seq >= behindUntil)) return;
+    behindUntil = 0;
+    conn.textContent = silent ? silentText(silent) : "live";
   }
   // A silent agent sends nothing down the stream, which stays open (the panel is up): the
   // page asks whether the deployment's agent still reports (views.deployment_agent) and
