@@ -1,6 +1,7 @@
 """The layout's rules, held by the code's own imports and calls: worker -> web -> appliance,
-web/deployments below the agent's and the build worker's code, and the agent the only
-code that stops an engine container."""
+web/deployments below the agent's and the build worker's code (and taking nothing new from
+web's other apps), no circle of modules, and the agent the only code that stops an engine
+container."""
 
 from __future__ import annotations
 
@@ -66,3 +67,127 @@ def test_only_the_agent_stops_an_engine_container() -> None:
     stoppers = [str(p.relative_to(ROOT)) for p in _files("web") + _files("worker")
                 if _stops_a_container(p)]
     assert stoppers == ["web/agent/controller.py"]
+
+
+# ------------------------------------------------------------------ circles and web's floors
+
+PACKAGES = ("appliance", "web", "worker")
+
+
+def _module_of(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _project_modules() -> dict[str, Path]:
+    return {_module_of(p): p for top in PACKAGES for p in _files(top)}
+
+
+def _targets(path: Path, modules: dict[str, Path]) -> set[str]:
+    """The project modules a file imports, anywhere in it: each import names the most
+    specific module it reaches (`from web.x import y` is web.x.y where y is a module)."""
+    here = _module_of(path)
+    package = here if path.name == "__init__.py" else here.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[:len(package.split(".")) - (node.level - 1)]
+                base = ".".join(up + ([node.module] if node.module else []))
+            names = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base
+                     for alias in node.names]
+        else:
+            continue
+        for name in names:
+            while name and name not in modules:
+                name = name.rpartition(".")[0]
+            if name and name != here:
+                found.add(name)
+    return found
+
+
+def _import_graph() -> dict[str, set[str]]:
+    modules = _project_modules()
+    return {name: _targets(path, modules) for name, path in modules.items()}
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected groups of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+
+    def visit(start: str) -> None:
+        work = [(start, iter(sorted(graph.get(start, ()))))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                group = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    group.append(member)
+                    if member == node:
+                        break
+                if len(group) > 1:
+                    circles.append(sorted(group))
+
+    for name in sorted(graph):
+        if name not in index:
+            visit(name)
+    return circles
+
+
+def test_the_circle_finder_finds_a_circle() -> None:
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_module_imports_itself_round_a_circle() -> None:
+    graph = _import_graph()
+    assert "web.fleet.placement" in graph["web.deployments.services.deployments"]
+    assert _circles(graph) == []
+
+
+# What web/deployments still takes from web's higher apps, file by file; the list may only
+# shrink (docs/architecture.md, Imports): a new arrow up from the ground is a failure here.
+DEPLOYMENTS_UPWARD = {
+    ("web/deployments/playground_views.py", "web.gateway.selectors"),
+    ("web/deployments/services/deployments.py", "web.fleet.placement"),
+    ("web/deployments/services/loadtime.py", "web.store.models"),
+    ("web/deployments/services/loadtime.py", "web.store.selectors"),
+    ("web/deployments/services/reads.py", "web.api.bodies"),
+    ("web/deployments/views.py", "web.benchmarks.tune_services"),
+    ("web/deployments/views.py", "web.gateway.selectors"),
+}
+HIGHER_APPS = ("web.api", "web.benchmarks", "web.fleet", "web.gateway", "web.store",
+               "web.accounts")
+
+
+def test_the_deployments_app_takes_nothing_new_from_higher_apps() -> None:
+    graph = _import_graph()
+    upward = {(str(_project_modules()[name].relative_to(ROOT)), target)
+              for name, targets in graph.items() if name.startswith("web.deployments.")
+              for target in targets if target.startswith(HIGHER_APPS)}
+    assert upward <= DEPLOYMENTS_UPWARD, sorted(upward - DEPLOYMENTS_UPWARD)
