@@ -104,7 +104,10 @@
   window.ApplianceBench = {stats: function () {
     const out = {};
     Object.keys(charts).forEach(function (k) {
-      out[k] = {series: charts[k].series, points: charts[k].points};
+      // What uPlot draws: the concurrencies (xs) and per series its value at each.
+      const drawn = charts[k].plot.data;
+      out[k] = {series: charts[k].series, points: charts[k].points, xs: Array.from(drawn[0]),
+        values: drawn.slice(1).map(function (ys) { return Array.from(ys); })};
     });
     return out;
   }};
