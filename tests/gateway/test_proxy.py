@@ -3,12 +3,16 @@ what passes, what is counted, and what never reaches the engine."""
 
 from __future__ import annotations
 
+import contextlib
 import json
-import re
+import socket
 import threading
 import time
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
 
+import httptools
 import pytest
 import requests
 from openai import OpenAI
@@ -45,27 +49,86 @@ def events(raw: bytes) -> list[str]:
     return [e for e in raw.decode().split("\n\n") if e]
 
 
-def without_ids(event: str) -> str:
-    """An event with the fields each generation draws anew (id, created) taken out."""
-    return re.sub(r'"(id|created)": ("[0-9a-f]+"|\d+)', r'"\1": _', event)
-
-
-def shapes(events: list[str]) -> list[str]:
-    """The events with id, created and the text taken out, a run of one shape kept once: how
-    many chunks a generation's text comes in varies from run to run (the test engine sends
-    the steps already due together, as a loaded engine does), their order and kinds do not."""
-    kept: list[str] = []
-    for event in events:
-        shape = re.sub(r'"content": "(?:[^"\\]|\\.)*"', '"content": _', without_ids(event))
-        if not kept or kept[-1] != shape:
-            kept.append(shape)
-    return kept
-
-
 def text(events: list[str]) -> str:
     """The content the chunks carry, joined."""
     chunks = [json.loads(e.removeprefix("data: ")) for e in events if e != "data: [DONE]"]
     return "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+
+
+class Tap:
+    """A TCP relay on loopback between the gateway and an engine that keeps every byte the
+    engine sent back: what the engine answered to the very request the gateway relayed
+    (a second generation's chunks differ: the test engine sends the steps already due
+    together, as a loaded engine does)."""
+
+    def __init__(self, engine_url: str) -> None:
+        parts = urlsplit(engine_url)
+        self.engine = (parts.hostname or "127.0.0.1", parts.port or 80)
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.server.getsockname()[1]}"
+        self.sent: list[bytearray] = []  # per connection, the engine's bytes in order
+        self._threads: list[threading.Thread] = []
+        self._accepting = threading.Thread(target=self._accept, daemon=True)
+        self._accepting.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return  # closed
+            engine = socket.create_connection(self.engine, timeout=30)
+            record = bytearray()
+            self.sent.append(record)
+            for source, sink, kept in ((client, engine, None), (engine, client, record)):
+                pump = threading.Thread(target=_pump, args=(source, sink, kept), daemon=True)
+                pump.start()
+                self._threads.append(pump)
+
+    def answers(self) -> list[bytes]:
+        """Each HTTP answer's body as the engine sent it (chunked framing undone), in order."""
+        bodies: list[bytes] = []
+        for record in self.sent:
+            parser = httptools.HttpResponseParser(_Bodies(bodies))
+            parser.feed_data(bytes(record))
+        return bodies
+
+    def close(self) -> None:
+        self.server.close()
+        self._accepting.join(5)
+
+
+class _Bodies:
+    def __init__(self, bodies: list[bytes]) -> None:
+        self.bodies, self.body = bodies, bytearray()
+
+    def on_body(self, body: bytes) -> None:
+        self.body += body
+
+    def on_message_complete(self) -> None:
+        self.bodies.append(bytes(self.body))
+        self.body = bytearray()
+
+
+def _pump(source: socket.socket, sink: socket.socket, kept: bytearray | None) -> None:
+    with contextlib.suppress(OSError):
+        while data := source.recv(65536):
+            if kept is not None:
+                kept += data
+            sink.sendall(data)
+    with contextlib.suppress(OSError):
+        sink.shutdown(socket.SHUT_WR)
+
+
+@contextlib.contextmanager
+def tapped(row: Deployment, engine_url: str) -> Iterator[Tap]:
+    """The row's engine reached through a Tap (set before the panel reads its table)."""
+    tap = Tap(engine_url)
+    Deployment.objects.filter(pk=row.pk).update(engine_url=tap.url)
+    try:
+        yield tap
+    finally:
+        tap.close()
 
 
 def test_it_refuses_a_call_without_a_key(panel, engine_for) -> None:  # type: ignore[no-untyped-def]
@@ -145,32 +208,41 @@ def test_it_limits_a_keys_requests_per_minute(panel, engine_for, operator, key_f
 
 
 def test_a_stream_passes_the_engines_chunks_unchanged_and_in_order(panel, engine_for, operator, key_for) -> None:  # type: ignore[no-untyped-def]
-    _, engine = engine_for()
+    row, engine = engine_for()
     secret = key_for(operator)
     body = {**CHAT, "stream": True, "max_tokens": 40, "stream_options": {"include_usage": True}}
-    direct = post(engine, "/v1/chat/completions", body, stream=True)
-    through = post(panel, "/v1/chat/completions", body, bearer(secret), stream=True)
-    assert through.status_code == 200
-    assert through.headers["Content-Type"].startswith("text/event-stream")
-    ours, theirs = events(through.raw.read()), events(direct.raw.read())
-    assert shapes(ours) == shapes(theirs)
-    assert text(ours) == text(theirs)
-    assert ours[-1] == "data: [DONE]"
+    with tapped(row, engine) as tap:
+        through = post(panel, "/v1/chat/completions", body, bearer(secret), stream=True)
+        assert through.status_code == 200
+        assert through.headers["Content-Type"].startswith("text/event-stream")
+        ours = events(through.raw.read())
+    # Event for event, byte for byte, what the engine sent for this very request: none
+    # regrouped, dropped, added or reordered.
+    [sent] = tap.answers()
+    theirs = events(sent)
+    assert ours == theirs
+    assert len(theirs) >= 6 and ours[-1] == "data: [DONE]"
+    assert '"usage"' in ours[-2]  # the usage chunk the client asked for, before [DONE]
     assert len({json.loads(e[6:])["id"] for e in ours[:-1]}) == 1  # one generation's chunks
 
 
 def test_a_stream_holds_no_usage_chunk_the_client_did_not_ask_for(panel, engine_for, operator, key_for) -> None:  # type: ignore[no-untyped-def]
-    _, engine = engine_for()
+    row, engine = engine_for()
     secret = key_for(operator)
     body = {**CHAT, "stream": True, "max_tokens": 12}
-    direct = events(post(engine, "/v1/chat/completions", body).content)
-    through = events(post(panel, "/v1/chat/completions", body, bearer(secret)).content)
-    assert shapes(through) == shapes(direct)
-    assert text(through) == text(direct)
+    with tapped(row, engine) as tap:
+        through = events(post(panel, "/v1/chat/completions", body, bearer(secret)).content)
+    [sent] = tap.answers()
+    theirs = events(sent)
+    # The engine was asked for usage on the client's behalf: its usage-only chunk, and
+    # nothing else, is held back; the rest passes as the engine sent it.
+    usage = [e for e in theirs if '"usage"' in e and json.loads(e[6:])["choices"] == []]
+    assert len(usage) == 1 and json.loads(usage[0][6:])["usage"]["completion_tokens"] == 12
+    assert through == [e for e in theirs if e != usage[0]]
     assert len(text(through).split()) == 12
     assert all('"usage"' not in e for e in through)
-    usage = ApiKeyUsage.objects.get()
-    assert (usage.requests, usage.completion_tokens) == (1, 12)  # asked on the client's behalf
+    stored = ApiKeyUsage.objects.get()
+    assert (stored.requests, stored.completion_tokens) == (1, 12)  # asked on the client's behalf
 
 
 def test_it_counts_the_engines_usage_per_key_and_deployment(panel, engine_for, operator, key_for) -> None:  # type: ignore[no-untyped-def]
