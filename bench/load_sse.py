@@ -20,8 +20,14 @@ closed); with --leave end the deployment's end event closes the streams.
 With --decode each of the --rate lines/s is an SGLang `Decode batch` line stored as the
 agent stores it: a log event and the metric the product's parser makes of it (two events).
 --slow adds viewers that read nothing (a background tab on a slow link: a small receive
-window) until the appends are over, then read on: they must be told where they skipped to
-(a `skip` frame) and cost the others nothing.
+window) until the appends are over, then read on: they must be told that they fell behind
+(a `behind` frame) and catch up from the record (or, past SKIP_LAG, be told where they
+skipped to: a `skip` frame), and cost the others nothing.
+
+Beside the figures: each client process's CPU (a share of a core) while the events were
+appended and the machine's load average; where a client process used CLIENT_BOUND_SHARE
+of a core or more (bench/_loadkit.py), the latency is not printed: the client, not the
+panel, may have set it.
 
 Prints: viewers connected, streams cut off, reconnects, keep-alives, delivery latency
 p50/p99/max from the append call to receipt (the target is p99 <= 250 ms), lost events
@@ -80,6 +86,7 @@ class Viewer:
     done: bool = False
     slow: bool = False  # reads nothing until the appends are over (a background tab)
     skips: list[tuple[int, int]] = field(default_factory=list)  # ranges it was told of
+    behind: int = 0  # the times it was told it fell behind (then caught up from the record)
     raw: list[tuple[float, list[bytes]]] = field(default_factory=list)  # (receipt, ids)
     chunks: int = 0  # the reads that carried events
     sends: int = 0  # the chunks of the body: the panel's sends
@@ -236,7 +243,7 @@ class StreamReading(asyncio.Protocol):
                 # A keep-alive or a skip frame (each a chunk of its own), or a chunk's
                 # start cut by the read: this text is searched for them.
                 if (len(head) < SCAN_HEAD or head.startswith(KEEPALIVE)
-                        or SKIP_KIND in head):
+                        or SKIP_KIND in head or BEHIND_KIND in head):
                     self.scan = True
             take = min(self.left, n - pos)
             data_end = pos + min(take, max(0, self.left - 2))  # not the chunk's CRLF
@@ -258,6 +265,7 @@ ID = re.compile(rb"id: (\d+)\n")  # JSON has no raw newline: only an id line end
 SENT = re.compile(rb'"bench_t":([0-9.e+-]+)')
 SKIP = re.compile(rb'id: \d+\ndata: {[^\n]*"kind":"skip"[^\n]*"from":(\d+),"to":(\d+)[^\n]*\n\n')
 SKIP_KIND = b'"kind":"skip"'
+BEHIND_KIND = b'"kind":"behind"'  # the panel says the stream fell behind its ring
 SCAN_HEAD = 64  # a frame's kind is in its first 64 bytes (`id: N\ndata: {"seq":N,"kind":`)
 KEEPALIVE = b": keep-alive"
 
@@ -271,6 +279,7 @@ def _frames(plan: Plan, viewer: Viewer, text: bytes, received: float, last: int,
     client's CPU."""
     if scan:
         viewer.keepalives += text.count(KEEPALIVE)
+        viewer.behind += text.count(BEHIND_KIND)
         if SKIP_KIND in text:  # the ranges told, and the skip frames' own ids left out
             for skip in SKIP.finditer(text):
                 viewer.skips.append((int(skip[1]), int(skip[2])))
@@ -418,6 +427,7 @@ async def scenario(args: argparse.Namespace, plan: Plan, pk: int, pg: kit.PgConn
     profiler = start_profiler(args)
     client_pids = [p.pid for p in clients.procs if p.pid]
     cpu0 = kit.cpu_seconds(panel_pids()), kit.cpu_seconds(client_pids), time.monotonic()
+    each0 = [kit.cpu_seconds([pid]) for pid in client_pids]
     appender = run_appender(args, pk, count, plan.times)
     while appender.poll() is None:
         if profiler is not None:
@@ -427,6 +437,9 @@ async def scenario(args: argparse.Namespace, plan: Plan, pk: int, pg: kit.PgConn
         await asyncio.sleep(0.25)
     reference.appending = (kit.cpu_seconds(panel_pids()) - cpu0[0],
                            kit.cpu_seconds(client_pids) - cpu0[1], time.monotonic() - cpu0[2])
+    reference.client_procs_cpu = [kit.cpu_seconds([pid]) - was
+                                  for pid, was in zip(client_pids, each0, strict=True)]
+    reference.load = kit.load_average()
     plan.last_seq = await sync_to_async(last_bench_seq)(pk)
     clients.appended.set()
     if args.leave == "end":
@@ -554,6 +567,8 @@ class Reference:
     client_cpu: float = 0.0  # append until the viewers were done
     wall: float = 0.0
     client_gc: tuple[int, float, float] = (0, 0.0, 0.0)  # the clients' GC passes, longest, all
+    client_procs_cpu: list[float] = field(default_factory=list)  # each client process's
+    load: str = ""  # the machine's load average when the appends ended
     appending: tuple[float, float, float] = (0.0, 0.0, 0.0)  # the same, until the appender
     # exits (2 s after its last append): the clients' figures, read after, left out
 
@@ -767,6 +782,7 @@ def main() -> None:
                       args.times)
         return
     kit.bench_user()
+    LOAD_BEFORE.append(kit.load_average())
     log_path = Path(tempfile.mkdtemp(prefix="load-sse-")) / "panel.log"
     pg = kit.PgConnections(args)
     with served_panel(args, log_path) as url:
@@ -846,6 +862,7 @@ def stalled_ceiling() -> int:
 
 
 LOST_SHOWN: list[str] = []
+LOAD_BEFORE: list[str] = []  # the machine's load average when the run started
 
 
 def tally(rounds: list[Round], slow: bool) -> dict[str, int]:
@@ -901,9 +918,21 @@ def report(args: argparse.Namespace, rounds: list[Round], before: dict[str, int]
     print(f"events delivered    {len(latencies)} timed (live channel itself: {len(channel)}), "
           f"in {sends} sends of the panel ({len(latencies) / max(1, sends):.1f} timed events "
           f"a send), {chunks} reads of the viewers")
-    for label, p in (("p50", 50), ("p99", 99)):
-        print(f"latency {label}         {kit.ms(kit.percentile(latencies, p))}   "
-              f"(live channel read directly, same run: {kit.ms(kit.percentile(channel, p))})")
+    shares = [kit.client_verdict(r.reference.client_procs_cpu, r.reference.appending[2])
+              for r in rounds]
+    print(f"load average        before {LOAD_BEFORE[0] if LOAD_BEFORE else '?'}; as the appends "
+          "ended " + ", ".join(r.reference.load for r in rounds) + f" ({os.cpu_count()} cores)")
+    print("client processes    " + ", ".join(text for text, _ in shares)
+          + f" while appending (a figure is withheld where one used "
+          f"{kit.CLIENT_BOUND_SHARE:.0%} of a core or more)")
+    if any(bound for _, bound in shares):
+        print("latency             withheld: a client process was near a full core, so the "
+              "client may have set it; run with more --clients (or on more cores)")
+    else:
+        for label, p in (("p50", 50), ("p99", 99)):
+            print(f"latency {label}         {kit.ms(kit.percentile(latencies, p))}   "
+                  f"(live channel read directly, same run: "
+                  f"{kit.ms(kit.percentile(channel, p))})")
     worst, sent = max((v.worst for v in viewers), default=(float("nan"), 0.0))
     first = min((v.worst[1] for v in viewers if v.worst[1]), default=sent)
     print(f"latency max         {kit.ms(worst)} (an event appended {sent - first:.1f} s "
@@ -917,11 +946,14 @@ def report(args: argparse.Namespace, rounds: list[Round], before: dict[str, int]
         for w in sorted(windows)) + " ms (by when the event was appended)")
     for name, n in tally(rounds, slow=False).items():
         print(f"{name:<20}{n}")
+    print(f"told behind         {sum(1 for v in viewers if v.behind)}/{len(viewers)} viewers "
+          f"({sum(v.behind for v in viewers)} times; each then caught up from the record)")
     for line in LOST_SHOWN:
         print(line)
     if slow:
         told = sum(1 for v in slow if v.skips)
-        print(f"slow viewers: told of a skip {told}/{len(slow)}, then reached the last event "
+        print(f"slow viewers: told behind {sum(1 for v in slow if v.behind)}/{len(slow)}, "
+              f"told of a skip {told}/{len(slow)}, then reached the last event "
               f"{sum(v.done for v in slow)}/{len(slow)}; "
               + ", ".join(f"{k} {n}" for k, n in tally(rounds, slow=True).items()))
     for i, r in enumerate(rounds, 1):
