@@ -191,3 +191,15 @@ def test_a_stopped_deployments_page_shows_no_live_figures(operator_client):  # t
     assert "Live metrics" not in page
     assert "(as last seen, before the engine stopped; not live)" in page
     assert "the engine is stopped: no live figures" in page
+
+
+def test_the_detail_page_says_which_tune_holds_the_deployment(operator_client):  # type: ignore[no-untyped-def]
+    row = services.deployment_create(data=spec(), confirm_warnings=True)
+    url = reverse("deployments:detail", args=[row.pk])
+    assert 'id="tune-hold"' not in operator_client.get(url).content.decode()
+    Deployment.objects.filter(pk=row.pk).update(tune_hold={
+        "tune": 7, "holds": "the deployment (GPUs 0)", "until": "2026-01-01T00:00:00",
+        "text": "the deployment is out of service for Tune #7"})
+    page = operator_client.get(url).content.decode()
+    assert '<p id="tune-hold" class="flash warning"><a href="/benchmarks/tunes/7/">' in page
+    assert "The deployment is out of service for Tune #7" in page

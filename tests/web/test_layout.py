@@ -178,7 +178,6 @@ DEPLOYMENTS_UPWARD = {
     ("web/deployments/services/loadtime.py", "web.store.models"),
     ("web/deployments/services/loadtime.py", "web.store.selectors"),
     ("web/deployments/services/reads.py", "web.api.bodies"),
-    ("web/deployments/views.py", "web.benchmarks.tune_services"),
     ("web/deployments/views.py", "web.gateway.selectors"),
 }
 HIGHER_APPS = ("web.api", "web.benchmarks", "web.fleet", "web.gateway", "web.store",

@@ -14,7 +14,6 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_safe
 
-from web.benchmarks.tune_services import tune_hold
 from web.gateway.selectors import gateway_base_url
 
 from . import selectors, services
@@ -191,8 +190,10 @@ def deployment_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "can_stop": can_stop(request.user),
             "can_deploy": can_deploy(request.user),
             "can_delete": can_delete(request.user),
-            # A Tune running its candidates in this deployment's place, and until when.
-            "tune_hold": tune_hold(deployment_id=deployment.pk),
+            # A Tune running its candidates in this deployment's place, and until when
+            # (the row's tune_hold, which the Tune writes when it takes the row and empties
+            # when it gives it back).
+            "tune_hold": dict(deployment.tune_hold) or None,
             # Restart rolls when replica 0 has replicas; a replica row restarts alone.
             "replica_count": 1 if deployment.replica_of_id else len(replicas),
             "runs": selectors.deployment_runs(deployment=deployment),
