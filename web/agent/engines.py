@@ -12,6 +12,7 @@ import json
 from django.conf import settings
 
 from appliance.engine.launch import launch_args
+from appliance.engine.refusals import build_refusals, recipe_source
 from appliance.engine.spec import spec_from_dict
 from appliance.preflight import gpu_check_args
 from appliance.runtime.containers import ContainerPlan, EngineRuntimeError, Identity
@@ -19,6 +20,11 @@ from appliance.runtime.mounts import engine_model_mounts
 from web.deployments.models import Deployment
 from web.deployments.services.installation import instance_id
 from web.deployments.services.loadtime import deployment_models_refused
+from web.deployments.simulator import image_is_simulator
+
+# The simulator's knob naming the engine build whose refusals it imitates
+# (docker/test-engine/sglang/test_engine/refusals.py).
+SIMULATED_BUILD_ENV = "TEST_ENGINE_BUILD"
 
 
 def identity_of(deployment: Deployment) -> Identity:
@@ -36,6 +42,7 @@ def container_plan(deployment: Deployment, image: str) -> ContainerPlan:
     if settings.MODELS_DIR:
         volumes = engine_model_mounts(argv=launch.argv, models_dir=str(settings.MODELS_DIR))
     env = {**launch.env, **settings.ENGINE_EXTRA_ENV}
+    simulated_build(env, deployment=deployment, image=image)
     if spec.self_check and settings.ENGINE_GPU_CHECK:
         # The image's entrypoint runs appliance.selfcheck with these before the engine.
         env["APPLIANCE_GPU_CHECK"] = "1"
@@ -58,3 +65,16 @@ def container_plan(deployment: Deployment, image: str) -> ContainerPlan:
         secrets=list(launch.secrets),
         secrets_dir=settings.ENGINE_SECRETS_DIR,
     )
+
+
+def simulated_build(env: dict[str, str], *, deployment: Deployment, image: str) -> None:
+    """On the simulator's image, the build it imitates is the one the deployment's recipe
+    pins (what it refuses is that build's, as the gateway and the deployment's page take
+    it), where the refusal table has that build and algorithm; else the simulator's own
+    default. A value the environment already names (a test's) is kept."""
+    if SIMULATED_BUILD_ENV in env or not image_is_simulator(image=image):
+        return
+    source = recipe_source(deployment.recipe, settings.RECIPES_DIR)
+    build = build_refusals(source)
+    if source and build is not None and build.needs(deployment.algorithm or "NONE") is not None:
+        env[SIMULATED_BUILD_ENV] = source
