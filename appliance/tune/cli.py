@@ -50,7 +50,8 @@ def _call(panel: str, token: str, method: str, path: str, body: Any = None) -> A
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     cmd = sub.add_parser("tune", help="find the fastest lossless speculation for a deployment "
                          "(through the panel); Ctrl-C cancels and restores it")
-    cmd.add_argument("deployment", type=int, help="the deployment's id (ready, one replica)")
+    cmd.add_argument("deployment", type=int, help="the deployment's id (ready; with replicas, "
+                     "replica 0's)")
     cmd.add_argument("--panel", default=os.environ.get(PANEL_ENV, "http://127.0.0.1:8000"),
                      help=f"the panel's URL (default ${PANEL_ENV}, else http://127.0.0.1:8000)")
     cmd.add_argument("--token", default="", help=f"an operator's API token (default "
@@ -67,6 +68,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     cmd.add_argument("--output-len", type=int, default=128)
     cmd.add_argument("--time-budget", type=int, default=3600, help="seconds for the whole "
                      "Tune; spent, it stops and the deployment is restored")
+    cmd.add_argument("--side-by-side", action="store_true", help="run the candidates on "
+                     "free GPUs of the same kind while the deployment serves on (default: "
+                     "in place, on its own GPUs, out of service meanwhile)")
     cmd.add_argument("--apply", action="store_true", help="apply the recommendation at the "
                      "end (a rolling redeploy where the deployment has replicas)")
     cmd.add_argument("--text", action="store_true", help="human-readable text, not JSON")
@@ -78,6 +82,7 @@ def _body(args: argparse.Namespace) -> dict[str, Any]:
         "levels": [int(x) for x in args.levels.split(",") if x.strip()],
         "num_prompts": args.num_prompts, "output_len": args.output_len,
         "time_budget_s": args.time_budget,
+        "placement": "side_by_side" if args.side_by_side else "in_place",
         "candidates": [c.strip() for c in args.candidates.split(",") if c.strip()]}
     if args.extra:
         body["extra_candidates"] = json.loads(args.extra)

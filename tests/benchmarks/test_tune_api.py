@@ -15,6 +15,7 @@ from typing import Any
 from unittest import mock
 
 import pytest
+from django.test import override_settings
 from rest_framework.test import APIClient
 
 from appliance.bench.prompts import Prompt
@@ -26,6 +27,7 @@ from web import tasks
 from web.benchmarks import tune_services
 from web.benchmarks.tune_models import TuneRun
 from web.deployments.models import Deployment, DeploymentStatus
+from web.deployments.services import gpu_leases_acquire
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -184,6 +186,7 @@ def test_the_pages_show_the_form_and_the_run(operator, client) -> None:  # type:
     run = _measured(row)
     client.force_login(operator)
     form = client.get(f"/benchmarks/tunes/new/?deployment={row.pk}").content.decode()
+    assert 'id="id_placement"' in form and '<option value="side_by_side">' in form
     for name in (BASELINE, "dflash", "ddtree-8", "ddtree-16", "ddtree-32"):
         assert f'id="cand-{name}"' in form
     page = client.get(f"/benchmarks/tunes/{run.pk}/").content.decode()
@@ -201,6 +204,15 @@ def test_the_cli_names_the_refused_field(operator, token_for, live_server, capsy
     err = capsys.readouterr().err
     assert "HTTP 400" in err and '"deployment"' in err and "is stopped" in err
     assert cli_main(["tune", str(stopped.pk), "--panel", live_server.url, "--token", ""]) == 2
+    # Side by side where no GPU is free: the 400 names `placement`.
+    ready = _deployment("full")
+    gpu_leases_acquire(deployment=ready)
+    with override_settings(GPU_COUNT=1):
+        code = cli_main(["tune", str(ready.pk), "--side-by-side", "--panel", live_server.url,
+                         "--token", token_for(operator)])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert '"placement"' in err and "side by side needs 1 free GPU" in err
 
 
 def test_a_tune_delivered_again_after_its_worker_died_ends_and_restores() -> None:
@@ -301,3 +313,25 @@ def test_the_sweep_ends_a_running_tune_no_worker_takes_up_again() -> None:
     assert "no worker took it up again" in run.error and "left on its own spec" in run.error
     assert run.results["restore"]["ok"] is False
     assert tune_services.tune_hold(deployment_id=row.pk) is None
+
+
+def test_side_by_side_takes_free_gpus_of_the_kind_and_never_held_ones(operator) -> None:  # type: ignore[no-untyped-def]
+    row = _deployment()
+    gpu_leases_acquire(deployment=row)  # GPU 0
+    other = _deployment("other")
+    Deployment.objects.filter(pk=other.pk).update(gpus=[1])
+    other.refresh_from_db()
+    gpu_leases_acquire(deployment=other)  # GPU 1
+    with override_settings(GPU_COUNT=2):
+        r = _create(operator, deployment=row.pk, placement="side_by_side")
+    assert r.status_code == 400, r.content
+    said = r.json()["placement"][0]
+    assert "side by side needs 1 free GPU of the kind unnamed" in said
+    assert f"GPU 0: kimi #{row.pk}" in said and f"GPU 1: other #{other.pk}" in said
+    assert "Run it in_place" in said and not TuneRun.objects.exists() and not r.enqueued
+    assert _create(operator, deployment=row.pk, placement="beside").status_code == 400
+    with override_settings(GPU_COUNT=4):
+        r = _create(operator, deployment=row.pk, placement="side_by_side")
+    assert r.status_code == 201, r.content
+    assert r.json()["config"]["placement"] == "side_by_side"
+    assert r.json()["config"]["side"]["gpus"] == [2]

@@ -207,3 +207,57 @@ def test_a_deployment_with_replicas_is_tuned_on_replica_0_and_applied_rolling(
             for key, value in want["engine"].items():
                 assert row.spec["engine"].get(key) == value, (key, row.spec["engine"])
         assert rolled[1].run == other_run + 1
+
+        # A Tune cancelled while replica 0 measures its candidate: every row as it was then.
+        before = [_kept(r) for r in rolled]
+        second = tune_services.tune_create(deployment_id=first.pk, candidates=["ddtree-8"],
+                                           config={**CONFIG, "levels": [4], "output_len": 2000})
+        _until(lambda: ((p := _run(second.pk).progress or {}).get("index"), p.get("phase")) == (
+            2, "benchmark"), lambda: f"the candidate measured: {_run(second.pk).progress}")
+        tune_services.tune_request_cancel(run=_run(second.pk))
+        _until(lambda: not _run(second.pk).is_active,
+               lambda: f"the cancel ends it: {_run(second.pk).progress}", timeout_s=200)
+        second = _run(second.pk)
+        assert second.status == "cancelled" and second.results["restore"]["ok"] is True
+        after = _rows(first.pk)
+        assert [_kept(r) for r in after] == before and after[1].run == rolled[1].run
+        assert not any(r.draining for r in after)
+        assert tune_services.tune_hold(deployment_id=first.pk) is None
+
+
+def test_side_by_side_runs_beside_on_free_gpus_and_leaves_the_deployment_serving(
+        env: dict[str, str], tmp_path: Path) -> None:
+    """The candidates run as a deployment of their own on a free GPU while the deployment
+    serves on (same run, no hold); at the end that side deployment is gone."""
+    with celery_worker(tmp_path / "worker.log", **env), \
+            engine_agent(tmp_path / "agent.log", **env):
+        row = services.deployment_create(data=spec(gpus=[0]), confirm_warnings=True)
+        assert wait_for(row.pk, {S.READY, S.FAILED}, 120) == S.READY
+        row.refresh_from_db()
+        before, served_run = _kept(row), row.run
+
+        run = tune_services.tune_create(
+            deployment_id=row.pk, candidates=["dflash"],
+            config={**CONFIG, "levels": [1], "output_len": 300, "placement": "side_by_side"})
+        assert run.config["side"]["gpus"] == [1]
+        side = tune_services.side_name(run)
+        _until(lambda: ((p := _run(run.pk).progress or {}).get("index"), p.get("phase")) == (
+            2, "benchmark"), lambda: f"the candidate measured: {_run(run.pk).progress}")
+        beside = Deployment.objects.get(name=side)
+        assert beside.gpus == [1] and beside.algorithm == "DFLASH"
+        assert beside.engine_options["served_model_name"] == side
+        now = Deployment.objects.get(pk=row.pk)
+        assert _kept(now) == before and now.run == served_run and not now.draining
+        assert tune_services.tune_hold(deployment_id=row.pk) is None
+        _until(lambda: not _run(run.pk).is_active, lambda: (
+            f"the Tune ends: {_run(run.pk).progress}; the worker's log: "
+            f"{(tmp_path / 'worker.log').read_text()[-3000:]}"), timeout_s=400)
+        run = _run(run.pk)
+        assert run.status == "done", (run.error, run.results.get("reason"))
+        assert {c["name"]: c["state"] for c in run.results["candidates"]} == {
+            "none": "measured", "dflash": "measured"}
+        assert run.results["restore"]["ok"] is True
+        assert "stopped and deleted" in run.results["restore"]["message"]
+        assert not Deployment.objects.filter(name=side).exists()
+        after = Deployment.objects.get(pk=row.pk)
+        assert _kept(after) == before and after.run == served_run

@@ -54,7 +54,7 @@ class CandidateSerializer(serializers.Serializer[Any]):
 
 class TuneCreateSerializer(serializers.Serializer[Any]):
     deployment = serializers.IntegerField(min_value=1, max_value=2**63 - 1, required=False,
-                                          help_text="a ready deployment of one replica")
+                                          help_text="a ready deployment (replica 0)")
     name = serializers.CharField(required=False, default="", max_length=100, allow_blank=True)
     levels = serializers.ListField(child=serializers.IntegerField(min_value=1, max_value=1024),
                                    min_length=1, max_length=services.MAX_LEVELS,
@@ -76,6 +76,10 @@ class TuneCreateSerializer(serializers.Serializer[Any]):
     lossless_prompts = serializers.IntegerField(min_value=1, max_value=64, default=8)
     lossless_max_tokens = serializers.IntegerField(min_value=1, max_value=512, default=32)
     threshold = serializers.FloatField(min_value=0, max_value=100, default=NEAR_TIE_GAP)
+    placement = serializers.ChoiceField(
+        choices=services.PLACEMENTS, default="in_place", help_text="in_place: on the "
+        "deployment's own GPUs (replica 0's), out of service meanwhile; side_by_side: on free "
+        "GPUs of the same kind on its host, as a deployment of their own, while it serves on")
     candidates = serializers.ListField(
         child=serializers.CharField(max_length=40), required=False, default=list,
         help_text="default candidates to run (none, dflash, ddtree-8, ddtree-16, ddtree-32; "
@@ -84,7 +88,7 @@ class TuneCreateSerializer(serializers.Serializer[Any]):
 
     CONFIG = ("levels", "prompt_source", "num_prompts", "input_len", "output_len", "warmup",
               "seed", "time_budget_s", "deploy_timeout_s", "lossless_prompts",
-              "lossless_max_tokens", "threshold")
+              "lossless_max_tokens", "threshold", "placement")
 
     def config(self) -> dict[str, Any]:
         return {k: self.validated_data[k] for k in self.CONFIG}

@@ -50,12 +50,14 @@ from web.deployments.models import (
     DeploymentStatus,
     EventKind,
 )
+from web.deployments.services.leases import lease_host
 from web.deployments.services.lifecycle import (
     deployment_mark_stopped,
     deployment_mark_stopping,
 )
 from web.deployments.services.rolling import ROLLING, deployment_has_replicas, deployment_replicas
 from web.deployments.simulator import image_is_simulator
+from web.fleet.placement import placement_candidates
 
 from .choices import ACTIVE_STATUSES, BenchmarkStatus
 from .runs import run_claim, run_finish, run_polled, run_request_cancel
@@ -70,7 +72,11 @@ DEFAULTS: dict[str, Any] = {
     "levels": [1, 8, 32], "num_prompts": 32, "input_len": 256, "output_len": 128,
     "prompt_source": "builtin", "warmup": 2, "seed": 0, "time_budget_s": 3600,
     "deploy_timeout_s": 1800, "lossless_prompts": 8, "lossless_max_tokens": 32,
-    "threshold": NEAR_TIE_GAP}
+    "threshold": NEAR_TIE_GAP, "placement": "in_place"}
+# in_place: the candidates run on the deployment's own GPUs (replica 0's), the deployment (or
+# replica 0) out of service meanwhile; side_by_side: on free GPUs of the same kind on its
+# host, as a deployment of their own, while the deployment serves on, untouched.
+PLACEMENTS = ("in_place", "side_by_side")
 MAX_LEVELS = 8
 STOP_WAIT_S = 60.0  # beyond the engine's own stop timeout
 POLL_S = 0.5
@@ -118,6 +124,8 @@ def _config(raw: dict[str, Any]) -> dict[str, Any]:
                 low <= value <= high):
             raise BenchmarkInputError({key: f"from {low} to {high}"})
         config[key] = int(value)
+    if config["placement"] not in PLACEMENTS:
+        raise BenchmarkInputError({"placement": f"one of {', '.join(PLACEMENTS)}"})
     if config["prompt_source"] not in PROMPT_SOURCES:
         raise BenchmarkInputError({"prompt_source": f"one of {', '.join(PROMPT_SOURCES)}"})
     if not isinstance(config["threshold"], int | float) or not 0 <= config["threshold"] <= 100:
@@ -182,6 +190,8 @@ def tune_create(*, deployment_id: int | None, config: dict[str, Any], prompts_te
     tune_prompts(config, prompts_text)
     found = _candidates(row, candidates, extra_candidates)
     config["candidates"] = [c.to_dict() for c in found]
+    if config["placement"] == "side_by_side":
+        config["side"] = side_gpus(row)
     group = deployment_replicas(deployment=row)
     original = {"id": row.pk, "name": target_name(row), "spec": row.spec,
                 "gpus": list(row.gpus), "status": row.status, "image": row.image,
@@ -198,6 +208,28 @@ def tune_create(*, deployment_id: int | None, config: dict[str, Any], prompts_te
             else "", created_by=user if getattr(user, "is_authenticated", False) else None)
         tasks.tune_run_later(run.pk)
     return run
+
+
+def side_gpus(row: Deployment) -> dict[str, Any]:
+    """Where a side-by-side Tune runs its candidates: free GPUs (held by no deployment) of
+    the kind the deployment runs on, on its host, as many as it has; a 400 on `placement`
+    naming them when there are not enough."""
+    name = lease_host(deployment=row)
+    host = placement_candidates().get(name)
+    wanted = len(row.gpus)
+    kinds = {host.gpus.get(g, "") for g in row.gpus} if host else set()
+    free = [g for g in host.free() if host.gpus[g] in kinds] if host else []
+    kind = " or ".join(sorted(k or "unnamed (the host reports a count)" for k in kinds)) or (
+        "unknown")
+    if len(free) < wanted:
+        held = "; ".join(f"GPU {g}: {who}" for g, who in sorted(host.held.items())) if host \
+            else "the host is not known"
+        raise BenchmarkInputError({"placement": (
+            f"side by side needs {wanted} free GPU{'s' if wanted != 1 else ''} of the kind "
+            f"{kind} on host {name} (as many as {target_name(row)} has); free of that kind: "
+            f"{free or 'none'} (held: {held or 'none'}). Run it in_place, or stop a "
+            "deployment to free GPUs")})
+    return {"host": name, "gpus": free[:wanted], "kind": kind}
 
 
 def tune_request_cancel(*, run: TuneRun) -> TuneRun:
@@ -342,6 +374,72 @@ class PanelDeployer:
                 f"{self.original['gpus']}, served as {self.original['served_model']})")
 
 
+class SideDeployer(PanelDeployer):
+    """Each candidate as a deployment of its own beside the deployment, on the free GPUs the
+    Tune chose (`config["side"]`), named `<name>-tune-<id>` and served under that name; the
+    deployment serves on, untouched. The restore stops and deletes that side deployment."""
+
+    def __init__(self, run: TuneRun) -> None:
+        super().__init__(run)
+        self.side = dict(run.config.get("side") or {})
+        self.name = side_name(run)
+        found = Deployment.objects.filter(name=self.name, replica_of=None).first()
+        self.side_pk = found.pk if found is not None else None
+        self.pk = self.side_pk or 0
+
+    def _group(self) -> bool:
+        return False
+
+    def _spec(self, candidate: Candidate) -> dict[str, Any]:
+        spec = candidate_spec(self.original["spec"], candidate)
+        spec.update(name=self.name, gpus=list(self.side["gpus"]), replicas=1)
+        spec["engine"] = {**spec["engine"], "served_model_name": self.name}
+        if self.original.get("rows") and self.original["rows"][0].get("host"):
+            spec["host"] = self.original["rows"][0]["host"]
+        else:
+            spec.pop("host", None)
+        return spec
+
+    def deploy(self, candidate: Candidate, stop: Any) -> str:
+        if self.side_pk is None:
+            try:
+                made = deployments.deployment_create(data=self._spec(candidate), user=self.user,
+                                                     confirm_warnings=True)
+            except deployments.DeploymentInputError as exc:
+                raise DeployFailed(f"the side deployment was refused: {exc}") from exc
+            self.side_pk = self.pk = made.pk
+            return self.wait_ready(stop, self.deploy_timeout_s)
+        return super().deploy(candidate, stop)
+
+    def restore(self) -> str:
+        where = f"GPUs {self.side.get('gpus')} on {self.side.get('host')}"
+        if self.side_pk is None or not Deployment.objects.filter(pk=self.side_pk).exists():
+            return (f"nothing ran beside ({where}); {self.original['name']} served "
+                    "throughout, untouched")
+        deployments.deployment_stop(deployment_id=self.side_pk)
+        bound = time.monotonic() + settings.ENGINE_STOP_TIMEOUT_S + STOP_WAIT_S
+        while not Deployment.objects.filter(pk=self.side_pk, status__in=list(
+                TERMINAL_STATUSES)).exists():
+            if time.monotonic() > bound:
+                raise DeployFailed(f"the side deployment #{self.side_pk} did not stop "
+                                   f"within {settings.ENGINE_STOP_TIMEOUT_S + STOP_WAIT_S:g} s")
+            time.sleep(POLL_S)
+        deployments.deployment_delete(deployment_id=self.side_pk)
+        return (f"the side deployment {self.name} #{self.side_pk} ({where}) stopped and "
+                f"deleted; {self.original['name']} served throughout, untouched")
+
+
+def side_name(run: TuneRun) -> str:
+    return f"{str(run.original.get('spec', {}).get('name') or 'tune')[:48].rstrip('-')}" \
+           f"-tune-{run.pk}"
+
+
+def _deployer(run: TuneRun) -> PanelDeployer:
+    if run.config.get("placement") == "side_by_side":
+        return SideDeployer(run)
+    return PanelDeployer(run)
+
+
 # ---------------------------------------------------------------- the task's body
 
 def tune_run(*, run_id: int) -> str:
@@ -354,15 +452,21 @@ def tune_run(*, run_id: int) -> str:
     except BenchmarkInputError as exc:
         run_finish(TuneRun, run_id, BenchmarkStatus.FAILED, error=str(exc))
         return "failed"
-    _hold_take(run)
+    if config.get("placement") == "side_by_side":
+        if not _side_still_free(run):
+            return "failed"
+    else:
+        _hold_take(run)
     candidates = [Candidate(c["name"], c["engine"]) for c in config["candidates"]]
     options = TuneOptions(levels=tuple(config["levels"]), warmup=config["warmup"],
                           time_budget_s=config["time_budget_s"],
                           lossless_max_tokens=config["lossless_max_tokens"],
                           threshold=config["threshold"], seed=config["seed"])
     progress, outcome = TuneProgress(), dict[str, Any]()
-    deployer = PanelDeployer(run)
-    held = (tune_hold(deployment_id=deployer.pk) or {}).get("text", "out of service")
+    deployer = _deployer(run)
+    held = (tune_hold(deployment_id=run.original["id"]) or {}).get("text") or (
+        f"the deployment serves on while they run beside it, on GPUs "
+        f"{run.config.get('side', {}).get('gpus')} (as {side_name(run)})")
     _note(run, f"Tune #{run.pk} began: {held}; its {len(candidates)} candidates run one "
           "after another")
 
@@ -379,6 +483,23 @@ def tune_run(*, run_id: int) -> str:
     run_polled(TuneRun, run_id, work, lambda: {**progress.snapshot(), "beat": _now()},
                name=f"tune-{run_id}")
     return _record(run, outcome, progress, deployer)
+
+
+def _side_still_free(run: TuneRun) -> bool:
+    """The GPUs chosen at create, or others free now of the same kind (another deployment
+    may have taken them meanwhile); False when none are: the Tune failed, said why."""
+    row = Deployment.objects.filter(pk=run.original["id"]).first()
+    if row is None:
+        run_finish(TuneRun, run.pk, BenchmarkStatus.FAILED, error="its deployment is gone")
+        return False
+    try:
+        side = side_gpus(row)
+    except BenchmarkInputError as exc:
+        run_finish(TuneRun, run.pk, BenchmarkStatus.FAILED, error=str(exc.errors["placement"]))
+        return False
+    run.config = {**run.config, "side": side}
+    TuneRun.objects.filter(pk=run.pk).update(config=run.config)
+    return True
 
 
 def _now() -> float:
@@ -414,7 +535,7 @@ def _resumed(run_id: int) -> str:
 
     def work(cancel: threading.Event) -> None:
         try:
-            outcome["restored"] = {"ok": True, "message": PanelDeployer(run).restore()}
+            outcome["restored"] = {"ok": True, "message": _deployer(run).restore()}
         except Exception as exc:
             outcome["restored"] = {"ok": False,
                                    "message": f"the deployment could not be restored: {exc}"}
