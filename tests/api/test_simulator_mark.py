@@ -1,6 +1,7 @@
 """Where the panel shows its simulator banner, the API's answers say so too: a deployment
 whose image is the simulator's (a host reported it, web/deployments/simulator.py) reads
-`simulator: true` in /api/deployments/ and its detail, any other `simulator: false`."""
+`simulator: true` in /api/deployments/, its detail and its summary, any other
+`simulator: false`."""
 
 from __future__ import annotations
 
@@ -40,3 +41,6 @@ def test_a_deployment_of_the_simulators_image_says_so_in_the_api(viewer, token_f
     assert listed == {"sim": True, "real": False}
     assert api.get(f"/api/deployments/{simulated.pk}/").json()["simulator"] is True
     assert api.get(f"/api/deployments/{real.pk}/").json()["simulator"] is False
+    # The summary, the read a dashboard polls, says it too.
+    assert api.get(f"/api/deployments/{simulated.pk}/summary/").json()["simulator"] is True
+    assert api.get(f"/api/deployments/{real.pk}/summary/").json()["simulator"] is False

@@ -24,7 +24,7 @@ READ_FIELDS = {
     "retrieve": tuple(DeploymentSerializer.Meta.fields),
     "summary": ("name", "status", "phase", "progress", "decode_stats", "diagnosis", "alerts",
                 "alert_history", "latest_metrics", "engine_url", "last_seq", "graph_needed",
-                "load_estimate"),
+                "load_estimate", "image"),
 }
 # What the silence check reads besides (status_silence): the viewset loads them too.
 WATCH_FIELDS = ("status", "agent_id", "lease_until")

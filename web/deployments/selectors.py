@@ -32,6 +32,7 @@ from .models import (
     Run,
 )
 from .silence import UNKNOWN, Silence, agents_last_seen, deployment_silence, host_silence
+from .simulator import image_is_simulator, simulator_images_recent
 
 MAX_SERIES_ROWS = 20_000  # a week of retention is about 12,000 rows
 
@@ -201,6 +202,10 @@ def deployment_summary(*, deployment: Deployment) -> dict[str, Any]:
         "load": (load := load_report(estimate=deployment.load_estimate or {},
                                      progress=deployment.progress or {})),
         "load_text": {key: load_text(row) for key, row in load.items()},
+        # Its engine is the simulator (the test engine, not SGLang), as the detail answer
+        # and every page's banner say.
+        "simulator": image_is_simulator(image=deployment.image,
+                                        images=simulator_images_recent()),
     }
 
 
