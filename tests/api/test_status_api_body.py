@@ -1,5 +1,5 @@
 """The status reads' bodies on the fast path: the detail is DeploymentSerializer's output byte
-for byte, however it is made on the hot path (web/api/serializers.py deployment_data), for a
+for byte, however it is made on the hot path (web/deployments/serializers.py deployment_data), for a
 deployment with every kind of value a serving one carries."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.test import APIClient
 
 from tests.specs import spec
-from web.api.serializers import DeploymentSerializer
 from web.deployments import services
 from web.deployments.models import Deployment
+from web.deployments.serializers import DeploymentSerializer
 
 pytestmark = pytest.mark.django_db
 

@@ -18,9 +18,9 @@ from appliance.runtime import series
 from appliance.runtime.alerts import Alert
 from tests.specs import spec
 from web.accounts.auth import token_key
-from web.api.bodies import READ_FIELDS
 from web.api.selectors import StatusRow, status_body_query, status_query, status_rows
 from web.deployments import services
+from web.deployments.bodies import READ_FIELDS
 from web.deployments.models import Deployment, StatusBody
 from web.deployments.permissions import VIEW_PERMISSION
 from web.deployments.selectors import deployment_list

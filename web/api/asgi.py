@@ -39,10 +39,10 @@ from psycopg_pool import AsyncConnectionPool
 
 from web.accounts.auth import token_key, token_well_formed
 from web.asgitypes import ASGIApp, Headers, Receive, Scope, Send
+from web.deployments.bodies import READ_FIELDS, STATUS_READS, status_body_render, status_etag_of
 from web.deployments.permissions import VIEW_PERMISSION
 from web.deployments.prom import STATUS_READS_ANSWERED
 
-from .bodies import READ_FIELDS, STATUS_READS, status_body_render, status_etag_of
 from .selectors import (
     StatusRow,
     status_body_query,

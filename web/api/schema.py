@@ -10,8 +10,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter
 
 from appliance.engine.schema import json_schema
-
-from .serializers import DeploymentSerializer
+from web.deployments.serializers import DeploymentSerializer
 
 SPEC_YAML = """\
 name: kimi-ddtree

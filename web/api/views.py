@@ -23,23 +23,28 @@ from rest_framework.response import Response
 from appliance.logs.cause import spec_patched
 from appliance.runtime import series
 from web.deployments import selectors, services
+from web.deployments.bodies import (
+    READ_FIELDS,
+    STATUS_READS,
+    WATCH_FIELDS,
+    status_etag,
+    status_silence,
+)
 from web.deployments.models import Deployment, DeploymentStatus
 from web.deployments.permissions import can_delete, can_deploy, can_stop, can_view
+from web.deployments.serializers import DeploymentSerializer, deployment_data
 from web.deployments.silence import deployments_silence, shown_body
 
 from . import metrics
-from .bodies import READ_FIELDS, STATUS_READS, WATCH_FIELDS, status_etag, status_silence
 from .pagination import bounded_int
 from .parsers import SPEC_PARSERS, spec_body
 from .schema import CREATE_SCHEMA, spec_request
 from .selectors import deployment_for_token
 from .serializers import (
     DeploymentCreateSerializer,
-    DeploymentSerializer,
     EventSerializer,
     PreflightSerializer,
     ScaleSerializer,
-    deployment_data,
 )
 
 MAX_SEQ = 2**63 - 1  # an event seq is a PostgreSQL bigint

@@ -17,8 +17,7 @@ import logging
 
 from django.db import connection, transaction
 
-from web.api.bodies import BOTH_FIELDS, status_body_render
-
+from ..bodies import BOTH_FIELDS, status_body_render
 from ..models import Deployment, StatusBody
 from ..selectors import deployment_list, deployment_row_version
 

@@ -1,6 +1,6 @@
 """What the status reads return: the fields each shows, its ETag and its JSON
 body, made from the deployment row alone. One module, with nothing of the views', so the
-row's writers (web/deployments/services/reads.py) render the very bytes a read answers."""
+row's writers (services/reads.py) render the very bytes a read answers."""
 
 from __future__ import annotations
 
@@ -11,11 +11,10 @@ from django.utils import timezone
 from django.utils.http import quote_etag
 from rest_framework.renderers import JSONRenderer
 
-from web.deployments import selectors
-from web.deployments.models import Deployment
-from web.deployments.silence import Silence, row_silence, shown_body
-
+from . import selectors
+from .models import Deployment
 from .serializers import DeploymentSerializer, deployment_data
+from .silence import Silence, row_silence, shown_body
 
 # The columns each status read shows (a profile, docs/performance.md: decoding the row's
 # other JSON columns was a fifth of the row's cost); a deferred one read anyway would be a
