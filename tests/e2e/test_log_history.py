@@ -93,6 +93,7 @@ def _append_live(pk: int, text: str) -> None:
     thread.join()
 
 
+@pytest.mark.exclusive  # first paint and paging are held to milliseconds: alone, not skewed
 def test_a_deployment_with_a_million_events_opens_at_the_tail_and_pages_back_fast(  # type: ignore[no-untyped-def]
         million, server, page):
     pk, newest = million
