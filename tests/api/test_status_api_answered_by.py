@@ -115,3 +115,20 @@ def test_the_agent_renews_its_lease_at_half_and_stores_the_reads_answers_after(
     assert StatusBody.objects.filter(pk=deployment.pk, version=_version(deployment.pk)).exists()
     # Another agent cannot take a row whose lease runs.
     assert EngineAgent(agent_id="other-agent")._claim(later + timedelta(seconds=1)) == []
+
+
+@pytest.mark.parametrize("if_none_match", [None, "", '"v1"', 'W/"v1"', '"v0", "v1"', "*",
+                                           '"v2"', "garbage", ' "v1" ', '"v1",', 'W/"v0"'])
+def test_the_fast_paths_if_none_match_decides_as_djangos_own(if_none_match: str | None) -> None:
+    from django.http import HttpRequest
+    from django.utils.cache import get_conditional_response
+
+    from web.api.asgi import _not_modified
+
+    request = HttpRequest()
+    request.method = "GET"
+    if if_none_match is not None:
+        request.META["HTTP_IF_NONE_MATCH"] = if_none_match
+    djangos = get_conditional_response(request, etag='"v1"')
+    assert djangos is None or djangos.status_code == 304
+    assert _not_modified(if_none_match, '"v1"') == (djangos is not None)

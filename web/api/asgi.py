@@ -30,9 +30,8 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connections
-from django.http import HttpRequest
 from django.urls import reverse
-from django.utils.cache import get_conditional_response
+from django.utils.http import parse_etags
 from psycopg.adapt import Loader
 from psycopg.pq import Format
 from psycopg_pool import AsyncConnectionPool
@@ -196,10 +195,7 @@ class StatusReads:
         if row is None or row.version is None or row.silence is not None:
             return None  # a silent agent's row: Django's read shows it `unknown` (bodies.py)
         etag = status_etag_of(pk=pk, version=row.version, name=name)
-        unchanged = get_conditional_response(_conditions(if_none_match), etag=etag)
-        if unchanged is not None:
-            if unchanged.status_code != 304:
-                return None
+        if _not_modified(if_none_match, etag):
             return 304, etag.encode("latin-1"), b"", row.stored is not None
         if row.stored is not None:
             return 200, etag.encode("latin-1"), row.stored, True
@@ -310,13 +306,19 @@ async def _kept_as_it_is(connection: Any) -> None:
     would still be rolled back by the pool itself)."""
 
 
-def _conditions(if_none_match: str | None) -> HttpRequest:
-    """What get_conditional_response reads of the request: its method and If-None-Match."""
-    request = HttpRequest()
-    request.method = "GET"
-    if if_none_match is not None:
-        request.META["HTTP_IF_NONE_MATCH"] = if_none_match
-    return request
+def _not_modified(if_none_match: str | None, etag: str) -> bool:
+    """Whether a GET with this If-None-Match is answered 304 for `etag`, as Django's
+    get_conditional_response decides it (RFC 9110's weak comparison, `*` matching any);
+    the other preconditions never reach this path (_DJANGO_ONLY). Without the header
+    nothing is parsed: building the HttpRequest Django's function reads cost about a fifth
+    of a read's CPU here."""
+    if not if_none_match:
+        return False
+    etags = parse_etags(if_none_match)
+    if etags == ["*"]:
+        return True
+    target = etag.strip("W/")
+    return any(tag.strip("W/") == target for tag in etags)
 
 
 def with_status_reads(django_app: ASGIApp) -> ASGIApp:
