@@ -863,6 +863,7 @@ def stalled_ceiling() -> int:
 
 LOST_SHOWN: list[str] = []
 LOAD_BEFORE: list[str] = []  # the machine's load average when the run started
+SLOWED = 3  # appends that took this many times their offered time: the machine's figure
 
 
 def tally(rounds: list[Round], slow: bool) -> dict[str, int]:
@@ -925,9 +926,15 @@ def report(args: argparse.Namespace, rounds: list[Round], before: dict[str, int]
     print("client processes    " + ", ".join(text for text, _ in shares)
           + f" while appending (a figure is withheld where one used "
           f"{kit.CLIENT_BOUND_SHARE:.0%} of a core or more)")
+    took = max(r.reference.appending[2] for r in rounds)
+    print(f"appends took        {took:.1f} s for {args.seconds:g} s offered (the appender "
+          "exits 2 s after its last append)")
     if any(bound for _, bound in shares):
         print("latency             withheld: a client process was near a full core, so the "
               "client may have set it; run with more --clients (or on more cores)")
+    elif took > SLOWED * (args.seconds + 2) + args.quiet:
+        print(f"latency             withheld: the appends took over {SLOWED}x their time, so "
+              "the machine did not run the offered rate; the figures measure its scheduler")
     else:
         for label, p in (("p50", 50), ("p99", 99)):
             print(f"latency {label}         {kit.ms(kit.percentile(latencies, p))}   "
