@@ -171,7 +171,8 @@ def test_the_panels_agent_claims_only_the_rows_placed_on_its_own_host() -> None:
         services.deployment_mark_starting(deployment_id=pk, image="img", start_token=f"t{pk}")
     claimed = EngineAgent(agent_id="agent@gpu-host")._claim(timezone.now())
     assert [d.pk for d in claimed] == [first.pk]
-    assert Deployment.objects.get(pk=replica.pk).agent_id == ""  # gpu-2's agent takes it
+    # gpu-2's agent's from its start (a silent gpu-2 makes it `unknown`), never the panel's.
+    assert Deployment.objects.get(pk=replica.pk).agent_id == "agent@gpu-2"
 
 
 def test_gpu_ids_only_a_joined_host_has_are_placed_there(settings) -> None:  # type: ignore[no-untyped-def]

@@ -81,10 +81,22 @@ def deployment_mark_building(*, deployment_id: int) -> bool:
                             phase="build"))
 
 
+def _placed_agent(deployment_id: int) -> dict[str, Any]:
+    """The row's agent from a run's start where the row is placed on a joined host: that
+    host's (`agent@<host>`, as its steps write it, web/fleet/services.host_step), so a host
+    lost before its first step of the run leaves the row `unknown` in every read, not the
+    `starting` it was left in. Nothing for a row of the panel's own host (its agent claims
+    it)."""
+    host = (Deployment.objects.filter(pk=deployment_id)
+            .values_list("placements__host__name", flat=True).first())
+    return {"agent_id": f"agent@{host}"} if host else {}
+
+
 def deployment_mark_starting(*, deployment_id: int, image: str, start_token: str = "") -> bool:
     return bool(_transition(deployment_id, target=S.STARTING, by=Process.BUILDER,
                             phase="start", image=image, start_token=start_token,
-                            build_owner="", build_lease_until=None))
+                            build_owner="", build_lease_until=None,
+                            **_placed_agent(deployment_id)))
 
 
 def deployment_mark_checking(*, deployment_id: int) -> bool:
@@ -274,7 +286,8 @@ def deployment_restart_after_death(*, deployment_id: int, start_token: str,
             message=f"{message}; {why}, run {number}",
             phase="start", run=F("run") + 1, restarts=F("restarts") + 1,
             start_token=secrets.token_hex(8),
-            restart_not_before=timezone.now() + timedelta(seconds=wait), **_FRESH_RUN)
+            restart_not_before=timezone.now() + timedelta(seconds=wait),
+            **{**_FRESH_RUN, **_placed_agent(row.pk)})
         if event is None:
             return False
         _close_run(row, outcome="died", diagnosis=stored)
