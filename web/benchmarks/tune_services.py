@@ -600,6 +600,9 @@ def _ended_lost(run: TuneRun, lost: str, waited: float) -> str:
         where = ("gone" if row is None else
                  "on its own spec" if row.spec == run.original.get("spec") else
                  f"{row.status} on a candidate's spec: Redeploy it with its own spec")
+        if run.config.get("placement") == "side_by_side":
+            where += (f", and its side deployment {side_name(run)} as it was: Stop and "
+                      "Delete it")
         why = (f"{lost} for {waited:.0f} s and no worker took it up again to restore the "
                f"deployment; it was left {where}")
         ended = run_finish(TuneRun, run.pk, BenchmarkStatus.FAILED, error=why, results={
