@@ -287,7 +287,7 @@ def test_the_sweep_has_a_running_tune_whose_worker_died_restored_and_ended() -> 
     # Its worker beats: the sweep leaves it, and a duplicate delivery leaves it too.
     assert tune_services.tune_sweep(now=now) == []
     assert tune_services.tune_run(run_id=alive.pk) == "running elsewhere"
-    TuneRun.objects.filter(pk=alive.pk).update(progress={"beat": now - tune_services.LOST_S})
+    TuneRun.objects.filter(pk=alive.pk).update(progress={"beat": now - tune_services.lost_s()})
     with mock.patch.object(tasks, "tune_run_later") as resend:
         said = tune_services.tune_sweep(now=now + 1)
     assert [c.args for c in resend.call_args_list] == [(alive.pk,)]
@@ -303,10 +303,11 @@ def test_the_sweep_has_a_running_tune_whose_worker_died_restored_and_ended() -> 
 def test_the_sweep_ends_a_running_tune_no_worker_takes_up_again() -> None:
     row = _deployment()
     now = time.time()
-    run = _held(row, status="cancelling", progress={"beat": now - tune_services.LOST_S - 1})
+    run = _held(row, status="cancelling", progress={"beat": now - tune_services.lost_s() - 1})
     with mock.patch.object(tasks, "tune_run_later") as resend:
         tune_services.tune_sweep(now=now)
-        said = tune_services.tune_sweep(now=now + tune_services.LOST_S)
+        assert tune_services.tune_sweep(now=now + tune_services.QUEUED_LOST_S - 1) == []
+        said = tune_services.tune_sweep(now=now + tune_services.QUEUED_LOST_S)
     assert len(resend.call_args_list) == 1
     run.refresh_from_db()
     assert run.status == "failed" and said == [f"Tune #{run.pk}: {run.error}"]

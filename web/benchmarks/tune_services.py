@@ -10,7 +10,7 @@ serving on the others. The row's `tune_hold` says so, and until when, for its pa
 the Tune empties it when it gives the deployment back, restored.
 
 A running Tune's task writes its progress with a beat every POLL_S; `tune_sweep` (the
-engine agent's loop) sends the task again for one whose beat stopped LOST_S ago (its worker
+engine agent's loop) sends the task again for one whose beat stopped TUNE_LOST_S ago (its worker
 died: the task, delivered again, restores and ends it) or that no worker took, and ends one
 that no worker takes even then.
 """
@@ -80,11 +80,14 @@ PLACEMENTS = ("in_place", "side_by_side")
 MAX_LEVELS = 8
 STOP_WAIT_S = 60.0  # beyond the engine's own stop timeout
 POLL_S = 0.5
-# A running Tune whose task wrote no beat this long: its worker is gone (the task beats
-# every POLL_S, its restore included). A queued one that no worker took this long: its
-# message is lost (as a queued deployment's, web/agent/controller.py's QUEUED_GRACE_S).
-LOST_S = 120.0
+# A running Tune whose task wrote no beat for settings.TUNE_LOST_S: its worker is gone (the
+# task beats every POLL_S, its restore included). A queued one that no worker took this
+# long: its message is lost (as a queued deployment's, web/agent/controller.py's
+# QUEUED_GRACE_S).
 QUEUED_LOST_S = 600.0
+# A copy of the task that finds its Tune running watches this long for a beat before it
+# takes the Tune over (a live worker beats every POLL_S).
+ALIVE_CHECK_S = 6 * POLL_S
 # The bound on an Apply's rolling redeploy, per replica, beyond its deploy timeout.
 ROLL_SLACK_S = 300.0
 
@@ -502,6 +505,10 @@ def _side_still_free(run: TuneRun) -> bool:
     return True
 
 
+def lost_s() -> float:
+    return float(settings.TUNE_LOST_S)
+
+
 def _now() -> float:
     return round(time.time(), 1)
 
@@ -526,8 +533,10 @@ def _resumed(run_id: int) -> str:
         return "not queued"
     progress = dict(run.progress or {})
     beat, resent = _beat(run), progress.get("resent")
-    if time.time() - beat < LOST_S and not (isinstance(resent, int | float) and resent >= beat):
+    if time.time() - beat < lost_s() and not (isinstance(resent, int | float) and
+                                              resent >= beat):
         return "running elsewhere"
+    time.sleep(ALIVE_CHECK_S)  # a worker still alive beats meanwhile: the update below misses
     taken = {**progress, "phase": "restoring", "beat": _now(), "resumed": _now()}
     if not TuneRun.objects.filter(pk=run_id, progress=run.progress).update(progress=taken):
         return "taken over elsewhere"
@@ -556,9 +565,10 @@ def _resumed(run_id: int) -> str:
 
 def tune_sweep(*, now: float | None = None) -> list[str]:
     """Tunes whose task is gone (the engine agent's loop, every few seconds): a running one
-    whose beat stopped LOST_S ago, or a queued one no worker took in QUEUED_LOST_S, is sent
-    to the workers once more (the task, for a running one, restores the deployment and ends
-    it); one no worker takes even then is ended, saying why. What it did, in words."""
+    whose beat stopped TUNE_LOST_S ago, or a queued one no worker took in QUEUED_LOST_S, is
+    sent to the workers once more (the task, for a running one, restores the deployment and
+    ends it); one no worker takes up in QUEUED_LOST_S even then is ended, saying why. What
+    it did, in words."""
     now = time.time() if now is None else now
     said: list[str] = []
     for run in TuneRun.objects.filter(status__in=list(ACTIVE_STATUSES)):
@@ -570,7 +580,7 @@ def tune_sweep(*, now: float | None = None) -> list[str]:
         else:
             since = _beat(run)
             lost = "its worker stopped (no beat)"
-        if now - since < (QUEUED_LOST_S if run.status == BenchmarkStatus.QUEUED else LOST_S):
+        if now - since < (QUEUED_LOST_S if run.status == BenchmarkStatus.QUEUED else lost_s()):
             continue
         if not isinstance(resent, int | float) or resent < since:
             if TuneRun.objects.filter(pk=run.pk, progress=run.progress).update(
@@ -579,8 +589,8 @@ def tune_sweep(*, now: float | None = None) -> list[str]:
                 said.append(f"Tune #{run.pk}: {lost} for {now - since:.0f} s; sent to the "
                             "workers again")
             continue
-        bound = QUEUED_LOST_S if run.status == BenchmarkStatus.QUEUED else LOST_S
-        if now - resent >= bound:
+        # Sent again: a worker (one restarting, say) has as long as a queued Tune to take it.
+        if now - resent >= QUEUED_LOST_S:
             said.append(_ended_lost(run, lost, now - since))
     return said
 
