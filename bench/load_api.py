@@ -293,7 +293,7 @@ def write_state(pk: int, stop: threading.Event) -> None:
 def hold_lease(stop: threading.Event, every_tick: bool) -> None:
     """What the engine agent writes to the rows it watches, every tick (AGENT_TICK_S): its
     lease, by its own claim (web/agent/controller.py), or with `every_tick` renewed at
-    every tick, as the agent did before it kept a lease to half (each renewal a new row
+    every tick, as the agent did before it kept a lease (each renewal a new row
     version: the stored answers stale, every read rendered again)."""
     from datetime import timedelta
 
@@ -408,7 +408,7 @@ def main() -> None:
                         help="processes the clients are spread over")
     parser.add_argument("--lease-every-tick", action="store_true",
                         help="renew the agent's lease every tick, as the agent did before "
-                        "it kept a lease to half (the old behaviour, side by side)")
+                        "it kept a lease (the old behaviour, side by side)")
     args = parser.parse_args()
     kit.setup_django(args)
     _, token = kit.bench_user()
@@ -520,7 +520,7 @@ def report(args: argparse.Namespace, targets: list[Target], rounds: list[dict[st
     print(f"command: {kit.command_line()}")
     print(f"server: sh docker/panel/entrypoint.sh serve APP ({server_processes()} processes); "
           f"{args.clients} clients in {args.client_procs} processes; agent lease "
-          f"{'renewed every tick (old)' if args.lease_every_tick else 'kept to half'}; "
+          f"{'renewed every tick (old)' if args.lease_every_tick else 'kept (the agent)'}; "
           f"logs in {logs}")
     print(f"load before: {load_before}\nload after:  {load_after}")
     print(f"\nclosed loop, {args.clients} keep-alive clients, {args.seconds:g} s each, "

@@ -90,7 +90,7 @@ def _version(pk: int) -> Any:
     return deployment_list(versioned=True).get(pk=pk).row_version
 
 
-def test_the_agent_renews_its_lease_at_half_and_stores_the_reads_answers_after(
+def test_the_agent_renews_its_lease_at_a_third_spent_and_stores_the_reads_answers_after(
         settings: Any) -> None:
     deployment = services.deployment_create(data=spec(), confirm_warnings=True)
     Deployment.objects.filter(pk=deployment.pk).update(status="ready")
@@ -101,20 +101,22 @@ def test_the_agent_renews_its_lease_at_half_and_stores_the_reads_answers_after(
     claimed_version = _version(deployment.pk)
     # The answers were stored at the version the claim left.
     assert StatusBody.objects.filter(pk=deployment.pk, version=claimed_version).exists()
-    # Ticks within the lease's first half keep the row as it is: the stored answers and
+    # Ticks within the lease's first third keep the row as it is: the stored answers and
     # the ETag stay current.
-    for seconds in (1, 2, 7):
+    for seconds in (1, 2, 4):
         assert [d.pk for d in agent._claim(now + timedelta(seconds=seconds))] == [deployment.pk]
         assert _version(deployment.pk) == claimed_version
-    # Past half, the lease is renewed, and the answers stored again at its version.
-    later = now + timedelta(seconds=8)
+    # Past a third, the lease is renewed, and the answers stored again at its version.
+    later = now + timedelta(seconds=6)
     assert [d.pk for d in agent._claim(later)] == [deployment.pk]
     renewed = Deployment.objects.get(pk=deployment.pk)
     assert renewed.lease_until == later + timedelta(seconds=15)
     assert _version(deployment.pk) != claimed_version
     assert StatusBody.objects.filter(pk=deployment.pk, version=_version(deployment.pk)).exists()
-    # Another agent cannot take a row whose lease runs.
-    assert EngineAgent(agent_id="other-agent")._claim(later + timedelta(seconds=1)) == []
+    # Another agent cannot take a row whose lease runs: a dead agent's runs 10 s at least.
+    assert EngineAgent(agent_id="other-agent")._claim(later + timedelta(seconds=10)) == []
+    taken = EngineAgent(agent_id="other-agent")._claim(later + timedelta(seconds=16))
+    assert [d.pk for d in taken] == [deployment.pk]
 
 
 @pytest.mark.parametrize("if_none_match", [None, "", '"v1"', 'W/"v1"', '"v0", "v1"', "*",

@@ -86,6 +86,7 @@ S = DeploymentStatus
 OWNED_STATUSES = AGENT_OWNED  # the statuses the agent makes a move from (appliance.lifecycle)
 QUEUED_GRACE_S = 600  # a queued deployment waits this long behind others before a re-queue
 REQUEUE_GRACE_S = 30  # after a re-queue, how long a worker has to take the build
+KEPT_LEASE_SHARE = 2 / 3  # a lease with more left than this share of it is not renewed
 PRUNE_EVERY_TICKS = 600  # metric series compaction and retention for every deployment
 
 
@@ -244,12 +245,14 @@ class EngineAgent:
     def _claim(self, now: Any) -> list[Deployment]:
         until = now + timedelta(seconds=self.lease_s)
         free = Q(agent_id=self.agent_id) | Q(lease_until__isnull=True) | Q(lease_until__lt=now)
-        # A lease of this agent's with more than half of it left is kept as it is: each
-        # renewal writes the row, which changes its version, and so the status reads' ETag
-        # and their stored answers (web/deployments/services/reads.py), which a renewal
-        # every tick made stale every second, every read then rendered again.
+        # A lease of this agent's with more than two thirds of it left is kept as it is:
+        # each renewal writes the row, which changes its version, and so the status reads'
+        # ETag and their stored answers (web/deployments/services/reads.py), which a
+        # renewal every tick made stale every second, every read then rendered again. An
+        # agent that dies leaves at least two thirds of its lease to run before another
+        # takes its engines over.
         kept = Q(agent_id=self.agent_id, lease_until__gte=now + timedelta(
-            seconds=self.lease_s / 2))
+            seconds=self.lease_s * KEPT_LEASE_SHARE))
         # A deployment placed on a fleet host is that host's remote agent's (docs/fleet.md).
         candidates = Deployment.objects.filter(status__in=OWNED_STATUSES,
                                                placements__isnull=True)

@@ -126,7 +126,7 @@ def deployment_silence(*, deployment: Deployment, seen: Mapping[str, datetime] |
     agent watches it (queued, building, stopped, failed).
 
     The agent's host report says when it was last heard; an agent with no report yet is
-    judged by its lease on the row, which it renews before half of it is spent."""
+    judged by its lease on the row, which it renews once a third of it is spent."""
     if deployment.status not in WATCHED_STATUSES or not deployment.agent_id:
         return None
     seen = agents_last_seen() if seen is None else seen
