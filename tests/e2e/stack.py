@@ -4,15 +4,17 @@ panel as processes, over a flushed Redis; and logging in as the operator."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import redis
 from django.conf import settings
+from django.db import connection
 from playwright.sync_api import Page, expect
 
 from tests.conftest_docker import remove_engines
-from tests.servers import celery_worker, engine_agent, panel_server
+from tests.servers import celery_worker, engine_agent, panel_server, started_together
 from web.deployments.services.installation import instance_id
 
 
@@ -23,9 +25,9 @@ def appliance_stack(tmp_path: Path, env: dict[str, str]) -> Iterator[str]:
     compose run or of another database's tests beside it are left alone."""
     redis.Redis.from_url(settings.REDIS_URL).flushdb()  # no stale tasks from other tests
     mine = instance_id()
-    with celery_worker(tmp_path / "worker.log", **env), \
-            engine_agent(tmp_path / "agent.log", **env), \
-            panel_server(tmp_path / "web.log", **env) as url:
+    with started_together(celery_worker(tmp_path / "worker.log", **env),
+                          engine_agent(tmp_path / "agent.log", **env),
+                          panel_server(tmp_path / "web.log", **env)) as (_, _, url):
         yield url
     remove_engines(mine)
 
@@ -37,3 +39,16 @@ def login(page: Page, url: str, username: str = "otto",
     page.fill("#id_password", password)
     page.click("#login")
     expect(page.locator("h1")).to_have_text("Deployments")
+
+
+def meanwhile(change: Callable[[], object]) -> None:
+    """Write rows from another thread (its own connection, closed after): Playwright's loop
+    makes the ORM refuse in the test's thread. Waits for it at most 30 s."""
+    def run() -> None:
+        try:
+            change()
+        finally:
+            connection.close()
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(30)

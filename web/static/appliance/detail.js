@@ -7,6 +7,8 @@
   const statusEl = document.getElementById("status");
   const conn = document.getElementById("conn");
   const AGENT_ASK_MS = 5000;  // how often the page asks whether the agent still reports
+  const CARDS_WAIT_MS = 10000;  // the build and self-check cards' one request, at most
+  const STREAM_OPEN_MS = 15000;  // a live stream not open by then is asked for again
 
   let furthest = -1;  // the last phase reached: a failure is shown where it happened
   function setStatus(status) {
@@ -375,13 +377,22 @@
     latest: document.getElementById("log-latest"), form: logForm,
   });
   let source = null;
+  let lastSeen = lastSeq;  // the newest seq this page has, where a new stream starts after
   function follow() {
     // A stopped or failed deployment's stream would carry nothing more (its end is in the tail).
     if (summary.is_terminal) { conn.textContent = "ended"; return; }
-    source = new EventSource(streamUrl + "?after=" + lastSeq);
-    source.onopen = function () { conn.textContent = silent ? silentText(silent) : "live"; };
+    if (source) source.close();
+    const opening = source = new EventSource(streamUrl + "?after=" + lastSeen);
+    let opened = false;
+    // Bounded: a stream the panel has not answered by then (its connection stuck) is asked
+    // for again, from the newest seq this page has; the browser's own retry covers the rest.
+    setTimeout(function () {
+      if (source === opening && !opened && opening.readyState === 0) follow();
+    }, STREAM_OPEN_MS);
+    source.onopen = function () { opened = true; conn.textContent = silent ? silentText(silent) : "live"; };
     source.onerror = function () { if (source.readyState !== 2) conn.textContent = "reconnecting…"; };
     source.onmessage = function (msg) {
+      if (msg.lastEventId) lastSeen = Math.max(lastSeen, Number(msg.lastEventId) || 0);
       const event = JSON.parse(msg.data);
       ApplianceLog.live(event);
       caughtUp(event);
@@ -504,10 +515,15 @@
 
   // The build and self-check cards show their steps: those rare events come in one request
   // (the newest 200 up to the tail), before the live stream, so they never overwrite it.
+  // Bounded: a request the panel has not answered in CARDS_WAIT_MS is given up, and the page
+  // goes live without those steps rather than not at all.
   const cardKinds = "build,selfcheck";
-  fetch(script.dataset.history + "?kind=" + cardKinds + "&limit=200&before=" + (lastSeq + 1))
+  const cards = new AbortController();
+  const cardsBound = setTimeout(function () { cards.abort(); }, CARDS_WAIT_MS);
+  fetch(script.dataset.history + "?kind=" + cardKinds + "&limit=200&before=" + (lastSeq + 1),
+        {signal: cards.signal})
     .then(function (r) { return r.ok ? r.json() : {events: []}; })
     .then(function (page) { page.events.forEach(handle); })
     .catch(function () { /* the cards stay as the page drew them */ })
-    .finally(follow);
+    .finally(function () { clearTimeout(cardsBound); follow(); });
 })();
