@@ -5,17 +5,12 @@ Redis -> SSE)."""
 from __future__ import annotations
 
 import re
-import threading
-from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
-from django.db import connection
 from playwright.sync_api import Page, expect
 
 from appliance.runtime.alerts import Alert
-from tests.e2e.stack import login
-from tests.servers import panel_server
+from tests.e2e.stack import login, meanwhile
 from tests.specs import spec
 from web.deployments import services
 from web.deployments.services.metrics import deployment_apply_alerts
@@ -25,9 +20,8 @@ UTC_TIME = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC"
 
 
 @pytest.fixture
-def server(tmp_path: Path, live_channel) -> Iterator[str]:  # type: ignore[no-untyped-def]
-    with panel_server(tmp_path / "web.log") as url:
-        yield url
+def server(shared_panel: str, live_channel) -> str:  # type: ignore[no-untyped-def]
+    return shared_panel
 
 
 @pytest.fixture
@@ -38,18 +32,6 @@ def loading(operator) -> int:  # type: ignore[no-untyped-def]
     return pk
 
 
-def _meanwhile(change: Callable[[], object]) -> None:
-    """Write rows from another thread: Playwright's loop makes the ORM refuse in this one."""
-    def run() -> None:
-        try:
-            change()
-        finally:
-            connection.close()
-    thread = threading.Thread(target=run)
-    thread.start()
-    thread.join(30)
-
-
 def test_an_alert_shows_when_it_was_raised_and_cleared(server, loading: int, page: Page) -> None:  # type: ignore[no-untyped-def]
     login(page, server)
     page.goto(f"{server}/deployments/{loading}/")
@@ -57,14 +39,14 @@ def test_an_alert_shows_when_it_was_raised_and_cleared(server, loading: int, pag
     expect(page.locator("#alerts")).to_be_hidden()
     stall = page.locator('#alerts li[data-alert="stall"]')
 
-    _meanwhile(lambda: deployment_apply_alerts(deployment_id=loading, alerts=[
+    meanwhile(lambda: deployment_apply_alerts(deployment_id=loading, alerts=[
         Alert("stall", "firing", "warning", "No progress for 300 s while loading.")]))
     expect(stall.locator(".summary")).to_have_text("No progress for 300 s while loading.",
                                                    timeout=15_000)
     expect(stall.locator(".when")).to_have_text(re.compile(f"^raised {UTC_TIME}$"))
     raised = stall.locator(".when").inner_text()
 
-    _meanwhile(lambda: deployment_apply_alerts(deployment_id=loading, alerts=[
+    meanwhile(lambda: deployment_apply_alerts(deployment_id=loading, alerts=[
         Alert("stall", "resolved", "warning", "The engine is making progress again.")]))
     expect(stall).to_have_class(re.compile(r"\bcleared\b"), timeout=15_000)
     expect(stall.locator(".when")).to_have_text(re.compile(

@@ -5,19 +5,14 @@ reload, with its uptime, current throughput and endpoint."""
 from __future__ import annotations
 
 import re
-import threading
-from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
-from django.db import connection
 from django.utils import timezone
 from playwright.sync_api import Page, expect
 
 from appliance.runtime import series
 from tests.e2e.screenshots import screenshot_path
-from tests.e2e.stack import login
-from tests.servers import panel_server
+from tests.e2e.stack import login, meanwhile
 from tests.specs import spec
 from web.deployments import services
 from web.deployments.models import MetricPoint
@@ -26,21 +21,8 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[str]:
-    with panel_server(tmp_path / "web.log") as url:
-        yield url
-
-
-def _meanwhile(change: Callable[[], None]) -> None:
-    """Write rows from another thread: Playwright's loop makes the ORM refuse in this one."""
-    def run() -> None:
-        try:
-            change()
-        finally:
-            connection.close()
-    thread = threading.Thread(target=run)
-    thread.start()
-    thread.join(30)
+def server(shared_panel: str) -> str:
+    return shared_panel
 
 
 def _create(name: str, gpu: int) -> int:
@@ -67,7 +49,7 @@ def test_the_list_follows_deployments_without_a_reload(server, first: int, page:
     expect(row.locator(".uptime")).to_have_text("–")
 
     second: list[int] = []
-    _meanwhile(lambda: (_serve(first, 321.5), second.append(_create("second", gpu=1))))
+    meanwhile(lambda: (_serve(first, 321.5), second.append(_create("second", gpu=1))))
     expect(row.locator(".status")).to_have_text("ready", timeout=15_000)
     expect(row.locator(".throughput")).to_have_text("321.5 tok/s")
     expect(row.locator(".endpoint")).to_have_text(f"{server}/v1 model first")
@@ -76,7 +58,7 @@ def test_the_list_follows_deployments_without_a_reload(server, first: int, page:
     expect(page.locator("#list-refreshed")).to_contain_text("refreshed ")
     page.screenshot(path=screenshot_path("list-refreshed.png"), full_page=True)
 
-    _meanwhile(lambda: (services.deployment_mark_stopping(deployment_id=first),
+    meanwhile(lambda: (services.deployment_mark_stopping(deployment_id=first),
                         services.deployment_mark_stopped(deployment_id=first)))
     expect(row.locator(".status")).to_have_text("stopped", timeout=15_000)
     expect(row.locator(".throughput")).to_have_text("–")

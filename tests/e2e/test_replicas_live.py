@@ -5,32 +5,26 @@ start) shows each status as it happens; the heading follows a Scale."""
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Iterator
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db import connection
 from django.utils import timezone
 from playwright.sync_api import Page, expect
 
-from tests.e2e.stack import login
-from tests.servers import panel_server
+from tests.e2e.conftest import AGENT_SILENT_S as SILENT_S
+from tests.e2e.stack import login, meanwhile
 from tests.specs import spec
 from web.deployments import services
 from web.deployments.models import Deployment, Host
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
-SILENT_S = 30
 ASK_S = 5  # detail.js AGENT_ASK_MS: the page asks at least this often
 
 
 @pytest.fixture
-def server(tmp_path: Path, live_channel: Any) -> Iterator[str]:
-    with panel_server(tmp_path / "web.log", APPLIANCE_AGENT_SILENT_S=str(SILENT_S)) as url:
-        yield url
+def server(shared_panel: str, live_channel: Any) -> str:
+    return shared_panel  # its agent-silent threshold is SILENT_S
 
 
 def _report(agent: str, *, age_s: float) -> None:
@@ -53,18 +47,6 @@ def replicated(operator: Any) -> list[int]:
     return rows
 
 
-def _meanwhile(change: Callable[[], object]) -> None:
-    """Write rows from another thread: Playwright's loop makes the ORM refuse in this one."""
-    def run() -> None:
-        try:
-            change()
-        finally:
-            connection.close()
-    thread = threading.Thread(target=run)
-    thread.start()
-    thread.join(30)
-
-
 def test_the_replicas_table_shows_a_lost_host_and_a_replicas_moves_without_a_reload(
         server: str, replicated: list[int], page: Page) -> None:
     login(page, server)
@@ -73,17 +55,17 @@ def test_the_replicas_table_shows_a_lost_host_and_a_replicas_moves_without_a_rel
     expect(row).to_have_text("ready")
     page.evaluate("window.__kept = document.getElementById('status')")  # no reload: kept
 
-    _meanwhile(lambda: _report("agent@sim-b", age_s=SILENT_S + 5))
+    meanwhile(lambda: _report("agent@sim-b", age_s=SILENT_S + 5))
     expect(row).to_have_text("unknown", timeout=(ASK_S + 5) * 1000)
     expect(page.locator('#replica-rows tr[data-replica="1"] .status')).to_have_text("ready")
     expect(page.locator("#status")).to_have_text("ready")  # replica 0's own agent reports
-    _meanwhile(lambda: _report("agent@sim-b", age_s=0))
+    meanwhile(lambda: _report("agent@sim-b", age_s=0))
     expect(row).to_have_text("ready", timeout=(ASK_S + 5) * 1000)
 
     # Replica 1 stopped and started again (a rolling restart's steps), seen as they happen.
     one = page.locator('#replica-rows tr[data-replica="1"] .status')
-    _meanwhile(lambda: services.deployment_stop(deployment_id=replicated[1]))
+    meanwhile(lambda: services.deployment_stop(deployment_id=replicated[1]))
     expect(one).to_have_text("stopping", timeout=(ASK_S + 5) * 1000)
-    _meanwhile(lambda: services.deployment_mark_stopped(deployment_id=replicated[1]))
+    meanwhile(lambda: services.deployment_mark_stopped(deployment_id=replicated[1]))
     expect(one).to_have_text("stopped", timeout=(ASK_S + 5) * 1000)
     assert page.evaluate("window.__kept === document.getElementById('status')"), "reloaded"

@@ -7,18 +7,17 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.db import connection
-from django.test import override_settings
 
-from tests.conftest_docker import engines_of, remove_engines
-from tests.servers import celery_worker, engine_agent
+from tests.conftest_docker import engines_of
+from tests.servers import engine_agent
 from tests.specs import spec
+from tests.worker.stack import fast_engines, until, worker_and_agent
 from web import tasks
 from web.agent.controller import wait_for
 from web.deployments import services
@@ -33,14 +32,8 @@ FAST = {"TEST_ENGINE_PACE_S": "0.01", "TEST_ENGINE_SHARDS": "2"}
 
 @pytest.fixture
 def env(test_engine_image: str) -> Iterator[dict[str, str]]:  # noqa: F811
-    extra = ",".join(f"{k}={v}" for k, v in FAST.items())
-    with override_settings(ENGINE_IMAGE=test_engine_image, ENGINE_GPU_REQUESTS=False,
-                           ENGINE_EXTRA_ENV=FAST, ENGINE_STOP_TIMEOUT_S=5):
-        yield {"APPLIANCE_ENGINE_IMAGE": test_engine_image,
-               "APPLIANCE_ENGINE_GPU_REQUESTS": "0", "APPLIANCE_ENGINE_EXTRA_ENV": extra,
-               "APPLIANCE_ENGINE_STOP_TIMEOUT_S": "5", "APPLIANCE_ENGINE_READY_TIMEOUT_S": "90",
-               "APPLIANCE_ENGINE_TEST_ENV": "1", "APPLIANCE_AGENT_TICK_MS": "250"}
-    remove_engines(instance_id())
+    with fast_engines(test_engine_image, FAST) as variables:
+        yield variables
 
 
 def _three_replicas() -> list[int]:
@@ -90,18 +83,13 @@ def _rolling(pk: int) -> dict[str, Any]:
 
 
 def _until(check: Any, what: Any, timeout_s: float = 120) -> Any:
-    """`what`: the wait in words, or a function that says it with what is known then."""
-    deadline = time.monotonic() + timeout_s
-    while not (found := check()):
-        assert time.monotonic() < deadline, what() if callable(what) else what
-        time.sleep(0.1)
-    return found
+    return until(check, what, timeout_s, poll_s=0.1)
 
 
 def test_a_rolling_restart_survives_its_agent_killed_and_a_failed_redeploy_halts(
         env: dict[str, str], tmp_path: Path) -> None:
-    with celery_worker(tmp_path / "worker.log", **env), contextlib.ExitStack() as agents:
-        first_agent = agents.enter_context(engine_agent(tmp_path / "agent1.log", **env))
+    with worker_and_agent(tmp_path, env, agent_log="agent1.log") as (_, first_agent), \
+            contextlib.ExitStack() as agents:
         pks = _three_replicas()
         for pk in pks:
             assert wait_for(pk, {S.READY, S.FAILED}, 120) == S.READY

@@ -6,23 +6,19 @@ midway restores the deployment (spec, GPUs, served name, its row and so its keys
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from django.test import override_settings
 
-from tests.conftest_docker import remove_engines
-from tests.servers import celery_worker, engine_agent
 from tests.specs import spec
+from tests.worker.stack import fast_engines, until, worker_and_agent
 from web.agent.controller import wait_for
 from web.benchmarks import tune_services
 from web.benchmarks.tune_models import TuneRun
 from web.deployments import services
 from web.deployments.models import Deployment, DeploymentStatus, Event
-from web.deployments.services.installation import instance_id
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
 S = DeploymentStatus
@@ -34,22 +30,12 @@ CONFIG = {"levels": [1, 4], "num_prompts": 8, "output_len": 24, "prompt_source":
 
 @pytest.fixture
 def env(test_engine_image: str) -> Iterator[dict[str, str]]:  # noqa: F811
-    extra = ",".join(f"{k}={v}" for k, v in FAST.items())
-    with override_settings(ENGINE_IMAGE=test_engine_image, ENGINE_GPU_REQUESTS=False,
-                           ENGINE_EXTRA_ENV=FAST, ENGINE_STOP_TIMEOUT_S=5):
-        yield {"APPLIANCE_ENGINE_IMAGE": test_engine_image,
-               "APPLIANCE_ENGINE_GPU_REQUESTS": "0", "APPLIANCE_ENGINE_EXTRA_ENV": extra,
-               "APPLIANCE_ENGINE_STOP_TIMEOUT_S": "5", "APPLIANCE_ENGINE_READY_TIMEOUT_S": "90",
-               "APPLIANCE_ENGINE_TEST_ENV": "1", "APPLIANCE_AGENT_TICK_MS": "250"}
-    remove_engines(instance_id())
+    with fast_engines(test_engine_image, FAST) as variables:
+        yield variables
 
 
 def _until(check: Any, what: Any, timeout_s: float = 240) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while not (found := check()):
-        assert time.monotonic() < deadline, what() if callable(what) else what
-        time.sleep(0.2)
-    return found
+    return until(check, what, timeout_s, poll_s=0.2)
 
 
 def _run(pk: int) -> TuneRun:
@@ -64,8 +50,7 @@ def _as_was(row: Deployment, before: dict[str, Any]) -> None:
 
 def test_tune_recommends_applies_and_a_cancelled_one_restores(env: dict[str, str],
                                                               tmp_path: Path) -> None:
-    with celery_worker(tmp_path / "worker.log", **env), \
-            engine_agent(tmp_path / "agent.log", **env):
+    with worker_and_agent(tmp_path, env):
         row = services.deployment_create(data=spec(), confirm_warnings=True)
         assert wait_for(row.pk, {S.READY, S.FAILED}, 120) == S.READY
         row.refresh_from_db()
@@ -151,8 +136,7 @@ def test_a_deployment_with_replicas_is_tuned_on_replica_0_and_applied_rolling(
         env: dict[str, str], tmp_path: Path) -> None:
     """Replica 0 runs the candidates, drained, while replica 1 keeps serving its own run
     untouched; then every row is as it was; Apply rolls the winner over both replicas."""
-    with celery_worker(tmp_path / "worker.log", **env), \
-            engine_agent(tmp_path / "agent.log", **env):
+    with worker_and_agent(tmp_path, env):
         first = services.deployment_create(data=spec(gpus=[0], replicas=2),
                                            confirm_warnings=True)
         rows = _rows(first.pk)
@@ -229,8 +213,7 @@ def test_side_by_side_runs_beside_on_free_gpus_and_leaves_the_deployment_serving
         env: dict[str, str], tmp_path: Path) -> None:
     """The candidates run as a deployment of their own on a free GPU while the deployment
     serves on (same run, no hold); at the end that side deployment is gone."""
-    with celery_worker(tmp_path / "worker.log", **env), \
-            engine_agent(tmp_path / "agent.log", **env):
+    with worker_and_agent(tmp_path, env):
         row = services.deployment_create(data=spec(gpus=[0]), confirm_warnings=True)
         assert wait_for(row.pk, {S.READY, S.FAILED}, 120) == S.READY
         row.refresh_from_db()
