@@ -62,6 +62,7 @@ class Loop:
         self.headers = {"Authorization": f"Bearer {key}"}
         self.times: list[float] = []
         self.failed: list[str] = []
+        self.retried = 0  # answers a second replica gave (X-Appliance-Retried)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -77,6 +78,7 @@ class Loop:
                 answer = requests.post(self.url, json=body, headers=self.headers, timeout=120)
                 if answer.status_code != 200 or not answer.json()["choices"][0]["message"]:
                     self.failed.append(f"#{n} {answer.status_code} {answer.text[:300]}")
+                self.retried += answer.headers.get("x-appliance-retried") == "1"
             except (requests.RequestException, ValueError, KeyError) as exc:
                 self.failed.append(f"#{n} {exc!r}")
             self.times.append(time.monotonic() - started)
@@ -174,11 +176,8 @@ def test_a_paused_engine_a_lost_host_and_a_restarted_host_under_a_client_loop(
         paused_host = loop.longest()
 
         # 3. sim-b stopped and started: its replica and the companion come back by
-        #    themselves, a new run each.
-        # A request in flight, or placed, on sim-b while its Docker stops and starts may get
-        # the gateway's bounded, OpenAI-shaped 503 (seen once in two whole-suite runs): from
-        # here on a failure must be that, never a hang or a broken answer.
-        restart_from = len(loop.times) + 1
+        #    themselves, a new run each; every request meanwhile is answered (a request
+        #    sim-b's replica fails is retried on sim-a's, whatever the rotation said).
         trial.container("sim-b").stop(timeout=10)
         stopped = time.monotonic()
         trial.container("sim-b").start()
@@ -190,19 +189,13 @@ def test_a_paused_engine_a_lost_host_and_a_restarted_host_under_a_client_loop(
         healed_after = time.monotonic() - stopped
         expect(status_b).to_have_text("ready", timeout=15_000)
         time.sleep(3)
-    def number(failure: str) -> int:
-        return int(failure.split(" ", 1)[0].lstrip("#"))
-
-    before = [f for f in loop.failed if number(f) < restart_from]
-    assert before == [], before[:5]
-    during = [f for f in loop.failed if number(f) >= restart_from]
-    assert all(" 503 " in f and '"code": "engine_unreachable"' in f for f in during), during[:5]
+    assert loop.failed == [], loop.failed[:5]
     assert len(loop.times) > 20 and loop.longest() <= WAIT_BOUND_S, (
         f"a request waited {loop.longest():.1f} s; the bound is {WAIT_BOUND_S} s "
         f"(first byte {FIRST_BYTE_S} s and a retry)")
     died = [r for r in api.get(f"/deployments/{base}/runs/")["results"] if r["number"] == 1]
     assert died and "signal 127" not in str(died[0]["diagnosis"]), died
-    print(f"faults: {len(loop.times)} requests, {len(during)} 503s while sim-b restarted; longest wait "
+    print(f"faults: {len(loop.times)} requests, 0 failed, {loop.retried} retried; longest wait "
           f"{paused_engine:.1f} s with an engine paused, {paused_host:.1f} s with a host "
           f"paused (first byte {FIRST_BYTE_S} s); rows unknown {lost_after:.1f} s after the "
           f"pause; replica and companion ready {healed_after:.1f} s after `docker stop`; "
