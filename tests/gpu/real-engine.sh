@@ -2,7 +2,7 @@
 # The real-engine rig: runs the real SGLang DDTree engine on this GPU host and records it.
 #   bash tests/gpu/real-engine.sh [PHASE | WAVE...]   (default: all)
 # PHASE: record | failures | all | fa3 | probe | verify | bigload | round2 | int4 | train |
-#   trained | tune (below).
+#   trained | tune | refusals523 (below).
 # WAVE: runs of tests/gpu/realengine/runs.py, comma-separated to start them together on the
 #   one GPU (each on its own port, KV pools capped), e.g. `missing_model,kv_too_small base_triton`
 #   is two waves, one after the other.
@@ -20,6 +20,9 @@
 #                 RIG_TRAIN_ARGS, default `--target-share 0.4 --b-steps 10 --prompts 512
 #                 --drafter-min-s 30`).
 #   RIG_TUNE_ARGS  more arguments for tune_rig.py (`tune`), e.g. `--sweep-prompts 48`.
+#   refusals523: sglang 0.5.23 (PyPI) from RIG_CARRY/site523.tar.xz (default carry .carry_523,
+#                 build_carry.py --release 0.5.23), the trained pair trained first as `tune`
+#                 trains it (RIG_TRAIN_S default 150), then the refusal set on DFLASH.
 # Packages come at the flagship lock's versions: from $RIG_CARRY/site*.tar.xz, else built here
 # with pip (build_carry.py). SGLang sources: $RIG_CARRY/sglang-<commit>.tar.gz, else
 # $APPLIANCE_SGLANG_SRC_DIR: a host without ../shared (a device machine that gets only the
@@ -30,7 +33,10 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 phase=${1:-all}
 stash=${RIG_STASH:-$HOME/stash}
-carry=${RIG_CARRY:-.carry_re}
+# The site the phase's engines run: 433c58ed7's packages (site), or sglang 0.5.23's own (site523).
+site=site default_carry=.carry_re
+[ "$phase" = refusals523 ] && site=site523 default_carry=.carry_523
+carry=${RIG_CARRY:-$default_carry}
 src_dir=${APPLIANCE_SGLANG_SRC_DIR:-../shared/sglang-src}
 out=${OUT:-var/real-engine}
 mkdir -p "$stash/runs" "$out"
@@ -55,13 +61,14 @@ case "$phase" in train|trained)
       && touch "$stash/trained.ok" || { echo "training failed"; exit 3; }
   fi
   [ "$phase" = train ] && { echo "rig train end after $((SECONDS - t0)) s"; exit 0; } ;;
-# `tune` trains in the background (a shorter budget: RIG_TRAIN_S, RIG_TRAIN_ARGS) while the
-# packages unpack, and waits for it before its engines start.
-tune)
+# `tune` and `refusals523` train in the background (a shorter budget: RIG_TRAIN_S,
+# RIG_TRAIN_ARGS) while the packages unpack, and wait for it before their engines start.
+tune|refusals523)
   if [ ! -f "$stash/trained.ok" ]; then
     mkdir -p "$stash/models"
+    train_s=200; [ "$phase" = refusals523 ] && train_s=150
     ( PYTHONUNBUFFERED=1 python3 tests/gpu/realengine/train_pair.py "$stash/models" \
-        --seconds "${RIG_TRAIN_S:-200}" ${RIG_TRAIN_ARGS:---target-share 0.4 --b-steps 10 --prompts 512 --drafter-min-s 30} \
+        --seconds "${RIG_TRAIN_S:-$train_s}" ${RIG_TRAIN_ARGS:---target-share 0.4 --b-steps 10 --prompts 512 --drafter-min-s 30} \
         --report "$out/train.json" > "$out/train.log" 2>&1 && touch "$stash/trained.ok" ) &
     train_pid=$!
   fi ;;
@@ -73,11 +80,12 @@ unpack() {  # archive, marker
 }
 need101=0
 case "$phase" in failures|all|ddtree101*) need101=1 ;; esac
-if ! unpack "$carry/site.tar.xz" site; then
-  only=(--only 433c58ed7); [ $need101 = 1 ] && only=()
-  python3 tests/gpu/realengine/build_carry.py "$stash/carry" "${only[@]}" --grammar \
-    && unpack "$stash/carry/site.tar.xz" site \
-    || { echo "no packages: carry $carry/site.tar.xz or reach PyPI"; exit 2; }
+if ! unpack "$carry/$site.tar.xz" "$site"; then
+  only=(--only 433c58ed7 --grammar); [ $need101 = 1 ] && only=(--grammar)
+  [ "$site" = site523 ] && only=(--release 0.5.23)
+  python3 tests/gpu/realengine/build_carry.py "$stash/carry" "${only[@]}" \
+    && unpack "$stash/carry/$site.tar.xz" "$site" \
+    || { echo "no packages: carry $carry/$site.tar.xz or reach PyPI"; exit 2; }
 fi
 [ $need101 = 1 ] && { unpack "$carry/site101.tar.xz" site101 || unpack "$stash/carry/site101.tar.xz" site101; }
 # The rig's own driver imports the checkout's `appliance`, which imports the Docker SDK: the host
@@ -86,8 +94,9 @@ unpack "$carry/pydeps.tar.xz" pydeps || unpack "$stash/carry/pydeps.tar.xz" pyde
   || echo "no pydeps.tar.xz: record.py needs the docker package"
 export PYTHONPATH="$stash/pydeps${PYTHONPATH:+:$PYTHONPATH}"
 # xgrammar unpacks into site/ (runs with grammar requests; the others pass --grammar-backend none).
-unpack "$carry/grammar.tar.xz" grammar || unpack "$stash/carry/grammar.tar.xz" grammar \
-  || echo "no grammar.tar.xz: runs that need xgrammar will fail to start"
+# site523 holds its own (the release's lock's version).
+[ "$site" = site ] && { unpack "$carry/grammar.tar.xz" grammar || unpack "$stash/carry/grammar.tar.xz" grammar \
+  || echo "no grammar.tar.xz: runs that need xgrammar will fail to start"; }
 for commit in 433c58ed70cd1dabe5a07a83da12f1513cd599ae 101cd5bd02faab336ada94f78daada6288c1816e; do
   [ -f "$stash/s-$commit.ok" ] && continue
   for dir in "$carry" "$src_dir"; do
@@ -100,7 +109,7 @@ if [ -f "$stash/fa3/flash_ops.slim.so.xz" ] && [ ! -f "$stash/site/sgl_kernel/fl
   xz -dc "$stash/fa3/flash_ops.slim.so.xz" > "$stash/site/sgl_kernel/flash_ops.abi3.so"
 fi
 if [ ! -f "$stash/models.ok" ] && [ "$phase" != tune ]; then
-  PYTHONPATH="$stash/site" python3 tests/gpu/realengine/models.py "$stash/models" && touch "$stash/models.ok"
+  PYTHONPATH="$stash/$site" python3 tests/gpu/realengine/models.py "$stash/models" && touch "$stash/models.ok"
 fi
 case " $* " in *bigload*)
   if [ ! -f "$stash/big.ok" ]; then
@@ -108,15 +117,26 @@ case " $* " in *bigload*)
   fi ;;
 esac
 echo "packages, sources, models: $((SECONDS - t0)) s"
-if [ ! -f "$stash/env.ok" ]; then
+if [ ! -f "$stash/env-$site.ok" ]; then
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-  PYTHONPATH="$stash/site:$stash/stubs" python3 -c "
+  stubs=stubs; [ "$site" = site523 ] && stubs=stubs523
+  PYTHONPATH="$stash/$site:$stash/$stubs" python3 -c "
 import importlib.metadata as m
 print(' '.join(f'{p}=={m.version(p)}' for p in ('torch', 'triton', 'transformers', 'tokenizers', 'sglang-kernel', 'aiohttp', 'compressed-tensors', 'xgrammar')))"
-  PYTHONPATH="$stash/site:$stash/stubs" python3 -c "import xgrammar; print('xgrammar imports')" 2>&1 | tail -3
-  touch "$stash/env.ok"
+  PYTHONPATH="$stash/$site:$stash/$stubs" python3 -c "import xgrammar; print('xgrammar imports')" 2>&1 | tail -3
+  # 0.5.23's engine imports, on the host's torch with the carried kernel: the first error here
+  # is the one its runs would stop at.
+  [ "$site" = site523 ] && SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1 PYTHONPATH="$stash/$site:$stash/$stubs" \
+    python3 -c "import sglang, sgl_kernel, sglang.launch_server; print('sglang', sglang.__version__, 'imports')" 2>&1 | tail -5
+  touch "$stash/env-$site.ok"
 fi
 
+# refusals523 waits for its trained pair (trained in the background above).
+if [ "$phase" = refusals523 ] && [ -n "${train_pid:-}" ]; then
+  wait "$train_pid"; tail -4 "$out/train.log"
+  [ -f "$stash/trained.ok" ] || { echo "training failed"; tail -30 "$out/train.log"; exit 3; }
+  echo "trained after $((SECONDS - t0)) s"
+fi
 # Tune (tests/gpu/realengine/tune_rig.py): appliance.tune's run_tune over the trained pair's
 # engines (all five started at once, each measured alone), then the exhaustive sweep of the
 # same candidates; tune.json, sweep.json and the engines' logs into $OUT.
@@ -153,6 +173,8 @@ case "$phase" in
   # Capture-only, one engine at a time; the first builds the INT4 JIT kernels itself.
   int4-alone) waves="dflash_int4_alone base_int4_alone" ;;
   # The trained pair: all at once (the verify pairs serve first, then each speed run alone).
+  # sglang 0.5.23's answers to the refusal set (DFLASH, tiny Kimi-shaped model and trained pair).
+  refusals523) waves="refusals523_dflash,refusals523_trained" ;;
   trained) waves="trained_base,trained_dflash,trained_ddtree_b8,trained_ddtree_b16,trained_ddtree_b32,trained_wrong,trained_verify_dflash,trained_verify_ddtree" ;;
   *) waves="$*" ;;
 esac

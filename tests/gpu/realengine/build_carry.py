@@ -2,6 +2,7 @@
 
     python3 tests/gpu/realengine/build_carry.py OUTDIR [--only 433c58ed7|101cd5bd0]
         [--grammar] [--sglang-src DIR] [--lock LOCK] [--work DIR]
+    python3 tests/gpu/realengine/build_carry.py OUTDIR --release 0.5.23 [--kernel VERSION]
 
 Run where PyPI is reachable. It downloads, for CPython 3.12 on x86-64 Linux, every package
 the real engine needs that a GPU host with torch (CUDA 13) typically lacks, each at the version
@@ -22,11 +23,26 @@ Kernels the rig's runs never load are left out of sglang-kernel so that the bund
 device call: flash_ops (FA3, 1.1 GB; imported lazily by `sgl_kernel.flash_attn`),
 flashmla_ops, infllm_ops and the SM100 build. The fa3 runs need flash_ops: see README.md.
 xgrammar's static library and headers (only for building against it) are left out too.
+
+`--release 0.5.23` builds OUTDIR/site523.tar.xz alone (with pydeps.tar.xz): the PyPI release
+the DFLASH and baseline recipes pin, self-contained (no other site needed): sglang 0.5.23 and
+the packages of NEEDED and GRAMMAR at the versions of its own lock
+(`appliance/engine/locks/sglang-0.5.23.lock.txt`), a sglang-kernel, and the stubs, under
+`site523/` and `stubs523/`. What the runs never load is left out (RELEASE_SKIPPED: the
+diffusion server, the Rust HTTP/gRPC/bench/multimodal extensions, tests, type stubs).
+The kernel is not the lock's: sglang-kernel 0.4.10 (and 0.4.7 to 0.4.9) pins torch 2.13.0 or
+2.14.1, whose C++ ABI the GPU host's torch 2.11.0 lacks (0.4.10's sm90 common_ops links
+`torch::Library::_def(..., std::vector<torch::headeronly::Tag>)` and the 6-argument
+`c10::cuda::c10_cuda_check_implementation`, where 0.4.5, which loads on torch 2.11, links the
+`at::Tag` and 5-argument ones), and torch 2.14.1 itself cannot travel. So the carry holds 0.4.5, the kernel
+433c58ed7's runs load on that torch (`--kernel` chooses another); the runs set
+SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1 (0.5.23 asks for 0.4.9 or later) and say so.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import re
 import shutil
 import subprocess
@@ -34,6 +50,7 @@ import sys
 import tarfile
 import tempfile
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -69,7 +86,21 @@ SKIPPED_KERNELS = ("sgl_kernel/flash_ops.abi3.so", "sgl_kernel/flashmla_ops.abi3
                    "sgl_kernel/infllm_ops", "sgl_kernel/sm100/")
 # 0.4.3's bundled libraries and headers: 101cd5bd0's crash comes before it could use them.
 SKIPPED_101 = SKIPPED_KERNELS + ("lib/", "lib64/", "include/", "_mscclpp")
-PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_26_x86_64",
+# The PyPI release (`--release`): its lock, the wheel, and what its runs never load.
+RELEASE_LOCKS = {"0.5.23": REPO / "appliance/engine/locks/sglang-0.5.23.lock.txt"}
+# The sglang-kernel whose torch ABI is the GPU host's torch 2.11.0 (see the docstring).
+RELEASE_KERNEL = "0.4.5"
+RELEASE_SKIPPED = (
+    "sglang/multimodal_gen/",  # the diffusion server
+    "sglang/test/",
+    "sglang/srt/rust_extensions/_server.",  # only with SGLANG_RUST_SERVER
+    "sglang/srt/rust_extensions/_grpc.",  # only with --grpc-port
+    "sglang/srt/rust_extensions/_bench.",  # sglang's own bench client
+    "sglang/srt/rust_extensions/_multimodal.",  # image processors
+)
+RELEASE_SKIPPED_SUFFIXES = (".pyi",)
+PLATFORMS = ["manylinux_2_34_x86_64",  # sglang 0.5.23's own wheel
+             "manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_26_x86_64",
              "manylinux_2_24_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
              "manylinux_2_5_x86_64", "manylinux1_x86_64"]
 
@@ -99,12 +130,13 @@ def download(dest: Path, specs: list[str]) -> None:
     subprocess.run(cmd + specs, check=True)
 
 
-def unpack_wheels(wheels: list[Path], site: Path, skip: tuple[str, ...] = ()) -> None:
+def unpack_wheels(wheels: list[Path], site: Path, skip: tuple[str, ...] = (),
+                  skip_suffixes: tuple[str, ...] = ()) -> None:
     # A wheel is a zip laid out as site-packages: unzipping is installing with --no-deps.
     for wheel in wheels:
         with zipfile.ZipFile(wheel) as archive:
             for member in archive.namelist():
-                if not member.startswith(skip):
+                if not member.startswith(skip) and not member.endswith(skip_suffixes):
                     archive.extract(member, site)
 
 
@@ -146,6 +178,123 @@ def build_pydeps(work: Path, out: Path) -> None:
     pack(out / "pydeps.tar.xz", {"pydeps": site})
 
 
+def build_release(work: Path, out: Path, release: str, kernel: str) -> Path:
+    """site523.tar.xz: sglang `release` with its lock's packages, `kernel`, and the stubs."""
+    pins = lock_pins(RELEASE_LOCKS[release])
+    download(work / "rel-whl", wanted(pins, NEEDED + GRAMMAR) + [f"sglang=={pins['sglang']}"])
+    download(work / "rel-kernel", [f"{KERNEL}=={kernel}"])
+    site = work / "rel-site"
+    unpack_wheels(sorted((work / "rel-whl").glob("*.whl")), site,
+                  GRAMMAR_SKIPPED + RELEASE_SKIPPED, RELEASE_SKIPPED_SUFFIXES)
+    unpack_wheels(sorted((work / "rel-kernel").glob("*.whl")), site, SKIPPED_KERNELS)
+    shutil.rmtree(site / "bin", ignore_errors=True)
+    tag = release.replace(".", "")[-3:]
+    name = out / f"site{tag}.tar.xz"
+    pack(name, {f"site{tag}": site, f"stubs{tag}": HERE / "stubs"})
+    return site
+
+
+# Import names the GPU host's image has (the device README's package list), for the check.
+HOST_MODULES = frozenset({
+    "torch", "triton", "numpy", "aiohttp", "requests", "psutil", "packaging", "yaml", "PIL",
+    "safetensors", "huggingface_hub", "tqdm", "filelock", "fsspec", "jinja2", "sentencepiece",
+    "tiktoken", "einops", "prometheus_client", "uvloop", "scipy", "msgpack", "xxhash", "cuda",
+    "numba", "llvmlite", "ninja", "setuptools", "pkg_resources", "anyio", "httpx", "h11",
+    "idna", "certifi", "click", "rich", "typer", "pyarrow", "pandas", "sympy", "networkx",
+    "google", "cupy", "nvidia", "six", "dateutil", "attr", "attrs", "wrapt", "frozenlist",
+    "multidict", "yarl", "aiosignal", "propcache", "markupsafe", "charset_normalizer",
+    "urllib3", "pynvml", "cv2", "torchvision", "torchaudio", "timm", "pydantic_core",
+    "hf_xet", "zipp", "importlib_metadata", "pygments", "markdown_it", "mdurl", "shellingham",
+    "mpmath", "typing_inspect", "mypy_extensions", "cloudpickle", "tabulate", "portalocker",
+    "sortedcontainers", "xarray", "jax", "jaxlib", "onnx", "pybind11", "cmake", "regex",
+})
+
+
+# Where the engine's serving road starts (launch_server imports most of it inside functions):
+# the server, the scheduler, the model runner, the runs' models and backends.
+ENTRIES = (
+    "sglang.launch_server", "sglang.srt.entrypoints.http_server", "sglang.srt.entrypoints.engine",
+    "sglang.srt.managers.scheduler", "sglang.srt.managers.tokenizer_manager",
+    "sglang.srt.managers.detokenizer_manager", "sglang.srt.model_executor.model_runner",
+    "sglang.srt.models.deepseek_v2", "sglang.srt.models.qwen3", "sglang.srt.models.dflash",
+    "sglang.srt.speculative.dflash_worker_v2", "sglang.srt.speculative.dflash_utils",
+    "sglang.srt.constrained.xgrammar_backend", "sglang.srt.layers.attention.triton_backend",
+    "sglang.srt.entrypoints.openai.serving_chat",
+)
+# Packages the serving road names at module level only behind a switch the runs leave off:
+# not carried, and not reported missing.
+SWITCHED_OFF = {
+    "deep_gemm": "imported where ENABLE_JIT_DEEPGEMM, which is false when its import fails",
+    "modelscope": "imported only with SGLANG_USE_MODELSCOPE",
+    "zstandard": "imported only with SGLANG_ENABLE_REQUEST_DECOMPRESSION",
+}
+# A module-level `if` on another platform (or on type checking) is not the CUDA host's road.
+OTHER_PLATFORMS = ("hip", "npu", "xpu", "musa", "cpu", "mps", "mlx", "TYPE_CHECKING", "aiter",
+                   "amx", "darwin", "hpu")
+
+
+def _module_imports(module: str, path: Path, body: list[ast.stmt]) -> Iterator[str]:
+    """The modules `body` imports at module level, into the CUDA host's `if` branches and the
+    `try` blocks that do not catch a missing module."""
+    for node in body:
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level == 0 and node.module:
+                name = node.module
+            else:
+                parts = module.split(".")
+                keep = len(parts) - node.level + (path.name == "__init__.py")
+                anchor = ".".join(parts[:keep])
+                name = f"{anchor}.{node.module}" if node.module else anchor
+            yield name
+            yield from (f"{name}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.If):
+            test = ast.unparse(node.test)
+            if not any(word in test for word in OTHER_PLATFORMS):
+                yield from _module_imports(module, path, node.body)
+            if not test.startswith("not "):
+                yield from _module_imports(module, path, node.orelse)
+        elif isinstance(node, ast.Try) and not any(_catches_import_error(h) for h in node.handlers):
+            yield from _module_imports(module, path, node.body)
+
+
+def _catches_import_error(handler: ast.ExceptHandler) -> bool:
+    caught = ast.unparse(handler.type) if handler.type is not None else "BaseException"
+    return any(name in caught for name in ("ImportError", "ModuleNotFoundError", "Exception"))
+
+
+def import_check(site: Path, entries: tuple[str, ...] = ENTRIES) -> dict[str, list[str]]:
+    """The third-party packages that the module-level imports from `entries` name (read from
+    the unpacked site's sources; imports inside functions and guarded by a `try` left aside),
+    each with up to three modules that import it, that neither the site, the stubs nor the
+    host's image hold."""
+    stubs = {path.name for path in (HERE / "stubs").iterdir()}
+    present = {path.name.split(".")[0] for path in site.iterdir()} | stubs | HOST_MODULES
+    present |= set(sys.stdlib_module_names) | set(SWITCHED_OFF)
+    own = {entry.split(".")[0] for entry in entries}
+    seen: set[str] = set()
+    todo = list(entries)
+    missing: dict[str, list[str]] = {}
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        base = site / module.replace(".", "/")
+        path = base / "__init__.py" if (base / "__init__.py").is_file() else base.with_suffix(".py")
+        if not path.is_file():
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
+        for name in _module_imports(module, path, tree.body):
+            root = name.split(".")[0]
+            if root in own:
+                todo.append(name)
+            elif root not in present:
+                missing.setdefault(root, []).append(module)
+    return {root: sorted(set(users))[:3] for root, users in sorted(missing.items())}
+
+
 def copy_sources(src_dir: Path, out: Path, commits: list[str]) -> None:
     for commit in commits:
         name = f"sglang-{commit}.tar.gz"
@@ -162,6 +311,11 @@ def main() -> None:
     parser.add_argument("--grammar", action="store_true", help="also grammar.tar.xz (xgrammar)")
     parser.add_argument("--sglang-src", type=Path, help="copy the SGLang snapshots from here")
     parser.add_argument("--work", type=Path, help="work folder (default: a temporary one)")
+    parser.add_argument("--release", choices=sorted(RELEASE_LOCKS),
+                        help="build only site<release>.tar.xz (and pydeps.tar.xz): that PyPI release")
+    parser.add_argument("--kernel", default=RELEASE_KERNEL,
+                        help=f"--release: the sglang-kernel version (default {RELEASE_KERNEL}: the "
+                             "host torch's ABI)")
     args = parser.parse_args()
     pins = lock_pins(args.lock)
     out = args.outdir.resolve()
@@ -169,21 +323,47 @@ def main() -> None:
         raise SystemExit("--work must lie outside OUTDIR: OUTDIR holds only what travels")
     out.mkdir(parents=True, exist_ok=True)
     sites = [args.only] if args.only else sorted(SITES, reverse=True)
+    if args.release:
+        sites = []
     with tempfile.TemporaryDirectory(prefix="rig-carry-") as scratch:
         work = args.work or Path(scratch)
+        if args.release:
+            site = build_release(work, out, args.release, args.kernel)
+            missing = import_check(site)
+            print(f"{args.release}: the module-level imports from {len(ENTRIES)} of the engine's "
+                  "modules name " + (f"packages neither carried nor on the host: {missing}"
+                                     if missing else "only packages carried or on the host")
+                  + f" (left out, switched off: {', '.join(sorted(SWITCHED_OFF))})")
         if "433c58ed7" in sites:
             build_433(work, out, pins)
         if "101cd5bd0" in sites:
             build_101(work, out)
-        if args.grammar:
+        if args.grammar and not args.release:
             build_grammar(work, out, pins)
         build_pydeps(work, out)
         if args.work:
             shutil.rmtree(args.work, ignore_errors=True)
-    if args.sglang_src:
+    if args.sglang_src and sites:
         copy_sources(args.sglang_src, out, [SITES[name] for name in sites])
+    total = 0
     for path in sorted(out.iterdir()):
+        total += path.stat().st_size
         print(f"{path}: {path.stat().st_size / 2**20:.1f} MiB")
+    checkout = checkout_bytes()
+    if checkout is not None:
+        print(f"checkout {checkout / 2**20:.1f} MiB + {out.name} {total / 2**20:.1f} MiB = "
+              f"{(checkout + total) / 2**20:.1f} MiB of a device call's 64 MiB")
+
+
+def checkout_bytes() -> int | None:
+    """What a device call sends of the checkout: tracked and untracked-not-ignored files."""
+    try:
+        listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                                cwd=REPO, capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    paths = (REPO / name for name in listed.decode().split("\0") if name)
+    return sum(path.stat().st_size for path in paths if path.is_file() and not path.is_symlink())
 
 
 if __name__ == "__main__":

@@ -496,6 +496,9 @@ def record(run: Run, out: Path, models: str, pythonpath: str, deadline: float) -
         argv_overrides.setdefault("--max-total-tokens", str(SHARED_KV_TOKENS))
     plan = launch(run.example, models, spec_overrides=run.spec_overrides,
                   argv_overrides=argv_overrides, drop_flags=run.drop_flags, grammar=run.grammar)
+    for name, (value, why) in run.env.items():
+        plan.env[name] = value
+        plan.changes.append(f"env {name}={value}: {why}")
     if shared > 1:
         plan.changes.append(f"{shared} runs share the GPU at once (RIG_SHARED_GPU), this one on "
                             f"port {PORT}" + ("; --max-total-tokens caps its KV pool so that "
@@ -548,7 +551,27 @@ def record(run: Run, out: Path, models: str, pythonpath: str, deadline: float) -
     return info
 
 
+def dry_run(names: list[str], stash: Path) -> None:
+    """What each run would start, without starting it: argv, added environment, changes and
+    PYTHONPATH (a stash that does not exist yet is fine)."""
+    for name in names:
+        run = RUNS[name]
+        plan = launch(run.example, str(stash / "models"), spec_overrides=run.spec_overrides,
+                      argv_overrides={**run.argv_overrides, "--port": str(PORT)},
+                      drop_flags=run.drop_flags, grammar=run.grammar)
+        for env_name, (value, why) in run.env.items():
+            plan.env[env_name] = value
+            plan.changes.append(f"env {env_name}={value}: {why}")
+        pythonpath = ":".join(str(stash / part).format(**run.paths) for part in run.pythonpath)
+        print(json.dumps({"run": name, "argv": plan.argv, "env_added": plan.env,
+                          "pythonpath": pythonpath, "changes": plan.changes}, indent=1))
+
+
 def main() -> None:
+    if sys.argv[1] == "--dry-run":
+        # `record.py --dry-run RUN...`: the runs' argv, checked on any machine.
+        dry_run(sys.argv[2:], Path(os.environ.get("RIG_STASH", "/root/stash")))
+        return
     name, out = sys.argv[1], Path(sys.argv[2])
     run = RUNS[name]
     deadline = float(os.environ.get("RIG_DEADLINE", time.time() + 600))

@@ -8,6 +8,8 @@ from appliance.bench.verify import BUILTIN_PROMPTS
 
 S433 = "sglang-433c58ed70cd1dabe5a07a83da12f1513cd599ae"
 S101 = "sglang-101cd5bd02faab336ada94f78daada6288c1816e"
+# The PyPI release the DFLASH and baseline recipes pin: site523/ (build_carry.py --release).
+R523 = "sglang-0.5.23"
 TRITON = {"--attention-backend": "triton"}
 NO_SPECULATION = {"engine.speculative_algorithm": "NONE", "engine.speculative_draft_model_path": None,
                   "engine.speculative_num_draft_tokens": None, "engine.speculative_ddtree_budget": None}
@@ -51,6 +53,8 @@ class Run:
     bench_output_len: int = 64
     # Seconds its serving takes where the default estimate (serve_s) is far off.
     serve_estimate_s: float | None = None
+    # Environment the engine gets beyond the product's: name -> (value, why), in run.json.
+    env: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     @property
     def paths(self) -> dict[str, str]:
@@ -58,6 +62,9 @@ class Run:
 
     @property
     def pythonpath(self) -> tuple[str, ...]:
+        if self.source == R523:
+            # The release's own packages (sglang among them) and the stubs, alone.
+            return ("site523", "stubs523")
         if self.source == S101:
             # 101cd5bd0 imports moe_fused_gate (sglang-kernel 0.4.3) and flashinfer.gemm.
             return ("stubs101", "site101", "site", "stubs", "{src}")
@@ -237,6 +244,29 @@ RUNS.update(_runs(
              bench_levels=(), exclusive_serve=False, companion="trained_base_companion",
              serve_estimate_s=40.0),
 ))
+# What sglang 0.5.23 answers to the refusal set, DFLASH on the tiny Kimi-shaped model and on
+# the trained pair (train_pair.py). The host's torch is 2.11.0 and the release's lock pins
+# 2.14.1, which cannot travel; the carry's sglang-kernel is 0.4.5, the one built for that torch
+# (build_carry.py says why), so 0.5.23's own check for 0.4.9 or later is skipped.
+R523_ENV = {"SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK": (
+    "1", "sglang-kernel 0.4.5 (built for the host's torch 2.11.0) instead of the lock's 0.4.10 "
+    "(built for torch 2.14.1, whose C++ ABI the host lacks); torch 2.11.0 and triton 3.6.0 are "
+    "the host's, not the lock's 2.14.1 and 3.8.0")}
+R523_REFUSALS = {"source": R523, "self_check": False, "probe": False, "bench_levels": (),
+                 "refusals": True, "grammar": True, "env": R523_ENV}
+RUNS.update(_runs(
+    # Context 32768, not the model's 262144: 433c58ed7's long_fits prefill of 262,044 tokens
+    # took 120 s, which one device call with the pair's training has no room for; the answers
+    # at the context's edge (long_fits, long_over) are asked at this context's edge instead.
+    Run("refusals523_dflash", "DFLASH (block 8) on sglang 0.5.23, triton, with xgrammar, on the "
+        "tiny Kimi-shaped model (context 32768): the refusal requests", "dflash",
+        argv_overrides=dict(TRITON), spec_overrides={"engine.context_length": 32768},
+        **R523_REFUSALS),  # type: ignore[arg-type]
+    Run("refusals523_trained", "DFLASH (block 8) on sglang 0.5.23, triton, with xgrammar, on the "
+        "trained pair: the refusal requests", "dflash", spec_overrides=dict(TRAINED),
+        argv_overrides=dict(TRAINED_ARGV), **R523_REFUSALS),  # type: ignore[arg-type]
+))
+R523_RUNS = ("refusals523_dflash", "refusals523_trained")
 TRAINED_RUNS = ("trained_base", "trained_dflash", "trained_ddtree_b8", "trained_ddtree_b16",
                 "trained_ddtree_b32", "trained_wrong", "trained_verify_dflash",
                 "trained_verify_ddtree")
