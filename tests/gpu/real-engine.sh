@@ -35,7 +35,7 @@ phase=${1:-all}
 stash=${RIG_STASH:-$HOME/stash}
 # The site the phase's engines run: 433c58ed7's packages (site), or sglang 0.5.23's own (site523).
 site=site default_carry=.carry_re
-[ "$phase" = refusals523 ] && site=site523 default_carry=.carry_523
+case " $* " in *" refusals523"*) site=site523 default_carry=.carry_523 ;; esac
 carry=${RIG_CARRY:-$default_carry}
 src_dir=${APPLIANCE_SGLANG_SRC_DIR:-../shared/sglang-src}
 out=${OUT:-var/real-engine}
