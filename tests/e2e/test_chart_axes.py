@@ -16,7 +16,6 @@ from appliance.runtime import series
 from tests.e2e.conftest import CHROMIUM, CHROMIUM_ARGS
 from tests.e2e.screenshots import screenshot_path
 from tests.e2e.stack import login
-from tests.servers import panel_server
 from tests.specs import spec
 from web.deployments import services
 from web.deployments.models import MetricPoint
@@ -53,9 +52,8 @@ def los_angeles_page(tmp_path: Path) -> Iterator[Page]:
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[str]:
-    with panel_server(tmp_path / "web.log") as url:
-        yield url
+def server(shared_panel: str) -> str:
+    return shared_panel
 
 
 def _utc_labels(start: float, end: float) -> set[str]:
