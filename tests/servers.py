@@ -10,10 +10,8 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager, ExitStack, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import requests
 from django.db import connection
@@ -74,26 +72,6 @@ def celery_worker(log_path: Path, **env: str) -> Iterator[subprocess.Popen[bytes
             "--without-gossip", "--without-mingle"]
     with _process(argv, log_path, "ready.", env) as proc:
         yield proc
-
-
-@contextmanager
-def started_together(*managers: AbstractContextManager[Any]) -> Iterator[list[Any]]:
-    """The processes of `managers` (panel_server, celery_worker, engine_agent...) started at
-    once, each waiting for its own readiness on a thread of its own: each imports Django for
-    seconds, so one after the other they took the sum of those waits. Yields what each
-    yields, in order; ends them in the reverse order (those that started, when one fails)."""
-    with ExitStack() as stack:
-        with ThreadPoolExecutor(len(managers)) as pool:
-            entered = [pool.submit(manager.__enter__) for manager in managers]
-        errors = []
-        for manager, future in zip(managers, entered, strict=True):
-            if future.exception() is None:
-                stack.push(manager)
-            else:
-                errors.append(future.exception())
-        if errors:
-            raise errors[0]
-        yield [future.result() for future in entered]
 
 
 @contextmanager

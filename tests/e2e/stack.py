@@ -14,7 +14,7 @@ from django.db import connection
 from playwright.sync_api import Page, expect
 
 from tests.conftest_docker import remove_engines
-from tests.servers import celery_worker, engine_agent, panel_server, started_together
+from tests.servers import celery_worker, engine_agent, panel_server
 from web.deployments.services.installation import instance_id
 
 
@@ -25,9 +25,9 @@ def appliance_stack(tmp_path: Path, env: dict[str, str]) -> Iterator[str]:
     compose run or of another database's tests beside it are left alone."""
     redis.Redis.from_url(settings.REDIS_URL).flushdb()  # no stale tasks from other tests
     mine = instance_id()
-    with started_together(celery_worker(tmp_path / "worker.log", **env),
-                          engine_agent(tmp_path / "agent.log", **env),
-                          panel_server(tmp_path / "web.log", **env)) as (_, _, url):
+    with celery_worker(tmp_path / "worker.log", **env), \
+            engine_agent(tmp_path / "agent.log", **env), \
+            panel_server(tmp_path / "web.log", **env) as url:
         yield url
     remove_engines(mine)
 

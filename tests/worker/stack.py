@@ -14,7 +14,7 @@ from typing import Any
 from django.test import override_settings
 
 from tests.conftest_docker import remove_engines
-from tests.servers import celery_worker, engine_agent, started_together
+from tests.servers import celery_worker, engine_agent
 from web.deployments.services.installation import instance_id
 
 
@@ -39,10 +39,10 @@ def fast_engines(image: str, fast: dict[str, str]) -> Iterator[dict[str, str]]:
 @contextlib.contextmanager
 def worker_and_agent(tmp_path: Path, env: dict[str, str], agent_log: str = "agent.log",
                      ) -> Iterator[tuple[subprocess.Popen[bytes], subprocess.Popen[bytes]]]:
-    """The Celery worker (worker.log) and the engine agent (`agent_log`) under tmp_path,
-    started together; yields both processes."""
-    with started_together(celery_worker(tmp_path / "worker.log", **env),
-                          engine_agent(tmp_path / agent_log, **env)) as (worker, agent):
+    """The Celery worker (worker.log) and the engine agent (`agent_log`) under tmp_path;
+    yields both processes."""
+    with celery_worker(tmp_path / "worker.log", **env) as worker, \
+            engine_agent(tmp_path / agent_log, **env) as agent:
         yield worker, agent
 
 

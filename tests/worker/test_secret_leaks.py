@@ -27,7 +27,6 @@ from tests.servers import (
     engine_agent,
     login_session,
     panel_server,
-    started_together,
     suite_database_url,
 )
 from tests.specs import spec
@@ -59,9 +58,9 @@ def stack(test_engine_image: str, tmp_path: Path) -> Iterator[dict[str, Any]]:  
            "APPLIANCE_ENGINE_STOP_TIMEOUT_S": "5", "APPLIANCE_ENGINE_READY_TIMEOUT_S": "120"}
     with override_settings(ENGINE_IMAGE=test_engine_image, ENGINE_GPU_REQUESTS=False,
                            ENGINE_SECRETS_DIR=env["APPLIANCE_ENGINE_SECRETS_DIR"]), \
-            started_together(panel_server(tmp_path / "panel.log", **env),
-                             celery_worker(tmp_path / "worker.log", **env),
-                             engine_agent(tmp_path / "agent.log", **env)) as (url, _, _):
+            panel_server(tmp_path / "panel.log", **env) as url, \
+            celery_worker(tmp_path / "worker.log", **env), \
+            engine_agent(tmp_path / "agent.log", **env):
         yield {"url": url, "logs": tmp_path}
     remove_engines(instance_id())  # this database's engines only, never another run's
 
