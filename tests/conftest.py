@@ -11,6 +11,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
@@ -205,37 +206,66 @@ def _flock(handle: object, mode: int, what: str, deadline: float) -> None:
             time.sleep(0.1)
 
 
+# The run's lock files of an exclusive test whose next test on this worker is exclusive too:
+# kept held, so a run of exclusive tests (a parametrized one, a module of them) waits for the
+# other workers' tests to end once, not once per test.
+_HELD: list[tuple[IO[str], IO[str]]] = []
+
+
+def _is_exclusive(item: pytest.Item | None) -> bool:
+    return item is not None and item.get_closest_marker("exclusive") is not None
+
+
+def _release(turnstile: IO[str], lock: IO[str]) -> None:
+    for handle in (lock, turnstile):
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        handle.close()
+
+
 @contextlib.contextmanager
-def _run_lock(item: pytest.Item) -> Iterator[None]:
+def _run_lock(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     """Under pytest-xdist: an `exclusive` test holds the run's lock alone; every other test
     holds it shared. A waiting exclusive test holds the turnstile, so no new test starts
-    before it (it cannot starve while the other workers keep taking turns)."""
+    before it (it cannot starve while the other workers keep taking turns). An exclusive
+    test followed by another keeps both held for it."""
     folder = os.environ.get(_LOCKS_ENV)
     if not folder:
         yield
         return
-    exclusive = item.get_closest_marker("exclusive") is not None
-    deadline = time.monotonic() + EXCLUSIVE_WAIT_S
-    with (Path(folder) / "turnstile").open("a") as turnstile, \
-            (Path(folder) / "lock").open("a") as lock:
-        _flock(turnstile, fcntl.LOCK_EX, "a test that runs alone to start", deadline)
+    exclusive = _is_exclusive(item)
+    keep = exclusive and _is_exclusive(nextitem)
+    if _HELD and not exclusive:  # never the case: kept only for an exclusive next test
+        _release(*_HELD.pop())
+    if _HELD:
+        turnstile, lock = _HELD.pop()
+    else:
+        deadline = time.monotonic() + EXCLUSIVE_WAIT_S
+        turnstile = (Path(folder) / "turnstile").open("a")
+        lock = (Path(folder) / "lock").open("a")
         try:
+            _flock(turnstile, fcntl.LOCK_EX, "a test that runs alone to start", deadline)
             if not exclusive:
                 fcntl.flock(turnstile, fcntl.LOCK_UN)
             _flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH,
                    "the other workers' tests to end" if exclusive
                    else "a test that runs alone to end", deadline)
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        except BaseException:
+            _release(turnstile, lock)
+            raise
+    try:
+        yield
+    finally:
+        if keep:
+            _HELD.append((turnstile, lock))
+        else:
+            _release(turnstile, lock)
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> object:
     # Around setup, call and teardown: a module fixture set up or torn down at this test
     # (a stack, a build) is inside the lock too.
-    with _run_lock(item):
+    with _run_lock(item, nextitem):
         return (yield)
 
 
