@@ -17,7 +17,7 @@ from django.db import connection
 from playwright.sync_api import Page, expect
 
 from appliance.logs.catalogue import CATALOGUE
-from tests.e2e.logpane import FIRST_PAINT_MS, INTERACTION_MS
+from tests.e2e.logpane import FIRST_PAINT_MS, INTERACTION_GUARD_MS
 from tests.e2e.logpane import SCROLL_TOP as _SCROLL_TOP
 from tests.e2e.logpane import TIMED as _TIMED
 from tests.e2e.logpane import TIMED_OLDER as _TIMED_OLDER
@@ -93,7 +93,6 @@ def _append_live(pk: int, text: str) -> None:
     thread.join()
 
 
-@pytest.mark.exclusive  # first paint and paging are held to milliseconds: alone, not skewed
 def test_a_deployment_with_a_million_events_opens_at_the_tail_and_pages_back_fast(  # type: ignore[no-untyped-def]
         million, server, page):
     pk, newest = million
@@ -163,8 +162,9 @@ def test_a_deployment_with_a_million_events_opens_at_the_tail_and_pages_back_fas
           f"back ({stats['lines']} lines in the pane)")
     print(f"download: first 64 KiB after {first_byte_ms:.0f} ms")
     assert paint["tail"] < FIRST_PAINT_MS and paint["fcp"] < FIRST_PAINT_MS
-    assert _median(back) < INTERACTION_MS and _p90(back) < INTERACTION_MS
-    assert phases_ms < INTERACTION_MS and search_ms < INTERACTION_MS and clear_ms < INTERACTION_MS
+    assert _median(back) < INTERACTION_GUARD_MS and _p90(back) < INTERACTION_GUARD_MS
+    assert (phases_ms < INTERACTION_GUARD_MS and search_ms < INTERACTION_GUARD_MS
+            and clear_ms < INTERACTION_GUARD_MS)
     assert heap_after - heap_before < HEAP_GROWTH_MB
     assert first_byte_ms < 1000
 
