@@ -234,7 +234,7 @@ def _run_lock(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]
         return
     exclusive = _is_exclusive(item)
     keep = exclusive and _is_exclusive(nextitem)
-    if _HELD and not exclusive:  # never the case: kept only for an exclusive next test
+    if _HELD and not exclusive:  # a guard: a lock is kept only for an exclusive next test
         _release(*_HELD.pop())
     if _HELD:
         turnstile, lock = _HELD.pop()

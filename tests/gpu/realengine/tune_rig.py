@@ -157,16 +157,17 @@ class RigDeployer:
         # share: the start's bound is for starting all at once, and one engine may come up
         # seconds after it (the no-speculation engine did, 0.1 s late, in one call).
         engine = self.engines.get(candidate.name)
-        ready = "" if self.fake else __import__("record").READY
-        end = float(os.environ.get("RIG_DEADLINE", time.time())) - 60
-        while (not self.fake and engine is not None and self.ready_s.get(candidate.name) is None
-               and engine.proc.poll() is None and time.time() < end and not stop()):
-            if engine.seen(ready):
-                self.ready_s[candidate.name] = round(time.time() - engine.started, 1)
-                break
-            time.sleep(0.5)
+        if not self.fake and engine is not None:
+            from record import READY
+
+            end = float(os.environ.get("RIG_DEADLINE", time.time())) - 60
+            while (self.ready_s.get(candidate.name) is None and engine.proc.poll() is None
+                   and time.time() < end and not stop()):
+                if engine.seen(READY):
+                    self.ready_s[candidate.name] = round(time.time() - engine.started, 1)
+                    break
+                time.sleep(0.5)
         if self.ready_s.get(candidate.name) is None:
-            engine = self.engines.get(candidate.name)
             tail = "\n".join(getattr(engine, "lines", [])[-8:])
             raise DeployFailed(f"{candidate.name}'s engine did not come up in time: {tail}")
         return self.urls[candidate.name]
