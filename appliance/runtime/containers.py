@@ -267,7 +267,7 @@ class EngineRuntime:
         project = labels.get(COMPOSE_PROJECT)
         if not project:
             return []
-        peers = self.client.containers.list(filters={"label": [
+        peers = self.client.containers.list(ignore_removed=True, filters={"label": [
             f"{COMPOSE_PROJECT}={project}", f"{COMPOSE_SERVICE}={service}"]})
         return [c.id for c in peers]
 

@@ -83,6 +83,7 @@ def fast_and_slow(operator, tmp_path: Path, test_engine_image: str, settings):  
         yield url, fast, slow
 
 
+@pytest.mark.exclusive  # the engines' recorded step costs: other workers' CPU use skews them
 def test_an_ab_benchmark_shows_the_speedup_and_charts(fast_and_slow, page: Page) -> None:  # type: ignore[no-untyped-def]
     url, fast, slow = fast_and_slow
     login(page, url)

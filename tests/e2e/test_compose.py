@@ -220,7 +220,7 @@ class Stack:
     def _web_on_engine_network(self) -> bool:
         """Web and both gateway instances, which relay /v1 to the engines."""
         for service in ("web", "gateway-a", "gateway-b"):
-            found = docker.from_env().containers.list(filters={"label": [
+            found = docker.from_env().containers.list(ignore_removed=True, filters={"label": [
                 f"com.docker.compose.project={PROJECT}", f"com.docker.compose.service={service}"]})
             if not found or not all(self.values["APPLIANCE_ENGINE_NETWORK"] in
                                     c.attrs["NetworkSettings"]["Networks"] for c in found):
@@ -378,7 +378,7 @@ def _reaches_from_outside(client: Any, image: str, address: str) -> bool:
 
 
 def _service(client: Any, service: str) -> Any:
-    return client.containers.list(filters={"label": [
+    return client.containers.list(ignore_removed=True, filters={"label": [
         f"com.docker.compose.project={PROJECT}", f"com.docker.compose.service={service}"]})[0]
 
 

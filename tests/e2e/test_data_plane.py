@@ -91,7 +91,7 @@ class Caller:
 
 
 def _containers(client: Any) -> list[Any]:
-    return client.containers.list(filters={"label": f"com.docker.compose.project={PROJECT}"})
+    return client.containers.list(ignore_removed=True, filters={"label": f"com.docker.compose.project={PROJECT}"})
 
 
 CPUACCT = Path("/sys/fs/cgroup/cpuacct/docker")  # cgroup v1, Docker's cgroupfs driver
@@ -251,7 +251,7 @@ def test_a_restart_of_the_panel_or_of_one_gateway_loses_no_request(
     # 4. down -v removes what up made: containers, networks (the engine network too) and
     #    volumes of the project.
     stack.compose("down", "-v")
-    left = [c.name for c in client.containers.list(
+    left = [c.name for c in client.containers.list(ignore_removed=True,
         all=True, filters={"label": f"com.docker.compose.project={PROJECT}"})]
     networks = [n.name for n in client.networks.list(names=[PROJECT, f"{PROJECT}-engines"])
                 if n.name.startswith(PROJECT)]

@@ -93,7 +93,7 @@ class Trial:
             "logs", "--tail", "60"))
 
     def container(self, service: str) -> Any:
-        return docker.from_env().containers.list(all=True, filters={"label": [
+        return docker.from_env().containers.list(ignore_removed=True, all=True, filters={"label": [
             f"com.docker.compose.project={PROJECT}", f"com.docker.compose.service={service}"]})[0]
 
     def manage(self, *argv: str) -> str:

@@ -176,11 +176,11 @@ def test_cancelling_a_build_stops_it_and_leaves_no_build_container(
     assert running, "the slow step's container was seen"
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        left = client.containers.list(filters={"id": running[-1]})
+        left = client.containers.list(ignore_removed=True, filters={"id": running[-1]})
         if not left:
             break
         time.sleep(0.5)
-    assert client.containers.list(filters={"id": running[-1]}) == []
+    assert client.containers.list(ignore_removed=True, filters={"id": running[-1]}) == []
     with pytest.raises(Exception):  # noqa: B017 - docker.errors.ImageNotFound
         client.images.get(plan.tag)
 

@@ -75,7 +75,7 @@ class RecordingSink:
 def runtime(docker_client: DockerClient) -> Iterator[EngineRuntime]:  # noqa: F811
     made = EngineRuntime(docker_client)
     yield made
-    for container in docker_client.containers.list(
+    for container in docker_client.containers.list(ignore_removed=True,
             all=True, filters={"label": f"{LABEL_DEPLOYMENT}"}):
         if (container.labels or {}).get("appliance.instance") == "follower-test":
             with contextlib.suppress(docker.errors.NotFound):

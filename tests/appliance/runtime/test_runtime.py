@@ -49,7 +49,7 @@ def deployment_id(runtime: EngineRuntime) -> Iterator[str]:
     """A fresh deployment id whose containers are removed after the test."""
     ident = unique_id("rt")
     yield ident
-    for container in runtime.client.containers.list(
+    for container in runtime.client.containers.list(ignore_removed=True,
             all=True, filters={"label": f"{LABEL_DEPLOYMENT}={ident}"}):
         with contextlib.suppress(docker.errors.NotFound):
             container.remove(force=True)
@@ -141,7 +141,7 @@ def test_it_adopts_a_running_container_instead_of_starting_another(
     assert again.id == first.id
     assert runtime.find(deployment_id).id == first.id  # type: ignore[union-attr]
     assert first.id in {c.id for c in runtime.list_managed()}
-    same = runtime.client.containers.list(
+    same = runtime.client.containers.list(ignore_removed=True,
         all=True, filters={"label": f"{LABEL_DEPLOYMENT}={deployment_id}"})
     assert len(same) == 1
 
