@@ -82,9 +82,10 @@ export APPLIANCE_CHROMIUM="${APPLIANCE_CHROMIUM:-/usr/bin/chromium}"
 # time is spent waiting on containers, browsers and servers, not computing), each on its own
 # database and Redis db (Redis dbs N..N+2 from APPLIANCE_REDIS_URL's N); the groups that share
 # Docker names or restart services are kept apart (tests/conftest.py), and the slowest tests
-# are listed at the end. Arguments replace all of that: `./test -p no:xdist tests/api` runs
-# one folder in one process.
+# are listed at the end; every test's time is kept in var/test-report.xml (JUnit).
+# Arguments replace all of that: `./test -p no:xdist tests/api` runs one folder in one process.
 if [ $# -eq 0 ]; then
-  set -- -n "${APPLIANCE_TEST_WORKERS:-3}" --dist loadgroup --durations=30
+  set -- -n "${APPLIANCE_TEST_WORKERS:-3}" --dist loadgroup --durations=30 \
+    --junitxml=var/test-report.xml
 fi
 .venv/bin/pytest -p no:cacheprovider "$@"
