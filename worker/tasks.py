@@ -7,7 +7,7 @@ from web import tasks as names
 from web.benchmarks import services as bench_services
 from web.benchmarks import tune_services, verification_services
 from web.builder.builds import deployment_run
-from web.deployments.services import loadtime
+from web.store import loadtime
 
 from .celery import app
 

@@ -18,7 +18,7 @@ from playwright.sync_api import Page, expect
 
 from tests.e2e.stack import appliance_stack, login
 from tests.models import safetensors_bytes, write_model
-from web.deployments.services.loadtime import root_read_rate_measure
+from web.store.loadtime import root_read_rate_measure
 from web.store.services.scan import model_store_scan
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker, pytest.mark.e2e]

@@ -72,11 +72,11 @@ from web.deployments.services.lifecycle import (
     deployment_mark_stopped,
     deployment_restart_after_death,
 )
-from web.deployments.services.loadtime import deployment_models_refused
 from web.deployments.services.metrics import metrics_prune
 from web.deployments.services.reads import deployment_status_bodies_later
 from web.deployments.services.retention import events_prune_in_background
 from web.deployments.services.rolling import rolling_tick
+from web.store.loadtime import deployment_models_refused
 
 from .engines import container_plan, identity_of
 from .monitoring import MonitorHandle, monitor_start

@@ -19,8 +19,8 @@ from appliance.runtime.containers import ContainerPlan, EngineRuntimeError, Iden
 from appliance.runtime.mounts import engine_model_mounts
 from web.deployments.models import Deployment
 from web.deployments.services.installation import instance_id
-from web.deployments.services.loadtime import deployment_models_refused
 from web.deployments.simulator import image_is_simulator
+from web.store.loadtime import deployment_models_refused
 
 # The simulator's knob naming the engine build whose refusals it imitates
 # (docker/test-engine/sglang/test_engine/refusals.py).

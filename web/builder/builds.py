@@ -42,8 +42,8 @@ from web.deployments.services.lifecycle import (
     deployment_mark_failed,
     deployment_mark_starting,
 )
-from web.deployments.services.loadtime import MODEL_WAIT_POLL_S, deployment_model_wait
 from web.fleet.selectors import joined_host_of
+from web.store.loadtime import MODEL_WAIT_POLL_S, deployment_model_wait
 
 S = DeploymentStatus
 

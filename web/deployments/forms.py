@@ -11,9 +11,9 @@ from django import forms
 from django.conf import settings
 
 from appliance.engine.spec import MAX_REPLICAS
+from web.store.loadtime import store_model_options
 
 from .services import recipe_load, recipe_names
-from .services.loadtime import store_model_options
 from .spec_yaml import spec_yaml_load
 
 ALGORITHMS = [("NONE", "None (autoregressive)"), ("DFLASH", "DFlash"), ("DDTREE", "DDTree")]

@@ -1,6 +1,8 @@
 from django.urls import path
 
-from . import history_views, lifecycle_views, loadtime_views, playground_views, prom, sse, views
+from web.store import loadtime_views
+
+from . import history_views, lifecycle_views, playground_views, prom, sse, views
 
 app_name = "deployments"
 
@@ -8,7 +10,7 @@ urlpatterns = [
     path("", views.deployment_list, name="list"),
     path("deployments/new/", views.deployment_new, name="new"),
     path("hosts/", views.host_list, name="hosts"),
-    # The store page's Measure button (a root's read rate; services/loadtime.py).
+    # The store page's Measure button (a root's read rate; web/store/loadtime.py).
     path("store/read-rate/", loadtime_views.root_read_rate, name="read-rate"),
     path("deployments/rows/", views.deployment_list_rows, name="list-rows"),
     path("deployments/<int:pk>/", views.deployment_detail, name="detail"),

@@ -19,7 +19,7 @@ from appliance.images.plan import BuildError, recipe_lock_path
 from appliance.lifecycle import AGENT_OWNED
 from web.deployments.models import Deployment, GpuLease, Host
 from web.deployments.services.deployments import recipe_load
-from web.deployments.services.loadtime import deployment_models_refused
+from web.store.loadtime import deployment_models_refused
 
 from .heartbeat import host_lost_after_s, host_state
 from .models import FleetHost, JoinToken, Placement

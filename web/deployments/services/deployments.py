@@ -38,6 +38,13 @@ from appliance.lifecycle import Process
 from appliance.preflight import Finding, has_errors, run_preflight
 from web import tasks
 from web.fleet.placement import Choice, PlacementRefused, deployment_place, placement_store
+from web.store.loadtime import (
+    deployment_entries_resolve,
+    load_estimate,
+    root_read_rate_request,
+    store_facts,
+    unmeasured_roots,
+)
 
 from .. import live
 from ..models import TERMINAL_STATUSES, Deployment, DeploymentStatus, EventKind
@@ -55,13 +62,6 @@ from .lifecycle import (
     deployment_mark_requeued,
     deployment_mark_stopped,
     deployment_mark_stopping,
-)
-from .loadtime import (
-    deployment_entries_resolve,
-    load_estimate,
-    root_read_rate_request,
-    store_facts,
-    unmeasured_roots,
 )
 from .modelfiles import local_model_facts
 from .rolling import deployment_has_replicas, rolling_end, rolling_start

@@ -1,4 +1,4 @@
-"""The store page's Measure button: queue a root's read-rate measurement (services/loadtime)."""
+"""The store page's Measure button: queue a root's read-rate measurement (loadtime.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect
 from django.views.decorators.http import require_POST
 
-from .permissions import can_deploy
-from .services.loadtime import root_read_rate_request
+from web.deployments.permissions import can_deploy
+
+from .loadtime import root_read_rate_request
 
 
 @login_required

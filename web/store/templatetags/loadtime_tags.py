@@ -6,8 +6,9 @@ from typing import Any
 
 from django import template
 
-from ..permissions import can_deploy
-from ..services.loadtime import root_read_rates_list
+from web.deployments.permissions import can_deploy
+
+from ..loadtime import root_read_rates_list
 
 register = template.Library()
 

@@ -18,7 +18,7 @@ from tests.specs import spec
 from web.agent.engines import container_plan
 from web.deployments import services
 from web.deployments.models import Deployment, EventKind, RootReadRate
-from web.deployments.services.loadtime import (
+from web.store.loadtime import (
     deployment_model_wait,
     root_read_rate_measure,
 )
@@ -314,8 +314,8 @@ def test_a_read_rate_of_a_folder_that_is_no_root_is_refused(
 def test_mid_download_the_gpu_memory_check_counts_the_whole_model(root: Path) -> None:
     # 8 GiB per the store, a 4 MiB shard on disk so far: the weights rule uses the 8 GiB.
     _downloading("Kimi-K2.6", done=MIB, size=8 * 1024**3)
-    from web.deployments.services.loadtime import store_facts
     from web.deployments.services.modelfiles import local_model_facts
+    from web.store.loadtime import store_facts
 
     spec_ = services.deployment_validate(data=spec())[0]
     facts = store_facts(spec_, local_model_facts(spec_))

@@ -2,7 +2,7 @@
 expected weight load, each root's read rate, and the wait for a download still running.
 
 A spec names its models by the engine's path (/models/<folder>); the store's entry for
-that folder (web.store) says whether it is verified, still downloading, or unusable. A
+that folder (models.py) says whether it is verified, still downloading, or unusable. A
 deployment whose model is downloading stays queued (phase model_download, its progress in
 progress["model_download"]) and its deploy task looks again every MODEL_WAIT_POLL_S; it
 fails with a diagnosis when the download fails or is cancelled, and builds and starts the
@@ -25,13 +25,13 @@ from appliance.preflight.types import UNUSABLE_STATES, WAITING_STATES
 from appliance.store.diskrate import ReadRateError, measure_read_rate
 from appliance.store.loadtime import describe_load, load_seconds
 from web import tasks
-from web.store.models import ModelEntry
-from web.store.selectors import model_entries_list, model_entry_for_path, model_entry_get
+from web.deployments.models import Deployment, DeploymentStatus, EventKind, RootReadRate
+from web.deployments.services.events import events_append
+from web.deployments.services.lifecycle import deployment_mark_failed
+from web.deployments.services.modelfiles import model_folder, model_local_path
 
-from ..models import Deployment, DeploymentStatus, EventKind, RootReadRate
-from .events import events_append
-from .lifecycle import deployment_mark_failed
-from .modelfiles import model_folder, model_local_path
+from .models import ModelEntry
+from .selectors import model_entries_list, model_entry_for_path, model_entry_get
 
 S = DeploymentStatus
 MODEL_WAIT_POLL_S = 2.0  # how often a waiting deploy looks at its download again
