@@ -1,8 +1,9 @@
 from django.urls import path
 
+from web.gateway import playground_views
 from web.store import loadtime_views
 
-from . import history_views, lifecycle_views, playground_views, prom, sse, views
+from . import history_views, lifecycle_views, prom, sse, views
 
 app_name = "deployments"
 

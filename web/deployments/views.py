@@ -14,6 +14,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_safe
 
+from web.gateway.playground_views import how_to_call
 from web.gateway.selectors import gateway_base_url
 
 from . import selectors, services
@@ -23,7 +24,6 @@ from .lifecycle_views import form_source
 from .listing import row_texts
 from .models import TERMINAL_STATUSES, Deployment
 from .permissions import can_delete, can_deploy, can_stop, can_view
-from .playground_views import how_to_call
 from .silence import deployment_silence
 
 LIST_REFRESH_S = 5  # how often the list page asks for its rows again

@@ -1,8 +1,6 @@
-"""Reads for the gateway: where it is, what a deployment is called there, which keys may call
-it, and the lookups each proxied request makes (a key by its secret, a deployment by model).
-
-Public to other apps (CONTRACT21.md): gateway_base_url, served_model_name,
-api_keys_for_deployment, ApiKeyInfo.
+"""Reads for the gateway: where it is, which keys may call a deployment, and the lookups each
+proxied request makes (a key by its secret, a deployment by model: the name a deployment is
+called by is its own, web/deployments/services/served_names.py).
 """
 
 from __future__ import annotations
@@ -21,6 +19,7 @@ from django.http import HttpRequest
 
 from appliance.engine.refusals import recipe_source
 from web.deployments.models import ACTIVE_STATUSES, Deployment, DeploymentStatus, Host
+from web.deployments.services.served_names import served_model_name
 from web.deployments.simulator import image_is_simulator, simulator_images_recent
 from web.fleet.models import FleetHost, Placement
 from web.fleet.selectors import engine_key
@@ -138,12 +137,6 @@ class Target:
 def gateway_base_url(*, request: HttpRequest) -> str:
     """The OpenAI base URL clients use, on the panel's own origin (e.g. http://host:8000/v1)."""
     return request.build_absolute_uri("/v1")
-
-
-def served_model_name(*, deployment: Deployment) -> str:
-    """The `model` a client names: the spec's served_model_name, else the deployment's name
-    (appliance.engine.launch passes the same to the engine as --served-model-name)."""
-    return str(deployment.engine_options.get("served_model_name") or deployment.name)
 
 
 def secret_digest(secret: str) -> str:

@@ -16,6 +16,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from web.deployments.models import ACTIVE_STATUSES, Deployment
 from web.deployments.permissions import can_deploy
+from web.deployments.services.served_names import served_model_name
 from web.gateway import selectors, services
 
 
@@ -40,7 +41,7 @@ class ApiKeyForm(forms.Form):
             .annotate(replica_count=Count("replica_rows", filter=running) + 1)
             .order_by("name", "id"))
         self.fields["deployments"].label_from_instance = (  # type: ignore[attr-defined]
-            lambda d: f"{selectors.served_model_name(deployment=d)} (#{d.pk}, {d.status}"
+            lambda d: f"{served_model_name(deployment=d)} (#{d.pk}, {d.status}"
                       + (f", {d.replica_count} replicas)" if d.replica_count > 1 else ")"))
 
 

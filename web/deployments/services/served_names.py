@@ -26,6 +26,12 @@ NAME_FIELD = "name"
 SERVED_FIELD = "engine.served_model_name"
 
 
+def served_model_name(*, deployment: Deployment) -> str:
+    """The `model` a client names: the spec's served_model_name, else the deployment's name
+    (appliance.engine.launch passes the same to the engine as --served-model-name)."""
+    return str(deployment.engine_options.get("served_model_name") or deployment.name)
+
+
 def served_name_of(*, spec: dict[str, Any], name: str) -> str:
     engine = spec.get("engine") if isinstance(spec, dict) else None
     served = engine.get("served_model_name") if isinstance(engine, dict) else None

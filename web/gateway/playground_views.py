@@ -1,8 +1,8 @@
 """How to call a deployment (a section of its detail page) and the playground page: a chat
 with a ready deployment through the gateway's own URLs, with the panel session as the key.
 
-The gateway (web.gateway) owns where and as what a deployment is served and which keys may
-call it; these views only put that on the page.
+Where and as what a deployment is served and which keys may call it are the gateway's own
+facts (selectors.py); these views put them on the page.
 """
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.views.decorators.http import require_safe
 
-from web.gateway.selectors import api_keys_for_deployment, gateway_base_url, served_model_name
+from web.deployments.models import Deployment, DeploymentStatus
+from web.deployments.permissions import can_deploy
+from web.deployments.services.served_names import served_model_name
 
 from .howto import KEY_VAR, curl_example, python_example
-from .models import Deployment, DeploymentStatus
-from .permissions import can_deploy
+from .selectors import api_keys_for_deployment, gateway_base_url
 
 # The playground's inputs start here; the engine's own limits still apply.
 DEFAULT_MAX_TOKENS = 256

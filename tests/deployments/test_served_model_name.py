@@ -8,7 +8,7 @@ from appliance.engine.launch import launch_args
 from appliance.engine.spec import spec_from_dict
 from tests.specs import spec
 from web.deployments.models import Deployment
-from web.gateway.selectors import served_model_name
+from web.deployments.services.served_names import served_model_name
 
 
 def flag(argv: list[str], name: str) -> str:
