@@ -181,9 +181,16 @@ def test_gpu_ids_only_a_joined_host_has_are_placed_there(settings) -> None:  # t
     made = queued(gpus=[2, 3], engine__tp_size=2)
     assert (made.host, made.gpus) == ("gpu-2", [2, 3])
     assert made.placement_reason == "gpu-2: 4 free GPUs; gpu-host lacks the GPUs"
+    # No host has GPU 4: placement refuses first, naming what each host lacks.
     errors = _refused(name="second", gpus=[4])
-    assert "GPU ids [4] are not on this host: it has 4 GPUs (ids 0 to 3, per the count " \
-        "gpu-2 states)" in errors["gpus"][0]
+    assert errors["gpus"] == [
+        "Replica 0 needs GPU 4 free on one host: gpu-2 has 2 free (no GPU 4), gpu-host has 1 "
+        "free (no GPU 4). Fix: stop a deployment that holds them, choose other GPUs, or join "
+        "a host with them."]
+    # Named, gpu-2 is the one host to take it: pre-flight checks it against gpu-2's count.
+    errors = _refused(name="second", gpus=[4], host="gpu-2")
+    assert "GPU ids [4] are not on this host: it has 4 GPUs (ids 0 to 3, per the " \
+        "count gpu-2 states)" in errors["gpus"][0]
 
 
 def test_a_gpu_held_by_a_replica_row_names_that_row_and_its_deployment(settings) -> None:  # type: ignore[no-untyped-def]

@@ -27,6 +27,7 @@ from web.deployments.models import Host
 from web.deployments.services.hosts import host_gpu_inventory_findings
 from web.deployments.simulator import SIMULATOR_NOTE
 from web.fleet import services
+from web.fleet.hostfacts import host_facts
 from web.fleet.models import FleetHost, JoinToken
 
 from .hosts import joined, report
@@ -141,14 +142,22 @@ def test_the_sim_hosts_engine_is_the_test_engine_image_step_for_step() -> None:
 
 
 @pytest.mark.django_db
-def test_a_panel_without_gpus_takes_gpu_ids_a_joined_host_states() -> None:
-    assert host_gpu_inventory_findings(gpus=[0], configured=0)[0].message.startswith(
-        "GPU ids [0] are not on this host: it has 0 GPUs (none")
+def test_a_panel_without_gpus_takes_gpu_ids_a_joined_host_states(settings) -> None:  # type: ignore[no-untyped-def]
+    def refused(gpus: list[int], host: str) -> list[str]:
+        return [f.message for f in host_gpu_inventory_findings(gpus=gpus,
+                                                                host=host_facts(name=host))]
+
+    settings.GPU_COUNT = 0
+    assert refused([0], "gpu-host")[0].startswith(
+        "GPU ids [0] are not on this host: it has 0 GPUs (none, per APPLIANCE_GPU_COUNT on "
+        "gpu-host)")
     joined("sim-a", gpus=None, gpu_count=4)
-    assert host_gpu_inventory_findings(gpus=[3], configured=0) == []
-    (refused,) = host_gpu_inventory_findings(gpus=[4], configured=0)
-    assert "it has 4 GPUs (ids 0 to 3, per the count sim-a states)" in refused.message
-    assert host_gpu_inventory_findings(gpus=[7], configured=8) == [], \
+    assert refused([3], "sim-a") == []
+    (message,) = refused([4], "sim-a")
+    assert "it has 4 GPUs (ids 0 to 3, per the count sim-a states)" in message
+    assert refused([3], "gpu-host"), "the panel's own host has its own count, not sim-a's"
+    settings.GPU_COUNT = 8
+    assert refused([7], "gpu-host") == [], \
         "the panel's own 8 GPUs still count beside a smaller joined host"
 
 

@@ -19,6 +19,8 @@ def input_error_response(exc: DeploymentInputError) -> Response:
     body: dict[str, Any] = dict(exc.errors)
     if exc.findings:
         body["preflight"] = [f.to_dict() for f in exc.findings]
+        if exc.host:
+            body["preflight_host"] = exc.host  # the host (or hosts) they were checked on
     if exc.needs_confirmation:
         body["needs_confirmation"] = True
     return Response(body, status=status.HTTP_400_BAD_REQUEST)

@@ -326,9 +326,14 @@ def _run_of(deployment: Deployment, number: int) -> dict[str, Any]:
 @parser_classes(SPEC_PARSERS)
 @permission_classes([permissions.IsAuthenticated])
 def preflight(request: Request) -> Response:
-    """Validate a spec and run the pre-flight rules without deploying (the same bodies as
-    creating a deployment: JSON or YAML, a bare spec or {"spec": ...})."""
+    """Validate a spec, place it and run the pre-flight rules against the host placement
+    chose, without deploying (the same bodies as creating a deployment: JSON or YAML, a
+    bare spec or {"spec": ...}). `host` names the host checked; `placement` says where
+    each replica would run and why (a read: another request may take those GPUs first)."""
     body = PreflightSerializer(data=spec_body(request.data, {}))
     body.is_valid(raise_exception=True)
-    spec, findings = services.deployment_validate(data=body.validated_data["spec"])
-    return Response({"findings": [f.to_dict() for f in findings], "ok": True})
+    checked = services.deployment_check(data=body.validated_data["spec"])
+    return Response({"findings": [f.to_dict() for f in checked.findings], "ok": True,
+                     "host": checked.host,
+                     "placement": [{"replica": c.replica, "host": c.host, "gpus": c.gpus,
+                                    "reason": c.reason} for c in checked.choices]})

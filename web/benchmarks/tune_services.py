@@ -306,7 +306,9 @@ class PanelDeployer:
 
     def preflight(self, candidate: Candidate) -> list[str]:
         try:
-            deployments.deployment_validate(data=self._spec(candidate))
+            # Checked on replica 0's host, where a candidate runs (or, side by side, beside it).
+            hosts = deployments.deployment_hosts(deployment_id=self.pk, alone=True)
+            deployments.deployment_validate(data=self._spec(candidate), hosts=hosts)
         except deployments.DeploymentInputError as exc:
             return [f"{field}: {' '.join(msgs)}" for field, msgs in exc.errors.items()]
         return []

@@ -79,6 +79,7 @@ def deployment_new(request: HttpRequest) -> HttpResponse:
                           recipe=source.initial["recipe"] if source else request.GET.get("recipe"),
                           initial=source.initial if source else None)
     findings: list[dict[str, str]] = []
+    checked_on = ""  # the host (or hosts) placement chose and pre-flight checked
     # &redeploy=1: the form runs the source deployment on its new spec, in place (rolling
     # with replicas: services.deployment_redeploy) instead of creating another.
     redeploy = int(str(request.GET["from"])) if source and request.GET.get("redeploy") == "1" \
@@ -91,7 +92,7 @@ def deployment_new(request: HttpRequest) -> HttpResponse:
                 rebuild_image=form.cleaned_data["rebuild_image"])
         except services.DeploymentInputError as exc:
             form.add_service_errors(exc.errors)
-            findings = [f.to_dict() for f in exc.findings]
+            findings, checked_on = [f.to_dict() for f in exc.findings], exc.host
         else:
             text = (deployment.rolling or {}).get("text") if (
                 deployment.rolling or {}).get("state") == "rolling" else None
@@ -107,7 +108,7 @@ def deployment_new(request: HttpRequest) -> HttpResponse:
             )
         except services.DeploymentInputError as exc:
             form.add_service_errors(exc.errors)
-            findings = [f.to_dict() for f in exc.findings]
+            findings, checked_on = [f.to_dict() for f in exc.findings], exc.host
         else:
             # Tagged with the status it reports: the detail page drops it once the live status
             # moves on, so "queued" does not sit above a ready engine.
@@ -117,7 +118,8 @@ def deployment_new(request: HttpRequest) -> HttpResponse:
     status = 400 if request.method == "POST" else 200
     return render(
         request, "deployments/new.html",
-        {"form": form, "findings": findings, "source": source, "redeploy": redeploy},
+        {"form": form, "findings": findings, "checked_on": checked_on, "source": source,
+         "redeploy": redeploy},
         status=status,
     )
 

@@ -4,17 +4,21 @@ The modules, by theme: deployments (the actions a person takes: validate, create
 restart, redeploy, delete; recipes), rolling (Restart and Redeploy of a deployment with
 replicas, one replica at a time), lifecycle (the one writer of `status`: appliance.lifecycle's
 table applied), events (the event log and its live stream), leases (GPU leases), loadtime
-(the model store as deployments see it), hosts (what the GPU host's Docker can do, from
-the agents' reports), errors (DeploymentInputError). The engine agent's code is in
-web/agent/, the build worker's in web/builder/; both call these, never the reverse.
+(the model store as deployments see it), hosts (what a GPU host can do, from its agent's
+reports: pre-flight's facts of the host placement chose), errors (DeploymentInputError).
+The engine agent's code is in web/agent/, the build worker's in web/builder/; both call
+these, never the reverse.
 Callers import from here: `from web.deployments import services; services.deployment_create(...)`.
 """
 
 from __future__ import annotations
 
 from .deployments import (
+    Checked,
+    deployment_check,
     deployment_create,
     deployment_delete,
+    deployment_hosts,
     deployment_redeploy,
     deployment_restart,
     deployment_run_alone,
@@ -45,9 +49,12 @@ from .rolling import rolling_end, rolling_start, rolling_text, rolling_tick
 
 __all__ = [
     "ADVANCE",
+    "Checked",
     "DeploymentInputError",
+    "deployment_check",
     "deployment_create",
     "deployment_delete",
+    "deployment_hosts",
     "deployment_mark_building",
     "deployment_mark_capturing",
     "deployment_mark_checking",

@@ -9,6 +9,7 @@ Adding an action: docs/architecture.md, "Add a deployment action".
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 from django.conf import settings
@@ -37,6 +38,7 @@ from appliance.engine.widths import needed_graph_widths
 from appliance.lifecycle import Process
 from appliance.preflight import Finding, has_errors, run_preflight
 from web import tasks
+from web.fleet.hostfacts import host_facts
 from web.fleet.placement import Choice, PlacementRefused, deployment_place, placement_store
 from web.store.loadtime import (
     deployment_entries_resolve,
@@ -50,12 +52,7 @@ from .. import live
 from ..models import TERMINAL_STATUSES, Deployment, DeploymentStatus, EventKind
 from .errors import DeploymentInputError
 from .events import events_append
-from .hosts import (
-    host_gpu_findings,
-    host_gpu_inventory,
-    host_gpu_inventory_findings,
-    host_secret_names,
-)
+from .hosts import host_gpu_findings, host_gpu_inventory_findings
 from .leases import gpu_leases_acquire
 from .lifecycle import (
     User,
@@ -121,11 +118,9 @@ def _as_written(findings: list[Finding], data: dict[str, Any]) -> list[Finding]:
     return [dataclasses.replace(f, field=original_field(f.field, rest_at)) for f in findings]
 
 
-def deployment_validate(*, data: dict[str, Any]) -> tuple[DeploymentSpec, list[Finding]]:
-    """Validate a spec under its recipe's engine defaults and run pre-flight.
-
-    Raises DeploymentInputError naming each bad field, or the pre-flight errors.
-    """
+def _parsed(data: dict[str, Any]) -> tuple[dict[str, Any], DeploymentSpec, Recipe | None]:
+    """The spec under its recipe's engine defaults, or DeploymentInputError naming each bad
+    field."""
     data, entry_errors = deployment_entries_resolve(data=data)  # models named by store entry
     if entry_errors:
         raise DeploymentInputError(errors=entry_errors)
@@ -138,23 +133,110 @@ def deployment_validate(*, data: dict[str, Any]) -> tuple[DeploymentSpec, list[F
             raise SpecError(refused)
     except SpecError as exc:
         raise DeploymentInputError(errors=_spec_errors(exc)) from None
+    return data, spec, recipe
+
+
+def _rules(spec: DeploymentSpec, recipe: Recipe | None, data: dict[str, Any],
+           host: str | None) -> list[Finding]:
+    """The pre-flight rules against one host's facts (its GPUs, Docker, secret store);
+    with no host, the rules that need none (the others stay quiet)."""
+    facts = host_facts(name=host) if host is not None else None
     # Only files under the model roots are read here (modelfiles.py), never a path as given.
     findings = run_preflight(spec, recipe=recipe, read_local_configs=False,
-                             host_gpus=host_gpu_inventory(),
+                             host_gpus=facts.gpus if facts else None,
                              **store_facts(spec, local_model_facts(spec)),
-                             secret_names=host_secret_names(directory=settings.ENGINE_SECRETS_DIR))
-    findings += host_gpu_findings(gpus=list(spec.gpus), gpu_requests=settings.ENGINE_GPU_REQUESTS)
-    findings += host_gpu_inventory_findings(gpus=list(spec.gpus), configured=settings.GPU_COUNT)
-    findings = _as_written(findings, data)
+                             secret_names=facts.secret_names if facts else None)
+    if facts is not None:
+        findings += host_gpu_findings(gpus=list(spec.gpus), host=facts)
+        findings += host_gpu_inventory_findings(gpus=list(spec.gpus), host=facts)
+    return _as_written(findings, data)
+
+
+def _error_texts(findings: list[Finding]) -> dict[str, list[str]]:
+    errors: dict[str, list[str]] = {}
+    for finding in findings:
+        if finding.severity == "error":
+            errors.setdefault(finding.field or "non_field_errors", []).append(
+                f"{finding.message} Fix: {finding.fix} [{finding.rule}]")
+    return errors
+
+
+def _on_hosts(spec: DeploymentSpec, recipe: Recipe | None, data: dict[str, Any],
+              hosts: Sequence[str]) -> tuple[list[Finding], dict[str, list[Finding]]]:
+    """Pre-flight on each host the spec's replicas run on, the first host's findings first:
+    (the findings answered, each host's own). What another host adds (a secret its store
+    lacks, its GPUs' architecture) says which host; an error on any host refuses."""
+    each = {host: _rules(spec, recipe, data, host) for host in dict.fromkeys(hosts)}
+    first = each[hosts[0]]
+    findings = list(first) + [
+        dataclasses.replace(f, message=f"On host {host}: {f.message}")
+        for host, found in list(each.items())[1:] for f in found if f not in first]
     if has_errors(findings):
-        errors: dict[str, list[str]] = {}
-        for finding in findings:
-            if finding.severity == "error":
-                errors.setdefault(finding.field or "non_field_errors", []).append(
-                    f"{finding.message} Fix: {finding.fix} [{finding.rule}]"
-                )
-        raise DeploymentInputError(errors=errors, findings=findings)
+        raise DeploymentInputError(errors=_error_texts(findings), findings=findings,
+                                   host=", ".join(each))
+    return findings, each
+
+
+def deployment_validate(*, data: dict[str, Any], hosts: Sequence[str] | None = None
+                        ) -> tuple[DeploymentSpec, list[Finding]]:
+    """Validate a spec under its recipe's engine defaults and run pre-flight against the
+    hosts it runs on: those named (a placed deployment's rows' hosts), else the hosts
+    placement chooses for it now (deployment_check).
+
+    Raises DeploymentInputError naming each bad field, the placement's refusal, or the
+    pre-flight errors.
+    """
+    if hosts is None:
+        checked = deployment_check(data=data)
+        return checked.spec, checked.findings
+    data, spec, recipe = _parsed(data)
+    findings, _ = _on_hosts(spec, recipe, data, list(hosts) or [str(settings.HOST_NAME)])
     return spec, findings
+
+
+@dataclasses.dataclass(frozen=True)
+class Checked:
+    """A spec placed (a read: nothing is stored) and pre-flighted on the hosts chosen."""
+
+    spec: DeploymentSpec
+    findings: list[Finding]  # replica 0's host's, then what the other hosts add
+    choices: list[Choice]  # where each replica goes; empty when placement refused
+    each: dict[str, list[Finding]]  # host -> its own findings (each row keeps its host's)
+    refused: dict[str, list[str]]  # placement's refusal (field -> what each host lacks)
+
+    @property
+    def host(self) -> str:
+        """The host pre-flight checked (replica 0's first, then the other replicas')."""
+        return ", ".join(self.each)
+
+
+def _checked(data: dict[str, Any]) -> Checked:
+    """Place the spec's replicas, then run pre-flight against the chosen hosts' facts.
+
+    Where placement refuses, the rules that need no host still run: their errors come with
+    the refusal (raised); alone, the refusal is left to the caller (Checked.refused)."""
+    data, spec, recipe = _parsed(data)
+    try:
+        choices = _placed(spec, replicas=range(spec.replicas))
+    except DeploymentInputError as refusal:
+        findings = _rules(spec, recipe, data, None)
+        if has_errors(findings):
+            errors = dict(refusal.errors)
+            for field, texts in _error_texts(findings).items():
+                errors[field] = [*errors.get(field, []), *texts]
+            raise DeploymentInputError(errors=errors, findings=findings) from None
+        return Checked(spec, findings, [], {}, refusal.errors)
+    findings, each = _on_hosts(spec, recipe, data, [c.host for c in choices])
+    return Checked(spec, findings, choices, each, {})
+
+
+def deployment_check(*, data: dict[str, Any]) -> Checked:
+    """Pre-flight without deploying: validate, place, and run the rules against the host
+    placement chose (each replica's). Raises DeploymentInputError as deploying would."""
+    checked = _checked(data)
+    if checked.refused:
+        raise DeploymentInputError(errors=checked.refused)
+    return checked
 
 
 def deployment_create(
@@ -164,31 +246,36 @@ def deployment_create(
     confirm_warnings: bool = False,
     rebuild_image: bool = False,
 ) -> Deployment:
-    """Validate, pre-flight, store, and queue the deploy task once the row is committed.
+    """Validate, place, pre-flight on the chosen hosts, store, and queue the deploy task
+    once the row is committed.
 
     rebuild_image builds the engine image without the cache even when its tag exists
     (a moved base image tag, a suspect earlier build).
     """
-    spec, findings = deployment_validate(data=data)
+    checked = _checked(data)
+    spec, findings = checked.spec, checked.findings
     warnings = [f for f in findings if f.severity == "warning"]
-    if warnings and not confirm_warnings:
+    if warnings and not confirm_warnings and not checked.refused:
         raise DeploymentInputError(
             errors={"confirm_warnings": ["Pre-flight has warnings; confirm to deploy anyway."]},
             findings=findings,
             needs_confirmation=True,
+            host=checked.host,
         )
     with transaction.atomic():
         # Another active deployment of this served name is a 400 naming it; nothing stored.
         taken = served_name_conflict(spec=spec_to_dict(spec), name=spec.name)
-        # Replica 0 and the spec's other replicas, each placed, leased and queued here: a
-        # host, a GPU or a name refused rolls them all back (400), all said at once (a
-        # Clone as it is takes both its GPUs and its name).
+        if checked.refused:
+            raise DeploymentInputError(errors={**taken, **checked.refused})
+        # Replica 0 and the spec's other replicas, each where placement chose (its host's
+        # pre-flight on its row), leased and queued here: a GPU or a name refused rolls
+        # them all back (400), all said at once (a Clone as it is takes both its GPUs and
+        # its name).
         try:
-            choices = _placed(spec, replicas=range(spec.replicas))
             first: Deployment | None = None
-            for choice in choices:
-                row = _row_create(spec, [f.to_dict() for f in findings], choice, first=first,
-                                  user=user,
+            for choice in checked.choices:
+                row = _row_create(spec, [f.to_dict() for f in checked.each[choice.host]],
+                                  choice, first=first, user=user,
                                   rebuild_image=rebuild_image)
                 first = first or row
         except DeploymentInputError as exc:
@@ -333,11 +420,12 @@ def deployment_redeploy(*, deployment_id: int, data: dict[str, Any], user: User 
     starts again: Stop it first, or give it replicas).
     """
     row = Deployment.objects.get(pk=deployment_id)
-    spec, findings = deployment_validate(data=data)
+    hosts = deployment_hosts(deployment_id=row.pk)  # a redeploy keeps where it runs
+    spec, findings = deployment_validate(data=data, hosts=hosts)
     if [f for f in findings if f.severity == "warning"] and not confirm_warnings:
         raise DeploymentInputError(
             errors={"confirm_warnings": ["Pre-flight has warnings; confirm to deploy anyway."]},
-            findings=findings, needs_confirmation=True)
+            findings=findings, needs_confirmation=True, host=", ".join(dict.fromkeys(hosts)))
     columns = _spec_columns(spec, findings)
     changed = [what for key, (what, default) in _REDEPLOY_KEEPS.items()
                if columns["spec"].get(key, default) != (row.spec or {}).get(key, default)]
@@ -359,7 +447,8 @@ def deployment_run_alone(*, deployment_id: int, data: dict[str, Any], user: User
     """One stopped or failed row of a deployment with replicas started again alone on a new
     spec, its own GPUs kept, the other replicas untouched (they keep serving): a Tune runs
     its candidates on replica 0 so. A row still running is refused (400)."""
-    spec, findings = deployment_validate(data=data)
+    hosts = deployment_hosts(deployment_id=deployment_id, alone=True)
+    spec, findings = deployment_validate(data=data, hosts=hosts)
     columns = _spec_columns(spec, findings)
     with transaction.atomic():
         row = Deployment.objects.select_for_update().get(pk=deployment_id)
@@ -376,6 +465,15 @@ def deployment_run_alone(*, deployment_id: int, data: dict[str, Any], user: User
         tasks.deployment_start_later(row.pk)
     row.refresh_from_db()
     return row
+
+
+def deployment_hosts(*, deployment_id: int, alone: bool = False) -> list[str]:
+    """The hosts a placed deployment runs on, replica 0's first (a row from before
+    placement: the panel's own); `alone`: only this row's."""
+    rows = Deployment.objects.filter(pk=deployment_id) if alone else Deployment.objects.filter(
+        Q(pk=deployment_id) | Q(replica_of_id=deployment_id))
+    own = str(settings.HOST_NAME)
+    return [host or own for host in rows.order_by("replica_index").values_list("host", flat=True)]
 
 
 def _spec_columns(spec: DeploymentSpec, findings: list[Finding]) -> dict[str, Any]:

@@ -15,6 +15,7 @@ class DeploymentInputError(Exception):
     errors: dict[str, list[str]] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)
     needs_confirmation: bool = False
+    host: str = ""  # the host (or hosts) pre-flight checked the spec against
 
     def __str__(self) -> str:
         return "; ".join(f"{name}: {' '.join(msgs)}" for name, msgs in self.errors.items())

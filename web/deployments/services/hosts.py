@@ -1,16 +1,20 @@
-"""What the GPU host can do (Docker's GPU support).
+"""What one GPU host can do, as pre-flight checks a spec against it: Docker's GPU support,
+its GPUs, its secret store's names.
 
-The engine agent reports Docker's facts in a Host row; pre-flight reads them, so a
-deployment that asks for GPUs on a host whose Docker has no NVIDIA runtime is refused
-before anything starts, with a fix that fits.
+Each host's agent reports these in a Host row (the panel's own agent directly; a joined
+host's through its heartbeat, web/fleet/services.py). Placement chooses the host first;
+web/fleet/hostfacts.py picks that host's rows and `preflight_host` reads them, so a spec
+is refused for what the host it will run on lacks (no NVIDIA runtime, a GPU id it does not
+have, a secret its store lacks), never for another host's report.
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from django.utils import timezone
+from django.conf import settings
 
 from appliance.logs.appliance_causes import NO_NVIDIA_FIX
 from appliance.preflight import Finding
@@ -19,77 +23,89 @@ from appliance.runtime.secrets import secret_names_available
 from ..models import Host
 
 HOST_FRESH_S = 120  # a report older than this says nothing about the host now
-def host_gpu_findings(*, gpus: list[int], gpu_requests: bool) -> list[Finding]:
-    """Pre-flight from the agents' reports: GPUs asked for on a host Docker can't give them."""
-    if not (gpu_requests and gpus):
+
+
+@dataclass(frozen=True)
+class PreflightHost:
+    """One host's facts as pre-flight reads them; None where no fresh report says."""
+
+    name: str
+    reports: tuple[str, ...]  # the report rows (Host names) these facts come from
+    nvidia: bool | None  # whether its Docker has NVIDIA's runtime
+    runtimes: tuple[str, ...]
+    gpu_requests: bool  # whether engines there are given GPUs at all (the simulator: no)
+    gpus: list[dict[str, Any]] | None  # NVML's inventory (name, index, compute capability)
+    gpu_count: int | None  # how many GPUs it has, and who says so (gpu_source)
+    gpu_source: str
+    secret_names: frozenset[str] | None
+
+
+def preflight_host(*, name: str, reports: Sequence[Host], own: bool) -> PreflightHost:
+    """A host's facts from its fresh report rows, freshest first.
+
+    The panel's own host (own) may have several rows (its agent's, under its agent id) and
+    falls back to this process's settings where none says: APPLIANCE_GPU_COUNT GPUs, the
+    secret store this process sees. A joined host has its one row; without it nothing is
+    known (the rules stay quiet; placement has checked its GPU ids against its heartbeat).
+    """
+    rows = list(reports)
+    docker = [r.docker or {} for r in rows]
+    nvml = [r for r in rows if (r.gpu_telemetry or {}).get("available")
+            and r.gpu_telemetry.get("gpus")]
+    gpus = [dict(g) for g in nvml[0].gpu_telemetry["gpus"]] if nvml else None
+    count: int | None
+    if nvml:
+        count, by = max((len(r.gpu_telemetry["gpus"]), r.name) for r in nvml)
+        source = f"NVML on {by}"
+    elif own:
+        count, source = int(settings.GPU_COUNT), f"APPLIANCE_GPU_COUNT on {name}"
+    elif rows and isinstance(rows[0].gpu_telemetry, dict):
+        count, source = len(rows[0].gpu_telemetry.get("gpus") or []), f"the count {name} states"
+    else:
+        count, source = None, ""
+    if rows:
+        secrets: frozenset[str] | None = frozenset(n for r in rows for n in r.secret_names or [])
+    elif own:
+        secrets = frozenset(secret_names_available(directory=settings.ENGINE_SECRETS_DIR))
+    else:
+        secrets = None
+    requests = bool(settings.ENGINE_GPU_REQUESTS)
+    if not own and docker and "gpu_requests" in docker[0]:
+        requests = bool(docker[0]["gpu_requests"])  # the joined host's own setting
+    return PreflightHost(
+        name=name, reports=tuple(r.name for r in rows),
+        nvidia=any(bool(d.get("nvidia")) for d in docker) if rows else None,
+        runtimes=tuple(docker[0].get("runtimes") or []) if rows else (),
+        gpu_requests=requests, gpus=gpus, gpu_count=count, gpu_source=source,
+        secret_names=secrets)
+
+
+def host_gpu_findings(*, gpus: list[int], host: PreflightHost) -> list[Finding]:
+    """Pre-flight from the host's report: GPUs asked for on a host Docker can't give them."""
+    if not (host.gpu_requests and gpus) or host.nvidia is not False:
         return []
-    fresh = timezone.now() - timedelta(seconds=HOST_FRESH_S)
-    hosts = list(Host.objects.filter(heartbeat_at__gte=fresh))
-    if not hosts or any(h.docker.get("nvidia") for h in hosts):
-        return []
-    names = ", ".join(h.name for h in hosts)
     return [Finding(
         rule="host-gpu-runtime", severity="error", field="gpus",
-        message=f"this host's Docker has no NVIDIA runtime ({names}: runtimes "
-                f"{', '.join(hosts[0].docker.get('runtimes') or []) or 'none'}), so the "
-                "engine cannot be given GPUs.",
+        message=f"this host's Docker has no NVIDIA runtime ({', '.join(host.reports)}: "
+                f"runtimes {', '.join(host.runtimes) or 'none'}), so the engine cannot be "
+                "given GPUs.",
         fix=NO_NVIDIA_FIX)]
 
 
-def host_gpu_inventory() -> list[dict[str, Any]] | None:
-    """The GPUs the freshest agent reports through NVML (name, index, compute capability
-    where known), for the pre-flight rules that depend on the GPU architecture; None when no
-    fresh agent has NVML."""
-    fresh = timezone.now() - timedelta(seconds=HOST_FRESH_S)
-    hosts = [h for h in Host.objects.filter(heartbeat_at__gte=fresh).order_by("-heartbeat_at")
-             if (h.gpu_telemetry or {}).get("available") and h.gpu_telemetry.get("gpus")]
-    return [dict(g) for g in hosts[0].gpu_telemetry["gpus"]] if hosts else None
-
-
-def host_gpu_count(*, configured: int) -> tuple[int, str]:
-    """How many GPUs the host has, and who says so: the agents' NVML inventory (the largest
-    fresh one), else the configured count (APPLIANCE_GPU_COUNT). Never unknown: an
-    unbounded GPU id would lease a GPU that does not exist."""
-    fresh = timezone.now() - timedelta(seconds=HOST_FRESH_S)
-    counts = [(len(h.gpu_telemetry.get("gpus") or []), h.name)
-              for h in Host.objects.filter(heartbeat_at__gte=fresh)
-              if (h.gpu_telemetry or {}).get("available")]
-    if counts:
-        count, name = max(counts)
-        return count, f"NVML on {name}"
-    # Without NVML, joined hosts state a count (their heartbeat's report row): the largest
-    # host bounds a GPU id, the panel's own (APPLIANCE_GPU_COUNT, 0 on a panel without GPUs)
-    # among them; placement then checks each host's own.
-    stated = [(len(h.gpu_telemetry.get("gpus") or []), h.name)
-              for h in Host.objects.filter(heartbeat_at__gte=fresh)
-              if isinstance(h.gpu_telemetry, dict) and not h.gpu_telemetry.get("available")]
-    count, name = max(stated, default=(0, ""))
-    if count > configured:
-        return count, f"the count {name} states"
-    return configured, "APPLIANCE_GPU_COUNT"
-
-
-def host_gpu_inventory_findings(*, gpus: list[int], configured: int) -> list[Finding]:
-    """Pre-flight: GPU ids the host does not have."""
-    count, source = host_gpu_count(configured=configured)
+def host_gpu_inventory_findings(*, gpus: list[int], host: PreflightHost) -> list[Finding]:
+    """Pre-flight: GPU ids the host does not have (NVML's count, else the one it states,
+    else APPLIANCE_GPU_COUNT on the panel's own host: never unbounded, as a GPU id past the
+    host's would lease a GPU that does not exist)."""
+    count = host.gpu_count
+    if count is None:
+        return []
     missing = [g for g in gpus if g >= count]
     if not missing:
         return []
     have = f"ids 0 to {count - 1}" if count else "none"
     return [Finding(
         rule="host-gpu-inventory", severity="error", field="gpus",
-        message=f"GPU ids {missing} are not on this host: it has {count} GPUs ({have}, "
-                f"per {source}).",
+        message=f"GPU ids {missing} are not on this host: it has {count} GPUs ({have}, per "
+                f"{host.gpu_source}).",
         fix=f"list GPU ids from 0 to {count - 1} under gpus" if count else
             "run the deployment on a host with GPUs")]
-
-
-def host_secret_names(*, directory: str) -> frozenset[str]:
-    """Secret names the engine secret store holds: what the fresh agents report (they read
-    the store), else what this process sees of it (a host install, the tests)."""
-    fresh = timezone.now() - timedelta(seconds=HOST_FRESH_S)
-    reports = list(Host.objects.filter(heartbeat_at__gte=fresh).values_list(
-        "secret_names", flat=True))
-    if reports:
-        return frozenset(name for names in reports for name in names or [])
-    return frozenset(secret_names_available(directory=directory))
