@@ -127,3 +127,20 @@ def test_the_api_and_the_form_name_the_host_they_checked(operator) -> None:  # t
     page = form.content.decode()
     assert form.status_code == 400
     assert 'id="preflight-host">Checked against host gpu-3' in page, page[-3000:]
+
+
+def test_a_scale_checks_the_host_each_new_replica_goes_to() -> None:
+    joined("gpu-2", secret_names=["HF_TOKEN"])
+    joined("gpu-3", secret_names=[])
+    first = queued(secrets=["HF_TOKEN"], gpus=[0])
+    assert first.host == "gpu-2"
+    with pytest.raises(services.DeploymentInputError) as caught:
+        services.deployment_scale(deployment_id=first.pk, replicas=2)  # spread: gpu-3
+    assert caught.value.host == "gpu-3"
+    assert "secret HF_TOKEN is not in the engine secret store" in caught.value.errors["secrets"][0]
+    assert list(Deployment.objects.values_list("pk", flat=True)) == [first.pk]
+    joined("gpu-3", secret_names=["HF_TOKEN"])
+    services.deployment_scale(deployment_id=first.pk, replicas=2)
+    replica = Deployment.objects.get(replica_of=first)
+    assert replica.host == "gpu-3"
+    assert "secret-missing" not in {f["rule"] for f in replica.preflight}

@@ -549,11 +549,14 @@ def deployment_scale(*, deployment_id: int, replicas: int, user: User = None) ->
         spec = spec_from_dict(root.spec)
         choices = _placed(spec, replicas=wanted,
                           used=[rows[i].host for i in sorted(running) if i < replicas])
+        # Each host a replica goes to is pre-flighted as a new deployment's would be.
+        each = _on_hosts(spec, _recipe_for(root.spec), root.spec,
+                         [c.host for c in choices])[1] if choices else {}
         for choice in choices:
             ended = rows.get(choice.replica)
             if ended is None:
-                _row_create(spec, list(root.preflight or []), choice, first=root, user=user,
-                            rebuild_image=False)
+                _row_create(spec, [f.to_dict() for f in each[choice.host]], choice, first=root,
+                            user=user, rebuild_image=False)
                 continue
             placement_store(deployment=ended, choice=choice)
             gpu_leases_acquire(deployment=ended)
