@@ -28,5 +28,5 @@ urlpatterns = [
     path("models/", include("web.store.urls")),
     path("fleet/", include("web.fleet.urls")),
     path("account/", include("web.accounts.urls")),
-    path("", include("web.deployments.urls")),
+    path("", include("web.deploy.urls")),
 ]

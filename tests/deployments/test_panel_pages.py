@@ -13,8 +13,8 @@ from django.test import Client
 from django.urls import reverse
 
 from tests.specs import spec
+from web.deploy.forms import DeploymentForm
 from web.deployments import services
-from web.deployments.forms import DeploymentForm
 from web.deployments.models import Deployment
 
 pytestmark = pytest.mark.django_db

@@ -10,8 +10,8 @@ import pytest
 
 from appliance.engine.recipes import list_recipes
 from appliance.engine.spec import read_spec_file
+from web.deploy.forms import DeploymentForm
 from web.deployments import services
-from web.deployments.forms import DeploymentForm
 
 pytestmark = pytest.mark.django_db
 

@@ -2,7 +2,8 @@
 deployment a new-deployment form is filled from (Clone, Redeploy with the fix).
 
 Every one works without JavaScript: Stop and Delete are a confirm page with a form.
-The actions are services/deployments.py's; lifecycle.py moves the status.
+The actions are services.py's and web/deployments/services/deployments.py's;
+web/deployments/services/lifecycle.py moves the status.
 """
 
 from __future__ import annotations
@@ -19,12 +20,12 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods, require_POST, require_safe
 
 from appliance.engine.recipes import RecipeError
+from web.deployments import selectors, services
+from web.deployments.models import TERMINAL_STATUSES, Deployment, DeploymentStatus
+from web.deployments.permissions import can_delete, can_deploy, can_stop, can_view
+from web.deployments.services.rolling import deployment_has_replicas
 
-from . import selectors, services
 from .clone import FilledForm, form_from_deployment
-from .models import TERMINAL_STATUSES, Deployment, DeploymentStatus
-from .permissions import can_delete, can_deploy, can_stop, can_view
-from .services.rolling import deployment_has_replicas
 
 
 def _confirm(request: HttpRequest, deployment: Deployment, *, action: str,

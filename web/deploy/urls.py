@@ -1,9 +1,10 @@
 from django.urls import path
 
+from web.deployments import history_views, prom, sse
 from web.gateway import playground_views
 from web.store import loadtime_views
 
-from . import history_views, lifecycle_views, prom, sse, views
+from . import lifecycle_views, views
 
 app_name = "deployments"
 

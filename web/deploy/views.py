@@ -1,4 +1,4 @@
-"""Panel pages: list, new, detail, stop. Business logic stays in services."""
+"""Panel pages: list, new, hosts, detail. Business logic stays in services."""
 
 from __future__ import annotations
 
@@ -14,17 +14,17 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_safe
 
+from web.deployments import selectors, services
+from web.deployments.engine_limits import engine_limits
+from web.deployments.listing import row_texts
+from web.deployments.models import TERMINAL_STATUSES, Deployment
+from web.deployments.permissions import can_delete, can_deploy, can_stop, can_view
+from web.deployments.silence import deployment_silence
 from web.gateway.playground_views import how_to_call
 from web.gateway.selectors import gateway_base_url
 
-from . import selectors, services
-from .engine_limits import engine_limits
 from .forms import DeploymentForm
 from .lifecycle_views import form_source
-from .listing import row_texts
-from .models import TERMINAL_STATUSES, Deployment
-from .permissions import can_delete, can_deploy, can_stop, can_view
-from .silence import deployment_silence
 
 LIST_REFRESH_S = 5  # how often the list page asks for its rows again
 
