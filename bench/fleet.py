@@ -123,8 +123,8 @@ class Fleet:
 def fleet_create(args: argparse.Namespace) -> Fleet:
     """Replica 0 with `replicas: 4`; the replicas code's rows when it made them, else three
     more deployments pointed at it with the ORM."""
+    from web.deploy.services import deployment_create
     from web.deployments.models import Deployment
-    from web.deployments.services import deployment_create
 
     Deployment.objects.filter(name__startswith=NAME).delete()
     first = deployment_create(data=fleet_spec(args, NAME, 0, REPLICAS), confirm_warnings=True)

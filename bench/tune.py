@@ -151,7 +151,7 @@ def road_panel(args: argparse.Namespace, levels: tuple[int, ...]) -> int:
     from tests.specs import spec
     from web.benchmarks import tune_services
     from web.benchmarks.tune_models import TuneRun
-    from web.deployments import services
+    from web.deploy import services as deploying
     from web.deployments.models import Deployment
     from web.deployments.services.installation import instance_id
 
@@ -185,8 +185,8 @@ def road_panel(args: argparse.Namespace, levels: tuple[int, ...]) -> int:
     Deployment.objects.filter(name="tune-bench").delete()
     with celery_worker(logs / "worker.log", **env), engine_agent(logs / "agent.log", **env):
         try:
-            row = services.deployment_create(data=spec(name="tune-bench", self_check=False),
-                                             confirm_warnings=True)
+            row = deploying.deployment_create(data=spec(name="tune-bench", self_check=False),
+                                              confirm_warnings=True)
             deadline = time.monotonic() + 300
             while Deployment.objects.get(pk=row.pk).status != "ready":
                 if time.monotonic() > deadline:

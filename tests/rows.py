@@ -6,13 +6,14 @@ from __future__ import annotations
 from typing import Any
 
 from tests.specs import spec
+from web.deploy import services as deploying
 from web.deployments import services
 from web.deployments.models import Deployment
 
 
 def queued(**changes: Any) -> Deployment:
     """A deployment as the form makes it: queued, warnings confirmed."""
-    return services.deployment_create(data=spec(**changes), confirm_warnings=True)
+    return deploying.deployment_create(data=spec(**changes), confirm_warnings=True)
 
 
 def ready(**changes: Any) -> Deployment:

@@ -7,6 +7,7 @@ import yaml
 from rest_framework.test import APIClient
 
 from tests.specs import spec
+from web.deploy import services as deploying
 from web.deployments import services
 from web.deployments.models import Deployment
 
@@ -50,7 +51,7 @@ def test_a_rebuild_can_be_asked_for_and_a_non_boolean_is_a_field_error(operator,
 
 
 def test_a_viewer_reads_but_cannot_create_or_stop(viewer, operator, token_for):  # type: ignore[no-untyped-def]
-    deployment = services.deployment_create(data=spec(), confirm_warnings=True)
+    deployment = deploying.deployment_create(data=spec(), confirm_warnings=True)
     client = _client(token_for(viewer))
     assert client.get(f"/api/deployments/{deployment.pk}/").status_code == 200
     created = client.post("/api/deployments/", {"spec": spec()}, format="json")
@@ -85,7 +86,7 @@ def test_a_ddtree_spec_whose_recipe_lacks_the_width_patch_is_refused_before_the_
 
 
 def test_events_are_paged_by_seq(operator, token_for):  # type: ignore[no-untyped-def]
-    deployment = services.deployment_create(data=spec(), confirm_warnings=True)
+    deployment = deploying.deployment_create(data=spec(), confirm_warnings=True)
     services.events_append(
         deployment_id=deployment.pk, events=[("log", {"text": f"line {i}"}) for i in range(10)]
     )
@@ -99,7 +100,7 @@ def test_events_are_paged_by_seq(operator, token_for):  # type: ignore[no-untype
 
 
 def test_summary_and_stop(operator, token_for):  # type: ignore[no-untyped-def]
-    deployment = services.deployment_create(data=spec(), confirm_warnings=True)
+    deployment = deploying.deployment_create(data=spec(), confirm_warnings=True)
     client = _client(token_for(operator))
     summary = client.get(f"/api/deployments/{deployment.pk}/summary/").json()
     assert summary["status"] == "queued" and summary["phase"] == ""

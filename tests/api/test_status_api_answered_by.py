@@ -18,7 +18,7 @@ from django.utils import timezone
 from tests.servers import panel_server
 from tests.specs import spec
 from web.agent.controller import EngineAgent
-from web.deployments import services
+from web.deploy import services as deploying
 from web.deployments.models import Deployment, StatusBody
 from web.deployments.selectors import deployment_list
 
@@ -67,7 +67,7 @@ def _keep_alive_gets(base: str, paths: list[str], headers: dict[str, str]) -> li
 
 def test_token_reads_as_load_tools_send_them_are_answered_before_django(
         panel: str, viewer: Any, token_for: Any) -> None:
-    deployment = services.deployment_create(data=spec(), confirm_warnings=True)
+    deployment = deploying.deployment_create(data=spec(), confirm_warnings=True)
     # What aiohttp, httpx, wrk and ab send besides the token and the Accept.
     headers = {"Authorization": f"Token {token_for(viewer)}", "Accept": "application/json",
                "User-Agent": "load-tool/1.0", "Accept-Encoding": "gzip, deflate",
@@ -92,7 +92,7 @@ def _version(pk: int) -> Any:
 
 def test_the_agent_renews_its_lease_at_a_third_spent_and_stores_the_reads_answers_after(
         settings: Any) -> None:
-    deployment = services.deployment_create(data=spec(), confirm_warnings=True)
+    deployment = deploying.deployment_create(data=spec(), confirm_warnings=True)
     Deployment.objects.filter(pk=deployment.pk).update(status="ready")
     agent = EngineAgent(agent_id="lease-test-agent", lease_s=15.0)
     now = timezone.now()

@@ -26,6 +26,7 @@ from tests.servers import panel_server
 from tests.specs import spec
 from web.accounts.tokens import token_create, token_revoke
 from web.api.asgi import StatusReads
+from web.deploy import services as deploying
 from web.deployments import services
 from web.deployments.models import Deployment, StatusBody
 from web.deployments.selectors import deployment_list
@@ -51,7 +52,7 @@ def panels(django_db_setup: Any, django_db_blocker: Any,
 
 @pytest.fixture
 def deployment() -> Deployment:
-    return services.deployment_create(data=spec(), confirm_warnings=True)
+    return deploying.deployment_create(data=spec(), confirm_warnings=True)
 
 
 def _get(base: str, path: str, **headers: str) -> Answer:

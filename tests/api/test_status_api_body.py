@@ -12,7 +12,7 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.test import APIClient
 
 from tests.specs import spec
-from web.deployments import services
+from web.deploy import services as deploying
 from web.deployments.models import Deployment
 from web.deployments.serializers import DeploymentSerializer
 
@@ -33,7 +33,7 @@ def _serving(deployment: Deployment) -> Deployment:
 
 def test_the_detail_is_the_deployment_serializers_output_byte_for_byte(
         viewer: Any, token_for: Any) -> None:
-    deployment = _serving(services.deployment_create(data=spec(), confirm_warnings=True))
+    deployment = _serving(deploying.deployment_create(data=spec(), confirm_warnings=True))
     api = APIClient()
     api.credentials(HTTP_AUTHORIZATION=f"Token {token_for(viewer)}")
     answer = api.get(f"/api/deployments/{deployment.pk}/")

@@ -14,6 +14,7 @@ from rest_framework.test import APIClient
 from appliance.runtime import series
 from appliance.runtime.alerts import Alert
 from tests.specs import spec
+from web.deploy import services as deploying
 from web.deployments import services
 from web.deployments.models import Deployment
 from web.deployments.services.metrics import deployment_apply_alerts, metrics_store_point
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def deployment() -> Deployment:
-    return services.deployment_create(data=spec(), confirm_warnings=True)
+    return deploying.deployment_create(data=spec(), confirm_warnings=True)
 
 
 @pytest.fixture

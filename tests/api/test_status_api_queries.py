@@ -16,6 +16,7 @@ from rest_framework.test import APIClient
 from appliance.runtime import series
 from appliance.runtime.alerts import Alert
 from tests.specs import spec
+from web.deploy import services as deploying
 from web.deployments import services
 from web.deployments.models import Deployment
 from web.deployments.services.metrics import deployment_apply_alerts, metrics_store_point
@@ -60,7 +61,7 @@ def _grow(deployment: Deployment, *, events: int, others: int) -> None:
 
 def test_the_detail_and_the_summary_cost_one_statement_however_long_the_deployment_lived(
         viewer: Any, token_for: Any) -> None:
-    deployment = services.deployment_create(data=spec(), confirm_warnings=True)
+    deployment = deploying.deployment_create(data=spec(), confirm_warnings=True)
     api = _api(token_for(viewer))
     fresh = {read: _queries(api, f"/api/deployments/{deployment.pk}/{read}") for read in READS}
     _grow(deployment, events=3_000, others=30)
@@ -76,7 +77,7 @@ def test_the_detail_and_the_summary_cost_one_statement_however_long_the_deployme
 
 
 def test_a_304_costs_the_same_one_statement(viewer: Any, token_for: Any) -> None:
-    deployment = services.deployment_create(data=spec(), confirm_warnings=True)
+    deployment = deploying.deployment_create(data=spec(), confirm_warnings=True)
     api = _api(token_for(viewer))
     for read in READS:
         url = f"/api/deployments/{deployment.pk}/{read}"
@@ -87,7 +88,7 @@ def test_a_304_costs_the_same_one_statement(viewer: Any, token_for: Any) -> None
 
 def test_a_session_read_costs_four_queries_however_long_the_deployment_lived(
         viewer: Any) -> None:
-    deployment = services.deployment_create(data=spec(), confirm_warnings=True)
+    deployment = deploying.deployment_create(data=spec(), confirm_warnings=True)
     session = APIClient()
     session.force_login(viewer)
     _grow(deployment, events=1_000, others=10)

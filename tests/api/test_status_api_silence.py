@@ -17,6 +17,7 @@ from rest_framework.test import APIClient
 
 from tests.specs import spec
 from web.api.asgi import StatusReads
+from web.deploy import services as deploying
 from web.deployments import services
 from web.deployments.models import Deployment, Host
 from web.serving import django_application
@@ -38,7 +39,7 @@ def _report(agent: str, *, age_s: float) -> None:
 def _replicated(settings: Any) -> list[Deployment]:
     """Three ready replicas: 0 and 1 watched by agent@sim-a, 2 by agent@sim-b."""
     settings.AGENT_SILENT_S = 30
-    first = services.deployment_create(data=spec(replicas=3), confirm_warnings=True)
+    first = deploying.deployment_create(data=spec(replicas=3), confirm_warnings=True)
     rows = [first, *Deployment.objects.filter(replica_of=first).order_by("replica_index")]
     for row, agent in zip(rows, ("agent@sim-a", "agent@sim-a", "agent@sim-b"), strict=True):
         _ready(row.pk, agent)

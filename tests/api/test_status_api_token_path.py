@@ -21,7 +21,7 @@ from rest_framework.test import APIClient
 from tests.specs import spec
 from web.accounts.models import TokenScope
 from web.accounts.tokens import token_create, token_revoke
-from web.deployments import services
+from web.deploy import services as deploying
 from web.deployments.models import Deployment
 from web.deployments.permissions import ROLE_PERMISSIONS
 from web.deployments.simulator import simulator_images_recent
@@ -33,7 +33,7 @@ INVALID = {"detail": "Invalid token."}
 
 @pytest.fixture
 def deployment() -> Deployment:
-    return services.deployment_create(data=spec(), confirm_warnings=True)
+    return deploying.deployment_create(data=spec(), confirm_warnings=True)
 
 
 def _url(deployment: Deployment | int, read: str) -> str:

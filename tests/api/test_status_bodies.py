@@ -19,6 +19,7 @@ from appliance.runtime.alerts import Alert
 from tests.specs import spec
 from web.accounts.auth import token_key
 from web.api.selectors import StatusRow, status_body_query, status_query, status_rows
+from web.deploy import services as deploying
 from web.deployments import services
 from web.deployments.bodies import READ_FIELDS
 from web.deployments.models import Deployment, StatusBody
@@ -78,7 +79,7 @@ def _writes(pk: int) -> list[Callable[[], Any]]:
 
 def test_each_writer_stores_the_reads_answers_as_django_renders_them_for_its_row(
         viewer: Any, token_for: Any) -> None:
-    deployment = services.deployment_create(data=spec(), confirm_warnings=True)
+    deployment = deploying.deployment_create(data=spec(), confirm_warnings=True)
     token = token_for(viewer)
     for write in [lambda: None, *_writes(deployment.pk)]:
         write()
@@ -100,7 +101,7 @@ def test_an_agents_batches_store_the_answers_at_most_twice_a_second_and_once_mor
         viewer: Any, token_for: Any) -> None:
     from web.deployments.services.events import STATUS_BODIES_EVERY_S
 
-    deployment = services.deployment_create(data=spec(), confirm_warnings=True)
+    deployment = deploying.deployment_create(data=spec(), confirm_warnings=True)
     token = token_for(viewer)
     pk = deployment.pk
 
@@ -130,7 +131,7 @@ def test_an_agents_batches_store_the_answers_at_most_twice_a_second_and_once_mor
 
 def test_a_write_by_any_other_path_leaves_the_stored_answers_unused(
         viewer: Any, token_for: Any) -> None:
-    deployment = services.deployment_create(data=spec(), confirm_warnings=True)
+    deployment = deploying.deployment_create(data=spec(), confirm_warnings=True)
     token = token_for(viewer)
     before = StatusBody.objects.get(pk=deployment.pk)
     Deployment.objects.filter(pk=deployment.pk).update(name="renamed")  # no writer's hook
@@ -144,7 +145,7 @@ def test_a_write_by_any_other_path_leaves_the_stored_answers_unused(
 
 def test_answers_rendered_before_a_write_that_lands_in_between_are_not_stored(
         viewer: Any, token_for: Any) -> None:
-    deployment = services.deployment_create(data=spec(), confirm_warnings=True)
+    deployment = deploying.deployment_create(data=spec(), confirm_warnings=True)
     stored_before = StatusBody.objects.get(pk=deployment.pk).version
     dsn = connection.get_connection_params()
 
@@ -167,7 +168,7 @@ def test_answers_rendered_before_a_write_that_lands_in_between_are_not_stored(
 
 
 def test_a_deleted_deployment_takes_its_stored_answers_with_it() -> None:
-    deployment = services.deployment_create(data=spec(), confirm_warnings=True)
+    deployment = deploying.deployment_create(data=spec(), confirm_warnings=True)
     assert StatusBody.objects.filter(pk=deployment.pk).exists()
     Deployment.objects.filter(pk=deployment.pk).update(status="stopped")
     services.deployment_delete(deployment_id=deployment.pk)
@@ -178,7 +179,7 @@ def test_a_deleted_deployment_takes_its_stored_answers_with_it() -> None:
 def test_the_asyncpg_statement_reads_the_stored_body_and_only_the_current_one(
         viewer: Any, token_for: Any) -> None:
     asyncpg = pytest.importorskip("asyncpg")  # web/api/asgi.py uses it where installed
-    deployment = services.deployment_create(data=spec(), confirm_warnings=True)
+    deployment = deploying.deployment_create(data=spec(), confirm_warnings=True)
     token = token_for(viewer)
     params = connection.get_connection_params()
 

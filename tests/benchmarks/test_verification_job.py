@@ -32,7 +32,7 @@ from tests.benchmarks.pair import (
 from tests.conftest_docker import remove_engines
 from tests.servers import celery_worker, engine_agent
 from web.benchmarks.models import VerificationRun
-from web.deployments import services
+from web.deploy import services as deploying
 from web.deployments.models import Deployment, DeploymentStatus
 from web.deployments.services.installation import instance_id
 
@@ -56,8 +56,8 @@ def _worker_and_agent(tmp_path: Path, image: str) -> Iterator[None]:
 def pair(tmp_path: Path, test_engine_image: str, settings) -> Iterator[tuple[int, int]]:  # type: ignore[no-untyped-def]
     settings.ENGINE_GPU_REQUESTS = False  # as the worker and agent processes run
     with _worker_and_agent(tmp_path, test_engine_image):
-        spec_pk = services.deployment_create(data=speculative_spec(), confirm_warnings=True).pk
-        base_pk = services.deployment_create(data=baseline_spec(), confirm_warnings=True).pk
+        spec_pk = deploying.deployment_create(data=speculative_spec(), confirm_warnings=True).pk
+        base_pk = deploying.deployment_create(data=baseline_spec(), confirm_warnings=True).pk
         wait_until(lambda: Deployment.objects.filter(pk__in=[spec_pk, base_pk],
                                                 status=DeploymentStatus.READY).count() == 2,
               120, f"both ready: {list(Deployment.objects.values_list('name', 'status'))}")

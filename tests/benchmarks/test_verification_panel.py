@@ -26,7 +26,7 @@ from tests.benchmarks.pair import (
     wait_until,
 )
 from tests.e2e.stack import appliance_stack, login
-from web.deployments import services
+from web.deploy import services as deploying
 from web.deployments.models import Deployment, DeploymentStatus
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker, pytest.mark.e2e]
@@ -38,8 +38,8 @@ def panel(operator, tmp_path: Path, test_engine_image: str, settings  # type: ig
     settings.ENGINE_GPU_REQUESTS = False
     with appliance_stack(tmp_path, {**STACK_ENV, "APPLIANCE_ENGINE_IMAGE": test_engine_image}
                          ) as url:
-        a = services.deployment_create(data=speculative_spec(), confirm_warnings=True).pk
-        b = services.deployment_create(data=baseline_spec(), confirm_warnings=True).pk
+        a = deploying.deployment_create(data=speculative_spec(), confirm_warnings=True).pk
+        b = deploying.deployment_create(data=baseline_spec(), confirm_warnings=True).pk
         # Before the page: Playwright's loop makes the ORM refuse afterwards.
         wait_until(lambda: Deployment.objects.filter(pk__in=[a, b],
                                                 status=DeploymentStatus.READY).count() == 2,

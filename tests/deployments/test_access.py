@@ -7,7 +7,7 @@ import pytest
 from django.test import Client
 
 from tests.specs import spec
-from web.deployments import services
+from web.deploy import services as deploying
 from web.deployments.models import Deployment
 
 # transaction=True: the SSE view hands its connection back (closes it) as in production.
@@ -33,7 +33,7 @@ def _reads(pk: int) -> list[str]:
 
 
 def test_a_logged_in_user_with_no_role_reads_no_deployment(nobody) -> None:  # type: ignore[no-untyped-def]
-    pk = services.deployment_create(data=spec(), confirm_warnings=True).pk
+    pk = deploying.deployment_create(data=spec(), confirm_warnings=True).pk
     client = _client(nobody)
     for path in _reads(pk):
         response = client.get(path)
@@ -42,7 +42,7 @@ def test_a_logged_in_user_with_no_role_reads_no_deployment(nobody) -> None:  # t
 
 
 def test_a_viewer_reads_every_deployment_page_but_cannot_deploy_or_stop(viewer) -> None:  # type: ignore[no-untyped-def]
-    pk = services.deployment_create(data=spec(), confirm_warnings=True).pk
+    pk = deploying.deployment_create(data=spec(), confirm_warnings=True).pk
     client = _client(viewer)
     for path in _reads(pk):
         if path.endswith("/stream/"):

@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from appliance.runtime import series
 from tests.specs import spec
+from web.deploy import services as deploying
 from web.deployments import services
 from web.deployments.models import Deployment, MetricPoint
 
@@ -27,8 +28,8 @@ def _client(user) -> Client:  # type: ignore[no-untyped-def]
 
 
 def _ready(name: str, gpu: int, ready_for_s: float = 0.0) -> Deployment:
-    deployment = services.deployment_create(data=spec(name=name, gpus=[gpu]),
-                                            confirm_warnings=True)
+    deployment = deploying.deployment_create(data=spec(name=name, gpus=[gpu]),
+                                             confirm_warnings=True)
     assert services.deployment_mark_starting(deployment_id=deployment.pk, image="engine:test")
     assert services.deployment_mark_ready(deployment_id=deployment.pk,
                                           engine_url=f"http://appliance-engine-{name}:30000")
@@ -73,8 +74,8 @@ def test_a_ready_deployment_shows_its_uptime_throughput_and_endpoint(viewer) -> 
 
 
 def test_a_deployment_that_is_not_serving_shows_dashes_not_old_figures(viewer) -> None:  # type: ignore[no-untyped-def]
-    queued = services.deployment_create(data=spec(name="queued", gpus=[1]),
-                                        confirm_warnings=True)
+    queued = deploying.deployment_create(data=spec(name="queued", gpus=[1]),
+                                         confirm_warnings=True)
     stopped = _ready("stopped", gpu=2)
     _point(stopped, age_s=5, throughput=300.0)
     assert services.deployment_mark_stopping(deployment_id=stopped.pk)

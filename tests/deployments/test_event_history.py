@@ -16,7 +16,8 @@ from django.urls import reverse
 
 from tests.eventfill import PHASE_EVERY, WARN_EVERY, fill_events
 from tests.specs import spec
-from web.deployments import selectors, services
+from web.deploy import services as deploying
+from web.deployments import selectors
 from web.deployments.history_views import DOWNLOAD_PAGE
 from web.deployments.models import LINE_KINDS, Event
 
@@ -33,7 +34,7 @@ def viewer_client(viewer) -> Client:  # type: ignore[no-untyped-def]
 @pytest.fixture
 def busy() -> int:
     """A deployment with 120,000 events after its own (pre-flight, queued)."""
-    pk = services.deployment_create(data=spec(), confirm_warnings=True).pk
+    pk = deploying.deployment_create(data=spec(), confirm_warnings=True).pk
     fill_events(deployment_id=pk, count=120_000)
     return pk
 

@@ -9,7 +9,7 @@ from appliance import events
 from appliance.runtime.alerts import Alert
 from appliance.runtime.progress import FOLDED_KINDS, progress_fold
 from tests.specs import spec
-from web.deployments import services
+from web.deploy import services as deploying
 from web.deployments.models import Event, EventKind
 from web.deployments.services.metrics import deployment_apply_alerts
 
@@ -28,7 +28,7 @@ def test_the_folded_kinds_are_parser_kinds_and_others_leave_the_progress_as_it_w
 
 @pytest.mark.django_db
 def test_the_alert_rows_the_agent_stores_have_the_keys_alert_payload_names() -> None:
-    deployment = services.deployment_create(data=spec(), confirm_warnings=True)
+    deployment = deploying.deployment_create(data=spec(), confirm_warnings=True)
     for state in ("firing", "resolved"):
         deployment_apply_alerts(deployment_id=deployment.pk, alerts=[
             Alert("stall", state, "warning", f"stall {state}")])

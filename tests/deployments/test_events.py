@@ -8,6 +8,7 @@ import time
 import pytest
 
 from tests.specs import spec
+from web.deploy import services as deploying
 from web.deployments import live, services
 from web.deployments.models import Event
 
@@ -19,7 +20,7 @@ AWKWARD = ["plain", "back\\slash \\n not a newline", "tab\there", "new\nline", "
 
 
 def _deployment() -> int:
-    return services.deployment_create(data=spec(), confirm_warnings=True).pk
+    return deploying.deployment_create(data=spec(), confirm_warnings=True).pk
 
 
 def _entries(client, pk: int, count: int, limit_s: float = 10) -> list:  # type: ignore[no-untyped-def]

@@ -9,6 +9,7 @@ from django.test import Client
 
 from appliance.logs.engine_warnings import match_engine_warning
 from tests.specs import spec
+from web.deploy import services as deploying
 from web.deployments import services
 from web.deployments.models import Deployment
 
@@ -25,7 +26,7 @@ def _finding() -> dict[str, object]:
 
 def test_a_stored_engine_warning_is_a_finding_on_the_page_with_its_severity_and_fix(
         operator) -> None:  # type: ignore[no-untyped-def]
-    d = services.deployment_create(data=spec(), confirm_warnings=True)
+    d = deploying.deployment_create(data=spec(), confirm_warnings=True)
     finding = _finding()
     services.events_append(deployment_id=d.pk, events=[
         ("diagnosis", finding), ("diagnosis", finding),  # eight ranks, one finding
@@ -43,7 +44,7 @@ def test_a_stored_engine_warning_is_a_finding_on_the_page_with_its_severity_and_
 
 
 def test_the_findings_card_is_hidden_without_findings(operator) -> None:  # type: ignore[no-untyped-def]
-    d = services.deployment_create(data=spec(), confirm_warnings=True)
+    d = deploying.deployment_create(data=spec(), confirm_warnings=True)
     client = Client()
     client.force_login(operator)
     page = client.get(f"/deployments/{Deployment.objects.get(pk=d.pk).pk}/").content.decode()

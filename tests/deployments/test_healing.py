@@ -19,6 +19,7 @@ from appliance.logs.appliance_causes import (
     exit_message,
 )
 from tests.specs import spec
+from web.deploy import services as deploying
 from web.deployments import services
 from web.deployments.models import Deployment, DeploymentStatus
 from web.deployments.services import lifecycle
@@ -54,7 +55,7 @@ def test_exit_code_255_is_dockers_lost_process_not_a_signal_and_real_signals_are
 def test_a_replica_that_died_is_started_again_whatever_its_policy_with_a_doubling_wait(
         settings: Any) -> None:
     settings.RESTART_BACKOFF_S, settings.RESTART_BACKOFF_MAX_S = 10, 40
-    first = services.deployment_create(data=spec(replicas=2), confirm_warnings=True)
+    first = deploying.deployment_create(data=spec(replicas=2), confirm_warnings=True)
     replica = Deployment.objects.get(replica_of=first)
     assert (first.spec.get("restart") or {}).get("policy", "never") == "never"
     token = "t1"
@@ -81,16 +82,16 @@ def test_a_replica_that_died_is_started_again_whatever_its_policy_with_a_doublin
 
 
 def test_a_companion_heals_and_a_deployment_of_its_own_keeps_its_policy() -> None:
-    companion = services.deployment_create(data=spec(name="base", gpus=[0]),
-                                           confirm_warnings=True)
-    alone = services.deployment_create(data=spec(name="alone", gpus=[1]),
-                                       confirm_warnings=True)
+    companion = deploying.deployment_create(data=spec(name="base", gpus=[0]),
+                                            confirm_warnings=True)
+    alone = deploying.deployment_create(data=spec(name="alone", gpus=[1]),
+                                        confirm_warnings=True)
     _ready(companion.pk, "c1")
     _ready(alone.pk, "a1")
     # Nobody names "base" yet: it is a deployment of its own, no policy, not restarted.
     assert lifecycle.deployment_serves_a_set(deployment=companion) == ""
-    services.deployment_create(data=spec(name="ddt", gpus=[2], companion="base"),
-                               confirm_warnings=True)
+    deploying.deployment_create(data=spec(name="ddt", gpus=[2], companion="base"),
+                                confirm_warnings=True)
     assert lifecycle.deployment_serves_a_set(deployment=companion) == "a companion"
     assert lifecycle.deployment_restart_after_death(
         deployment_id=companion.pk, start_token="c1", diagnosis=DIED, message="it died")
@@ -99,10 +100,10 @@ def test_a_companion_heals_and_a_deployment_of_its_own_keeps_its_policy() -> Non
 
 
 def test_a_failure_without_lines_shows_the_stored_ones_or_says_there_are_none() -> None:
-    printed = services.deployment_create(data=spec(name="printed", gpus=[0]),
+    printed = deploying.deployment_create(data=spec(name="printed", gpus=[0]),
+                                          confirm_warnings=True)
+    silent = deploying.deployment_create(data=spec(name="silent", gpus=[1]),
                                          confirm_warnings=True)
-    silent = services.deployment_create(data=spec(name="silent", gpus=[1]),
-                                        confirm_warnings=True)
     _ready(printed.pk, "p")
     _ready(silent.pk, "s")
     services.events_append(deployment_id=printed.pk, events=[

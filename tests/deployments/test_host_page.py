@@ -7,6 +7,7 @@ from django.test import Client
 from django.utils import timezone
 
 from tests.specs import spec
+from web.deploy import services as deploying
 from web.deployments import services
 from web.deployments.models import Host
 
@@ -28,7 +29,7 @@ def _row(page: str, host: str, gpu: int) -> str:
 
 def test_it_shows_each_configured_gpu_and_the_deployment_holding_it(viewer, settings) -> None:  # type: ignore[no-untyped-def]
     settings.GPU_COUNT = 4
-    held = services.deployment_create(data=spec(gpus=[1, 2]), confirm_warnings=True)
+    held = deploying.deployment_create(data=spec(gpus=[1, 2]), confirm_warnings=True)
     page = _page(viewer)
     assert "GPUs per APPLIANCE_GPU_COUNT" in page and 'id="gpu-gpu-host-4"' not in page
     for gpu in (1, 2):
@@ -43,7 +44,7 @@ def test_it_takes_the_gpus_from_the_agents_nvml_inventory(viewer) -> None:  # ty
              "memory_total_gb": 141.0} for i in range(2)]
     Host.objects.create(name="gpu-host", agent_id="agent@gpu-host", heartbeat_at=timezone.now(),
                         docker={"nvidia": True}, gpu_telemetry={"available": True, "gpus": gpus})
-    held = services.deployment_create(data=spec(gpus=[1]), confirm_warnings=True)
+    held = deploying.deployment_create(data=spec(gpus=[1]), confirm_warnings=True)
     page = _page(viewer)
     assert "GPUs per NVML" in page and 'id="gpu-gpu-host-2"' not in page
     assert "NVIDIA H200" in _row(page, "gpu-host", 0) and "1.5 / 141.0 GB" in _row(page, "gpu-host", 0)

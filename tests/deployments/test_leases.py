@@ -11,12 +11,13 @@ from django.test import Client
 
 from appliance.logs.catalogue import CATALOGUE
 from tests.specs import spec
+from web.deploy import services as deploying
 from web.deployments import services
 from web.deployments.models import Deployment, GpuLease
 
 
 def _create(**changes: Any) -> Deployment:
-    return services.deployment_create(data=spec(**changes), confirm_warnings=True)
+    return deploying.deployment_create(data=spec(**changes), confirm_warnings=True)
 
 
 def _held() -> dict[int, int]:

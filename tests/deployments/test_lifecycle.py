@@ -12,6 +12,7 @@ from django.utils import timezone
 from appliance.logs.appliance_causes import ENGINE_EXITED
 from appliance.logs.cause import Diagnosis
 from tests.specs import spec
+from web.deploy import services as deploying
 from web.deployments import selectors, services
 from web.deployments.models import Deployment, DeploymentStatus, Event, GpuLease, MetricPoint, Run
 from web.deployments.services import lifecycle
@@ -23,7 +24,7 @@ DIED = ENGINE_EXITED.worded(summary="the engine exited")
 
 
 def _create(**changes):  # type: ignore[no-untyped-def]
-    return services.deployment_create(data=spec(**changes), confirm_warnings=True)
+    return deploying.deployment_create(data=spec(**changes), confirm_warnings=True)
 
 
 def _ready(deployment: Deployment, token: str = "t1") -> Deployment:

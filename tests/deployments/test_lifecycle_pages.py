@@ -8,6 +8,7 @@ from django.test import Client
 
 from appliance.logs.cause import Diagnosis
 from tests.specs import spec
+from web.deploy import services as deploying
 from web.deployments import services
 from web.deployments.models import Deployment, DeploymentStatus
 
@@ -24,7 +25,7 @@ def _client(user) -> Client:  # type: ignore[no-untyped-def]
 
 
 def _ready(**changes) -> Deployment:  # type: ignore[no-untyped-def]
-    d = services.deployment_create(data=spec(**changes), confirm_warnings=True)
+    d = deploying.deployment_create(data=spec(**changes), confirm_warnings=True)
     services.deployment_mark_starting(deployment_id=d.pk, image="img", start_token="t")
     services.deployment_mark_ready(deployment_id=d.pk)
     return Deployment.objects.get(pk=d.pk)

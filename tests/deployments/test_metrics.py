@@ -13,6 +13,7 @@ from rest_framework.test import APIClient
 from appliance.runtime import series
 from appliance.runtime.alerts import Alert
 from tests.specs import spec
+from web.deploy import services as deploying
 from web.deployments import selectors, services
 from web.deployments.models import Deployment, Event, MetricPoint
 from web.deployments.services.metrics import (
@@ -28,7 +29,7 @@ NOW = 1_789_999_980.0  # a fixed instant on a whole minute (2026-09-21)
 
 @pytest.fixture
 def deployment() -> Deployment:
-    return services.deployment_create(data=spec(), confirm_warnings=True)
+    return deploying.deployment_create(data=spec(), confirm_warnings=True)
 
 
 def _store(deployment: Deployment, start: float, seconds: float, every: float = 2.0) -> None:

@@ -13,6 +13,7 @@ from django.test import Client
 from django.urls import reverse
 
 from tests.specs import spec
+from web.deploy import services as deploying
 from web.deploy.forms import DeploymentForm
 from web.deployments import services
 from web.deployments.models import Deployment
@@ -110,7 +111,7 @@ def test_the_form_as_rendered_for_each_recipe_deploys_without_errors(operator_cl
     form = DeploymentForm(_typed_in(values))
     assert form.is_valid(), form.errors
     try:
-        _, findings = services.deployment_validate(data=form.to_spec())
+        _, findings = deploying.deployment_validate(data=form.to_spec())
     except services.DeploymentInputError as exc:
         pytest.fail(f"{values['recipe']} as rendered does not deploy: {exc}")
     assert not [f for f in findings if f.severity == "error"]
@@ -139,9 +140,9 @@ def test_the_page_embeds_for_its_script_what_the_server_renders_per_recipe(opera
 
 
 def test_the_list_tells_same_named_deployments_apart_by_id_and_utc_creation_time(operator_client):  # type: ignore[no-untyped-def]
-    first = services.deployment_create(data=spec(), confirm_warnings=True)
+    first = deploying.deployment_create(data=spec(), confirm_warnings=True)
     services.deployment_stop(deployment_id=first.pk)  # a served name is one active one's
-    second = services.deployment_create(data=spec(gpus=[1]), confirm_warnings=True)
+    second = deploying.deployment_create(data=spec(gpus=[1]), confirm_warnings=True)
     created = dt.datetime(2026, 3, 4, 5, 6, 7, tzinfo=dt.UTC)
     Deployment.objects.filter(pk=first.pk).update(created_at=created)
     page = operator_client.get(reverse("deployments:list")).content.decode()
@@ -194,7 +195,7 @@ def test_a_stopped_deployments_page_shows_no_live_figures(operator_client):  # t
 
 
 def test_the_detail_page_says_which_tune_holds_the_deployment(operator_client):  # type: ignore[no-untyped-def]
-    row = services.deployment_create(data=spec(), confirm_warnings=True)
+    row = deploying.deployment_create(data=spec(), confirm_warnings=True)
     url = reverse("deployments:detail", args=[row.pk])
     assert 'id="tune-hold"' not in operator_client.get(url).content.decode()
     Deployment.objects.filter(pk=row.pk).update(tune_hold={

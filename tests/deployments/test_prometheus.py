@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from appliance.runtime import series
 from tests.servers import process_env
 from tests.specs import spec
-from web.deployments import services
+from web.deploy import services as deploying
 from web.deployments.models import Deployment, MetricPoint
 from web.deployments.prom import phase_durations
 
@@ -31,7 +31,7 @@ def _samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
 
 
 def _ready_deployment() -> Deployment:
-    deployment = services.deployment_create(data=spec(), confirm_warnings=True)
+    deployment = deploying.deployment_create(data=spec(), confirm_warnings=True)
     now = timezone.now()
     times = {"queued": now - timedelta(seconds=100), "building": now - timedelta(seconds=90),
              "starting": now - timedelta(seconds=80), "loading": now - timedelta(seconds=75),

@@ -18,6 +18,7 @@ from django.db import connection
 from django.utils import timezone
 
 from tests.specs import spec
+from web.deploy import services as deploying
 from web.deployments import services
 from web.deployments.models import NOTABLE_KINDS, Deployment, Event, MetricPoint
 from web.deployments.services.retention import CONTEXT, RUN_HEAD, events_prune
@@ -67,7 +68,7 @@ def _texts(pk: int, seqs: range) -> list[str]:
 def old_log() -> dict[str, Any]:
     """Forty days of a deployment, in the order it happened."""
     now = timezone.now()
-    pk = services.deployment_create(data=spec(), confirm_warnings=True).pk
+    pk = deploying.deployment_create(data=spec(), confirm_warnings=True).pk
     month = now - timedelta(days=40)
     Event.objects.filter(deployment_id=pk).update(ts=month)
     seen: dict[str, Any] = {"pk": pk, "now": now}
@@ -155,7 +156,7 @@ def test_a_second_pass_finds_nothing_more_to_do(old_log):  # type: ignore[no-unt
 
 def test_each_run_keeps_its_first_lines() -> None:
     now = timezone.now()
-    pk = services.deployment_create(data=spec(), confirm_warnings=True).pk
+    pk = deploying.deployment_create(data=spec(), confirm_warnings=True).pk
     Event.objects.filter(deployment_id=pk).update(ts=now - timedelta(days=40))
     _append(pk, _chatter(RUN_HEAD, "first run"), now - timedelta(days=40))
     run = _append(pk, [("phase", {"status": "starting", "message": ""})]

@@ -20,6 +20,7 @@ from rest_framework.test import APIClient
 
 from appliance.logs.appliance_causes import ENGINE_EXITED
 from tests.specs import spec
+from web.deploy import services as deploying
 from web.deployments import services
 from web.deployments.inflight import inflight_key
 from web.deployments.models import Deployment, DeploymentStatus
@@ -53,7 +54,7 @@ def _ready(pk: int, token: str) -> None:
 def _deployment(replicas: int) -> list[Deployment]:
     """Replica 0 through the create service, the others as rows (as the replicas' create
     code makes them), each on a GPU of its own, all serving."""
-    primary = services.deployment_create(data=spec(), confirm_warnings=True)
+    primary = deploying.deployment_create(data=spec(), confirm_warnings=True)
     rows = [primary]
     for i in range(1, replicas):
         row = Deployment.objects.create(
@@ -164,8 +165,8 @@ def test_a_replica_whose_new_run_fails_halts_the_roll_and_the_others_keep_servin
         operator: Any, client: redis.Redis) -> None:
     rows = _deployment(3)
     new = spec(engine__cuda_graph_max_bs=8)
-    services.deployment_redeploy(deployment_id=rows[0].pk, data=new, user=operator,
-                                 confirm_warnings=True)
+    deploying.deployment_redeploy(deployment_id=rows[0].pk, data=new, user=operator,
+                                  confirm_warnings=True)
     _roll(rows, client, fail=1)
 
     first, second, third = _rows(rows)
@@ -188,8 +189,8 @@ def test_a_replica_whose_new_run_fails_halts_the_roll_and_the_others_keep_servin
 def test_a_redeploy_gives_each_replica_the_new_spec_on_its_own_gpus(
         operator: Any, client: redis.Redis) -> None:
     rows = _deployment(2)
-    services.deployment_redeploy(deployment_id=rows[0].pk, data=spec(engine__cuda_graph_max_bs=8),
-                                 user=operator, confirm_warnings=True)
+    deploying.deployment_redeploy(deployment_id=rows[0].pk, data=spec(engine__cuda_graph_max_bs=8),
+                                  user=operator, confirm_warnings=True)
     _roll(rows, client)
     first, second = _rows(rows)
     assert [r.spec["engine"]["cuda_graph_max_bs"] for r in (first, second)] == [8, 8]
@@ -201,12 +202,12 @@ def test_a_redeploy_that_changes_the_replicas_gpus_or_name_is_refused_naming_it(
         operator: Any) -> None:
     rows = _deployment(2)
     with pytest.raises(services.DeploymentInputError) as gpus:
-        services.deployment_redeploy(deployment_id=rows[0].pk, data=spec(gpus=[3]),
-                                     confirm_warnings=True)
+        deploying.deployment_redeploy(deployment_id=rows[0].pk, data=spec(gpus=[3]),
+                                      confirm_warnings=True)
     assert "keeps each replica's GPUs" in gpus.value.errors["gpus"][0]
     with pytest.raises(services.DeploymentInputError) as name:
-        services.deployment_redeploy(deployment_id=rows[0].pk, data=spec(name="other"),
-                                     confirm_warnings=True)
+        deploying.deployment_redeploy(deployment_id=rows[0].pk, data=spec(name="other"),
+                                      confirm_warnings=True)
     assert "keeps the name" in name.value.errors["spec"][0]
     assert Deployment.objects.get(pk=rows[0].pk).rolling == {}
 
@@ -235,13 +236,13 @@ def test_one_replica_restarts_and_redeploys_as_before(operator: Any) -> None:
         services.deployment_restart(deployment_id=row.pk, user=operator)
     assert "Stop it first" in running.value.errors["status"][0]
     with pytest.raises(services.DeploymentInputError):
-        services.deployment_redeploy(deployment_id=row.pk, data=spec(), confirm_warnings=True)
+        deploying.deployment_redeploy(deployment_id=row.pk, data=spec(), confirm_warnings=True)
     services.deployment_stop(deployment_id=row.pk)
     assert services.deployment_mark_stopped(deployment_id=row.pk)
     restarted = services.deployment_restart(deployment_id=row.pk, user=operator)
     assert (restarted.status, restarted.run, restarted.rolling) == (S.QUEUED, 2, {})
     services.deployment_stop(deployment_id=row.pk)  # queued: stopped at once
-    redeployed = services.deployment_redeploy(
+    redeployed = deploying.deployment_redeploy(
         deployment_id=row.pk, data=spec(gpus=[2], engine__cuda_graph_max_bs=8),
         user=operator, confirm_warnings=True)
     assert (redeployed.status, redeployed.run, redeployed.gpus) == (S.QUEUED, 3, [2])

@@ -12,12 +12,13 @@ from django.db import connection
 from django.test import Client
 
 from tests.specs import spec
+from web.deploy import services as deploying
 from web.deployments import services
 from web.deployments.models import Deployment, DeploymentStatus
 
 
 def _create(**changes: Any) -> Deployment:
-    return services.deployment_create(data=spec(**changes), confirm_warnings=True)
+    return deploying.deployment_create(data=spec(**changes), confirm_warnings=True)
 
 
 def _refusal(**changes: Any) -> dict[str, list[str]]:

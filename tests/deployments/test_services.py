@@ -8,6 +8,7 @@ from django.db import connection
 from appliance.logs.catalogue import CATALOGUE, UncataloguedCause
 from appliance.logs.cause import Diagnosis
 from tests.specs import spec
+from web.deploy import services as deploying
 from web.deployments import services
 from web.deployments.models import Deployment, DeploymentStatus, Event
 
@@ -16,11 +17,11 @@ S = DeploymentStatus
 
 
 def _create(**changes):  # type: ignore[no-untyped-def]
-    return services.deployment_create(data=spec(**changes), confirm_warnings=True)
+    return deploying.deployment_create(data=spec(**changes), confirm_warnings=True)
 
 
 def test_it_stores_a_valid_spec_queued_with_its_first_events(operator):  # type: ignore[no-untyped-def]
-    deployment = services.deployment_create(data=spec(), user=operator, confirm_warnings=True)
+    deployment = deploying.deployment_create(data=spec(), user=operator, confirm_warnings=True)
     assert deployment.status == S.QUEUED
     assert deployment.algorithm == "DDTREE"
     assert deployment.created_by == operator

@@ -16,6 +16,7 @@ from django.db import connection
 from appliance.lifecycle import Process
 from tests.servers import login_session, panel_server
 from tests.specs import spec
+from web.deploy import services as deploying
 from web.deployments import services
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -44,13 +45,13 @@ def server(tmp_path: Path, live_channel):  # type: ignore[no-untyped-def]
 
 
 def test_it_refuses_an_anonymous_stream(server):  # type: ignore[no-untyped-def]
-    deployment = services.deployment_create(data=spec(), confirm_warnings=True)
+    deployment = deploying.deployment_create(data=spec(), confirm_warnings=True)
     response = requests.get(f"{server}/deployments/{deployment.pk}/events/stream/", timeout=5)
     assert response.status_code in {302, 401}
 
 
 def test_it_replays_then_streams_live_and_ends(server, operator):  # type: ignore[no-untyped-def]
-    deployment = services.deployment_create(data=spec(), confirm_warnings=True)
+    deployment = deploying.deployment_create(data=spec(), confirm_warnings=True)
     pk = deployment.pk
     session = login_session(server, "otto", "operator-pass-1")
     services.deployment_mark_starting(deployment_id=pk, image="img")
@@ -73,7 +74,7 @@ def test_it_replays_then_streams_live_and_ends(server, operator):  # type: ignor
 
 
 def test_it_resumes_after_last_event_id_from_the_database(server, operator, live_channel):  # type: ignore[no-untyped-def]
-    deployment = services.deployment_create(data=spec(), confirm_warnings=True)
+    deployment = deploying.deployment_create(data=spec(), confirm_warnings=True)
     pk = deployment.pk
     services.events_append(deployment_id=pk, events=[("log", {"text": f"l{i}"}) for i in range(5)])
     live_channel.delete(f"appliance:deployment:{pk}:events")  # the live channel lost everything
@@ -106,7 +107,7 @@ def _timed_lines(response: requests.Response, until_kind: str, limit_s: float) -
 def test_a_quiet_stream_gets_keepalives_and_stays_open(server, operator):  # type: ignore[no-untyped-def]
     # The production keep-alive (15 s) is longer than redis-py's default socket timeout
     # (5 s): a stream quiet for longer must neither break nor miss the keep-alive.
-    deployment = services.deployment_create(data=spec(), confirm_warnings=True)
+    deployment = deploying.deployment_create(data=spec(), confirm_warnings=True)
     pk = deployment.pk
     session = login_session(server, "otto", "operator-pass-1")
     quiet_s = 21
@@ -131,7 +132,7 @@ def test_a_quiet_stream_gets_keepalives_and_stays_open(server, operator):  # typ
 def test_open_streams_hold_no_database_connection(tmp_path, live_channel, operator, token_for):  # type: ignore[no-untyped-def]
     # A pool of 2 and more streams than that: a stream that kept its connection while it
     # waits would leave none for the rest, and for the API.
-    deployment = services.deployment_create(data=spec(), confirm_warnings=True)
+    deployment = deploying.deployment_create(data=spec(), confirm_warnings=True)
     pk = deployment.pk
     token = token_for(operator)
     env = {"APPLIANCE_DB_POOL_MAX_SIZE": "2", "PGAPPNAME": "sse-pool-test"}
@@ -167,7 +168,7 @@ def test_many_viewers_get_every_event_once_in_order_across_live_gaps(server, ope
 
     from web.deployments import live, selectors
 
-    deployment = services.deployment_create(data=spec(), confirm_warnings=True)
+    deployment = deploying.deployment_create(data=spec(), confirm_warnings=True)
     pk = deployment.pk
     session = login_session(server, "otto", "operator-pass-1")
     results: dict[int, list[int]] = {}
@@ -241,7 +242,7 @@ def _read_body_until(sock: socket.socket, last: int, limit_s: float = 60) -> byt
 def test_a_client_that_stops_reading_holds_little_of_the_stream_then_catches_up_told_so(server, operator):  # type: ignore[no-untyped-def]
     from web.deployments import sse
 
-    deployment = services.deployment_create(data=spec(), confirm_warnings=True)
+    deployment = deploying.deployment_create(data=spec(), confirm_warnings=True)
     pk = deployment.pk
     start = services.events_append(deployment_id=pk, events=[("log", {"text": "s"})])[-1].seq
     session = login_session(server, "otto", "operator-pass-1")

@@ -15,6 +15,7 @@ from django.db import connection
 from django.db.backends.signals import connection_created
 
 from tests.specs import spec
+from web.deploy import services as deploying
 from web.deployments import services, sse
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -78,7 +79,7 @@ def event_reads() -> Iterator[list[str]]:
 
 
 def test_streams_behind_the_ring_share_one_catch_up_read_per_page(live_channel, event_reads):  # type: ignore[no-untyped-def]
-    pk = services.deployment_create(data=spec(), confirm_warnings=True).pk
+    pk = deploying.deployment_create(data=spec(), confirm_warnings=True).pk
     last = _append(pk, 1200)  # in the record before any feed: behind its ring
     pages = -(-last // sse.REPLAY_PAGE)
 
@@ -96,7 +97,7 @@ def test_streams_behind_the_ring_share_one_catch_up_read_per_page(live_channel, 
 
 
 def test_a_caught_up_batch_is_the_same_bytes_for_every_stream(live_channel):  # type: ignore[no-untyped-def]
-    pk = services.deployment_create(data=spec(), confirm_warnings=True).pk
+    pk = deploying.deployment_create(data=spec(), confirm_warnings=True).pk
     first = _append(pk, 1)
 
     async def scenario() -> tuple[bytes, bytes]:
@@ -117,7 +118,7 @@ def test_a_caught_up_batch_is_the_same_bytes_for_every_stream(live_channel):  # 
 
 
 def test_a_stream_that_stops_reading_is_told_where_it_skipped_to_and_costs_the_others_nothing(live_channel):  # type: ignore[no-untyped-def]
-    pk = services.deployment_create(data=spec(), confirm_warnings=True).pk
+    pk = deploying.deployment_create(data=spec(), confirm_warnings=True).pk
     start = _append(pk, 1)
 
     async def scenario() -> tuple[list[bytes], list[bytes], int, sse._Feed]:
@@ -157,7 +158,7 @@ def test_a_stream_that_stops_reading_is_told_where_it_skipped_to_and_costs_the_o
 
 
 def test_a_stream_that_fell_behind_the_ring_is_told_so_and_gets_every_event_from_the_record(live_channel):  # type: ignore[no-untyped-def]
-    pk = services.deployment_create(data=spec(), confirm_warnings=True).pk
+    pk = deploying.deployment_create(data=spec(), confirm_warnings=True).pk
     start = _append(pk, 1)
 
     async def scenario() -> tuple[list[bytes], list[bytes], int]:
@@ -194,7 +195,7 @@ def test_a_stream_that_fell_behind_the_ring_is_told_so_and_gets_every_event_from
 
 
 def test_a_new_stream_from_the_start_of_a_long_record_gets_the_tail_not_the_whole(live_channel):  # type: ignore[no-untyped-def]
-    pk = services.deployment_create(data=spec(), confirm_warnings=True).pk
+    pk = deploying.deployment_create(data=spec(), confirm_warnings=True).pk
     last = _append(pk, sse.SKIP_LAG + 5000)
 
     async def scenario() -> list[bytes]:
@@ -213,7 +214,7 @@ def test_a_new_stream_from_the_start_of_a_long_record_gets_the_tail_not_the_whol
 
 
 def test_a_resumption_by_last_event_id_gets_exactly_the_seqs_after_it(live_channel):  # type: ignore[no-untyped-def]
-    pk = services.deployment_create(data=spec(), confirm_warnings=True).pk
+    pk = deploying.deployment_create(data=spec(), confirm_warnings=True).pk
     before = _append(pk, 700)
 
     async def scenario() -> tuple[list[int], list[int], int]:
@@ -239,7 +240,7 @@ def test_a_feed_pauses_after_a_fan_out_only_when_many_streams_follow_it() -> Non
 
 
 def test_many_streams_of_a_pausing_feed_get_every_event_once_in_order(live_channel):  # type: ignore[no-untyped-def]
-    pk = services.deployment_create(data=spec(), confirm_warnings=True).pk
+    pk = deploying.deployment_create(data=spec(), confirm_warnings=True).pk
     start = _append(pk, 1)
     streams_n, appends, size = 120, 30, 7
     last = start + appends * size  # a deployment's seqs have no gaps
@@ -264,7 +265,7 @@ def test_many_streams_of_a_pausing_feed_get_every_event_once_in_order(live_chann
 
 
 def test_a_stream_behind_the_ring_whose_floor_lies_inside_a_page_gets_each_seq_once(live_channel):  # type: ignore[no-untyped-def]
-    pk = services.deployment_create(data=spec(), confirm_warnings=True).pk
+    pk = deploying.deployment_create(data=spec(), confirm_warnings=True).pk
     floor = _append(pk, 700)  # where the feed's ring starts: inside the page 501-1000
 
     async def scenario() -> tuple[list[int], int]:

@@ -12,6 +12,7 @@ from django.db import connection
 
 from tests.servers import login_session, panel_server
 from tests.specs import spec
+from web.deploy import services as deploying
 from web.deployments import live, services
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -24,7 +25,7 @@ def server(tmp_path: Path, live_channel):  # type: ignore[no-untyped-def]
 
 
 def test_points_arrive_live_without_ids_and_events_keep_their_order(server, operator):  # type: ignore[no-untyped-def]
-    deployment = services.deployment_create(data=spec(), confirm_warnings=True)
+    deployment = deploying.deployment_create(data=spec(), confirm_warnings=True)
     pk = deployment.pk
     live.publish_point(pk, {"t": 1.0, "throughput": 1.0})  # before the stream: not replayed
     session = login_session(server, "otto", "operator-pass-1")

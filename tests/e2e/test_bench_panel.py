@@ -19,7 +19,7 @@ from playwright.sync_api import Page, expect
 from tests.e2e.stack import appliance_stack, login
 from tests.real_engine import ROOT as RECORDINGS
 from tests.specs import spec
-from web.deployments import services
+from web.deploy import services as deploying
 from web.deployments.models import Deployment, DeploymentStatus
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker, pytest.mark.e2e]
@@ -45,7 +45,7 @@ def _deploy(name: str, gpu: int, algorithm: str) -> int:
         data["recipe"] = "kimi-k2.6-dflash"
         data["engine"]["speculative_algorithm"] = algorithm
         data["engine"].pop("speculative_ddtree_budget", None)
-    return services.deployment_create(data=data, confirm_warnings=True).pk
+    return deploying.deployment_create(data=data, confirm_warnings=True).pk
 
 
 def _recorded_ratio(level: int) -> float:

@@ -17,6 +17,7 @@ from tests.e2e.conftest import CHROMIUM, CHROMIUM_ARGS
 from tests.e2e.screenshots import screenshot_path
 from tests.e2e.stack import login
 from tests.specs import spec
+from web.deploy import services as deploying
 from web.deployments import services
 from web.deployments.models import MetricPoint
 
@@ -28,7 +29,7 @@ TICK = re.compile(r"^([01]\d|2[0-3]):[0-5]\d(:[0-5]\d)?$")
 def serving(operator) -> tuple[int, float]:  # type: ignore[no-untyped-def]
     """A ready deployment with ten minutes of points at 2 s across the last UTC midnight
     (the axis marks the day there); returns its id and the last t."""
-    pk = services.deployment_create(data=spec(name="charted"), confirm_warnings=True).pk
+    pk = deploying.deployment_create(data=spec(name="charted"), confirm_warnings=True).pk
     services.deployment_mark_starting(deployment_id=pk, image="engine:test")
     services.deployment_mark_ready(deployment_id=pk, engine_url="http://appliance-engine-c:30000")
     now = timezone.now().timestamp()

@@ -16,7 +16,7 @@ from playwright.sync_api import Page, expect
 
 from tests.e2e.stack import appliance_stack, login
 from tests.specs import spec
-from web.deployments import services
+from web.deploy import services as deploying
 from web.deployments.models import Deployment
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker, pytest.mark.e2e]
@@ -31,11 +31,11 @@ def deployments(operator, tmp_path: Path, test_engine_image: str,  # type: ignor
            "APPLIANCE_ENGINE_STOP_TIMEOUT_S": "5"}
     with appliance_stack(tmp_path, env) as url:
         # Made before the page: Playwright's loop makes the ORM refuse afterwards.
-        right = services.deployment_create(
+        right = deploying.deployment_create(
             data=spec(name="widths-right", self_check=False,
                       env={"TEST_ENGINE_DRAFTER_BLOCK_SIZE": "16"}),
             confirm_warnings=True).pk
-        wrong = services.deployment_create(
+        wrong = deploying.deployment_create(
             data=spec(name="widths-wrong", self_check=False, gpus=[1],  # GPU 0 is leased
                       env={"TEST_ENGINE_FAIL": "ddtree-width"}),  # the PR head's capture
             confirm_warnings=True).pk

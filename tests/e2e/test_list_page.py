@@ -14,6 +14,7 @@ from appliance.runtime import series
 from tests.e2e.screenshots import screenshot_path
 from tests.e2e.stack import login, meanwhile
 from tests.specs import spec
+from web.deploy import services as deploying
 from web.deployments import services
 from web.deployments.models import MetricPoint
 
@@ -26,7 +27,7 @@ def server(shared_panel: str) -> str:
 
 
 def _create(name: str, gpu: int) -> int:
-    return services.deployment_create(data=spec(name=name, gpus=[gpu]), confirm_warnings=True).pk
+    return deploying.deployment_create(data=spec(name=name, gpus=[gpu]), confirm_warnings=True).pk
 
 
 def _serve(pk: int, throughput: float) -> None:

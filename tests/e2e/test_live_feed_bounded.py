@@ -13,6 +13,7 @@ from playwright.sync_api import Page, Route, expect
 from appliance.runtime.alerts import Alert
 from tests.e2e.stack import login, meanwhile
 from tests.specs import spec
+from web.deploy import services as deploying
 from web.deployments import services
 from web.deployments.services.metrics import deployment_apply_alerts
 
@@ -23,7 +24,7 @@ STREAM_OPEN_S = 15  # detail.js STREAM_OPEN_MS
 
 @pytest.fixture
 def loading(operator, live_channel) -> int:  # type: ignore[no-untyped-def]
-    pk = services.deployment_create(data=spec(name="slow"), confirm_warnings=True).pk
+    pk = deploying.deployment_create(data=spec(name="slow"), confirm_warnings=True).pk
     services.deployment_mark_starting(deployment_id=pk, image="engine:test")
     services.deployment_mark_loading(deployment_id=pk)
     return pk

@@ -25,6 +25,7 @@ from tests.e2e.stack import login
 from tests.eventfill import PHASE_EVERY, WARN_EVERY, fill_events
 from tests.servers import panel_server
 from tests.specs import spec
+from web.deploy import services as deploying
 from web.deployments import services
 from web.deployments.models import Event
 
@@ -53,7 +54,7 @@ def server(tmp_path: Path, live_channel) -> Iterator[str]:  # type: ignore[no-un
 def million(operator, server: str) -> tuple[int, int]:  # type: ignore[no-untyped-def]
     """The deployment and its newest line's seq; made before the page (Playwright's loop
     makes the ORM refuse afterwards)."""
-    pk = services.deployment_create(data=spec(name="busy"), confirm_warnings=True).pk
+    pk = deploying.deployment_create(data=spec(name="busy"), confirm_warnings=True).pk
     started = time.monotonic()
     fill_events(deployment_id=pk, count=EVENTS)
     print(f"\n{EVENTS:,} events stored in {time.monotonic() - started:.1f} s")
@@ -173,7 +174,7 @@ def test_a_deployment_with_a_million_events_opens_at_the_tail_and_pages_back_fas
 def failed_while_loading(operator, server: str) -> int:  # type: ignore[no-untyped-def]
     """A deployment that built, passed its self-check and failed loading weights, with 3,000
     lines after the self-check: none of its card events is in the page's tail."""
-    pk = services.deployment_create(data=spec(name="loadfail"), confirm_warnings=True).pk
+    pk = deploying.deployment_create(data=spec(name="loadfail"), confirm_warnings=True).pk
     services.deployment_mark_building(deployment_id=pk)
     services.events_append(deployment_id=pk, events=[
         ("build", {"kind": "cache_hit", "text": "using the configured image test:1"})])
@@ -238,7 +239,7 @@ def _fill_later(pk: int, count: int) -> None:
 @pytest.fixture
 def queued(operator, server: str) -> int:  # type: ignore[no-untyped-def]
     """A deployment that is not over (its page follows the stream); made before the page."""
-    return services.deployment_create(data=spec(name="behind"), confirm_warnings=True).pk
+    return deploying.deployment_create(data=spec(name="behind"), confirm_warnings=True).pk
 
 
 def test_a_stream_too_far_behind_shows_where_it_skipped_to_and_reloads_history(  # type: ignore[no-untyped-def]

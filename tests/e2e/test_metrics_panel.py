@@ -18,7 +18,7 @@ from playwright.sync_api import Page, expect
 from tests.e2e.screenshots import screenshot_path
 from tests.e2e.stack import appliance_stack, login
 from tests.specs import spec
-from web.deployments import services
+from web.deploy import services as deploying
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker, pytest.mark.e2e]
 
@@ -52,7 +52,7 @@ def stack(tmp_path: Path, test_engine_image: str) -> Iterator[str]:
 def _deploy(name: str, gpu: int = 0, **env: str) -> int:
     # Each on its own GPU: a GPU another live deployment holds is refused (GPU leases).
     data = spec(name=name, env=env, self_check=False, gpus=[gpu])
-    return services.deployment_create(data=data, confirm_warnings=True).pk
+    return deploying.deployment_create(data=data, confirm_warnings=True).pk
 
 
 # Deployments are made before the page: Playwright's loop makes the ORM refuse afterwards.

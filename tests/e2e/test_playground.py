@@ -21,7 +21,7 @@ from tests.e2e.gateway_flow import key_requests, make_key, openai_refusal, opena
 from tests.e2e.screenshots import screenshot_path
 from tests.e2e.stack import appliance_stack, login
 from tests.specs import spec
-from web.deployments import services
+from web.deploy import services as deploying
 from web.deployments.models import Deployment, DeploymentStatus
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker, pytest.mark.e2e]
@@ -34,7 +34,7 @@ ENGINE_ENV = "TEST_ENGINE_SHARDS=6,TEST_ENGINE_TOKEN_S=0.04,TEST_ENGINE_DECODE_L
 
 def _deploy(name: str, gpu: int, **env: str) -> int:
     data = spec(name=name, env=env, self_check=False, gpus=[gpu])
-    return services.deployment_create(data=data, confirm_warnings=True).pk
+    return deploying.deployment_create(data=data, confirm_warnings=True).pk
 
 
 def _wait_status(pk: int, status: str, timeout: float = 120) -> None:

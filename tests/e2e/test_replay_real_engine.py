@@ -20,7 +20,7 @@ from playwright.sync_api import Page, expect
 from tests.e2e.screenshots import screenshot_path
 from tests.e2e.stack import appliance_stack, login
 from tests.specs import spec
-from web.deployments import services
+from web.deploy import services as deploying
 from web.deployments.models import Deployment
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker, pytest.mark.e2e]
@@ -50,7 +50,7 @@ def replayed(operator, tmp_path: Path, test_engine_image: str,  # type: ignore[n
     data["engine"].pop("disable_overlap_schedule")
     with appliance_stack(tmp_path, env) as url:
         # Made before the page: Playwright's loop makes the ORM refuse afterwards.
-        yield url, services.deployment_create(data=data, confirm_warnings=True).pk
+        yield url, deploying.deployment_create(data=data, confirm_warnings=True).pk
 
 
 def _row(page: Page, role: str):  # type: ignore[no-untyped-def]
@@ -148,8 +148,8 @@ def second_round(operator, tmp_path: Path, test_engine_image: str,  # type: igno
     for data in (block, nograph):
         data["engine"].pop("disable_overlap_schedule")
     with appliance_stack(tmp_path, env) as url:
-        yield (url, services.deployment_create(data=block, confirm_warnings=True).pk,
-               services.deployment_create(data=nograph, confirm_warnings=True).pk)
+        yield (url, deploying.deployment_create(data=block, confirm_warnings=True).pk,
+               deploying.deployment_create(data=nograph, confirm_warnings=True).pk)
 
 
 def test_the_second_rounds_block_size_warning_and_graphs_off_read_right_on_the_page(  # type: ignore[no-untyped-def]

@@ -15,6 +15,7 @@ from playwright.sync_api import Page, expect
 from tests.e2e.conftest import AGENT_SILENT_S as SILENT_S
 from tests.e2e.stack import login, meanwhile
 from tests.specs import spec
+from web.deploy import services as deploying
 from web.deployments import services
 from web.deployments.models import Deployment, Host
 
@@ -35,7 +36,7 @@ def _report(agent: str, *, age_s: float) -> None:
 @pytest.fixture
 def replicated(operator: Any) -> list[int]:
     """Three ready replicas: 0 and 1 watched by agent@sim-a, 2 by agent@sim-b."""
-    first = services.deployment_create(data=spec(replicas=3), confirm_warnings=True)
+    first = deploying.deployment_create(data=spec(replicas=3), confirm_warnings=True)
     rows = [first.pk, *Deployment.objects.filter(replica_of=first)
             .order_by("replica_index").values_list("pk", flat=True)]
     for pk, agent in zip(rows, ("agent@sim-a", "agent@sim-a", "agent@sim-b"), strict=True):

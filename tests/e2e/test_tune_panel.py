@@ -19,7 +19,7 @@ from playwright.sync_api import Page, expect
 
 from tests.e2e.stack import appliance_stack, login
 from tests.specs import spec
-from web.deployments import services
+from web.deploy import services as deploying
 from web.deployments.models import Deployment, DeploymentStatus
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker, pytest.mark.e2e]
@@ -32,8 +32,8 @@ ENV = {"APPLIANCE_ENGINE_GPU_REQUESTS": "0", "APPLIANCE_ENGINE_STOP_TIMEOUT_S": 
 def tuned(operator, tmp_path: Path, test_engine_image: str, settings) -> Iterator[tuple[str, int]]:  # type: ignore[no-untyped-def]
     settings.ENGINE_GPU_REQUESTS = False
     with appliance_stack(tmp_path, {**ENV, "APPLIANCE_ENGINE_IMAGE": test_engine_image}) as url:
-        pk = services.deployment_create(data=spec(name="tuned", self_check=False),
-                                        confirm_warnings=True).pk
+        pk = deploying.deployment_create(data=spec(name="tuned", self_check=False),
+                                         confirm_warnings=True).pk
         deadline = time.monotonic() + 120
         while not Deployment.objects.filter(pk=pk, status=DeploymentStatus.READY).exists():
             assert time.monotonic() < deadline, Deployment.objects.get(pk=pk).status

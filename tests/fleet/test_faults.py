@@ -39,7 +39,7 @@ from tests.servers import PG_DATA, free_port, panel_server, pg_ctl, redis_server
 from tests.specs import spec
 from web.agent.controller import wait_for
 from web.agent.engines import identity_of
-from web.deployments import services as deployments
+from web.deploy import services as deploying
 from web.deployments.models import Deployment, DeploymentStatus, MetricPoint
 from web.deployments.services.installation import instance_id
 from web.fleet import heartbeat, services
@@ -96,9 +96,9 @@ def hosts(panel: tuple[str, int], tmp_path: Path, docker_client: Any,  # noqa: F
 
 
 def _placed(i: int, host: str) -> int:
-    made = deployments.deployment_create(data=spec(name=f"chatty-{i}", gpus=[i],
+    made = deploying.deployment_create(data=spec(name=f"chatty-{i}", gpus=[i],
                                                    engine__decode_log_interval=4),
-                                         confirm_warnings=True)
+                                       confirm_warnings=True)
     services.placement_assign(deployment=made, host_name=host, reason="named in the test")
     tasks.deploy.apply(args=[made.pk]).get()
     return made.pk

@@ -29,7 +29,7 @@ from tests.conftest_docker import docker_client  # noqa: F401
 from tests.fleet.simhosts import gateway, host_networks, sim_host_image, sim_hosts
 from tests.servers import panel_server
 from web.agent.controller import wait_for
-from web.deployments import services as deployments
+from web.deploy import services as deploying
 from web.deployments.models import Deployment, DeploymentStatus, Run
 from web.fleet import services
 from web.fleet.models import FleetHost
@@ -117,9 +117,9 @@ def test_a_lost_hosts_rows_read_unknown_and_a_restarted_hosts_replica_and_compan
             override_settings(ENGINE_IMAGE=ENGINE_IMAGE, ENGINE_GPU_REQUESTS=False):
         _until("hosts joined", lambda: FleetHost.objects.count() == 2 or
                list(FleetHost.objects.values_list("name", flat=True)), 120)
-        base = deployments.deployment_create(
+        base = deploying.deployment_create(
             data=_spec("base", gpus=[1], host="sim-b"), confirm_warnings=True)
-        first = deployments.deployment_create(
+        first = deploying.deployment_create(
             data=_spec("ddt", gpus=[0], replicas=2, companion="base"),
             confirm_warnings=True)
         replica = Deployment.objects.get(replica_of=first)

@@ -9,6 +9,7 @@ import pytest
 from django.utils import timezone
 
 from tests.rows import queued
+from web.deploy import services as deploying
 from web.deployments import services
 from web.deployments.models import Deployment, GpuLease
 from web.fleet import services as fleet
@@ -218,7 +219,7 @@ def test_a_reason_says_a_host_has_fewer_replicas_rather_than_none_when_it_has_on
     joined("gpu-2")
     joined("gpu-3")
     first = queued(gpus=[0], replicas=3)  # gpu-2, gpu-3, then the host with fewer
-    fourth = services.deployment_scale(deployment_id=first.pk, replicas=4)
+    fourth = deploying.deployment_scale(deployment_id=first.pk, replicas=4)
     rows = _rows(fourth)
     hosts = [r.host for r in rows]
     assert sorted(hosts) == ["gpu-2", "gpu-2", "gpu-3", "gpu-3"]

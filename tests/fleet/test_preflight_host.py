@@ -13,6 +13,7 @@ from django.test import Client
 
 from tests.rows import queued
 from tests.specs import spec
+from web.deploy import services as deploying
 from web.deployments import services
 from web.deployments.models import Deployment
 
@@ -42,7 +43,7 @@ def test_a_secret_only_one_host_holds_passes_there_and_is_refused_where_placemen
         ) -> None:
     joined("gpu-2", secret_names=["HF_TOKEN"])
     joined("gpu-3", secret_names=[])
-    checked = services.deployment_check(data=spec(secrets=["HF_TOKEN"], gpus=[0]))
+    checked = deploying.deployment_check(data=spec(secrets=["HF_TOKEN"], gpus=[0]))
     assert checked.host == "gpu-2"  # both free: the first by name
     assert "secret-missing" not in {f.rule for f in checked.findings}
     holder = queued(name="holder", gpus=[0])  # takes gpu-2's GPU 0: the next goes to gpu-3
@@ -135,12 +136,12 @@ def test_a_scale_checks_the_host_each_new_replica_goes_to() -> None:
     first = queued(secrets=["HF_TOKEN"], gpus=[0])
     assert first.host == "gpu-2"
     with pytest.raises(services.DeploymentInputError) as caught:
-        services.deployment_scale(deployment_id=first.pk, replicas=2)  # spread: gpu-3
+        deploying.deployment_scale(deployment_id=first.pk, replicas=2)  # spread: gpu-3
     assert caught.value.host == "gpu-3"
     assert "secret HF_TOKEN is not in the engine secret store" in caught.value.errors["secrets"][0]
     assert list(Deployment.objects.values_list("pk", flat=True)) == [first.pk]
     joined("gpu-3", secret_names=["HF_TOKEN"])
-    services.deployment_scale(deployment_id=first.pk, replicas=2)
+    deploying.deployment_scale(deployment_id=first.pk, replicas=2)
     replica = Deployment.objects.get(replica_of=first)
     assert replica.host == "gpu-3"
     assert "secret-missing" not in {f["rule"] for f in replica.preflight}

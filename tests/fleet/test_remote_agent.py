@@ -41,6 +41,7 @@ from tests.conftest_docker import docker_client, remove_engines, test_engine_ima
 from tests.fleet.simhosts import gateway
 from tests.site_recipes import engine_source_repo, write_recipe
 from tests.specs import spec
+from web.deploy import services as deploying
 from web.deployments import services as deployments
 from web.deployments.models import Deployment, DeploymentStatus, Event, MetricPoint
 from web.deployments.services.installation import instance_id
@@ -86,7 +87,7 @@ def fleet_host(live_server, tmp_path: Path, docker_client, test_engine_image: st
 
 def _placed(host: str = HOST, **changes: Any) -> Deployment:
     """A deployment placed on `host` and handed to its agent by the build worker."""
-    made = deployments.deployment_create(data=spec(**changes), confirm_warnings=True)
+    made = deploying.deployment_create(data=spec(**changes), confirm_warnings=True)
     services.placement_assign(deployment=made, host_name=host, reason="named in the test")
     tasks.deploy.apply(args=[made.pk]).get()
     return Deployment.objects.get(pk=made.pk)
@@ -210,8 +211,8 @@ def test_a_host_reads_and_steps_only_its_own_engines(fleet_host) -> None:  # typ
                        name="gpu-other", facts=services.host_facts_from(host_report(
                            EngineRuntime(), fleet_host["config"])))
     theirs = _placed(host="gpu-other", name="theirs", gpus=[1])
-    unplaced = deployments.deployment_create(data=spec(name="unplaced", gpus=[2]),
-                                             confirm_warnings=True)
+    unplaced = deploying.deployment_create(data=spec(name="unplaced", gpus=[2]),
+                                           confirm_warnings=True)
     link = fleet_host["agent"].link
     answer = link.me()
     assert [p["id"] for p in answer["placements"]] == [mine.pk]

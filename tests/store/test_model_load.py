@@ -16,6 +16,7 @@ from django.urls import reverse
 from tests.models import write_model
 from tests.specs import spec
 from web.agent.engines import container_plan
+from web.deploy import services as deploying
 from web.deployments import services
 from web.deployments.models import Deployment, EventKind, RootReadRate
 from web.store.loadtime import (
@@ -72,7 +73,7 @@ def test_a_roots_read_rate_is_measured_on_its_weight_files_and_kept(root: Path) 
 
 def test_a_deployment_carries_its_expected_load_from_size_and_the_roots_rate(root: Path) -> None:
     rate = root_read_rate_measure(root=str(root))
-    deployment = services.deployment_create(data=spec(), confirm_warnings=True)
+    deployment = deploying.deployment_create(data=spec(), confirm_warnings=True)
     size = _entry("Kimi-K2.6").size_bytes  # the store's entry: every file of the folder
     assert size >= (root / "Kimi-K2.6" / "model-00001-of-00001.safetensors").stat().st_size
     weights = deployment.load_estimate["weights"]
@@ -85,7 +86,7 @@ def test_a_deployment_carries_its_expected_load_from_size_and_the_roots_rate(roo
 
 
 def test_an_unmeasured_root_is_said_so_and_the_store_measures_it(root: Path) -> None:
-    deployment = services.deployment_create(data=spec(), confirm_warnings=True)
+    deployment = deploying.deployment_create(data=spec(), confirm_warnings=True)
     [target] = [f for f in _findings(deployment, "load-time")
                 if f["field"] == "engine.model_path"]
     assert "not measured" in target["message"]
@@ -99,7 +100,7 @@ def test_a_partial_model_is_refused_naming_the_field(root: Path) -> None:
     model_store_scan()
     assert _entry("Kimi-K2.6-DFlash").state == ModelState.PARTIAL
     with pytest.raises(services.DeploymentInputError) as caught:
-        services.deployment_validate(data=spec())
+        deploying.deployment_validate(data=spec())
     [message] = caught.value.errors["engine.speculative_draft_model_path"]
     assert "is partial in the model store" in message and "[model-not-ready]" in message
 
@@ -108,14 +109,14 @@ def test_a_failed_download_is_refused_with_its_error(root: Path) -> None:
     ModelEntry.objects.filter(relative_path="Kimi-K2.6").update(
         state=ModelState.FAILED, error="sha256 of model-00001-of-00001.safetensors differs")
     with pytest.raises(services.DeploymentInputError) as caught:
-        services.deployment_validate(data=spec())
+        deploying.deployment_validate(data=spec())
     [message] = caught.value.errors["engine.model_path"]
     assert "failed in the model store: sha256 of model-00001-of-00001.safetensors" in message
 
 
 def test_a_folder_in_a_root_the_store_has_not_listed_is_reported_unverified(root: Path) -> None:
     write_model(root / "fresh")
-    _, findings = services.deployment_validate(data=spec(engine__model_path="/models/fresh"))
+    _, findings = deploying.deployment_validate(data=spec(engine__model_path="/models/fresh"))
     [info] = [f for f in findings if f.rule == "model-unverified"]
     assert info.field == "engine.model_path" and info.severity == "info"
 
@@ -128,7 +129,7 @@ def _downloading(name: str, done: int = 256 * MIB, size: int = 1024 * MIB) -> No
 def test_a_downloading_model_waits_with_its_progress_instead_of_starting(root: Path) -> None:
     (root / "Kimi-K2.6" / "config.json").unlink()  # not there yet mid-download
     _downloading("Kimi-K2.6")
-    deployment = services.deployment_create(data=spec(), confirm_warnings=True)
+    deployment = deploying.deployment_create(data=spec(), confirm_warnings=True)
     assert "still downloading (25 %" in _findings(deployment, "model-downloading")[0]["message"]
     assert deployment_model_wait(deployment_id=deployment.pk) == "waiting"
     deployment.refresh_from_db()
@@ -148,7 +149,7 @@ def test_a_downloading_model_waits_with_its_progress_instead_of_starting(root: P
 
 def test_a_verified_download_lets_the_deployment_go_on(root: Path) -> None:
     _downloading("Kimi-K2.6")
-    deployment = services.deployment_create(data=spec(), confirm_warnings=True)
+    deployment = deploying.deployment_create(data=spec(), confirm_warnings=True)
     deployment_model_wait(deployment_id=deployment.pk)
     ModelEntry.objects.filter(relative_path="Kimi-K2.6").update(state=ModelState.READY)
     assert deployment_model_wait(deployment_id=deployment.pk) == "ready"
@@ -159,7 +160,7 @@ def test_a_verified_download_lets_the_deployment_go_on(root: Path) -> None:
 
 def test_a_download_that_fails_while_waiting_fails_the_deployment_clearly(root: Path) -> None:
     _downloading("Kimi-K2.6-DFlash")
-    deployment = services.deployment_create(data=spec(), confirm_warnings=True)
+    deployment = deploying.deployment_create(data=spec(), confirm_warnings=True)
     ModelEntry.objects.filter(relative_path="Kimi-K2.6-DFlash").update(
         state=ModelState.CANCELLED)
     assert deployment_model_wait(deployment_id=deployment.pk) == "failed"
@@ -173,7 +174,7 @@ def test_an_unverified_model_is_never_mounted_and_the_others_are_mounted_alone(
         root: Path, settings) -> None:  # type: ignore[no-untyped-def]
     settings.MODELS_DIR = "/srv/models"
     write_model(root / "half-downloaded")
-    deployment = services.deployment_create(data=spec(), confirm_warnings=True)
+    deployment = deploying.deployment_create(data=spec(), confirm_warnings=True)
     plan = container_plan(deployment, "img")
     assert plan.volumes == {
         "/srv/models/Kimi-K2.6": {"bind": "/models/Kimi-K2.6", "mode": "ro"},
@@ -188,7 +189,7 @@ def test_the_weights_card_shows_the_expected_load_then_the_rate_reached(
         root: Path, client: Client, admin) -> None:  # type: ignore[no-untyped-def]
     RootReadRate.objects.create(root=str(root), gbps=2.0, bytes_read=1, seconds=1.0,
                                 method="o_direct", measured_at="2026-12-01T00:00:00Z")
-    deployment = services.deployment_create(data=spec(), confirm_warnings=True)
+    deployment = deploying.deployment_create(data=spec(), confirm_warnings=True)
     client.force_login(admin)
     url = reverse("deployments:detail", args=[deployment.pk])
     page = client.get(url).content.decode()
@@ -208,7 +209,7 @@ def test_a_deployment_names_its_models_by_store_entry(root: Path) -> None:
     del data["engine"]["model_path"], data["engine"]["speculative_draft_model_path"]
     data.update(model_entry=_entry("Kimi-K2.6").pk, drafter_entry=str(_entry(
         "Kimi-K2.6-DFlash").pk))
-    deployment = services.deployment_create(data=data, confirm_warnings=True)
+    deployment = deploying.deployment_create(data=data, confirm_warnings=True)
     engine = deployment.spec["engine"]
     assert (engine["model_path"], engine["speculative_draft_model_path"]) == (
         "/models/Kimi-K2.6", "/models/Kimi-K2.6-DFlash")
@@ -217,7 +218,7 @@ def test_a_deployment_names_its_models_by_store_entry(root: Path) -> None:
 def test_an_entry_the_store_does_not_have_is_refused_naming_the_field(root: Path) -> None:
     for bad in (999999, "x", True):
         with pytest.raises(services.DeploymentInputError) as caught:
-            services.deployment_validate(data={**spec(), "model_entry": bad})
+            deploying.deployment_validate(data={**spec(), "model_entry": bad})
         [message] = caught.value.errors["model_entry"]
         assert "No model store entry" in message and "give the path instead" in message
     assert Deployment.objects.count() == 0
@@ -317,7 +318,7 @@ def test_mid_download_the_gpu_memory_check_counts_the_whole_model(root: Path) ->
     from web.deployments.services.modelfiles import local_model_facts
     from web.store.loadtime import store_facts
 
-    spec_ = services.deployment_validate(data=spec())[0]
+    spec_ = deploying.deployment_validate(data=spec())[0]
     facts = store_facts(spec_, local_model_facts(spec_))
     shard = root / "Kimi-K2.6" / "model-00001-of-00001.safetensors"
     assert local_model_facts(spec_)["weights_bytes"] == shard.stat().st_size

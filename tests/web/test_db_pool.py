@@ -10,7 +10,7 @@ from django.db import connection
 
 from tests.servers import panel_server
 from tests.specs import spec
-from web.deployments import services
+from web.deploy import services as deploying
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -28,7 +28,7 @@ def _panel_sessions(terminate: bool = False) -> int:
 def test_many_concurrent_api_requests_share_a_bounded_pool(tmp_path: Path, operator, token_for):  # type: ignore[no-untyped-def]
     from concurrent.futures import ThreadPoolExecutor
 
-    pk = services.deployment_create(data=spec(), confirm_warnings=True).pk
+    pk = deploying.deployment_create(data=spec(), confirm_warnings=True).pk
     headers = {"Authorization": f"Token {token_for(operator)}"}
     env = {"APPLIANCE_DB_POOL_MAX_SIZE": "3", "PGAPPNAME": APP_NAME}
     with panel_server(tmp_path / "uvicorn.log", **env) as url:
@@ -43,7 +43,7 @@ def test_many_concurrent_api_requests_share_a_bounded_pool(tmp_path: Path, opera
 
 
 def test_pooled_connections_broken_by_a_database_restart_fail_no_request(tmp_path: Path, operator, token_for):  # type: ignore[no-untyped-def]
-    pk = services.deployment_create(data=spec(), confirm_warnings=True).pk
+    pk = deploying.deployment_create(data=spec(), confirm_warnings=True).pk
     headers = {"Authorization": f"Token {token_for(operator)}"}
     env = {"APPLIANCE_DB_POOL_MAX_SIZE": "4", "PGAPPNAME": APP_NAME}
     with panel_server(tmp_path / "uvicorn.log", **env) as url:

@@ -21,7 +21,7 @@ from appliance.engine.launch import launch_args
 from appliance.engine.spec import SpecError, engine_field_names, flag_for, spec_from_dict
 from appliance.preflight import run_preflight
 from tests.specs import spec
-from web.deployments import services
+from web.deploy import services as deploying
 from web.deployments.services import DeploymentInputError
 
 EXAMPLES_PER_OPERATION = 60
@@ -89,7 +89,7 @@ def test_the_spec_parser_and_preflight_answer_every_input_with_findings_or_field
 def test_the_web_validation_answers_every_input_with_a_field_error_or_a_spec(
         data: dict[str, Any]) -> None:
     try:
-        services.deployment_validate(data=data)
+        deploying.deployment_validate(data=data)
     except DeploymentInputError as exc:
         assert exc.errors
 
@@ -99,7 +99,7 @@ def test_the_web_validation_answers_every_input_with_a_field_error_or_a_spec(
 
 @pytest.mark.django_db(transaction=True)
 def test_schemathesis_finds_no_server_error_in_the_api(operator, token_for) -> None:  # type: ignore[no-untyped-def]
-    real = services.deployment_create(data=spec(), confirm_warnings=True).pk
+    real = deploying.deployment_create(data=spec(), confirm_warnings=True).pk
     raw = SchemaGenerator().get_schema(request=None, public=True)
     schema = schemathesis.openapi.from_dict(raw)
     schema.app = WSGIHandler()

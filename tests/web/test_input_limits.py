@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from tests.servers import login_session, panel_server
 from tests.specs import spec
+from web.deploy import services as deploying
 from web.deployments import services
 from web.deployments.models import Deployment, Host
 from web.deployments.sse import _start_seq
@@ -79,7 +80,7 @@ def test_pagination_in_range_answers_a_page(viewer) -> None:  # type: ignore[no-
 
 @pytest.mark.parametrize("after", ["9223372036854775808", "-1", "1" * 40, "x"])
 def test_events_after_a_seq_out_of_range_is_a_400(viewer, after: str) -> None:  # type: ignore[no-untyped-def]
-    pk = services.deployment_create(data=spec(), confirm_warnings=True).pk
+    pk = deploying.deployment_create(data=spec(), confirm_warnings=True).pk
     response = _client(viewer).get(f"/api/deployments/{pk}/events/?after={after}")
     assert response.status_code == 400 and "after" in response.json()
     top = _client(viewer).get(f"/api/deployments/{pk}/events/?after=9223372036854775807")
@@ -96,7 +97,7 @@ def test_a_last_event_id_that_is_no_seq_replays_from_the_start(raw: str, seq: in
 
 @pytest.mark.django_db(transaction=True)
 def test_under_the_asgi_server_huge_ids_and_bodies_are_handled(tmp_path: Path, live_channel, viewer) -> None:  # type: ignore[no-untyped-def]
-    deployment = services.deployment_create(data=spec(), confirm_warnings=True)
+    deployment = deploying.deployment_create(data=spec(), confirm_warnings=True)
     services.deployment_stop(deployment_id=deployment.pk)
     with panel_server(tmp_path / "uvicorn.log") as url:
         session = login_session(url, "vera", "viewer-pass-1")

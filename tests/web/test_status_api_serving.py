@@ -15,7 +15,7 @@ from asgiref.testing import ApplicationCommunicator
 from django.conf import settings
 
 from tests.specs import spec
-from web.deployments import services
+from web.deploy import services as deploying
 from web.serving import WSGIBridge, django_application, view_is_async
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -72,7 +72,7 @@ def test_a_paths_handler_is_resolved_once() -> None:
 
 
 def test_a_sync_view_answers_through_the_wsgi_handler(viewer: Any, token_for: Any) -> None:
-    deployment = services.deployment_create(data=spec(), confirm_warnings=True)
+    deployment = deploying.deployment_create(data=spec(), confirm_warnings=True)
     auth = [(b"authorization", f"Token {token_for(viewer)}".encode())]
     app = django_application()
     status, _, body = call(app, _scope("/healthz"))

@@ -13,6 +13,7 @@ from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
 
 from tests.specs import spec
+from web.deploy import services as deploying
 from web.deployments import services
 
 # transaction=True: the SSE view hands its connection back (closes it) as in production.
@@ -131,7 +132,7 @@ def people(django_user_model, viewer, operator, admin):  # type: ignore[no-untyp
 
 
 def test_every_url_every_method_every_role(people) -> None:  # type: ignore[no-untyped-def]
-    deployment = services.deployment_create(data=spec(), confirm_warnings=True)
+    deployment = deploying.deployment_create(data=spec(), confirm_warnings=True)
     services.deployment_stop(deployment_id=deployment.pk)  # its stream ends at once
     paths = _paths(deployment.pk, people["viewer"].pk)
     assert len(paths) > 40 and "/api/deployments/" in paths

@@ -22,7 +22,7 @@ from tests.servers import celery_worker, engine_agent, panel_server
 from tests.site_recipes import SLOW_EXTRAS, engine_source_repo, write_recipe
 from tests.specs import spec
 from web.agent.controller import wait_for
-from web.deployments import services
+from web.deploy import services as deploying
 from web.deployments.models import Deployment, DeploymentStatus
 from web.deployments.services.installation import instance_id
 from worker import tasks
@@ -66,8 +66,8 @@ def _baseline(recipe: str, name: str, self_check: bool = True,
     data = spec(name=name, recipe=recipe, self_check=self_check, gpus=[gpu])
     data["engine"] = {"model_path": "/models/Kimi-K2.6", "tp_size": 1,
                       "trust_remote_code": True, "speculative_algorithm": "NONE"}
-    return services.deployment_create(data=data, confirm_warnings=True,
-                                      rebuild_image=rebuild_image)
+    return deploying.deployment_create(data=data, confirm_warnings=True,
+                                       rebuild_image=rebuild_image)
 
 
 def test_a_built_image_runs_the_real_self_check_first_and_the_next_deployment_hits_the_cache(site_recipe, agent):  # type: ignore[no-untyped-def]

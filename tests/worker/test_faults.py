@@ -39,6 +39,7 @@ from tests.servers import (
 )
 from tests.specs import spec
 from web.agent.controller import wait_for
+from web.deploy import services as deploying
 from web.deployments import services
 from web.deployments.models import Deployment, DeploymentStatus
 from web.deployments.services.installation import instance_id
@@ -65,7 +66,7 @@ def engine_env(test_engine_image: str) -> Iterator[dict[str, str]]:  # noqa: F81
 
 
 def _deployment(**changes: Any) -> Deployment:
-    return services.deployment_create(data=spec(**changes), confirm_warnings=True)
+    return deploying.deployment_create(data=spec(**changes), confirm_warnings=True)
 
 
 def _wait(pk: int, statuses: set[str], timeout_s: float = 60) -> str:
@@ -199,8 +200,8 @@ def test_a_worker_killed_while_building_is_replaced_and_the_build_carries_on(
     with override_settings(RECIPES_DIR=str(recipes)), \
             engine_agent(tmp_path / "agent.log", **env):
         with celery_worker(tmp_path / "worker-1.log", **env) as first:
-            pk = services.deployment_create(data=data, confirm_warnings=True,
-                                            rebuild_image=True).pk
+            pk = deploying.deployment_create(data=data, confirm_warnings=True,
+                                             rebuild_image=True).pk
             _wait(pk, {S.BUILDING}, 60)
             _wait_event(pk, "build_step", 60)
             first.send_signal(signal.SIGKILL)

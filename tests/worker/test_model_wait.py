@@ -20,7 +20,7 @@ from tests.servers import celery_worker, engine_agent
 from tests.specs import spec
 from web.agent.controller import wait_for
 from web.builder.builds import deployment_run
-from web.deployments import services
+from web.deploy import services as deploying
 from web.deployments.models import Deployment, DeploymentStatus, EventKind, RootReadRate
 from web.deployments.services.installation import instance_id
 from web.store.models import ModelEntry, ModelState
@@ -69,7 +69,7 @@ def test_it_waits_for_the_download_then_starts_the_engine_once_verified(
         stack: None) -> None:
     model_store_scan()
     _downloading("Kimi-K2.6", GIB)
-    pk = services.deployment_create(data=spec(), confirm_warnings=True).pk
+    pk = deploying.deployment_create(data=spec(), confirm_warnings=True).pk
     _until(lambda: _download_events(pk), "the worker reports the download it waits for")
     deployment = Deployment.objects.get(pk=pk)
     assert (deployment.status, deployment.phase) == (S.QUEUED, "model_download")
@@ -94,7 +94,7 @@ def test_a_download_that_fails_while_it_waits_fails_the_deployment_and_starts_no
         stack: None) -> None:
     model_store_scan()
     _downloading("Kimi-K2.6-DFlash", GIB)
-    pk = services.deployment_create(data=spec(), confirm_warnings=True).pk
+    pk = deploying.deployment_create(data=spec(), confirm_warnings=True).pk
     _until(lambda: _download_events(pk), "the worker waits for the drafter")
     ModelEntry.objects.filter(relative_path="Kimi-K2.6-DFlash").update(
         state=ModelState.FAILED, error="sha256 of model.safetensors differs")
@@ -117,7 +117,7 @@ def test_the_agent_never_starts_an_engine_on_a_model_that_is_no_longer_verified(
         ready_timeout_s=60))
     with override_settings(ENGINE_IMAGE=test_engine_image, ENGINE_GPU_REQUESTS=False,
                            ENGINE_EXTRA_ENV=FAST):
-        pk = services.deployment_create(data=spec(), confirm_warnings=True).pk
+        pk = deploying.deployment_create(data=spec(), confirm_warnings=True).pk
         assert deployment_run(deployment_id=pk) == S.STARTING
         ModelEntry.objects.filter(relative_path="Kimi-K2.6").update(
             state=ModelState.PARTIAL, error="model.safetensors is missing")

@@ -14,6 +14,7 @@ from tests.conftest_docker import remove_engines, wait_for
 from tests.specs import spec
 from web.agent import controller
 from web.agent.engines import identity_of
+from web.deploy import services as deploying
 from web.deployments import selectors, services
 from web.deployments.models import Deployment, DeploymentStatus
 from web.deployments.services.installation import instance_id
@@ -40,7 +41,7 @@ def _container_name(pk: int) -> str:
 
 
 def _deploy(**changes) -> int:  # type: ignore[no-untyped-def]
-    deployment = services.deployment_create(data=spec(**changes), confirm_warnings=True)
+    deployment = deploying.deployment_create(data=spec(**changes), confirm_warnings=True)
     tasks.deploy.apply(args=[deployment.pk]).get()
     return deployment.pk
 
@@ -97,8 +98,8 @@ def test_restart_brings_a_stopped_deployment_back_in_a_new_container(engine, age
 
 
 def test_two_replicas_run_as_two_engines_on_other_gpus_and_restart_each_on_its_own(engine, agent):  # type: ignore[no-untyped-def]
-    first = services.deployment_create(data=spec(gpus=[0], replicas=2, restart=ON_FAILURE),
-                                       confirm_warnings=True)
+    first = deploying.deployment_create(data=spec(gpus=[0], replicas=2, restart=ON_FAILURE),
+                                        confirm_warnings=True)
     rows = [first, *Deployment.objects.filter(replica_of=first)]
     assert [(r.replica_index, r.gpus) for r in rows] == [(0, [0]), (1, [1])]
     for row in rows:

@@ -20,6 +20,7 @@ from tests.specs import spec
 from tests.worker.stack import fast_engines, until, worker_and_agent
 from web import tasks
 from web.agent.controller import wait_for
+from web.deploy import services as deploying
 from web.deployments import services
 from web.deployments.models import Deployment, DeploymentStatus
 from web.deployments.services.installation import instance_id
@@ -39,7 +40,7 @@ def env(test_engine_image: str) -> Iterator[dict[str, str]]:  # noqa: F811
 def _three_replicas() -> list[int]:
     """Replica 0 through the create service, two replica rows beside it (as the replicas'
     create code makes them), each on a GPU of its own and queued for the worker."""
-    primary = services.deployment_create(data=spec(), confirm_warnings=True)
+    primary = deploying.deployment_create(data=spec(), confirm_warnings=True)
     pks = [primary.pk]
     for i in (1, 2):
         row = Deployment.objects.create(
@@ -126,7 +127,7 @@ def test_a_rolling_restart_survives_its_agent_killed_and_a_failed_redeploy_halts
         # A redeploy whose new engine fails while loading: halted at replica 1, the others
         # serving their run 2 on the spec they had.
         broken = spec(env={"TEST_ENGINE_FAIL": "load-exit"})
-        services.deployment_redeploy(deployment_id=pks[0], data=broken, confirm_warnings=True)
+        deploying.deployment_redeploy(deployment_id=pks[0], data=broken, confirm_warnings=True)
         _until(lambda: _rolling(pks[0])["state"] != "rolling", "the redeploy halts")
         roll = _rolling(pks[0])
         assert (roll["state"], roll["at"]) == ("halted", 0), roll

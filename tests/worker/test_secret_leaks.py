@@ -33,6 +33,7 @@ from tests.specs import spec
 from web.accounts.tokens import token_create
 from web.agent.controller import wait_for
 from web.agent.engines import identity_of
+from web.deploy import services as deploying
 from web.deployments import services
 from web.deployments.models import Deployment, DeploymentStatus
 from web.deployments.services.installation import instance_id
@@ -132,7 +133,7 @@ def test_a_planted_secret_reaches_its_engine_and_no_event_row_log_key_or_layer(
         planted: str, stack: dict[str, Any], viewer) -> None:  # type: ignore[no-untyped-def]
     # planted first: the agent reports the store's names at its start, and pre-flight
     # refuses a secret the fresh agents do not report.
-    pk = services.deployment_create(data=spec(secrets=["HF_TOKEN"]), confirm_warnings=True).pk
+    pk = deploying.deployment_create(data=spec(secrets=["HF_TOKEN"]), confirm_warnings=True).pk
     assert wait_for(pk, {S.READY, S.FAILED}, 150) == S.READY
     places = _container_checks(pk, planted)
     services.deployment_stop(deployment_id=pk)

@@ -17,6 +17,7 @@ from tests.conftest_docker import engines_of, remove_engines
 from tests.specs import spec
 from web.agent.controller import wait_for
 from web.agent.engines import container_plan, identity_of
+from web.deploy import services as deploying
 from web.deployments import services
 from web.deployments.models import Deployment, DeploymentStatus, Host
 from web.deployments.services.installation import instance_id
@@ -58,7 +59,7 @@ def _admin_client():  # type: ignore[no-untyped-def]
 
 
 def _deployment(**changes) -> Deployment:  # type: ignore[no-untyped-def]
-    return services.deployment_create(data=spec(**changes), confirm_warnings=True)
+    return deploying.deployment_create(data=spec(**changes), confirm_warnings=True)
 
 
 def _events(deployment: Deployment, kind: str) -> list[dict]:  # type: ignore[type-arg]

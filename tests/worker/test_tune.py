@@ -17,7 +17,7 @@ from tests.worker.stack import fast_engines, until, worker_and_agent
 from web.agent.controller import wait_for
 from web.benchmarks import tune_services
 from web.benchmarks.tune_models import TuneRun
-from web.deployments import services
+from web.deploy import services as deploying
 from web.deployments.models import Deployment, DeploymentStatus, Event
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
@@ -51,7 +51,7 @@ def _as_was(row: Deployment, before: dict[str, Any]) -> None:
 def test_tune_recommends_applies_and_a_cancelled_one_restores(env: dict[str, str],
                                                               tmp_path: Path) -> None:
     with worker_and_agent(tmp_path, env):
-        row = services.deployment_create(data=spec(), confirm_warnings=True)
+        row = deploying.deployment_create(data=spec(), confirm_warnings=True)
         assert wait_for(row.pk, {S.READY, S.FAILED}, 120) == S.READY
         row.refresh_from_db()
         before = {"spec": row.spec, "gpus": row.gpus, "algorithm": row.algorithm,
@@ -137,8 +137,8 @@ def test_a_deployment_with_replicas_is_tuned_on_replica_0_and_applied_rolling(
     """Replica 0 runs the candidates, drained, while replica 1 keeps serving its own run
     untouched; then every row is as it was; Apply rolls the winner over both replicas."""
     with worker_and_agent(tmp_path, env):
-        first = services.deployment_create(data=spec(gpus=[0], replicas=2),
-                                           confirm_warnings=True)
+        first = deploying.deployment_create(data=spec(gpus=[0], replicas=2),
+                                            confirm_warnings=True)
         rows = _rows(first.pk)
         for row in rows:
             assert wait_for(row.pk, {S.READY, S.FAILED}, 120) == S.READY
@@ -214,7 +214,7 @@ def test_side_by_side_runs_beside_on_free_gpus_and_leaves_the_deployment_serving
     """The candidates run as a deployment of their own on a free GPU while the deployment
     serves on (same run, no hold); at the end that side deployment is gone."""
     with worker_and_agent(tmp_path, env):
-        row = services.deployment_create(data=spec(gpus=[0]), confirm_warnings=True)
+        row = deploying.deployment_create(data=spec(gpus=[0]), confirm_warnings=True)
         assert wait_for(row.pk, {S.READY, S.FAILED}, 120) == S.READY
         row.refresh_from_db()
         before, served_run = _kept(row), row.run

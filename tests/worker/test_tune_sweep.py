@@ -20,7 +20,7 @@ from tests.specs import spec
 from web.agent.controller import wait_for
 from web.benchmarks import tune_services
 from web.benchmarks.tune_models import TuneRun
-from web.deployments import services
+from web.deploy import services as deploying
 from web.deployments.models import Deployment, DeploymentStatus
 from web.deployments.services.installation import instance_id
 
@@ -70,7 +70,7 @@ def test_a_tune_whose_worker_is_killed_is_restored_through_the_agents_sweep(
     copy restores the deployment and ends the Tune, saying why."""
     with engine_agent(tmp_path / "agent.log", **env):
         with celery_worker(tmp_path / "worker.log", **env) as worker:
-            row = services.deployment_create(data=spec(gpus=[0]), confirm_warnings=True)
+            row = deploying.deployment_create(data=spec(gpus=[0]), confirm_warnings=True)
             assert wait_for(row.pk, {S.READY, S.FAILED}, 120) == S.READY
             row.refresh_from_db()
             before = _kept(row)

@@ -22,6 +22,7 @@ from rest_framework.response import Response
 
 from appliance.logs.cause import spec_patched
 from appliance.runtime import series
+from web.deploy import services as deploying
 from web.deployments import selectors, services
 from web.deployments.bodies import (
     READ_FIELDS,
@@ -105,7 +106,7 @@ class DeploymentViewSet(
     def create(self, request: Request) -> Response:
         body = DeploymentCreateSerializer(data=spec_body(request.data, request.query_params))
         body.is_valid(raise_exception=True)
-        deployment = services.deployment_create(
+        deployment = deploying.deployment_create(
             data=body.validated_data["spec"],
             user=request.user,
             confirm_warnings=body.validated_data["confirm_warnings"],
@@ -135,9 +136,9 @@ class DeploymentViewSet(
         replicas are placed and started, the highest-index ones beyond are stopped."""
         body = ScaleSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        deployment = services.deployment_scale(deployment_id=self.get_object().pk,
-                                               replicas=body.validated_data["replicas"],
-                                               user=request.user)
+        deployment = deploying.deployment_scale(deployment_id=self.get_object().pk,
+                                                replicas=body.validated_data["replicas"],
+                                                user=request.user)
         return Response(DeploymentSerializer(deployment).data, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(responses={200: dict})
@@ -158,7 +159,7 @@ class DeploymentViewSet(
         replicas, one replica at a time (`rolling` shows how far); with one, as restart."""
         body = DeploymentCreateSerializer(data=spec_body(request.data, request.query_params))
         body.is_valid(raise_exception=True)
-        deployment = services.deployment_redeploy(
+        deployment = deploying.deployment_redeploy(
             deployment_id=self.get_object().pk, data=body.validated_data["spec"],
             user=request.user, confirm_warnings=body.validated_data["confirm_warnings"],
             rebuild_image=body.validated_data["rebuild_image"])
@@ -332,7 +333,7 @@ def preflight(request: Request) -> Response:
     each replica would run and why (a read: another request may take those GPUs first)."""
     body = PreflightSerializer(data=spec_body(request.data, {}))
     body.is_valid(raise_exception=True)
-    checked = services.deployment_check(data=body.validated_data["spec"])
+    checked = deploying.deployment_check(data=body.validated_data["spec"])
     return Response({"findings": [f.to_dict() for f in checked.findings], "ok": True,
                      "host": checked.host,
                      "placement": [{"replica": c.replica, "host": c.host, "gpus": c.gpus,

@@ -43,6 +43,7 @@ from appliance.tune import (
     run_tune,
 )
 from web import tasks
+from web.deploy import services as deploying
 from web.deployments import services as deployments
 from web.deployments.models import (
     TERMINAL_STATUSES,
@@ -308,7 +309,7 @@ class PanelDeployer:
         try:
             # Checked on replica 0's host, where a candidate runs (or, side by side, beside it).
             hosts = deployments.deployment_hosts(deployment_id=self.pk, alone=True)
-            deployments.deployment_validate(data=self._spec(candidate), hosts=hosts)
+            deploying.deployment_validate(data=self._spec(candidate), hosts=hosts)
         except deployments.DeploymentInputError as exc:
             return [f"{field}: {' '.join(msgs)}" for field, msgs in exc.errors.items()]
         return []
@@ -333,11 +334,11 @@ class PanelDeployer:
     def start_spec(self, spec: dict[str, Any]) -> None:
         try:
             if self._group():
-                deployments.deployment_run_alone(deployment_id=self.pk, data=spec,
-                                                 user=self.user, why=f"Tune #{self.run_id}")
+                deploying.deployment_run_alone(deployment_id=self.pk, data=spec,
+                                               user=self.user, why=f"Tune #{self.run_id}")
             else:
-                deployments.deployment_redeploy(deployment_id=self.pk, data=spec,
-                                                user=self.user, confirm_warnings=True)
+                deploying.deployment_redeploy(deployment_id=self.pk, data=spec,
+                                              user=self.user, confirm_warnings=True)
         except deployments.DeploymentInputError as exc:
             raise DeployFailed(f"the redeploy was refused: {exc}") from exc
 
@@ -408,8 +409,8 @@ class SideDeployer(PanelDeployer):
     def deploy(self, candidate: Candidate, stop: Any) -> str:
         if self.side_pk is None:
             try:
-                made = deployments.deployment_create(data=self._spec(candidate), user=self.user,
-                                                     confirm_warnings=True)
+                made = deploying.deployment_create(data=self._spec(candidate), user=self.user,
+                                                   confirm_warnings=True)
             except deployments.DeploymentInputError as exc:
                 raise DeployFailed(f"the side deployment was refused: {exc}") from exc
             self.side_pk = self.pk = made.pk
@@ -712,8 +713,8 @@ def _apply_rolling(run: TuneRun, row: Deployment, candidate: Candidate,
                    spec: dict[str, Any]) -> str:
     """The winner over every replica by the rolling redeploy (rolling.py: one replica at a
     time, drained first, the others serving), followed until the roll ends, bounded."""
-    deployments.deployment_redeploy(deployment_id=row.pk, data=spec, user=run.created_by,
-                                    confirm_warnings=True)
+    deploying.deployment_redeploy(deployment_id=row.pk, data=spec, user=run.created_by,
+                                  confirm_warnings=True)
     count = len(deployment_replicas(deployment=row))
     _applied(run.pk, state="rolling", message=f"rolling redeploy of {row.name} with "
              f"{candidate.name} under way (one replica at a time, {count} replicas)")

@@ -25,6 +25,7 @@ from web.deployments.models import TERMINAL_STATUSES, Deployment, DeploymentStat
 from web.deployments.permissions import can_delete, can_deploy, can_stop, can_view
 from web.deployments.services.rolling import deployment_has_replicas
 
+from . import services as deploying
 from .clone import FilledForm, form_from_deployment
 
 
@@ -101,8 +102,8 @@ def deployment_scale(request: HttpRequest, pk: int) -> HttpResponse:
                        f"from 1 to 128, not {raw[:20]!r}.")
         return redirect("deployments:detail", pk=pk)
     try:
-        deployment = services.deployment_scale(deployment_id=pk, replicas=int(raw),
-                                               user=request.user)
+        deployment = deploying.deployment_scale(deployment_id=pk, replicas=int(raw),
+                                                user=request.user)
     except services.DeploymentInputError as exc:
         _flash_refusal(request, "Scale", exc)
         return redirect("deployments:detail", pk=pk)

@@ -23,6 +23,7 @@ from web.deployments.silence import deployment_silence
 from web.gateway.playground_views import how_to_call
 from web.gateway.selectors import gateway_base_url
 
+from . import services as deploying
 from .forms import DeploymentForm
 from .lifecycle_views import form_source
 
@@ -81,12 +82,12 @@ def deployment_new(request: HttpRequest) -> HttpResponse:
     findings: list[dict[str, str]] = []
     checked_on = ""  # the host (or hosts) placement chose and pre-flight checked
     # &redeploy=1: the form runs the source deployment on its new spec, in place (rolling
-    # with replicas: services.deployment_redeploy) instead of creating another.
+    # with replicas: deploying.deployment_redeploy) instead of creating another.
     redeploy = int(str(request.GET["from"])) if source and request.GET.get("redeploy") == "1" \
         else None
     if request.method == "POST" and form.is_valid() and redeploy is not None:
         try:
-            deployment = services.deployment_redeploy(
+            deployment = deploying.deployment_redeploy(
                 deployment_id=redeploy, data=form.to_spec(), user=request.user,
                 confirm_warnings=form.cleaned_data["confirm_warnings"],
                 rebuild_image=form.cleaned_data["rebuild_image"])
@@ -100,7 +101,7 @@ def deployment_new(request: HttpRequest) -> HttpResponse:
             return redirect("deployments:detail", pk=deployment.pk)
     elif request.method == "POST" and form.is_valid():
         try:
-            deployment = services.deployment_create(
+            deployment = deploying.deployment_create(
                 data=form.to_spec(),
                 user=request.user,
                 confirm_warnings=form.cleaned_data["confirm_warnings"],

@@ -1,31 +1,25 @@
 """Writes: the deployment actions, the status moves, the event log.
 
-The modules, by theme: deployments (the actions a person takes: validate, create, stop,
-restart, redeploy, delete; recipes), rolling (Restart and Redeploy of a deployment with
+The modules, by theme: deployments (the actions on a deployment's own rows: stop,
+restart, delete; recipes), rolling (Restart and Redeploy of a deployment with
 replicas, one replica at a time), lifecycle (the one writer of `status`: appliance.lifecycle's
-table applied), events (the event log and its live stream), leases (GPU leases), loadtime
-(the model store as deployments see it), hosts (what a GPU host can do, from its agent's
-reports: pre-flight's facts of the host placement chose), errors (DeploymentInputError).
+table applied), events (the event log and its live stream), leases (GPU leases), hosts (what
+a GPU host can do, from its agent's reports: pre-flight's facts of the host placement chose),
+errors (DeploymentInputError).
 The engine agent's code is in web/agent/, the build worker's in web/builder/; both call
 these, never the reverse.
-Callers import from here: `from web.deployments import services; services.deployment_create(...)`.
+Callers import from here: `from web.deployments import services; services.deployment_stop(...)`.
+Deploying a spec (validate, place, create, redeploy, scale) is web/deploy/services.py's.
 """
 
 from __future__ import annotations
 
 from .deployments import (
-    Checked,
-    deployment_check,
-    deployment_create,
     deployment_delete,
     deployment_hosts,
-    deployment_redeploy,
     deployment_restart,
-    deployment_run_alone,
-    deployment_scale,
     deployment_set_progress,
     deployment_stop,
-    deployment_validate,
     recipe_load,
     recipe_names,
 )
@@ -49,10 +43,7 @@ from .rolling import rolling_end, rolling_start, rolling_text, rolling_tick
 
 __all__ = [
     "ADVANCE",
-    "Checked",
     "DeploymentInputError",
-    "deployment_check",
-    "deployment_create",
     "deployment_delete",
     "deployment_hosts",
     "deployment_mark_building",
@@ -65,13 +56,9 @@ __all__ = [
     "deployment_mark_stopped",
     "deployment_mark_stopping",
     "deployment_stop",
-    "deployment_redeploy",
     "deployment_restart",
-    "deployment_run_alone",
-    "deployment_scale",
     "deployment_restart_after_death",
     "deployment_set_progress",
-    "deployment_validate",
     "events_append",
     "events_append_batch",
     "events_batches_quiet",
