@@ -400,7 +400,6 @@ class EngineAgent:
                 strays.append({"name": container.name, "status": container.status,
                                "labels": {k: v for k, v in labels.items()
                                           if k.startswith("appliance.")}})
-        self._say_strays(strays)
         # Named after the agent (agent@<host>), not the container: a recreated agent
         # container is the same host, not a new row.
         host = self.agent_id.split("@", 1)[-1]
@@ -414,6 +413,9 @@ class EngineAgent:
             "gpu_telemetry": gpu_telemetry.collect().to_dict(),
             # Names only: pre-flight refuses a spec whose secret this store lacks.
             "secret_names": secret_names_available(directory=settings.ENGINE_SECRETS_DIR)})
+        # Said once the row is stored: the warning points the reader at the Hosts page,
+        # which lists them from that row.
+        self._say_strays(strays)
 
 
 def _strays_warning(names: list[str]) -> str:
