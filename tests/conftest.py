@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import fcntl
+import json
 import os
 import shutil
 import tempfile
@@ -120,6 +121,10 @@ _LOCKS = pytest.StashKey[Path]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("dist", "no") == "loadgroup":
+        # The scheduler keeps the collection's order (longest_first), not its own by the
+        # number of tests in each group.
+        config.option.loadscopereorder = False
     config.addinivalue_line(
         "markers", "exclusive: restarts a service every test uses (PostgreSQL, dockerd), or "
         "measures timings that other tests' CPU use skews; under pytest-xdist no other "
@@ -133,24 +138,51 @@ def worker_redis_url(url: str, worker: int) -> str:
     return urlunsplit(parts._replace(path=f"/{base + worker}"))
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+# The e2e modules that bring up a whole compose project (the panel's images built, the
+# trial's two simulated hosts each with a Docker engine of its own): one project at a time
+# on a 2-core machine, so their bounds (a request's wait, an idle trial's CPU) hold; the
+# other e2e tests (a browser on processes of the test's own) run beside them.
+COMPOSE_MODULES = frozenset({
+    "tests/e2e/test_compose.py", "tests/e2e/test_data_plane.py",
+    "tests/e2e/test_fleet_trial.py", "tests/e2e/test_fleet_faults.py",
+})
+# The run's `exclusive` tests are one group, run first: the run waits once for the other
+# workers' tests to end (each waits up to a whole compose test), not once per exclusive test.
+EXCLUSIVE_GROUP = "exclusive"
+# Seconds each test module took in a whole run (python -m tests.durations REPORT writes it
+# from var/test-report.xml): a --dist loadgroup run hands out the longest groups and modules
+# first, so no worker is left with a long one at the end while the others idle.
+DURATIONS = Path(__file__).with_name("durations.json")
+
+
+@pytest.hookimpl(wrapper=True)  # the groups before the other plugins' hooks, the order after
+def pytest_collection_modifyitems(
+        config: pytest.Config, items: list[pytest.Item]) -> Iterator[None]:
     """The groups no test names itself: the tests on simulated hosts (tests/fleet/simhosts.py:
     each host a Docker engine of its own, the heaviest waits there are) on one worker; the
-    browser and compose tests (tests/e2e) on one worker, apart from the rest; a module with
-    a module-scoped fixture (a stack, a build, engines) on one worker, so the fixture is made
-    once, not once per worker."""
+    compose tests (COMPOSE_MODULES) on one worker and the browser tests (the rest of
+    tests/e2e) on one worker, apart from the rest; a module with a module-scoped fixture (a
+    stack, a build, engines) on one worker, so the fixture is made once, not once per worker;
+    every exclusive test in one group, whatever its module's. Under --dist loadgroup the
+    items are ordered that group first, then the longest (DURATIONS) first."""
+    loadgroup = getattr(config.option, "loadgroup", False)  # a worker of a loadgroup run
     for item in items:
         _group_by_default(item)
-        if getattr(config.option, "loadgroup", False):  # a worker of a --dist loadgroup run
+        if loadgroup:
             _mark_group_in_nodeid(item)
+    yield  # pytest-django's order (by database use) within each unit is kept
+    if loadgroup:
+        items[:] = longest_first(items, _module_seconds())
 
 
 def _group_by_default(item: pytest.Item) -> None:
-    if not item.get_closest_marker("xdist_group"):
+    # An exclusive test's group is EXCLUSIVE_GROUP, whatever it names (_group_of).
+    if not _is_exclusive(item) and not item.get_closest_marker("xdist_group"):
         module = vars(getattr(item, "module", None) or pytest).values()
         if any(getattr(value, "__module__", None) == "tests.fleet.simhosts" for value in module):
             item.add_marker(pytest.mark.xdist_group("simhosts"))
+        elif item.nodeid.split("::")[0] in COMPOSE_MODULES:
+            item.add_marker(pytest.mark.xdist_group("compose"))
         elif item.nodeid.startswith("tests/e2e/"):
             item.add_marker(pytest.mark.xdist_group("e2e"))
         elif (info := getattr(item, "_fixtureinfo", None)) and any(
@@ -163,11 +195,46 @@ def _mark_group_in_nodeid(item: pytest.Item) -> None:
     """pytest-xdist's scheduler reads a test's group from a `@group` suffix of its node id,
     which pytest-xdist 3.8 writes to `item._nodeid`: pytest 9 no longer reads that (the id
     is `item._id`), so without this every group is silently spread over all workers."""
-    names = sorted({str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
-                    for mark in item.iter_markers("xdist_group")})
+    names = [_group_of(item)] if _group_of(item) else []
     ident = getattr(item, "_id", None)
     if names and ident is not None and "@" not in item.nodeid.rsplit("]", 1)[-1]:
         item._id = type(ident).parse(f"{item.nodeid}@{'_'.join(names)}")
+
+
+def _group_of(item: pytest.Item) -> str:
+    """The item's xdist group: an exclusive test's is EXCLUSIVE_GROUP alone."""
+    if _is_exclusive(item):
+        return EXCLUSIVE_GROUP
+    names = sorted({str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+                    for mark in item.iter_markers("xdist_group")})
+    return "_".join(names)
+
+
+def _module_seconds() -> dict[str, float]:
+    try:
+        return {str(k): float(v) for k, v in json.loads(DURATIONS.read_text()).items()}
+    except (OSError, ValueError, AttributeError):
+        return {}  # no record: the collection's own order
+
+
+def longest_first(items: list[pytest.Item], seconds: dict[str, float]) -> list[pytest.Item]:
+    """The items by unit (the xdist group, or the module of a test in none), the exclusive
+    group first, then the units by their expected seconds, longest first; a unit's items
+    keep their order, and a module's tests in no group stay together. A unit's seconds are
+    its tests' share of their modules' (a module unknown to `seconds` counts 0)."""
+    count: dict[str, int] = {}
+    for item in items:
+        module = item.nodeid.split("::")[0]
+        count[module] = count.get(module, 0) + 1
+    units: dict[str, list[pytest.Item]] = {}
+    weight: dict[str, float] = {}
+    for item in items:
+        module = item.nodeid.split("::")[0]
+        unit = _group_of(item) or module
+        units.setdefault(unit, []).append(item)
+        weight[unit] = weight.get(unit, 0.0) + seconds.get(module, 0.0) / count[module]
+    order = sorted(units, key=lambda unit: (unit != EXCLUSIVE_GROUP, -weight[unit]))
+    return [item for unit in order for item in units[unit]]
 
 
 @pytest.hookimpl(optionalhook=True)
