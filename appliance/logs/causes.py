@@ -292,6 +292,9 @@ BY_PRIORITY = sorted(_CATALOGUE, key=lambda cause: -cause.priority)
 # NCCL warnings, the container runtime's driver check, SGLang's port wait).
 LINE_TRIGGERS: tuple[tuple[str, str], ...] = (
     ("ddress already in use", "port-in-use"),
+    ("error: ambiguous option: ", "engine-flag-refused"),
+    ("error: unrecognized arguments: ", "engine-flag-refused"),
+    ("error: argument --", "engine-flag-refused"),
     ("is in use. Waiting", "port-in-use"),
     ("NCCL WARN", "nccl-failure"),
     ("unsatisfied condition: cuda>=", "driver-too-old"),

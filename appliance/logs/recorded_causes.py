@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from appliance.engine.spec import EngineOptions
 from appliance.logs.cause import Cause, Diagnosis
 from appliance.logs.context import ParseContext
 
@@ -14,6 +15,10 @@ _MIN_FRACTION = re.compile(r"Raise --mem-fraction-static above ([\d.]+)")
 _FEATURE_DIMS = re.compile(
     r"Expected shape \[N, (\d+)\] \(num_context_features=(\d+), hidden_size=(\d+)\), "
     r"but got shape=\(\d+, (\d+)\)")
+# argparse's own refusals, as `sglang serve` (0.5.23) and launch_server print them.
+_AMBIGUOUS = re.compile(r"error: ambiguous option: (--[\w-]+)(?:=\S*)? could match (.+)$")
+_UNRECOGNIZED = re.compile(r"error: unrecognized arguments: (.+)$")
+_BAD_VALUE = re.compile(r"error: argument (--[\w-]+)[^:]*: (.+)$")
 # SGLang's default when the spec sets none leaves room for the KV cache and the graphs.
 _DEFAULT_FRACTION_LIMIT = 0.95
 
@@ -30,6 +35,44 @@ def _kv_no_memory(cause: Cause, text: str, ctx: ParseContext | None) -> Diagnosi
                          "them over more GPUs, or use a quantized model.", evidence)
     return Diagnosis(cause.id, cause.summary, cause.fix, evidence,
                      {"engine.mem_fraction_static": None})
+
+
+def _spec_key(flag: str) -> str:
+    """Where a user sets a flag: its spec key where the form has one, else Extra engine
+    arguments (spec key extra_args)."""
+    name = flag.removeprefix("--").replace("-", "_")
+    return f"engine.{name}" if name in EngineOptions.__dataclass_fields__ else "extra_args"
+
+
+def _flag_refused(cause: Cause, text: str, ctx: ParseContext | None) -> Diagnosis | None:
+    """The engine's argument parser refused its command line: a flag this build does not have
+    (or spells otherwise), or a value it does not take. Nothing was loaded."""
+    if found := _AMBIGUOUS.search(text):
+        flag, candidates = found.group(1), [c.strip() for c in found.group(2).split(",")]
+        where = _spec_key(flag)
+        return cause.worded(
+            summary=f"This engine build has no {flag}: its argument parser refused it as "
+                    f"ambiguous ({flag} could match {', '.join(candidates)}), before loading "
+                    "anything.",
+            fix=f"Remove {flag} ({where}) and write the flag this build has instead in Extra "
+                f"engine arguments (spec key extra_args), e.g. {candidates[0]} with the same "
+                "value; the recipe's flag list (pre-flight) names each build's flags.",
+            evidence={"flag": flag, "candidates": candidates, "spec_key": where})
+    if found := _UNRECOGNIZED.search(text):
+        flags = [a for a in found.group(1).split() if a.startswith("--")]
+        return cause.worded(
+            summary=f"This engine build does not know {', '.join(flags) or found.group(1)}: "
+                    "its argument parser refused the command line before loading anything.",
+            fix="Remove the flag from Extra engine arguments (spec key extra_args) or the "
+                "spec key that sets it, or deploy with a recipe whose engine build has it.",
+            evidence={"flags": flags})
+    if found := _BAD_VALUE.search(text):
+        flag = found.group(1)
+        return cause.worded(
+            summary=f"The engine refused the value of {flag}: {found.group(2)}",
+            fix=f"Set {flag} ({_spec_key(flag)}) to a value the engine lists.",
+            evidence={"flag": flag, "spec_key": _spec_key(flag)})
+    return None
 
 
 def _drafter_mismatch(cause: Cause, text: str, ctx: ParseContext | None) -> Diagnosis:
@@ -51,6 +94,15 @@ def _torch_native_mla(cause: Cause, text: str, ctx: ParseContext | None) -> Diag
 
 
 RECORDED_CAUSES: tuple[Cause, ...] = (
+    Cause(
+        "engine-flag-refused",
+        "The engine's argument parser refused its command line before loading anything.",
+        "Remove the flag or value it names (Extra engine arguments, spec key extra_args, or the "
+        "spec key that sets it), or write it as this engine build spells it.",
+        98,
+        ("error: ambiguous option: ", "error: unrecognized arguments: ", "error: argument --"),
+        _flag_refused,
+    ),
     Cause(
         "ddtree-capture-hidden-mode",
         "Capturing the target's verify CUDA graph crashed: this DDTree source (101cd5bd0, the "

@@ -252,6 +252,7 @@ R523_ENV = {"SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK": (
     "1", "sglang-kernel 0.4.5 (built for the host's torch 2.11.0) instead of the lock's 0.4.10 "
     "(built for torch 2.14.1, whose C++ ABI the host lacks); torch 2.11.0 and triton 3.6.0 are "
     "the host's, not the lock's 2.14.1 and 3.8.0")}
+TRAINED_523 = {k: v for k, v in TRAINED.items() if k != "engine.cuda_graph_max_bs"}
 R523_REFUSALS = {"source": R523, "self_check": False, "probe": False, "bench_levels": (),
                  "refusals": True, "grammar": True, "env": R523_ENV}
 RUNS.update(_runs(
@@ -262,9 +263,12 @@ RUNS.update(_runs(
         "tiny Kimi-shaped model (context 32768): the refusal requests", "dflash",
         argv_overrides=dict(TRITON), spec_overrides={"engine.context_length": 32768},
         **R523_REFUSALS),  # type: ignore[arg-type]
+    # 0.5.23 split --cuda-graph-max-bs into -decode and -prefill: its argparse refuses the old
+    # flag as ambiguous (recorded 2026-12-06), so the trained pair's limit goes by the new name.
     Run("refusals523_trained", "DFLASH (block 8) on sglang 0.5.23, triton, with xgrammar, on the "
-        "trained pair: the refusal requests", "dflash", spec_overrides=dict(TRAINED),
-        argv_overrides=dict(TRAINED_ARGV), **R523_REFUSALS),  # type: ignore[arg-type]
+        "trained pair: the refusal requests", "dflash", spec_overrides=dict(TRAINED_523),
+        argv_overrides={**TRAINED_ARGV, "--cuda-graph-max-bs-decode": "32"},
+        **R523_REFUSALS),  # type: ignore[arg-type]
 ))
 R523_RUNS = ("refusals523_dflash", "refusals523_trained")
 TRAINED_RUNS = ("trained_base", "trained_dflash", "trained_ddtree_b8", "trained_ddtree_b16",
