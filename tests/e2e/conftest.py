@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import docker.errors
 import pytest
 from playwright.sync_api import Page, sync_playwright
 
+from docker import from_env
 from tests.conftest_docker import docker_client, test_engine_image  # noqa: F401
 from tests.servers import panel_server
 
@@ -36,6 +39,21 @@ def shared_panel(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory
         _SHARED_LOGS.append(log)
         yield url
         _SHARED_LOGS.remove(log)
+
+
+@pytest.fixture(scope="session")
+def trial_images() -> Iterator[set[str]]:
+    """The images the session's trials built (tests/e2e/test_fleet_trial.py: the panel's and
+    the simulated host's, tagged with this session's project): kept from one trial test to
+    the next, whose `up --build` then finds every layer built, and removed when the session
+    ends."""
+    images: set[str] = set()
+    yield images
+    client = from_env()
+    for image in images:
+        with contextlib.suppress(docker.errors.ImageNotFound):
+            client.images.remove(image, force=True)
+    client.close()
 
 
 _CALL_FAILED = pytest.StashKey[bool]()  # set by the hook below: the test's own call failed

@@ -101,7 +101,7 @@ class Trial:
 
 
 @pytest.fixture
-def trial(tmp_path: Path) -> Iterator[Trial]:
+def trial(tmp_path: Path, trial_images: set[str]) -> Iterator[Trial]:
     if COMPOSE is None:
         pytest.skip("docker-compose not installed")
     client = docker.from_env()
@@ -111,6 +111,7 @@ def trial(tmp_path: Path) -> Iterator[Trial]:
         pytest.skip(f"local base images missing ({', '.join(missing)}): run "
                     "bash docker/base/make-base-image.sh")
     made = Trial(tmp_path)
+    trial_images.update(made.images)
     try:
         yield made
     finally:
@@ -120,9 +121,6 @@ def trial(tmp_path: Path) -> Iterator[Trial]:
         made.compose("down", "-v", check=False)
         for network in client.networks.list(names=[f"{PROJECT}-engines"]):
             network.remove()
-        for image in made.images:
-            with contextlib.suppress(docker.errors.ImageNotFound):
-                client.images.remove(image, force=True)
 
 
 def _spec(name: str, *, gpus: list[int], replicas: int = 1, algorithm: str = "NONE",
