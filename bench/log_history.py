@@ -1,20 +1,23 @@
-"""The detail page's log pane on a deployment with a long log, against its targets.
+"""The detail page on a deployment with a long log: its log pane and charts, against
+their targets.
 
 A deployment with --events stored events (1,000,000 by default: tests/eventfill.py, as a
-busy deployment's after days) is opened in Chromium (Playwright) from a panel started as
-the panel image runs it (uvicorn, production settings), --rounds times, each in a fresh
-page. Measured in the page (performance.now() around each action until the log's DOM
-changed): the tail drawn after navigation start (the page's "log-tail" mark) and its first
-contentful paint; --pages-back pages of 200 older lines; a filter to the phase markers; a
-text search's first window; back to all lines; the JS heap's growth over the pages back;
-and the first 64 KiB of the log's download. Each figure is printed with its target
-(FIRST_PAINT_MS, INTERACTION_MS below), the median over the rounds with
-their min-max, and the load average, since the machine is shared. Exits 1 when a median
-misses its target.
+busy deployment's after days) is opened in Chromium (Playwright) from a panel started as the
+panel image runs it (uvicorn, production settings), --rounds times, each in a fresh page.
+Measured in the page (performance.now() around each action until the log's DOM changed): the
+tail drawn after navigation start (the page's "log-tail" mark) and its first contentful
+paint; --pages-back pages of 200 older lines; a filter to the phase markers; a text search's
+first window; back to all lines; the JS heap's growth over the pages back; the first 64 KiB
+of the log's download; and, on the same page, the charts' redraw with a full 15-minute
+window of points (tests/e2e/charts.py). Each figure is printed with its target
+(FIRST_PAINT_MS, INTERACTION_MS, FRAME_MS below), the median over the rounds with their
+min-max, and the load average, since the machine is shared. Exits 1 when a median misses its
+target.
 
-The browser tests (tests/e2e/test_log_history.py, the compose test) check what the pane
-does on such a log; they print these figures but hold them to no milliseconds: a shared
-machine under a whole suite moves them by more than the targets' margins.
+The browser tests (tests/e2e/test_log_history.py, the compose test, the charts' in
+tests/e2e/test_metrics_panel.py) check what the pane and charts do; they print these figures
+but hold them to no milliseconds: a shared machine under a whole suite moves them by more
+than the targets' margins.
 
     APPLIANCE_DATABASE_URL=postgres://appliance@127.0.0.1:5440/appliance_bench \\
     APPLIANCE_REDIS_URL=redis://127.0.0.1:6390/13 python bench/log_history.py --rounds 3
@@ -43,6 +46,7 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--no-first-run",  # the brows
                  "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--disable-quic"]
 FIRST_BYTE_MS = 1000
+FRAME_MS = 16  # the charts' redraw with a full 15-minute window, within a frame
 _FILTER_PHASES = ('const k = document.getElementById("log-kind"); k.value = "phase";'
                   ' k.dispatchEvent(new Event("change"));')
 _SEARCH = ('const f = document.getElementById("log-filter"); f.elements.kind.value = "";'
@@ -81,6 +85,7 @@ def one_round(context: Any, url: str, pk: int, newest: int, pages_back: int) -> 
     import requests
     from playwright.sync_api import expect
 
+    from tests.e2e.charts import FULL_WINDOW_REDRAW
     from tests.e2e.logpane import SCROLL_TOP, TIMED, TIMED_OLDER
 
     page = context.new_page()
@@ -98,6 +103,7 @@ def one_round(context: Any, url: str, pk: int, newest: int, pages_back: int) -> 
     search = page.evaluate(TIMED, _SEARCH)
     expect(page.locator("#log-note")).to_contain_text("searched back to #")
     clear = page.evaluate(TIMED, _CLEAR)
+    charts = page.evaluate(FULL_WINDOW_REDRAW)
     session = requests.Session()
     for cookie in context.cookies():
         session.cookies.set(cookie["name"], cookie["value"])
@@ -110,7 +116,8 @@ def one_round(context: Any, url: str, pk: int, newest: int, pages_back: int) -> 
             "back_median": statistics.median(back),
             "back_p90": sorted(back)[int(len(back) * 0.9)], "back_max": max(back),
             "phases": phases, "search": search, "clear": clear,
-            "heap_growth": heap_after - heap_before, "first_byte": first_byte}
+            "heap_growth": heap_after - heap_before, "first_byte": first_byte,
+            "charts": charts["mean"]}
 
 
 def report(rounds: list[dict[str, float]]) -> bool:
@@ -123,7 +130,8 @@ def report(rounds: list[dict[str, float]]) -> bool:
             ("text search, first window", "search", INTERACTION_MS, "ms"),
             ("back to all lines", "clear", INTERACTION_MS, "ms"),
             ("JS heap growth over the pages back", "heap_growth", HEAP_GROWTH_MB, "MB"),
-            ("download, first 64 KiB", "first_byte", FIRST_BYTE_MS, "ms")]
+            ("download, first 64 KiB", "first_byte", FIRST_BYTE_MS, "ms"),
+            ("7 charts redrawn, 900+ points, mean of 60", "charts", FRAME_MS, "ms")]
     met_all = True
     print(f"\n{'figure':46} {'median':>9} {'min-max':>15} {'target':>9}  verdict")
     for label, key, target, unit in rows:

