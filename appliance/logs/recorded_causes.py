@@ -19,6 +19,11 @@ _FEATURE_DIMS = re.compile(
 _AMBIGUOUS = re.compile(r"error: ambiguous option: (--[\w-]+)(?:=\S*)? could match (.+)$")
 _UNRECOGNIZED = re.compile(r"error: unrecognized arguments: (.+)$")
 _BAD_VALUE = re.compile(r"error: argument (--[\w-]+)[^:]*: (.+)$")
+_NO_MODULE = re.compile(r"No module named '([\w.]+)'")
+_JIT_HEADERS = re.compile(r"Required header path (\S+) for (\w+) dependency not found")
+# The package a missing module comes from, where its name is not the module's (the lock's names).
+_PACKAGE_OF = {"cutlass": "nvidia-cutlass-dsl", "flashinfer": "flashinfer-python",
+               "sgl_kernel": "sglang-kernel", "xgrammar": "xgrammar"}
 # SGLang's default when the spec sets none leaves room for the KV cache and the graphs.
 _DEFAULT_FRACTION_LIMIT = 0.95
 
@@ -75,6 +80,32 @@ def _flag_refused(cause: Cause, text: str, ctx: ParseContext | None) -> Diagnosi
     return None
 
 
+def _image_lacks(cause: Cause, text: str, ctx: ParseContext | None) -> Diagnosis | None:
+    """The engine image lacks what its SGLang build imports or JIT-compiles against at start."""
+    if found := _JIT_HEADERS.search(text):
+        path, dependency = found.groups()
+        package = _PACKAGE_OF.get(dependency, dependency)
+        return cause.worded(
+            summary=f"The engine image has no {dependency} headers ({path}): this SGLang build "
+                    "JIT-compiles kernels against them at start (0.5.23's DFLASH sampling "
+                    "kernels, whatever --sampling-backend says), and stopped before serving.",
+            fix=f"Build the engine image from the recipe (Images page), whose lock installs "
+                f"{package} with its data/ headers and the CUDA compiler the JIT needs; an image "
+                "of your own must install the recipe's lock as it is.",
+            evidence={"missing": dependency, "package": package, "path": path})
+    if found := _NO_MODULE.search(text):
+        module = found.group(1).split(".")[0]
+        package = _PACKAGE_OF.get(module, module)
+        return cause.worded(
+            summary=f"The engine image has no Python module {module!r}, which this SGLang build "
+                    "imports while building the model (0.5.23 imports the CUTLASS DSL for a "
+                    "bf16 Qwen3 MLP), and stopped before serving.",
+            fix=f"Build the engine image from the recipe (Images page), whose lock pins "
+                f"{package}; an image of your own must install the recipe's lock as it is.",
+            evidence={"missing": module, "package": package})
+    return None
+
+
 def _drafter_mismatch(cause: Cause, text: str, ctx: ParseContext | None) -> Diagnosis:
     found = _FEATURE_DIMS.search(text)
     evidence: dict[str, Any] = {}
@@ -94,6 +125,16 @@ def _torch_native_mla(cause: Cause, text: str, ctx: ParseContext | None) -> Diag
 
 
 RECORDED_CAUSES: tuple[Cause, ...] = (
+    Cause(
+        "engine-image-lacks-package",
+        "The engine image lacks a package its SGLang build needs at start.",
+        "Build the engine image from the recipe (Images page): its lock installs every "
+        "package the build imports.",
+        93,
+        ("for flashinfer dependency not found", "No module named 'cutlass'",
+         "No module named 'flashinfer'", "No module named 'sgl_kernel'"),
+        _image_lacks,
+    ),
     Cause(
         "engine-flag-refused",
         "The engine's argument parser refused its command line before loading anything.",

@@ -1,5 +1,6 @@
-"""Tune on the GPU host, as recorded (tests/fixtures/real-engine/433c58ed7/trained_tune/, made
-by `tests/gpu/real-engine.sh tune`): appliance.tune's recommendation per concurrency against
+"""Tune on the GPU host, as recorded (tests/fixtures/real-engine/433c58ed7/trained_tune/ and
+trained_tune_pick/, made by `tests/gpu/real-engine.sh tune`): appliance.tune's recommendation
+per concurrency against
 the best of the exhaustive sweep of the same candidates, within 5 %, recomputed here from the
 raw rows (not from the rig's own `compare`), and the recording's figures as its README states
 them.
@@ -16,14 +17,16 @@ import pytest
 
 from appliance.tune.recommend import eligible, recommend
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "real-engine" / "433c58ed7" / \
-    "trained_tune"
+RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "real-engine" / "433c58ed7"
+# Each recording and the levels Tune measured there: trained_tune's drafter had trained no step
+# (accept 1.02); trained_tune_pick's pair accepts (held-out accept length 2.68).
+LEVELS = {"trained_tune": [1, 4, 16], "trained_tune_pick": [1, 16]}
 TOLERANCE = 0.05
 
 
-def load() -> tuple[dict[str, Any], dict[str, Any]]:
-    return (json.loads((FIXTURE / "tune.json").read_text()),
-            json.loads((FIXTURE / "sweep.json").read_text()))
+def load(name: str = "trained_tune") -> tuple[dict[str, Any], dict[str, Any]]:
+    return (json.loads((RECORDED / name / "tune.json").read_text()),
+            json.loads((RECORDED / name / "sweep.json").read_text()))
 
 
 def judged(tune: dict[str, Any], sweep: dict[str, Any]) -> list[dict[str, Any]]:
@@ -44,12 +47,38 @@ def judged(tune: dict[str, Any], sweep: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def test_tunes_pick_at_each_level_is_within_5_percent_of_the_sweeps_best() -> None:
-    tune, sweep = load()
+@pytest.mark.parametrize("name", sorted(LEVELS))
+def test_tunes_pick_at_each_level_is_within_5_percent_of_the_sweeps_best(name: str) -> None:
+    tune, sweep = load(name)
     rows = judged(tune, sweep)
-    assert [r["concurrency"] for r in rows] == [1, 4, 16]
+    assert [r["concurrency"] for r in rows] == LEVELS[name]
     for row in rows:
         assert row["ratio"] >= 1 - TOLERANCE, row
+
+
+def test_on_a_pair_that_accepts_tune_picks_speculation_where_the_sweep_finds_it_pays() -> None:
+    tune, sweep = load("trained_tune_pick")
+    result = tune["result"]
+    assert result["ended"] == "done" and not tune["fake"]
+    # Both speculative candidates were checked lossless against no speculation: by token ids,
+    # since 433c58ed7 refuses their log-probs (its own 400 is kept in the result).
+    for candidate in result["candidates"]:
+        lossless = candidate["lossless"]
+        assert lossless["passed"], candidate["name"]
+        if not lossless.get("baseline"):
+            assert lossless["compared"] == "token ids" and lossless["identical"] == \
+                lossless["total"] == 8 and "return_logprob" in lossless["logprobs"]
+    by = {(r["candidate"], r["concurrency"]): r for r in sweep["rows"]}
+    # Concurrency 1: DFLASH accepts 2.5 tokens a step and beats no speculation in the sweep;
+    # Tune recommends it. Concurrency 16: no speculation is fastest; Tune says speculation stops
+    # paying there.
+    assert by[("dflash", 1)]["accept_len"] >= 2.0
+    assert by[("dflash", 1)]["output_throughput"] > by[("none", 1)]["output_throughput"]
+    assert by[("none", 16)]["output_throughput"] > max(
+        by[(c, 16)]["output_throughput"] for c in ("dflash", "ddtree-16"))
+    picks = {e["concurrency"]: e["candidate"] for e in result["recommendation"]["per_level"]}
+    assert picks == {1: "dflash", 16: "none"}
+    assert result["recommendation"]["crossover"] == 16
 
 
 def test_the_check_fails_when_the_sweep_finds_a_faster_lossless_candidate() -> None:
@@ -84,7 +113,7 @@ def test_the_recording_is_what_its_readme_says() -> None:
     accepts nothing and no speculation wins everywhere; Tune ran out of its budget during its
     third candidate."""
     tune, sweep = load()
-    train = json.loads((FIXTURE / "train.json").read_text())
+    train = json.loads((RECORDED / "trained_tune" / "train.json").read_text())
     assert train["drafter"]["steps"] == 0
     assert train["heldout"]["accept_length"] < 1.1
     result = tune["result"]
@@ -101,7 +130,7 @@ def test_the_recording_is_what_its_readme_says() -> None:
     assert max(tune["engines"]["ready_s"].values()) == pytest.approx(115.6)
 
 
-SHORT = FIXTURE.parent / "trained_tune_short"
+SHORT = RECORDED / "trained_tune_short"
 
 
 def test_on_the_real_engine_a_candidate_never_checked_lossless_is_never_recommended() -> None:

@@ -11,6 +11,7 @@ recording now backs that reading, and the log names the cause if a spec without 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from appliance.engine.flags import load_flags
 from appliance.engine.recipes import load_recipe
@@ -62,3 +63,35 @@ def test_every_flag_the_release_lists_is_in_the_flag_list_pre_flight_reads() -> 
     assert len(printed) > 500, "the usage text was not read"
     assert printed <= listed, sorted(printed - listed)
     assert "--cuda-graph-max-bs" not in printed and set(SPLIT) <= printed
+
+
+# What the rig's carry left out (it brings 0.5.23's Python, not every package of its lock), the
+# release needed at start: recorded as an engine image of one's own would meet it.
+IMAGE_LACKS = {
+    "dflash_needs_flashinfer_headers": ("flashinfer", "flashinfer-python"),
+    "qwen3_needs_cutlass_dsl": ("cutlass", "nvidia-cutlass-dsl"),
+}
+
+
+def test_the_release_stops_before_serving_without_what_its_lock_installs() -> None:
+    for run, (missing, package) in IMAGE_LACKS.items():
+        info = rec.run_info(run, RELEASE)
+        assert info["source"] == "sglang-0.5.23" and info["ready_s"] is None, run
+        (found,) = [d for d in rec.of_kind(run, "diagnosis", RELEASE) if not d.get("severity")]
+        assert found["cause"] == "engine-image-lacks-package", run
+        assert found["evidence"]["missing"] == missing and found["evidence"]["package"] == package
+        assert package in found["fix"]
+
+
+def test_what_the_image_lacked_is_in_the_releases_lock() -> None:
+    lock = (Path(__file__).resolve().parents[3] / "appliance" / "engine" / "locks" /
+            "sglang-0.5.23.lock.txt").read_text()
+    for _, package in IMAGE_LACKS.values():
+        assert re.search(rf"^{re.escape(package)}==", lock, re.M), package
+
+
+def test_dflash_needs_flashinfer_even_with_the_pytorch_sampling_backend() -> None:
+    argv = rec.run_info("dflash_needs_flashinfer_headers", RELEASE)["argv"]
+    assert argv[argv.index("--sampling-backend") + 1] == "pytorch"
+    text = "\n".join(line.text for line in rec.lines("dflash_needs_flashinfer_headers", RELEASE))
+    assert "prewarm_sampling" in text and "tree_speculative_sampling_target_only" in text
