@@ -87,7 +87,8 @@ run_role() {
   local role="$1" rc
   while true; do
     /usr/local/bin/appliance-panel "$role" &
-    echo $! >"$state/$role.pid"
+    # Written whole, then renamed: a reader never sees the file empty.
+    echo $! >"$state/$role.pid.new" && mv -f "$state/$role.pid.new" "$state/$role.pid"
     rc=0
     wait $! || rc=$?
     log "$role exited ($rc); starting it again in 2 s"

@@ -88,7 +88,12 @@ class SimHost:
                    ["IPAddress"])
 
     def agent_pid(self) -> int:
-        return int(self.run("cat", "/run/sim-host/agent.pid").strip())
+        """The agent's pid, waiting (bounded) while its entrypoint has not yet written it."""
+        deadline = time.monotonic() + 10
+        while not (text := self.run("cat", "/run/sim-host/agent.pid").strip()):
+            assert time.monotonic() < deadline, f"{self.name}: no agent pid written in 10 s"
+            time.sleep(0.2)
+        return int(text)
 
     def kill_agent(self) -> int:
         """SIGKILL the host's agent (its entrypoint starts it again 2 s later, as compose's
