@@ -47,12 +47,6 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--no-first-run",  # the brows
                  "--disable-sync", "--disable-quic"]
 FIRST_BYTE_MS = 1000
 FRAME_MS = 16  # the charts' redraw with a full 15-minute window, within a frame
-_FILTER_PHASES = ('const k = document.getElementById("log-kind"); k.value = "phase";'
-                  ' k.dispatchEvent(new Event("change"));')
-_SEARCH = ('const f = document.getElementById("log-filter"); f.elements.kind.value = "";'
-           ' f.elements.q.value = "kv cache usage"; f.requestSubmit();')
-_CLEAR = ('const f = document.getElementById("log-filter"); f.elements.kind.value = "";'
-          ' f.elements.q.value = ""; f.requestSubmit();')
 _PAINT = """() => ({
   tail: performance.getEntriesByName("log-tail")[0].startTime,
   fcp: (performance.getEntriesByName("first-contentful-paint")[0] || {}).startTime,
@@ -86,7 +80,7 @@ def one_round(context: Any, url: str, pk: int, newest: int, pages_back: int) -> 
     from playwright.sync_api import expect
 
     from tests.e2e.charts import FULL_WINDOW_REDRAW
-    from tests.e2e.logpane import SCROLL_TOP, TIMED, TIMED_OLDER
+    from tests.e2e.logpane import CLEAR, FILTER_PHASES, SCROLL_TOP, SEARCH, TIMED, TIMED_OLDER
 
     page = context.new_page()
     cdp = context.new_cdp_session(page)
@@ -98,11 +92,11 @@ def one_round(context: Any, url: str, pk: int, newest: int, pages_back: int) -> 
     heap_before = _heap_mb(cdp)
     back = [page.evaluate(TIMED_OLDER, SCROLL_TOP) for _ in range(pages_back)]
     heap_after = _heap_mb(cdp)
-    phases = page.evaluate(TIMED, _FILTER_PHASES)
+    phases = page.evaluate(TIMED, FILTER_PHASES)
     expect(page.locator("#log .line").first).to_contain_text("ready: marker")
-    search = page.evaluate(TIMED, _SEARCH)
+    search = page.evaluate(TIMED, SEARCH)
     expect(page.locator("#log-note")).to_contain_text("searched back to #")
-    clear = page.evaluate(TIMED, _CLEAR)
+    clear = page.evaluate(TIMED, CLEAR)
     charts = page.evaluate(FULL_WINDOW_REDRAW)
     session = requests.Session()
     for cookie in context.cookies():

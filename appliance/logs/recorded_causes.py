@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from appliance.engine.spec import EngineOptions
+from appliance.engine.spec import engine_field_names, flag_for
 from appliance.logs.cause import Cause, Diagnosis
 from appliance.logs.context import ParseContext
 
@@ -45,8 +45,8 @@ def _kv_no_memory(cause: Cause, text: str, ctx: ParseContext | None) -> Diagnosi
 def _spec_key(flag: str) -> str:
     """Where a user sets a flag: its spec key where the form has one, else Extra engine
     arguments (spec key extra_args)."""
-    name = flag.removeprefix("--").replace("-", "_")
-    return f"engine.{name}" if name in EngineOptions.__dataclass_fields__ else "extra_args"
+    fields = {flag_for(name): name for name in engine_field_names()}
+    return f"engine.{fields[flag]}" if flag in fields else "extra_args"
 
 
 def _flag_refused(cause: Cause, text: str, ctx: ParseContext | None) -> Diagnosis | None:
@@ -73,10 +73,11 @@ def _flag_refused(cause: Cause, text: str, ctx: ParseContext | None) -> Diagnosi
             evidence={"flags": flags})
     if found := _BAD_VALUE.search(text):
         flag = found.group(1)
+        where = _spec_key(flag)
         return cause.worded(
             summary=f"The engine refused the value of {flag}: {found.group(2)}",
-            fix=f"Set {flag} ({_spec_key(flag)}) to a value the engine lists.",
-            evidence={"flag": flag, "spec_key": _spec_key(flag)})
+            fix=f"Set {flag} ({where}) to a value the engine lists.",
+            evidence={"flag": flag, "spec_key": where})
     return None
 
 

@@ -31,3 +31,10 @@ TIMED_OLDER = """async (action) => {
   return performance.now() - t0;
 }"""
 SCROLL_TOP = 'const p = document.getElementById("log"); p.scrollTop = 0;'
+# The pane's filter by kind (phases), a text search, and back to every line.
+FILTER_PHASES = ('const k = document.getElementById("log-kind"); k.value = "phase";'
+                 ' k.dispatchEvent(new Event("change"));')
+SEARCH = ('const f = document.getElementById("log-filter"); f.elements.kind.value = "";'
+          ' f.elements.q.value = "kv cache usage"; f.requestSubmit();')
+CLEAR = ('const f = document.getElementById("log-filter"); f.elements.kind.value = "";'
+         ' f.elements.q.value = ""; f.requestSubmit();')

@@ -20,7 +20,10 @@ from django.db import connection
 from playwright.sync_api import Page, expect
 
 from appliance.logs.catalogue import CATALOGUE
+from tests.e2e.logpane import CLEAR as _CLEAR
+from tests.e2e.logpane import FILTER_PHASES as _FILTER_PHASES
 from tests.e2e.logpane import SCROLL_TOP as _SCROLL_TOP
+from tests.e2e.logpane import SEARCH as _SEARCH
 from tests.e2e.logpane import TIMED as _TIMED
 from tests.e2e.logpane import TIMED_OLDER as _TIMED_OLDER
 from tests.e2e.stack import login
@@ -37,13 +40,6 @@ EVENTS = 1_000_000
 PAGES_BACK = 15  # 3,000 lines: past the pane's cap of 2,000
 HEAP_GROWTH_MB = 16
 REPEATS = 3  # filter, search: the median of these (the machine is shared: one can be preempted)
-
-_FILTER_PHASES = ('const k = document.getElementById("log-kind"); k.value = "phase";'
-                  ' k.dispatchEvent(new Event("change"));')
-_SEARCH = ('const f = document.getElementById("log-filter"); f.elements.kind.value = "";'
-           ' f.elements.q.value = "kv cache usage"; f.requestSubmit();')
-_CLEAR = ('const f = document.getElementById("log-filter"); f.elements.kind.value = "";'
-          ' f.elements.q.value = ""; f.requestSubmit();')
 
 
 @pytest.fixture
