@@ -101,13 +101,16 @@ def test_a_deployment_with_a_million_events_opens_at_the_tail_and_pages_back_fas
 
     started = time.monotonic()
     page.goto(f"{server}/deployments/{pk}/")
-    expect(page.locator("#log .line").last).to_have_attribute("data-seq", str(newest))
+    # How fast the tail comes is bench/log_history.py's to hold; here it only must come, on
+    # a machine that may be running the rest of the suite beside it.
+    expect(page.locator("#log .line").last).to_have_attribute("data-seq", str(newest),
+                                                               timeout=30_000)
     wall_ms = (time.monotonic() - started) * 1000
     paint = page.evaluate("""() => ({
       tail: performance.getEntriesByName("log-tail")[0].startTime,
       fcp: (performance.getEntriesByName("first-contentful-paint")[0] || {}).startTime,
       html: performance.getEntriesByType("navigation")[0].responseEnd })""")
-    expect(page.locator("#conn")).to_have_text("live")
+    expect(page.locator("#conn")).to_have_text("live", timeout=15_000)
     stats = _lines(page)
     assert stats["lines"] == 500 and stats["attached"]
 

@@ -79,6 +79,8 @@ def _decode(cfg: Config, ticket: Ticket, max_tokens: int, start: float) -> Itera
                 out += n
                 if produced + out >= max_tokens or due > time.perf_counter():
                     break
+                if FAIL == "hang-serve" and STATE.generation_tokens + out >= HANG_AFTER_TOKENS:
+                    break  # the steps due past the hang point are never made
             pause = due - time.perf_counter()
             if pause > 0:
                 time.sleep(pause)
