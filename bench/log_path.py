@@ -358,9 +358,13 @@ def follow_run(args: argparse.Namespace, *, shape: str, n: int, rate: float, rea
     from web.deployments.models import Deployment
 
     agent = EngineAgent(agent_id="bench-agent")
+    direct = args.road == "direct"
     status = "ready" if ready else "starting"
+    # A host's placements carry the spec, so the API road's must be one the panel reads.
+    spec = {} if direct else {"name": f"log-bench-{shape}", "recipe": "bench", "gpus": [0],
+                              "engine": {"model_path": "/models/bench"}}
     deployment = Deployment.objects.create(
-        name=f"log-bench-{shape}", spec={}, recipe="bench", algorithm="NONE", gpus=[],
+        name=f"log-bench-{shape}", spec=spec, recipe="bench", algorithm="NONE", gpus=[],
         status=status, image=args.image, start_token=secrets.token_hex(4),
         agent_id=agent.agent_id)
     plan = ContainerPlan(deployment_id=str(deployment.pk), image=args.image,
@@ -373,9 +377,13 @@ def follow_run(args: argparse.Namespace, *, shape: str, n: int, rate: float, rea
     runtime = EngineRuntime()
     container = runtime.ensure_started(plan)
     watcher = None if reference_apart else _child("--docker-watcher", container.id, str(n))
-    sink = _FollowSink(deployment, agent, threading.Event())
-    sink.identity = plan.identity
-    agent.remove_engine = lambda identity: None  # type: ignore[method-assign] # keep it
+    sink: Any
+    if direct:
+        sink = _FollowSink(deployment, agent, threading.Event())
+        sink.identity = plan.identity
+        agent.remove_engine = lambda identity: None  # type: ignore[method-assign] # keep it
+    else:
+        sink = api_sink(panel_url, deployment, runtime, plan.identity)
     batches: list[int] = []
     ship = sink.ship
     timing = {"wall": 0.0, "cpu": 0.0}
@@ -388,12 +396,13 @@ def follow_run(args: argparse.Namespace, *, shape: str, n: int, rate: float, rea
         from django.db import connection
 
         batches.append(len(events))
-        connection.ensure_connection()  # the pooled session this ship will use: its CPU too
-        backend = connection.connection.info.backend_pid
-        if backend not in backends:
-            backends[backend] = _cpu_s(backend)
-        stats = {"ship_thread": f"/proc/self/task/{threading.get_native_id()}/schedstat",
-                 "ship_backend": f"/proc/{backend}/schedstat"}
+        stats = {"ship_thread": f"/proc/self/task/{threading.get_native_id()}/schedstat"}
+        if direct:  # through the API, the panel's own sessions store (counted as PostgreSQL)
+            connection.ensure_connection()  # the pooled session this ship will use
+            backend = connection.connection.info.backend_pid
+            if backend not in backends:
+                backends[backend] = _cpu_s(backend)
+            stats["ship_backend"] = f"/proc/{backend}/schedstat"
         before = {who: _runq_wait_s(path) for who, path in stats.items()}
         wall, cpu = time.monotonic(), time.thread_time()
         ship(events, cursor)
@@ -427,6 +436,9 @@ def follow_run(args: argparse.Namespace, *, shape: str, n: int, rate: float, rea
         max(0.0, _cpu_s(pid) - first) for pid, first in backends.items()) / events_shipped * 1e6
     for who, seconds in waits.items():
         figures[f"{who}_cpu_wait_us_per_event"] = seconds / events_shipped * 1e6
+    if not direct:  # the panel's sessions stored it: in cpu_postgres and cpu_panel, not here
+        figures["ship_backend_cpu_us_per_event"] = float("nan")
+        figures["ship_backend_cpu_wait_us_per_event"] = float("nan")
     figures["events_per_batch"] = statistics.mean(batches) if batches else 0
     figures.update(cpu_shares)
     figures.update(_child_figures(viewer, 120))
@@ -440,6 +452,41 @@ def follow_run(args: argparse.Namespace, *, shape: str, n: int, rate: float, rea
     else:
         figures.update(reference_run(args, runtime, plan, shape=shape, n=n, rate=rate))
     return figures
+
+
+API_HOST = "log-bench-host"
+_links: dict[str, Any] = {}
+
+
+def api_sink(panel_url: str, deployment: Any, runtime: Any, identity: Any) -> Any:
+    """The follower's sink of a host's agent (appliance.runtime.remote_agent.RemoteSink):
+    each batch goes through the panel's host API (HTTP to the started panel, its ingest
+    storing it), as the one agent of the panel's own host will send it. The host joins
+    once per run, with a join token made here; the deployment is placed on it."""
+    from appliance.runtime.panel_link import PanelLink, panel_join
+    from appliance.runtime.remote_agent import RemoteAgent, RemoteSettings, RemoteSink, host_report
+    from web.fleet import services as fleet
+    from web.fleet.models import Placement
+
+    config = RemoteSettings(panel_url=panel_url, host_name=API_HOST, advertise_addr="127.0.0.1",
+                            gpu_requests=False, gpu_check=False)
+    link = _links.get(panel_url)
+    if link is None:
+        # The bench's own host: what an interrupted run left placed on it goes first.
+        Placement.objects.filter(host__name=API_HOST).delete()
+        token = fleet.jointoken_create(host_name=API_HOST).secret
+        joined = panel_join(panel_url=panel_url, token=token, name=API_HOST,
+                            report=host_report(runtime, config))
+        link = _links[panel_url] = PanelLink(panel_url, str(joined["credential"]))
+    # Its stop is a no-op: the printer's container is read again after it ended (as the
+    # direct road's remove_engine is), where a host's agent stops an engine that ended.
+    keep = type("KeptRuntime", (), {"stop": lambda self, identity, timeout_s=0: None})()
+    agent = RemoteAgent(link=link, config=config, runtime=keep)
+    fleet.placement_assign(deployment=deployment, host_name=API_HOST, reason="log bench")
+    link.me()  # as the agent's tick: its placements (and the host's writer lease) first
+    placement = {"id": deployment.pk, "start_token": deployment.start_token,
+                 "status": deployment.status, "progress": {}, "engine_url": ""}
+    return RemoteSink(placement, agent, threading.Event(), identity)
 
 
 def reference_run(args: argparse.Namespace, runtime: Any, plan: Any, *, shape: str, n: int,
@@ -567,6 +614,7 @@ def _cleanup(pk: int) -> None:
         cursor.execute("DELETE FROM deployments_event WHERE deployment_id = %s", [pk])
         # the status reads' stored answers, which the agent's batches now keep
         cursor.execute("DELETE FROM deployments_statusbody WHERE deployment_id = %s", [pk])
+        cursor.execute("DELETE FROM fleet_placement WHERE deployment_id = %s", [pk])
         cursor.execute("DELETE FROM deployments_deployment WHERE id = %s", [pk])
 
 
@@ -696,12 +744,20 @@ def main() -> None:
     parser.add_argument("--reference-seconds", type=float, default=20.0,
                         help="how long the paced twin prints, at the phase's rate")
     parser.add_argument("--profile", default="", help="py-spy raw profiles into this folder")
+    parser.add_argument("--road", choices=("direct", "api"), default="direct",
+                        help="direct: the panel's own agent's sink, writing the database "
+                             "itself (web/agent); api: a host agent's sink, through the "
+                             "started panel's host API (appliance/runtime/remote_agent.py)")
     parser.add_argument("--compare-with", default="", metavar="CHECKOUT",
                         help="also print the CPU per stage of another checkout's code beside "
                              "this one's (e.g. `git archive d964bb5 | tar -x -C /tmp/old`)")
     args = parser.parse_args()
     _loadkit.setup_django(args)
     print("command:", _loadkit.command_line())
+    print("road:", {"direct": "the panel's own agent's sink (web/agent), writing the database "
+                              "in this process",
+                    "api": "a host agent's sink (RemoteSink) through the started panel's host "
+                           "API"}[args.road])
     print("uptime:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
     if args.compare_with:
         compare_stages(args)
