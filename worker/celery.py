@@ -20,8 +20,8 @@ django.setup()
 from django.conf import settings  # noqa: E402
 
 from appliance.runtime.containers import EngineRuntime  # noqa: E402
+from appliance.runtime.engine_network import join_engine_network  # noqa: E402
 from web import tasks  # noqa: E402
-from web.agent.controller import join_engine_network  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ def join_engine_network_on_start(**_: Any) -> None:
     its host, so a benchmark runs on the worker of the host that holds its engines.
     """
     try:
-        join_engine_network(EngineRuntime())
+        join_engine_network(EngineRuntime(), settings.ENGINE_NETWORK)
     except Exception:  # no Docker: builds fail on their own; say why benchmarks will
         log.exception("could not join the engine network %r: benchmarks cannot reach "
                       "engines from this worker", settings.ENGINE_NETWORK)

@@ -12,6 +12,8 @@ lifecycle table. It holds no database or broker address; Django is never importe
   (APPLIANCE_HOST_ADVERTISE_ADDR), so it is started with SGLang's --api-key: a key for
   that start that the panel derives and its gateway sends. The engine prints its
   server_args (the key among them) at start: the key is masked in every shipped text.
+  With APPLIANCE_ENGINE_NETWORK (the panel's own host under compose) engines sit on that
+  closed network instead, reached by container name, nothing published.
 - The image must carry the recipe lock the panel sends (appliance.images.lock's label);
   a configured image (no recipe build) is sent without one.
 - The credential refused (the host removed, or joined again elsewhere): the agent stops
@@ -55,6 +57,7 @@ from appliance.runtime.containers import (
     EngineRuntimeError,
     Identity,
 )
+from appliance.runtime.engine_network import join_engine_network
 from appliance.runtime.follower import Cursor, EngineFollower, Events, FollowOptions, follow
 from appliance.runtime.hostfacts import docker_facts
 from appliance.runtime.monitor import EngineMonitor, monitor_options
@@ -108,13 +111,17 @@ def _env_bool(environ: Mapping[str, str], name: str, default: bool) -> bool:
 
 @dataclass(frozen=True)
 class RemoteSettings:
-    """The remote agent's configuration: environment variables, the panel's names."""
+    """The remote agent's configuration: environment variables, the panel's names.
+
+    With `engine_network` (a compose install's own host) engines sit on that Docker network,
+    reached by container name, and nothing is published: `advertise_addr` is then unused."""
 
     panel_url: str
     host_name: str
     advertise_addr: str
-    join_token: str = ""
+    join_token: str = field(default="", repr=False)
     credential_path: Path = Path(CREDENTIAL_PATH)
+    engine_network: str = ""
     models_dir: str = ""
     secrets_dir: str = "/run/secrets/engine"
     gpu_requests: bool = True
@@ -133,19 +140,35 @@ class RemoteSettings:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> RemoteSettings:
         env = os.environ if environ is None else environ
-        missing = [n for n in ("APPLIANCE_PANEL_URL", "APPLIANCE_HOST_NAME",
-                               "APPLIANCE_HOST_ADVERTISE_ADDR") if not env.get(n)]
+        network = env.get("APPLIANCE_ENGINE_NETWORK", "")
+        needed = ["APPLIANCE_PANEL_URL", "APPLIANCE_HOST_NAME"]
+        if not network:  # published engines: the panel needs their address
+            needed.append("APPLIANCE_HOST_ADVERTISE_ADDR")
+        missing = [n for n in needed if not env.get(n)]
         if missing:
             raise SystemExit(f"set {', '.join(missing)}: a fleet host's agent needs the "
                              "panel's address, its own name and the address the panel "
-                             "reaches its engines at (docs/fleet.md)")
+                             "reaches its engines at, unless they sit on an engine network "
+                             "(APPLIANCE_ENGINE_NETWORK) (docs/fleet.md)")
         extra = [item.split("=", 1) for item in env.get("APPLIANCE_ENGINE_EXTRA_ENV", "")
                  .split(",") if "=" in item]
+        credential_path = Path(env.get("APPLIANCE_HOST_CREDENTIAL_FILE", CREDENTIAL_PATH))
+        token = env.get("APPLIANCE_JOIN_TOKEN", "")
+        token_file = env.get("APPLIANCE_JOIN_TOKEN_FILE", "")
+        if not token and token_file:
+            # With a stored credential the token is only a fallback: read, never waited for.
+            stored = credential_path.is_file() and credential_path.stat().st_size > 0
+            wait_s = 0 if stored else _env_int(env, "APPLIANCE_JOIN_TOKEN_WAIT_S",
+                                                  JOIN_TOKEN_WAIT_S)
+            token = join_token_read(Path(token_file), wait_s=wait_s)
+            if not token and not stored:
+                raise SystemExit(f"no join token in {token_file} after {wait_s} s and no "
+                                 f"stored credential in {credential_path}: the panel writes "
+                                 "one there (manage.py ownhost, or jointokens --out)")
         return cls(
             panel_url=env["APPLIANCE_PANEL_URL"], host_name=env["APPLIANCE_HOST_NAME"],
-            advertise_addr=env["APPLIANCE_HOST_ADVERTISE_ADDR"],
-            join_token=env.get("APPLIANCE_JOIN_TOKEN", ""),
-            credential_path=Path(env.get("APPLIANCE_HOST_CREDENTIAL_FILE", CREDENTIAL_PATH)),
+            advertise_addr=env.get("APPLIANCE_HOST_ADVERTISE_ADDR", ""),
+            join_token=token, credential_path=credential_path, engine_network=network,
             models_dir=env.get("APPLIANCE_MODELS_DIR", ""),
             secrets_dir=env.get("APPLIANCE_ENGINE_SECRETS_DIR", "/run/secrets/engine"),
             gpu_requests=_env_bool(env, "APPLIANCE_ENGINE_GPU_REQUESTS", True),
@@ -160,6 +183,27 @@ class RemoteSettings:
             tick_s=float(_env_int(env, "APPLIANCE_AGENT_TICK_MS", 1000)) / 1000,
             recipes_dir=env.get("APPLIANCE_RECIPES_DIR", ""),
             build_ca_bundle=env.get("APPLIANCE_BUILD_CA_BUNDLE", ""))
+
+
+JOIN_TOKEN_WAIT_S = 120  # how long the agent waits for its join token file by default
+JOIN_TOKEN_POLL_S = 0.2
+
+
+def join_token_read(path: Path, *, wait_s: float) -> str:
+    """The join token in `path` once it is there and not empty, looked for up to `wait_s`
+    (the panel's side writes it whole, then renames it in place); '' when none came. The
+    token itself is never logged or put in the environment."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            token = path.read_text().strip()
+        except FileNotFoundError:
+            token = ""
+        except OSError as exc:
+            raise SystemExit(f"cannot read the join token file {path}: {exc.strerror}") from None
+        if token or time.monotonic() >= deadline:
+            return token
+        time.sleep(min(JOIN_TOKEN_POLL_S, max(deadline - time.monotonic(), 0.0)))
 
 
 def host_report(runtime: EngineRuntime, config: RemoteSettings) -> dict[str, Any]:
@@ -179,25 +223,42 @@ def host_report(runtime: EngineRuntime, config: RemoteSettings) -> dict[str, Any
     return report
 
 
+# The simulator's knob naming the engine build whose refusals it imitates
+# (docker/test-engine/sglang/test_engine/refusals.py).
+SIMULATED_BUILD_ENV = "TEST_ENGINE_BUILD"
+
+
 def remote_plan(placement: Mapping[str, Any], config: RemoteSettings,
                 instance: str) -> ContainerPlan:
-    """The engine container for a placement, as the panel's agent plans its own
-    (web/agent/engines.py), published on the host's advertised address with an API key."""
+    """The engine container for a placement: the one plan of every agent.
+
+    On the engine network (`config.engine_network`) the engine is reached by container
+    name and nothing is published; else its port is published on the host's advertised
+    address (loopback when none). The API key is the placement's `engine_key` (none: no
+    key). The placement's `simulated_build` (the panel decides it: the build the simulator
+    imitates) goes in as SIMULATED_BUILD_ENV unless the environment names one already."""
     spec = spec_from_dict(placement["spec"])
     launch = launch_args(spec)
     volumes = (engine_model_mounts(argv=launch.argv, models_dir=config.models_dir)
                if config.models_dir else {})
     env = {**launch.env, **config.extra_env}
+    simulated = str(placement.get("simulated_build") or "")
+    if simulated and SIMULATED_BUILD_ENV not in env:
+        env[SIMULATED_BUILD_ENV] = simulated
     if spec.self_check and config.gpu_check:
+        # The image's entrypoint runs appliance.selfcheck with these before the engine.
         env["APPLIANCE_GPU_CHECK"] = "1"
         env["APPLIANCE_GPU_CHECK_ARGS"] = json.dumps(gpu_check_args(spec))
     return ContainerPlan(
         deployment_id=str(placement["id"]), image=str(placement["image"]), argv=launch.argv,
         env=env, gpus=list(placement.get("gpus") or []) if config.gpu_requests else [],
-        container_port=spec.engine.port, network=None, publish_host=config.advertise_addr,
+        container_port=spec.engine.port, network=config.engine_network or None,
+        publish_host=config.advertise_addr or "127.0.0.1",
         volumes=volumes, instance_id=instance, start_token=str(placement["start_token"]),
         shm_size=spec.shm_size or config.shm_size, pids_limit=config.pids_limit or None,
-        mem_limit=config.memory_limit or None, secrets=list(launch.secrets),
+        mem_limit=config.memory_limit or None,
+        # Only this deployment's declared names; their values are read at container start.
+        secrets=list(launch.secrets),
         secrets_dir=config.secrets_dir, api_key=str(placement.get("engine_key") or ""))
 
 
@@ -743,6 +804,9 @@ def remote_agent_run_forever(stop: threading.Event, environ: Mapping[str, str] |
     stored credential, then run until stopped; 3 when the panel refused this host."""
     config = RemoteSettings.from_env(environ)
     runtime = EngineRuntime()
+    note = join_engine_network(runtime, config.engine_network)
+    if note:
+        log.warning("%s", note)
     link = panel_link_open(panel_url=config.panel_url, credential_path=config.credential_path,
                            token=config.join_token, name=config.host_name,
                            report=host_report(runtime, config))

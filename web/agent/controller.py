@@ -45,12 +45,8 @@ from appliance.logs.appliance_causes import MODEL_NOT_READY, start_failure
 from appliance.logs.causes import Diagnosis
 from appliance.logs.facts import spec_facts
 from appliance.runtime import gpu_telemetry
-from appliance.runtime.containers import (
-    EngineRuntime,
-    EngineRuntimeError,
-    network_is_closed,
-    open_network_warning,
-)
+from appliance.runtime.containers import EngineRuntime, EngineRuntimeError
+from appliance.runtime.engine_network import join_engine_network
 from appliance.runtime.follower import Cursor, EngineFollower, Events, FollowOptions, follow
 from appliance.runtime.hostfacts import docker_facts
 from appliance.runtime.progress import progress_fold
@@ -432,38 +428,11 @@ def _waiting_to_restart(deployment: Deployment) -> bool:
             and timezone.now() < not_before)
 
 
-# The compose services that relay /v1 to engines (compose.yaml): web's own gateway and the
-# gateway instances in front of which the proxy sits.
-RELAYS = ("web", "gateway-a", "gateway-b")
-
-
-def join_engine_network(runtime: EngineRuntime) -> None:
-    """Under compose: make the engine network and put this agent on it, and the services
-    that relay /v1 calls to the engines (RELAYS: web and the gateway instances) too.
-
-    Engines sit on their own network, apart from Redis and PostgreSQL (engines run model
-    code with trust_remote_code); the agent reaches them there by container name. Those
-    services have no Docker socket, so the agent connects them (once per container: the
-    attachment outlives restarts); connecting a running container briefly drops its
-    published port, which happens here at the first start only, right after web turned
-    healthy (the proxy's, which publishes the panel's, is never connected).
-    """
-    if not settings.ENGINE_NETWORK:
-        return
-    network = runtime.ensure_network(settings.ENGINE_NETWORK)
-    if not network_is_closed(network.attrs):  # an older version's, engines on it: said on Hosts
-        _network_notes["open"] = open_network_warning(settings.ENGINE_NETWORK, "in use")
-    if runtime.join_network(network, socket.gethostname()):
-        log.info("engine network %s joined", settings.ENGINE_NETWORK)
-        for service in RELAYS:
-            for peer in runtime.compose_peers(socket.gethostname(), service):
-                runtime.join_network(network, peer)
-    # else: not in a container (a host install); engines publish on loopback instead
-
-
 def agent_run_forever(stop: threading.Event | None = None) -> None:
     """The engine agent's entry point (worker/agent.py)."""
-    join_engine_network(EngineRuntime())
+    note = join_engine_network(EngineRuntime(), settings.ENGINE_NETWORK)
+    if note:  # an older version's network, engines on it: said on Hosts
+        _network_notes["open"] = note
     EngineAgent(follow_options=FollowOptions(
         ready_timeout_s=float(settings.ENGINE_READY_TIMEOUT_S))).run(
         stop or threading.Event(), tick_s=settings.AGENT_TICK_S)

@@ -15,6 +15,8 @@ from collections.abc import Iterable
 
 from django.conf import settings
 
+from appliance.engine.refusals import build_refusals, recipe_source
+
 from .models import Deployment, DeploymentStatus, Host
 
 SIMULATOR_MARK = "simulator"
@@ -59,6 +61,22 @@ def simulator_images_forget() -> None:
 def image_is_simulator(*, image: str, images: Iterable[str] | None = None) -> bool:
     known = simulator_images() if images is None else images
     return bool(image) and image in known
+
+
+def simulated_build(*, deployment: Deployment, image: str,
+                    images: Iterable[str] | None = None) -> str:
+    """The engine build the simulator imitates for this deployment on `image` ('' where the
+    image is no simulator): the one the deployment's recipe pins (what it refuses is that
+    build's, as the gateway and the deployment's page take it), where the refusal table has
+    that build and algorithm; else '' (the simulator's own default). A host's agent puts it
+    in the engine's environment (remote_plan) unless that names one already."""
+    if not image_is_simulator(image=image, images=images):
+        return ""
+    source = recipe_source(deployment.recipe, settings.RECIPES_DIR)
+    build = build_refusals(source)
+    if source and build is not None and build.needs(deployment.algorithm or "NONE") is not None:
+        return source
+    return ""
 
 
 def simulator_in_use() -> bool:

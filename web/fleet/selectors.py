@@ -19,6 +19,7 @@ from appliance.images.plan import BuildError, recipe_lock_path
 from appliance.lifecycle import AGENT_OWNED
 from web.deployments.models import Deployment, GpuLease, Host
 from web.deployments.services.deployments import recipe_load
+from web.deployments.simulator import simulated_build, simulator_images
 from web.store.loadtime import deployment_models_refused
 
 from .heartbeat import host_lost_after_s, host_state
@@ -168,14 +169,17 @@ def host_placements(*, host: FleetHost) -> list[dict[str, Any]]:
     as the agent needs it, and nothing else: no other deployment, no ended one, no user,
     key or secret value (the spec names its secrets only)."""
     rows = []
+    images: frozenset[str] | None = None
     for placement in Placement.objects.filter(
             host=host, deployment__status__in=AGENT_OWNED).select_related("deployment"):
         d = placement.deployment
+        images = simulator_images() if images is None else images
         row: dict[str, Any] = {name: getattr(d, name) for name in PLACEMENT_FIELDS}
         row["restart_not_before"] = (d.restart_not_before.isoformat()
                                      if d.restart_not_before else None)
         row.update(replica=placement.replica, lock_digest=placement_lock_digest(deployment=d),
                    models_refused=deployment_models_refused(deployment=d),
+                   simulated_build=simulated_build(deployment=d, image=d.image, images=images),
                    engine_key=engine_key(deployment_id=d.pk, start_token=d.start_token)
                    if d.start_token else "")
         rows.append(row)
