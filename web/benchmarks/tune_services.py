@@ -10,7 +10,7 @@ serving on the others. The row's `tune_hold` says so, and until when, for its pa
 the Tune empties it when it gives the deployment back, restored.
 
 A running Tune's task writes its progress with a beat every POLL_S; `tune_sweep` (the
-engine agent's loop) sends the task again for one whose beat stopped TUNE_LOST_S ago (its worker
+panel loop, web/loop.py) sends the task again for one whose beat stopped TUNE_LOST_S ago (its worker
 died: the task, delivered again, restores and ends it) or that no worker took, and ends one
 that no worker takes even then.
 """
@@ -30,7 +30,6 @@ from django.utils import timezone
 from appliance.bench.lossless import NEAR_TIE_GAP
 from appliance.bench.prompts import SOURCES, Prompt, PromptError, load_prompts
 from appliance.bench.verify import SHIPPED_PROMPTS_FILE
-from appliance.lifecycle import Process
 from appliance.tune import (
     BASELINE,
     Candidate,
@@ -46,16 +45,11 @@ from web import tasks
 from web.deploy import services as deploying
 from web.deployments import services as deployments
 from web.deployments.models import (
-    TERMINAL_STATUSES,
     Deployment,
     DeploymentStatus,
     EventKind,
 )
 from web.deployments.services.leases import lease_host
-from web.deployments.services.lifecycle import (
-    deployment_mark_stopped,
-    deployment_mark_stopping,
-)
 from web.deployments.services.rolling import ROLLING, deployment_has_replicas, deployment_replicas
 from web.deployments.simulator import image_is_simulator
 from web.fleet.placement import placement_candidates
@@ -63,6 +57,7 @@ from web.fleet.placement import placement_candidates
 from .choices import ACTIVE_STATUSES, BenchmarkStatus
 from .runs import run_claim, run_finish, run_polled, run_request_cancel
 from .services import BenchmarkInputError, target_name
+from .tune_deployers import POLL_S, STOP_WAIT_S, PanelDeployer, deployer_for, side_name
 from .tune_models import TuneRun
 
 PROMPT_SOURCES = ("builtin", *SOURCES)
@@ -79,11 +74,9 @@ DEFAULTS: dict[str, Any] = {
 # host, as a deployment of their own, while the deployment serves on, untouched.
 PLACEMENTS = ("in_place", "side_by_side")
 MAX_LEVELS = 8
-STOP_WAIT_S = 60.0  # beyond the engine's own stop timeout
-POLL_S = 0.5
 # A running Tune whose task wrote no beat for settings.TUNE_LOST_S: its worker is gone (the
 # task beats every POLL_S, its restore included). A queued one that no worker took this
-# long: its message is lost (as a queued deployment's, web/agent/controller.py's
+# long: its message is lost (as a queued deployment's, web/builder/requeue.py's
 # QUEUED_GRACE_S).
 QUEUED_LOST_S = 600.0
 # A copy of the task that finds its Tune running watches this long for a beat before it
@@ -282,170 +275,6 @@ def _hold_give_back(run_id: int, deployment_id: int | None) -> None:
             tune_hold={})
 
 
-# ---------------------------------------------------------------- the deployment as Deployer
-
-class PanelDeployer:
-    """Each candidate as a redeploy of the deployment's own row, replica 0 (its GPUs, its
-    name, its keys), drained out of the gateway's rotation, waiting on its status; the
-    restore redeploys the spec it had and puts it back in the rotation. With replicas,
-    replica 0 alone stops and starts (the others keep serving). Runs on the Tune's thread:
-    its own database connection, closed by the caller."""
-
-    def __init__(self, run: TuneRun) -> None:
-        self.pk = int(run.original["id"])
-        self.run_id = run.pk
-        self.original = run.original
-        self.user = run.created_by
-        self.deploy_timeout_s = float(run.config.get("deploy_timeout_s", 1800))
-        self.images: set[str] = set()
-
-    def _group(self) -> bool:
-        return Deployment.objects.filter(replica_of_id=self.pk).exists()
-
-    def _spec(self, candidate: Candidate) -> dict[str, Any]:
-        return candidate_spec(self.original["spec"], candidate)
-
-    def preflight(self, candidate: Candidate) -> list[str]:
-        try:
-            # Checked on replica 0's host, where a candidate runs (or, side by side, beside it).
-            hosts = deployments.deployment_hosts(deployment_id=self.pk, alone=True)
-            deploying.deployment_validate(data=self._spec(candidate), hosts=hosts)
-        except deployments.DeploymentInputError as exc:
-            return [f"{field}: {' '.join(msgs)}" for field, msgs in exc.errors.items()]
-        return []
-
-    def stop_engine(self) -> None:
-        Deployment.objects.filter(pk=self.pk).update(draining=True)
-        if self._group():  # replica 0 alone; a queued one stops at once
-            if not deployment_mark_stopped(deployment_id=self.pk, by=Process.WEB):
-                deployment_mark_stopping(deployment_id=self.pk, message=(
-                    f"Tune #{self.run_id}: replica 0 stops for its next candidate"))
-        else:
-            deployments.deployment_stop(deployment_id=self.pk)
-        bound = time.monotonic() + settings.ENGINE_STOP_TIMEOUT_S + STOP_WAIT_S
-        while time.monotonic() < bound:
-            if Deployment.objects.filter(pk=self.pk, status__in=list(
-                    TERMINAL_STATUSES)).exists():
-                return
-            time.sleep(POLL_S)
-        raise DeployFailed(f"the deployment did not stop within "
-                           f"{settings.ENGINE_STOP_TIMEOUT_S + STOP_WAIT_S:g} s")
-
-    def start_spec(self, spec: dict[str, Any]) -> None:
-        try:
-            if self._group():
-                deploying.deployment_run_alone(deployment_id=self.pk, data=spec,
-                                               user=self.user, why=f"Tune #{self.run_id}")
-            else:
-                deploying.deployment_redeploy(deployment_id=self.pk, data=spec,
-                                              user=self.user, confirm_warnings=True)
-        except deployments.DeploymentInputError as exc:
-            raise DeployFailed(f"the redeploy was refused: {exc}") from exc
-
-    def wait_ready(self, stop: Any, timeout_s: float) -> str:
-        bound = time.monotonic() + timeout_s
-        while time.monotonic() < bound:
-            row = Deployment.objects.only("status", "engine_url", "image", "diagnosis").get(
-                pk=self.pk)
-            if row.status == DeploymentStatus.READY and row.engine_url:
-                self.images.add(row.image)
-                return str(row.engine_url).rstrip("/")
-            if row.status == DeploymentStatus.FAILED:
-                cause = (row.diagnosis or {}).get("summary") or (row.diagnosis or {}).get(
-                    "title") or "see the deployment's page"
-                raise DeployFailed(f"its engine failed: {cause}")
-            if row.status == DeploymentStatus.STOPPED:
-                raise DeployFailed("the deployment was stopped while it started")
-            if stop is not None and stop():
-                return ""
-            time.sleep(POLL_S)
-        raise DeployFailed(f"not ready within {timeout_s:g} s")
-
-    def deploy(self, candidate: Candidate, stop: Any) -> str:
-        self.stop_engine()
-        self.start_spec(self._spec(candidate))
-        return self.wait_ready(stop, self.deploy_timeout_s)
-
-    def restore(self) -> str:
-        try:
-            row = Deployment.objects.get(pk=self.pk)
-            if row.spec == self.original["spec"] and row.status == DeploymentStatus.READY:
-                return f"{self.original['name']} still serves its own spec; nothing to restore"
-            self.stop_engine()
-            self.start_spec(self.original["spec"])
-            self.wait_ready(None, self.deploy_timeout_s)
-        finally:  # back in the rotation (one that failed to start is out by its status)
-            Deployment.objects.filter(pk=self.pk).update(draining=False)
-        return (f"{self.original['name']} serves its own spec again (GPUs "
-                f"{self.original['gpus']}, served as {self.original['served_model']})")
-
-
-class SideDeployer(PanelDeployer):
-    """Each candidate as a deployment of its own beside the deployment, on the free GPUs the
-    Tune chose (`config["side"]`), named `<name>-tune-<id>` and served under that name; the
-    deployment serves on, untouched. The restore stops and deletes that side deployment."""
-
-    def __init__(self, run: TuneRun) -> None:
-        super().__init__(run)
-        self.side = dict(run.config.get("side") or {})
-        self.name = side_name(run)
-        found = Deployment.objects.filter(name=self.name, replica_of=None).first()
-        self.side_pk = found.pk if found is not None else None
-        self.pk = self.side_pk or 0
-
-    def _group(self) -> bool:
-        return False
-
-    def _spec(self, candidate: Candidate) -> dict[str, Any]:
-        spec = candidate_spec(self.original["spec"], candidate)
-        spec.update(name=self.name, gpus=list(self.side["gpus"]), replicas=1)
-        spec["engine"] = {**spec["engine"], "served_model_name": self.name}
-        if self.original.get("rows") and self.original["rows"][0].get("host"):
-            spec["host"] = self.original["rows"][0]["host"]
-        else:
-            spec.pop("host", None)
-        return spec
-
-    def deploy(self, candidate: Candidate, stop: Any) -> str:
-        if self.side_pk is None:
-            try:
-                made = deploying.deployment_create(data=self._spec(candidate), user=self.user,
-                                                   confirm_warnings=True)
-            except deployments.DeploymentInputError as exc:
-                raise DeployFailed(f"the side deployment was refused: {exc}") from exc
-            self.side_pk = self.pk = made.pk
-            return self.wait_ready(stop, self.deploy_timeout_s)
-        return super().deploy(candidate, stop)
-
-    def restore(self) -> str:
-        where = f"GPUs {self.side.get('gpus')} on {self.side.get('host')}"
-        if self.side_pk is None or not Deployment.objects.filter(pk=self.side_pk).exists():
-            return (f"nothing ran beside ({where}); {self.original['name']} served "
-                    "throughout, untouched")
-        deployments.deployment_stop(deployment_id=self.side_pk)
-        bound = time.monotonic() + settings.ENGINE_STOP_TIMEOUT_S + STOP_WAIT_S
-        while not Deployment.objects.filter(pk=self.side_pk, status__in=list(
-                TERMINAL_STATUSES)).exists():
-            if time.monotonic() > bound:
-                raise DeployFailed(f"the side deployment #{self.side_pk} did not stop "
-                                   f"within {settings.ENGINE_STOP_TIMEOUT_S + STOP_WAIT_S:g} s")
-            time.sleep(POLL_S)
-        deployments.deployment_delete(deployment_id=self.side_pk)
-        return (f"the side deployment {self.name} #{self.side_pk} ({where}) stopped and "
-                f"deleted; {self.original['name']} served throughout, untouched")
-
-
-def side_name(run: TuneRun) -> str:
-    return f"{str(run.original.get('spec', {}).get('name') or 'tune')[:48].rstrip('-')}" \
-           f"-tune-{run.pk}"
-
-
-def _deployer(run: TuneRun) -> PanelDeployer:
-    if run.config.get("placement") == "side_by_side":
-        return SideDeployer(run)
-    return PanelDeployer(run)
-
-
 # ---------------------------------------------------------------- the task's body
 
 def tune_run(*, run_id: int) -> str:
@@ -469,7 +298,7 @@ def tune_run(*, run_id: int) -> str:
                           lossless_max_tokens=config["lossless_max_tokens"],
                           threshold=config["threshold"], seed=config["seed"])
     progress, outcome = TuneProgress(), dict[str, Any]()
-    deployer = _deployer(run)
+    deployer = deployer_for(run)
     held = (tune_hold(deployment_id=run.original["id"]) or {}).get("text") or (
         f"the deployment serves on while they run beside it, on GPUs "
         f"{run.config.get('side', {}).get('gpus')} (as {side_name(run)})")
@@ -547,7 +376,7 @@ def _resumed(run_id: int) -> str:
 
     def work(cancel: threading.Event) -> None:
         try:
-            outcome["restored"] = {"ok": True, "message": _deployer(run).restore()}
+            outcome["restored"] = {"ok": True, "message": deployer_for(run).restore()}
         except Exception as exc:
             outcome["restored"] = {"ok": False,
                                    "message": f"the deployment could not be restored: {exc}"}
@@ -567,7 +396,7 @@ def _resumed(run_id: int) -> str:
 
 
 def tune_sweep(*, now: float | None = None) -> list[str]:
-    """Tunes whose task is gone (the engine agent's loop, every few seconds): a running one
+    """Tunes whose task is gone (the panel loop, every 10 s): a running one
     whose beat stopped TUNE_LOST_S ago, or a queued one no worker took in QUEUED_LOST_S, is
     sent to the workers once more (the task, for a running one, restores the deployment and
     ends it); one no worker takes up in QUEUED_LOST_S even then is ended, saying why. What
