@@ -13,6 +13,7 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
+from appliance.engine.errors import SpecError
 from appliance.engine.recipes import RecipeError
 from appliance.images.lock import lock_digest
 from appliance.images.plan import BuildError, recipe_lock_path
@@ -177,8 +178,14 @@ def host_placements(*, host: FleetHost) -> list[dict[str, Any]]:
         row: dict[str, Any] = {name: getattr(d, name) for name in PLACEMENT_FIELDS}
         row["restart_not_before"] = (d.restart_not_before.isoformat()
                                      if d.restart_not_before else None)
+        try:
+            refused = deployment_models_refused(deployment=d)
+        except SpecError as exc:
+            # One row whose stored spec no longer reads (written by an older panel) must not
+            # keep the host from its other engines: the agent refuses to start it, saying why.
+            refused = [f"its stored spec does not read ({exc}); redeploy it with a valid spec"]
         row.update(replica=placement.replica, lock_digest=placement_lock_digest(deployment=d),
-                   models_refused=deployment_models_refused(deployment=d),
+                   models_refused=refused,
                    simulated_build=simulated_build(deployment=d, image=d.image, images=images),
                    engine_key=engine_key(deployment_id=d.pk, start_token=d.start_token)
                    if d.start_token else "")
