@@ -9,8 +9,9 @@
 #   sim-host exec CMD...  the engine and models only, then CMD (tests, a shell)
 #
 #   APPLIANCE_ENGINE_IMAGE       the tag the engine is imported as (appliance-test-engine:latest)
-#   APPLIANCE_JOIN_TOKEN_FILE    a file holding the join token (read here, never printed);
-#                                APPLIANCE_JOIN_TOKEN works too
+#   APPLIANCE_JOIN_TOKEN_FILE    a file holding the join token: the agent waits for it (up
+#                                to APPLIANCE_JOIN_TOKEN_WAIT_S, 120 s) and reads it, never
+#                                printed nor put in an environment; APPLIANCE_JOIN_TOKEN works too
 #   APPLIANCE_MODELS_DIR         the host's models folder (/models); the simulator's model
 #                                folders are made in it when missing
 #   APPLIANCE_HOST_ADVERTISE_ADDR  where the panel reaches this host's engines (default:
@@ -65,21 +66,6 @@ make_models() {
   python3 -m appliance.simulator models "${APPLIANCE_MODELS_DIR:-/models}"
 }
 
-join_token() {
-  if [ -z "${APPLIANCE_JOIN_TOKEN:-}" ] && [ -n "${APPLIANCE_JOIN_TOKEN_FILE:-}" ]; then
-    local waited=0
-    # The trial's one-shot service writes it; compose starts this host once that is done,
-    # but a test may hand it over a moment later.
-    until [ -s "$APPLIANCE_JOIN_TOKEN_FILE" ] || [ $waited -ge 120 ]; do
-      sleep 0.5
-      waited=$((waited + 1))
-    done
-    [ -s "$APPLIANCE_JOIN_TOKEN_FILE" ] || { log "no join token in $APPLIANCE_JOIN_TOKEN_FILE"; exit 1; }
-    APPLIANCE_JOIN_TOKEN="$(cat "$APPLIANCE_JOIN_TOKEN_FILE")"
-    export APPLIANCE_JOIN_TOKEN
-  fi
-}
-
 # run_role ROLE: the panel image's entrypoint for ROLE, again 2 s after it exits. `docker
 # stop` reaches every process at once (tini -g: the whole process group gets the TERM), so
 # the roles, the loops and dockerd (which stops its engines) all end together.
@@ -105,7 +91,6 @@ if [ "${1:-}" = exec ]; then
   exec "$@"
 fi
 [ $# -gt 0 ] || set -- agent
-join_token
 # The credential the agent gets at its join, kept where compose.host.yaml keeps it (a volume
 # in the trial, so a restarted host does not need its token again).
 export APPLIANCE_HOST_CREDENTIAL_FILE="${APPLIANCE_HOST_CREDENTIAL_FILE:-/var/lib/appliance/host-credential/credential}"

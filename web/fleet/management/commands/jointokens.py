@@ -9,7 +9,6 @@ never reaches the command's output or a log: only where each was written.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from web.fleet import services
 from web.fleet.models import FleetHost
+from web.fleet.tokenfiles import token_file_write
 
 
 class Command(BaseCommand):
@@ -40,13 +40,6 @@ class Command(BaseCommand):
             except services.FleetError as exc:
                 raise CommandError(f"{name}: {exc}") from None
             path = out / name / "token"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            # Written to a new file that only its owner reads, then moved in place: a host
-            # waiting on the file never reads half a token.
-            partial = path.with_suffix(".part")
-            fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as handle:
-                handle.write(made.secret)
-            partial.replace(path)
+            token_file_write(path, made.secret)
             expires = made.token.expires_at.strftime("%Y-%m-%d %H:%M")
             self.stdout.write(f"a join token for {name} (expires {expires} UTC) is in {path}")
