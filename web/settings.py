@@ -417,6 +417,15 @@ if EVENTS_RETENTION_DAYS < 1 or EVENTS_STATS_KEEP_HOURS < 1:
 ALERT_STALL_S = env_int("APPLIANCE_ALERT_STALL_S", 300)
 # The appliance's own /metrics (Prometheus): this bearer token, or a logged-in viewer.
 METRICS_TOKEN = env_str("APPLIANCE_METRICS_TOKEN", "")
+# A joined host's agent: how often it reports (the host API's answers carry it; the agent
+# beats at most a third of the lost threshold apart, so this bounds how soon a silent host
+# shows), and how long the placements read holds the host for one agent process, whose
+# writes alone are taken meanwhile (web/fleet/hostapi.py).
+FLEET_HEARTBEAT_S = env_int("APPLIANCE_FLEET_HEARTBEAT_S", 10)
+FLEET_AGENT_LEASE_S = env_int("APPLIANCE_FLEET_AGENT_LEASE_S", 15)
+if FLEET_HEARTBEAT_S < 1 or FLEET_AGENT_LEASE_S < 3:
+    raise ValueError("APPLIANCE_FLEET_HEARTBEAT_S is at least 1 and "
+                     "APPLIANCE_FLEET_AGENT_LEASE_S at least 3 (seconds)")
 
 LOGGING = {
     "version": 1,

@@ -108,7 +108,9 @@ class Cursor:
 
     @classmethod
     def decode(cls, text: str) -> Cursor:
-        stamp, _, count = (text or "").partition(":")
+        # A fleet host's batches that move no line mark the cursor ("<cursor>#<n>"):
+        # the line position is the part before the mark.
+        stamp, _, count = (text or "").partition("#")[0].partition(":")
         if not stamp.isdigit():
             return cls()
         return cls(int(stamp), int(count or 0))

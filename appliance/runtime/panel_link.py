@@ -9,13 +9,39 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 from dataclasses import dataclass, field
+from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from pathlib import Path
 from typing import Any
 
 import requests
 
 Events = list[tuple[str, dict[str, Any]]]
+SESSION_HEADER = "X-Agent-Session"  # this agent process's id: the panel's lease on the host
+# One compact encoder for every payload (json.dumps with separators makes one per call); the
+# default ensure_ascii keeps each text's length its size in bytes.
+_encode = json.JSONEncoder(separators=(",", ":")).encode
+_LOG_KEYS = ["stream", "text"]  # a log line's payload (appliance.events.LogLine), in order
+
+
+def event_json(kind: str, payload: dict[str, Any]) -> str:
+    """One event as the ingest's body holds it, `[kind, payload]` in compact JSON (ASCII:
+    its length is its size in bytes). A log line's payload is put together from its two
+    strings' JSON: a third of the encoder's time, the same text byte for byte."""
+    if type(kind) is str and len(payload) == 2 and list(payload) == _LOG_KEYS:
+        stream, text = payload["stream"], payload["text"]
+        if type(stream) is str and type(text) is str:
+            return (f'[{encode_basestring_ascii(kind)},{{"stream":'
+                    f'{encode_basestring_ascii(stream)},"text":{encode_basestring_ascii(text)}}}]')
+    return _encode([kind, payload])
+
+
+def events_body(encoded: list[str], **fields: Any) -> bytes:
+    """The ingest's body: events already encoded one by one (event_json), then `fields`
+    (row, start_token, after): each event's text is made once, for its size and the body."""
+    rest = _encode(fields)[1:] if fields else "}"
+    return ('{"events":[' + ",".join(encoded) + ("]," if fields else "]") + rest).encode()
 
 
 class PanelRefused(RuntimeError):
@@ -55,22 +81,32 @@ class PanelLink:
     credential: str
     timeout_s: float = 10.0
     session: requests.Session = field(default_factory=requests.Session)
+    # This process's id to the panel, which lets one agent process write for a host at a
+    # time (web/fleet/hostapi.py): a new one per PanelLink, never stored.
+    agent_session: str = field(default_factory=lambda: secrets.token_hex(16))
 
-    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        # The body encoded here, once, compact: a busy engine's batch is hundreds of KiB.
-        data = json.dumps(body, separators=(",", ":"))
-        response = self.session.post(
-            f"{self.panel_url.rstrip('/')}{path}", data=data, timeout=self.timeout_s,
-            headers={"Authorization": f"Bearer {self.credential}",
-                     "Content-Type": "application/json"})
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.credential}",
+                SESSION_HEADER: self.agent_session, "Content-Type": "application/json"}
+
+    def _post(self, path: str, body: dict[str, Any] | bytes) -> dict[str, Any]:
+        # Compact, and encoded once: a busy engine's batch comes as bytes (events_body).
+        data = body if isinstance(body, bytes) else _encode(body).encode()
+        response = self.session.post(f"{self.panel_url.rstrip('/')}{path}", data=data,
+                                     timeout=self.timeout_s, headers=self._headers())
         return _answer(response)
 
     def me(self) -> dict[str, Any]:
-        """This host as the panel sees it: draining, the heartbeat interval, placements."""
+        """This host as the panel sees it: draining, the heartbeat interval, placements.
+        The read holds the host for this agent process (PanelRefused 409 while another
+        process holds it)."""
         response = self.session.get(f"{self.panel_url.rstrip('/')}/api/fleet/host/",
-                                    timeout=self.timeout_s,
-                                    headers={"Authorization": f"Bearer {self.credential}"})
+                                    timeout=self.timeout_s, headers=self._headers())
         return _answer(response)
+
+    def release(self) -> bool:
+        """This agent process stops: the panel's hold on the host for it ends now."""
+        return bool(self._post("/api/fleet/host/release/", {}).get("released"))
 
     def heartbeat(self, report: dict[str, Any]) -> dict[str, Any]:
         return self._post("/api/fleet/host/heartbeat/", report)
@@ -97,9 +133,20 @@ class PanelLink:
              row: dict[str, Any] | None = None) -> int:
         """Store a batch of a placed deployment's events (and its row's fields): the last
         seq. PanelRefused 404 for a deployment not placed on this host."""
-        body = {"events": [[kind, payload] for kind, payload in events], "row": row or {}}
-        return int(self._post(f"/api/fleet/host/deployments/{deployment_id}/events/",
-                              body)["last_seq"])
+        body = events_body([event_json(kind, payload) for kind, payload in events],
+                           row=row or {})
+        return int(self.ship_body(deployment_id, body)["last_seq"])
+
+    def ship_body(self, deployment_id: int, body: bytes) -> dict[str, Any]:
+        """Store a batch encoded already (events_body): the panel's answer, {last_seq,
+        stored} (stored false, with the row's log_cursor, when `after` was not the row's).
+        PanelRefused 404 (not placed here), 409 (another start, another agent process)."""
+        return self._post(f"/api/fleet/host/deployments/{deployment_id}/events/", body)
+
+    def quiet(self, deployment_id: int) -> None:
+        """A placed deployment's batches have stopped for now (the panel stores its status
+        reads' answers)."""
+        self._post(f"/api/fleet/host/deployments/{deployment_id}/quiet/", {})
 
 
 def credential_store(path: Path, credential: str) -> None:

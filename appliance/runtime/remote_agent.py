@@ -62,7 +62,13 @@ from appliance.runtime.follower import Cursor, EngineFollower, Events, FollowOpt
 from appliance.runtime.hostfacts import docker_facts
 from appliance.runtime.monitor import EngineMonitor, monitor_options
 from appliance.runtime.mounts import engine_model_mounts
-from appliance.runtime.panel_link import PanelLink, PanelRefused, panel_link_open
+from appliance.runtime.panel_link import (
+    PanelLink,
+    PanelRefused,
+    event_json,
+    events_body,
+    panel_link_open,
+)
 from appliance.runtime.progress import progress_fold
 from appliance.runtime.secrets import secret_names_available
 from appliance.runtime.series import MetricPoint
@@ -335,18 +341,46 @@ def image_lock_refusal(runtime: EngineRuntime, image: str, wanted: str | None) -
             f"panel's ({wanted or 'none'}): rebuild it from the panel's recipe on this host")
 
 
-def batches(events: Events, limit: int = MAX_BATCH_BYTES) -> list[Events]:
+@dataclass
+class Batch:
+    """Events in order and each one's JSON (panel_link.event_json), made once: its length
+    sizes the batch and the text goes into the body (events_body)."""
+
+    events: Events = field(default_factory=list)
+    encoded: list[str] = field(default_factory=list)
+
+
+def batches(events: Events, limit: int = MAX_BATCH_BYTES) -> list[Batch]:
     """The events in order, in batches whose JSON stays under `limit` bytes."""
-    out: list[Events] = [[]]
+    out = [Batch()]
     size = 0
     for kind, payload in events:
-        cost = len(json.dumps(payload, separators=(",", ":"))) + len(kind) + 8
-        if out[-1] and size + cost > limit:
-            out.append([])
+        text = event_json(kind, payload)
+        if out[-1].events and size + len(text) + 1 > limit:
+            out.append(Batch())
             size = 0
-        out[-1].append((kind, payload))
-        size += cost
+        out[-1].events.append((kind, payload))
+        out[-1].encoded.append(text)
+        size += len(text) + 1
     return out
+
+
+def cursor_marked(cursor: str) -> str:
+    """The log cursor a batch that moves no line on sets: the row's cursor with a count of
+    such batches after it (`<cursor>#<n>`), so each batch moves the row's cursor and one
+    sent again is known (Cursor.decode reads the line position only)."""
+    base, _, count = cursor.partition("#")
+    return f"{base}#{int(count) + 1 if count.isdigit() else 1}"
+
+
+class CursorMoved(PanelRefused):
+    """The panel's log cursor for the engine is one this sink did not set (another process
+    of this host wrote meanwhile): following stops, and the next follower resumes from the
+    panel's cursor, skipping what it covers."""
+
+    def __init__(self, stored: str) -> None:
+        super().__init__(409, f"the panel's log cursor is {stored!r}, not this follower's: "
+                         "it resumes from there")
 
 
 def host_kinds(events: Events) -> Events:
@@ -381,6 +415,10 @@ class RemoteSink:
         self.agent, self.stop, self.identity = agent, stop, identity
         self.monitor: EngineMonitor | None = None
         self.clock = time.monotonic
+        # The row's log cursor as the panel holds it: each batch names it (`after`), and the
+        # panel stores the batch only while it is still the row's.
+        self.stored_cursor = str(placement.get("log_cursor") or "")
+        self.shipped = False  # a batch since the last quiet call
 
     def _call(self, send: Any) -> Any:
         """send() until the panel answers: a refusal (4xx) raised at once, another 5xx after
@@ -426,15 +464,27 @@ class RemoteSink:
                        if k == "metric" and p.get("kind") == "decode_stats"), None)
         parts = batches(masked(host_kinds(events), self.key))
         for i, part in enumerate(parts):
-            row: dict[str, Any] = {}
-            if i == len(parts) - 1:  # the cursor goes with the batch that ends at it
-                if cursor is not None:
-                    row["log_cursor"] = cursor.encode()
+            # Every batch moves the row's cursor: the one that ends at the follower's cursor
+            # to it, any other (a part of a large batch, one with no line) to a marked one.
+            moved = cursor.encode() if cursor is not None and i == len(parts) - 1 else ""
+            if not moved or moved == self.stored_cursor:
+                moved = cursor_marked(self.stored_cursor)
+            row: dict[str, Any] = {"log_cursor": moved}
+            if i == len(parts) - 1:
                 if changed:
                     row["progress"] = self.progress
                 if decode is not None:
                     row["decode_stats"] = decode
-            self._call(lambda p=part, r=row: self.agent.link.ship(self.pk, p, row=r))
+            body = events_body(part.encoded, row=row, start_token=self.start_token,
+                               after=self.stored_cursor)
+            answer = self._call(lambda b=body: self.agent.link.ship_body(self.pk, b))
+            if answer.get("stored") is False and answer.get("log_cursor") != moved:
+                self.stop.set()
+                raise CursorMoved(str(answer.get("log_cursor")))
+            # Stored now, or by a try whose answer was lost (the row's cursor is this
+            # batch's): either way it is the panel's.
+            self.stored_cursor = moved
+            self.shipped = True
         if self.monitor is not None:
             try:
                 self.monitor.observe(events)
@@ -475,7 +525,16 @@ class RemoteSink:
         return not self.stop.is_set()
 
     def idle(self) -> None:
-        return None
+        """A second without batches after some: the panel stores the status reads'
+        answers as the last batch left the row (one call; a panel that does not take it
+        loses only that: the next batch stores them)."""
+        if not self.shipped:
+            return
+        self.shipped = False
+        try:
+            self.agent.link.quiet(self.pk)
+        except (requests.RequestException, PanelRefused) as exc:
+            log.info("deployment %s: the panel took no quiet call (%s)", self.pk, exc)
 
 
 class RemoteMonitorSink:
@@ -629,6 +688,7 @@ class RemoteAgent:
     heartbeat_s: float = 10.0
     monitor_settings: dict[str, Any] = field(default_factory=dict)  # the panel's, each tick
     _beat_at: float = 0.0
+    _held: bool = False  # another agent process holds this host (said once)
 
     def run(self, stop: threading.Event) -> None:
         log.info("fleet agent for host %s running against %s", self.config.host_name,
@@ -664,7 +724,14 @@ class RemoteAgent:
             raise
 
     def tick(self) -> None:
-        answer = self._panel(self.link.me)
+        try:
+            answer = self._panel(self.link.me)
+        except PanelRefused as exc:
+            if exc.status != 409:
+                raise
+            self._held_elsewhere(exc)
+            return
+        self._held = False
         placements = {int(p["id"]): p for p in answer.get("placements", [])
                       if p.get("status") in AGENT_OWNED and p.get("start_token")}
         self.heartbeat_s = heartbeat_interval(answer, self.heartbeat_s)
@@ -677,11 +744,24 @@ class RemoteAgent:
             self._panel(lambda: self.link.heartbeat(host_report(self.runtime, self.config)))
             self._beat_at = time.monotonic()
 
+    def _held_elsewhere(self, exc: PanelRefused) -> None:
+        """Another agent process of this host holds it: write nothing until it is ours."""
+        if not self._held:
+            log.warning("%s", exc.detail)
+        self._held = True
+        for pk in list(self.work):
+            self.work.pop(pk).stop.set()
+
     def stop_following(self) -> None:
         for work in self.work.values():
             work.stop.set()
         for work in self.work.values():
             work.thread.join(timeout=5)
+        if self.refused is None:
+            try:  # the next agent process of this host takes over at once
+                self.link.release()
+            except (requests.RequestException, PanelRefused) as exc:
+                log.info("the panel took no release of this host (%s)", exc)
 
     def _step(self, placement: dict[str, Any], instance: str) -> None:
         pk = int(placement["id"])

@@ -357,3 +357,171 @@ def test_a_bad_metrics_report_names_its_field_and_stores_nothing(body, field, wo
     status, answer = _metrics(mine.pk, done.credential, **body)
     assert status == 400 and words in answer[field][0], answer
     assert not MetricPoint.objects.exists()
+
+
+# ------------------------------------------------------------ one agent process per host
+
+
+def _as(session: str, credential: str) -> dict[str, str]:
+    headers = {"HTTP_AUTHORIZATION": f"Bearer {credential}"}
+    return {**headers, "HTTP_X_AGENT_SESSION": session} if session else headers
+
+
+def _read(credential: str, session: str) -> tuple[int, dict]:  # type: ignore[type-arg]
+    answer = Client().get("/api/fleet/host/", **_as(session, credential))
+    return answer.status_code, answer.json()
+
+
+def _write(path: str, body: dict, credential: str, session: str) -> tuple[int, dict]:  # type: ignore[type-arg]
+    answer = Client(enforce_csrf_checks=True).post(path, json.dumps(body),
+                                                   content_type="application/json",
+                                                   **_as(session, credential))
+    return answer.status_code, answer.json()
+
+
+def _lines(pk: int) -> list[str]:
+    return [e.payload["text"] for e in Event.objects.filter(deployment_id=pk, kind="log")
+            .order_by("seq")]
+
+
+def test_one_agent_process_writes_for_a_host_until_its_lease_runs_out(
+        live_channel, settings) -> None:  # type: ignore[no-untyped-def]
+    settings.FLEET_AGENT_LEASE_S = 15
+    done = joined("gpu-2")
+    mine = ready()
+    services.placement_assign(deployment=mine, host_name="gpu-2")
+    events = f"/api/fleet/host/deployments/{mine.pk}/events/"
+    writes = {
+        events: {"events": [["log", {"stream": "stdout", "text": "from b"}]]},
+        f"/api/fleet/host/deployments/{mine.pk}/steps/": {"step": "stopped",
+                                                           "start_token": "t"},
+        f"/api/fleet/host/deployments/{mine.pk}/metrics/": {"start_token": "t",
+                                                             "points": [_point()]},
+        f"/api/fleet/host/deployments/{mine.pk}/quiet/": {}}
+    assert _read(done.credential, "a")[0] == 200  # process a holds the host
+    host = FleetHost.objects.get(name="gpu-2")
+    assert host.agent_session == "a" and host.agent_lease_until is not None
+    held_until = host.agent_lease_until
+    assert 14 <= (held_until - timezone.now()).total_seconds() <= 15
+    status, refused = _read(done.credential, "b")
+    assert status == 409 and "another agent process of host gpu-2" in refused["detail"]
+    for session in ("b", ""):  # another process, or one that sends no session
+        for path, body in writes.items():
+            status, answer = _write(path, body, done.credential, session)
+            assert status == 409 and "holds it until" in answer["detail"], (path, answer)
+    mine.refresh_from_db()
+    assert mine.status == "ready" and not MetricPoint.objects.exists()
+    assert "from b" not in _lines(mine.pk)
+    status, _ = _write(events, {"events": [["log", {"stream": "stdout", "text": "from a"}]]},
+                       done.credential, "a")
+    assert status == 200 and _lines(mine.pk)[-1] == "from a"
+    # Renewed only once a third of it is spent: each renewal writes the host's row.
+    assert _read(done.credential, "a")[0] == 200
+    assert FleetHost.objects.get(name="gpu-2").agent_lease_until == held_until
+    FleetHost.objects.filter(name="gpu-2").update(
+        agent_lease_until=timezone.now() + timedelta(seconds=9))
+    assert _read(done.credential, "a")[0] == 200
+    renewed = FleetHost.objects.get(name="gpu-2").agent_lease_until
+    assert renewed is not None and (renewed - timezone.now()).total_seconds() > 14
+    # Process a stops renewing (killed): b takes the host once the lease has run out, and
+    # from then on a's writes are the ones refused.
+    FleetHost.objects.filter(name="gpu-2").update(
+        agent_lease_until=timezone.now() - timedelta(seconds=1))
+    assert _read(done.credential, "b")[0] == 200
+    assert FleetHost.objects.get(name="gpu-2").agent_session == "b"
+    status, _ = _write(events, {"events": [["log", {"stream": "stdout", "text": "late a"}]]},
+                       done.credential, "a")
+    assert status == 409 and "late a" not in _lines(mine.pk)
+    # b stops and gives the host back: a takes it at once.
+    assert _write("/api/fleet/host/release/", {}, done.credential, "b") == (
+        200, {"released": True})
+    assert _write("/api/fleet/host/release/", {}, done.credential, "b") == (
+        200, {"released": True})  # still b's session on the row, ended already
+    assert _read(done.credential, "a")[0] == 200
+    assert _write("/api/fleet/host/release/", {}, done.credential, "b") == (
+        200, {"released": False})
+
+
+def test_a_session_id_too_long_names_the_header() -> None:
+    done = joined("gpu-2")
+    status, body = _read(done.credential, "x" * 65)
+    assert status == 400 and "X-Agent-Session" in body
+
+
+def test_an_agent_that_sends_no_session_is_served_as_before() -> None:
+    done = joined("gpu-2")
+    mine = ready()
+    services.placement_assign(deployment=mine, host_name="gpu-2")
+    assert _read(done.credential, "")[0] == 200
+    assert FleetHost.objects.get(name="gpu-2").agent_lease_until is None  # claims nothing
+    status, body = _write(f"/api/fleet/host/deployments/{mine.pk}/events/",
+                          {"events": [["log", {"stream": "stdout", "text": "old agent"}]],
+                           "row": {"log_cursor": "5:1"}}, done.credential, "")
+    assert status == 200 and body["stored"] is True and _lines(mine.pk)[-1] == "old agent"
+
+
+def test_a_batch_of_another_start_is_refused_and_stores_nothing(live_channel) -> None:  # type: ignore[no-untyped-def]
+    done = joined("gpu-2")
+    mine = ready()
+    services.placement_assign(deployment=mine, host_name="gpu-2")
+    before = Event.objects.filter(deployment=mine).count()
+    status, body = _post(f"/api/fleet/host/deployments/{mine.pk}/events/", {
+        "events": [["log", {"stream": "stdout", "text": "an earlier engine's"}]],
+        "row": {"log_cursor": "9:1"}, "start_token": "an-earlier-start"}, done.credential)
+    assert status == 409 and "no longer on that start" in body["detail"]
+    mine.refresh_from_db()
+    assert Event.objects.filter(deployment=mine).count() == before and mine.log_cursor == ""
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ({"start_token": ""}, "start_token"),
+    ({"start_token": 7}, "start_token"),
+    ({"after": 7}, "after"),
+    ({"after": "1" * 41}, "after"),
+])
+def test_a_bad_start_token_or_after_names_its_field(body, field) -> None:  # type: ignore[no-untyped-def]
+    done = joined("gpu-2")
+    mine = ready()
+    services.placement_assign(deployment=mine, host_name="gpu-2")
+    status, answer = _post(f"/api/fleet/host/deployments/{mine.pk}/events/", {
+        "events": [["log", {"stream": "stdout", "text": "x"}]], **body}, done.credential)
+    assert status == 400 and field in answer, answer
+
+
+def test_a_batch_sent_again_after_its_answer_was_lost_is_stored_once(live_channel) -> None:  # type: ignore[no-untyped-def]
+    done = joined("gpu-2")
+    mine = ready()
+    services.placement_assign(deployment=mine, host_name="gpu-2")
+    path = f"/api/fleet/host/deployments/{mine.pk}/events/"
+
+    def batch(after: str, cursor: str, *texts: str) -> tuple[int, dict]:  # type: ignore[type-arg]
+        return _post(path, {"events": [["log", {"stream": "stdout", "text": t}] for t in texts],
+                            "row": {"log_cursor": cursor}, "start_token": "t",
+                            "after": after}, done.credential)
+
+    status, first = batch("", "100:1", "one", "two")
+    assert status == 200 and first["stored"] is True
+    # The same batch again (its answer lost after the commit): not stored, the row's cursor
+    # in the answer, which is the batch's own (the agent goes on after it).
+    status, again = batch("", "100:1", "one", "two")
+    assert status == 200 and again == {"stored": False, "log_cursor": "100:1",
+                                       "last_seq": first["last_seq"]}
+    status, _ = batch("100:1", "100:1#1", "three")  # a batch that moves no line
+    assert status == 200
+    assert batch("100:1", "100:1#1", "three")[1]["stored"] is False
+    assert batch("100:1#1", "200:1", "four")[1]["stored"] is True
+    assert _lines(mine.pk)[-4:] == ["one", "two", "three", "four"]
+    assert _lines(mine.pk).count("one") == 1
+    mine.refresh_from_db()
+    assert mine.log_cursor == "200:1"
+
+
+def test_the_heartbeat_period_is_the_panels_setting_and_the_agent_follows_it(settings) -> None:  # type: ignore[no-untyped-def]
+    from appliance.runtime.remote_agent import heartbeat_interval
+
+    settings.FLEET_HEARTBEAT_S = 2
+    status, body = _join()
+    assert status == 201 and body["heartbeat_s"] == 2
+    status, me = _read(body["credential"], "a")
+    assert status == 200 and me["heartbeat_s"] == 2
+    assert heartbeat_interval(me, 10.0) == 2

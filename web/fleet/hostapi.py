@@ -7,6 +7,12 @@ ingest is the hot path of a busy host (thousands of events a second), where DRF'
 and checks per request would be most of the cost. A host's credential is accepted here and
 nowhere else: the user API's authentication does not know it, and these views know no
 other.
+
+One agent process writes for a host at a time: its placements read (`GET host/`) claims
+the host for the session it sends (`X-Agent-Session`, a random id per process) for
+FLEET_AGENT_LEASE_S, and the writes of any other session are refused with 409 until that
+lease has run out. An agent that sends no session (older than the lease) is served as
+before while no session holds the host.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from web.deployments.services.installation import instance_id
 from . import heartbeat, selectors, services
 from .models import FleetHost
 
-HEARTBEAT_S = 10  # how often an agent reports; the host is lost after selectors' threshold
+SESSION_HEADER = "HTTP_X_AGENT_SESSION"  # X-Agent-Session: the agent process's id
 
 
 def _error(status: int, detail: str, field: str | None = None) -> JsonResponse:
@@ -74,28 +80,34 @@ def _host_and_body(request: HttpRequest) -> tuple[FleetHost, dict[str, Any]] | J
     return host, body
 
 
+def _session(request: HttpRequest) -> str:
+    return str(request.META.get(SESSION_HEADER, "")).strip()
+
+
 def _placed_write(request: HttpRequest,
                   write: Callable[[FleetHost, dict[str, Any]], dict[str, Any]]) -> JsonResponse:
     """The answer of a host's write to one deployment (`write` given the host and the body),
     or its refusal: 401 for no host's credential, 400 for a body that is no JSON object or a
     bad field (named), 404 for a deployment not placed on this host (not 403: a host learns
     nothing of deployments that are not its own), 409 for a start that is no longer the
-    current one."""
+    current one or while another agent process holds the host."""
     found = _host_and_body(request)
     if isinstance(found, JsonResponse):
         return found
     try:
+        services.host_agent_check(host=found[0], session=_session(request))
         return JsonResponse(write(*found))
     except services.FleetError as exc:
         return _error(400, str(exc), exc.field)
     except services.NotPlacedHere as exc:
         return _error(404, f"{exc}: a host writes only the deployments placed on it.")
-    except services.StaleStart as exc:
+    except (services.StaleStart, services.AgentLeaseHeld) as exc:
         return _error(409, str(exc))
 
 
 def _host_answer(host: FleetHost) -> dict[str, Any]:
-    return {"host": host.name, "draining": host.draining, "heartbeat_s": HEARTBEAT_S,
+    return {"host": host.name, "draining": host.draining,
+            "heartbeat_s": settings.FLEET_HEARTBEAT_S,
             "lost_after_s": heartbeat.host_lost_after_s(),
             "deployments": selectors.host_deployment_ids(host=host)}
 
@@ -140,10 +152,18 @@ def host_heartbeat(request: HttpRequest) -> JsonResponse:
 @require_safe
 def host_me(request: HttpRequest) -> JsonResponse:
     """This host, with each engine placed on it (id, spec, image, start token, status,
-    the recipe lock its image must carry, the engine's API key for this start)."""
+    the recipe lock its image must carry, the engine's API key for this start). The read
+    claims (or renews) the host for the agent process's session: 409 while another's lease
+    runs."""
     host = _host(request)
     if isinstance(host, JsonResponse):
         return host
+    try:
+        services.host_agent_claim(host=host, session=_session(request))
+    except services.FleetError as exc:
+        return _error(400, str(exc), exc.field)
+    except services.AgentLeaseHeld as exc:
+        return _error(409, str(exc))
     # The install's id: the host's engines carry it, so a restarted agent adopts them.
     return JsonResponse({**_host_answer(host), "instance_id": instance_id(),
                          "placements": selectors.host_placements(host=host),
@@ -165,10 +185,46 @@ def host_step(request: HttpRequest, deployment_id: int) -> JsonResponse:
 @csrf_exempt
 @require_POST
 def host_events(request: HttpRequest, deployment_id: int) -> JsonResponse:
-    """{events: [[kind, payload], ...], row: {log_cursor, progress, decode_stats}} for a
-    deployment placed on this host -> {last_seq}; 404 for any other deployment."""
-    return _placed_write(request, lambda host, body: {"last_seq": services.host_events_append(
-        host=host, deployment_id=deployment_id, batch=services.event_batch_from(body))})
+    """{events: [[kind, payload], ...], row: {log_cursor, progress, decode_stats},
+    start_token, after} for a deployment placed on this host -> {last_seq, stored: true};
+    404 for any other deployment, 409 for another start. With `after` (the row's log cursor
+    the batch follows) the batch is stored only while the row's cursor is that one, else
+    {stored: false, log_cursor: the row's}: the agent skips what that cursor covers (a
+    batch whose answer was lost is not stored again). Without `after` or `start_token` (an
+    older agent) that check is not made."""
+    def write(host: FleetHost, body: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return {"last_seq": services.host_events_append(
+                host=host, deployment_id=deployment_id,
+                batch=services.event_batch_from(body)), "stored": True}
+        except services.CursorMoved as moved:
+            return {"last_seq": moved.last_seq, "stored": False, "log_cursor": moved.stored}
+
+    return _placed_write(request, write)
+
+
+@csrf_exempt
+@require_POST
+def host_quiet(request: HttpRequest, deployment_id: int) -> JsonResponse:
+    """{} once the agent's batches for a deployment placed on it have stopped for a second:
+    the status reads' answers are stored as the last batch left the row -> {quiet: true}."""
+    def write(host: FleetHost, body: dict[str, Any]) -> dict[str, Any]:
+        services.host_batches_quiet(host=host, deployment_id=deployment_id)
+        return {"quiet": True}
+
+    return _placed_write(request, write)
+
+
+@csrf_exempt
+@require_POST
+def host_release(request: HttpRequest) -> JsonResponse:
+    """{} from an agent process that stops: its lease on the host ends now, so the next
+    agent process takes over at once -> {released: whether it held it}."""
+    found = _host_and_body(request)
+    if isinstance(found, JsonResponse):
+        return found
+    return JsonResponse({"released": services.host_agent_release(
+        host=found[0], session=_session(request))})
 
 
 @csrf_exempt

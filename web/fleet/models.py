@@ -68,6 +68,11 @@ class FleetHost(models.Model):
     # Drained: the placement puts no new engine here; the engines it runs go on.
     draining = models.BooleanField(default=False)
     drained_at = models.DateTimeField(null=True, blank=True)
+    # The agent process that writes for this host: its session (sent with each call) and
+    # until when it holds the host. Claimed by the placements read, renewed once a third of
+    # it is spent; another session's writes are refused until it has run out.
+    agent_session = models.CharField(max_length=64, blank=True, default="")
+    agent_lease_until = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["name"]

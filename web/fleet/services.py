@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.db import DataError, IntegrityError, connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 from django.utils.text import slugify
 
@@ -38,7 +39,7 @@ from web.deployments.models import (
     GpuLease,
     Host,
 )
-from web.deployments.services import events_append_batch
+from web.deployments.services import events_append_batch, events_batches_quiet
 from web.deployments.services.lifecycle import (
     ADVANCE,
     deployment_mark_failed,
@@ -69,6 +70,9 @@ HOST_EVENT_KINDS = frozenset({EventKind.LOG, EventKind.METRIC, EventKind.PROGRES
 MAX_BATCH_EVENTS = 20_000
 MAX_TEXT = 16_384  # one log line's characters; SGLang's longest lines are far shorter
 HOST_ROW_FIELDS = frozenset({"log_cursor", "progress", "decode_stats"})
+MAX_CURSOR = 40  # the follower's cursor text (appliance.runtime.follower.Cursor), marked
+MAX_SESSION = 64  # an agent process's session id (the X-Agent-Session header)
+KEPT_LEASE_SHARE = 2 / 3  # a lease with more left than this share of it is not renewed
 
 
 class FleetError(ValueError):
@@ -272,6 +276,66 @@ def host_credential_used(*, host: FleetHost) -> None:
         host.credential_last_used_at = now
 
 
+class AgentLeaseHeld(PermissionError):
+    """Another agent process of this host holds it: its writes alone are taken."""
+
+
+def _lease_held_by_another(host: FleetHost, session: str, now: Any) -> bool:
+    return bool(host.agent_session and host.agent_session != session
+                and host.agent_lease_until is not None and host.agent_lease_until >= now)
+
+
+def _lease_refusal(host: FleetHost) -> AgentLeaseHeld:
+    until = host.agent_lease_until
+    return AgentLeaseHeld(
+        f"another agent process of host {host.name} (session {host.agent_session[:8]}...) "
+        f"holds it until {until:%H:%M:%S} UTC: one agent writes for a host. This one waits "
+        "for that lease to run out (the other stopped renewing it) and takes over then; "
+        "if two agents run for this host, stop one.")
+
+
+def host_agent_claim(*, host: FleetHost, session: str) -> None:
+    """The placements read by the agent process `session` holds the host for it for
+    FLEET_AGENT_LEASE_S, renewed once a third of it is spent (each renewal writes the row);
+    AgentLeaseHeld while another session's lease runs. An agent that dies leaves at least
+    two thirds of its lease to run before another takes its engines over."""
+    if not session:
+        return  # an agent that sends no session (older than the lease) claims nothing
+    if not (isinstance(session, str) and len(session) <= MAX_SESSION):
+        raise FleetError("X-Agent-Session", f"the session is up to {MAX_SESSION} characters")
+    now = timezone.now()
+    lease = timedelta(seconds=settings.FLEET_AGENT_LEASE_S)
+    if (host.agent_session == session and host.agent_lease_until is not None
+            and host.agent_lease_until >= now + lease * KEPT_LEASE_SHARE):
+        return
+    free = (Q(agent_session=session) | Q(agent_lease_until__isnull=True)
+            | Q(agent_lease_until__lt=now))
+    until = now + lease
+    if not FleetHost.objects.filter(pk=host.pk).filter(free).update(
+            agent_session=session, agent_lease_until=until):
+        host.refresh_from_db(fields=["agent_session", "agent_lease_until"])
+        raise _lease_refusal(host)
+    host.agent_session, host.agent_lease_until = session, until
+
+
+def host_agent_check(*, host: FleetHost, session: str) -> None:
+    """AgentLeaseHeld when another agent process holds the host (a write from a session
+    without a lease, or from none, is taken while no other's lease runs). Read from the row
+    the credential loaded: a write under way across a takeover is caught by what it
+    carries (a batch's `after`, a step's start and the lifecycle table)."""
+    if _lease_held_by_another(host, session, timezone.now()):
+        raise _lease_refusal(host)
+
+
+def host_agent_release(*, host: FleetHost, session: str) -> bool:
+    """An agent process that stops gives its lease back, so the next one takes the host at
+    once; whether it held it."""
+    if not session:
+        return False
+    return FleetHost.objects.filter(pk=host.pk, agent_session=session).update(
+        agent_lease_until=timezone.now()) > 0
+
+
 def host_set_draining(*, name: str, draining: bool) -> FleetHost:
     """Drain a host (no new placements; its engines go on) or take it back."""
     host = FleetHost.objects.filter(name=name).first()
@@ -347,10 +411,23 @@ class NotPlacedHere(PermissionError):
 class EventBatch:
     events: list[tuple[str, dict[str, Any]]]
     row: dict[str, Any]
+    # None: not sent (an agent older than these checks): stored as before, unconditionally.
+    start_token: str | None = None
+    after: str | None = None  # the row's log cursor this batch follows
+
+
+class CursorMoved(Exception):  # noqa: N818 - an answer, not an error
+    """The row's log cursor is not the one the batch follows: nothing was stored."""
+
+    def __init__(self, stored: str, last_seq: int) -> None:
+        super().__init__(stored)
+        self.stored = stored
+        self.last_seq = last_seq
 
 
 def event_batch_from(body: Mapping[str, Any]) -> EventBatch:
-    """A host's batch as sent: {"events": [[kind, payload], ...], "row": {...}}, checked."""
+    """A host's batch as sent: {"events": [[kind, payload], ...], "row": {...}, "start_token",
+    "after"}, checked."""
     events = body.get("events")
     if not isinstance(events, list) or not 0 < len(events) <= MAX_BATCH_EVENTS:
         raise FleetError("events", f"send 1 to {MAX_BATCH_EVENTS} events as [kind, payload] "
@@ -360,13 +437,20 @@ def event_batch_from(body: Mapping[str, Any]) -> EventBatch:
     if not isinstance(row, dict) or not set(row) <= HOST_ROW_FIELDS:
         raise FleetError("row", f"row may set only {', '.join(sorted(HOST_ROW_FIELDS))}")
     cursor = row.get("log_cursor")
-    if cursor is not None and not (isinstance(cursor, str) and len(cursor) <= 40):
+    if cursor is not None and not (isinstance(cursor, str) and len(cursor) <= MAX_CURSOR):
         raise FleetError("row", "log_cursor is the follower's cursor text (40 characters "
                          "at most)")
     for name in ("progress", "decode_stats"):
         if name in row and not isinstance(row[name], dict):
             raise FleetError("row", f"{name} is an object")
-    return EventBatch(events=checked, row=dict(row))
+    token, after = body.get("start_token"), body.get("after")
+    if token is not None and not (isinstance(token, str) and 0 < len(token) <= 64):
+        raise FleetError("start_token", "send the start token of the engine these events "
+                         "are from")
+    if after is not None and not (isinstance(after, str) and len(after) <= MAX_CURSOR):
+        raise FleetError("after", "after is the row's log cursor this batch follows, as the "
+                         "last answer or the placement gave it (40 characters at most)")
+    return EventBatch(events=checked, row=dict(row), start_token=token, after=after)
 
 
 def _event_checked(i: int, event: Any) -> tuple[str, dict[str, Any]]:
@@ -385,23 +469,49 @@ def _event_checked(i: int, event: Any) -> tuple[str, dict[str, Any]]:
 
 def host_events_append(*, host: FleetHost, deployment_id: int, batch: EventBatch) -> int:
     """Store a host's batch for a deployment placed on it (with the row's fields, as the
-    panel's own agent does); the last seq. NotPlacedHere for any other deployment."""
+    panel's own agent does); the last seq. In the same statement, as the row holds them:
+    the start the batch names (StaleStart for another) and the cursor it follows
+    (CursorMoved with the row's cursor for another: a batch sent again after its answer was
+    lost is then stored once). NotPlacedHere for any other deployment."""
     if not Placement.objects.filter(host=host, deployment_id=deployment_id).exists():
         raise NotPlacedHere(f"deployment {deployment_id} is not placed on host {host.name}")
+    expect = {name: value for name, value in (("start_token", batch.start_token),
+                                              ("log_cursor", batch.after)) if value is not None}
     # Inside a caller's transaction a savepoint keeps it usable after a refused batch; on
     # its own (the ingest view) the batch is one statement that commits or not by itself.
     guard = transaction.atomic() if connection.in_atomic_block else nullcontext()
     try:
         with guard:
             return events_append_batch(deployment_id=deployment_id, events=batch.events,
-                                       row=batch.row)
+                                       row=batch.row, expect=expect)
     except DataError as exc:  # JSON that PostgreSQL's jsonb refuses; nothing was stored
         raise FleetError("events", "a payload holds what the database cannot store (a "
                          "\\u0000, a lone surrogate, NaN or Infinity): "
                          f"{str(exc).splitlines()[0][:200]}") from None
     except Deployment.DoesNotExist:
-        raise NotPlacedHere(f"deployment {deployment_id} is not placed on host "
-                            f"{host.name}") from None
+        pass
+    # Refused: why, from the row as it is now.
+    found = Deployment.objects.filter(pk=deployment_id).values_list(
+        "start_token", "log_cursor", "last_seq").first()
+    if found is None:
+        raise NotPlacedHere(f"deployment {deployment_id} is not placed on host {host.name}")
+    token, cursor, last_seq = found
+    if batch.start_token is not None and not (
+            token and secrets.compare_digest(token, batch.start_token)):
+        raise StaleStart(f"deployment {deployment_id} is no longer on that start (it was "
+                         "restarted or redeployed): these events are an engine's that is gone")
+    if batch.after is None:  # nothing else could refuse it: the row went meanwhile
+        raise NotPlacedHere(f"deployment {deployment_id} is not placed on host {host.name}")
+    raise CursorMoved(cursor, last_seq)
+
+
+def host_batches_quiet(*, host: FleetHost, deployment_id: int) -> None:
+    """A host's batches for a deployment placed on it have stopped for now: the status
+    reads' answers are stored at the row as the last batch left it (the batches may have
+    reached other web processes, each of which stores at most twice a second)."""
+    if not Placement.objects.filter(host=host, deployment_id=deployment_id).exists():
+        raise NotPlacedHere(f"deployment {deployment_id} is not placed on host {host.name}")
+    events_batches_quiet(deployment_id=deployment_id, always=True)
 
 
 

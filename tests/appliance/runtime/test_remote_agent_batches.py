@@ -4,22 +4,56 @@ from __future__ import annotations
 
 import json
 
-from appliance.runtime.remote_agent import MAX_BATCH_BYTES, batches, host_kinds, masked
+import pytest
+
+from appliance.runtime.follower import Cursor
+from appliance.runtime.panel_link import event_json, events_body
+from appliance.runtime.remote_agent import (
+    MAX_BATCH_BYTES,
+    batches,
+    cursor_marked,
+    host_kinds,
+    masked,
+)
 
 
 def test_a_large_batch_is_split_under_512_kib_in_order() -> None:
     events = [("log", {"stream": "stdout", "text": f"{i:06d} " + "x" * 900}) for i in range(2000)]
     parts = batches(events)
-    assert len(parts) > 1 and [e for p in parts for e in p] == events
+    assert len(parts) > 1 and [e for p in parts for e in p.events] == events
     for part in parts:
-        body = json.dumps({"events": [[k, p] for k, p in part], "row": {}},
-                          separators=(",", ":"))
-        assert len(body.encode()) < MAX_BATCH_BYTES + 1024
+        body = events_body(part.encoded, row={}, start_token="t" * 32, after="")
+        assert len(body) < MAX_BATCH_BYTES + 1024
+        # The body is what json.dumps makes of the same batch, byte for byte.
+        assert json.loads(body) == {"events": [[k, p] for k, p in part.events], "row": {},
+                                    "start_token": "t" * 32, "after": ""}
 
 
 def test_a_small_batch_stays_whole() -> None:
     events = [("log", {"text": "one"}), ("metric", {"kind": "decode_stats"})]
-    assert batches(events) == [events]
+    assert [part.events for part in batches(events)] == [events]
+
+
+@pytest.mark.parametrize("event", [
+    ("log", {"stream": "stderr", "text": 'quote " backslash \\ tab \t é \u2028 😀 \x00'}),
+    ("log", {"text": "no stream"}),
+    ("log", {"stream": "stdout", "text": "x", "extra": 1}),
+    ("metric", {"kind": "decode_stats", "accept_len": 3.21, "cuda_graph": True, "tp": None}),
+    ("build", {"kind": "build_step", "text": "ünïcode"}),
+])
+def test_each_event_is_encoded_as_json_dumps_encodes_it(event) -> None:  # type: ignore[no-untyped-def]
+    kind, payload = event
+    text = event_json(kind, payload)
+    assert text == json.dumps([kind, payload], separators=(",", ":"))
+    assert len(text.encode()) == len(text)  # ASCII: its length is its size in the body
+
+
+def test_a_batch_that_moves_no_line_marks_the_cursor_and_the_follower_reads_past_it() -> None:
+    assert cursor_marked("") == "#1"
+    assert cursor_marked("1767225600000000000:3") == "1767225600000000000:3#1"
+    assert cursor_marked("1767225600000000000:3#1") == "1767225600000000000:3#2"
+    assert Cursor.decode("1767225600000000000:3#2") == Cursor(1767225600000000000, 3)
+    assert Cursor.decode("#4") == Cursor()
 
 
 def test_the_engine_key_is_masked_in_every_text() -> None:

@@ -54,26 +54,31 @@ def events_append(
 
 
 def events_append_batch(*, deployment_id: int, events: Items, owner: str | None = None,
-                        row: dict[str, Any] | None = None) -> int:
+                        row: dict[str, Any] | None = None,
+                        expect: dict[str, str] | None = None) -> int:
     """events_append for the engine agent's batches: the same rows and live entries, with
     no model instances made for the caller; returns the last seq (0 for no events).
 
     With `owner`, the batch is stored only while that agent holds the deployment
     (Deployment.DoesNotExist otherwise, as for a missing deployment, and nothing is
-    stored); `row` holds deployment fields (ROW_FIELDS: the log cursor, progress, the last
-    decode stats) set with the seqs' claim, so a batch and its cursor commit together. On
+    stored); with `expect` (EXPECT_FIELDS: the start token, the log cursor the batch
+    follows), only while the row's fields hold those values, alike. `row` holds deployment
+    fields (ROW_FIELDS: the log cursor, progress, the last decode stats) set with the seqs'
+    claim, so a batch and its cursor commit together. On
     PostgreSQL all of it is one statement (docs/performance.md, Log path: the lease check,
     the claim, the COPY, the cursor update and the commit were five round trips and about
     1.3 ms of the agent's CPU per batch); outside a transaction it commits on its own."""
     if not events:
         return 0
+    held = {**(expect or {}), **({"agent_id": owner} if owner is not None else {})}
+    assert set(held) <= EXPECT_FIELDS, held
     if connection.vendor == "postgresql":
-        last = _append_in_one_statement(deployment_id, events, owner, row or {})
+        last = _append_in_one_statement(deployment_id, events, held, row or {})
         _bodies_after_batch(deployment_id)
         return last
     with transaction.atomic():
-        if _claim_row(deployment_id, owner, row or {}) is None:
-            raise Deployment.DoesNotExist(f"no deployment {deployment_id} held by {owner}")
+        if _claim_row(deployment_id, held, row or {}) is None:
+            raise Deployment.DoesNotExist(f"no deployment {deployment_id} holding {held}")
         first, _ = _store(deployment_id, events, copy_min_rows=1)
     return first + len(events) - 1
 
@@ -99,25 +104,26 @@ def _bodies_after_batch(deployment_id: int) -> None:
     deployment_status_bodies_later(deployment_id=deployment_id)
 
 
-def events_batches_quiet(*, deployment_id: int) -> None:
+def events_batches_quiet(*, deployment_id: int, always: bool = False) -> None:
     """A deployment's batches have stopped for now: store the status reads' answers if a
-    batch since the last store left them stale (at once outside a transaction)."""
-    if deployment_id in _bodies_due:
+    batch since the last store left them stale (at once outside a transaction). `always`:
+    whatever this process saw (a host's batches may have reached another web process)."""
+    if always or deployment_id in _bodies_due:
         _bodies_due.discard(deployment_id)
         _bodies_at[deployment_id] = time.monotonic()
         deployment_status_bodies_later(deployment_id=deployment_id)
 
 
 ROW_FIELDS = frozenset({"log_cursor", "progress", "decode_stats"})
+# The row's fields a batch may be conditional on: the agent's lease, the start, the cursor.
+EXPECT_FIELDS = frozenset({"agent_id", "start_token", "log_cursor"})
 _PREPARE_ONLY_WHEN_ASKED = 2**62
 _JSON_FIELDS = frozenset({"progress", "decode_stats"})
 
 
-def _claim_row(deployment_id: int, owner: str | None, row: dict[str, Any]) -> int | None:
+def _claim_row(deployment_id: int, held: dict[str, str], row: dict[str, Any]) -> int | None:
     """The lease check and the row's fields, for databases other than PostgreSQL."""
-    found = Deployment.objects.select_for_update().filter(pk=deployment_id)
-    if owner is not None:
-        found = found.filter(agent_id=owner)
+    found = Deployment.objects.select_for_update().filter(pk=deployment_id, **held)
     if not found.exists():
         return None
     if row:
@@ -126,7 +132,7 @@ def _claim_row(deployment_id: int, owner: str | None, row: dict[str, Any]) -> in
 
 
 @cache
-def _append_sql(fields: tuple[str, ...], owned: bool) -> str:
+def _append_sql(fields: tuple[str, ...], held: tuple[str, ...]) -> str:
     """Claim, lease check, row fields and rows in one statement: the UPDATE takes the row
     lock (a takeover or a delete holding it first leaves no row to claim, so nothing is
     inserted) and its RETURNING reads the clock under that lock, so seq follows ts (the
@@ -136,7 +142,8 @@ def _append_sql(fields: tuple[str, ...], owned: bool) -> str:
     events = connection.ops.quote_name(Event._meta.db_table)
     sets = "".join(f", {connection.ops.quote_name(name)} = %({name})s"
                    + ("::jsonb" if name in _JSON_FIELDS else "") for name in fields)
-    lease = " AND agent_id = %(owner)s" if owned else ""
+    lease = "".join(f" AND {connection.ops.quote_name(name)} = %(held_{name})s"
+                    for name in held)
     return (
         f"WITH claim AS (UPDATE {table} SET last_seq = last_seq + %(n)s{sets} "
         f"WHERE id = %(pk)s{lease} RETURNING last_seq - %(n)s AS base, clock_timestamp() AS ts), "
@@ -147,7 +154,7 @@ def _append_sql(fields: tuple[str, ...], owned: bool) -> str:
         "SELECT base, ts FROM claim")
 
 
-def _append_in_one_statement(deployment_id: int, events: Items, owner: str | None,
+def _append_in_one_statement(deployment_id: int, events: Items, held: dict[str, str],
                              row: dict[str, Any]) -> int:
     """One statement per CHUNK_EVENTS; several go pipelined in one transaction, each sent
     as soon as it is encoded, so PostgreSQL stores one while the next is encoded (a busy
@@ -167,18 +174,18 @@ def _append_in_one_statement(deployment_id: int, events: Items, owner: str | Non
     # text: a copy of megabytes per busy batch); Django's wrapper still maps its errors.
     with connection.wrap_database_errors:
         if len(chunks) == 1:  # outside a transaction: committed on its own, one round trip
-            sent.append(_send_chunk(raw, deployment_id, chunks[0], owner, row))
+            sent.append(_send_chunk(raw, deployment_id, chunks[0], held, row))
         else:
             with transaction.atomic(savepoint=False), raw.pipeline():
                 for i, chunk in enumerate(chunks):
                     last = i == len(chunks) - 1
-                    sent.append(_send_chunk(raw, deployment_id, chunk, owner,
+                    sent.append(_send_chunk(raw, deployment_id, chunk, held,
                                             row if last else {}))
         claims = [cursor.fetchone() for cursor, _, _ in sent]
     for cursor, _, _ in sent:
         cursor.close()
     if any(claimed is None for claimed in claims):
-        raise Deployment.DoesNotExist(f"no deployment {deployment_id} held by {owner}")
+        raise Deployment.DoesNotExist(f"no deployment {deployment_id} holding {held}")
     entries = [entry for (_, chunk, encoded), claimed in zip(sent, claims, strict=True)
                for entry in _entries(chunk, encoded, claimed)]
     # Outside a transaction the statements have committed and this runs at once.
@@ -189,16 +196,17 @@ def _append_in_one_statement(deployment_id: int, events: Items, owner: str | Non
 CHUNK_EVENTS = 2000
 
 
-def _send_chunk(raw: Any, deployment_id: int, events: Items, owner: str | None,
+def _send_chunk(raw: Any, deployment_id: int, events: Items, held: dict[str, str],
                 row: dict[str, Any]) -> tuple[psycopg.Cursor[Any], Items, list[str]]:
     fields = tuple(sorted(name for name in row if name in ROW_FIELDS))
     encoded = [_encode_payload(payload) for _, payload in events]
     params: dict[str, Any] = {
-        "n": len(events), "pk": deployment_id, "owner": owner,
+        "n": len(events), "pk": deployment_id,
+        **{f"held_{name}": value for name, value in held.items()},
         "kinds": " ".join([kind for kind, _ in events]), "payloads": "\n".join(encoded),
         **{name: _encode(row[name]) if name in _JSON_FIELDS else row[name] for name in fields}}
     cursor = psycopg.Cursor(raw)
-    cursor.execute(_append_sql(fields, owner is not None), params, prepare=True)
+    cursor.execute(_append_sql(fields, tuple(sorted(held))), params, prepare=True)
     return cursor, events, encoded
 
 
