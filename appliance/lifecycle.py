@@ -20,7 +20,7 @@ makes each move.
     failed     starting, checking, loading, capturing, ready            agent (engine failed)
 
 The roller is a rolling change's step machine (web/deployments/services/rolling.py, run by
-the engine agent's loop): it stops one replica of a deployment at a time, once drained, and
+the panel loop, web/loop.py): it stops one replica of a deployment at a time, once drained, and
 queues its next run, the moves web makes for Stop and Restart on a person's behalf.
 
 Stopped and failed are terminal (the deployment's GPUs are free again); the agent owns a

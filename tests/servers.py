@@ -1,5 +1,5 @@
-"""Real processes for end-to-end tests: the ASGI panel (uvicorn) and a Celery worker,
-pointed at the test database that pytest-django created."""
+"""Real processes for end-to-end tests: the ASGI panel (uvicorn), a Celery worker, the
+engine agent and the panel loop, pointed at the test database that pytest-django created."""
 
 from __future__ import annotations
 
@@ -78,6 +78,14 @@ def celery_worker(log_path: Path, **env: str) -> Iterator[subprocess.Popen[bytes
 def engine_agent(log_path: Path, **env: str) -> Iterator[subprocess.Popen[bytes]]:
     """The engine agent as the compose service runs it: `python3 -m worker.agent`."""
     with _process(["-m", "worker.agent"], log_path, "engine agent", env) as proc:
+        yield proc
+
+
+@contextmanager
+def panel_loop(log_path: Path, **env: str) -> Iterator[subprocess.Popen[bytes]]:
+    """The panel loop as the compose service runs it: `python3 -m worker.loop` (rolling
+    changes' steps, dead builds' re-queue, the Tune sweep, retention: web/loop.py)."""
+    with _process(["-m", "worker.loop"], log_path, "panel loop running", env) as proc:
         yield proc
 
 

@@ -330,11 +330,15 @@ ENGINE_STOP_TIMEOUT_S = env_int("APPLIANCE_ENGINE_STOP_TIMEOUT_S", 30)
 # A rolling change waits this long for a drained replica's in-flight requests, then stops it.
 ROLL_DRAIN_TIMEOUT_S = env_int("APPLIANCE_ROLL_DRAIN_TIMEOUT_S", 300)
 # A running Tune whose task wrote no beat this long is taken as lost (its worker died): the
-# engine agent's sweep sends it to the workers again, whose task restores the deployment.
+# panel loop's sweep (web/loop.py) sends it to the workers again, whose task restores the
+# deployment.
 TUNE_LOST_S = env_int("APPLIANCE_TUNE_LOST_S", 120)
 # The engine agent: its id (stable per host; default agent@<hostname>) and its tick.
 AGENT_ID = env_str("APPLIANCE_AGENT_ID", "")
 AGENT_TICK_S = float(env_int("APPLIANCE_AGENT_TICK_MS", 1000)) / 1000
+# The panel loop's tick (web/loop.py): the rolling changes' steps and the re-queue of dead
+# builds each tick.
+LOOP_TICK_S = float(env_int("APPLIANCE_LOOP_TICK_MS", 1000)) / 1000
 # An agent whose heartbeat (every tick) is older than this is silent: its
 # deployments show `unknown` with an alert until it reports again (deployments/silence.py).
 AGENT_SILENT_S = env_int("APPLIANCE_AGENT_SILENT_S", 30)

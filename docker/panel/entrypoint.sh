@@ -1,11 +1,13 @@
 #!/bin/sh
-# One image, four roles (compose.yaml):
+# One image, its roles (compose.yaml):
 #   init    make the install's secrets once (secret key, database password) in the volume
 #   web     refuse known secrets, migrate, create roles and the first admin once, serve ASGI
 #   serve   the ASGI server alone (what web ends with; bench/load_api.py runs it as it is)
 #   gateway /v1 alone, one process (compose's gateway-a and gateway-b, behind the proxy)
 #   worker  the Celery worker: image builds, benchmarks, model downloads (web/tasks.py)
 #   agent   the engine agent: owns this host's engine containers from start to exit
+#   loop    the panel loop: rolling changes' steps, dead builds' re-queue, the Tune sweep,
+#           retention (one copy acts: a second waits on its database lock)
 set -eu
 
 # One server process per core (uvicorn's own supervisor restarts one that dies): a Python
@@ -55,6 +57,9 @@ case "${1:-web}" in
     ;;
   agent)
     exec python3 -m worker.agent
+    ;;
+  loop)
+    exec python3 -m worker.loop
     ;;
   *)
     exec "$@"

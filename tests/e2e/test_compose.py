@@ -69,14 +69,21 @@ def test_docker_compose_accepts_the_file_and_keeps_engines_off_the_database_netw
     assert result.returncode == 0, result.stderr
     config = yaml.safe_load(result.stdout)
     services = config["services"]
-    assert set(services) == {"init", "web", "worker", "agent", "redis", "postgres",
+    assert set(services) == {"init", "web", "worker", "agent", "loop", "redis", "postgres",
                              "gateway-a", "gateway-b", "proxy"}
     for name in ("postgres", "redis", "web", "gateway-a", "gateway-b"):
         assert services[name]["healthcheck"]["test"], f"{name} has a health check"
-    for name in ("web", "worker", "agent", "gateway-a", "gateway-b"):
+    for name in ("web", "worker", "agent", "loop", "gateway-a", "gateway-b"):
         assert services[name]["depends_on"]["postgres"]["condition"] == "service_healthy"
         assert services[name]["restart"] == "unless-stopped"
     assert services["worker"]["depends_on"]["web"]["condition"] == "service_healthy"
+    # The panel loop (web/loop.py): the image's `loop` role, after web's migrations, with the
+    # database and Redis (internal) and no Docker socket; a small pool of its own.
+    loop = services["loop"]
+    assert loop["command"] == ["loop"] and set(loop["networks"]) == {"internal"}
+    assert loop["depends_on"]["web"]["condition"] == "service_healthy"
+    assert "docker.sock" not in str(loop["volumes"])
+    assert {"APPLIANCE_DATABASE_URL", "APPLIANCE_REDIS_URL"} <= set(loop["environment"])
     # Engines never join the network that holds Redis and PostgreSQL.
     assert services["agent"]["environment"]["APPLIANCE_ENGINE_NETWORK"] == "appliance-engines"
     assert "internal" in services["postgres"]["networks"]
@@ -128,9 +135,9 @@ def test_docker_compose_accepts_the_file_and_keeps_engines_off_the_database_netw
     # the worker's and agent's, at the shipped pool size, beside a few admin sessions.
     limit = int(services["postgres"]["command"][1].removeprefix("max_connections="))
     pools = 4 + 2  # web processes, worker, agent
-    gateways = sum(int(services[name]["environment"]["APPLIANCE_DB_POOL_MAX_SIZE"])
-                   for name in ("gateway-a", "gateway-b"))
-    assert limit >= pools * 20 + gateways + 10
+    small = sum(int(services[name]["environment"]["APPLIANCE_DB_POOL_MAX_SIZE"])
+                for name in ("gateway-a", "gateway-b", "loop"))
+    assert limit >= pools * 20 + small + 1 + 10  # 1: the loop's lock connection
 
 
 def test_compose_refuses_to_start_when_the_models_folder_is_missing(tmp_path: Path) -> None:

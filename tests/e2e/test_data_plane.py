@@ -160,6 +160,8 @@ def test_the_trials_files_put_the_gateways_on_the_hosts_networks_and_make_the_en
     for name in ("gateway-a", "gateway-b"):
         assert set(services[name]["networks"]) == {"internal", "engines", "sim-a", "sim-b"}
     assert set(services["agent"]["networks"]) == {"internal", "engines"}
+    # The panel loop steps the hosts' rolls from the panel's database and Redis alone.
+    assert set(services["loop"]["networks"]) == {"internal"}
     assert "engines" not in services["proxy"]["networks"]
     engines = networks["engines"]
     assert engines["name"] == "appliance-engines" and engines["internal"] is True

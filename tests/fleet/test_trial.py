@@ -192,7 +192,7 @@ def test_the_trial_file_puts_each_host_on_its_own_network_with_its_own_token() -
         assert any(f"{name}-token" in m and "/run/join" in m for m in mounts), mounts
         assert not any("-token" in m and name not in m for m in mounts), "no other host's"
         assert "privileged" not in host and host["cap_drop"] == ["SYS_RESOURCE"]
-    for name in ("web", "worker", "agent"):
+    for name in ("web", "worker", "agent", "loop"):
         env = services[name]["environment"]
         assert env["APPLIANCE_ENGINE_IMAGE"] == "appliance-test-engine:latest"
         assert env["APPLIANCE_GPU_COUNT"] == "0"

@@ -1,6 +1,6 @@
 """The set-up the worker tests on the production road share (test_tune.py, test_rolling.py):
-the Celery worker and the engine agent as processes on the test database and Redis, the
-test engine in Docker at a fast pace, and a bounded wait on a condition."""
+the Celery worker, the engine agent and the panel loop as processes on the test database
+and Redis, the test engine in Docker at a fast pace, and a bounded wait on a condition."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 from django.test import override_settings
 
 from tests.conftest_docker import remove_engines
-from tests.servers import celery_worker, engine_agent
+from tests.servers import celery_worker, engine_agent, panel_loop
 from web.deployments.services.installation import instance_id
 
 
@@ -31,19 +31,25 @@ def fast_engines(image: str, fast: dict[str, str]) -> Iterator[dict[str, str]]:
                    "APPLIANCE_ENGINE_GPU_REQUESTS": "0", "APPLIANCE_ENGINE_EXTRA_ENV": extra,
                    "APPLIANCE_ENGINE_STOP_TIMEOUT_S": "5",
                    "APPLIANCE_ENGINE_READY_TIMEOUT_S": "90",
-                   "APPLIANCE_ENGINE_TEST_ENV": "1", "APPLIANCE_AGENT_TICK_MS": "250"}
+                   "APPLIANCE_ENGINE_TEST_ENV": "1", "APPLIANCE_AGENT_TICK_MS": "250",
+                   "APPLIANCE_LOOP_TICK_MS": "250"}
     finally:
         remove_engines(instance_id())
 
 
+Process = subprocess.Popen[bytes]
+
+
 @contextlib.contextmanager
-def worker_and_agent(tmp_path: Path, env: dict[str, str], agent_log: str = "agent.log",
-                     ) -> Iterator[tuple[subprocess.Popen[bytes], subprocess.Popen[bytes]]]:
-    """The Celery worker (worker.log) and the engine agent (`agent_log`) under tmp_path;
-    yields both processes."""
+def worker_agent_loop(tmp_path: Path, env: dict[str, str], agent_log: str = "agent.log",
+                      loop_log: str = "loop.log") -> Iterator[tuple[Process, Process, Process]]:
+    """The Celery worker (worker.log), the engine agent (`agent_log`) and the panel loop
+    (`loop_log`, which steps rolling changes and sweeps Tunes) under tmp_path; yields the
+    three processes."""
     with celery_worker(tmp_path / "worker.log", **env) as worker, \
-            engine_agent(tmp_path / agent_log, **env) as agent:
-        yield worker, agent
+            engine_agent(tmp_path / agent_log, **env) as agent, \
+            panel_loop(tmp_path / loop_log, **env) as loop:
+        yield worker, agent, loop
 
 
 def until(check: Callable[[], Any], what: Any, timeout_s: float, poll_s: float) -> Any:

@@ -1,5 +1,5 @@
-"""Faults survived with nothing lost: real processes (engine agent, Celery worker,
-redis-server, PostgreSQL, dockerd) killed and restarted around real engine containers.
+"""Faults survived with nothing lost: real processes (engine agent, panel loop, Celery
+worker, redis-server, PostgreSQL, dockerd) killed and restarted around real engine containers.
 
 Every case checks the same three things: the deployment carries on (or ends as it
 should), there is one engine container, and every line the container printed is stored
@@ -33,6 +33,7 @@ from tests.servers import (
     engine_agent,
     free_port,
     login_session,
+    panel_loop,
     panel_server,
     pg_ctl,
     redis_server,
@@ -197,8 +198,9 @@ def test_a_worker_killed_while_building_is_replaced_and_the_build_carries_on(
     data = spec(name="built-fault", recipe="site-fault", self_check=False)
     data["engine"] = {"model_path": "/models/test", "tp_size": 1,
                       "speculative_algorithm": "NONE"}
+    # The panel loop queues the build again once the killed worker's lease runs out.
     with override_settings(RECIPES_DIR=str(recipes)), \
-            engine_agent(tmp_path / "agent.log", **env):
+            engine_agent(tmp_path / "agent.log", **env), panel_loop(tmp_path / "loop.log", **env):
         with celery_worker(tmp_path / "worker-1.log", **env) as first:
             pk = deploying.deployment_create(data=data, confirm_warnings=True,
                                              rebuild_image=True).pk

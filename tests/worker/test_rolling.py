@@ -1,7 +1,8 @@
-"""Rolling changes with the real engine agent and Celery worker (processes, on the test
-database and Redis) and the test engine in Docker: a rolling restart of 3 replicas goes one
-at a time and survives its agent killed mid-roll (a new agent goes on from the rows); a
-rolling redeploy whose new run fails halts at that replica, the others serving."""
+"""Rolling changes with the real engine agent, panel loop and Celery worker (processes, on
+the test database and Redis) and the test engine in Docker: a rolling restart of 3 replicas
+goes one at a time and survives its agent and its loop killed mid-roll (a new loop takes the
+lock the killed one's session held and goes on from the rows); a rolling redeploy whose new
+run fails halts at that replica, the others serving."""
 
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ import pytest
 from django.db import connection
 
 from tests.conftest_docker import engines_of
-from tests.servers import engine_agent
+from tests.servers import engine_agent, panel_loop
 from tests.specs import spec
-from tests.worker.stack import fast_engines, until, worker_and_agent
+from tests.worker.stack import fast_engines, until, worker_agent_loop
 from web import tasks
 from web.agent.controller import wait_for
 from web.deploy import services as deploying
@@ -87,10 +88,10 @@ def _until(check: Any, what: Any, timeout_s: float = 120) -> Any:
     return until(check, what, timeout_s, poll_s=0.1)
 
 
-def test_a_rolling_restart_survives_its_agent_killed_and_a_failed_redeploy_halts(
+def test_a_rolling_restart_survives_its_agent_and_loop_killed_and_a_failed_redeploy_halts(
         env: dict[str, str], tmp_path: Path) -> None:
-    with worker_and_agent(tmp_path, env, agent_log="agent1.log") as (_, first_agent), \
-            contextlib.ExitStack() as agents:
+    with worker_agent_loop(tmp_path, env, agent_log="agent1.log", loop_log="loop1.log") as (
+            _, first_agent, first_loop), contextlib.ExitStack() as successors:
         pks = _three_replicas()
         for pk in pks:
             assert wait_for(pk, {S.READY, S.FAILED}, 120) == S.READY
@@ -98,17 +99,22 @@ def test_a_rolling_restart_survives_its_agent_killed_and_a_failed_redeploy_halts
 
         watch = Watch(pks)
         services.deployment_restart(deployment_id=pks[0])
-        # Replica 2's turn, its new run queued: the agent dies (no goodbye: SIGKILL).
+        # Replica 2's turn, its new run queued: the agent and the loop die (no goodbye:
+        # SIGKILL), the loop holding its lock.
         _until(lambda: _rolling(pks[0])["at"] == 1 and _rolling(pks[0])["step"] == "starting",
                "the roll reaches replica 2's new run")
-        first_agent.kill()
-        first_agent.wait()
-        agents.enter_context(engine_agent(tmp_path / "agent2.log", **env))
+        for killed in (first_agent, first_loop):
+            killed.kill()
+            killed.wait()
+        successors.enter_context(engine_agent(tmp_path / "agent2.log", **env))
+        successors.enter_context(panel_loop(tmp_path / "loop2.log", **env))
         _until(lambda: _rolling(pks[0])["state"] != "rolling", lambda: (
-            f"the new agent ends the roll: {_rolling(pks[0])}, replicas "
+            f"the new loop ends the roll: {_rolling(pks[0])}, replicas "
             f"{list(Deployment.objects.filter(pk__in=pks).values_list('pk', 'status', 'run'))}"
+            f", the loop's log: {(tmp_path / 'loop2.log').read_text()[-3000:]}"
             f", the agent's log: {(tmp_path / 'agent2.log').read_text()[-3000:]}"),
             timeout_s=180)
+        assert "panel loop: acting" in (tmp_path / "loop2.log").read_text()
         seen = watch.end()
 
         assert _rolling(pks[0])["state"] == "done", _rolling(pks[0])

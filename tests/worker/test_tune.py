@@ -1,5 +1,5 @@
-"""Tune on the production road: the Celery worker and the engine agent (processes, on the
-test database and Redis) and the test engine in Docker. A Tune of three candidates at two
+"""Tune on the production road: the Celery worker, the engine agent and the panel loop
+(processes, on the test database and Redis) and the test engine in Docker. A Tune of three candidates at two
 levels measures each on the deployment's own GPU, checks them lossless, recommends, and
 leaves the deployment as it was; Apply redeploys it with the winner; a Tune cancelled
 midway restores the deployment (spec, GPUs, served name, its row and so its keys)."""
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.specs import spec
-from tests.worker.stack import fast_engines, until, worker_and_agent
+from tests.worker.stack import fast_engines, until, worker_agent_loop
 from web.agent.controller import wait_for
 from web.benchmarks import tune_services
 from web.benchmarks.tune_models import TuneRun
@@ -50,7 +50,7 @@ def _as_was(row: Deployment, before: dict[str, Any]) -> None:
 
 def test_tune_recommends_applies_and_a_cancelled_one_restores(env: dict[str, str],
                                                               tmp_path: Path) -> None:
-    with worker_and_agent(tmp_path, env):
+    with worker_agent_loop(tmp_path, env):
         row = deploying.deployment_create(data=spec(), confirm_warnings=True)
         assert wait_for(row.pk, {S.READY, S.FAILED}, 120) == S.READY
         row.refresh_from_db()
@@ -136,7 +136,7 @@ def test_a_deployment_with_replicas_is_tuned_on_replica_0_and_applied_rolling(
         env: dict[str, str], tmp_path: Path) -> None:
     """Replica 0 runs the candidates, drained, while replica 1 keeps serving its own run
     untouched; then every row is as it was; Apply rolls the winner over both replicas."""
-    with worker_and_agent(tmp_path, env):
+    with worker_agent_loop(tmp_path, env):
         first = deploying.deployment_create(data=spec(gpus=[0], replicas=2),
                                             confirm_warnings=True)
         rows = _rows(first.pk)
@@ -213,7 +213,7 @@ def test_side_by_side_runs_beside_on_free_gpus_and_leaves_the_deployment_serving
         env: dict[str, str], tmp_path: Path) -> None:
     """The candidates run as a deployment of their own on a free GPU while the deployment
     serves on (same run, no hold); at the end that side deployment is gone."""
-    with worker_and_agent(tmp_path, env):
+    with worker_agent_loop(tmp_path, env):
         row = deploying.deployment_create(data=spec(gpus=[0]), confirm_warnings=True)
         assert wait_for(row.pk, {S.READY, S.FAILED}, 120) == S.READY
         row.refresh_from_db()

@@ -1,7 +1,7 @@
-"""A Tune whose worker is killed mid-candidate, on the production road: the Celery worker
-and the engine agent (processes, on the test database and Redis) and the test engine in
-Docker. The killed worker's message stays unacked in the broker; the engine agent's sweep
-sees the Tune's beat stop, sends the task again, and a new worker's copy restores the
+"""A Tune whose worker is killed mid-candidate, on the production road: the Celery worker,
+the engine agent and the panel loop (processes, on the test database and Redis) and the test
+engine in Docker. The killed worker's message stays unacked in the broker; the panel loop's
+sweep sees the Tune's beat stop, sends the task again, and a new worker's copy restores the
 deployment and ends the Tune, saying why."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 from django.test import override_settings
 
 from tests.conftest_docker import remove_engines
-from tests.servers import celery_worker, engine_agent
+from tests.servers import celery_worker, engine_agent, panel_loop
 from tests.specs import spec
 from web.agent.controller import wait_for
 from web.benchmarks import tune_services
@@ -41,6 +41,7 @@ def env(test_engine_image: str) -> Iterator[dict[str, str]]:  # noqa: F811
                "APPLIANCE_ENGINE_GPU_REQUESTS": "0", "APPLIANCE_ENGINE_EXTRA_ENV": extra,
                "APPLIANCE_ENGINE_STOP_TIMEOUT_S": "5", "APPLIANCE_ENGINE_READY_TIMEOUT_S": "90",
                "APPLIANCE_ENGINE_TEST_ENV": "1", "APPLIANCE_AGENT_TICK_MS": "250",
+               "APPLIANCE_LOOP_TICK_MS": "250",
                # the sweep's bound on a Tune's silence, short for the test
                "APPLIANCE_TUNE_LOST_S": "4"}
     remove_engines(instance_id())
@@ -63,12 +64,12 @@ def _kept(row: Deployment) -> dict[str, Any]:
             "status": row.status, "served": row.engine_options.get("served_model_name")}
 
 
-def test_a_tune_whose_worker_is_killed_is_restored_through_the_agents_sweep(
+def test_a_tune_whose_worker_is_killed_is_restored_through_the_loops_sweep(
         env: dict[str, str], tmp_path: Path) -> None:
     """The worker running a Tune is killed mid-candidate (its message stays unacked in the
-    broker): the engine agent's sweep sees no beat, sends the task again, and a new worker's
+    broker): the panel loop's sweep sees no beat, sends the task again, and a new worker's
     copy restores the deployment and ends the Tune, saying why."""
-    with engine_agent(tmp_path / "agent.log", **env):
+    with engine_agent(tmp_path / "agent.log", **env), panel_loop(tmp_path / "loop.log", **env):
         with celery_worker(tmp_path / "worker.log", **env) as worker:
             row = deploying.deployment_create(data=spec(gpus=[0]), confirm_warnings=True)
             assert wait_for(row.pk, {S.READY, S.FAILED}, 120) == S.READY
@@ -83,15 +84,15 @@ def test_a_tune_whose_worker_is_killed_is_restored_through_the_agents_sweep(
         assert _run(run.pk).status == "running"  # stranded, until the sweep
         with celery_worker(tmp_path / "worker2.log", **env):
             _until(lambda: not _run(run.pk).is_active, lambda: (
-                f"the sweep ends it: {_run(run.pk).progress}; the agent's log: "
-                f"{(tmp_path / 'agent.log').read_text()[-2000:]}"), timeout_s=240)
+                f"the sweep ends it: {_run(run.pk).progress}; the loop's log: "
+                f"{(tmp_path / 'loop.log').read_text()[-2000:]}"), timeout_s=240)
     run = _run(run.pk)
     assert run.status == "failed" and run.error.startswith(
         "the worker running this Tune stopped mid-run; the Tune ended"), run.error
     assert run.results["restore"]["ok"] is True
     assert "serves its own spec again" in run.results["restore"]["message"]
     assert f"Tune #{run.pk}: its worker stopped (no beat)" in (
-        tmp_path / "agent.log").read_text()
+        tmp_path / "loop.log").read_text()
     after = Deployment.objects.get(pk=row.pk)
     assert _kept(after) == before and not after.draining
     assert tune_services.tune_hold(deployment_id=row.pk) is None

@@ -14,11 +14,11 @@ step. Every step is idempotent, so a restarted agent simply runs the loop again.
 - Beside each follower a monitor thread (monitoring.py) scrapes the engine's
   /metrics into the deployment's series once ready, and raises alerts (stalls, acceptance
   collapse, silent eager decoding, KV pressure, an unreachable /metrics).
-- Rolling changes (Restart and Redeploy of a deployment with replicas) take their next
-  steps here each tick (web/deployments/services/rolling.py): their state is in the rows.
 - Stopping an engine is this agent's alone (stop, remove, mark stopped): it owns the
-  containers, and a stop never waits behind a Celery job. A build whose worker died is
-  queued again once its lease ends.
+  containers, and a stop never waits behind a Celery job.
+- Its tick is its own host's work only (claim, step, heartbeat and report); the duties
+  that span the panel (rolling changes, dead builds' re-queue, the Tune sweep, retention)
+  are the panel loop's (web/loop.py).
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-import redis
 from django.conf import settings
 from django.db import connection as db_connection
 from django.db.models import Q
@@ -52,11 +51,8 @@ from appliance.runtime.hostfacts import docker_facts
 from appliance.runtime.progress import progress_fold
 from appliance.runtime.secrets import secret_names_available
 from appliance.runtime.work import EngineWork
-from web import tasks
-from web.benchmarks.tune_services import tune_sweep
 from web.deployments.models import Deployment, DeploymentStatus, EventKind, Host
 from web.deployments.services.events import (
-    events_append,
     events_append_batch,
     events_batches_quiet,
 )
@@ -68,10 +64,7 @@ from web.deployments.services.lifecycle import (
     deployment_mark_stopped,
     deployment_restart_after_death,
 )
-from web.deployments.services.metrics import metrics_prune
 from web.deployments.services.reads import deployment_status_bodies_later
-from web.deployments.services.retention import events_prune_in_background
-from web.deployments.services.rolling import rolling_tick
 from web.store.loadtime import deployment_models_refused
 
 from .engines import container_plan, identity_of
@@ -80,10 +73,7 @@ from .monitoring import MonitorHandle, monitor_start
 log = logging.getLogger(__name__)
 S = DeploymentStatus
 OWNED_STATUSES = AGENT_OWNED  # the statuses the agent makes a move from (appliance.lifecycle)
-QUEUED_GRACE_S = 600  # a queued deployment waits this long behind others before a re-queue
-REQUEUE_GRACE_S = 30  # after a re-queue, how long a worker has to take the build
 KEPT_LEASE_SHARE = 2 / 3  # a lease with more left than this share of it is not renewed
-PRUNE_EVERY_TICKS = 600  # metric series compaction and retention for every deployment
 
 
 # With Django's connection pool, close() hands the connection back instead of ending it.
@@ -192,7 +182,6 @@ class EngineAgent:
     paused: threading.Event = field(default_factory=threading.Event)  # tests hold it still
     _ticks: int = 0
     _strays_said: frozenset[str] = frozenset()
-    _redis: Any = None  # the gateway's in-flight counters, read by rolling changes
 
     def run(self, stop: threading.Event, tick_s: float = 1.0) -> None:
         log.info("engine agent %s running (instance %s)", self.agent_id, instance_id())
@@ -216,17 +205,10 @@ class EngineAgent:
             self._step(deployment)
         for pk in [pk for pk in self.work if pk not in {d.pk for d in owned}]:
             self.work.pop(pk).stop.set()  # no longer ours, or no longer running
-        self._requeue_builds(now)
-        self._roll()
-        if self._ticks % 10 == 0:
-            self._sweep_tunes()
         if self._ticks % 10 == 0:
             self._report_host(now)
         else:  # the heartbeat alone, every tick: a silent agent is seen in seconds (silence.py)
             Host.objects.filter(agent_id=self.agent_id).update(heartbeat_at=now)
-        if self._ticks % PRUNE_EVERY_TICKS == 0:
-            metrics_prune(now=time.time())
-            events_prune_in_background()  # the event log's retention, off this loop
         self._ticks += 1
 
     def release_all(self) -> None:
@@ -339,43 +321,7 @@ class EngineAgent:
     def remove_engine(self, identity: Any) -> None:
         self.runtime.stop(identity, timeout_s=settings.ENGINE_STOP_TIMEOUT_S)
 
-    def _roll(self) -> None:
-        """The rolling changes' next steps (services/rolling.py): level-triggered as the
-        rest of this loop, so a restarted agent goes on where the rows say."""
-        if self._redis is None:
-            self._redis = redis.Redis.from_url(settings.REDIS_URL,
-                                               socket_timeout=settings.REDIS_SOCKET_TIMEOUT_S)
-        try:
-            rolling_tick(client=self._redis)
-        except Exception:  # noqa: BLE001 - a roll's error never holds up the engines' loop
-            log.exception("rolling changes: a step failed; retried next tick")
-
-    def _sweep_tunes(self) -> None:
-        """Tunes whose task is gone: sent to the workers again, or ended, saying why
-        (web/benchmarks/tune_services.py tune_sweep)."""
-        try:
-            for line in tune_sweep():
-                log.warning("%s", line)
-        except Exception:  # noqa: BLE001 - never holds up the engines' loop; next time again
-            log.exception("the Tune sweep failed; retried")
-
-    # ------------------------------------------------------------------ builds and host
-
-    def _requeue_builds(self, now: Any) -> None:
-        """A build whose worker died (its lease ran out) is queued again; so is a deployment
-        queued long ago that no worker took (its message lost with a broker's data)."""
-        expired = Q(build_lease_until__isnull=True) | Q(build_lease_until__lt=now)
-        building = Q(status=S.BUILDING, build_lease_until__lt=now)
-        forgotten = Q(status=S.QUEUED, updated_at__lt=now - timedelta(seconds=QUEUED_GRACE_S))
-        for pk in Deployment.objects.filter(building | forgotten).filter(expired).values_list(
-                "pk", flat=True):
-            # The lease set here keeps the next ticks from queueing it again meanwhile.
-            if Deployment.objects.filter(pk=pk).filter(expired).update(
-                    build_owner="", build_lease_until=now + timedelta(seconds=REQUEUE_GRACE_S)):
-                log.warning("deployment %s: its build has no live worker; queued again", pk)
-                events_append(deployment_id=pk, events=[(EventKind.STATUS, {
-                    "message": "the build's worker went away; the build was queued again"})])
-                tasks.deployment_start_later(pk)
+    # ------------------------------------------------------------------ host
 
     def _say_strays(self, strays: list[dict[str, Any]]) -> None:
         """A warning in the agent's log when new strays appear (the Hosts page lists them)."""

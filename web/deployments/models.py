@@ -120,7 +120,7 @@ class Deployment(models.Model):
     draining = models.BooleanField(default=False)
     # Replica 0's alone: the rolling change under way or the last one (kind, its replicas in
     # order, the one whose turn it is and its step, a halt's cause): services/rolling.py
-    # writes it, the engine agent's loop moves it on, the page and the API show it.
+    # writes it, the panel loop (web/loop.py) moves it on, the page and the API show it.
     rolling = models.JSONField(default=dict, blank=True)
     # Replica 0's alone: the Tune that holds the deployment now (its id, what it holds, since
     # and until when), written when the Tune takes it and emptied when it gives it back

@@ -14,8 +14,8 @@ The policy (docs/events-retention.md), per deployment:
 
 Ages come from the rows' ts; seq follows ts (both are set under the deployment's row lock),
 so each cutoff is a seq found by a binary search on the (deployment, seq) index and every
-read and DELETE here is a seq range on it. The engine agent runs events_prune beside the
-metric series' pruning; `manage.py prune_events` runs it by hand.
+read and DELETE here is a seq range on it. The panel loop (web/loop.py) runs events_prune
+beside the metric series' pruning; `manage.py prune_events` runs it by hand.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ _running = threading.Lock()
 
 
 def events_prune_in_background() -> bool:
-    """events_prune on a thread of its own (the engine agent's loop must not wait for a first
+    """events_prune on a thread of its own (the panel loop must not wait for a first
     pass over a long backlog); False when the last one is still running."""
     if not _running.acquire(blocking=False):
         return False

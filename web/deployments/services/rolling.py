@@ -15,9 +15,9 @@ the one whose turn it is (`at`) and that one's step. For each replica in turn:
 A replica whose new run fails (or is stopped) halts the roll there, with its cause; the
 replicas not reached keep serving their old run. Level-triggered: `rolling_tick` looks at
 each roll under way and takes every step whose condition holds now; nothing is kept in a
-process, so a restarted agent (or a second one: each step runs under replica 0's row lock)
-goes on where the rows say. The engine agent's loop calls it every tick (docs/fleet.md says
-why there and not in a Celery task). The status moves are lifecycle.py's (by the roller).
+process, so a restarted loop (or a second one: each step runs under replica 0's row lock)
+goes on where the rows say. The panel loop (web/loop.py) calls it every tick (docs/fleet.md
+says why there and not in a Celery task). The status moves are lifecycle.py's (by the roller).
 """
 
 from __future__ import annotations
@@ -52,9 +52,9 @@ DRAINING, STOPPING, STARTING = "draining", "stopping", "starting"
 # of 0 read sooner could miss a request about to start.
 DRAIN_GRACE_S = 3.0
 # The roller sends a replica's new run to the build worker after its transaction commits,
-# from its own process (the agent's): an agent killed in between leaves the row queued with
-# no message, which the agent's general re-queue finds only after QUEUED_GRACE_S (10 minutes,
-# web/agent/controller.py). A run still queued and untaken this long after the roll queued it
+# from its own process (the panel loop's): a loop killed in between leaves the row queued
+# with no message, which the general re-queue finds only after QUEUED_GRACE_S (10 minutes,
+# web/builder/requeue.py). A run still queued and untaken this long after the roll queued it
 # is sent once more (the deploy task ignores a second message: builds.deployment_run).
 ROLL_RESEND_S = 20.0
 _STEP_WORDS = {DRAINING: "draining (in-flight requests finishing)", STOPPING: "stopping",
@@ -136,7 +136,7 @@ def rolling_end(*, deployment_id: int, why: str) -> bool:
 
 
 def rolling_tick(*, client: Any) -> int:
-    """Take the next steps of every roll under way (the engine agent calls it each tick);
+    """Take the next steps of every roll under way (the panel loop calls it each tick);
     how many rolls moved."""
     pks = list(Deployment.objects.filter(replica_of__isnull=True, rolling__state=ROLLING)
                .values_list("pk", flat=True))
@@ -151,7 +151,7 @@ def rolling_tick(*, client: Any) -> int:
 
 def rolling_step(*, deployment_id: int, client: Any) -> bool:
     """Every step of this roll whose condition holds now, in one transaction under replica
-    0's row lock (a second agent waits, then sees the steps taken); True if it moved."""
+    0's row lock (a second loop waits, then sees the steps taken); True if it moved."""
     with transaction.atomic():
         primary = Deployment.objects.select_for_update().get(pk=deployment_id)
         rolling = dict(primary.rolling or {})

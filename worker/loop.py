@@ -1,0 +1,34 @@
+"""The panel loop's entry point: `python3 -m worker.loop` (the compose `loop` service).
+
+One process for the whole panel (web/loop.py): the rolling changes' steps, the re-queue of
+builds no live worker holds, the Tune sweep and the retention prunes. A second copy waits
+on the loop's database lock and acts once the first is gone. SIGTERM ends it cleanly: its
+lock session ends, so a successor acts at its next tick.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+
+import django
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "web.settings")
+django.setup()
+
+from web.loop import panel_loop  # noqa: E402 - Django must be set up first
+
+
+def main() -> None:
+    logging.basicConfig(level=os.environ.get("APPLIANCE_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    panel_loop(stop)
+
+
+if __name__ == "__main__":
+    main()
