@@ -29,6 +29,13 @@ lines of each part (the panel, PostgreSQL's backends, the hosts, Redis).
         --database-url postgres://appliance@127.0.0.1:5440/appliance_fleetbench \\
         --redis-url redis://127.0.0.1:6390/8 --rate 10000 --seconds 20
 
+With --agent-encode, only a host agent's own CPU per decode line before the request: its
+sink's `batches(masked(host_kinds(events), key))` and the body's encoding, over --lines
+lines in batches of --batch-lines, against the road as it was before each event was
+encoded once (json.dumps per payload to size the batch, then of the whole body):
+
+    .venv/bin/python bench/fleet_transport.py --agent-encode
+
 Shortcuts, printed beside the figures: one machine runs the panel, PostgreSQL, Redis and
 the three hosts (on a real fleet each host is its own machine and its CPU is not the
 panel's); no TLS on loopback; the hosts' lines are made in memory, not read from Docker.
@@ -71,6 +78,71 @@ def decode_batch(host: int, first: int, last: int, t: float) -> list[tuple[str, 
                                   "accept_rate": 0.4, "cuda_graph": True,
                                   "gen_throughput": 512.3, "queue_req": host, "tp": 0}))
     return events
+
+
+def _old_road(events: list[tuple[str, dict[str, Any]]], key: str,
+              row: dict[str, Any]) -> tuple[float, float]:
+    """The sink's road before each event was encoded once (reproduced for comparison): each
+    payload's json.dumps to size the batch, then the body's json.dumps. CPU s of each."""
+    from appliance.runtime.remote_agent import MAX_BATCH_BYTES, host_kinds, masked
+
+    began = time.process_time()
+    parts: list[list[tuple[str, dict[str, Any]]]] = [[]]
+    size = 0
+    for kind, payload in masked(host_kinds(events), key):
+        cost = len(json.dumps(payload, separators=(",", ":"))) + len(kind) + 8
+        if parts[-1] and size + cost > MAX_BATCH_BYTES:
+            parts.append([])
+            size = 0
+        parts[-1].append((kind, payload))
+        size += cost
+    sized = time.process_time()
+    for part in parts:
+        json.dumps({"events": [[k, p] for k, p in part], "row": row}, separators=(",", ":"))
+    return sized - began, time.process_time() - sized
+
+
+def _this_road(events: list[tuple[str, dict[str, Any]]], key: str,
+               row: dict[str, Any]) -> tuple[float, float]:
+    """RemoteSink.ship's road: batches of events encoded once, each body joined from them."""
+    from appliance.runtime.panel_link import events_body
+    from appliance.runtime.remote_agent import batches, host_kinds, masked
+
+    began = time.process_time()
+    parts = batches(masked(host_kinds(events), key))
+    sized = time.process_time()
+    for part in parts:
+        events_body(part.encoded, row=row, start_token="t" * 32, after="1767225600000000000:1")
+    return sized - began, time.process_time() - sized
+
+
+def agent_encode(args: argparse.Namespace) -> None:
+    """CPU µs per decode line of a host agent's batching and body encoding, both roads."""
+    key = "a1b2c3d4" * 8  # an engine's API key: masked in every text (none holds it here)
+    made = [decode_batch(1, first, min(first + args.batch_lines, args.lines),
+                         1767225600.0 + first) for first in range(0, args.lines,
+                                                                  args.batch_lines)]
+    print(f"lines: {args.lines} in batches of {args.batch_lines} ({len(made[0])} events a "
+          f"batch, {len(json.dumps(made[0][:2]))} bytes of JSON a line), "
+          f"{args.repeats} runs each, CPU time (time.process_time)")
+    print("uptime:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
+    for name, road in (("before (json.dumps twice)", _old_road),
+                       ("encoded once", _this_road)):
+        runs = []
+        for _ in range(args.repeats):
+            sizing = body = 0.0
+            for events in made:
+                row = {"log_cursor": "1767225600000000000:2", "decode_stats": events[-1][1]}
+                s, b = road(events, key, row)
+                sizing, body = sizing + s, body + b
+            runs.append((sizing + body, sizing, body))
+        runs.sort()
+        total, sizing, body = runs[len(runs) // 2]
+        per = 1e6 / args.lines
+        print(f"  {name:26s} median {total * per:5.1f} µs a line (batches(masked(host_kinds)) "
+              f"{sizing * per:.1f}, body {body * per:.1f}); best {runs[0][0] * per:.1f}",
+              flush=True)
+    print("uptime:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
 
 
 def paced(args: argparse.Namespace, host: int, store: Any) -> dict[str, Any]:
@@ -457,6 +529,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--web-workers", type=int, default=min(os.cpu_count() or 1, 4),
                         help="the panel's server processes (default: as the panel image "
                              "starts it, one per core up to 4)")
+    parser.add_argument("--agent-encode", action="store_true",
+                        help="only the host agent's CPU per line to batch and encode")
+    parser.add_argument("--lines", type=int, default=20000,
+                        help="--agent-encode: decode lines made")
+    parser.add_argument("--repeats", type=int, default=5, help="--agent-encode: runs")
     parser.add_argument("--child", default="", help=argparse.SUPPRESS)
     parser.add_argument("--host", default="", help=argparse.SUPPRESS)
     parser.add_argument("--deployment", default="", help=argparse.SUPPRESS)
@@ -469,6 +546,9 @@ def main() -> None:
     args = parse_args(sys.argv[1:])
     if args.child:
         host_main(sys.argv)
+        return
+    if args.agent_encode:
+        agent_encode(args)
         return
     from bench import _loadkit
 

@@ -352,16 +352,18 @@ class Batch:
 
 def batches(events: Events, limit: int = MAX_BATCH_BYTES) -> list[Batch]:
     """The events in order, in batches whose JSON stays under `limit` bytes."""
-    out = [Batch()]
-    size = 0
-    for kind, payload in events:
-        text = event_json(kind, payload)
-        if out[-1].events and size + len(text) + 1 > limit:
-            out.append(Batch())
-            size = 0
-        out[-1].events.append((kind, payload))
-        out[-1].encoded.append(text)
-        size += len(text) + 1
+    encoded = [event_json(kind, payload) for kind, payload in events]
+    sizes = [len(text) + 1 for text in encoded]  # and its comma
+    if sum(sizes) <= limit:
+        return [Batch(events, encoded)]
+    out: list[Batch] = []
+    first = size = 0
+    for i, cost in enumerate(sizes):
+        if i > first and size + cost > limit:
+            out.append(Batch(events[first:i], encoded[first:i]))
+            first, size = i, 0
+        size += cost
+    out.append(Batch(events[first:], encoded[first:]))
     return out
 
 
