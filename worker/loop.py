@@ -15,7 +15,13 @@ import threading
 
 import django
 
+STATEMENT_TIMEOUT_S = 120  # the retention's chunks and a roll's row lock take far less
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "web.settings")
+# Every statement of this process's database connections is bounded (libpq reads PGOPTIONS;
+# the lock's own connection sets a shorter one): a duty waits on a row lock or a slow
+# server at most this long, logs it and tries again the next tick.
+os.environ.setdefault("PGOPTIONS", f"-c statement_timeout={STATEMENT_TIMEOUT_S * 1000}")
 django.setup()
 
 from web.loop import panel_loop  # noqa: E402 - Django must be set up first
