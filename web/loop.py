@@ -18,8 +18,9 @@ not make the duties correct: each is already safe when two run at once (conditio
 UPDATEs; a roll's steps under replica 0's row lock).
 
 Every wait is bounded: the lock connection's connect, statements and TCP (LOCK_TIMEOUT_S),
-Redis's socket (REDIS_SOCKET_TIMEOUT_S), Django's pool. A duty's exception is logged and the
-duty is tried again the next tick; nothing a duty raises ends the loop.
+Redis's socket (REDIS_SOCKET_TIMEOUT_S), Django's pool, and each statement of the process's
+other connections (worker/loop.py sets a statement timeout). A duty's exception is logged
+and the duty is tried again the next tick; nothing a duty raises ends the loop.
 """
 
 from __future__ import annotations
