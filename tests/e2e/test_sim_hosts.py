@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
 
 NAMES = ["sim-a", "sim-b"]
 SILENT_S = 15  # APPLIANCE_AGENT_SILENT_S here: the Fleet page's stated lost time
-HEARTBEAT_S = 10  # how often a host's agent reports (web/fleet/hostapi.py)
+HEARTBEAT_S = 10  # how often a host's agent reports (APPLIANCE_FLEET_HEARTBEAT_S, web/settings.py)
 
 
 @pytest.fixture(scope="session")

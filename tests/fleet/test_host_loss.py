@@ -40,7 +40,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker,
 S = DeploymentStatus
 NAMES = ["sim-a", "sim-b"]
 SILENT_S = 15  # APPLIANCE_AGENT_SILENT_S: a host's rows read unknown after this
-HEARTBEAT_S = 10  # a host's report interval (web/fleet/hostapi.py)
+HEARTBEAT_S = 10  # a host's report interval (APPLIANCE_FLEET_HEARTBEAT_S, web/settings.py)
 BACKOFF_S = 2  # APPLIANCE_RESTART_BACKOFF_S: the first wait before a replica starts again
 ENGINE_IMAGE = "appliance-test-engine:latest"  # as each sim host imports it
 HEAL_BOUND_S = 150  # a restarted host's dockerd, its agent, a new engine start, ready
