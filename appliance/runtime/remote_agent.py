@@ -732,6 +732,7 @@ class RemoteAgent:
             if exc.status != 409:
                 raise
             self._held_elsewhere(exc)
+            self._beat()  # alive, and so are the host's engines: only their writes wait
             return
         self._held = False
         placements = {int(p["id"]): p for p in answer.get("placements", [])
@@ -742,6 +743,9 @@ class RemoteAgent:
             self._step(placement, str(answer.get("instance_id", "")))
         for pk in [pk for pk in self.work if pk not in placements]:
             self.work.pop(pk).stop.set()
+        self._beat()
+
+    def _beat(self) -> None:
         if time.monotonic() - self._beat_at >= self.heartbeat_s:
             self._panel(lambda: self.link.heartbeat(host_report(self.runtime, self.config)))
             self._beat_at = time.monotonic()
