@@ -120,7 +120,7 @@ def test_usage_of_several_requests_at_once_adds_up_per_key_deployment_and_user(o
 def test_the_gateway_stores_requests_that_end_together_in_fewer_writes(operator) -> None:  # type: ignore[no-untyped-def]
     import asyncio
 
-    from web.gateway.proxy import UsageWriter
+    from web.gateway.usage import UsageWriter
 
     chatty = deployment()
     made = apikey_create(owner_username="otto", name="k")

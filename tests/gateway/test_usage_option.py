@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from web.gateway.proxy import with_usage_option
+from web.gateway.usage import with_usage_option
 
 CHAT = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "héllo " * 500}]}
 
