@@ -124,15 +124,20 @@ def _parsed(data: dict[str, Any]) -> tuple[dict[str, Any], DeploymentSpec, Recip
     return data, spec, recipe
 
 
+def _model_facts(spec: DeploymentSpec) -> dict[str, Any]:
+    """The model store's facts for pre-flight; the same whichever host is checked."""
+    # Only files under the model roots are read here (modelfiles.py), never a path as given.
+    return store_facts(spec, local_model_facts(spec))
+
+
 def _rules(spec: DeploymentSpec, recipe: Recipe | None, data: dict[str, Any],
-           host: str | None) -> list[Finding]:
+           host: str | None, models: dict[str, Any] | None = None) -> list[Finding]:
     """The pre-flight rules against one host's facts (its GPUs, Docker, secret store);
     with no host, the rules that need none (the others stay quiet)."""
     facts = host_facts(name=host) if host is not None else None
-    # Only files under the model roots are read here (modelfiles.py), never a path as given.
     findings = run_preflight(spec, recipe=recipe, read_local_configs=False,
                              host_gpus=facts.gpus if facts else None,
-                             **store_facts(spec, local_model_facts(spec)),
+                             **(models if models is not None else _model_facts(spec)),
                              secret_names=facts.secret_names if facts else None)
     if facts is not None:
         findings += host_gpu_findings(gpus=list(spec.gpus), host=facts)
@@ -154,7 +159,8 @@ def _on_hosts(spec: DeploymentSpec, recipe: Recipe | None, data: dict[str, Any],
     """Pre-flight on each host the spec's replicas run on, the first host's findings first:
     (the findings answered, each host's own). What another host adds (a secret its store
     lacks, its GPUs' architecture) says which host; an error on any host refuses."""
-    each = {host: _rules(spec, recipe, data, host) for host in dict.fromkeys(hosts)}
+    models = _model_facts(spec)  # read once: the model folders are the panel's
+    each = {host: _rules(spec, recipe, data, host, models) for host in dict.fromkeys(hosts)}
     first = each[hosts[0]]
     findings = list(first) + [
         dataclasses.replace(f, message=f"On host {host}: {f.message}")
