@@ -61,8 +61,6 @@ def _status(pk: int) -> str:
     return str(Deployment.objects.get(pk=pk).status)
 
 
-# Taken over no sooner than 10 s after the kill is a timing bound, as the panel's agent's.
-@pytest.mark.exclusive
 def test_a_new_agent_takes_over_a_hosts_engine_only_when_the_old_lease_has_expired(  # type: ignore[no-untyped-def]
         live_server, tmp_path: Path, docker_client, test_engine_image: str) -> None:  # noqa: F811
     advertise = gateway(docker_client.networks.get("bridge"))
