@@ -89,11 +89,13 @@ class PanelLink:
         return {"Authorization": f"Bearer {self.credential}",
                 SESSION_HEADER: self.agent_session, "Content-Type": "application/json"}
 
-    def _post(self, path: str, body: dict[str, Any] | bytes) -> dict[str, Any]:
+    def _post(self, path: str, body: dict[str, Any] | bytes,
+              timeout_s: float | None = None) -> dict[str, Any]:
         # Compact, and encoded once: a busy engine's batch comes as bytes (events_body).
         data = body if isinstance(body, bytes) else _encode(body).encode()
         response = self.session.post(f"{self.panel_url.rstrip('/')}{path}", data=data,
-                                     timeout=self.timeout_s, headers=self._headers())
+                                     timeout=timeout_s or self.timeout_s,
+                                     headers=self._headers())
         return _answer(response)
 
     def me(self) -> dict[str, Any]:
@@ -105,8 +107,9 @@ class PanelLink:
         return _answer(response)
 
     def release(self) -> bool:
-        """This agent process stops: the panel's hold on the host for it ends now."""
-        return bool(self._post("/api/fleet/host/release/", {}).get("released"))
+        """This agent process stops: the panel's hold on the host for it ends now (waited
+        for briefly: a stop must not wait on a panel that is away)."""
+        return bool(self._post("/api/fleet/host/release/", {}, timeout_s=3.0).get("released"))
 
     def heartbeat(self, report: dict[str, Any]) -> dict[str, Any]:
         return self._post("/api/fleet/host/heartbeat/", report)
