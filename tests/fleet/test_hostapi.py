@@ -525,3 +525,28 @@ def test_the_heartbeat_period_is_the_panels_setting_and_the_agent_follows_it(set
     status, me = _read(body["credential"], "a")
     assert status == 200 and me["heartbeat_s"] == 2
     assert heartbeat_interval(me, 10.0) == 2
+
+
+def test_a_batch_of_several_statements_is_stored_whole_or_not_at_all_by_its_cursor(
+        live_channel) -> None:  # type: ignore[no-untyped-def]
+    """Over CHUNK_EVENTS events go as several statements in one transaction: each one
+    checks the cursor, and only the last moves it."""
+    from web.deployments.services.events import CHUNK_EVENTS
+
+    done = joined("gpu-2")
+    mine = ready()
+    services.placement_assign(deployment=mine, host_name="gpu-2")
+    texts = [f"line {i}" for i in range(2 * CHUNK_EVENTS + 500)]
+    body = {"events": [["log", {"stream": "stdout", "text": t}] for t in texts],
+            "row": {"log_cursor": "300:1"}, "start_token": "t"}
+    status, answer = _post(f"/api/fleet/host/deployments/{mine.pk}/events/",
+                           {**body, "after": "not-the-rows"}, done.credential)
+    assert status == 200 and answer["stored"] is False and answer["log_cursor"] == ""
+    assert _lines(mine.pk) == []
+    status, answer = _post(f"/api/fleet/host/deployments/{mine.pk}/events/",
+                           {**body, "after": ""}, done.credential)
+    assert status == 200 and answer["stored"] is True and _lines(mine.pk) == texts
+    status, answer = _post(f"/api/fleet/host/deployments/{mine.pk}/events/",
+                           {**body, "after": ""}, done.credential)
+    assert answer == {"stored": False, "log_cursor": "300:1", "last_seq": answer["last_seq"]}
+    assert len(_lines(mine.pk)) == len(texts)
