@@ -177,7 +177,8 @@ def panel_link_open(*, panel_url: str, credential_path: Path, token: str, name: 
                 raise
     if not token:
         raise PanelRefused(401, "this host has no credential yet: set APPLIANCE_JOIN_TOKEN "
-                           "to a join token an admin made for it on the panel")
+                           "(or APPLIANCE_JOIN_TOKEN_FILE, a file holding it) to a join token "
+                           "an admin made for it on the panel")
     joined = panel_join(panel_url=panel_url, token=token, name=name, report=report,
                         timeout_s=timeout_s)
     credential_store(credential_path, joined["credential"])

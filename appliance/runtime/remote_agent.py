@@ -711,7 +711,8 @@ class RemoteAgent:
         if self.refused is None:
             log.error("the panel refused this host's credential (%s): the agent stops "
                       "writing and ends. Engines keep running. Join again with a new join "
-                      "token (APPLIANCE_JOIN_TOKEN) if the host was removed.", exc.detail)
+                      "token (APPLIANCE_JOIN_TOKEN, or a file named by "
+                      "APPLIANCE_JOIN_TOKEN_FILE) if the host was removed.", exc.detail)
         self.refused = exc
         for work in self.work.values():
             work.stop.set()
