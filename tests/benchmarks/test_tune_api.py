@@ -27,7 +27,7 @@ from web import tasks
 from web.benchmarks import tune_services
 from web.benchmarks.tune_models import TuneRun
 from web.deployments.models import Deployment, DeploymentStatus
-from web.deployments.services import gpu_leases_acquire
+from web.fleet.leases import gpu_leases_acquire
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -14,8 +14,9 @@ from appliance.logs.cause import Diagnosis
 from tests.specs import spec
 from web.deploy import services as deploying
 from web.deployments import selectors, services
-from web.deployments.models import Deployment, DeploymentStatus, Event, GpuLease, MetricPoint, Run
+from web.deployments.models import Deployment, DeploymentStatus, Event, MetricPoint, Run
 from web.deployments.services import lifecycle
+from web.fleet.models import GpuLease
 
 pytestmark = pytest.mark.django_db
 S = DeploymentStatus

@@ -17,8 +17,9 @@ from appliance.runtime import series
 from tests.rows import queued
 from tests.specs import spec
 from web.deployments import services
-from web.deployments.models import Deployment, GpuLease, Host
+from web.deployments.models import Deployment, Host
 from web.deployments.services.metrics import metrics_store_point
+from web.fleet.models import GpuLease
 
 pytestmark = pytest.mark.django_db
 

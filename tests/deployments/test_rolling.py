@@ -25,7 +25,7 @@ from web.deployments import services
 from web.deployments.inflight import inflight_key
 from web.deployments.models import Deployment, DeploymentStatus
 from web.deployments.services import rolling
-from web.deployments.services.leases import gpu_leases_acquire
+from web.fleet.leases import gpu_leases_acquire
 
 pytestmark = pytest.mark.django_db
 S = DeploymentStatus

@@ -11,9 +11,9 @@ from django.utils import timezone
 from tests.rows import queued
 from web.deploy import services as deploying
 from web.deployments import services
-from web.deployments.models import Deployment, GpuLease
+from web.deployments.models import Deployment
 from web.fleet import services as fleet
-from web.fleet.models import FleetHost, Placement
+from web.fleet.models import FleetHost, GpuLease, Placement
 
 from .hosts import joined
 

@@ -25,7 +25,7 @@ from web.deploy import services as deploying
 from web.deployments import services
 from web.deployments.models import Deployment, DeploymentStatus
 from web.deployments.services.installation import instance_id
-from web.deployments.services.leases import gpu_leases_acquire
+from web.fleet.leases import gpu_leases_acquire
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
 S = DeploymentStatus

@@ -49,9 +49,9 @@ from web.deployments.models import (
     DeploymentStatus,
     EventKind,
 )
-from web.deployments.services.leases import lease_host
 from web.deployments.services.rolling import ROLLING, deployment_has_replicas, deployment_replicas
 from web.deployments.simulator import image_is_simulator
+from web.fleet.leases import lease_host
 from web.fleet.placement import placement_candidates
 
 from .choices import ACTIVE_STATUSES, BenchmarkStatus

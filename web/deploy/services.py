@@ -45,7 +45,6 @@ from web.deployments.services.deployments import (
 from web.deployments.services.errors import DeploymentInputError
 from web.deployments.services.events import events_append
 from web.deployments.services.hosts import host_gpu_findings, host_gpu_inventory_findings
-from web.deployments.services.leases import gpu_leases_acquire
 from web.deployments.services.lifecycle import (
     User,
     deployment_mark_requeued,
@@ -56,6 +55,7 @@ from web.deployments.services.modelfiles import local_model_facts
 from web.deployments.services.rolling import deployment_has_replicas, rolling_start
 from web.deployments.services.served_names import served_name_conflict
 from web.fleet.hostfacts import host_facts
+from web.fleet.leases import gpu_leases_acquire
 from web.fleet.placement import Choice, PlacementRefused, deployment_place, placement_store
 from web.store.loadtime import (
     deployment_entries_resolve,

@@ -20,6 +20,7 @@ from web.deployments.listing import row_texts
 from web.deployments.models import TERMINAL_STATUSES, Deployment
 from web.deployments.permissions import can_delete, can_deploy, can_stop, can_view
 from web.deployments.silence import deployment_silence
+from web.fleet.selectors import hosts_gpu_board
 from web.gateway.playground_views import how_to_call
 from web.gateway.selectors import gateway_base_url
 
@@ -130,8 +131,7 @@ def deployment_new(request: HttpRequest) -> HttpResponse:
 def host_list(request: HttpRequest) -> HttpResponse:
     """Each GPU host's GPUs and the deployment that holds each (its GPU lease)."""
     _require_view(request)
-    board = selectors.hosts_gpu_board(lease_host=settings.HOST_NAME,
-                                      configured_count=settings.GPU_COUNT)
+    board = hosts_gpu_board(lease_host=settings.HOST_NAME, configured_count=settings.GPU_COUNT)
     return render(request, "deployments/hosts.html", {"board": board})
 
 

@@ -292,29 +292,6 @@ class Host(models.Model):
         return self.name
 
 
-class GpuLease(models.Model):
-    """One GPU of one host held by a deployment from its creation until it ends.
-
-    The unique constraint is the lock: two requests racing for a GPU both INSERT and the
-    database lets one through. Rows are deleted when the deployment reaches a terminal
-    status (services/leases.py), so a held row always means a live holder.
-    """
-
-    host = models.CharField(max_length=100)
-    gpu_index = models.PositiveSmallIntegerField()
-    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="gpu_leases")
-    acquired_at = models.DateTimeField(auto_now_add=True)
-
-    class Meta:
-        ordering = ["host", "gpu_index"]
-        constraints = [
-            models.UniqueConstraint(fields=["host", "gpu_index"], name="gpulease_host_gpu_unique"),
-        ]
-
-    def __str__(self) -> str:
-        return f"{self.host} GPU {self.gpu_index} -> {self.deployment_id}"
-
-
 class MetricPoint(models.Model):
     """One point of a deployment's metric series (appliance.runtime.series.MetricPoint).
 

@@ -26,7 +26,6 @@ from .models import (
     DeploymentStatus,
     Event,
     EventKind,
-    GpuLease,
     Host,
     MetricPoint,
     Run,
@@ -480,55 +479,6 @@ def deployment_runs(*, deployment: Deployment) -> list[dict[str, Any]]:
             "current": current,
             "diagnosis": deployment.diagnosis if current else run.diagnosis})
     return rows
-
-
-@dataclass(frozen=True)
-class GpuSlot:
-    """One GPU of a host as the Hosts page shows it: what NVML says and who holds it."""
-
-    index: int
-    name: str
-    telemetry: dict[str, Any]
-    holder: Deployment | None
-
-
-@dataclass(frozen=True)
-class HostGpus:
-    name: str
-    host: Host | None  # the agent's report; None before an agent reported
-    source: str  # where the GPU count comes from
-    gpus: list[GpuSlot]
-    # Leases on GPU ids the host does not report (a spec from before the count was known).
-    beyond: list[GpuSlot]
-
-
-def hosts_gpu_board(*, lease_host: str, configured_count: int) -> list[HostGpus]:
-    """Each GPU host's GPUs with the deployment that leases each (one query per table)."""
-    leases: dict[tuple[str, int], Deployment] = {
-        (lease.host, lease.gpu_index): lease.deployment
-        for lease in GpuLease.objects.select_related("deployment")}
-    hosts = {h.name: host_with_silence(h) for h in Host.objects.order_by("name")}
-    names = sorted({lease_host, *hosts, *(host for host, _ in leases)})
-    return [_host_gpus(name, hosts.get(name), leases, lease_host, configured_count)
-            for name in names]
-
-
-def _host_gpus(name: str, host: Host | None, leases: dict[tuple[str, int], Deployment],
-               lease_host: str, configured_count: int) -> HostGpus:
-    telemetry = (host.gpu_telemetry or {}) if host else {}
-    reported = {int(g["index"]): g for g in telemetry.get("gpus") or []
-                if isinstance(g, dict) and isinstance(g.get("index"), int)}
-    if telemetry.get("available") and reported:
-        indexes, source = sorted(reported), "NVML"
-    elif name == lease_host:
-        indexes, source = list(range(configured_count)), "APPLIANCE_GPU_COUNT"
-    else:
-        indexes, source = [], "no GPU inventory"
-    slots = [GpuSlot(i, str(reported.get(i, {}).get("name", "")), reported.get(i, {}),
-                     leases.get((name, i))) for i in indexes]
-    beyond = [GpuSlot(i, "", {}, d) for (h, i), d in sorted(leases.items())
-              if h == name and i not in indexes]
-    return HostGpus(name=name, host=host, source=source, gpus=slots, beyond=beyond)
 
 
 # ------------------------------------------------------------------ replicas

@@ -45,7 +45,7 @@ class FleetHost(models.Model):
     """A GPU host that joined with a token, and the credential its agent and worker use.
 
     Its name is the one its engine agent reports under (deployments.Host) and its GPU
-    leases carry (deployments.GpuLease.host). Removing a host deletes this row, so its
+    leases carry (GpuLease.host). Removing a host deletes this row, so its
     credential is refused from then on.
     """
 
@@ -104,3 +104,30 @@ class Placement(models.Model):
 
     def __str__(self) -> str:
         return f"{self.deployment_id}/{self.replica} on {self.host_id}"
+
+
+class GpuLease(models.Model):
+    """One GPU of one host held by a deployment from its creation until it ends.
+
+    The unique constraint is the lock: two requests racing for a GPU both INSERT and the
+    database lets one through. Rows are deleted when the deployment reaches a terminal
+    status (leases.py, through the hook web/deployments/services/gpus.py calls), so a held
+    row always means a live holder. Its host is a name, the panel's own host's included
+    (APPLIANCE_HOST_NAME), which has no FleetHost row. The table keeps the name it had
+    under web/deployments.
+    """
+
+    host = models.CharField(max_length=100)
+    gpu_index = models.PositiveSmallIntegerField()
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="gpu_leases")
+    acquired_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        db_table = "deployments_gpulease"
+        ordering = ["host", "gpu_index"]
+        constraints = [
+            models.UniqueConstraint(fields=["host", "gpu_index"], name="gpulease_host_gpu_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.host} GPU {self.gpu_index} -> {self.deployment_id}"

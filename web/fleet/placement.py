@@ -16,9 +16,9 @@ joined host with the fewest engines. No shipped recipe names a GPU kind, so a GP
 here; the pre-flight rules check the architecture the spec needs (fa3 on Hopper).
 
 The choice is a read: two requests may choose the same GPUs, and the GPU leases' unique
-index (web/deployments/services/leases.py) lets one through, in the transaction that makes
-the rows. Where only one host could take replica 0 it is chosen even with its GPUs held,
-so the lease's refusal names the holder, as on the one-host product.
+index (leases.py) lets one through, in the transaction that makes the rows. Where only one
+host could take replica 0 it is chosen even with its GPUs held, so the lease's refusal names
+the holder, as on the one-host product.
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ from datetime import timedelta
 from django.conf import settings
 from django.utils import timezone
 
-from web.deployments.models import Deployment, GpuLease, Host
+from web.deployments.models import Deployment, Host
 
 from .heartbeat import host_state
-from .models import FleetHost, Placement
+from .models import FleetHost, GpuLease, Placement
 
 MAX_REASON = 300
 

@@ -1,4 +1,5 @@
-"""Reads for the fleet: the host a credential names, each host's state, the join tokens."""
+"""Reads for the fleet: the host a credential names, each host's state, the GPU board (each
+host's GPUs and who leases each), the join tokens."""
 
 from __future__ import annotations
 
@@ -18,13 +19,14 @@ from appliance.engine.recipes import RecipeError
 from appliance.images.lock import lock_digest
 from appliance.images.plan import BuildError, recipe_lock_path
 from appliance.lifecycle import AGENT_OWNED
-from web.deployments.models import Deployment, GpuLease, Host
+from web.deployments.models import Deployment, Host
+from web.deployments.selectors import host_with_silence
 from web.deployments.services.deployments import recipe_load
 from web.deployments.simulator import simulated_build, simulator_images
 from web.store.loadtime import deployment_models_refused
 
 from .heartbeat import host_lost_after_s, host_state
-from .models import FleetHost, JoinToken, Placement
+from .models import FleetHost, GpuLease, JoinToken, Placement
 from .services import CREDENTIAL_PREFIX, secret_digest
 
 MAX_CREDENTIAL = 128
@@ -109,6 +111,58 @@ def _local_row(r: Host, now: datetime) -> HostRow:
         docker=dict(r.docker or {}), heartbeat_at=r.heartbeat_at,
         heartbeat_age_s=_age(r.heartbeat_at, now), joined_at=None, credential_prefix="",
         credential_last_used_at=None, deployments=[], held_gpus=[])
+
+
+# ------------------------------------------------------------------ the GPU board
+
+
+@dataclass(frozen=True)
+class GpuSlot:
+    """One GPU of a host as the Hosts page shows it: what NVML says and who holds it."""
+
+    index: int
+    name: str
+    telemetry: dict[str, Any]
+    holder: Deployment | None
+
+
+@dataclass(frozen=True)
+class HostGpus:
+    name: str
+    host: Host | None  # the agent's report; None before an agent reported
+    source: str  # where the GPU count comes from
+    gpus: list[GpuSlot]
+    # Leases on GPU ids the host does not report (a spec from before the count was known).
+    beyond: list[GpuSlot]
+
+
+def hosts_gpu_board(*, lease_host: str, configured_count: int) -> list[HostGpus]:
+    """Each GPU host's GPUs with the deployment that leases each (one query per table)."""
+    leases: dict[tuple[str, int], Deployment] = {
+        (lease.host, lease.gpu_index): lease.deployment
+        for lease in GpuLease.objects.select_related("deployment")}
+    hosts = {h.name: host_with_silence(h) for h in Host.objects.order_by("name")}
+    names = sorted({lease_host, *hosts, *(host for host, _ in leases)})
+    return [_host_gpus(name, hosts.get(name), leases, lease_host, configured_count)
+            for name in names]
+
+
+def _host_gpus(name: str, host: Host | None, leases: dict[tuple[str, int], Deployment],
+               lease_host: str, configured_count: int) -> HostGpus:
+    telemetry = (host.gpu_telemetry or {}) if host else {}
+    reported = {int(g["index"]): g for g in telemetry.get("gpus") or []
+                if isinstance(g, dict) and isinstance(g.get("index"), int)}
+    if telemetry.get("available") and reported:
+        indexes, source = sorted(reported), "NVML"
+    elif name == lease_host:
+        indexes, source = list(range(configured_count)), "APPLIANCE_GPU_COUNT"
+    else:
+        indexes, source = [], "no GPU inventory"
+    slots = [GpuSlot(i, str(reported.get(i, {}).get("name", "")), reported.get(i, {}),
+                     leases.get((name, i))) for i in indexes]
+    beyond = [GpuSlot(i, "", {}, d) for (h, i), d in sorted(leases.items())
+              if h == name and i not in indexes]
+    return HostGpus(name=name, host=host, source=source, gpus=slots, beyond=beyond)
 
 
 def jointoken_list() -> list[JoinToken]:

@@ -36,7 +36,6 @@ from web.deployments.models import (
     Deployment,
     DeploymentStatus,
     EventKind,
-    GpuLease,
     Host,
 )
 from web.deployments.services import events_append_batch, events_batches_quiet
@@ -53,7 +52,7 @@ from web.deployments.services.metrics import (
     metrics_store_point,
 )
 
-from .models import FleetHost, JoinToken, Placement
+from .models import FleetHost, GpuLease, JoinToken, Placement
 
 JOIN_PREFIX = "sdj-"
 CREDENTIAL_PREFIX = "sdh-"

@@ -3,9 +3,10 @@
 The modules, by theme: deployments (the actions on a deployment's own rows: stop,
 restart, delete; recipes), rolling (Restart and Redeploy of a deployment with
 replicas, one replica at a time), lifecycle (the one writer of `status`: appliance.lifecycle's
-table applied), events (the event log and its live stream), leases (GPU leases), hosts (what
-a GPU host can do, from its agent's reports: pre-flight's facts of the host placement chose),
-errors (DeploymentInputError).
+table applied), events (the event log and its live stream), gpus (the GPU leases' hook:
+web/fleet/leases.py owns the leases and registers them there), hosts (what a GPU host can
+do, from its agent's reports: pre-flight's facts of the host placement chose), errors
+(DeploymentInputError).
 The engine agent's code is in web/agent/, the build worker's in web/builder/; both call
 these, never the reverse.
 Callers import from here: `from web.deployments import services; services.deployment_stop(...)`.
@@ -25,7 +26,6 @@ from .deployments import (
 )
 from .errors import DeploymentInputError
 from .events import events_append, events_append_batch, events_batches_quiet
-from .leases import gpu_leases_acquire, gpu_leases_release
 from .lifecycle import (
     ADVANCE,
     deployment_mark_building,
@@ -62,8 +62,6 @@ __all__ = [
     "events_append",
     "events_append_batch",
     "events_batches_quiet",
-    "gpu_leases_acquire",
-    "gpu_leases_release",
     "recipe_load",
     "recipe_names",
     "rolling_end",

@@ -27,8 +27,8 @@ from web import tasks
 
 from .. import live
 from ..models import TERMINAL_STATUSES, Deployment
+from . import gpus
 from .errors import DeploymentInputError
-from .leases import gpu_leases_acquire
 from .lifecycle import (
     User,
     deployment_mark_requeued,
@@ -112,7 +112,7 @@ def deployment_requeue(*, deployment_id: int, user: User, verb: str,
                 replica_of=row, replica_index__lt=int(spec.get("replicas") or 1),
                 status__in=list(TERMINAL_STATUSES)).order_by("replica_index"))
         for member in group:
-            gpu_leases_acquire(deployment=member)  # raises (400, rolled back) if one is taken
+            gpus.acquire(deployment=member)  # raises (400, rolled back) if one is taken
             if not deployment_mark_requeued(deployment=member, user=user, why=verb,
                                             changes=changes if member is row else None):
                 raise not_terminal_error(member, verb)

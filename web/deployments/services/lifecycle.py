@@ -2,9 +2,10 @@
 
 Each move is one conditional UPDATE on the statuses the table lets its process move from
 (`filter(pk, status__in=sources)`), with the status time, the phase event, and, into a
-terminal status, the GPU leases' release, in one transaction; zero rows updated means
-another process won, and the caller is told so (False). A restart is a move too: it closes
-the run that ended and opens the next (models.Run), whose events run from its phase event.
+terminal status, the GPU leases' release (through gpus.py, the hook web/fleet registers),
+in one transaction; zero rows updated means another process won, and the caller is told
+so (False). A restart is a move too: it closes the run that ended and opens the next
+(models.Run), whose events run from its phase event.
 
 The table itself (which status may follow which, and which process makes each move) is
 appliance.lifecycle's, drawn in its docstring and in docs/architecture.md.
@@ -31,8 +32,8 @@ from appliance.logs.catalogue import catalogued
 from appliance.logs.cause import Diagnosis
 
 from ..models import TERMINAL_STATUSES, Deployment, Event, EventKind, Run
+from . import gpus
 from .events import events_append
-from .leases import gpu_leases_release
 
 S = Status
 User = AbstractBaseUser | AnonymousUser | None
@@ -64,7 +65,7 @@ def _transition(deployment_id: int, *, target: Status, by: Process, message: str
             return None
         _note_status_time(deployment_id, target, now)
         if target in TERMINAL_STATUSES:
-            gpu_leases_release(deployment_id=deployment_id)  # ended: its GPUs are free
+            gpus.release(deployment_id=deployment_id)  # ended: its GPUs are free
         return events_append(deployment_id=deployment_id, events=[
             (EventKind.PHASE, {"status": target, "message": message, **(event or {})})])[0]
 

@@ -36,9 +36,9 @@ from web import tasks
 from web.deployments.inflight import replica_inflight
 
 from ..models import TERMINAL_STATUSES, Deployment, DeploymentStatus, EventKind
+from . import gpus
 from .errors import DeploymentInputError
 from .events import events_append
-from .leases import gpu_leases_acquire
 from .lifecycle import User, deployment_mark_requeued, deployment_mark_stopping
 from .served_names import served_name_conflict
 
@@ -217,7 +217,7 @@ def _start(rolling: dict[str, Any], row: Deployment) -> str:
                                          family=rolling["replicas"][0])
             if taken:
                 raise DeploymentInputError(errors=taken)
-            gpu_leases_acquire(deployment=row)
+            gpus.acquire(deployment=row)
             deployment_mark_requeued(deployment=row, by=Process.ROLLER, changes=changes,
                                      why=f"rolling {rolling['kind']}")
     except DeploymentInputError as exc:

@@ -1,8 +1,12 @@
-"""GPU leases: two live deployments never hold the same GPU of a host; the database decides."""
+"""GPU leases: two live deployments never hold the same GPU of a host; the database decides.
+web/deployments takes and gives them back through the hook web/fleet registers at start."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,7 +17,10 @@ from appliance.logs.catalogue import CATALOGUE
 from tests.specs import spec
 from web.deploy import services as deploying
 from web.deployments import services
-from web.deployments.models import Deployment, GpuLease
+from web.deployments.models import Deployment
+from web.deployments.services import gpus
+from web.fleet import leases
+from web.fleet.models import GpuLease
 
 
 def _create(**changes: Any) -> Deployment:
@@ -68,11 +75,11 @@ def test_a_stopped_deployment_takes_its_gpus_again_through_acquire() -> None:
     other = _create(name="other", gpus=[2])
     first.refresh_from_db()
     with pytest.raises(services.DeploymentInputError) as caught, transaction.atomic():
-        services.gpu_leases_acquire(deployment=first)
+        leases.gpu_leases_acquire(deployment=first)
     assert f"#{other.pk} 'other'" in caught.value.errors["gpus"][0]
     services.deployment_stop(deployment_id=other.pk)
-    services.gpu_leases_acquire(deployment=first)
-    services.gpu_leases_acquire(deployment=first)  # a retried restart keeps what it holds
+    leases.gpu_leases_acquire(deployment=first)
+    leases.gpu_leases_acquire(deployment=first)  # a retried restart keeps what it holds
     assert _held() == {2: first.pk}
 
 
@@ -117,6 +124,120 @@ def test_it_refuses_a_gpu_the_host_does_not_have_naming_the_field_and_the_gpus(s
     message = caught.value.errors["gpus"][0]
     assert "GPU ids [9] are not on this host: it has 8 GPUs (ids 0 to 7" in message
     assert "APPLIANCE_GPU_COUNT" in message and GpuLease.objects.count() == 0
+
+
+# ------------------------------------------------------------- the hook web/deployments calls
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_fleet_registers_the_leases_when_django_starts() -> None:
+    """A process that sets Django up (web, worker, agent, manage.py) has the hook filled by
+    FleetConfig.ready, before it runs anything of its own."""
+    script = ("import django; django.setup()\n"
+              "from web.deployments.services import gpus\n"
+              "from web.fleet import leases\n"
+              "print(gpus.registered() is leases)\n")
+    env = {"PATH": "/usr/bin:/bin", "DJANGO_SETTINGS_MODULE": "web.settings"}
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "True"
+    assert gpus.registered() is leases
+
+
+class _Recording:
+    """The fleet's leases, each release recorded with the row's status as the releasing
+    transaction sees it; `fail_after_release` raises once the rows are deleted."""
+
+    def __init__(self, *, fail_after_release: bool = False) -> None:
+        self.released: list[tuple[int, str, int]] = []
+        self.fail_after_release = fail_after_release
+
+    def gpu_leases_acquire(self, *, deployment: Deployment) -> None:
+        leases.gpu_leases_acquire(deployment=deployment)
+
+    def gpu_leases_release(self, *, deployment_id: int) -> int:
+        status = Deployment.objects.values_list("status", flat=True).get(pk=deployment_id)
+        count = leases.gpu_leases_release(deployment_id=deployment_id)
+        self.released.append((deployment_id, status, count))
+        if self.fail_after_release:
+            raise RuntimeError("the release's transaction fails after its DELETE")
+        return count
+
+
+@pytest.fixture
+def recording() -> Any:
+    hook = _Recording()
+    gpus.register(hook)
+    try:
+        yield hook
+    finally:
+        gpus.register(leases)
+
+
+def _failed(deployment: Deployment) -> bool:
+    return services.deployment_mark_failed(
+        deployment_id=deployment.pk, diagnosis=CATALOGUE["cuda-oom-load"].diagnosis(),
+        last_lines=[])
+
+
+@pytest.mark.django_db
+def test_a_terminal_move_releases_through_the_hook_after_its_status_update(recording) -> None:  # type: ignore[no-untyped-def]
+    first = _create(gpus=[0, 1])
+    services.deployment_mark_starting(deployment_id=first.pk, image="img")
+    assert recording.released == []  # a move that ends nothing keeps the GPUs
+    assert _failed(first)
+    # Called once, by the transaction that already moved the row (it reads `failed`).
+    assert recording.released == [(first.pk, "failed", 2)] and _held() == {}
+
+
+@pytest.mark.django_db
+def test_a_release_that_fails_rolls_the_terminal_move_back_with_it() -> None:
+    first = _create(gpus=[0, 1])
+    services.deployment_mark_starting(deployment_id=first.pk, image="img")
+    hook = _Recording(fail_after_release=True)
+    gpus.register(hook)
+    try:
+        with pytest.raises(RuntimeError, match="after its DELETE"):
+            _failed(first)
+    finally:
+        gpus.register(leases)
+    assert hook.released == [(first.pk, "failed", 2)]
+    first.refresh_from_db()  # one transaction: neither the move nor the release stayed
+    assert first.status == "starting" and _held() == {0: first.pk, 1: first.pk}
+
+
+@pytest.mark.django_db
+def test_a_rolled_back_terminal_move_keeps_its_leases(recording) -> None:  # type: ignore[no-untyped-def]
+    first = _create(gpus=[3])
+    services.deployment_mark_starting(deployment_id=first.pk, image="img")
+    with pytest.raises(ZeroDivisionError), transaction.atomic():
+        services.deployment_mark_stopping(deployment_id=first.pk)
+        services.deployment_mark_stopped(deployment_id=first.pk)
+        assert _held() == {}
+        1 / 0  # noqa: B018  # the caller's transaction fails after the move
+    assert recording.released == [(first.pk, "stopped", 1)]
+    first.refresh_from_db()
+    assert first.status == "starting" and _held() == {3: first.pk}
+
+
+@pytest.mark.django_db
+def test_with_no_leases_registered_a_move_that_takes_or_gives_gpus_fails_loudly(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    first = _create(gpus=[4])
+    services.deployment_mark_starting(deployment_id=first.pk, image="img")
+    monkeypatch.setattr(gpus, "_registered", None)  # a process where web.fleet never started
+    with pytest.raises(gpus.LeasesNotRegistered, match="FleetConfig.ready"):
+        _failed(first)
+    first.refresh_from_db()
+    assert first.status == "starting" and _held() == {4: first.pk}  # nothing moved
+    monkeypatch.undo()
+    assert _failed(first) and _held() == {}
+    monkeypatch.setattr(gpus, "_registered", None)
+    with pytest.raises(gpus.LeasesNotRegistered):
+        services.deployment_restart(deployment_id=first.pk)
+    first.refresh_from_db()
+    assert first.status == "failed" and _held() == {}  # not queued without its GPUs
 
 
 # ------------------------------------------------------------- races, on real connections

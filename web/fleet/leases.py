@@ -5,6 +5,10 @@ race between two requests (both INSERT, one wins), never a check before the inse
 Acquire inside the transaction that creates (or restarts) the deployment; the terminal
 transitions (stopped, failed) release in the transaction that moves the status, so a held
 row always has a live holder.
+
+web/deployments (its restarts, the roller's steps, the terminal transitions) reaches this
+module only through the hook it offers, web/deployments/services/gpus.py, which this
+app's FleetConfig.ready registers this module in; everything above both imports it here.
 """
 
 from __future__ import annotations
@@ -14,8 +18,10 @@ from collections.abc import Iterable
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
-from ..models import Deployment, GpuLease
-from .errors import DeploymentInputError
+from web.deployments.models import Deployment
+from web.deployments.services.errors import DeploymentInputError
+
+from .models import GpuLease
 
 
 def lease_host(*, deployment: Deployment) -> str:
