@@ -25,7 +25,7 @@ def host_facts(*, name: str) -> PreflightHost:
     this panel's settings where none says)."""
     fresh = timezone.now() - timedelta(seconds=HOST_FRESH_S)
     rows = Host.objects.filter(heartbeat_at__gte=fresh).order_by("-heartbeat_at", "name")
-    joined = list(FleetHost.objects.values_list("name", flat=True))
+    joined = list(FleetHost.objects.joined().values_list("name", flat=True))
     if name != str(settings.HOST_NAME) or name in joined:
         return preflight_host(name=name, reports=list(rows.filter(name=name)), own=False)
     return preflight_host(name=name, reports=list(rows.exclude(name__in=joined)), own=True)

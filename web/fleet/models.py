@@ -7,6 +7,8 @@ Secrets are never stored: a join token and a host's credential are kept as their
 
 from __future__ import annotations
 
+import secrets
+
 from django.conf import settings
 from django.db import models
 
@@ -41,12 +43,37 @@ class JoinToken(models.Model):
         return f"sdj-{self.prefix}... for {self.host_name}"
 
 
-class FleetHost(models.Model):
-    """A GPU host that joined with a token, and the credential its agent and worker use.
+# A credential digest or prefix that starts with this opens nothing: SHA-256 hex digests
+# and the hex prefixes of made credentials never contain it. A host row that has not joined
+# (the panel's own host, whose local agent writes its report directly) holds one, random
+# after the mark so that each row's stays unique; a join with a token replaces it.
+UNJOINED_MARK = "-"
 
-    Its name is the one its engine agent reports under (deployments.Host) and its GPU
-    leases carry (GpuLease.host). Removing a host deletes this row, so its
-    credential is refused from then on.
+
+def unjoined_credential() -> dict[str, str]:
+    """The credential fields of a host row that has not joined: nothing hashes to them."""
+    return {"credential_prefix": UNJOINED_MARK + secrets.token_hex(7),
+            "credential_digest": UNJOINED_MARK + secrets.token_hex(31)}
+
+
+class FleetHostQuerySet(models.QuerySet["FleetHost"]):
+    def joined(self) -> FleetHostQuerySet:
+        """The hosts that joined with a token (a credential that opens the host API)."""
+        return self.exclude(credential_digest__startswith=UNJOINED_MARK)
+
+    def unjoined(self) -> FleetHostQuerySet:
+        """The hosts whose agent reports without the host API: the panel's own."""
+        return self.filter(credential_digest__startswith=UNJOINED_MARK)
+
+
+class FleetHost(models.Model):
+    """A GPU host and its agent's report: Docker, GPUs, secret names, strays, heartbeat.
+
+    A joined host came with a token and holds the credential its agent and worker use; the
+    panel's own host (APPLIANCE_HOST_NAME) has a row its local agent writes, with a
+    credential no secret opens (`unjoined_credential`), and is never placed on as a joined
+    host. Its name is the one its GPU leases carry (GpuLease.host). Removing a joined host
+    deletes this row, so its credential is refused from then on.
     """
 
     name = models.SlugField(max_length=63, unique=True)
@@ -73,12 +100,26 @@ class FleetHost(models.Model):
     # it is spent; another session's writes are refused until it has run out.
     agent_session = models.CharField(max_length=64, blank=True, default="")
     agent_lease_until = models.DateTimeField(null=True, blank=True)
+    # The report: the agent that sends it (agent@<host>), the last NVML snapshot
+    # (appliance.runtime.gpu_telemetry: available, reason, gpus), the engine secret store's
+    # names (never values, for pre-flight) and containers with the appliance's labels that
+    # no deployment of this install owns (strays).
+    agent_id = models.CharField(max_length=100, blank=True, default="")
+    gpu_telemetry = models.JSONField(default=dict, blank=True)
+    secret_names = models.JSONField(default=list, blank=True)
+    foreign_containers = models.JSONField(default=list, blank=True)
+
+    objects = FleetHostQuerySet.as_manager()
 
     class Meta:
         ordering = ["name"]
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def is_joined(self) -> bool:
+        return not self.credential_digest.startswith(UNJOINED_MARK)
 
 
 class Placement(models.Model):
@@ -113,7 +154,7 @@ class GpuLease(models.Model):
     database lets one through. Rows are deleted when the deployment reaches a terminal
     status (leases.py, through the hook web/deployments/services/gpus.py calls), so a held
     row always means a live holder. Its host is a name, the panel's own host's included
-    (APPLIANCE_HOST_NAME), which has no FleetHost row. The table keeps the name it had
+    (APPLIANCE_HOST_NAME). The table keeps the name it had
     under web/deployments.
     """
 

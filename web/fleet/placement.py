@@ -89,7 +89,7 @@ def placement_candidates(*, exclude_pk: int | None = None) -> dict[str, Candidat
     hosts = {h.name: Candidate(name=h.name, joined=True, state=host_state(host=h, now=now),
                                gpus={int(g["index"]): str(g.get("name") or "")
                                      for g in h.gpus or [] if isinstance(g.get("index"), int)})
-             for h in FleetHost.objects.all()}
+             for h in FleetHost.objects.joined()}
     own = str(settings.HOST_NAME)
     if own not in hosts:
         hosts[own] = _own_host(own, now)
@@ -246,5 +246,5 @@ def placement_store(*, deployment: Deployment, choice: Choice) -> None:
     Placement.objects.filter(deployment=deployment).delete()
     if choice.joined:
         Placement.objects.create(deployment=deployment, replica=choice.replica,
-                                 host=FleetHost.objects.get(name=choice.host),
+                                 host=FleetHost.objects.joined().get(name=choice.host),
                                  reason=choice.reason)

@@ -79,7 +79,7 @@ def host_rows(*, now: datetime | None = None) -> list[HostRow]:
     for name, gpu, pk in GpuLease.objects.values_list("host", "gpu_index", "deployment_id"):
         engines.setdefault(name, set()).add(pk)
         held.setdefault(name, []).append(gpu)
-    joined = {h.name: h for h in FleetHost.objects.all()}
+    joined = {h.name: h for h in FleetHost.objects.joined()}
     rows = [_joined_row(h, now) for h in joined.values()]
     rows += [_local_row(r, now) for r in Host.objects.exclude(name__in=list(joined))]
     return sorted((dataclasses.replace(r, deployments=sorted(engines.get(r.name, ())),

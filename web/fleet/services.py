@@ -171,6 +171,8 @@ def host_join(*, token: str, name: str, facts: HostFacts) -> Joined:
         prefix, credential = _new_secret(CREDENTIAL_PREFIX)
         row = {"credential_prefix": prefix, "credential_digest": secret_digest(credential),
                "credential_made_at": now, "joined_with": join, **_fact_fields(facts, now)}
+        # A row that reported without joining (the panel's own host) joins from now.
+        FleetHost.objects.unjoined().filter(name=host_name).update(joined_at=now)
         host, _ = FleetHost.objects.update_or_create(name=host_name, defaults=row)
         JoinToken.objects.filter(pk=join.pk).update(
             used_by=host_name, last_used_at=now, uses=join.uses + 1,
@@ -337,7 +339,7 @@ def host_agent_release(*, host: FleetHost, session: str) -> bool:
 
 def host_set_draining(*, name: str, draining: bool) -> FleetHost:
     """Drain a host (no new placements; its engines go on) or take it back."""
-    host = FleetHost.objects.filter(name=name).first()
+    host = FleetHost.objects.joined().filter(name=name).first()
     if host is None:
         raise NoSuchHost("name", f"no joined host {name!r}")
     FleetHost.objects.filter(pk=host.pk).update(
@@ -361,7 +363,7 @@ def host_remove(*, name: str) -> int:
     tokens still able to join it are revoked, its report row goes. Returns the number of
     join tokens revoked. FleetError names the engines that keep it."""
     with transaction.atomic():
-        host = FleetHost.objects.select_for_update().filter(name=name).first()
+        host = FleetHost.objects.joined().select_for_update().filter(name=name).first()
         if host is None:
             raise NoSuchHost("name", f"no joined host {name!r}")
         engines = host_engines(name=name)
@@ -384,7 +386,7 @@ def placement_assign(*, deployment: Deployment, host_name: str, replica: int = 0
                      reason: str = "") -> Placement:
     """Place a deployment's engine (replica `replica`) on a joined host that is not
     drained. The choice of host is the caller's (the placement rules, the spec)."""
-    host = FleetHost.objects.filter(name=host_name).first()
+    host = FleetHost.objects.joined().filter(name=host_name).first()
     if host is None:
         raise NoSuchHost("host", f"no joined host {host_name!r}")
     if host.draining:

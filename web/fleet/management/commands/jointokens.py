@@ -31,7 +31,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         out = Path(options["out"])
         for name in options["hosts"]:
-            if FleetHost.objects.filter(name=name).exists():
+            if FleetHost.objects.joined().filter(name=name).exists():
                 self.stdout.write(f"{name} has joined already: no token made")
                 continue
             try:

@@ -1,0 +1,93 @@
+"""One host model: every host's report in FleetHost, the panel's own host included, which
+has a row no credential opens and is never placed on as a joined host."""
+
+from __future__ import annotations
+
+import importlib
+from datetime import timedelta
+
+import pytest
+from django.apps import apps
+from django.utils import timezone
+
+from tests.rows import queued
+from web.deployments.models import Host
+from web.fleet import selectors, services
+from web.fleet.models import FleetHost, Placement, unjoined_credential
+
+from .hosts import joined
+
+pytestmark = pytest.mark.django_db
+
+copy_hosts = importlib.import_module("web.fleet.migrations.0005_host_reports_copy").copy_hosts
+
+TELEMETRY = {"available": True, "reason": "",
+             "gpus": [{"index": i, "name": "NVIDIA H100", "uuid": f"GPU-{i}",
+                       "memory_total_gb": 80.0, "utilization_pct": 3} for i in range(2)]}
+
+
+def test_the_migration_makes_a_host_row_for_each_report_with_a_credential_nothing_opens() -> None:
+    now = timezone.now()
+    Host.objects.create(name="gpu-host", agent_id="agent@gpu-host", heartbeat_at=now,
+                        docker={"nvidia": True}, gpu_telemetry=TELEMETRY,
+                        secret_names=["HF_TOKEN"], foreign_containers=[{"name": "stray"}])
+    Host.objects.create(name="old-box", agent_id="agent@old-box",
+                        heartbeat_at=now - timedelta(days=3),
+                        gpu_telemetry={"available": False, "reason": "no NVML", "gpus": []})
+    copy_hosts(apps, None)
+    own, old = FleetHost.objects.get(name="gpu-host"), FleetHost.objects.get(name="old-box")
+    assert (own.heartbeat_at, own.docker, own.agent_id) == (now, {"nvidia": True},
+                                                           "agent@gpu-host")
+    assert own.gpu_telemetry == TELEMETRY and own.secret_names == ["HF_TOKEN"]
+    assert own.foreign_containers == [{"name": "stray"}]
+    # Its GPUs as a heartbeat's NVML list gives them (the telemetry's live figures left out).
+    assert own.gpu_source == "nvml" and own.gpus == [
+        {"index": i, "name": "NVIDIA H100", "uuid": f"GPU-{i}", "memory_total_gb": 80.0}
+        for i in range(2)]
+    assert (old.gpus, old.gpu_source) == ([], "")
+    assert not own.is_joined and not old.is_joined
+    assert own.credential_digest != old.credential_digest
+    assert own.credential_prefix != old.credential_prefix
+    # No credential opens either: not even one whose text is the stored digest or prefix.
+    for row in (own, old):
+        for guess in (row.credential_digest, f"sdh-{row.credential_prefix}",
+                      f"sdh-{row.credential_digest}"):
+            assert selectors.host_for_credential(credential=guess) is None
+    assert set(FleetHost.objects.unjoined().values_list("name", flat=True)) == {"gpu-host",
+                                                                               "old-box"}
+
+
+def test_the_migration_gives_a_joined_host_its_report_and_keeps_its_credential() -> None:
+    done = joined("gpu-2")
+    Host.objects.filter(name="gpu-2").update(gpu_telemetry=TELEMETRY,
+                                             foreign_containers=[{"name": "stray"}])
+    copy_hosts(apps, None)
+    host = FleetHost.objects.get(name="gpu-2")
+    assert host.is_joined and selectors.host_for_credential(credential=done.credential) == host
+    assert host.gpu_telemetry == TELEMETRY and host.foreign_containers == [{"name": "stray"}]
+    assert FleetHost.objects.count() == 1
+
+
+def test_the_own_hosts_row_is_placed_on_as_the_panels_own_not_a_joined_host() -> None:
+    FleetHost.objects.create(name="gpu-host", credential_made_at=timezone.now(),
+                             heartbeat_at=timezone.now(), **unjoined_credential())
+    made = queued(gpus=[0])
+    assert made.host == "gpu-host" and not Placement.objects.exists()
+    assert "this panel's host" in made.placement_reason
+    rows = {r.name: r for r in selectors.host_rows()}
+    assert set(rows) <= {"gpu-host"} and all(not r.joined for r in rows.values())
+    for change in (lambda: services.host_set_draining(name="gpu-host", draining=True),
+                   lambda: services.host_remove(name="gpu-host"),
+                   lambda: services.placement_assign(deployment=made, host_name="gpu-host")):
+        with pytest.raises(services.NoSuchHost):
+            change()
+
+
+def test_a_host_that_reported_before_joining_keeps_its_row_and_joins() -> None:
+    FleetHost.objects.create(name="gpu-2", credential_made_at=timezone.now(),
+                             **unjoined_credential())
+    before = FleetHost.objects.get(name="gpu-2")
+    done = joined("gpu-2")
+    host = FleetHost.objects.get(name="gpu-2")
+    assert host.pk == before.pk and host.is_joined and host.joined_at >= before.joined_at
+    assert selectors.host_for_credential(credential=done.credential) == host
