@@ -21,6 +21,7 @@ from web.deploy import services as deploying
 from web.deployments import services
 from web.deployments.models import Deployment, DeploymentStatus, Host
 from web.deployments.services.installation import instance_id
+from web.fleet.models import FleetHost
 from worker import tasks
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
@@ -314,6 +315,12 @@ def test_once_the_agent_reported_the_host_pre_flight_refuses_gpus_it_cannot_give
     assert host.docker["nvidia"] is False and "runc" in host.docker["runtimes"]
     # No NVML here: the panel says so rather than showing zeros.
     assert host.gpu_telemetry["available"] is False and host.gpu_telemetry["gpus"] == []
+    # The same report in the one host model, on a row no credential opens (not joined).
+    row = FleetHost.objects.get(name=host.name)
+    assert (row.docker, row.gpu_telemetry, row.agent_id) == (host.docker, host.gpu_telemetry,
+                                                             host.agent_id)
+    assert not row.is_joined and row.heartbeat_at is not None
+    assert (row.gpu_source, len(row.gpus)) == ("count", settings.GPU_COUNT)
     page = _admin_client().get("/").content.decode()
     assert "no GPU telemetry on this host" in page and "no NVIDIA runtime" in page
     with override_settings(ENGINE_GPU_REQUESTS=True), \

@@ -65,6 +65,7 @@ from web.deployments.services.lifecycle import (
     deployment_restart_after_death,
 )
 from web.deployments.services.reads import deployment_status_bodies_later
+from web.fleet.services import host_heartbeat_local, host_report_local
 from web.store.loadtime import deployment_models_refused
 
 from .engines import container_plan, identity_of
@@ -209,6 +210,7 @@ class EngineAgent:
             self._report_host(now)
         else:  # the heartbeat alone, every tick: a silent agent is seen in seconds (silence.py)
             Host.objects.filter(agent_id=self.agent_id).update(heartbeat_at=now)
+            host_heartbeat_local(name=self.agent_id.split("@", 1)[-1])
         self._ticks += 1
 
     def release_all(self) -> None:
@@ -345,8 +347,7 @@ class EngineAgent:
         # Named after the agent (agent@<host>), not the container: a recreated agent
         # container is the same host, not a new row.
         host = self.agent_id.split("@", 1)[-1]
-        Host.objects.update_or_create(name=host, defaults={
-            "agent_id": self.agent_id, "heartbeat_at": now,
+        report: dict[str, Any] = {
             "docker": {**docker_facts(self.runtime),
                        "engine_network_open": _network_notes.get("open", ""),
                        # Whether engines are given GPUs at all (the simulator: no).
@@ -354,7 +355,10 @@ class EngineAgent:
             "foreign_containers": strays,
             "gpu_telemetry": gpu_telemetry.collect().to_dict(),
             # Names only: pre-flight refuses a spec whose secret this store lacks.
-            "secret_names": secret_names_available(directory=settings.ENGINE_SECRETS_DIR)})
+            "secret_names": secret_names_available(directory=settings.ENGINE_SECRETS_DIR)}
+        Host.objects.update_or_create(name=host, defaults={
+            "agent_id": self.agent_id, "heartbeat_at": now, **report})
+        host_report_local(name=host, agent_id=self.agent_id, **report)
         # Said once the row is stored: the warning points the reader at the Hosts page,
         # which lists them from that row.
         self._say_strays(strays)

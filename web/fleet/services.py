@@ -52,7 +52,7 @@ from web.deployments.services.metrics import (
     metrics_store_point,
 )
 
-from .models import FleetHost, GpuLease, JoinToken, Placement
+from .models import FleetHost, GpuLease, JoinToken, Placement, unjoined_credential
 
 JOIN_PREFIX = "sdj-"
 CREDENTIAL_PREFIX = "sdh-"
@@ -170,7 +170,8 @@ def host_join(*, token: str, name: str, facts: HostFacts) -> Joined:
         assert join is not None
         prefix, credential = _new_secret(CREDENTIAL_PREFIX)
         row = {"credential_prefix": prefix, "credential_digest": secret_digest(credential),
-               "credential_made_at": now, "joined_with": join, **_fact_fields(facts, now)}
+               "credential_made_at": now, "joined_with": join,
+               **_fact_fields(facts, now, host_name)}
         # A row that reported without joining (the panel's own host) joins from now.
         FleetHost.objects.unjoined().filter(name=host_name).update(joined_at=now)
         host, _ = FleetHost.objects.update_or_create(name=host_name, defaults=row)
@@ -204,19 +205,62 @@ def _check_join(join: JoinToken | None, host_name: str, now: Any) -> None:
                           "admin for a token for this name.")
 
 
-def _fact_fields(facts: HostFacts, now: Any) -> dict[str, Any]:
-    return {"agent_version": facts.agent_version, "gpus": facts.gpus,
-            "gpu_source": facts.gpu_source, "docker": facts.docker, "heartbeat_at": now}
+def _telemetry(facts: HostFacts) -> dict[str, Any]:
+    """A heartbeat's GPUs as the local agent's NVML snapshot reads (gpu_telemetry)."""
+    return {"available": facts.gpu_source == "nvml", "gpus": facts.gpus,
+            "reason": "" if facts.gpu_source == "nvml" else "a GPU count, no NVML"}
+
+
+def _fact_fields(facts: HostFacts, now: Any, name: str) -> dict[str, Any]:
+    return {"agent_id": f"agent@{name}", "agent_version": facts.agent_version, "gpus": facts.gpus,
+            "gpu_source": facts.gpu_source, "docker": facts.docker, "heartbeat_at": now,
+            "gpu_telemetry": _telemetry(facts), "secret_names": facts.secret_names}
 
 
 def _report(host: FleetHost, facts: HostFacts, now: Any) -> None:
-    """The host's report row, as the panel's own agent writes it (deployments.Host): the
-    pre-flight rules and the Hosts page read GPUs, Docker and secret names from there."""
-    telemetry = {"available": facts.gpu_source == "nvml", "gpus": facts.gpus,
-                 "reason": "" if facts.gpu_source == "nvml" else "a GPU count, no NVML"}
+    """The host's report row as the panel's own agent writes it too (deployments.Host),
+    kept while readers of that model remain."""
     Host.objects.update_or_create(name=host.name, defaults={
         "agent_id": f"agent@{host.name}", "heartbeat_at": now, "docker": facts.docker,
-        "gpu_telemetry": telemetry, "secret_names": facts.secret_names})
+        "gpu_telemetry": _telemetry(facts), "secret_names": facts.secret_names})
+
+
+# -------------------------------------------------------------------- the panel's own host
+
+MAX_HOST_NAME = 63  # FleetHost.name
+
+
+def host_report_local(*, name: str, agent_id: str, docker: dict[str, Any],
+                      gpu_telemetry: dict[str, Any], secret_names: list[str],
+                      foreign_containers: list[dict[str, Any]]) -> FleetHost | None:
+    """The report of a host whose agent writes the database itself (the panel's own): its
+    row, made on its first report with a credential nothing opens (a join with a token
+    replaces it). Its GPUs are NVML's where NVML listed them, else APPLIANCE_GPU_COUNT.
+    None for a name no host row can carry (longer than a host name)."""
+    if len(name) > MAX_HOST_NAME:
+        return None
+    listed = [g for g in gpu_telemetry.get("gpus") or []
+              if isinstance(g, dict) and isinstance(g.get("index"), int)]
+    if gpu_telemetry.get("available") and listed:
+        gpus, source = _gpus_from(listed, None)
+    else:
+        gpus, source = [{"index": i} for i in range(int(settings.GPU_COUNT))], "count"
+    now = timezone.now()
+    host, _ = FleetHost.objects.update_or_create(
+        name=name,
+        defaults={"agent_id": agent_id, "heartbeat_at": now, "docker": docker, "gpus": gpus,
+                  "gpu_source": source, "gpu_telemetry": gpu_telemetry,
+                  "secret_names": secret_names, "foreign_containers": foreign_containers},
+        create_defaults={"agent_id": agent_id, "heartbeat_at": now, "docker": docker,
+                         "gpus": gpus, "gpu_source": source, "gpu_telemetry": gpu_telemetry,
+                         "secret_names": secret_names, "foreign_containers": foreign_containers,
+                         "credential_made_at": now, **unjoined_credential()})
+    return host
+
+
+def host_heartbeat_local(*, name: str) -> None:
+    """The heartbeat alone of a host whose agent writes the database itself."""
+    FleetHost.objects.filter(name=name).update(heartbeat_at=timezone.now())
 
 
 def host_facts_from(body: Mapping[str, Any]) -> HostFacts:
@@ -259,7 +303,7 @@ def _gpus_from(gpus: Any, count: Any) -> tuple[list[dict[str, Any]], str]:
 def host_heartbeat(*, host: FleetHost, facts: HostFacts) -> FleetHost:
     """The host's agent reports: its facts now, and that it is alive."""
     now = timezone.now()
-    fields = _fact_fields(facts, now)
+    fields = _fact_fields(facts, now, host.name)
     FleetHost.objects.filter(pk=host.pk).update(**fields)
     for name, value in fields.items():
         setattr(host, name, value)
