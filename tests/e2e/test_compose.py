@@ -411,6 +411,13 @@ def _stored_lines(stack: Stack, token: str, pk: int) -> tuple[list[int], list[st
         after = events[-1]["seq"]
 
 
+def _wait_logged(container: Any, text: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in container.logs().decode(errors="replace"):
+        assert time.monotonic() < deadline, f"{container.name} never logged {text!r}"
+        time.sleep(1)
+
+
 def _wait_status(stack: Stack, token: str, pk: int, status: str, timeout: float = 180) -> None:
     deadline = time.monotonic() + timeout
     while (now := stack.api(token, f"/deployments/{pk}/")["status"]) != status:
@@ -579,6 +586,8 @@ def test_compose_up_runs_the_appliance_as_shipped(stack: Stack, page: Page) -> N
     assert not _answers_server_info(f"http://{address}:30000")
     assert not _reaches_from_outside(client, engines[0].image.id, address)
     assert _reaches(_service(client, "agent"), engines[0].name, 30000)
+    # The panel loop (the image's `loop` role) holds its lock and acts: one copy.
+    _wait_logged(_service(client, "loop"), "panel loop: acting", 60)
 
     _wait_status(stack, token, third, "ready")
 
