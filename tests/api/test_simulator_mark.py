@@ -11,8 +11,9 @@ import pytest
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from tests.hostrows import host_reported
 from tests.rows import queued
-from web.deployments.models import Deployment, Host
+from web.deployments.models import Deployment
 from web.deployments.simulator import simulator_images_forget
 
 pytestmark = pytest.mark.django_db
@@ -30,9 +31,9 @@ def test_a_deployment_of_the_simulators_image_says_so_in_the_api(viewer, token_f
     simulated = queued(name="sim", gpus=[0])
     real = queued(name="real", gpus=[1])
     # The host's report (after the deployments: pre-flight reads the same row's runtimes).
-    Host.objects.create(name="sim-a", agent_id="agent@sim-a", heartbeat_at=timezone.now(),
-                        docker={"nvidia": False, "gpu_requests": False,
-                                "simulator_images": [SIMULATOR]})
+    host_reported(name="sim-a", agent_id="agent@sim-a", heartbeat_at=timezone.now(),
+                  docker={"nvidia": False, "gpu_requests": False,
+                          "simulator_images": [SIMULATOR]})
     Deployment.objects.filter(pk=simulated.pk).update(image=SIMULATOR)
     Deployment.objects.filter(pk=real.pk).update(image="appliance-engine:kimi-433c58ed7")
     api = APIClient()

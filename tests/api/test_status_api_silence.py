@@ -15,11 +15,12 @@ from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from tests.hostrows import host_reported
 from tests.specs import spec
 from web.api.asgi import StatusReads
 from web.deploy import services as deploying
 from web.deployments import services
-from web.deployments.models import Deployment, Host
+from web.deployments.models import Deployment
 from web.serving import django_application
 
 READS = ("", "summary/")
@@ -32,8 +33,8 @@ def _ready(pk: int, agent: str) -> None:
 
 
 def _report(agent: str, *, age_s: float) -> None:
-    Host.objects.update_or_create(name=agent.split("@")[1], defaults={
-        "agent_id": agent, "heartbeat_at": timezone.now() - timedelta(seconds=age_s)})
+    host_reported(name=agent.split("@")[1], agent_id=agent,
+                  heartbeat_at=timezone.now() - timedelta(seconds=age_s))
 
 
 def _replicated(settings: Any) -> list[Deployment]:

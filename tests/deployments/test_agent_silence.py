@@ -10,8 +10,10 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
+from tests.hostrows import host_reported
 from tests.rows import ready
-from web.deployments.models import Deployment, Host
+from web.deployments.models import Deployment
+from web.fleet.models import FleetHost
 
 pytestmark = pytest.mark.django_db
 AGENT = "agent@gpu-host"
@@ -23,8 +25,7 @@ def _watched(silent_s: float) -> Deployment:
     at = timezone.now() - timedelta(seconds=silent_s)
     Deployment.objects.filter(pk=deployment.pk).update(agent_id=AGENT,
                                                        lease_until=at + timedelta(seconds=15))
-    Host.objects.update_or_create(name="gpu-host", defaults={
-        "agent_id": AGENT, "heartbeat_at": at, "docker": {"nvidia": True}})
+    host_reported(name="gpu-host", agent_id=AGENT, heartbeat_at=at, docker={"nvidia": True})
     return Deployment.objects.get(pk=deployment.pk)
 
 
@@ -35,7 +36,7 @@ def _client(user) -> Client:  # type: ignore[no-untyped-def]
 
 
 def _report_now() -> None:
-    Host.objects.filter(agent_id=AGENT).update(heartbeat_at=timezone.now())
+    FleetHost.objects.filter(agent_id=AGENT).update(heartbeat_at=timezone.now())
 
 
 def test_the_list_shows_a_deployment_of_a_silent_agent_as_unknown_with_an_alert(viewer) -> None:  # type: ignore[no-untyped-def]

@@ -6,10 +6,10 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
+from tests.hostrows import host_reported
 from tests.specs import spec
 from web.deploy import services as deploying
 from web.deployments import services
-from web.deployments.models import Host
 
 pytestmark = pytest.mark.django_db
 
@@ -42,8 +42,8 @@ def test_it_shows_each_configured_gpu_and_the_deployment_holding_it(viewer, sett
 def test_it_takes_the_gpus_from_the_agents_nvml_inventory(viewer) -> None:  # type: ignore[no-untyped-def]
     gpus = [{"index": i, "name": "NVIDIA H200", "utilization_pct": 7, "memory_used_gb": 1.5,
              "memory_total_gb": 141.0} for i in range(2)]
-    Host.objects.create(name="gpu-host", agent_id="agent@gpu-host", heartbeat_at=timezone.now(),
-                        docker={"nvidia": True}, gpu_telemetry={"available": True, "gpus": gpus})
+    host_reported(name="gpu-host", agent_id="agent@gpu-host", heartbeat_at=timezone.now(),
+                  docker={"nvidia": True}, gpu_telemetry={"available": True, "gpus": gpus})
     held = deploying.deployment_create(data=spec(gpus=[1]), confirm_warnings=True)
     page = _page(viewer)
     assert "GPUs per NVML" in page and 'id="gpu-gpu-host-2"' not in page
@@ -60,10 +60,10 @@ def test_a_person_without_a_role_may_not_see_it(django_user_model) -> None:  # t
 def test_it_names_orphaned_engines_with_the_command_that_removes_them(viewer) -> None:  # type: ignore[no-untyped-def]
     strays = [{"name": f"appliance-engine-0123abcd-{i}-old", "status": "running",
                "labels": {"appliance.instance": "0123abcd"}} for i in (1, 2)]
-    Host.objects.create(name="gpu-host", agent_id="agent@gpu-host", heartbeat_at=timezone.now(),
-                        docker={"nvidia": True, "engine_network_open": "engine network "
-                                "appliance-engines is open to the host"},
-                        foreign_containers=strays)
+    host_reported(name="gpu-host", agent_id="agent@gpu-host", heartbeat_at=timezone.now(),
+                  docker={"nvidia": True, "engine_network_open": "engine network "
+                          "appliance-engines is open to the host"},
+                  foreign_containers=strays)
     page = _page(viewer)
     assert ("docker rm -f appliance-engine-0123abcd-1-old appliance-engine-0123abcd-2-old"
             in page)

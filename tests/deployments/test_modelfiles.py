@@ -9,12 +9,14 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
+from tests.hostrows import host_reported
 from tests.models import write_model
 from tests.specs import spec
 from web.deploy import services as deploying
 from web.deployments import services
-from web.deployments.models import Deployment, Host
+from web.deployments.models import Deployment
 from web.deployments.services.modelfiles import model_folder
+from web.fleet.models import FleetHost
 
 pytestmark = pytest.mark.django_db
 
@@ -103,10 +105,10 @@ def test_the_agents_report_of_its_store_is_what_counts(tmp_path: Path, settings)
     """The agent reads the store (compose mounts it there alone): its names decide."""
     settings.ENGINE_SECRETS_DIR = str(tmp_path)
     (tmp_path / "HF_TOKEN").write_text("hf_x")  # this process sees one; the agent does not
-    Host.objects.create(name="gpu-host", agent_id="agent@gpu-host", heartbeat_at=timezone.now(),
-                        docker={"nvidia": True}, secret_names=["WANDB_KEY"])
+    host_reported(name="gpu-host", agent_id="agent@gpu-host", heartbeat_at=timezone.now(),
+                  docker={"nvidia": True}, secret_names=["WANDB_KEY"])
     assert "secrets" in _errors(spec(secrets=["HF_TOKEN"]))
     _preflight(spec(secrets=["WANDB_KEY"]))
     # A report gone stale says nothing about the store now: this process's view counts.
-    Host.objects.update(heartbeat_at=timezone.now() - timedelta(hours=1))
+    FleetHost.objects.update(heartbeat_at=timezone.now() - timedelta(hours=1))
     _preflight(spec(secrets=["HF_TOKEN"]))

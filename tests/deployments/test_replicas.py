@@ -14,10 +14,11 @@ from django.utils import timezone
 
 from appliance.logs.catalogue import CATALOGUE
 from appliance.runtime import series
+from tests.hostrows import host_reported
 from tests.rows import queued
 from tests.specs import spec
 from web.deployments import services
-from web.deployments.models import Deployment, Host
+from web.deployments.models import Deployment
 from web.deployments.services.metrics import metrics_store_point
 from web.fleet.models import GpuLease
 
@@ -315,8 +316,8 @@ def test_a_replica_whose_hosts_agent_is_silent_is_unknown_with_no_throughput(
     _ready(rows[1].pk, throughput=50.0)
     # Replica 1's host stopped reporting (a lost host): its agent's report is old.
     Deployment.objects.filter(pk=rows[1].pk).update(agent_id="agent@gpu-b")
-    Host.objects.create(agent_id="agent@gpu-b", name="gpu-b",
-                        heartbeat_at=timezone.now() - timedelta(seconds=settings.AGENT_SILENT_S + 5))
+    host_reported(agent_id="agent@gpu-b", name="gpu-b",
+                  heartbeat_at=timezone.now() - timedelta(seconds=settings.AGENT_SILENT_S + 5))
     answer = _client(viewer).get(f"/api/deployments/{first.pk}/replicas/").json()
     assert [(r["index"], r["status"], r["throughput"]) for r in answer["results"]] == [
         (0, "ready", 100.0), (1, "unknown", None)]

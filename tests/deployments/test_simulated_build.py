@@ -12,9 +12,10 @@ import pytest
 from django.test import override_settings
 from django.utils import timezone
 
+from tests.hostrows import host_reported
 from tests.specs import spec
 from web.agent.engines import SIMULATED_BUILD_ENV, container_plan
-from web.deployments.models import Deployment, DeploymentStatus, Host
+from web.deployments.models import Deployment, DeploymentStatus
 from web.deployments.simulator import simulator_images_forget
 
 pytestmark = pytest.mark.django_db
@@ -24,9 +25,9 @@ SIMULATOR = "appliance-test-engine:latest"
 @pytest.fixture(autouse=True)
 def simulator_host() -> Any:
     simulator_images_forget()
-    Host.objects.create(name="sim-a", agent_id="agent@sim-a", heartbeat_at=timezone.now(),
-                        docker={"nvidia": False, "gpu_requests": False,
-                                "simulator_images": [SIMULATOR]})
+    host_reported(name="sim-a", agent_id="agent@sim-a", heartbeat_at=timezone.now(),
+                  docker={"nvidia": False, "gpu_requests": False,
+                          "simulator_images": [SIMULATOR]})
     yield
     simulator_images_forget()
 

@@ -14,10 +14,11 @@ from playwright.sync_api import Page, expect
 
 from tests.e2e.conftest import AGENT_SILENT_S as SILENT_S
 from tests.e2e.stack import login, meanwhile
+from tests.hostrows import host_reported
 from tests.specs import spec
 from web.deploy import services as deploying
 from web.deployments import services
-from web.deployments.models import Deployment, Host
+from web.deployments.models import Deployment
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
 ASK_S = 5  # detail.js AGENT_ASK_MS: the page asks at least this often
@@ -29,8 +30,8 @@ def server(shared_panel: str, live_channel: Any) -> str:
 
 
 def _report(agent: str, *, age_s: float) -> None:
-    Host.objects.update_or_create(name=agent.split("@")[1], defaults={
-        "agent_id": agent, "heartbeat_at": timezone.now() - timedelta(seconds=age_s)})
+    host_reported(name=agent.split("@")[1], agent_id=agent,
+                  heartbeat_at=timezone.now() - timedelta(seconds=age_s))
 
 
 @pytest.fixture

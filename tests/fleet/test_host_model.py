@@ -10,6 +10,7 @@ import pytest
 from django.apps import apps
 from django.utils import timezone
 
+from tests.hostrows import host_reported
 from tests.rows import queued
 from web.deployments.models import Host
 from web.fleet import selectors, services
@@ -70,7 +71,8 @@ def test_the_migration_gives_a_joined_host_its_report_and_keeps_its_credential()
 
 def test_the_own_hosts_row_is_placed_on_as_the_panels_own_not_a_joined_host() -> None:
     FleetHost.objects.create(name="gpu-host", credential_made_at=timezone.now(),
-                             heartbeat_at=timezone.now(), **unjoined_credential())
+                             heartbeat_at=timezone.now(), docker={"nvidia": True},
+                             **unjoined_credential())
     made = queued(gpus=[0])
     assert made.host == "gpu-host" and not Placement.objects.exists()
     assert "this panel's host" in made.placement_reason
@@ -130,3 +132,24 @@ def test_a_joined_hosts_heartbeat_writes_its_report_columns() -> None:
     host.refresh_from_db()
     assert host.gpu_telemetry["available"] is True and host.secret_names == []
     assert [g["index"] for g in host.gpu_telemetry["gpus"]] == [0, 1]
+
+
+def test_with_no_reports_registered_a_silence_read_fails_loudly(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from web.deployments.services import hostreports
+    from web.deployments.silence import agents_last_seen
+
+    host_reported(name="gpu-host", agent_id="agent@gpu-host")
+    assert set(agents_last_seen()) == {"agent@gpu-host"}
+    monkeypatch.setattr(hostreports, "_registered", None)  # a process where web.fleet never started
+    with pytest.raises(hostreports.ReportsNotRegistered, match="FleetConfig.ready"):
+        agents_last_seen()
+
+
+def test_a_row_made_before_its_first_report_is_no_agent_heard() -> None:
+    from web.deployments.silence import agents_last_seen
+
+    joined("gpu-2")
+    FleetHost.objects.create(name="quiet", credential_made_at=timezone.now(),
+                             agent_id="agent@quiet", **unjoined_credential())
+    assert set(agents_last_seen()) == {"agent@gpu-2"}
+    assert [h.name for h in selectors.hosts_list()] == ["gpu-2"]

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from tests.rows import queued, ready
 from web.deployments import services as dservices
-from web.deployments.models import Deployment, Event, Host, MetricPoint
+from web.deployments.models import Deployment, Event, MetricPoint
 from web.deployments.silence import deployment_silence
 from web.fleet import selectors, services
 from web.fleet.models import FleetHost, JoinToken
@@ -230,8 +230,6 @@ def test_a_replica_whose_host_came_back_with_its_engine_exited_heals_without_a_p
     # Its new run is still this host's to watch: lost again, it reads unknown, not starting.
     assert replica.agent_id == "agent@gpu-2"
     FleetHost.objects.filter(name="gpu-2").update(
-        heartbeat_at=timezone.now() - timedelta(seconds=60))
-    Host.objects.filter(name="gpu-2").update(
         heartbeat_at=timezone.now() - timedelta(seconds=60))
     assert deployment_silence(deployment=replica) is not None
 

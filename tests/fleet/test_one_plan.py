@@ -19,9 +19,10 @@ from django.utils import timezone
 from appliance.runtime.containers import docker_run_kwargs
 from appliance.runtime.remote_agent import SIMULATED_BUILD_ENV, RemoteSettings, remote_plan
 from tests.fleet.hosts import joined
+from tests.hostrows import host_reported
 from tests.specs import spec
 from web.agent.engines import container_plan
-from web.deployments.models import Deployment, DeploymentStatus, Host
+from web.deployments.models import Deployment, DeploymentStatus
 from web.deployments.services.installation import instance_id
 from web.deployments.simulator import simulator_images_forget
 from web.fleet import selectors, services
@@ -51,8 +52,8 @@ def placed() -> tuple[Deployment, dict[str, Any]]:
     """A starting deployment on the simulator's image with a secret and two GPUs, placed on
     the joined host gpu-2, and its placement as gpu-2's agent reads it (JSON)."""
     simulator_images_forget()
-    Host.objects.create(name="sim-a", agent_id="agent@sim-a", heartbeat_at=timezone.now(),
-                        docker={"simulator_images": [SIMULATOR]})
+    host_reported(name="sim-a", agent_id="agent@sim-a", heartbeat_at=timezone.now(),
+                  docker={"simulator_images": [SIMULATOR]})
     data = spec(name="one-plan", recipe="kimi-k2.6-ddtree", secrets=["HF_TOKEN"],
                 gpus=[2, 3], engine__speculative_algorithm="DDTREE")
     deployment = Deployment.objects.create(

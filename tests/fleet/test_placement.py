@@ -8,6 +8,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from tests.hostrows import host_reported
 from tests.rows import queued
 from web.deploy import services as deploying
 from web.deployments import services
@@ -150,10 +151,8 @@ def test_replica_zero_whose_gpus_no_host_has_free_is_refused_per_host(settings) 
 
 
 def test_a_silent_panel_host_still_takes_a_spec_when_no_ready_host_can(settings) -> None:  # type: ignore[no-untyped-def]
-    from web.deployments.models import Host
-
-    Host.objects.create(name="gpu-host", agent_id="agent@gpu-host",
-                        heartbeat_at=timezone.now() - timedelta(minutes=10))
+    host_reported(name="gpu-host", agent_id="agent@gpu-host",
+                  heartbeat_at=timezone.now() - timedelta(minutes=10))
     made = queued(gpus=[0])
     assert made.host == "gpu-host" and "its agent silent" in made.placement_reason
     joined("gpu-2")

@@ -15,7 +15,7 @@ from rest_framework.test import APIClient
 from appliance.logs.causes import Diagnosis
 from tests.rows import queued
 from web.deployments import services
-from web.deployments.models import Deployment, DeploymentStatus, Host
+from web.deployments.models import Deployment, DeploymentStatus
 from web.deployments.services import lifecycle
 from web.fleet import services as fleet
 from web.fleet.models import FleetHost
@@ -44,7 +44,6 @@ def _ready_on_host(name: str) -> Deployment:
 def _lost(name: str) -> None:
     past = timezone.now() - timedelta(minutes=5)
     FleetHost.objects.filter(name=name).update(heartbeat_at=past)
-    Host.objects.filter(name=name).update(heartbeat_at=past)  # its report, as the host's
 
 
 def _reads(api: APIClient, pk: int) -> tuple[str, str]:

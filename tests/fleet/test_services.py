@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from appliance.logs.catalogue import CATALOGUE
 from tests.rows import queued, ready
-from web.deployments.models import Deployment, Event, Host
+from web.deployments.models import Deployment, Event
 from web.deployments.services import deployment_mark_failed
 from web.fleet import heartbeat, selectors, services
 from web.fleet.models import FleetHost, JoinToken
@@ -57,7 +57,7 @@ def test_a_host_joins_and_gets_its_own_credential_kept_hashed() -> None:
 
 def test_the_join_writes_the_report_row_pre_flight_reads() -> None:
     joined("gpu-2")
-    report_row = Host.objects.get(name="gpu-2")
+    report_row = FleetHost.objects.get(name="gpu-2")
     assert report_row.gpu_telemetry["available"] is True
     assert len(report_row.gpu_telemetry["gpus"]) == 8 and report_row.secret_names == ["HF_TOKEN"]
 
@@ -174,7 +174,7 @@ def test_a_host_whose_engines_ended_is_removed_with_its_credential_and_tokens() 
                            diagnosis=CATALOGUE["cuda-oom-load"].diagnosis(), last_lines=[])
     assert services.host_remove(name="gpu-2") == 1  # the token it joined with, still usable
     assert selectors.host_for_credential(credential=done.credential) is None
-    assert not Host.objects.filter(name="gpu-2").exists()
+    assert not FleetHost.objects.filter(name="gpu-2").exists()
     assert JoinToken.objects.get().revoked_at is not None
     assert Deployment.objects.filter(pk=ended.pk).exists()
 

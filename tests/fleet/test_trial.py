@@ -21,9 +21,9 @@ from django.utils import timezone
 from appliance.simulator import SIMULATOR_LABEL, simulator_models_write, simulator_tags
 from appliance.store.scan import safetensors_problem
 from tests.conftest_docker import docker_client, test_engine_image  # noqa: F401
+from tests.hostrows import host_reported
 from tests.rows import ready
 from web.benchmarks import services as bench
-from web.deployments.models import Host
 from web.deployments.services.hosts import host_gpu_inventory_findings
 from web.deployments.simulator import SIMULATOR_NOTE
 from web.fleet import services
@@ -76,8 +76,8 @@ def test_jointokens_makes_none_for_a_host_that_has_joined(tmp_path: Path) -> Non
 
 
 def _reports(images: list[str]) -> None:
-    Host.objects.create(name="sim-a", agent_id="agent@sim-a", heartbeat_at=timezone.now(),
-                        docker={"server_version": "20.10.24", "simulator_images": images})
+    host_reported(name="sim-a", agent_id="agent@sim-a", heartbeat_at=timezone.now(),
+                  docker={"server_version": "20.10.24", "simulator_images": images})
 
 
 @pytest.mark.django_db

@@ -12,10 +12,11 @@ import pytest
 import requests
 from django.utils import timezone
 
+from tests.hostrows import host_reported
 from tests.openai_standin import standin
 from tests.servers import panel_server
 from tests.specs import spec
-from web.deployments.models import Deployment, DeploymentStatus, Host
+from web.deployments.models import Deployment, DeploymentStatus
 
 pytestmark = pytest.mark.django_db(transaction=True)
 SIMULATOR = "appliance-test-engine:latest"
@@ -24,9 +25,9 @@ SIMULATOR = "appliance-test-engine:latest"
 @pytest.fixture
 def gateway(tmp_path: Path, live_channel) -> Iterator[str]:  # type: ignore[no-untyped-def]
     # The host's report first: the panel reads the hosts' simulator images when it starts.
-    Host.objects.create(name="sim-a", agent_id="agent@sim-a", heartbeat_at=timezone.now(),
-                        docker={"nvidia": False, "gpu_requests": False,
-                                "simulator_images": [SIMULATOR]})
+    host_reported(name="sim-a", agent_id="agent@sim-a", heartbeat_at=timezone.now(),
+                  docker={"nvidia": False, "gpu_requests": False,
+                          "simulator_images": [SIMULATOR]})
     with panel_server(tmp_path / "uvicorn.log") as url:
         yield url
 

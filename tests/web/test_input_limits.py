@@ -12,12 +12,14 @@ import pytest
 from django.test import Client, RequestFactory, override_settings
 from django.utils import timezone
 
+from tests.hostrows import host_reported
 from tests.servers import login_session, panel_server
 from tests.specs import spec
 from web.deploy import services as deploying
 from web.deployments import services
-from web.deployments.models import Deployment, Host
+from web.deployments.models import Deployment
 from web.deployments.sse import _start_seq
+from web.fleet.models import FleetHost
 
 pytestmark = pytest.mark.django_db
 
@@ -117,11 +119,11 @@ def test_gpu_ids_the_host_lacks_are_refused(operator) -> None:  # type: ignore[n
     with override_settings(GPU_COUNT=8):
         response = _post(_client(operator), {"spec": spec(gpus=[8]), "confirm_warnings": True})
     assert response.status_code == 400 and "not on this host" in " ".join(response.json()["gpus"])
-    Host.objects.create(name="h", agent_id="a", heartbeat_at=timezone.now(),
-                        gpu_telemetry={"available": True, "gpus": [{"index": 0}, {"index": 1}]})
+    host_reported(name="h", agent_id="a", heartbeat_at=timezone.now(),
+                  gpu_telemetry={"available": True, "gpus": [{"index": 0}, {"index": 1}]})
     response = _post(_client(operator), {"spec": spec(gpus=[2]), "confirm_warnings": True})
     assert response.status_code == 400 and "2 GPUs" in " ".join(response.json()["gpus"])
-    Host.objects.filter(name="h").update(heartbeat_at=timezone.now() - timedelta(hours=1))
+    FleetHost.objects.filter(name="h").update(heartbeat_at=timezone.now() - timedelta(hours=1))
     response = _post(_client(operator), {"spec": spec(gpus=[2]), "confirm_warnings": True})
     assert response.status_code == 201  # a stale report says nothing; no count is configured
 
@@ -130,9 +132,9 @@ def test_the_hosts_gpu_architecture_reaches_pre_flight(operator) -> None:  # typ
     """fa3 on Blackwell GPUs the agent reports: refused before anything is stored."""
     blackwell = [{"index": i, "name": "NVIDIA B200", "compute_capability": "10.0"}
                  for i in range(2)]
-    Host.objects.create(name="b", agent_id="a", heartbeat_at=timezone.now(),
-                        docker={"nvidia": True, "runtimes": ["nvidia", "runc"]},
-                        gpu_telemetry={"available": True, "gpus": blackwell})
+    host_reported(name="b", agent_id="a", heartbeat_at=timezone.now(),
+                  docker={"nvidia": True, "runtimes": ["nvidia", "runc"]},
+                  gpu_telemetry={"available": True, "gpus": blackwell})
     response = _post(_client(operator), {"spec": spec(gpus=[0]), "confirm_warnings": True})
     assert response.status_code == 400
     assert "gpu-arch-attention-backend" in " ".join(response.json()["engine.attention_backend"])

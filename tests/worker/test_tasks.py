@@ -19,7 +19,7 @@ from web.agent.controller import wait_for
 from web.agent.engines import container_plan, identity_of
 from web.deploy import services as deploying
 from web.deployments import services
-from web.deployments.models import Deployment, DeploymentStatus, Host
+from web.deployments.models import Deployment, DeploymentStatus
 from web.deployments.services.installation import instance_id
 from web.fleet.models import FleetHost
 from worker import tasks
@@ -234,7 +234,7 @@ def test_a_container_with_our_labels_but_not_our_identity_is_never_adopted_or_st
         assert impostor.status == "running"
         # The agent reports it, and the panel shows it for what it is.
         deadline = time.monotonic() + 10
-        while not any(c["name"] == impostor.name for h in Host.objects.all()
+        while not any(c["name"] == impostor.name for h in FleetHost.objects.all()
                       for c in h.foreign_containers):
             assert time.monotonic() < deadline, "the stray container is reported"
             time.sleep(0.2)
@@ -308,19 +308,17 @@ def test_gpus_on_a_host_whose_docker_has_no_nvidia_runtime_fail_before_anything_
 
 def test_once_the_agent_reported_the_host_pre_flight_refuses_gpus_it_cannot_give(engine, agent):  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + 10
-    while not Host.objects.exists():
+    while not FleetHost.objects.exists():
         assert time.monotonic() < deadline, "the agent reports its host"
         time.sleep(0.2)
-    host = Host.objects.get()
+    host = FleetHost.objects.get()
     assert host.docker["nvidia"] is False and "runc" in host.docker["runtimes"]
     # No NVML here: the panel says so rather than showing zeros.
     assert host.gpu_telemetry["available"] is False and host.gpu_telemetry["gpus"] == []
-    # The same report in the one host model, on a row no credential opens (not joined).
-    row = FleetHost.objects.get(name=host.name)
-    assert (row.docker, row.gpu_telemetry, row.agent_id) == (host.docker, host.gpu_telemetry,
-                                                             host.agent_id)
-    assert not row.is_joined and row.heartbeat_at is not None
-    assert (row.gpu_source, len(row.gpus)) == ("count", settings.GPU_COUNT)
+    # The panel's own host: a row no credential opens (not joined), its GPUs the count.
+    assert not host.is_joined and host.heartbeat_at is not None
+    assert host.name == host.agent_id.split("@")[-1]  # named after its agent
+    assert (host.gpu_source, len(host.gpus)) == ("count", settings.GPU_COUNT)
     page = _admin_client().get("/").content.decode()
     assert "no GPU telemetry on this host" in page and "no NVIDIA runtime" in page
     with override_settings(ENGINE_GPU_REQUESTS=True), \

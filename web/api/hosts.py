@@ -11,16 +11,17 @@ from rest_framework.decorators import api_view, permission_classes
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from web.deployments.models import Deployment, Host
+from web.deployments.models import Deployment
 from web.deployments.permissions import can_view
 from web.deployments.silence import UNKNOWN, WATCHED_STATUSES, host_silence
+from web.fleet.models import FleetHost
 
 
-def _host(host: Host, watched: list[Deployment]) -> dict[str, Any]:
+def _host(host: FleetHost, watched: list[Deployment]) -> dict[str, Any]:
     silence = host_silence(host=host)
     return {
         "name": host.name, "agent_id": host.agent_id,
-        "heartbeat_at": host.heartbeat_at.isoformat(),
+        "heartbeat_at": host.heartbeat_at.isoformat() if host.heartbeat_at else None,
         "agent": silence.to_dict() if silence else {"agent_id": host.agent_id, "silent": False},
         "deployments": [{"id": d.pk, "name": d.name, "status": d.status,
                          "shown_status": UNKNOWN if silence else d.status}
@@ -45,4 +46,5 @@ def host_list(request: Request) -> Response:
     watched = list(Deployment.objects.filter(status__in=WATCHED_STATUSES)
                    .only("name", "status", "agent_id"))
     return Response({"hosts": [_host(h, watched)
-                               for h in Host.objects.order_by("-heartbeat_at")]})
+                               for h in FleetHost.objects.filter(heartbeat_at__isnull=False)
+                               .order_by("-heartbeat_at")]})

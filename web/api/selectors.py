@@ -32,9 +32,10 @@ from knox.models import AuthToken
 
 from web.accounts.auth import token_accepted, token_in_header, token_key
 from web.accounts.models import TokenScope
-from web.deployments.models import Deployment, Host, StatusBody
+from web.deployments.models import Deployment, StatusBody
 from web.deployments.permissions import ROLE_PERMISSIONS, VIEW_PERMISSION
 from web.deployments.silence import Silence, row_silence
+from web.fleet.models import FleetHost
 
 Converter = Callable[[Any, Any, Any], Any]
 
@@ -188,7 +189,8 @@ def _make(fields: tuple[str, ...], stored: str | None) -> _Statement:
              if f.name in ("status", "agent_id", "lease_until")}
     watch = (f"{alias}.{table['status']}, {alias}.{table['agent_id']}, "
              f"{alias}.{table['lease_until']}, (SELECT h.{q('heartbeat_at')} FROM "
-             f"{q(Host._meta.db_table)} h WHERE h.{q('agent_id')} = {alias}.{table['agent_id']} "
+             f"{q(FleetHost._meta.db_table)} h "
+             f"WHERE h.{q('agent_id')} = {alias}.{table['agent_id']} "
              f"ORDER BY h.{q('heartbeat_at')} DESC LIMIT 1), ")
     user = get_user_model()
     token_table, scope_table = AuthToken._meta.db_table, TokenScope._meta.db_table

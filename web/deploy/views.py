@@ -20,7 +20,7 @@ from web.deployments.listing import row_texts
 from web.deployments.models import TERMINAL_STATUSES, Deployment
 from web.deployments.permissions import can_delete, can_deploy, can_stop, can_view
 from web.deployments.silence import deployment_silence
-from web.fleet.selectors import hosts_gpu_board
+from web.fleet.selectors import hosts_gpu_board, hosts_list
 from web.gateway.playground_views import how_to_call
 from web.gateway.selectors import gateway_base_url
 
@@ -50,7 +50,7 @@ def deployment_list(request: HttpRequest) -> HttpResponse:
         request,
         "deployments/list.html",
         {"rows": _list_rows(request), "refresh_s": LIST_REFRESH_S,
-         "can_deploy": can_deploy(request.user), "hosts": selectors.hosts_list()},
+         "can_deploy": can_deploy(request.user), "hosts": hosts_list()},
     )
 
 

@@ -26,11 +26,11 @@ from .models import (
     DeploymentStatus,
     Event,
     EventKind,
-    Host,
     MetricPoint,
     Run,
 )
-from .silence import UNKNOWN, Silence, agents_last_seen, deployment_silence, host_silence
+from .services.hostreports import host_reports
+from .silence import UNKNOWN, Silence, agents_last_seen, deployment_silence
 from .simulator import image_is_simulator, simulator_images_recent
 
 MAX_SERIES_ROWS = 20_000  # a week of retention is about 12,000 rows
@@ -64,7 +64,7 @@ def deployment_row_version(*, deployment: Deployment) -> str | None:
 def agent_seen() -> Subquery:
     """An annotation: the last host report of the agent watching the row (its `agent_id`),
     for the silence check in the row's own query (silence.row_silence)."""
-    return Subquery(Host.objects.filter(agent_id=OuterRef("agent_id"))
+    return Subquery(host_reports().filter(agent_id=OuterRef("agent_id"))
                     .order_by("-heartbeat_at").values("heartbeat_at")[:1])
 
 
@@ -326,17 +326,6 @@ def metric_series(*, deployment_id: int, start: datetime, end: datetime,
         deployment_id=deployment_id, ts__gte=start, ts__lte=end).order_by("ts")
     points = [row.to_point() for row in rows[:MAX_SERIES_ROWS]]
     return series.downsample(points, step) if step else points
-
-
-def hosts_list() -> list[Host]:
-    """The GPU hosts whose engine agents reported, newest report first, each with its
-    agent's silence (`silence`, None while it reports)."""
-    return [host_with_silence(host) for host in Host.objects.order_by("-heartbeat_at")]
-
-
-def host_with_silence(host: Host) -> Host:
-    host.silence = host_silence(host=host)  # type: ignore[attr-defined]  # for the pages
-    return host
 
 
 # ------------------------------------------------------------------ the list page

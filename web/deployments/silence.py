@@ -19,7 +19,8 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
-from .models import RUNNING_STATUSES, Deployment, DeploymentStatus, Host
+from .models import RUNNING_STATUSES, Deployment, DeploymentStatus
+from .services.hostreports import HostReport, host_reports
 
 UNKNOWN = "unknown"  # what a page shows for the status of a deployment whose agent is silent
 WATCHED_STATUSES = frozenset(RUNNING_STATUSES | {DeploymentStatus.STOPPING})
@@ -84,7 +85,7 @@ def _duration(seconds: float) -> str:
 
 def agents_last_seen() -> dict[str, datetime]:
     """Each agent's last host report (one query)."""
-    return dict(Host.objects.values_list("agent_id", "heartbeat_at"))
+    return dict(host_reports().exclude(agent_id="").values_list("agent_id", "heartbeat_at"))
 
 
 def row_silence(*, status: str, agent_id: str, last_seen: datetime | None,
@@ -115,7 +116,7 @@ def _silence(agent_id: str, last_seen: datetime | None, now: datetime) -> Silenc
     return Silence(agent_id, last_seen, seconds)
 
 
-def host_silence(*, host: Host, now: datetime | None = None) -> Silence | None:
+def host_silence(*, host: HostReport, now: datetime | None = None) -> Silence | None:
     """The host's agent, when it is silent."""
     return _silence(host.agent_id, host.heartbeat_at, now or timezone.now())
 

@@ -3,7 +3,8 @@
 An engine image is the simulator when it carries appliance.simulator's label
 (`appliance/simulator.py`); web has no Docker socket, so it knows the label from the hosts'
 reports: each agent lists its images that carry it (`docker_facts`' `simulator_images`),
-the panel's own host in its Host row and a fleet host through its heartbeat. A deployment
+the panel's own host's agent in its report and a joined host through its heartbeat
+(services/hostreports.py). A deployment
 of such an image (its `image` tag) is simulated, and so is every benchmark and
 losslessness result that measured it.
 """
@@ -17,7 +18,8 @@ from django.conf import settings
 
 from appliance.engine.refusals import build_refusals, recipe_source
 
-from .models import Deployment, DeploymentStatus, Host
+from .models import Deployment, DeploymentStatus
+from .services.hostreports import host_reports
 
 SIMULATOR_MARK = "simulator"
 SIMULATOR_NOTE = ("Simulator: engines here run the test engine (docker/test-engine), not "
@@ -30,7 +32,7 @@ SIMULATOR_NOTE = ("Simulator: engines here run the test engine (docker/test-engi
 def simulator_images() -> frozenset[str]:
     """Every image tag a host reported as the simulator's."""
     reported: set[str] = set()
-    for docker in Host.objects.values_list("docker", flat=True):
+    for docker in host_reports().values_list("docker", flat=True):
         tags = (docker or {}).get("simulator_images") if isinstance(docker, dict) else None
         if isinstance(tags, list):
             reported.update(t for t in tags if isinstance(t, str))

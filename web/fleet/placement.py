@@ -3,8 +3,9 @@
 A spec's `host:` names the host for every replica (refused, naming why, when it is
 unknown, lost, draining or lacks the GPUs); without it the panel chooses among the hosts
 that take new engines: the joined hosts whose heartbeat is fresh and that are not drained,
-and the panel's own host (APPLIANCE_HOST_NAME, its local agent). The panel's own host has
-no FleetHost row (no credential: its agent writes the database directly) and is never
+and the panel's own host (APPLIANCE_HOST_NAME, its local agent). The panel's own host's
+row has no credential that opens anything (its agent writes the database directly), so it
+is never placed on as a joined host (no Placement row), and it is never
 refused for its agent's silence, as before the fleet (the page says the agent is silent);
 it ranks after the ready hosts then.
 
@@ -30,7 +31,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.utils import timezone
 
-from web.deployments.models import Deployment, Host
+from web.deployments.models import Deployment
 
 from .heartbeat import host_state
 from .models import FleetHost, GpuLease, Placement
@@ -109,7 +110,7 @@ def placement_candidates(*, exclude_pk: int | None = None) -> dict[str, Candidat
 def _own_host(name: str, now: object) -> Candidate:
     """The panel's own host: its agent's NVML report, else APPLIANCE_GPU_COUNT GPUs;
     silent when its agent reported once and not lately (never refused for it)."""
-    report = Host.objects.filter(name=name).first()
+    report = FleetHost.objects.unjoined().filter(name=name, heartbeat_at__isnull=False).first()
     telemetry = (report.gpu_telemetry or {}) if report else {}
     listed = {int(g["index"]): str(g.get("name") or "") for g in telemetry.get("gpus") or []
               if isinstance(g, dict) and isinstance(g.get("index"), int)}

@@ -19,9 +19,9 @@ from appliance.engine.recipes import RecipeError
 from appliance.images.lock import lock_digest
 from appliance.images.plan import BuildError, recipe_lock_path
 from appliance.lifecycle import AGENT_OWNED
-from web.deployments.models import Deployment, Host
-from web.deployments.selectors import host_with_silence
+from web.deployments.models import Deployment
 from web.deployments.services.deployments import recipe_load
+from web.deployments.silence import host_silence
 from web.deployments.simulator import simulated_build, simulator_images
 from web.store.loadtime import deployment_models_refused
 
@@ -81,7 +81,8 @@ def host_rows(*, now: datetime | None = None) -> list[HostRow]:
         held.setdefault(name, []).append(gpu)
     joined = {h.name: h for h in FleetHost.objects.joined()}
     rows = [_joined_row(h, now) for h in joined.values()]
-    rows += [_local_row(r, now) for r in Host.objects.exclude(name__in=list(joined))]
+    rows += [_local_row(r, now) for r in FleetHost.objects.unjoined().exclude(
+        name__in=list(joined)).filter(heartbeat_at__isnull=False)]
     return sorted((dataclasses.replace(r, deployments=sorted(engines.get(r.name, ())),
                                        held_gpus=sorted(held.get(r.name, [])))
                    for r in rows), key=lambda r: r.name)
@@ -101,9 +102,10 @@ def _joined_row(h: FleetHost, now: datetime) -> HostRow:
         deployments=[], held_gpus=[])
 
 
-def _local_row(r: Host, now: datetime) -> HostRow:
+def _local_row(r: FleetHost, now: datetime) -> HostRow:
     telemetry = r.gpu_telemetry or {}
-    fresh = now - r.heartbeat_at <= timedelta(seconds=host_lost_after_s())
+    fresh = r.heartbeat_at is not None and (
+        now - r.heartbeat_at <= timedelta(seconds=host_lost_after_s()))
     return HostRow(
         name=r.name, joined=False, state="ready" if fresh else "lost", draining=False,
         agent_version="", gpus=list(telemetry.get("gpus") or []),
@@ -111,6 +113,18 @@ def _local_row(r: Host, now: datetime) -> HostRow:
         docker=dict(r.docker or {}), heartbeat_at=r.heartbeat_at,
         heartbeat_age_s=_age(r.heartbeat_at, now), joined_at=None, credential_prefix="",
         credential_last_used_at=None, deployments=[], held_gpus=[])
+
+
+def hosts_list() -> list[FleetHost]:
+    """The GPU hosts whose agents reported, newest report first, each with its agent's
+    silence (`silence`, None while it reports)."""
+    return [host_with_silence(host) for host in
+            FleetHost.objects.filter(heartbeat_at__isnull=False).order_by("-heartbeat_at")]
+
+
+def host_with_silence(host: FleetHost) -> FleetHost:
+    host.silence = host_silence(host=host)  # type: ignore[attr-defined]  # for the pages
+    return host
 
 
 # ------------------------------------------------------------------ the GPU board
@@ -129,7 +143,7 @@ class GpuSlot:
 @dataclass(frozen=True)
 class HostGpus:
     name: str
-    host: Host | None  # the agent's report; None before an agent reported
+    host: FleetHost | None  # the agent's report; None before an agent reported
     source: str  # where the GPU count comes from
     gpus: list[GpuSlot]
     # Leases on GPU ids the host does not report (a spec from before the count was known).
@@ -141,13 +155,14 @@ def hosts_gpu_board(*, lease_host: str, configured_count: int) -> list[HostGpus]
     leases: dict[tuple[str, int], Deployment] = {
         (lease.host, lease.gpu_index): lease.deployment
         for lease in GpuLease.objects.select_related("deployment")}
-    hosts = {h.name: host_with_silence(h) for h in Host.objects.order_by("name")}
+    hosts = {h.name: host_with_silence(h)
+             for h in FleetHost.objects.filter(heartbeat_at__isnull=False).order_by("name")}
     names = sorted({lease_host, *hosts, *(host for host, _ in leases)})
     return [_host_gpus(name, hosts.get(name), leases, lease_host, configured_count)
             for name in names]
 
 
-def _host_gpus(name: str, host: Host | None, leases: dict[tuple[str, int], Deployment],
+def _host_gpus(name: str, host: FleetHost | None, leases: dict[tuple[str, int], Deployment],
                lease_host: str, configured_count: int) -> HostGpus:
     telemetry = (host.gpu_telemetry or {}) if host else {}
     reported = {int(g["index"]): g for g in telemetry.get("gpus") or []

@@ -18,7 +18,7 @@ from django.db.models.fields.json import KT
 from django.http import HttpRequest
 
 from appliance.engine.refusals import recipe_source
-from web.deployments.models import ACTIVE_STATUSES, Deployment, DeploymentStatus, Host
+from web.deployments.models import ACTIVE_STATUSES, Deployment, DeploymentStatus
 from web.deployments.services.served_names import served_model_name
 from web.deployments.simulator import image_is_simulator, simulator_images_recent
 from web.fleet.models import FleetHost, Placement
@@ -218,15 +218,15 @@ def _target(pk: int, name: str, status: str, engine_url: str, served: str | None
                   simulator=image_is_simulator(image=image, images=simulator_images_recent()))
 
 
-# Each host's last heartbeat, keyed as Target.host_key: the joined hosts' (fleet) and the
-# engine agents' own reports (deployments.Host). One statement, run by the gateway's watch
-# connection each second (web/gateway/routing.py), so a lost host leaves the rotation
-# without a database read on any request's path.
+# Each host's last heartbeat, keyed as Target.host_key: by the host row (fleet) and by
+# the agent that reports on it (agent), from the one host model (fleet.FleetHost). One
+# statement, run by the gateway's watch connection each second (web/gateway/routing.py),
+# so a lost host leaves the rotation without a database read on any request's path.
 HEARTBEATS_SQL = (
     "SELECT 'fleet:' || id::text, extract(epoch FROM heartbeat_at)::float8 "
     "FROM fleet_fleethost WHERE heartbeat_at IS NOT NULL "
     "UNION ALL SELECT 'agent:' || agent_id, extract(epoch FROM heartbeat_at)::float8 "
-    "FROM deployments_host")
+    "FROM fleet_fleethost WHERE agent_id <> '' AND heartbeat_at IS NOT NULL")
 
 
 def gateway_heartbeats() -> dict[str, float]:
@@ -234,8 +234,10 @@ def gateway_heartbeats() -> dict[str, float]:
     found: dict[str, float] = {
         f"fleet:{pk}": at.timestamp() for pk, at in
         FleetHost.objects.values_list("id", "heartbeat_at") if at is not None}
-    for agent_id, at in Host.objects.values_list("agent_id", "heartbeat_at"):
-        found[f"agent:{agent_id}"] = max(at.timestamp(), found.get(f"agent:{agent_id}", 0.0))
+    for agent_id, at in FleetHost.objects.exclude(agent_id="").values_list("agent_id",
+                                                                            "heartbeat_at"):
+        if at is not None:
+            found[f"agent:{agent_id}"] = max(at.timestamp(), found.get(f"agent:{agent_id}", 0.0))
     return found
 
 

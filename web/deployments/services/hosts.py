@@ -1,11 +1,12 @@
 """What one GPU host can do, as pre-flight checks a spec against it: Docker's GPU support,
 its GPUs, its secret store's names.
 
-Each host's agent reports these in a Host row (the panel's own agent directly; a joined
-host's through its heartbeat, web/fleet/services.py). Placement chooses the host first;
-web/fleet/hostfacts.py picks that host's rows and `preflight_host` reads them, so a spec
-is refused for what the host it will run on lacks (no NVIDIA runtime, a GPU id it does not
-have, a secret its store lacks), never for another host's report.
+Each host's agent reports these in its host row (services/hostreports.py: the panel's own
+agent directly; a joined host's through its heartbeat, web/fleet/services.py). Placement
+chooses the host first; web/fleet/hostfacts.py picks that host's rows and `preflight_host`
+reads them, so a spec is refused for what the host it will run on lacks (no NVIDIA
+runtime, a GPU id it does not have, a secret its store lacks), never for another host's
+report.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from appliance.logs.appliance_causes import NO_NVIDIA_FIX
 from appliance.preflight import Finding
 from appliance.runtime.secrets import secret_names_available
 
-from ..models import Host
+from .hostreports import HostReport
 
 HOST_FRESH_S = 120  # a report older than this says nothing about the host now
 
@@ -30,7 +31,7 @@ class PreflightHost:
     """One host's facts as pre-flight reads them; None where no fresh report says."""
 
     name: str
-    reports: tuple[str, ...]  # the report rows (Host names) these facts come from
+    reports: tuple[str, ...]  # the report rows (host names) these facts come from
     nvidia: bool | None  # whether its Docker has NVIDIA's runtime
     runtimes: tuple[str, ...]
     gpu_requests: bool  # whether engines there are given GPUs at all (the simulator: no)
@@ -40,7 +41,7 @@ class PreflightHost:
     secret_names: frozenset[str] | None
 
 
-def preflight_host(*, name: str, reports: Sequence[Host], own: bool) -> PreflightHost:
+def preflight_host(*, name: str, reports: Sequence[HostReport], own: bool) -> PreflightHost:
     """A host's facts from its fresh report rows, freshest first.
 
     The panel's own host (own) may have several rows (its agent's, under its agent id) and
