@@ -354,3 +354,25 @@ def test_a_new_run_whose_message_was_lost_is_sent_again_once(
 def _tasks(callbacks: list[Any]) -> list[Any]:
     """The Celery sends among a transaction's on-commit callbacks (web/tasks.py's)."""
     return [c for c in callbacks if c.__qualname__.startswith("_send_on_commit.")]
+
+
+def test_a_roll_with_no_panel_loop_says_it_waits_for_one_on_the_page_and_its_poll(
+        operator: Any, client: redis.Redis) -> None:
+    """No rolling_tick for ROLLER_SILENT_S (the compose service `loop` is not running): the
+    roll's text says so on the page and in the page's poll; a tick takes the words away."""
+    rows = _deployment(2)
+    services.deployment_restart(deployment_id=rows[0].pk, user=operator)
+    client.delete(rolling.roller_beat_key())
+    web = Client()
+    web.force_login(operator)
+    page = web.get(f"/deployments/{rows[0].pk}/").content.decode()
+    polled = web.get(f"/deployments/{rows[0].pk}/agent/").json()["rolling"]
+    assert "no panel loop has taken a step" in page and "compose service `loop`" in page
+    assert polled["waiting_for_loop"] and "no panel loop" in polled["text"]
+    assert "no panel loop" not in Deployment.objects.get(pk=rows[0].pk).rolling["text"]
+
+    rolling.rolling_tick(client=client)  # a loop's tick: the beat, with its expiry
+    assert 0 < client.ttl(rolling.roller_beat_key()) <= rolling.ROLLER_SILENT_S
+    polled = web.get(f"/deployments/{rows[0].pk}/agent/").json()["rolling"]
+    assert "waiting_for_loop" not in polled and "no panel loop" not in polled["text"]
+    assert "no panel loop" not in web.get(f"/deployments/{rows[0].pk}/").content.decode()

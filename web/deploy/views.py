@@ -19,6 +19,7 @@ from web.deployments.engine_limits import engine_limits
 from web.deployments.listing import row_texts
 from web.deployments.models import TERMINAL_STATUSES, Deployment
 from web.deployments.permissions import can_delete, can_deploy, can_stop, can_view
+from web.deployments.services.rolling import rolling_shown
 from web.deployments.silence import deployment_silence
 from web.fleet.selectors import hosts_gpu_board, hosts_list
 from web.gateway.playground_views import how_to_call
@@ -155,7 +156,7 @@ def deployment_agent(request: HttpRequest, pk: int) -> HttpResponse:
                      for r in replicas] if len(replicas) > 1 else [],
         "replicas_heading": _replicas_heading(deployment, replicas),
         "replicas_throughput": selectors.replicas_throughput(replicas=replicas),
-        "rolling": deployment.rolling or {}})
+        "rolling": rolling_shown(rolling=deployment.rolling or {})})
 
 
 def _replicas_heading(deployment: Deployment, replicas: list[selectors.ReplicaRow]) -> str:
@@ -177,6 +178,7 @@ def deployment_detail(request: HttpRequest, pk: int) -> HttpResponse:
     deployment = get_object_or_404(Deployment, pk=pk)
     silence = deployment_silence(deployment=deployment)
     replicas = selectors.deployment_replicas(deployment=deployment, now=timezone.now())
+    deployment.rolling = rolling_shown(rolling=deployment.rolling or {})  # shown, not saved
     return render(
         request,
         "deployments/detail.html",

@@ -22,13 +22,15 @@ says why there and not in a Celery task). The status moves are lifecycle.py's (b
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from datetime import datetime
+from functools import cache
 from typing import Any
 
 import redis
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from appliance.lifecycle import Process
@@ -137,7 +139,7 @@ def rolling_end(*, deployment_id: int, why: str) -> bool:
 
 def rolling_tick(*, client: Any) -> int:
     """Take the next steps of every roll under way (the panel loop calls it each tick);
-    how many rolls moved."""
+    how many rolls moved. Each call leaves the roller's beat in Redis (rolling_shown)."""
     pks = list(Deployment.objects.filter(replica_of__isnull=True, rolling__state=ROLLING)
                .values_list("pk", flat=True))
     moved = 0
@@ -146,7 +148,43 @@ def rolling_tick(*, client: Any) -> int:
             moved += rolling_step(deployment_id=pk, client=client)
         except Exception:  # noqa: BLE001 - one roll's error holds up no other; next tick again
             log.exception("deployment %s: a rolling change's step failed; retried", pk)
+    # Best effort: without it a page says the roll may wait for a loop, which it checks.
+    with contextlib.suppress(redis.RedisError):
+        client.set(roller_beat_key(), "1", ex=ROLLER_SILENT_S)
     return moved
+
+
+# How long without a rolling_tick before a roll under way is shown as waiting for it.
+ROLLER_SILENT_S = 30
+
+
+def roller_beat_key() -> str:
+    """One install's beat: its database's name tells installs sharing a Redis apart."""
+    return f"appliance:roller:beat:{connection.settings_dict['NAME']}"
+
+
+@cache
+def _beat_client(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url, socket_timeout=settings.REDIS_SOCKET_TIMEOUT_S,
+                                socket_connect_timeout=settings.REDIS_SOCKET_TIMEOUT_S)
+
+
+def rolling_shown(*, rolling: dict[str, Any]) -> dict[str, Any]:
+    """The roll as the page shows it: while one is under way and no roller has ticked for
+    ROLLER_SILENT_S (no panel loop runs: its steps wait), its text says so and what to do.
+    Redis unreadable: shown as stored."""
+    if (rolling or {}).get("state") != ROLLING:
+        return rolling or {}
+    try:
+        beating = bool(_beat_client(settings.REDIS_URL).exists(roller_beat_key()))
+    except redis.RedisError:
+        return rolling
+    if beating:
+        return rolling
+    return {**rolling, "waiting_for_loop": True, "text": (
+        f"{rolling.get('text') or rolling_text(rolling=rolling)}; waiting: no panel loop has "
+        f"taken a step for {ROLLER_SILENT_S} s or more, so this roll waits for one (start "
+        "the compose service `loop`, python3 -m worker.loop)")}
 
 
 def rolling_step(*, deployment_id: int, client: Any) -> bool:
