@@ -397,8 +397,8 @@ ENGINE_TEST_ENV = env_bool("APPLIANCE_ENGINE_TEST_ENV", False)
 GPU_COUNT = env_int("APPLIANCE_GPU_COUNT", 8)
 if GPU_COUNT < 0:
     raise ValueError(f"APPLIANCE_GPU_COUNT={GPU_COUNT} must be 0 or more (the host's GPUs)")
-# The GPU host's name: the agent's Host row (agent@<name>) and the host its GPU leases are
-# taken on. One host for now; a deployment's own host comes with multi-host routing.
+# The panel's own GPU host's name: its row in fleet.FleetHost (its agent agent@<name>) and
+# the host its GPU leases are taken on.
 HOST_NAME = env_str("APPLIANCE_HOST_NAME", "gpu-host")
 # Extra environment for every engine container (tests use it to pace the test engine).
 ENGINE_EXTRA_ENV = dict(

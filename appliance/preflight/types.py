@@ -74,7 +74,7 @@ class Context:
     weights_bytes: int | None = None
     drafter_weights_bytes: int | None = None
     flags: frozenset[str] | None = None
-    # The host's GPU inventory, one mapping per GPU as NVML reports it (Host.gpu_telemetry
+    # The host's GPU inventory, one mapping per GPU as NVML reports it (its report's gpu_telemetry
     # "gpus", the self-check's "gpus"): name, index, optionally compute_capability ("9.0").
     host_gpus: list[dict[str, Any]] | None = None
     # What the file system shows of each model path field (appliance.preflight.files), and

@@ -4,15 +4,17 @@ has a row no credential opens and is never placed on as a joined host."""
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterator
 from datetime import timedelta
+from typing import Any
 
 import pytest
-from django.apps import apps
+from django.db import connection
+from django.db.migrations.loader import MigrationLoader
 from django.utils import timezone
 
 from tests.hostrows import host_reported
 from tests.rows import queued
-from web.deployments.models import Host
 from web.fleet import selectors, services
 from web.fleet.models import FleetHost, Placement, unjoined_credential
 
@@ -22,12 +24,24 @@ pytestmark = pytest.mark.django_db
 
 copy_hosts = importlib.import_module("web.fleet.migrations.0005_host_reports_copy").copy_hosts
 
+
+@pytest.fixture
+def old() -> Iterator[Any]:
+    """The models as the copy migration runs among them, with deployments.Host's table made
+    again for the test (its transaction drops it after)."""
+    state = MigrationLoader(connection).project_state(
+        [("fleet", "0004_host_reports"), ("deployments", "0017_gpulease_to_fleet")])
+    with connection.schema_editor() as editor:
+        editor.create_model(state.apps.get_model("deployments", "Host"))
+    yield state.apps
+
 TELEMETRY = {"available": True, "reason": "",
              "gpus": [{"index": i, "name": "NVIDIA H100", "uuid": f"GPU-{i}",
                        "memory_total_gb": 80.0, "utilization_pct": 3} for i in range(2)]}
 
 
-def test_the_migration_makes_a_host_row_for_each_report_with_a_credential_nothing_opens() -> None:
+def test_the_migration_makes_a_host_row_for_each_report_with_a_credential_nothing_opens(old) -> None:  # type: ignore[no-untyped-def]
+    Host = old.get_model("deployments", "Host")  # noqa: N806
     now = timezone.now()
     Host.objects.create(name="gpu-host", agent_id="agent@gpu-host", heartbeat_at=now,
                         docker={"nvidia": True}, gpu_telemetry=TELEMETRY,
@@ -35,7 +49,7 @@ def test_the_migration_makes_a_host_row_for_each_report_with_a_credential_nothin
     Host.objects.create(name="old-box", agent_id="agent@old-box",
                         heartbeat_at=now - timedelta(days=3),
                         gpu_telemetry={"available": False, "reason": "no NVML", "gpus": []})
-    copy_hosts(apps, None)
+    copy_hosts(old, None)
     own, old = FleetHost.objects.get(name="gpu-host"), FleetHost.objects.get(name="old-box")
     assert (own.heartbeat_at, own.docker, own.agent_id) == (now, {"nvidia": True},
                                                            "agent@gpu-host")
@@ -58,11 +72,12 @@ def test_the_migration_makes_a_host_row_for_each_report_with_a_credential_nothin
                                                                                "old-box"}
 
 
-def test_the_migration_gives_a_joined_host_its_report_and_keeps_its_credential() -> None:
+def test_the_migration_gives_a_joined_host_its_report_and_keeps_its_credential(old) -> None:  # type: ignore[no-untyped-def]
+    Host = old.get_model("deployments", "Host")  # noqa: N806
     done = joined("gpu-2")
-    Host.objects.filter(name="gpu-2").update(gpu_telemetry=TELEMETRY,
-                                             foreign_containers=[{"name": "stray"}])
-    copy_hosts(apps, None)
+    Host.objects.create(name="gpu-2", agent_id="agent@gpu-2", heartbeat_at=timezone.now(),
+                        gpu_telemetry=TELEMETRY, foreign_containers=[{"name": "stray"}])
+    copy_hosts(old, None)
     host = FleetHost.objects.get(name="gpu-2")
     assert host.is_joined and selectors.host_for_credential(credential=done.credential) == host
     assert host.gpu_telemetry == TELEMETRY and host.foreign_containers == [{"name": "stray"}]

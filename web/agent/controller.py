@@ -51,7 +51,7 @@ from appliance.runtime.hostfacts import docker_facts
 from appliance.runtime.progress import progress_fold
 from appliance.runtime.secrets import secret_names_available
 from appliance.runtime.work import EngineWork
-from web.deployments.models import Deployment, DeploymentStatus, EventKind, Host
+from web.deployments.models import Deployment, DeploymentStatus, EventKind
 from web.deployments.services.events import (
     events_append_batch,
     events_batches_quiet,
@@ -209,7 +209,6 @@ class EngineAgent:
         if self._ticks % 10 == 0:
             self._report_host(now)
         else:  # the heartbeat alone, every tick: a silent agent is seen in seconds (silence.py)
-            Host.objects.filter(agent_id=self.agent_id).update(heartbeat_at=now)
             host_heartbeat_local(name=self.agent_id.split("@", 1)[-1])
         self._ticks += 1
 
@@ -356,8 +355,6 @@ class EngineAgent:
             "gpu_telemetry": gpu_telemetry.collect().to_dict(),
             # Names only: pre-flight refuses a spec whose secret this store lacks.
             "secret_names": secret_names_available(directory=settings.ENGINE_SECRETS_DIR)}
-        Host.objects.update_or_create(name=host, defaults={
-            "agent_id": self.agent_id, "heartbeat_at": now, **report})
         host_report_local(name=host, agent_id=self.agent_id, **report)
         # Said once the row is stored: the warning points the reader at the Hosts page,
         # which lists them from that row.

@@ -275,23 +275,6 @@ class Installation(models.Model):
         return self.instance_id
 
 
-class Host(models.Model):
-    """What an engine agent reports about its GPU host: Docker's GPU support, strays."""
-
-    name = models.CharField(max_length=100, primary_key=True)
-    agent_id = models.CharField(max_length=100)
-    heartbeat_at = models.DateTimeField()
-    docker = models.JSONField(default=dict, blank=True)
-    foreign_containers = models.JSONField(default=list, blank=True)
-    # The last NVML snapshot (appliance.runtime.gpu_telemetry): available, reason, gpus.
-    gpu_telemetry = models.JSONField(default=dict, blank=True)
-    # Names (never values) in the agent's engine secret store, for pre-flight.
-    secret_names = models.JSONField(default=list, blank=True)
-
-    def __str__(self) -> str:
-        return self.name
-
-
 class MetricPoint(models.Model):
     """One point of a deployment's metric series (appliance.runtime.series.MetricPoint).
 

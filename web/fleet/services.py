@@ -36,7 +36,6 @@ from web.deployments.models import (
     Deployment,
     DeploymentStatus,
     EventKind,
-    Host,
 )
 from web.deployments.services import events_append_batch, events_batches_quiet
 from web.deployments.services.lifecycle import (
@@ -178,7 +177,6 @@ def host_join(*, token: str, name: str, facts: HostFacts) -> Joined:
         JoinToken.objects.filter(pk=join.pk).update(
             used_by=host_name, last_used_at=now, uses=join.uses + 1,
             first_used_at=join.first_used_at or now)
-        _report(host, facts, now)
     return Joined(host=host, credential=credential)
 
 
@@ -215,14 +213,6 @@ def _fact_fields(facts: HostFacts, now: Any, name: str) -> dict[str, Any]:
     return {"agent_id": f"agent@{name}", "agent_version": facts.agent_version, "gpus": facts.gpus,
             "gpu_source": facts.gpu_source, "docker": facts.docker, "heartbeat_at": now,
             "gpu_telemetry": _telemetry(facts), "secret_names": facts.secret_names}
-
-
-def _report(host: FleetHost, facts: HostFacts, now: Any) -> None:
-    """The host's report row as the panel's own agent writes it too (deployments.Host),
-    kept while readers of that model remain."""
-    Host.objects.update_or_create(name=host.name, defaults={
-        "agent_id": f"agent@{host.name}", "heartbeat_at": now, "docker": facts.docker,
-        "gpu_telemetry": _telemetry(facts), "secret_names": facts.secret_names})
 
 
 # -------------------------------------------------------------------- the panel's own host
@@ -307,7 +297,6 @@ def host_heartbeat(*, host: FleetHost, facts: HostFacts) -> FleetHost:
     FleetHost.objects.filter(pk=host.pk).update(**fields)
     for name, value in fields.items():
         setattr(host, name, value)
-    _report(host, facts, now)
     return host
 
 
@@ -417,7 +406,6 @@ def host_remove(*, name: str) -> int:
                              "(drain the host so that nothing new is placed there).")
         Placement.objects.filter(host=host).delete()  # ended deployments' placements
         host.delete()
-        Host.objects.filter(name=name).delete()
         return JoinToken.objects.filter(host_name=name, revoked_at__isnull=True,
                                         expires_at__gt=timezone.now()).update(
             revoked_at=timezone.now())
