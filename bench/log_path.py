@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import calendar
+import contextlib
 import json
 import os
 import secrets
@@ -44,6 +45,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -772,7 +774,7 @@ def main() -> None:
         "plain": dict(shape="plain", n=args.flood, rate=0.0, ready=True),
     }
     results: dict[str, dict[str, Any]] = {}
-    with _loadkit.panel(args, Path("/tmp/log-path-panel.log")) as url:
+    with _loadkit.panel(args, Path("/tmp/log-path-panel.log")) as url, _printers_removed():
         cookie = _loadkit.login_cookie(url)
         for phase in phases:
             apart = args.reference == "apart" and phase in ("sustained", "plain")
@@ -791,6 +793,22 @@ def main() -> None:
             _cleanup(pk)
     print("uptime:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
     print_targets(results, args)
+
+
+@contextlib.contextmanager
+def _printers_removed() -> Iterator[None]:
+    """The phases' printer containers (instance `bench`) are removed however the run ends:
+    one a failed phase left would read as a stray to the next agent that starts here."""
+    try:
+        yield
+    finally:
+        import docker
+        from appliance.runtime.containers import LABEL_INSTANCE
+
+        client = docker.from_env()  # type: ignore[attr-defined]
+        for container in client.containers.list(
+                all=True, filters={"label": f"{LABEL_INSTANCE}=bench"}):
+            container.remove(force=True)
 
 
 def print_targets(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
