@@ -544,12 +544,12 @@ class EngineFollower:
         return events
 
     def _partial_progress(self, text: str) -> Events:
-        events: Events = []
-        for event in self.progress_parser.feed(text):
-            if event.kind in BAR_KINDS:
-                events.append((PROGRESS, {**event.to_dict(), "partial": True}))
-                self._advance_for(event.kind)
-        return events
+        # A bar's pieces show progress only and never move the phase: they come on a
+        # stream of their own, so a capture bar's piece can arrive before the weight lines
+        # printed ahead of it, and moving on it would skip `loading`. The lines move the
+        # phase: the engine prints each phase's begin line before its bar (the recordings).
+        return [(PROGRESS, {**event.to_dict(), "partial": True})
+                for event in self.progress_parser.feed(text) if event.kind in BAR_KINDS]
 
     def _parsed(self, parsed: list[LogEvent]) -> Events:
         events: Events = []

@@ -68,8 +68,10 @@ def _uses(name: str) -> int:
 
 
 def _state(page: Page, name: str) -> str:
+    """The host's state on a fresh load; "absent" before it has joined (no row yet)."""
     page.reload()
-    return page.locator(f"#fleet-host-{name} .state .status").inner_text()
+    status = page.locator(f"#fleet-host-{name} .state .status")
+    return status.inner_text() if status.count() else "absent"
 
 
 def _wait_state(page: Page, name: str, state: str, timeout_s: float) -> float:

@@ -125,6 +125,33 @@ def test_a_phase_is_asked_for_only_after_the_lines_before_it_are_stored(runtime)
     assert sink.asked[0] == ("advance:loading", its_batch)
 
 
+def test_a_bars_piece_shows_progress_but_only_lines_move_the_phase(runtime):  # type: ignore[no-untyped-def]
+    # The bar's pieces come on the attach stream and the lines on the log stream, with no
+    # order between the two: a capture bar's piece seen before the weight lines printed
+    # ahead of it (a loaded machine, CI 2026-12-06) moved the phase straight to capturing,
+    # and `loading` never came. Here the piece (on stderr, with no end of line until the
+    # exit) comes 3 s before the lines (on stdout, in the engine's order).
+    bar = "Capturing batches (bs=48 avail_mem=7.49 GB):   4%|4         | 1/23 [00:29<10:51, 29.62s/it]"
+    script = ("import sys, time\n"
+              "time.sleep(1.5)\n"  # the attach is made after the start: it shows what follows
+              f"sys.stderr.write({bar!r}); sys.stderr.flush(); time.sleep(3)\n"
+              "print('[2026-12-01 09:26:00] Load weight begin. avail mem=139.13 GB', flush=True)\n"
+              "print('[2026-12-01 09:26:02] Capture target verify CUDA graph begin. backend=full, "
+              "num_tokens_per_req=33, bs=[1, 2], avail mem=18.31 GB', flush=True)\n"
+              "time.sleep(0.5)\n")
+    plan = ContainerPlan(deployment_id=unique_id("fol"), image=BASE_IMAGE,
+                         argv=["python3", "-c", script], labels=dict(TEST_LABELS),
+                         instance_id="follower-test", start_token="t1")
+    sink = RecordingSink()
+    follower = EngineFollower(runtime, plan, sink, status="starting", may_start=True,
+                              options=FollowOptions(partials=True, health_poll_s=3600))
+    assert follow(follower) == "failed"  # it exited, never ready
+    pieces = [p for kind, p in sink.shipped if kind == "progress" and p.get("partial")]
+    assert pieces and pieces[0]["kind"] == "capture_progress", sink.shipped[:5]
+    moves = [call for call, _ in sink.asked if call.startswith("advance:")]
+    assert moves == ["advance:loading", "advance:capturing"]
+
+
 def test_a_line_docker_cut_into_pieces_comes_back_whole_without_their_stamps(runtime):  # type: ignore[no-untyped-def]
     # Docker stores a line over 16 KiB as several messages, each with its own timestamp.
     script = ("print(''.join(str(i % 10) for i in range(100_000)), flush=True)\n"
