@@ -32,6 +32,11 @@ os.environ["APPLIANCE_ENGINE_TEST_ENV"] = "1"
 MODELS_ROOT = write_models(Path(tempfile.mkdtemp(prefix="appliance-models-")))
 atexit.register(shutil.rmtree, MODELS_ROOT, True)
 os.environ["APPLIANCE_MODEL_ROOTS"] = str(MODELS_ROOT)
+# The panel loops the suite starts keep the own host's join token here, not in the machine's
+# /var/lib/appliance (each pytest process its own folder: its own database's token).
+OWN_HOST_DIR = Path(tempfile.mkdtemp(prefix="appliance-own-host-"))
+atexit.register(shutil.rmtree, OWN_HOST_DIR, True)
+os.environ["APPLIANCE_OWN_HOST_TOKEN_FILE"] = str(OWN_HOST_DIR / "token")
 
 
 @pytest.fixture(autouse=True)

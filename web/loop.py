@@ -7,7 +7,12 @@ process of its own (`python3 -m worker.loop`, compose `loop`).
   (web/builder/requeue.py);
 - every SWEEP_EVERY_S: the Tune sweep (web/benchmarks/tune_services.py `tune_sweep`);
 - every PRUNE_EVERY_S: the metric series' compaction and retention and the event log's
-  retention (on a thread of its own).
+  retention (on a thread of its own);
+- at its start and every OWN_HOST_EVERY_S (hourly): `manage.py ownhost`'s work
+  (web/fleet/tokenfiles.py), a usable join token for the panel's own host
+  (APPLIANCE_HOST_NAME) in settings.OWN_HOST_TOKEN_FILE, which that host's agent joins with.
+  Only the file's path and the token's expiry are logged. A file that cannot be written
+  (or a bad host name) is logged once, as one warning, and tried again an hour on.
 
 One copy acts. It holds a PostgreSQL session advisory lock on a connection of its own
 (outside Django's pool, whose connections are handed back and closed at will) for as long
@@ -31,6 +36,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -45,6 +51,8 @@ from web.builder.requeue import builds_requeue_dead
 from web.deployments.services.metrics import metrics_prune
 from web.deployments.services.retention import events_prune_in_background
 from web.deployments.services.rolling import rolling_tick
+from web.fleet.services import FleetError
+from web.fleet.tokenfiles import own_host_token_keep
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +61,7 @@ LOCK_KEY = int.from_bytes(b"sd-loop!", "big")
 LOCK_TIMEOUT_S = 5  # connect, each statement, and TCP's wait for an answer
 SWEEP_EVERY_S = 10.0
 PRUNE_EVERY_S = 600.0
+OWN_HOST_EVERY_S = 3600.0  # a token is replaced with a day left (OWN_HOST_RENEW_BEFORE)
 
 
 @dataclass
@@ -158,12 +167,40 @@ def _prune() -> None:
     events_prune_in_background()  # the event log's retention, on a thread of its own
 
 
+def _own_host_token() -> None:
+    """The own host's join token kept in its file. A file error (an unwritable folder) or a
+    bad APPLIANCE_HOST_NAME is said in one warning and left for the next run, an hour on:
+    retrying each tick would not help and would fill the log. A database error raises, as
+    any duty's does (tried again next tick)."""
+    path = Path(settings.OWN_HOST_TOKEN_FILE)
+    try:
+        kept = own_host_token_keep(path=path, host_name=settings.HOST_NAME)
+    except OSError as exc:
+        log.warning("panel loop: cannot keep the own host's join token in %s: %s (%s); its "
+                    "agent cannot join with it; tried again in an hour", path,
+                    exc.strerror or exc, exc.filename or path)
+        return
+    except FleetError as exc:
+        log.warning("panel loop: no join token for the own host: %s: %s; tried again in "
+                    "an hour", exc.field, exc)
+        return
+    host = kept.token.host_name
+    expires = kept.token.expires_at.strftime("%Y-%m-%d %H:%M")
+    if kept.made:
+        log.info("panel loop: a join token for the own host %s (expires %s UTC) is in %s "
+                 "(the one there was %s)", host, expires, path, kept.why)
+    else:
+        log.info("panel loop: the own host %s's join token in %s is usable until %s UTC: "
+                 "kept", host, path, expires)
+
+
 def default_duties() -> list[Duty]:
     return [
         Duty("rolling changes", 0, _Rolls()),
         Duty("builds' re-queue", 0, lambda: builds_requeue_dead(now=timezone.now())),
         Duty("Tune sweep", SWEEP_EVERY_S, _sweep_tunes),
         Duty("retention", PRUNE_EVERY_S, _prune),
+        Duty("own host's join token", OWN_HOST_EVERY_S, _own_host_token),
     ]
 
 

@@ -400,6 +400,10 @@ if GPU_COUNT < 0:
 # The panel's own GPU host's name: its row in fleet.FleetHost (its agent agent@<name>) and
 # the host its GPU leases are taken on.
 HOST_NAME = env_str("APPLIANCE_HOST_NAME", "gpu-host")
+# The file the panel loop keeps a usable join token for that host in (web/fleet/tokenfiles.py,
+# at its start and hourly; `manage.py ownhost` writes the same by hand): its agent joins
+# with it. compose mounts its folder read-write in `loop` alone, read-only in `agent`.
+OWN_HOST_TOKEN_FILE = env_str("APPLIANCE_OWN_HOST_TOKEN_FILE", "/var/lib/appliance/own-host/token")
 # Extra environment for every engine container (tests use it to pace the test engine).
 ENGINE_EXTRA_ENV = dict(
     item.split("=", 1) for item in env_list("APPLIANCE_ENGINE_EXTRA_ENV") if "=" in item

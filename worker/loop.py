@@ -1,7 +1,8 @@
 """The panel loop's entry point: `python3 -m worker.loop` (the compose `loop` service).
 
 One process for the whole panel (web/loop.py): the rolling changes' steps, the re-queue of
-builds no live worker holds, the Tune sweep and the retention prunes. A second copy waits
+builds no live worker holds, the Tune sweep, the retention prunes and, hourly, the own
+host's join token in its file (APPLIANCE_OWN_HOST_TOKEN_FILE). A second copy waits
 on the loop's database lock and acts once the first is gone. SIGTERM ends it cleanly: its
 lock session ends, so a successor acts at its next tick.
 """

@@ -58,6 +58,17 @@ EVENTS = 1_000_000
 PAGES_BACK = 5
 
 
+def _mount(volume: str | dict[str, Any]) -> dict[str, Any]:
+    """A service's volume as `config` prints it (v1.29's short syntax, v2's long) in one
+    shape: source, target, read_only."""
+    if isinstance(volume, dict):
+        return {"source": volume.get("source", ""), "target": volume["target"],
+                "read_only": bool(volume.get("read_only", False))}
+    source, target, *mode = volume.split(":")
+    return {"source": source, "target": target,
+            "read_only": bool(mode) and "ro" in mode[0].split(",")}
+
+
 def test_docker_compose_accepts_the_file_and_keeps_engines_off_the_database_network() -> None:
     if COMPOSE is None:
         pytest.skip("docker-compose not installed")
@@ -84,6 +95,19 @@ def test_docker_compose_accepts_the_file_and_keeps_engines_off_the_database_netw
     assert loop["depends_on"]["web"]["condition"] == "service_healthy"
     assert "docker.sock" not in str(loop["volumes"])
     assert {"APPLIANCE_DATABASE_URL", "APPLIANCE_REDIS_URL"} <= set(loop["environment"])
+    # The own host's join token (web/loop.py keeps it): a named volume that the loop alone
+    # writes and the agent alone reads; each is told the file's path inside it.
+    token_mounts = {name: [m for m in map(_mount, service.get("volumes") or [])
+                           if m["source"] == "own-host-token"]
+                    for name, service in services.items()}
+    assert {name: [(m["target"], m["read_only"]) for m in mounts]
+            for name, mounts in token_mounts.items() if mounts} == {
+        "loop": [("/var/lib/appliance/own-host", False)],
+        "agent": [("/var/lib/appliance/own-host", True)]}
+    assert "own-host-token" in config["volumes"]
+    token_file = "/var/lib/appliance/own-host/token"
+    assert loop["environment"]["APPLIANCE_OWN_HOST_TOKEN_FILE"] == token_file
+    assert services["agent"]["environment"]["APPLIANCE_JOIN_TOKEN_FILE"] == token_file
     # Engines never join the network that holds Redis and PostgreSQL.
     assert services["agent"]["environment"]["APPLIANCE_ENGINE_NETWORK"] == "appliance-engines"
     assert "internal" in services["postgres"]["networks"]

@@ -1,10 +1,14 @@
 """The panel loop (web/loop.py): one copy acts, holding a PostgreSQL session advisory lock
 on a connection of its own; a second acts once the first's session ends (its connection
 killed, its process killed, or its clean stop); a duty that raises never ends the loop; the
-re-queue of builds no live worker holds."""
+re-queue of builds no live worker holds; the own host's join token kept in its file at the
+loop's start and hourly, never in its output."""
 
 from __future__ import annotations
 
+import logging
+import re
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -15,14 +19,19 @@ from typing import Any
 
 import pytest
 from django.db import connection
+from django.test import override_settings
 from django.utils import timezone
 
+from tests.fleet.hosts import report
 from tests.servers import free_port, panel_loop
 from tests.specs import spec
 from web.builder.requeue import QUEUED_GRACE_S, REQUEUE_GRACE_S, builds_requeue_dead
 from web.deploy import services as deploying
 from web.deployments.models import Deployment, DeploymentStatus
-from web.loop import LOCK_KEY, Duty, LoopLock, PanelLoop, default_duties
+from web.fleet import services
+from web.fleet.models import FleetHost, JoinToken
+from web.fleet.selectors import jointoken_state
+from web.loop import LOCK_KEY, OWN_HOST_EVERY_S, Duty, LoopLock, PanelLoop, default_duties
 
 S = DeploymentStatus
 REQUEUED = "the build's worker went away; the build was queued again"
@@ -204,7 +213,7 @@ def test_the_loop_acts_only_while_it_reaches_the_database() -> None:
 def test_the_default_duties_and_their_periods() -> None:
     duties = {d.name: d.every_s for d in default_duties()}
     assert duties == {"rolling changes": 0, "builds' re-queue": 0, "Tune sweep": 10.0,
-                      "retention": 600.0}
+                      "retention": 600.0, "own host's join token": 3600.0}
 
 
 @pytest.mark.django_db
@@ -240,3 +249,139 @@ def test_builds_no_live_worker_holds_are_queued_again_once(
     assert not Deployment.objects.get(pk=fresh.pk).events.filter(
         payload__message=REQUEUED).exists()
     assert Deployment.objects.get(pk=working.pk).build_owner == "worker@alive"
+
+
+OWN_HOST = "panel-gpu"
+
+
+def _own_host_duty() -> Duty:
+    """The default duties' own, so the loop's period and function are the ones tested."""
+    return next(d for d in default_duties() if d.name == "own host's join token")
+
+
+def _ran_again(duty: Duty) -> None:
+    """The duty run once more (its hour brought forward), and done: due an hour on."""
+    duty.due = 0.0
+    _until(lambda: duty.due > time.monotonic() + OWN_HOST_EVERY_S / 2, "the duty runs again")
+
+
+def _file_token(path: Path) -> JoinToken:
+    return JoinToken.objects.get(digest=services.secret_digest(path.read_text()))
+
+
+def _usable(token: JoinToken) -> bool:
+    return jointoken_state(token=token, now=timezone.now()) == "usable"
+
+
+def _no_secret(text: str, secrets: list[str]) -> None:
+    assert secrets and all(s.startswith("sdj-") and s not in text for s in secrets), text
+    assert not re.search(r"sdj-\w{8,}", text), text
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_loop_keeps_a_usable_own_host_token_and_replaces_a_spent_revoked_or_expiring_one(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "own-host" / "token"
+    duty = _own_host_duty()
+    loop = PanelLoop(duties=[duty])
+    secrets: list[str] = []
+    with override_settings(OWN_HOST_TOKEN_FILE=str(path), HOST_NAME=OWN_HOST), \
+            caplog.at_level(logging.DEBUG), _running(loop):
+        # At the loop's start: a usable token for the own host, 0600, that joins it.
+        _until(lambda: duty.due > time.monotonic() + OWN_HOST_EVERY_S / 2,
+               "the duty runs at the loop's start")
+        first = _file_token(path)
+        secrets.append(path.read_text())
+        assert first.host_name == OWN_HOST and _usable(first)
+        assert first.expires_at - timezone.now() > timedelta(days=6)
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        expiry = first.expires_at.strftime("%Y-%m-%d %H:%M")
+        assert f"is in {path}" in caplog.text and expiry in caplog.text
+        assert "(the one there was missing)" in caplog.text
+
+        # An hour on, a usable one is kept.
+        _ran_again(duty)
+        assert path.read_text() == secrets[-1] and JoinToken.objects.count() == 1
+        assert f"in {path} is usable until {expiry} UTC: kept" in caplog.text
+
+        # Spent (the agent joined with it): replaced by one that joins again.
+        services.host_join(token=secrets[-1], name=OWN_HOST,
+                           facts=services.host_facts_from(report()))
+        _ran_again(duty)
+        spent = _file_token(path)
+        secrets.append(path.read_text())
+        assert secrets[-1] != secrets[-2] and _usable(spent)
+        assert "(the one there was spent)" in caplog.text
+
+        # Revoked by an operator: replaced.
+        services.jointoken_revoke(token_id=spent.pk)
+        _ran_again(duty)
+        revoked = _file_token(path)
+        secrets.append(path.read_text())
+        assert secrets[-1] != secrets[-2] and _usable(revoked)
+        assert "(the one there was revoked)" in caplog.text
+
+        # Expiring within a day: replaced, and the replaced one (no file holds it) revoked.
+        JoinToken.objects.filter(pk=revoked.pk).update(
+            expires_at=timezone.now() + timedelta(hours=23))
+        _ran_again(duty)
+        newest = _file_token(path)
+        secrets.append(path.read_text())
+        assert newest.pk != revoked.pk and _usable(newest)
+        assert "(the one there was expires within a day)" in caplog.text
+        revoked.refresh_from_db()
+        assert revoked.revoked_at is not None
+    services.host_join(token=secrets[-1], name=OWN_HOST,
+                       facts=services.host_facts_from(report()))
+    assert FleetHost.objects.filter(name=OWN_HOST).exists()
+    assert JoinToken.objects.filter(revoked_at__isnull=True, uses=0).count() == 0
+    _no_secret(caplog.text, secrets)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_own_host_token_folder_that_cannot_be_written_is_said_once_and_tried_an_hour_on(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    folder = tmp_path / "own-host"
+    folder.mkdir()
+    # The write fails as in a read-only folder, also for root (who may write there anyway).
+    (folder / "token.part").mkdir()
+    folder.chmod(0o500)
+    path = folder / "token"
+    duty, after = _own_host_duty(), Counter()
+    loop = PanelLoop(duties=[duty, Duty("after", 0, after)])
+    with override_settings(OWN_HOST_TOKEN_FILE=str(path), HOST_NAME=OWN_HOST), \
+            caplog.at_level(logging.DEBUG), _running(loop) as thread:
+        _until(lambda: after.runs >= 10, "ten ticks run after the failed one")
+        assert thread.is_alive() and loop.acting.is_set()
+        said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        assert len(said) == 1, said
+        assert f"cannot keep the own host's join token in {path}" in said[0]
+        assert "tried again in an hour" in said[0]
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+        assert duty.due > time.monotonic() + OWN_HOST_EVERY_S / 2, "next tried an hour on"
+        assert not path.exists() and not JoinToken.objects.exists(), "no token left behind"
+
+        # The folder made writable: the next run (an hour on, brought forward) writes it.
+        folder.chmod(0o700)
+        (folder / "token.part").rmdir()
+        _ran_again(duty)
+        assert _file_token(path).host_name == OWN_HOST
+    _no_secret(caplog.text, [path.read_text()])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_loop_process_writes_the_own_host_token_and_prints_only_path_and_expiry(
+        tmp_path: Path) -> None:
+    """`python3 -m worker.loop` as compose runs it: the token's file at its start, its
+    output naming the file and the expiry, never the token."""
+    path, log_path = tmp_path / "own-host" / "token", tmp_path / "loop.log"
+    with panel_loop(log_path, APPLIANCE_OWN_HOST_TOKEN_FILE=str(path),
+                    APPLIANCE_HOST_NAME=OWN_HOST):
+        _until(lambda: "a join token for the own host" in log_path.read_text(),
+               "the loop writes the own host's token at its start")
+    token = _file_token(path)
+    assert token.host_name == OWN_HOST and _usable(token)
+    output = log_path.read_text()
+    assert f"is in {path}" in output, output
+    assert token.expires_at.strftime("%Y-%m-%d %H:%M") in output, output
+    _no_secret(output, [path.read_text()])

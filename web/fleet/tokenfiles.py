@@ -18,7 +18,7 @@ from . import services
 from .models import JoinToken
 from .selectors import jointoken_state
 
-OWN_HOST_TOKEN_FILE = "/var/lib/appliance/own-host/token"
+# The own host's token file: settings.OWN_HOST_TOKEN_FILE (APPLIANCE_OWN_HOST_TOKEN_FILE).
 # A token with this little left, or less, is replaced: the agent may need it for a re-join
 # at any time until the next check (the panel loop runs ownhost hourly).
 OWN_HOST_RENEW_BEFORE = timedelta(days=1)
@@ -58,7 +58,9 @@ def own_host_token_keep(*, path: Path, host_name: str, ttl_hours: int = OWN_HOST
     """A usable join token for the panel's own host in `path`: the file's while it is usable
     for more than OWN_HOST_RENEW_BEFORE, else a new one (services.jointoken_create) written
     there, the replaced one revoked if it could still join (no file holds it any more).
-    FleetError for a bad host name or ttl; OSError where the file cannot be read or written."""
+    FleetError for a bad host name or ttl; OSError where the file cannot be read or written,
+    and then no new token is left behind (one no file holds could join nothing, but would
+    be listed as waiting for its host each time the write is tried again)."""
     name = services.host_name_checked(host_name)
     now = now or timezone.now()
     if ttl_hours * 3600 <= OWN_HOST_RENEW_BEFORE.total_seconds():
@@ -69,8 +71,13 @@ def own_host_token_keep(*, path: Path, host_name: str, ttl_hours: int = OWN_HOST
     state = jointoken_state(token=kept, now=now) if kept is not None else "missing"
     if kept is not None and state == "usable" and kept.expires_at - now > OWN_HOST_RENEW_BEFORE:
         return KeptToken(token=kept, made=False, why="")
+    # Its row is written before the file holds it: an agent reading the file at once joins.
     made = services.jointoken_create(host_name=name, ttl_hours=ttl_hours)
-    token_file_write(path, made.secret)
+    try:
+        token_file_write(path, made.secret)
+    except OSError:
+        JoinToken.objects.filter(pk=made.token.pk).delete()  # no one holds its secret
+        raise
     if kept is not None and state == "usable":
         services.jointoken_revoke(token_id=kept.pk)
     return KeptToken(token=made.token, made=True,

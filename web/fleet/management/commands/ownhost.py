@@ -4,8 +4,10 @@
 
 makes one (for APPLIANCE_HOST_NAME) when the file is missing or its token is spent, revoked
 or expires within a day, else keeps it; the agent reads the file (APPLIANCE_JOIN_TOKEN_FILE)
-when it must join. The token never reaches the command's output or a log: only the file's
-path and the token's expiry.
+when it must join. The panel loop does the same at its start and hourly (web/loop.py), into
+settings.OWN_HOST_TOKEN_FILE (APPLIANCE_OWN_HOST_TOKEN_FILE), this command's default. The
+token never reaches the command's output or a log: only the file's path and the token's
+expiry.
 """
 
 from __future__ import annotations
@@ -17,15 +19,16 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from web.fleet import services
-from web.fleet.tokenfiles import OWN_HOST_TOKEN_FILE, OWN_HOST_TTL_H, own_host_token_keep
+from web.fleet.tokenfiles import OWN_HOST_TTL_H, own_host_token_keep
 
 
 class Command(BaseCommand):
     help = "Keep a usable join token for this panel's own host in a file its agent reads."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--out", default=OWN_HOST_TOKEN_FILE,
-                            help=f"the token's file (default {OWN_HOST_TOKEN_FILE})")
+        parser.add_argument("--out", default=settings.OWN_HOST_TOKEN_FILE,
+                            help="the token's file (default APPLIANCE_OWN_HOST_TOKEN_FILE, "
+                                 f"{settings.OWN_HOST_TOKEN_FILE})")
         parser.add_argument("--host", default=settings.HOST_NAME,
                             help="the own host's name (default APPLIANCE_HOST_NAME)")
         parser.add_argument("--ttl-hours", type=int, default=OWN_HOST_TTL_H,
