@@ -20,11 +20,13 @@ from web.deployments.sse import with_stream_sockets  # noqa: E402 - needs the ap
 _django = with_stream_sockets(_django)
 
 from web.api.asgi import with_status_reads  # noqa: E402 - needs the apps loaded
+from web.fleet.asgi import with_host_ingest  # noqa: E402 - needs the apps loaded
 from web.gateway.proxy import with_gateway  # noqa: E402 - needs the apps loaded
 
 # A token GET of a deployment's detail or summary too (web/api/asgi.py), with Django's
-# own answer's headers; everything it is unsure of is Django's.
-application = with_gateway(with_status_reads(_django))
+# own answer's headers; everything it is unsure of is Django's. A host's batch of events
+# (web/fleet/asgi.py) too, with the view's own checks and answers.
+application = with_gateway(with_host_ingest(with_status_reads(_django)))
 
 from web.security import require_production_secrets  # noqa: E402 - needs settings loaded
 

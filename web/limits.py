@@ -14,17 +14,21 @@ from django.utils.decorators import sync_and_async_middleware
 
 def body_refusal(request: HttpRequest) -> HttpResponse | None:
     """413 for a declared length over DATA_UPLOAD_MAX_MEMORY_SIZE, 400 for a malformed one."""
-    raw = request.META.get("CONTENT_LENGTH") or ""
+    refused = body_refusal_of(request.META.get("CONTENT_LENGTH") or "")
+    return None if refused is None else JsonResponse(refused[1], status=refused[0])
+
+
+def body_refusal_of(raw: str) -> tuple[int, dict[str, str]] | None:
+    """body_refusal's status and JSON body for a Content-Length header's value (also the
+    ASGI path's, web/fleet/asgi.py)."""
     if not raw:
         return None
     limit = int(settings.DATA_UPLOAD_MAX_MEMORY_SIZE or 0)
     if not (raw.isascii() and raw.isdigit()) or len(raw) > 18:
-        return JsonResponse({"detail": "The Content-Length header is not a byte count."},
-                            status=400)
+        return 400, {"detail": "The Content-Length header is not a byte count."}
     if limit and int(raw) > limit:
-        return JsonResponse(
-            {"detail": f"The request body is {int(raw)} bytes; the limit is {limit} bytes "
-                       "(APPLIANCE_MAX_BODY_BYTES)."}, status=413)
+        return 413, {"detail": f"The request body is {int(raw)} bytes; the limit is {limit} "
+                               "bytes (APPLIANCE_MAX_BODY_BYTES)."}
     return None
 
 

@@ -196,6 +196,9 @@ DATABASES = {"default": _database(_DATABASE_URL)}
 # (web/api/asgi.py: the reads polled most), with Django's own headers; off: every request
 # is Django's.
 STATUS_READS_BEFORE_DJANGO = env_bool("APPLIANCE_STATUS_READS_BEFORE_DJANGO", True)
+# The host API's ingest (a host's batches of events) answered on the ASGI path before Django
+# (web/fleet/asgi.py), with the view's checks and answers; off: Django's view answers it.
+HOST_INGEST_BEFORE_DJANGO = env_bool("APPLIANCE_HOST_INGEST_BEFORE_DJANGO", True)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env_str("APPLIANCE_REDIS_URL", "redis://127.0.0.1:6379/0")

@@ -34,37 +34,62 @@ from .models import FleetHost
 SESSION_HEADER = "HTTP_X_AGENT_SESSION"  # X-Agent-Session: the agent process's id
 
 
+AUTHENTICATE = 'Bearer realm="appliance-host"'  # the WWW-Authenticate of every 401
+NO_CREDENTIAL = "Send the host's credential: Authorization: Bearer sdh-..."
+UNKNOWN_CREDENTIAL = ("This credential names no joined host (the host was removed, or joined "
+                      "again and has a newer one): join again with a new join token.")
+
+Answer = tuple[int, dict[str, Any]]  # an HTTP status and its JSON body
+
+
+def refusal(status: int, detail: str, field: str | None = None) -> Answer:
+    return status, ({field: [detail]} if field else {"detail": detail})
+
+
 def _error(status: int, detail: str, field: str | None = None) -> JsonResponse:
-    body: dict[str, Any] = {field: [detail]} if field else {"detail": detail}
+    return _response(refusal(status, detail, field))
+
+
+def _response(answer: Answer) -> JsonResponse:
+    status, body = answer
     response = JsonResponse(body, status=status)
     if status == 401:
-        response["WWW-Authenticate"] = 'Bearer realm="appliance-host"'
+        response["WWW-Authenticate"] = AUTHENTICATE
     return response
 
 
-def _body(request: HttpRequest) -> dict[str, Any] | JsonResponse:
+def _parsed(raw: bytes) -> dict[str, Any] | Answer:
     try:
-        data = json.loads(request.body)
+        data = json.loads(raw)
     except (ValueError, RecursionError):
-        return _error(400, "The body is not JSON (or nests too deep).")
+        return refusal(400, "The body is not JSON (or nests too deep).")
     if not isinstance(data, dict):
-        return _error(400, "The body is a JSON object.")
+        return refusal(400, "The body is a JSON object.")
     return data
 
 
-def _bearer(request: HttpRequest) -> str:
-    scheme, _, value = request.META.get("HTTP_AUTHORIZATION", "").partition(" ")
+def _body(request: HttpRequest) -> dict[str, Any] | JsonResponse:
+    data = _parsed(request.body)
+    return _response(data) if isinstance(data, tuple) else data
+
+
+def bearer(authorization: str) -> str:
+    """The credential of an Authorization header's value ("" for no bearer one)."""
+    scheme, _, value = authorization.partition(" ")
     return value.strip() if scheme.lower() == "bearer" else ""
+
+
+def _bearer(request: HttpRequest) -> str:
+    return bearer(request.META.get("HTTP_AUTHORIZATION", ""))
 
 
 def _host(request: HttpRequest) -> FleetHost | JsonResponse:
     credential = _bearer(request)
     if not credential:
-        return _error(401, "Send the host's credential: Authorization: Bearer sdh-...")
+        return _error(401, NO_CREDENTIAL)
     host = selectors.host_for_credential(credential=credential)
     if host is None:
-        return _error(401, "This credential names no joined host (the host was removed, or "
-                      "joined again and has a newer one): join again with a new join token.")
+        return _error(401, UNKNOWN_CREDENTIAL)
     services.host_credential_used(host=host)
     return host
 
@@ -185,22 +210,54 @@ def host_step(request: HttpRequest, deployment_id: int) -> JsonResponse:
 @csrf_exempt
 @require_POST
 def host_events(request: HttpRequest, deployment_id: int) -> JsonResponse:
+    """The ingest (events_ingest) as a Django view. The panel's ASGI app answers these
+    requests before Django (web/fleet/asgi.py) with the same function."""
+    return _response(events_ingest(authorization=request.META.get("HTTP_AUTHORIZATION", ""),
+                                   session=_session(request), deployment_id=deployment_id,
+                                   raw=request.body))
+
+
+def events_ingest(*, authorization: str, session: str, deployment_id: int,
+                  raw: bytes) -> Answer:
     """{events: [[kind, payload], ...], row: {log_cursor, progress, decode_stats},
     start_token, after} for a deployment placed on this host -> {last_seq, stored: true};
     404 for any other deployment, 409 for another start. With `after` (the row's log cursor
     the batch follows) the batch is stored only while the row's cursor is that one, else
     {stored: false, log_cursor: the row's}: the agent skips what that cursor covers (a
     batch whose answer was lost is not stored again). Without `after` or `start_token` (an
-    older agent) that check is not made."""
-    def write(host: FleetHost, body: dict[str, Any]) -> dict[str, Any]:
-        try:
-            return {"last_seq": services.host_events_append(
-                host=host, deployment_id=deployment_id,
-                batch=services.event_batch_from(body)), "stored": True}
-        except services.CursorMoved as moved:
-            return {"last_seq": moved.last_seq, "stored": False, "log_cursor": moved.stored}
+    older agent) that check is not made.
 
-    return _placed_write(request, write)
+    The refusals and their order are _placed_write's: 401, 400 (the body), 409 (another
+    agent process), 400 (a field), 404, 409 (another start). The host, its lease and the
+    placement are one statement (selectors.host_placed_for_credential), the batch another."""
+    credential = bearer(authorization)
+    if not credential:
+        return refusal(401, NO_CREDENTIAL)
+    found = selectors.host_placed_for_credential(credential=credential,
+                                                 deployment_id=deployment_id)
+    if found is None:
+        return refusal(401, UNKNOWN_CREDENTIAL)
+    host, placed = found
+    services.host_credential_used(host=host)
+    body = _parsed(raw)
+    if isinstance(body, tuple):
+        return body
+    try:
+        services.host_agent_check(host=host, session=session)
+        batch = services.event_batch_from(body)
+        try:
+            return 200, {"last_seq": services.host_events_append(
+                host=host, deployment_id=deployment_id, batch=batch, placed=placed),
+                "stored": True}
+        except services.CursorMoved as moved:
+            return 200, {"last_seq": moved.last_seq, "stored": False,
+                         "log_cursor": moved.stored}
+    except services.FleetError as exc:
+        return refusal(400, str(exc), exc.field)
+    except services.NotPlacedHere as exc:
+        return refusal(404, f"{exc}: a host writes only the deployments placed on it.")
+    except (services.StaleStart, services.AgentLeaseHeld) as exc:
+        return refusal(409, str(exc))
 
 
 @csrf_exempt

@@ -8,10 +8,12 @@ import hashlib
 import hmac
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import cache
 from hmac import compare_digest
 from typing import Any
 
 from django.conf import settings
+from django.db import connection
 from django.utils import timezone
 
 from appliance.engine.errors import SpecError
@@ -42,6 +44,41 @@ def host_for_credential(*, credential: str) -> FleetHost | None:
     if host is None or not compare_digest(host.credential_digest, digest):
         return None
     return host
+
+
+# What a host's write to one deployment reads of its host: who it is, when its credential
+# was last stamped and which agent process holds it (the rest of the row stays unread).
+_WRITER_FIELDS = ("id", "name", "credential_digest", "credential_last_used_at",
+                  "agent_session", "agent_lease_until")
+_BIGINT_MAX = 2**63 - 1
+
+
+@cache
+def _writer_sql() -> str:
+    quote = connection.ops.quote_name
+    column = {f.name: quote(str(f.column)) for f in FleetHost._meta.concrete_fields}
+    return (f"SELECT {', '.join(f'h.{column[name]}' for name in _WRITER_FIELDS)}, "
+            f"EXISTS (SELECT 1 FROM {quote(Placement._meta.db_table)} p WHERE "
+            f"p.{quote(Placement.host.field.column)} = h.{column['id']} AND "
+            f"p.{quote(Placement.deployment.field.column)} = %s) "
+            f"FROM {quote(FleetHost._meta.db_table)} h WHERE h.{column['credential_digest']} = %s")
+
+
+def host_placed_for_credential(*, credential: str,
+                               deployment_id: int) -> tuple[FleetHost, bool] | None:
+    """host_for_credential, and whether the deployment is placed on that host, in one
+    statement (a busy host's ingest runs it for every batch): None as host_for_credential
+    is. The host is read with the fields a write checks only (_WRITER_FIELDS; any other is
+    loaded when first touched)."""
+    if not (credential.startswith(CREDENTIAL_PREFIX) and len(credential) <= MAX_CREDENTIAL):
+        return None
+    digest = secret_digest(credential)
+    with connection.cursor() as cursor:
+        cursor.execute(_writer_sql(), [min(deployment_id, _BIGINT_MAX), digest])
+        row = cursor.fetchone()
+    if row is None or not compare_digest(row[2], digest):
+        return None
+    return FleetHost.from_db(connection.alias, list(_WRITER_FIELDS), row[:-1]), bool(row[-1])
 
 
 @dataclass(frozen=True)

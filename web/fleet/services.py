@@ -500,13 +500,17 @@ def _event_checked(i: int, event: Any) -> tuple[str, dict[str, Any]]:
     return str(kind), payload
 
 
-def host_events_append(*, host: FleetHost, deployment_id: int, batch: EventBatch) -> int:
+def host_events_append(*, host: FleetHost, deployment_id: int, batch: EventBatch,
+                       placed: bool | None = None) -> int:
     """Store a host's batch for a deployment placed on it (with the row's fields, as the
     panel's own agent does); the last seq. In the same statement, as the row holds them:
     the start the batch names (StaleStart for another) and the cursor it follows
     (CursorMoved with the row's cursor for another: a batch sent again after its answer was
-    lost is then stored once). NotPlacedHere for any other deployment."""
-    if not Placement.objects.filter(host=host, deployment_id=deployment_id).exists():
+    lost is then stored once). NotPlacedHere for any other deployment. `placed`: whether
+    it is placed on the host, where the caller read that with the host (else read here)."""
+    if placed is None:
+        placed = Placement.objects.filter(host=host, deployment_id=deployment_id).exists()
+    if not placed:
         raise NotPlacedHere(f"deployment {deployment_id} is not placed on host {host.name}")
     expect = {name: value for name, value in (("start_token", batch.start_token),
                                               ("log_cursor", batch.after)) if value is not None}
