@@ -301,14 +301,15 @@ def hold_lease(stop: threading.Event, every_tick: bool) -> None:
     from django.db import connection
     from django.utils import timezone
 
-    from web.agent.controller import OWNED_STATUSES, EngineAgent
+    from appliance.lifecycle import AGENT_OWNED
+    from web.agent.controller import EngineAgent
     from web.deployments.models import Deployment
 
     agent = EngineAgent(agent_id="bench-agent")
     while True:
         now = timezone.now()
         if every_tick:
-            Deployment.objects.filter(status__in=OWNED_STATUSES).update(
+            Deployment.objects.filter(status__in=AGENT_OWNED).update(
                 agent_id=agent.agent_id, lease_until=now + timedelta(seconds=agent.lease_s))
         else:
             agent._claim(now)  # the agent's own claim: the bench holds no lease logic of its own

@@ -7,9 +7,10 @@ import time
 from collections.abc import Callable
 
 import docker
+from appliance.runtime.containers import Identity
 from appliance.runtime.follower import SCRAPE_ACCESS
-from web.agent.engines import identity_of
 from web.deployments.models import Deployment
+from web.deployments.services.installation import instance_id
 
 Lines = Callable[[list[str]], list[str]]
 
@@ -17,7 +18,8 @@ Lines = Callable[[list[str]], list[str]]
 def printed_lines(pk: int) -> list[str]:
     """What the engine printed, stdout and stderr in Docker's order ("\\r" updates folded)."""
     deployment = Deployment.objects.get(pk=pk)
-    container = docker.from_env().containers.get(identity_of(deployment).name)
+    identity = Identity(str(pk), instance_id(), deployment.start_token)
+    container = docker.from_env().containers.get(identity.name)
     raw = container.logs(stdout=True, stderr=True, timestamps=True).decode()
     lines = [line.split(" ", 1)[1] if " " in line else "" for line in raw.split("\n") if line]
     # The agent's own /metrics scrapes are not stored (appliance.runtime.follower).

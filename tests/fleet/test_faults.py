@@ -24,7 +24,7 @@ from django.db import connection
 from django.test import override_settings
 from django.utils import timezone
 
-from appliance.runtime.containers import EngineRuntime
+from appliance.runtime.containers import EngineRuntime, Identity
 from appliance.runtime.panel_link import panel_link_open
 from appliance.runtime.remote_agent import MASK, RemoteAgent, RemoteSettings, host_report
 from tests.conftest_docker import (  # noqa: F401
@@ -37,8 +37,7 @@ from tests.fleet.simhosts import gateway
 from tests.loglines import assert_every_line_once, stored_lines
 from tests.servers import PG_DATA, free_port, panel_server, pg_ctl, redis_server, redis_shutdown
 from tests.specs import spec
-from web.agent.controller import wait_for
-from web.agent.engines import identity_of
+from tests.waiting import wait_for_status
 from web.deploy import services as deploying
 from web.deployments.models import Deployment, DeploymentStatus, MetricPoint
 from web.deployments.services.installation import instance_id
@@ -106,7 +105,7 @@ def _placed(i: int, host: str) -> int:
 
 def _ready(pks: list[int], timeout_s: float = 120) -> None:
     for pk in pks:
-        assert wait_for(pk, {S.READY, S.FAILED}, timeout_s) == S.READY, pk
+        assert wait_for_status(pk, {S.READY, S.FAILED}, timeout_s) == S.READY, pk
 
 
 _KEY = re.compile(r"api_key='[0-9a-f]{64}'")
@@ -151,7 +150,9 @@ def test_three_hosts_lose_and_double_no_line_while_redis_and_postgresql_restart(
             # Paused, the engine prints no more (its traffic would keep it printing): what
             # it printed is all there is to find stored. (A stop would remove the container
             # and its log with it.)
-            engine = docker_client.containers.get(identity_of(Deployment.objects.get(pk=pk)).name)
+            row = Deployment.objects.get(pk=pk)
+            engine = docker_client.containers.get(
+                Identity(str(pk), instance_id(), row.start_token).name)
             engine.pause()
             try:
                 assert_every_line_once(pk, settle_s=20, printed_as=_engine_own,

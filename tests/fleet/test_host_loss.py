@@ -28,7 +28,7 @@ from django.test import Client, override_settings
 from tests.conftest_docker import docker_client  # noqa: F401
 from tests.fleet.simhosts import gateway, host_networks, sim_host_image, sim_hosts
 from tests.servers import panel_server
-from web.agent.controller import wait_for
+from tests.waiting import wait_for_status
 from web.deploy import services as deploying
 from web.deployments.models import Deployment, DeploymentStatus, Run
 from web.fleet import services
@@ -126,7 +126,7 @@ def test_a_lost_hosts_rows_read_unknown_and_a_restarted_hosts_replica_and_compan
         for pk in (base.pk, first.pk, replica.pk):
             tasks.deploy.apply(args=[pk]).get()
         for pk in (base.pk, first.pk, replica.pk):
-            assert wait_for(pk, {S.READY, S.FAILED}, 240) == S.READY, \
+            assert wait_for_status(pk, {S.READY, S.FAILED}, 240) == S.READY, \
                 Deployment.objects.values("diagnosis", "last_lines").get(pk=pk)
         placed = {pk: host for pk, host in Deployment.objects.filter(
             pk__in=[first.pk, replica.pk]).values_list("pk", "host")}

@@ -7,8 +7,7 @@ import ast
 from pathlib import Path
 
 from appliance import lifecycle
-from appliance.lifecycle import Process, Status, sources_of
-from web.agent.controller import OWNED_STATUSES
+from appliance.lifecycle import AGENT_OWNED, Process, Status, sources_of
 from web.deployments.models import (
     ACTIVE_STATUSES,
     RUNNING_STATUSES,
@@ -106,7 +105,7 @@ def test_djangos_choices_are_the_lifecycles_statuses() -> None:
 
 
 def test_the_agent_owns_what_it_moves_from_and_advances_the_engine_phases() -> None:
-    assert lifecycle.RUNNING | {Status.STOPPING} == OWNED_STATUSES
+    assert lifecycle.RUNNING | {Status.STOPPING} == AGENT_OWNED
     assert lifecycle.ENGINE_PHASES == (Status.STARTING, Status.CHECKING, Status.LOADING,
                                        Status.CAPTURING, Status.READY)
     assert set(ADVANCE) == set(lifecycle.ENGINE_PHASES[1:])

@@ -39,7 +39,7 @@ from tests.servers import (
     redis_server,
 )
 from tests.specs import spec
-from web.agent.controller import wait_for
+from tests.waiting import wait_for_status
 from web.deploy import services as deploying
 from web.deployments import services
 from web.deployments.models import Deployment, DeploymentStatus
@@ -71,7 +71,7 @@ def _deployment(**changes: Any) -> Deployment:
 
 
 def _wait(pk: int, statuses: set[str], timeout_s: float = 60) -> str:
-    status = wait_for(pk, statuses, timeout_s)
+    status = wait_for_status(pk, statuses, timeout_s)
     assert status in statuses, f"deployment {pk} is {status}, not {statuses}"
     return status
 

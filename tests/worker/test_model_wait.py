@@ -18,7 +18,7 @@ from django.test import override_settings
 from tests.conftest_docker import engines_of, remove_engines
 from tests.servers import celery_worker, engine_agent
 from tests.specs import spec
-from web.agent.controller import wait_for
+from tests.waiting import wait_for_status
 from web.builder.builds import deployment_run
 from web.deploy import services as deploying
 from web.deployments.models import Deployment, DeploymentStatus, EventKind, RootReadRate
@@ -81,7 +81,7 @@ def test_it_waits_for_the_download_then_starts_the_engine_once_verified(
     assert Deployment.objects.get(pk=pk).status == S.QUEUED
     ModelEntry.objects.filter(relative_path="Kimi-K2.6").update(
         state=ModelState.READY, bytes_done=4 * GIB)
-    assert wait_for(pk, {S.READY, S.FAILED}, 120) == S.READY
+    assert wait_for_status(pk, {S.READY, S.FAILED}, 120) == S.READY
     assert _download_events(pk)[-1]["state"] == "ready"
     assert len(engines_of(instance_id(), pk)) == 1
     # The root had no read rate: the create queued its measurement, the worker made it.
@@ -98,7 +98,7 @@ def test_a_download_that_fails_while_it_waits_fails_the_deployment_and_starts_no
     _until(lambda: _download_events(pk), "the worker waits for the drafter")
     ModelEntry.objects.filter(relative_path="Kimi-K2.6-DFlash").update(
         state=ModelState.FAILED, error="sha256 of model.safetensors differs")
-    assert wait_for(pk, {S.READY, S.FAILED}, 30) == S.FAILED
+    assert wait_for_status(pk, {S.READY, S.FAILED}, 30) == S.FAILED
     deployment = Deployment.objects.get(pk=pk)
     assert deployment.diagnosis["cause"] == "model-download-failed"
     assert "sha256 of model.safetensors differs" in deployment.diagnosis["summary"]
@@ -123,7 +123,7 @@ def test_the_agent_never_starts_an_engine_on_a_model_that_is_no_longer_verified(
             state=ModelState.PARTIAL, error="model.safetensors is missing")
         try:
             engine_agent_.tick()  # the agent's next look: it would start the engine now
-            assert wait_for(pk, {S.READY, S.FAILED}, 30) == S.FAILED
+            assert wait_for_status(pk, {S.READY, S.FAILED}, 30) == S.FAILED
         finally:
             engine_agent_.release_all()
     deployment = Deployment.objects.get(pk=pk)

@@ -10,10 +10,10 @@ import pytest
 from django.test import override_settings
 
 import docker
+from appliance.runtime.containers import Identity
 from tests.conftest_docker import remove_engines, wait_for
 from tests.specs import spec
-from web.agent import controller
-from web.agent.engines import identity_of
+from tests.waiting import wait_for_status
 from web.deploy import services as deploying
 from web.deployments import selectors, services
 from web.deployments.models import Deployment, DeploymentStatus
@@ -37,7 +37,8 @@ def engine(test_engine_image: str) -> Iterator[dict[str, str]]:  # noqa: F811
 
 
 def _container_name(pk: int) -> str:
-    return identity_of(Deployment.objects.get(pk=pk)).name
+    row = Deployment.objects.get(pk=pk)
+    return Identity(str(pk), instance_id(), row.start_token).name
 
 
 def _deploy(**changes) -> int:  # type: ignore[no-untyped-def]
@@ -53,7 +54,7 @@ def _restarted_ready(pk: int, run: int) -> bool:
 
 def test_an_engine_killed_while_serving_comes_back_once_then_the_deployment_fails(engine, agent):  # type: ignore[no-untyped-def]
     pk = _deploy(restart=ON_FAILURE)
-    assert controller.wait_for(pk, {S.READY, S.FAILED}, 90) == S.READY
+    assert wait_for_status(pk, {S.READY, S.FAILED}, 90) == S.READY
     first = _container_name(pk)
     docker.from_env().containers.get(first).kill()
 
@@ -69,28 +70,28 @@ def test_an_engine_killed_while_serving_comes_back_once_then_the_deployment_fail
     assert row.events.filter(seq__lt=runs[1]["first_seq"], kind="progress").exists()
 
     docker.from_env().containers.get(_container_name(pk)).kill()  # the policy is used up now
-    assert controller.wait_for(pk, {S.FAILED}, 30) == S.FAILED
+    assert wait_for_status(pk, {S.FAILED}, 30) == S.FAILED
     assert Deployment.objects.get(pk=pk).restarts == 1
 
 
 def test_an_engine_that_fails_before_ready_is_not_restarted_by_the_policy(engine, agent):  # type: ignore[no-untyped-def]
     with override_settings(ENGINE_EXTRA_ENV={**engine, "TEST_ENGINE_FAIL": "load-exit"}):
         pk = _deploy(restart=ON_FAILURE)
-        assert controller.wait_for(pk, {S.READY, S.FAILED}, 90) == S.FAILED
+        assert wait_for_status(pk, {S.READY, S.FAILED}, 90) == S.FAILED
     row = Deployment.objects.get(pk=pk)
     assert row.restarts == 0 and row.run == 1
 
 
 def test_restart_brings_a_stopped_deployment_back_in_a_new_container(engine, agent):  # type: ignore[no-untyped-def]
     pk = _deploy()
-    assert controller.wait_for(pk, {S.READY, S.FAILED}, 90) == S.READY
+    assert wait_for_status(pk, {S.READY, S.FAILED}, 90) == S.READY
     first_token = Deployment.objects.get(pk=pk).start_token
     services.deployment_stop(deployment_id=pk)
-    assert controller.wait_for(pk, {S.STOPPED}, 30) == S.STOPPED
+    assert wait_for_status(pk, {S.STOPPED}, 30) == S.STOPPED
 
     services.deployment_restart(deployment_id=pk)
     tasks.deploy.apply(args=[pk]).get()  # what the queued task does (on_commit sends it)
-    assert controller.wait_for(pk, {S.READY, S.FAILED}, 90) == S.READY
+    assert wait_for_status(pk, {S.READY, S.FAILED}, 90) == S.READY
     row = Deployment.objects.get(pk=pk)
     assert row.run == 2 and row.start_token not in ("", first_token)
     labels = docker.from_env().containers.get(_container_name(pk)).labels
@@ -105,7 +106,7 @@ def test_two_replicas_run_as_two_engines_on_other_gpus_and_restart_each_on_its_o
     for row in rows:
         tasks.deploy.apply(args=[row.pk]).get()
     for row in rows:
-        assert controller.wait_for(row.pk, {S.READY, S.FAILED}, 90) == S.READY
+        assert wait_for_status(row.pk, {S.READY, S.FAILED}, 90) == S.READY
     rows = [Deployment.objects.get(pk=r.pk) for r in rows]
     names = [_container_name(r.pk) for r in rows]
     assert len(set(names)) == 2 and rows[0].start_token != rows[1].start_token
@@ -120,4 +121,4 @@ def test_two_replicas_run_as_two_engines_on_other_gpus_and_restart_each_on_its_o
 
     services.deployment_stop(deployment_id=first.pk)  # replica 0's Stop takes both
     for row in rows:
-        assert controller.wait_for(row.pk, {S.STOPPED}, 30) == S.STOPPED
+        assert wait_for_status(row.pk, {S.STOPPED}, 30) == S.STOPPED

@@ -18,9 +18,9 @@ from django.db import connection
 from tests.conftest_docker import engines_of
 from tests.servers import engine_agent, panel_loop
 from tests.specs import spec
+from tests.waiting import wait_for_status
 from tests.worker.stack import fast_engines, until, worker_agent_loop
 from web import tasks
-from web.agent.controller import wait_for
 from web.deploy import services as deploying
 from web.deployments import services
 from web.deployments.models import Deployment, DeploymentStatus
@@ -94,7 +94,7 @@ def test_a_rolling_restart_survives_its_agent_and_loop_killed_and_a_failed_redep
             _, first_agent, first_loop), contextlib.ExitStack() as successors:
         pks = _three_replicas()
         for pk in pks:
-            assert wait_for(pk, {S.READY, S.FAILED}, 120) == S.READY
+            assert wait_for_status(pk, {S.READY, S.FAILED}, 120) == S.READY
         tokens = {pk: Deployment.objects.get(pk=pk).start_token for pk in pks}
 
         watch = Watch(pks)

@@ -21,6 +21,7 @@ from django.conf import settings
 from django.test import override_settings
 
 import docker
+from appliance.runtime.containers import Identity
 from tests.conftest_docker import remove_engines
 from tests.servers import (
     celery_worker,
@@ -30,9 +31,8 @@ from tests.servers import (
     suite_database_url,
 )
 from tests.specs import spec
+from tests.waiting import wait_for_status
 from web.accounts.tokens import token_create
-from web.agent.controller import wait_for
-from web.agent.engines import identity_of
 from web.deploy import services as deploying
 from web.deployments import services
 from web.deployments.models import Deployment, DeploymentStatus
@@ -73,7 +73,8 @@ def _engine_port(container: Any) -> str:
 def _container_checks(pk: int, value: str) -> dict[str, str]:
     """What the running engine's container shows: the engine sees the value (by hash);
     `docker inspect` and the image's history do not; the file is gone."""
-    name = identity_of(Deployment.objects.get(pk=pk)).name
+    row = Deployment.objects.get(pk=pk)
+    name = Identity(str(pk), instance_id(), row.start_token).name
     container = docker.from_env().containers.get(name)
     info = requests.get(f"http://127.0.0.1:{_engine_port(container)}/server_info", timeout=10)
     seen = info.json()["secrets_seen"]
@@ -134,10 +135,10 @@ def test_a_planted_secret_reaches_its_engine_and_no_event_row_log_key_or_layer(
     # planted first: the agent reports the store's names at its start, and pre-flight
     # refuses a secret the fresh agents do not report.
     pk = deploying.deployment_create(data=spec(secrets=["HF_TOKEN"]), confirm_warnings=True).pk
-    assert wait_for(pk, {S.READY, S.FAILED}, 150) == S.READY
+    assert wait_for_status(pk, {S.READY, S.FAILED}, 150) == S.READY
     places = _container_checks(pk, planted)
     services.deployment_stop(deployment_id=pk)
-    assert wait_for(pk, {S.STOPPED}, 60) == S.STOPPED
+    assert wait_for_status(pk, {S.STOPPED}, 60) == S.STOPPED
     places.update(_api_and_stream(stack["url"], pk))
     places.update(_everything_else(stack["logs"]))
     assert len(places) >= 14

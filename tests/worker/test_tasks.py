@@ -12,11 +12,11 @@ from django.test import override_settings
 
 import docker
 from appliance.runtime.client import EngineClient
-from appliance.runtime.containers import EngineRuntime
+from appliance.runtime.containers import EngineRuntime, Identity
 from tests.conftest_docker import engines_of, remove_engines
 from tests.specs import spec
-from web.agent.controller import wait_for
-from web.agent.engines import container_plan, identity_of
+from tests.waiting import wait_for_status
+from web.agent.engines import container_plan
 from web.deploy import services as deploying
 from web.deployments import services
 from web.deployments.models import Deployment, DeploymentStatus
@@ -41,12 +41,17 @@ def engine(test_engine_image: str) -> Iterator[dict[str, str]]:  # noqa: F811
 def _run(pk: int) -> str:
     """The deploy task, then the agent (running beside the test) until the engine settles."""
     tasks.deploy.apply(args=[pk]).get()
-    return wait_for(pk, {S.READY, S.FAILED, S.STOPPED}, 90)
+    return wait_for_status(pk, {S.READY, S.FAILED, S.STOPPED}, 90)
+
+
+def _identity(deployment: Deployment) -> Identity:
+    """The engine container's identity: this install, the deployment, its current start."""
+    return Identity(str(deployment.pk), instance_id(), deployment.start_token)
 
 
 def _container(deployment: Deployment):  # type: ignore[no-untyped-def]
     deployment.refresh_from_db()
-    return docker.from_env().containers.get(identity_of(deployment).name)
+    return docker.from_env().containers.get(_identity(deployment).name)
 
 
 def _admin_client():  # type: ignore[no-untyped-def]
@@ -113,10 +118,10 @@ def test_deploy_goes_from_queued_to_ready_with_phases_and_progress_then_stops(en
     assert EngineClient(deployment.engine_url).health() == 200
 
     services.deployment_stop(deployment_id=deployment.pk)
-    assert wait_for(deployment.pk, {S.STOPPED}, 30) == S.STOPPED  # the agent stops it
+    assert wait_for_status(deployment.pk, {S.STOPPED}, 30) == S.STOPPED  # the agent stops it
     deployment.refresh_from_db()
     assert deployment.status == S.STOPPED
-    assert EngineRuntime().find(identity_of(deployment)) is None
+    assert EngineRuntime().find(_identity(deployment)) is None
     assert deployment.events.order_by("-seq").first().kind == "end"  # type: ignore[union-attr]
 
 
@@ -140,7 +145,7 @@ def test_a_failed_self_check_fails_the_deployment_before_the_model_loads(engine,
     assert [p["status"] for p in phases] == ["starting", "checking", "failed"]
     assert "GPU self-check failed" in phases[-1]["message"]
     assert not _events(deployment, "progress"), "no weights were loaded"
-    assert EngineRuntime().find(identity_of(deployment)) is None
+    assert EngineRuntime().find(_identity(deployment)) is None
 
 
 def test_a_spec_can_skip_the_self_check(engine, agent):  # type: ignore[no-untyped-def]
@@ -166,7 +171,7 @@ def test_a_failing_engine_fails_the_deployment_with_a_diagnosis(engine, agent, m
     if cause:
         assert deployment.diagnosis["cause"] == cause
     assert deployment.last_lines, "the last engine lines travel with the failure"
-    assert EngineRuntime().find(identity_of(deployment)) is None
+    assert EngineRuntime().find(_identity(deployment)) is None
 
 
 def test_an_engine_that_exits_at_once_is_diagnosed_from_its_own_output(engine, agent):  # type: ignore[no-untyped-def]
@@ -180,7 +185,7 @@ def test_an_engine_that_exits_at_once_is_diagnosed_from_its_own_output(engine, a
     assert "exited with code 1 before it was ready" in phases[-1]["message"]
     assert any("does not appear to have a file named config.json" in line
                for line in deployment.last_lines)
-    assert EngineRuntime().find(identity_of(deployment)) is None
+    assert EngineRuntime().find(_identity(deployment)) is None
 
 
 def test_the_width_crash_names_block_size_and_budget_plus_one(engine, agent):  # type: ignore[no-untyped-def]
@@ -196,12 +201,12 @@ def test_a_stop_during_loading_stops_the_engine_and_its_container_within_seconds
     deployment = _deployment()
     with _with_failure(engine, "hang-load"):
         tasks.deploy.apply(args=[deployment.pk]).get()
-        assert wait_for(deployment.pk, {S.LOADING}, 30) == S.LOADING
+        assert wait_for_status(deployment.pk, {S.LOADING}, 30) == S.LOADING
         started = time.monotonic()
         services.deployment_stop(deployment_id=deployment.pk)
-        assert wait_for(deployment.pk, {S.STOPPED, S.FAILED}, 30) == S.STOPPED
+        assert wait_for_status(deployment.pk, {S.STOPPED, S.FAILED}, 30) == S.STOPPED
         assert time.monotonic() - started < 10
-    assert EngineRuntime().find(identity_of(deployment)) is None
+    assert EngineRuntime().find(_identity(deployment)) is None
 
 
 def test_a_restarted_agent_adopts_the_running_container_instead_of_starting_another(engine, agent):  # type: ignore[no-untyped-def]
@@ -214,7 +219,7 @@ def test_a_restarted_agent_adopts_the_running_container_instead_of_starting_anot
     plan = container_plan(Deployment.objects.get(pk=pk), str(settings.ENGINE_IMAGE))
     first = EngineRuntime().ensure_started(plan)
     agent.paused.clear()
-    assert wait_for(pk, {S.READY, S.FAILED}, 60) == S.READY
+    assert wait_for_status(pk, {S.READY, S.FAILED}, 60) == S.READY
     running = [c for c in engines_of(instance_id(), pk) if c.status == "running"]
     assert [c.id for c in running] == [first.id]
 
@@ -241,7 +246,7 @@ def test_a_container_with_our_labels_but_not_our_identity_is_never_adopted_or_st
         page = _admin_client().get("/").content.decode()
         assert impostor.name in page and "never adopted or stopped" in page
         services.deployment_stop(deployment_id=pk)
-        assert wait_for(pk, {S.STOPPED}, 30) == S.STOPPED
+        assert wait_for_status(pk, {S.STOPPED}, 30) == S.STOPPED
         impostor.reload()
         assert impostor.status == "running", "another appliance's engine is never stopped"
     finally:
@@ -289,7 +294,7 @@ def test_the_agent_ships_decode_stats_and_fails_an_engine_that_dies_while_servin
     assert deployment.decode_stats.get("cuda_graph") is True
 
     _container(deployment).kill()
-    assert wait_for(deployment.pk, {S.FAILED}, 20) == S.FAILED
+    assert wait_for_status(deployment.pk, {S.FAILED}, 20) == S.FAILED
     deployment.refresh_from_db()
     assert "signal 9" in deployment.diagnosis["summary"] or "killed" in str(deployment.diagnosis)
 
@@ -308,7 +313,7 @@ def test_gpus_on_a_host_whose_docker_has_no_nvidia_runtime_fail_before_anything_
 
 def test_once_the_agent_reported_the_host_pre_flight_refuses_gpus_it_cannot_give(engine, agent):  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + 10
-    while not FleetHost.objects.exists():
+    while not FleetHost.objects.filter(heartbeat_at__isnull=False).exists():
         assert time.monotonic() < deadline, "the agent reports its host"
         time.sleep(0.2)
     host = FleetHost.objects.get()

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from tests.specs import spec
+from tests.waiting import wait_for_status
 from tests.worker.stack import fast_engines, until, worker_agent_loop
-from web.agent.controller import wait_for
 from web.benchmarks import tune_services
 from web.benchmarks.tune_models import TuneRun
 from web.deploy import services as deploying
@@ -52,7 +52,7 @@ def test_tune_recommends_applies_and_a_cancelled_one_restores(env: dict[str, str
                                                               tmp_path: Path) -> None:
     with worker_agent_loop(tmp_path, env):
         row = deploying.deployment_create(data=spec(), confirm_warnings=True)
-        assert wait_for(row.pk, {S.READY, S.FAILED}, 120) == S.READY
+        assert wait_for_status(row.pk, {S.READY, S.FAILED}, 120) == S.READY
         row.refresh_from_db()
         before = {"spec": row.spec, "gpus": row.gpus, "algorithm": row.algorithm,
                   "name": row.name}
@@ -141,7 +141,7 @@ def test_a_deployment_with_replicas_is_tuned_on_replica_0_and_applied_rolling(
                                             confirm_warnings=True)
         rows = _rows(first.pk)
         for row in rows:
-            assert wait_for(row.pk, {S.READY, S.FAILED}, 120) == S.READY
+            assert wait_for_status(row.pk, {S.READY, S.FAILED}, 120) == S.READY
         rows = _rows(first.pk)
         before = [_kept(r) for r in rows]
         other_run = rows[1].run
@@ -215,7 +215,7 @@ def test_side_by_side_runs_beside_on_free_gpus_and_leaves_the_deployment_serving
     serves on (same run, no hold); at the end that side deployment is gone."""
     with worker_agent_loop(tmp_path, env):
         row = deploying.deployment_create(data=spec(gpus=[0]), confirm_warnings=True)
-        assert wait_for(row.pk, {S.READY, S.FAILED}, 120) == S.READY
+        assert wait_for_status(row.pk, {S.READY, S.FAILED}, 120) == S.READY
         row.refresh_from_db()
         before, served_run = _kept(row), row.run
 

@@ -17,7 +17,7 @@ from django.test import override_settings
 from tests.conftest_docker import remove_engines
 from tests.servers import celery_worker, engine_agent, panel_loop
 from tests.specs import spec
-from web.agent.controller import wait_for
+from tests.waiting import wait_for_status
 from web.benchmarks import tune_services
 from web.benchmarks.tune_models import TuneRun
 from web.deploy import services as deploying
@@ -72,7 +72,7 @@ def test_a_tune_whose_worker_is_killed_is_restored_through_the_loops_sweep(
     with engine_agent(tmp_path / "agent.log", **env), panel_loop(tmp_path / "loop.log", **env):
         with celery_worker(tmp_path / "worker.log", **env) as worker:
             row = deploying.deployment_create(data=spec(gpus=[0]), confirm_warnings=True)
-            assert wait_for(row.pk, {S.READY, S.FAILED}, 120) == S.READY
+            assert wait_for_status(row.pk, {S.READY, S.FAILED}, 120) == S.READY
             row.refresh_from_db()
             before = _kept(row)
             run = tune_services.tune_create(deployment_id=row.pk, candidates=["dflash"],
