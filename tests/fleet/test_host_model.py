@@ -89,7 +89,10 @@ def test_the_own_hosts_row_is_placed_on_as_the_panels_own_not_a_joined_host() ->
                              heartbeat_at=timezone.now(), docker={"nvidia": True},
                              **unjoined_credential())
     made = queued(gpus=[0])
-    assert made.host == "gpu-host" and not Placement.objects.exists()
+    assert made.host == "gpu-host"
+    own = FleetHost.objects.get(name="gpu-host")
+    assert list(Placement.objects.values_list("deployment_id", "host")) == [(made.pk, own.pk)]
+    assert not own.is_joined and FleetHost.objects.count() == 1  # the row it had, kept
     assert "this panel's host" in made.placement_reason
     rows = {r.name: r for r in selectors.host_rows()}
     assert set(rows) <= {"gpu-host"} and all(not r.joined for r in rows.values())
@@ -168,3 +171,31 @@ def test_a_row_made_before_its_first_report_is_no_agent_heard() -> None:
                              agent_id="agent@quiet", **unjoined_credential())
     assert set(agents_last_seen()) == {"agent@gpu-2"}
     assert [h.name for h in selectors.hosts_list()] == ["gpu-2"]
+
+
+place_own_rows = importlib.import_module(
+    "web.fleet.migrations.0006_own_host_placements").place_own_rows
+
+
+def test_the_migration_places_the_own_hosts_rows_that_have_not_ended() -> None:
+    from django.apps import apps
+
+    from web.deployments.models import Deployment
+
+    older = queued(name="older", gpus=[0])  # made before placements: no host recorded
+    own = queued(name="own", gpus=[1])
+    ended = queued(name="ended", gpus=[2])
+    elsewhere = queued(name="elsewhere", gpus=[3])
+    Placement.objects.all().delete()
+    FleetHost.objects.all().delete()  # an install whose own agent never reported
+    Deployment.objects.filter(pk=older.pk).update(host="", placement_reason="")
+    Deployment.objects.filter(pk=ended.pk).update(status="stopped")
+    Deployment.objects.filter(pk=elsewhere.pk).update(host="renamed-box")
+    place_own_rows(apps, None)
+    placed = dict(Placement.objects.values_list("deployment_id", "host__name"))
+    assert placed == {older.pk: "gpu-host", own.pk: "gpu-host"}
+    host = FleetHost.objects.get()
+    assert host.name == "gpu-host" and not host.is_joined
+    assert Placement.objects.get(deployment=own).reason == own.placement_reason
+    place_own_rows(apps, None)  # run again (a re-applied migration): nothing doubled
+    assert Placement.objects.count() == 2

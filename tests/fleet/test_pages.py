@@ -115,7 +115,7 @@ def test_an_admin_drains_and_is_refused_removal_while_an_engine_runs(admin) -> N
     services.placement_assign(deployment=running, host_name="gpu-2")
     client = _client(admin)
     drained = client.post("/fleet/hosts/gpu-2/drain/", {"draining": "1"}, follow=True)
-    assert "is draining" in drained.content.decode() and FleetHost.objects.get().draining
+    assert "is draining" in drained.content.decode() and FleetHost.objects.joined().get().draining
     refused = client.post("/fleet/hosts/gpu-2/remove/", {"confirm": "yes"},
                           follow=True).content.decode()
     assert f"#{running.pk} kimi-ddtree (ready)" in refused and FleetHost.objects.exists()
@@ -145,7 +145,7 @@ def test_only_an_admin_drains_or_removes_on_the_page(actor, request) -> None:  #
     assert client.post("/fleet/hosts/gpu-2/drain/").status_code == 403
     assert client.post("/fleet/hosts/gpu-2/remove/", {"confirm": "yes"}).status_code == 403
     assert client.get("/fleet/hosts/gpu-2/remove/").status_code == 403
-    assert FleetHost.objects.exists() and not FleetHost.objects.get().draining
+    assert FleetHost.objects.exists() and not FleetHost.objects.joined().get().draining
 
 
 def test_a_person_without_a_role_does_not_see_the_fleet(django_user_model) -> None:  # type: ignore[no-untyped-def]

@@ -15,6 +15,7 @@ from web.deployments import services
 from web.deployments.models import Deployment
 from web.fleet import services as fleet
 from web.fleet.models import FleetHost, GpuLease, Placement
+from web.fleet.selectors import joined_host_of
 
 from .hosts import joined
 
@@ -52,7 +53,13 @@ def test_a_spec_without_host_on_the_one_host_product_runs_on_the_panels_host() -
     assert made.placement_reason == "gpu-host: 8 free GPUs, this panel's host"
     assert set(GpuLease.objects.values_list("host", "gpu_index")) == {("gpu-host", 0),
                                                                       ("gpu-host", 1)}
-    assert not Placement.objects.exists()  # the panel's host writes the database itself
+    # Placed on the panel's host like any host, on a row that opens no host API write
+    # (its agent writes the database itself), made here since that agent never reported.
+    placement = Placement.objects.get()
+    assert (placement.deployment_id, placement.host.name, placement.replica) == (made.pk,
+                                                                                 "gpu-host", 0)
+    assert not placement.host.is_joined and placement.reason == made.placement_reason
+    assert joined_host_of(deployment_id=made.pk) == "", "its image is built by the panel"
 
 
 def test_a_named_host_takes_the_row_its_leases_and_its_write_scope() -> None:
@@ -103,9 +110,11 @@ def test_replicas_spread_over_the_ready_hosts_then_other_gpus_skipping_lost_and_
     assert rows[2].placement_reason.startswith("gpu-host: 7 free GPUs, this panel's host")
     assert sorted(GpuLease.objects.values_list("host", "gpu_index", "deployment_id")) == [
         ("gpu-2", 0, rows[1].pk), ("gpu-host", 0, first.pk), ("gpu-host", 1, rows[2].pk)]
-    # Only the joined host's row is a Placement: what gpu-2 may write.
-    assert list(Placement.objects.values_list("deployment_id", "replica", "host__name")) == [
-        (rows[1].pk, 1, "gpu-2")]
+    # Each row is a Placement on its host; only the joined host's opens a write (gpu-2's).
+    assert sorted(Placement.objects.values_list("deployment_id", "replica", "host__name")) == [
+        (first.pk, 0, "gpu-host"), (rows[1].pk, 1, "gpu-2"), (rows[2].pk, 2, "gpu-host")]
+    assert list(Placement.objects.filter(host__in=FleetHost.objects.joined()).values_list(
+        "deployment_id", flat=True)) == [rows[1].pk]
     # Each row is its own engine, queued for its own deploy task.
     assert all(r.status == "queued" and r.name == "kimi-ddtree" for r in rows)
 

@@ -232,9 +232,11 @@ class EngineAgent:
         # takes its engines over.
         kept = Q(agent_id=self.agent_id, lease_until__gte=now + timedelta(
             seconds=self.lease_s * KEPT_LEASE_SHARE))
-        # A deployment placed on a fleet host is that host's remote agent's (docs/fleet.md).
-        candidates = Deployment.objects.filter(status__in=OWNED_STATUSES,
-                                               placements__isnull=True)
+        # This agent's: the rows placed on the panel's own host, and any row with no
+        # placement (made before placements, or by hand); a row placed on another host is
+        # that host's remote agent's (docs/fleet.md).
+        candidates = Deployment.objects.filter(status__in=OWNED_STATUSES).filter(
+            Q(placements__isnull=True) | Q(placements__host__name=settings.HOST_NAME)).distinct()
         owned = list(candidates.filter(kept).values_list("pk", flat=True))
         for pk in candidates.filter(free).exclude(pk__in=owned).values_list("pk", flat=True):
             if Deployment.objects.filter(pk=pk, status__in=OWNED_STATUSES).filter(free).update(

@@ -71,8 +71,8 @@ class FleetHost(models.Model):
 
     A joined host came with a token and holds the credential its agent and worker use; the
     panel's own host (APPLIANCE_HOST_NAME) has a row its local agent writes, with a
-    credential no secret opens (`unjoined_credential`), and is never placed on as a joined
-    host. Its name is the one its GPU leases carry (GpuLease.host). Removing a joined host
+    credential no secret opens (`unjoined_credential`): its rows' Placements open no host
+    API write. Its name is the one its GPU leases carry (GpuLease.host). Removing a joined host
     deletes this row, so its credential is refused from then on.
     """
 

@@ -3,11 +3,11 @@
 A spec's `host:` names the host for every replica (refused, naming why, when it is
 unknown, lost, draining or lacks the GPUs); without it the panel chooses among the hosts
 that take new engines: the joined hosts whose heartbeat is fresh and that are not drained,
-and the panel's own host (APPLIANCE_HOST_NAME, its local agent). The panel's own host's
-row has no credential that opens anything (its agent writes the database directly), so it
-is never placed on as a joined host (no Placement row), and it is never
-refused for its agent's silence, as before the fleet (the page says the agent is silent);
-it ranks after the ready hosts then.
+and the panel's own host (APPLIANCE_HOST_NAME, its local agent). Every replica row gets
+a Placement on the host it runs on, the own host's too; the own host's row has no
+credential that opens anything (its agent writes the database directly), so its
+Placements scope no host API write. It is never refused for its agent's silence, as
+before the fleet (the page says the agent is silent); it ranks after the ready hosts then.
 
 Replica 0 keeps the spec's GPU ids (the spec as written); each other replica takes as many
 GPUs, preferring a host this deployment does not use yet (spread), then other GPUs of a
@@ -34,7 +34,7 @@ from django.utils import timezone
 from web.deployments.models import Deployment
 
 from .heartbeat import host_state
-from .models import FleetHost, GpuLease, Placement
+from .models import FleetHost, GpuLease, Placement, unjoined_credential
 
 MAX_REASON = 300
 
@@ -238,14 +238,20 @@ def _refusal(hosts: dict[str, Candidate], pool: list[Candidate], gpus: list[int]
 
 
 def placement_store(*, deployment: Deployment, choice: Choice) -> None:
-    """Record a row's placement: on its row (its reads show it) and, on a joined host, as
-    the fleet Placement that scopes what that host may write. The caller's transaction."""
+    """Record a row's placement: on its row (its reads show it) and as the fleet Placement
+    of the host it runs on, the panel's own included (its host row is made, with a
+    credential nothing opens, if its agent has not reported yet). On a joined host the
+    Placement scopes what that host may write. The caller's transaction."""
     Deployment.objects.filter(pk=deployment.pk).update(
         host=choice.host, gpus=choice.gpus, placement_reason=choice.reason)
     deployment.host, deployment.gpus = choice.host, choice.gpus
     deployment.placement_reason = choice.reason
     Placement.objects.filter(deployment=deployment).delete()
     if choice.joined:
-        Placement.objects.create(deployment=deployment, replica=choice.replica,
-                                 host=FleetHost.objects.joined().get(name=choice.host),
-                                 reason=choice.reason)
+        host = FleetHost.objects.joined().get(name=choice.host)
+    else:
+        host, _ = FleetHost.objects.get_or_create(
+            name=choice.host,
+            defaults={"credential_made_at": timezone.now(), **unjoined_credential()})
+    Placement.objects.create(deployment=deployment, replica=choice.replica, host=host,
+                             reason=choice.reason)

@@ -254,9 +254,10 @@ PLACEMENT_FIELDS = ("id", "status", "spec", "image", "start_token", "log_cursor"
 
 
 def joined_host_of(*, deployment_id: int) -> str:
-    """The name of the joined host the deployment is placed on ('' on the panel's own)."""
-    return str(Placement.objects.filter(deployment_id=deployment_id).values_list(
-        "host__name", flat=True).first() or "")
+    """The name of the host other than the panel's own that the deployment is placed on
+    ('' on the panel's own, or with no placement)."""
+    return str(Placement.objects.filter(deployment_id=deployment_id).exclude(
+        host__name=settings.HOST_NAME).values_list("host__name", flat=True).first() or "")
 
 
 def placement_lock_digest(*, deployment: Deployment) -> str | None:

@@ -417,7 +417,8 @@ def host_remove(*, name: str) -> int:
 def placement_assign(*, deployment: Deployment, host_name: str, replica: int = 0,
                      reason: str = "") -> Placement:
     """Place a deployment's engine (replica `replica`) on a joined host that is not
-    drained. The choice of host is the caller's (the placement rules, the spec)."""
+    drained, in place of its placement on a host that has not joined (the panel's own).
+    The choice of host is the caller's (the placement rules, the spec)."""
     host = FleetHost.objects.joined().filter(name=host_name).first()
     if host is None:
         raise NoSuchHost("host", f"no joined host {host_name!r}")
@@ -426,6 +427,8 @@ def placement_assign(*, deployment: Deployment, host_name: str, replica: int = 0
                          "there; undrain it or choose another host")
     try:
         with transaction.atomic():
+            Placement.objects.filter(deployment=deployment, replica=replica).exclude(
+                host__in=FleetHost.objects.joined()).delete()
             return Placement.objects.create(deployment=deployment, replica=replica, host=host,
                                             reason=reason[:300])
     except IntegrityError:

@@ -90,7 +90,7 @@ def _placed_agent(deployment_id: int) -> dict[str, Any]:
     it)."""
     host = (Deployment.objects.filter(pk=deployment_id)
             .values_list("placements__host__name", flat=True).first())
-    return {"agent_id": f"agent@{host}"} if host else {}
+    return {"agent_id": f"agent@{host}"} if host and host != settings.HOST_NAME else {}
 
 
 def deployment_mark_starting(*, deployment_id: int, image: str, start_token: str = "") -> bool:
