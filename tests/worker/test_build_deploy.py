@@ -21,7 +21,7 @@ from tests.conftest_docker import engines_of, remove_engines
 from tests.servers import celery_worker, engine_agent, panel_server
 from tests.site_recipes import SLOW_EXTRAS, engine_source_repo, write_recipe
 from tests.specs import spec
-from web.agent.controller import wait_for
+from tests.waiting import wait_for_status
 from web.deploy import services as deploying
 from web.deployments.models import Deployment, DeploymentStatus
 from web.deployments.services.installation import instance_id
@@ -58,7 +58,7 @@ def site_recipe(tmp_path: Path):  # type: ignore[no-untyped-def]
 def _run(pk: int) -> str:
     """The deploy task (the build), then the agent beside the test until the engine settles."""
     tasks.deploy.apply(args=[pk]).get()
-    return wait_for(pk, {S.READY, S.FAILED, S.STOPPED}, 90)
+    return wait_for_status(pk, {S.READY, S.FAILED, S.STOPPED}, 90)
 
 
 def _baseline(recipe: str, name: str, self_check: bool = True,
