@@ -53,7 +53,7 @@ class Candidate:
     """A host as the placement sees it now."""
 
     name: str
-    joined: bool  # False: the panel's own host
+    joined: bool  # False: the panel's own host (whether or not its agent joined)
     state: str  # ready, draining, lost; the panel's own host: ready or silent
     gpus: dict[int, str]  # index -> the GPU's name ("" when the host gave a count)
     held: dict[int, str] = field(default_factory=dict)  # index -> who holds it
@@ -87,13 +87,12 @@ class Choice:
 def placement_candidates(*, exclude_pk: int | None = None) -> dict[str, Candidate]:
     """Every host with its GPUs, who holds each, and its state, by name."""
     now = timezone.now()
+    own = str(settings.HOST_NAME)
     hosts = {h.name: Candidate(name=h.name, joined=True, state=host_state(host=h, now=now),
                                gpus={int(g["index"]): str(g.get("name") or "")
                                      for g in h.gpus or [] if isinstance(g.get("index"), int)})
-             for h in FleetHost.objects.joined()}
-    own = str(settings.HOST_NAME)
-    if own not in hosts:
-        hosts[own] = _own_host(own, now)
+             for h in FleetHost.objects.joined().exclude(name=own)}
+    hosts[own] = _own_host(own, now)
     leases = GpuLease.objects.select_related("deployment").order_by("host", "gpu_index")
     if exclude_pk is not None:
         leases = leases.exclude(deployment_id=exclude_pk)
@@ -108,14 +107,20 @@ def placement_candidates(*, exclude_pk: int | None = None) -> dict[str, Candidat
 
 
 def _own_host(name: str, now: object) -> Candidate:
-    """The panel's own host: its agent's NVML report, else APPLIANCE_GPU_COUNT GPUs;
-    silent when its agent reported once and not lately (never refused for it)."""
-    report = FleetHost.objects.unjoined().filter(name=name, heartbeat_at__isnull=False).first()
-    telemetry = (report.gpu_telemetry or {}) if report else {}
-    listed = {int(g["index"]): str(g.get("name") or "") for g in telemetry.get("gpus") or []
-              if isinstance(g, dict) and isinstance(g.get("index"), int)}
-    gpus = listed if telemetry.get("available") and listed else {
-        i: "" for i in range(int(settings.GPU_COUNT))}
+    """The panel's own host, whether its agent joined with the own host's token or writes
+    the database itself: the GPUs its agent reported (NVML's, or its stated count), else
+    APPLIANCE_GPU_COUNT; silent when its agent reported once and not lately (never refused
+    for it, never lost)."""
+    report = FleetHost.objects.filter(name=name, heartbeat_at__isnull=False).first()
+    if report is not None and report.is_joined:  # its heartbeat's GPUs, as any joined host's
+        listed = {int(g["index"]): str(g.get("name") or "") for g in report.gpus or []
+                  if isinstance(g, dict) and isinstance(g.get("index"), int)}
+    else:  # the NVML snapshot its database-writing agent reported
+        telemetry = (report.gpu_telemetry or {}) if report else {}
+        listed = {int(g["index"]): str(g.get("name") or "") for g in telemetry.get("gpus") or []
+                  if isinstance(g, dict) and isinstance(g.get("index"), int)
+                  } if telemetry.get("available") else {}
+    gpus = listed or {i: "" for i in range(int(settings.GPU_COUNT))}
     fresh = timedelta(seconds=int(getattr(settings, "AGENT_SILENT_S", 30)))
     silent = report is not None and now - report.heartbeat_at > fresh  # type: ignore[operator]
     return Candidate(name=name, joined=False, state="silent" if silent else "ready", gpus=gpus)
@@ -249,7 +254,7 @@ def placement_store(*, deployment: Deployment, choice: Choice) -> None:
     Placement.objects.filter(deployment=deployment).delete()
     if choice.joined:
         host = FleetHost.objects.joined().get(name=choice.host)
-    else:
+    else:  # the panel's own host, joined or not
         host, _ = FleetHost.objects.get_or_create(
             name=choice.host,
             defaults={"credential_made_at": timezone.now(), **unjoined_credential()})

@@ -278,6 +278,10 @@ def host_placements(*, host: FleetHost) -> list[dict[str, Any]]:
     key or secret value (the spec names its secrets only)."""
     rows = []
     images: frozenset[str] | None = None
+    # The panel's own host's engines take no key: they are on the appliance's engine
+    # network, reached by container name only, and the benchmark, check and Tune workers
+    # call them directly, keyless, as they always did.
+    keyed = host.name != settings.HOST_NAME
     for placement in Placement.objects.filter(
             host=host, deployment__status__in=AGENT_OWNED).select_related("deployment"):
         d = placement.deployment
@@ -295,7 +299,7 @@ def host_placements(*, host: FleetHost) -> list[dict[str, Any]]:
                    models_refused=refused,
                    simulated_build=simulated_build(deployment=d, image=d.image, images=images),
                    engine_key=engine_key(deployment_id=d.pk, start_token=d.start_token)
-                   if d.start_token else "")
+                   if d.start_token and keyed else "")
         rows.append(row)
     return rows
 

@@ -1,0 +1,104 @@
+"""The panel's own host run by the program every joined host runs (appliance.runtime.
+remote_agent), joined with the token the panel loop keeps for it (web/fleet/tokenfiles.py),
+against a live panel with the test engine on this machine's Docker: the host row its rows
+were placed on is the one that joins, the panel builds nothing of its own but hands over
+nothing either (its build worker gives the image), the agent runs the engine to ready and
+stops it, the engine takes no key (the benchmark workers call own-host engines directly),
+and a new deployment is still placed there as the panel's own host."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+from django.conf import settings
+from django.test import override_settings
+
+from appliance.runtime.containers import EngineRuntime, Identity
+from appliance.runtime.panel_link import panel_link_open
+from appliance.runtime.remote_agent import RemoteAgent, RemoteSettings, host_report, join_token_read
+from tests.conftest_docker import docker_client, remove_engines, test_engine_image  # noqa: F401
+from tests.fleet.simhosts import gateway
+from tests.specs import spec
+from tests.waiting import wait_for_status
+from web.deploy import services as deploying
+from web.deployments import services as deployments
+from web.deployments.models import Deployment, DeploymentStatus, Event
+from web.deployments.services.installation import instance_id
+from web.fleet.models import FleetHost, Placement
+from web.fleet.tokenfiles import own_host_token_keep
+from worker import tasks
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
+S = DeploymentStatus
+FAST = {"TEST_ENGINE_PACE_S": "0.01", "TEST_ENGINE_SHARDS": "4"}
+
+
+@pytest.fixture
+def own_agent(live_server, tmp_path: Path, docker_client, test_engine_image: str  # noqa: F811
+              ) -> Iterator[dict[str, Any]]:  # type: ignore[no-untyped-def]
+    """The own host's agent, started once a deployment is already placed on the host."""
+    own = str(settings.HOST_NAME)
+    token_file = tmp_path / "own-host" / "token"
+    own_host_token_keep(path=token_file, host_name=own)
+    started: dict[str, Any] = {}
+
+    def start() -> RemoteAgent:
+        config = RemoteSettings(
+            panel_url=live_server.url, host_name=own,
+            advertise_addr=gateway(docker_client.networks.get("bridge")),
+            join_token=join_token_read(token_file, wait_s=5),
+            credential_path=tmp_path / "host-credential", gpu_requests=False, gpu_count=8,
+            gpu_check=False, extra_env=FAST, stop_timeout_s=5, ready_timeout_s=90, tick_s=0.2)
+        runtime = EngineRuntime()
+        link = panel_link_open(panel_url=config.panel_url, credential_path=config.credential_path,
+                               token=config.join_token, name=own,
+                               report=host_report(runtime, config))
+        agent = RemoteAgent(link=link, config=config, runtime=runtime)
+        stop = threading.Event()
+        thread = threading.Thread(target=agent.run, args=(stop,), daemon=True)
+        thread.start()
+        started.update(stop=stop, thread=thread)
+        return agent
+
+    with override_settings(ENGINE_IMAGE=test_engine_image, ENGINE_GPU_REQUESTS=False):
+        yield {"start": start, "token_file": token_file}
+        if started:
+            started["stop"].set()
+            started["thread"].join(timeout=20)
+    remove_engines(instance_id())
+
+
+def test_the_own_host_joins_with_the_loops_token_and_its_agent_runs_its_engines(own_agent) -> None:  # type: ignore[no-untyped-def]
+    own = str(settings.HOST_NAME)
+    made = deploying.deployment_create(data=spec(gpus=[0]), confirm_warnings=True)
+    placed = Placement.objects.get(deployment=made)
+    assert placed.host.name == own and not placed.host.is_joined
+    own_agent["start"]()
+    host = FleetHost.objects.get(name=own)
+    assert host.is_joined and host.pk == placed.host_id, "the row it was placed on joined"
+    assert Placement.objects.get(deployment=made).host_id == host.pk
+
+    tasks.deploy.apply(args=[made.pk]).get()  # the panel's build worker: the image, no hand-over
+    row = Deployment.objects.get(pk=made.pk)
+    assert not row.events.filter(kind="build", payload__kind="handed_over").exists()
+    assert wait_for_status(row.pk, {S.READY, S.FAILED}, 90) == S.READY
+    row.refresh_from_db()
+    assert row.agent_id == f"agent@{own}"
+    # No key: the benchmark, check and Tune workers call an own-host engine directly.
+    assert requests.get(f"{row.engine_url}/v1/models", timeout=5).status_code == 200
+    assert Event.objects.filter(deployment=row, kind="log").exists(), "shipped via the ingest"
+
+    # The next deployment still goes to the panel's own host, said so, now a joined row.
+    second = deploying.deployment_create(data=spec(name="second", gpus=[1]),
+                                         confirm_warnings=True)
+    assert second.host == own and "this panel's host" in second.placement_reason
+
+    deployments.deployment_stop(deployment_id=row.pk)
+    assert wait_for_status(row.pk, {S.STOPPED, S.FAILED}, 30) == S.STOPPED
+    row.refresh_from_db()
+    assert EngineRuntime().find(Identity(str(row.pk), instance_id(), row.start_token)) is None
