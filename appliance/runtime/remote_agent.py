@@ -72,6 +72,7 @@ from appliance.runtime.panel_link import (
 from appliance.runtime.progress import progress_fold
 from appliance.runtime.secrets import secret_names_available
 from appliance.runtime.series import MetricPoint
+from appliance.runtime.strays import StraysSaid, strays_found
 from appliance.runtime.work import EngineWork
 
 log = logging.getLogger(__name__)
@@ -691,6 +692,10 @@ class RemoteAgent:
     monitor_settings: dict[str, Any] = field(default_factory=dict)  # the panel's, each tick
     _beat_at: float = 0.0
     _held: bool = False  # another agent process holds this host (said once)
+    # The install's id and the (deployment, start token) of each engine placed here, as the
+    # last placements read gave them; None while another agent process holds the host.
+    _placed: tuple[str, frozenset[tuple[str, str]]] | None = None
+    _strays_said: StraysSaid = field(default_factory=StraysSaid)
 
     def run(self, stop: threading.Event) -> None:
         log.info("fleet agent for host %s running against %s", self.config.host_name,
@@ -733,6 +738,7 @@ class RemoteAgent:
             if exc.status != 409:
                 raise
             self._held_elsewhere(exc)
+            self._placed = None  # its agent reports the strays
             self._beat()  # alive, and so are the host's engines: only their writes wait
             return
         self._held = False
@@ -740,6 +746,8 @@ class RemoteAgent:
                       if p.get("status") in AGENT_OWNED and p.get("start_token")}
         self.heartbeat_s = heartbeat_interval(answer, self.heartbeat_s)
         self.monitor_settings = dict(answer.get("monitor") or {})
+        self._placed = (str(answer.get("instance_id", "")),
+                        frozenset((str(pk), str(p["start_token"])) for pk, p in placements.items()))
         for placement in placements.values():
             self._step(placement, str(answer.get("instance_id", "")))
         for pk in [pk for pk in self.work if pk not in placements]:
@@ -747,9 +755,17 @@ class RemoteAgent:
         self._beat()
 
     def _beat(self) -> None:
-        if time.monotonic() - self._beat_at >= self.heartbeat_s:
-            self._panel(lambda: self.link.heartbeat(host_report(self.runtime, self.config)))
-            self._beat_at = time.monotonic()
+        if time.monotonic() - self._beat_at < self.heartbeat_s:
+            return
+        report = host_report(self.runtime, self.config)
+        if self._placed is not None:  # the strays: no engine placed here owns them
+            instance, owned = self._placed
+            report["foreign_containers"] = strays_found(self.runtime, instance=instance,
+                                                        owned=owned)
+        self._panel(lambda: self.link.heartbeat(report))
+        self._beat_at = time.monotonic()
+        if "foreign_containers" in report:  # said once the panel has them (the Hosts page)
+            self._strays_said.say(report["foreign_containers"])
 
     def _held_elsewhere(self, exc: PanelRefused) -> None:
         """Another agent process of this host holds it: write nothing until it is ours."""

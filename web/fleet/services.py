@@ -29,6 +29,7 @@ from django.utils import timezone
 from django.utils.text import slugify
 
 from appliance.logs.cause import Diagnosis
+from appliance.runtime import strays
 from appliance.runtime.alerts import Alert
 from appliance.runtime.series import MetricPoint
 from web.deployments.models import (
@@ -147,6 +148,9 @@ class HostFacts:
     gpu_source: str  # "nvml" or "count"
     docker: dict[str, Any]
     secret_names: list[str]
+    # The host's strays (appliance.runtime.strays); None when the agent sent none (an older
+    # agent, or one another process of its host holds): the row keeps what it has.
+    foreign_containers: list[dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True)
@@ -212,7 +216,9 @@ def _telemetry(facts: HostFacts) -> dict[str, Any]:
 def _fact_fields(facts: HostFacts, now: Any, name: str) -> dict[str, Any]:
     return {"agent_id": f"agent@{name}", "agent_version": facts.agent_version, "gpus": facts.gpus,
             "gpu_source": facts.gpu_source, "docker": facts.docker, "heartbeat_at": now,
-            "gpu_telemetry": _telemetry(facts), "secret_names": facts.secret_names}
+            "gpu_telemetry": _telemetry(facts), "secret_names": facts.secret_names,
+            **({} if facts.foreign_containers is None
+               else {"foreign_containers": facts.foreign_containers})}
 
 
 # -------------------------------------------------------------------- the panel's own host
@@ -270,7 +276,33 @@ def host_facts_from(body: Mapping[str, Any]) -> HostFacts:
         raise FleetError("secret_names", "send the secret store's names (never values) as "
                          "a list of up to 256 strings")
     return HostFacts(agent_version=version, gpus=gpus, gpu_source=source, docker=docker,
-                     secret_names=sorted(set(names)))
+                     secret_names=sorted(set(names)),
+                     foreign_containers=_strays_from(body.get("foreign_containers")))
+
+
+def _strays_from(sent: Any) -> list[dict[str, Any]] | None:
+    """The host's strays as its agent lists them (appliance.runtime.strays), checked."""
+    if sent is None:
+        return None
+    if isinstance(sent, list) and len(sent) <= strays.MAX_STRAYS and all(
+            isinstance(c, dict) and set(c) == {"name", "status", "labels"}
+            and _text(c["name"], strays.MAX_NAME) and _text(c["status"], strays.MAX_STATUS, 0)
+            and _stray_labels(c["labels"]) for c in sent):
+        return [{"name": c["name"], "status": c["status"], "labels": c["labels"]} for c in sent]
+    raise FleetError("foreign_containers", "send the host's stray containers as a list of up "
+                     f"to {strays.MAX_STRAYS} objects, each with name, status and labels (the "
+                     f"container's {strays.LABEL_PREFIX}* labels, up to {strays.MAX_LABELS}, "
+                     "as strings)")
+
+
+def _text(value: Any, most: int, least: int = 1) -> bool:
+    return isinstance(value, str) and least <= len(value) <= most
+
+
+def _stray_labels(labels: Any) -> bool:
+    return isinstance(labels, dict) and len(labels) <= strays.MAX_LABELS and all(
+        _text(k, strays.MAX_LABEL_KEY) and k.startswith(strays.LABEL_PREFIX)
+        and _text(v, strays.MAX_LABEL_VALUE, 0) for k, v in labels.items())
 
 
 def _gpus_from(gpus: Any, count: Any) -> tuple[list[dict[str, Any]], str]:
