@@ -9,6 +9,7 @@ and a new deployment is still placed there as the panel's own host."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -102,3 +103,50 @@ def test_the_own_host_joins_with_the_loops_token_and_its_agent_runs_its_engines(
     assert wait_for_status(row.pk, {S.STOPPED, S.FAILED}, 30) == S.STOPPED
     row.refresh_from_db()
     assert EngineRuntime().find(Identity(str(row.pk), instance_id(), row.start_token)) is None
+
+
+def test_an_upgrade_hands_a_serving_engine_from_the_panels_agent_to_the_fleets(own_agent) -> None:  # type: ignore[no-untyped-def]
+    """The agent that wrote the database (web/agent) runs an engine to ready and stops, as
+    an upgrade stops it; the fleet's agent for the same host joins and adopts the running
+    container: the same container, still ready, and every line it printed stored once, in
+    order, across the hand-over."""
+    import docker
+    from appliance.runtime.follower import SCRAPE_ACCESS, FollowOptions
+    from web.agent.controller import EngineAgent
+
+    traffic = {**FAST, "TEST_ENGINE_TRAFFIC": "1", "TEST_ENGINE_DECODE_LOG_INTERVAL": "1",
+               "TEST_ENGINE_TOKEN_S": "0.02"}
+    with override_settings(ENGINE_EXTRA_ENV=traffic, ENGINE_GPU_CHECK=False):
+        old = EngineAgent(agent_id=f"agent@{settings.HOST_NAME}",
+                          follow_options=FollowOptions(ready_timeout_s=90))
+        stop = threading.Event()
+        thread = threading.Thread(target=old.run, args=(stop, 0.2), daemon=True)
+        thread.start()
+        made = deploying.deployment_create(data=spec(gpus=[0]), confirm_warnings=True)
+        tasks.deploy.apply(args=[made.pk]).get()
+        assert wait_for_status(made.pk, {S.READY, S.FAILED}, 90) == S.READY
+        row = Deployment.objects.get(pk=made.pk)
+        identity = Identity(str(row.pk), instance_id(), row.start_token)
+        before = EngineRuntime().find(identity)
+        assert before is not None
+        stop.set()  # the upgrade: the old agent stops, its engines keep running
+        thread.join(timeout=20)
+        stored_before = Event.objects.filter(deployment=row, kind="log").count()
+
+    own_agent["start"]()
+    deadline = time.monotonic() + 30
+    while Event.objects.filter(deployment=row, kind="log").count() < stored_before + 50:
+        assert time.monotonic() < deadline, "the new agent ships the engine's new lines"
+        time.sleep(0.5)
+    row.refresh_from_db()
+    assert row.status == S.READY and row.agent_id == f"agent@{settings.HOST_NAME}"
+    after = EngineRuntime().find(identity)
+    assert after is not None and after.id == before.id, "adopted, not started again"
+    seqs = list(Event.objects.filter(deployment=row).order_by("seq").values_list("seq", flat=True))
+    assert seqs == list(range(1, len(seqs) + 1)), "a gap-free event log"
+    stored = list(Event.objects.filter(deployment=row, kind="log").order_by("seq")
+                  .values_list("payload__text", flat=True))
+    raw = docker.from_env().containers.get(after.name).logs(stdout=True, stderr=True)
+    printed = [line.rsplit("\r", 1)[-1] for line in raw.decode().split("\n") if line]
+    printed = [line for line in printed if not SCRAPE_ACCESS.match(line)]
+    assert stored == printed[:len(stored)], "every line printed is stored once, in order"
