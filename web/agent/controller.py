@@ -26,7 +26,6 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -73,7 +72,6 @@ from .monitoring import MonitorHandle, monitor_start
 
 log = logging.getLogger(__name__)
 S = DeploymentStatus
-OWNED_STATUSES = AGENT_OWNED  # the statuses the agent makes a move from (appliance.lifecycle)
 KEPT_LEASE_SHARE = 2 / 3  # a lease with more left than this share of it is not renewed
 
 
@@ -235,11 +233,11 @@ class EngineAgent:
         # This agent's: the rows placed on the panel's own host, and any row with no
         # placement (made before placements, or by hand); a row placed on another host is
         # that host's remote agent's (docs/fleet.md).
-        candidates = Deployment.objects.filter(status__in=OWNED_STATUSES).filter(
+        candidates = Deployment.objects.filter(status__in=AGENT_OWNED).filter(
             Q(placements__isnull=True) | Q(placements__host__name=settings.HOST_NAME)).distinct()
         owned = list(candidates.filter(kept).values_list("pk", flat=True))
         for pk in candidates.filter(free).exclude(pk__in=owned).values_list("pk", flat=True):
-            if Deployment.objects.filter(pk=pk, status__in=OWNED_STATUSES).filter(free).update(
+            if Deployment.objects.filter(pk=pk, status__in=AGENT_OWNED).filter(free).update(
                     agent_id=self.agent_id, lease_until=until):
                 owned.append(pk)
                 # The reads' answers at the row's new version.
@@ -335,7 +333,7 @@ class EngineAgent:
 
     def _report_host(self, now: Any) -> None:
         known = {(str(d.pk), d.start_token) for d in
-                 Deployment.objects.filter(status__in=OWNED_STATUSES)}
+                 Deployment.objects.filter(status__in=AGENT_OWNED)}
         mine = instance_id()
         strays = []
         for container in self.runtime.list_managed():
@@ -385,13 +383,3 @@ def agent_run_forever(stop: threading.Event | None = None) -> None:
     EngineAgent(follow_options=FollowOptions(
         ready_timeout_s=float(settings.ENGINE_READY_TIMEOUT_S))).run(
         stop or threading.Event(), tick_s=settings.AGENT_TICK_S)
-
-
-def wait_for(pk: int, statuses: set[str], timeout_s: float) -> str:
-    """Poll a deployment's status until it is one of `statuses` (the tests use it)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        status = Deployment.objects.values_list("status", flat=True).get(pk=pk)
-        if status in statuses or time.monotonic() > deadline:
-            return str(status)
-        time.sleep(0.2)
