@@ -256,6 +256,35 @@ def test_a_bad_step_names_its_field_and_moves_nothing(body, field) -> None:  # t
     assert mine.status == "ready"
 
 
+def test_the_own_hosts_engine_is_ready_at_its_container_name_and_at_no_other_name() -> None:
+    """The panel's own host, joined, runs its engines on the engine network: its ready step
+    names the engine container of that start (reached by name), never another name."""
+    from appliance.runtime.containers import container_name
+    from web.deployments.services.installation import instance_id
+
+    first, other = queued(name="first", gpus=[0]), queued(name="other", gpus=[1])
+    for row in (first, other):
+        dservices.deployment_mark_starting(deployment_id=row.pk, image="img", start_token="t")
+    done = joined("gpu-host")  # the rows' host (APPLIANCE_HOST_NAME), now joined
+    mine = container_name(str(first.pk), instance_id(), "t")
+    for url in ("http://web:8000", f"http://{container_name(str(other.pk), instance_id(), 't')}"
+                ":30000", f"http://{mine}:30000/v1", f"http://{mine}"):
+        status, answer = _step(first.pk, done.credential, step="ready", start_token="t",
+                               engine_url=url)
+        assert status == 400 and "engine_url" in answer, url
+    status, answer = _step(first.pk, done.credential, step="ready", start_token="t",
+                           engine_url=f"http://{mine}:30000")
+    assert status == 200 and answer["status"] == "ready", answer
+    assert Deployment.objects.get(pk=first.pk).engine_url == f"http://{mine}:30000"
+    # A joined host other than the panel's own is never told yes for a name.
+    gpu2 = joined("gpu-2")
+    services.placement_assign(deployment=other, host_name="gpu-2")
+    status, answer = _step(other.pk, gpu2.credential, step="ready", start_token="t",
+                           engine_url=f"http://{container_name(str(other.pk), instance_id(), 't')}"
+                           ":30000")
+    assert status == 400 and "engine_url" in answer
+
+
 @pytest.mark.parametrize("bad", ['"a\\u0000b"', '"\\ud800"', "NaN"])
 def test_a_payload_the_database_cannot_store_is_a_400_and_stores_nothing(bad, live_channel) -> None:  # type: ignore[no-untyped-def]
     done = joined("gpu-2")

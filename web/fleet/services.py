@@ -8,6 +8,7 @@ What a host's credential may do is what these functions let it: it names one Fle
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import ipaddress
 import json
@@ -31,6 +32,7 @@ from django.utils.text import slugify
 from appliance.logs.cause import Diagnosis
 from appliance.runtime import strays
 from appliance.runtime.alerts import Alert
+from appliance.runtime.containers import container_name
 from appliance.runtime.series import MetricPoint
 from web.deployments.models import (
     ACTIVE_STATUSES,
@@ -39,6 +41,7 @@ from web.deployments.models import (
     EventKind,
 )
 from web.deployments.services import events_append_batch, events_batches_quiet
+from web.deployments.services.installation import instance_id
 from web.deployments.services.lifecycle import (
     ADVANCE,
     deployment_mark_failed,
@@ -449,7 +452,7 @@ def host_remove(*, name: str) -> int:
 def placement_assign(*, deployment: Deployment, host_name: str, replica: int = 0,
                      reason: str = "") -> Placement:
     """Place a deployment's engine (replica `replica`) on a joined host that is not
-    drained, in place of its placement on a host that has not joined (the panel's own).
+    drained, in place of its placement on the panel's own host (joined or not).
     The choice of host is the caller's (the placement rules, the spec)."""
     host = FleetHost.objects.joined().filter(name=host_name).first()
     if host is None:
@@ -460,7 +463,7 @@ def placement_assign(*, deployment: Deployment, host_name: str, replica: int = 0
     try:
         with transaction.atomic():
             Placement.objects.filter(deployment=deployment, replica=replica).exclude(
-                host__in=FleetHost.objects.joined()).delete()
+                host__in=FleetHost.objects.joined().exclude(name=settings.HOST_NAME)).delete()
             return Placement.objects.create(deployment=deployment, replica=replica, host=host,
                                             reason=reason[:300])
     except IntegrityError:
@@ -626,28 +629,40 @@ def host_step_from(body: Mapping[str, Any]) -> HostStep:
     if not (isinstance(lines, list) and len(lines) <= MAX_LAST_LINES
             and all(isinstance(x, str) and len(x) <= MAX_TEXT for x in lines)):
         raise FleetError("last_lines", f"last_lines is a list of up to {MAX_LAST_LINES} lines")
-    url = engine_url_checked(body.get("engine_url", "")) if step == "ready" else ""
+    # Checked in host_step, which knows the host and the start (the own host's engines
+    # are named, not addressed).
+    url = body.get("engine_url", "") if step == "ready" else ""
+    if not (isinstance(url, str) and len(url) <= MAX_ENGINE_URL):
+        raise FleetError("engine_url", f"engine_url is a URL of {MAX_ENGINE_URL} characters "
+                         "at most")
     diagnosis = _diagnosis_from(body.get("diagnosis")) if step == "failed" else None
     return HostStep(step=str(step), start_token=token, engine_url=url, diagnosis=diagnosis,
                     message=message, last_lines=tuple(lines))
 
 
-def engine_url_checked(url: Any) -> str:
+MAX_ENGINE_URL = 300
+
+
+def engine_url_checked(url: Any, *, engine_name: str = "") -> str:
     """A remote engine's URL as the gateway will call it: http://<IP>:<port>, an address of
-    the host's panel-facing network. A name or a loopback, link-local or unspecified
-    address is refused: the panel's gateway would otherwise relay /v1 to whatever a host
-    names on the panel's own machine or network (its compose services answer by name)."""
+    the host's panel-facing network; or, given `engine_name` (the panel's own host, whose
+    engines sit on the engine network), http://<that engine container's name>:<port>. Any
+    other name, or a loopback, link-local or unspecified address, is refused: the panel's
+    gateway would otherwise relay /v1 to whatever a host names on the panel's own machine
+    or network (its compose services answer by name)."""
     parts = urlsplit(url if isinstance(url, str) else "")
     fix = ("engine_url is http://<the host's APPLIANCE_HOST_ADVERTISE_ADDR>:<port>, an IP "
            "address the panel reaches the host at")
     try:
-        address = ipaddress.ip_address(parts.hostname or "")
         port = parts.port
+        named = bool(engine_name) and parts.hostname == engine_name.lower()
+        address = None if named else ipaddress.ip_address(parts.hostname or "")
     except ValueError:
         raise FleetError("engine_url", fix) from None
     if (parts.scheme != "http" or port is None or parts.path not in ("", "/") or parts.query
-            or parts.username or address.is_loopback or address.is_link_local
-            or address.is_unspecified or address.is_multicast):
+            or parts.username or (address is not None and (
+                address.is_loopback or address.is_link_local or address.is_unspecified
+                or address.is_multicast))):
         raise FleetError("engine_url", fix)
     return f"http://{parts.netloc}"
 
@@ -679,6 +694,13 @@ def host_step(*, host: FleetHost, deployment_id: int, step: HostStep) -> bool:
     if not (token and secrets.compare_digest(token, step.start_token)):
         raise StaleStart(f"deployment {deployment_id} is no longer on that start (it was "
                          "restarted or redeployed): this step is for an engine that is gone")
+    if step.step == "ready":
+        # The panel's own host's engine is reached on the engine network by its container
+        # name: this start's, and no other name.
+        own = host.name == settings.HOST_NAME
+        step = dataclasses.replace(step, engine_url=engine_url_checked(
+            step.engine_url, engine_name=container_name(
+                str(deployment_id), instance_id(), token) if own else ""))
     # Whose engine it is, for the silence check (web/deployments/silence.py): this host's,
     # before the move and after it (a new run, as a replica's after its death, starts with
     # no agent: its row would not read unknown while this host is lost before it steps).
