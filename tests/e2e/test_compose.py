@@ -84,9 +84,23 @@ def test_docker_compose_accepts_the_file_and_keeps_engines_off_the_database_netw
                              "gateway-a", "gateway-b", "proxy"}
     for name in ("postgres", "redis", "web", "gateway-a", "gateway-b"):
         assert services[name]["healthcheck"]["test"], f"{name} has a health check"
-    for name in ("web", "worker", "agent", "loop", "gateway-a", "gateway-b"):
+    for name in ("web", "worker", "loop", "gateway-a", "gateway-b"):
         assert services[name]["depends_on"]["postgres"]["condition"] == "service_healthy"
+    for name in ("web", "worker", "agent", "loop", "gateway-a", "gateway-b"):
         assert services[name]["restart"] == "unless-stopped"
+    # This machine's agent is the fleet's agent program: the host API at web's internal
+    # address, its own name, and nothing of the database, Redis or the panel's secrets.
+    agent = services["agent"]
+    assert agent["environment"]["APPLIANCE_PANEL_URL"] == "http://web:8000"
+    assert agent["environment"]["APPLIANCE_HOST_NAME"] == "gpu-host"
+    assert not [k for k in agent["environment"] if "DATABASE" in k or "REDIS" in k
+                or "SECRET_KEY" in k or "ADMIN" in k]
+    assert "postgres" not in agent["depends_on"] and "redis" not in agent["depends_on"]
+    assert agent["depends_on"]["web"]["condition"] == "service_healthy"
+    assert agent["depends_on"]["loop"]["condition"] == "service_started"
+    assert not [m for m in map(_mount, agent["volumes"]) if m["source"] == "secrets"], \
+        "the panel's secrets volume (secret key, database password) is not the agent's"
+    assert "web" in services["web"]["environment"]["APPLIANCE_ALLOWED_HOSTS"].split(",")
     assert services["worker"]["depends_on"]["web"]["condition"] == "service_healthy"
     # The panel loop (web/loop.py): the image's `loop` role, after web's migrations, with the
     # database and Redis (internal) and no Docker socket; a small pool of its own.
@@ -156,9 +170,9 @@ def test_docker_compose_accepts_the_file_and_keeps_engines_off_the_database_netw
                  "APPLIANCE_POSTGRES_MAX_CONNECTIONS"):
         assert f"#{name}=" in example, f"{name} is documented in .env.example"
     # PostgreSQL has room for every pool: web's processes (at most 4 by the entrypoint) and
-    # the worker's and agent's, at the shipped pool size, beside a few admin sessions.
+    # the worker's, at the shipped pool size, beside a few admin sessions (the agent has none).
     limit = int(services["postgres"]["command"][1].removeprefix("max_connections="))
-    pools = 4 + 2  # web processes, worker, agent
+    pools = 4 + 1  # web processes, worker
     small = sum(int(services[name]["environment"]["APPLIANCE_DB_POOL_MAX_SIZE"])
                 for name in ("gateway-a", "gateway-b", "loop"))
     assert limit >= pools * 20 + small + 1 + 10  # 1: the loop's lock connection
@@ -430,7 +444,10 @@ def _stored_lines(stack: Stack, token: str, pk: int) -> tuple[list[int], list[st
             return seqs, texts
         for event in events:
             seqs.append(event["seq"])
-            if event["kind"] == "log":
+            # The agent's own notes ("appliance: engine container ... running") come as log
+            # lines through the host API (remote_agent: status events are the panel's
+            # alone); the engine printed none of them.
+            if event["kind"] == "log" and not event["payload"]["text"].startswith("appliance: "):
                 texts.append(event["payload"]["text"])
         after = events[-1]["seq"]
 
