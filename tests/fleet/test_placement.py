@@ -62,6 +62,13 @@ def test_a_spec_without_host_on_the_one_host_product_runs_on_the_panels_host() -
     assert joined_host_of(deployment_id=made.pk) == "", "its image is built by the panel"
 
 
+def test_an_own_host_name_no_host_row_can_carry_leaves_the_row_unplaced(settings) -> None:  # type: ignore[no-untyped-def]
+    settings.HOST_NAME = "h" * 70  # longer than a host row's name (63)
+    made = queued(gpus=[0])
+    assert made.host == "h" * 70 and not Placement.objects.exists()
+    assert not FleetHost.objects.exists()
+
+
 def test_a_named_host_takes_the_row_its_leases_and_its_write_scope() -> None:
     _fleet()
     made = queued(host="gpu-2", gpus=[3])
