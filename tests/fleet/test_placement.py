@@ -69,6 +69,15 @@ def test_an_own_host_name_no_host_row_can_carry_leaves_the_row_unplaced(settings
     assert not FleetHost.objects.exists()
 
 
+def test_the_own_host_joined_and_drained_takes_no_new_row_and_says_so() -> None:
+    queued(name="first", gpus=[0])  # its row made, placed on it
+    joined("gpu-host")  # its agent joined with the own host's token
+    host_reported(name="gpu-host")
+    fleet.host_set_draining(name="gpu-host", draining=True)
+    refused = _refused(gpus=[1])
+    assert "gpu-host is draining" in refused["gpus"][0], refused
+
+
 def test_a_named_host_takes_the_row_its_leases_and_its_write_scope() -> None:
     _fleet()
     made = queued(host="gpu-2", gpus=[3])

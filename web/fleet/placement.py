@@ -111,7 +111,7 @@ def _own_host(name: str, now: object) -> Candidate:
     """The panel's own host, whether its agent joined with the own host's token or writes
     the database itself: the GPUs its agent reported (NVML's, or its stated count), else
     APPLIANCE_GPU_COUNT; silent when its agent reported once and not lately (never refused
-    for it, never lost)."""
+    for it, never lost); draining when an admin drained it."""
     report = FleetHost.objects.filter(name=name, heartbeat_at__isnull=False).first()
     if report is not None and report.is_joined:  # its heartbeat's GPUs, as any joined host's
         listed = {int(g["index"]): str(g.get("name") or "") for g in report.gpus or []
@@ -124,7 +124,10 @@ def _own_host(name: str, now: object) -> Candidate:
     gpus = listed or {i: "" for i in range(int(settings.GPU_COUNT))}
     fresh = timedelta(seconds=int(getattr(settings, "AGENT_SILENT_S", 30)))
     silent = report is not None and now - report.heartbeat_at > fresh  # type: ignore[operator]
-    return Candidate(name=name, joined=False, state="silent" if silent else "ready", gpus=gpus)
+    # Drained (an admin can drain it once its agent has joined): nothing new goes there.
+    state = ("draining" if report is not None and report.draining
+             else "silent" if silent else "ready")
+    return Candidate(name=name, joined=False, state=state, gpus=gpus)
 
 
 def deployment_place(*, gpus: Sequence[int], host: str | None, replicas: Iterable[int],
