@@ -746,10 +746,11 @@ def main() -> None:
     parser.add_argument("--reference-seconds", type=float, default=20.0,
                         help="how long the paced twin prints, at the phase's rate")
     parser.add_argument("--profile", default="", help="py-spy raw profiles into this folder")
-    parser.add_argument("--road", choices=("direct", "api"), default="direct",
-                        help="direct: the panel's own agent's sink, writing the database "
-                             "itself (web/agent); api: a host agent's sink, through the "
-                             "started panel's host API (appliance/runtime/remote_agent.py)")
+    parser.add_argument("--road", choices=("direct", "api"), default="api",
+                        help="api (the production road: compose's agent is the fleet's, on "
+                             "every host): a host agent's sink, through the started panel's "
+                             "host API (appliance/runtime/remote_agent.py); direct: the "
+                             "database-writing agent's sink (web/agent), for comparison")
     parser.add_argument("--compare-with", default="", metavar="CHECKOUT",
                         help="also print the CPU per stage of another checkout's code beside "
                              "this one's (e.g. `git archive d964bb5 | tar -x -C /tmp/old`)")
