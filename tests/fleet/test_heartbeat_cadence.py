@@ -5,7 +5,6 @@ the host `lost`, in the gateway's rotation and on every page, for a moment each 
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -14,9 +13,8 @@ import pytest
 from django.test import override_settings
 from django.utils import timezone
 
-from appliance.runtime.containers import EngineRuntime
-from appliance.runtime.panel_link import panel_link_open
-from appliance.runtime.remote_agent import RemoteAgent, RemoteSettings, host_report
+from appliance.runtime.remote_agent import RemoteSettings
+from tests.fleet.hosts import remote_agent_running
 from web.fleet import services
 from web.fleet.models import FleetHost
 from web.fleet.selectors import host_state
@@ -34,16 +32,7 @@ def test_a_host_never_reads_lost_while_its_agent_runs_with_a_short_threshold(
             join_token=services.jointoken_create(host_name=HOST).secret,
             credential_path=tmp_path / "host-credential", gpu_requests=False,
             gpu_check=False, tick_s=0.2)
-        runtime = EngineRuntime()
-        link = panel_link_open(panel_url=config.panel_url,
-                               credential_path=config.credential_path,
-                               token=config.join_token, name=HOST,
-                               report=host_report(runtime, config))
-        agent = RemoteAgent(link=link, config=config, runtime=runtime)
-        stop = threading.Event()
-        thread = threading.Thread(target=agent.run, args=(stop,), daemon=True)
-        thread.start()
-        try:
+        with remote_agent_running(config) as (agent, _):
             states, ages = [], []
             ends = time.monotonic() + 3 * SILENT_S
             while time.monotonic() < ends:
@@ -52,9 +41,6 @@ def test_a_host_never_reads_lost_while_its_agent_runs_with_a_short_threshold(
                 states.append(host_state(host=host, now=now))
                 ages.append((now - host.heartbeat_at).total_seconds())
                 time.sleep(0.1)
-        finally:
-            stop.set()
-            thread.join(10)
     assert set(states) == {"ready"}, f"oldest heartbeat {max(ages):.1f} s"
     assert agent.heartbeat_s <= SILENT_S / 3, agent.heartbeat_s
     print(f"heartbeat every {agent.heartbeat_s:.1f} s; oldest seen {max(ages):.1f} s "

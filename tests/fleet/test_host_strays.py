@@ -7,7 +7,6 @@ live panel."""
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,8 +15,7 @@ import pytest
 from django.test import Client, override_settings
 
 from appliance.runtime.containers import EngineRuntime
-from appliance.runtime.panel_link import panel_link_open
-from appliance.runtime.remote_agent import RemoteAgent, RemoteSettings, host_report
+from appliance.runtime.remote_agent import RemoteAgent, RemoteSettings
 from appliance.runtime.strays import MAX_STRAYS, strays_found
 from tests.conftest_docker import (  # noqa: F401
     TEST_LABEL,
@@ -31,7 +29,7 @@ from web.deployments.services.installation import instance_id
 from web.fleet import services
 from web.fleet.models import FleetHost
 
-from .hosts import joined, report
+from .hosts import joined, remote_agent_running, report
 
 HOST = "gpu-s"
 
@@ -119,19 +117,8 @@ def fleet_host(live_server, tmp_path: Path, docker_client  # noqa: F811
         join_token=services.jointoken_create(host_name=HOST).secret,
         credential_path=tmp_path / "host-credential", gpu_requests=False, gpu_check=False,
         tick_s=0.2)
-    runtime = EngineRuntime()
-    with override_settings(FLEET_HEARTBEAT_S=1):
-        link = panel_link_open(panel_url=config.panel_url,
-                               credential_path=config.credential_path,
-                               token=config.join_token, name=HOST,
-                               report=host_report(runtime, config))
-        agent = RemoteAgent(link=link, config=config, runtime=runtime)
-        stop = threading.Event()
-        thread = threading.Thread(target=agent.run, args=(stop,), daemon=True)
-        thread.start()
+    with override_settings(FLEET_HEARTBEAT_S=1), remote_agent_running(config) as (agent, _):
         yield agent
-        stop.set()
-        thread.join(timeout=20)
 
 
 def _reported(name: str) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +21,9 @@ from django.conf import settings
 from django.test import override_settings
 
 from appliance.runtime.containers import EngineRuntime, Identity
-from appliance.runtime.panel_link import panel_link_open
-from appliance.runtime.remote_agent import RemoteAgent, RemoteSettings, host_report, join_token_read
+from appliance.runtime.remote_agent import RemoteAgent, RemoteSettings, join_token_read
 from tests.conftest_docker import docker_client, remove_engines, test_engine_image  # noqa: F401
+from tests.fleet.hosts import remote_agent_running
 from tests.fleet.simhosts import gateway
 from tests.specs import spec
 from tests.waiting import wait_for_status
@@ -46,7 +47,7 @@ def own_agent(live_server, tmp_path: Path, docker_client, test_engine_image: str
     own = str(settings.HOST_NAME)
     token_file = tmp_path / "own-host" / "token"
     own_host_token_keep(path=token_file, host_name=own)
-    started: dict[str, Any] = {}
+    running = ExitStack()
 
     def start() -> RemoteAgent:
         config = RemoteSettings(
@@ -55,22 +56,11 @@ def own_agent(live_server, tmp_path: Path, docker_client, test_engine_image: str
             join_token=join_token_read(token_file, wait_s=5),
             credential_path=tmp_path / "host-credential", gpu_requests=False, gpu_count=8,
             gpu_check=False, extra_env=FAST, stop_timeout_s=5, ready_timeout_s=90, tick_s=0.2)
-        runtime = EngineRuntime()
-        link = panel_link_open(panel_url=config.panel_url, credential_path=config.credential_path,
-                               token=config.join_token, name=own,
-                               report=host_report(runtime, config))
-        agent = RemoteAgent(link=link, config=config, runtime=runtime)
-        stop = threading.Event()
-        thread = threading.Thread(target=agent.run, args=(stop,), daemon=True)
-        thread.start()
-        started.update(stop=stop, thread=thread)
+        agent, _ = running.enter_context(remote_agent_running(config))
         return agent
 
-    with override_settings(ENGINE_IMAGE=test_engine_image, ENGINE_GPU_REQUESTS=False):
+    with override_settings(ENGINE_IMAGE=test_engine_image, ENGINE_GPU_REQUESTS=False), running:
         yield {"start": start, "token_file": token_file}
-        if started:
-            started["stop"].set()
-            started["thread"].join(timeout=20)
     remove_engines(instance_id())
 
 

@@ -38,6 +38,7 @@ from appliance.runtime.remote_agent import (
 )
 from appliance.runtime.series import MetricPoint as Point
 from tests.conftest_docker import docker_client, remove_engines, test_engine_image, wait_for  # noqa: F401
+from tests.fleet.hosts import remote_agent_running
 from tests.fleet.simhosts import gateway
 from tests.site_recipes import engine_source_repo, write_recipe
 from tests.specs import spec
@@ -70,18 +71,9 @@ def fleet_host(live_server, tmp_path: Path, docker_client, test_engine_image: st
         join_token=services.jointoken_create(host_name=HOST).secret,
         credential_path=tmp_path / "host-credential", gpu_requests=False, gpu_check=False,
         extra_env=FAST, stop_timeout_s=5, ready_timeout_s=90, tick_s=0.2)
-    runtime = EngineRuntime()
-    link = panel_link_open(panel_url=config.panel_url, credential_path=config.credential_path,
-                           token=config.join_token, name=HOST,
-                           report=host_report(runtime, config))
-    agent = RemoteAgent(link=link, config=config, runtime=runtime)
-    stop = threading.Event()
-    thread = threading.Thread(target=agent.run, args=(stop,), daemon=True)
-    with override_settings(ENGINE_IMAGE=test_engine_image, ENGINE_GPU_REQUESTS=False):
-        thread.start()
+    with override_settings(ENGINE_IMAGE=test_engine_image, ENGINE_GPU_REQUESTS=False), \
+            remote_agent_running(config) as (agent, thread):
         yield {"agent": agent, "thread": thread, "config": config}
-        stop.set()
-        thread.join(timeout=20)
     remove_engines(instance_id())
 
 
