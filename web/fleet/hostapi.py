@@ -46,6 +46,20 @@ def refusal(status: int, detail: str, field: str | None = None) -> Answer:
     return status, ({field: [detail]} if field else {"detail": detail})
 
 
+# What a host's write to one deployment is refused for: a bad field (400, named), a
+# deployment not placed on this host (404), another start or another agent process (409).
+WRITE_REFUSED = (services.FleetError, services.NotPlacedHere, services.StaleStart,
+                 services.AgentLeaseHeld)
+
+
+def _write_refusal(exc: Exception) -> Answer:
+    if isinstance(exc, services.FleetError):
+        return refusal(400, str(exc), exc.field)
+    if isinstance(exc, services.NotPlacedHere):
+        return refusal(404, f"{exc}: a host writes only the deployments placed on it.")
+    return refusal(409, str(exc))
+
+
 def _error(status: int, detail: str, field: str | None = None) -> JsonResponse:
     return _response(refusal(status, detail, field))
 
@@ -122,12 +136,8 @@ def _placed_write(request: HttpRequest,
     try:
         services.host_agent_check(host=found[0], session=_session(request))
         return JsonResponse(write(*found))
-    except services.FleetError as exc:
-        return _error(400, str(exc), exc.field)
-    except services.NotPlacedHere as exc:
-        return _error(404, f"{exc}: a host writes only the deployments placed on it.")
-    except (services.StaleStart, services.AgentLeaseHeld) as exc:
-        return _error(409, str(exc))
+    except WRITE_REFUSED as exc:
+        return _response(_write_refusal(exc))
 
 
 def _host_answer(host: FleetHost) -> dict[str, Any]:
@@ -252,12 +262,8 @@ def events_ingest(*, authorization: str, session: str, deployment_id: int,
         except services.CursorMoved as moved:
             return 200, {"last_seq": moved.last_seq, "stored": False,
                          "log_cursor": moved.stored}
-    except services.FleetError as exc:
-        return refusal(400, str(exc), exc.field)
-    except services.NotPlacedHere as exc:
-        return refusal(404, f"{exc}: a host writes only the deployments placed on it.")
-    except (services.StaleStart, services.AgentLeaseHeld) as exc:
-        return refusal(409, str(exc))
+    except WRITE_REFUSED as exc:
+        return _write_refusal(exc)
 
 
 @csrf_exempt
