@@ -15,6 +15,7 @@ from django.utils import timezone
 UNJOINED_MARK = "-"
 ENDED = ("stopped", "failed")
 MAX_REASON = 300
+MAX_NAME = 63  # FleetHost.name
 
 
 def place_own_rows(apps, schema_editor):
@@ -22,6 +23,8 @@ def place_own_rows(apps, schema_editor):
     FleetHost = apps.get_model("fleet", "FleetHost")
     Placement = apps.get_model("fleet", "Placement")
     own = str(settings.HOST_NAME)
+    if len(own) > MAX_NAME:  # no host row can carry it: its rows stay unplaced, as before
+        return
     rows = (Deployment.objects.exclude(status__in=ENDED).filter(placements__isnull=True)
             .filter(host__in=["", own]))
     if not rows.exists():
