@@ -212,6 +212,19 @@ async def _requests(session: aiohttp.ClientSession, target: Target, model: str, 
     return [r for r in await asyncio.gather(*tasks) if r is not None]
 
 
+def verdict_words(ratio: float, baseline: str) -> str:
+    """A throughput ratio against the baseline in words: "1.25x faster than base", "2.00x
+    slower than base" (the inverse, so half the speed reads as twice as slow), and "as fast
+    as base (1.00x)" where either way rounds to 1.00x (never "1.00x slower")."""
+    if ratio <= 0:
+        return f"produced no output, against {baseline}"
+    if "1.00" in (f"{ratio:.2f}", f"{1 / ratio:.2f}"):
+        return f"as fast as {baseline} (1.00x)"
+    if ratio > 1:
+        return f"{ratio:.2f}x faster than {baseline}"
+    return f"{1 / ratio:.2f}x slower than {baseline}"
+
+
 def speedups(result: RunResult, baseline: str) -> list[dict[str, Any]]:
     """Per level and non-baseline target: output-throughput and TPOT ratios against the
     baseline (both > 1 when the target is faster), with a one-line verdict."""
@@ -223,8 +236,8 @@ def speedups(result: RunResult, baseline: str) -> list[dict[str, Any]]:
             continue
         thr = m.output_throughput / ref.output_throughput if ref.output_throughput else None
         tpot = ref.tpot_ms.mean / m.tpot_ms.mean if m.tpot_ms.mean else None
-        verdict = (f"{step.target} {thr:.2f}x {'faster' if thr >= 1 else 'slower'} than "
-                   f"{baseline} at concurrency {m.concurrency}" if thr is not None else
+        verdict = (f"{step.target} {verdict_words(thr, baseline)} at concurrency "
+                   f"{m.concurrency}" if thr is not None else
                    f"{step.target}: no throughput to compare at concurrency {m.concurrency}")
         rows.append({"target": step.target, "baseline": baseline,
                      "concurrency": m.concurrency, "throughput_ratio": thr,

@@ -17,6 +17,7 @@ from appliance.bench.runner import (
     StepResult,
     run_benchmark,
     speedups,
+    verdict_words,
 )
 from tests.servers import free_port
 
@@ -71,6 +72,16 @@ def test_speedup_is_throughput_and_tpot_against_the_baseline() -> None:
     assert rows[0]["throughput_ratio"] == pytest.approx(2.0)
     assert rows[0]["tpot_ratio"] == pytest.approx(2.0)
     assert rows[0]["verdict"] == "fast 2.00x faster than base at concurrency 1"
+
+
+@pytest.mark.parametrize(("ratio", "words"), [
+    (2.0, "2.00x faster than base"), (0.5, "2.00x slower than base"),
+    (0.998, "as fast as base (1.00x)"), (1.004, "as fast as base (1.00x)"),
+    (0.99, "1.01x slower than base"), (1.01, "1.01x faster than base"),
+    (0.0, "produced no output, against base")])
+def test_a_ratio_reads_as_words_and_one_that_rounds_to_1x_is_never_slower(
+        ratio: float, words: str) -> None:
+    assert verdict_words(ratio, "base") == words
 
 
 def test_a_target_nobody_listens_at_stops_the_run_before_its_first_level() -> None:
