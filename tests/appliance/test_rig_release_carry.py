@@ -9,6 +9,7 @@ import json
 import re
 import subprocess
 import sys
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -57,6 +58,9 @@ def test_the_dry_run_prints_the_release_argv_with_its_changes() -> None:
         assert plan["pythonpath"] == "/stash/site523:/stash/stubs523"
         assert plan["env_added"]["SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK"] == "1"
         assert any("sglang-kernel 0.4.5" in change for change in plan["changes"])
+        # What the rig gives beyond the release's image is said in the run's changes.
+        assert any(change.startswith("cutlass: the rig's stub") for change in plan["changes"])
+        assert any("flashinfer-python 0.7.2's JIT headers" in change for change in plan["changes"])
     assert plans[1]["argv"][plans[1]["argv"].index("--model-path") + 1] == "/stash/models/trained-target"
 
 
@@ -77,3 +81,71 @@ def test_the_import_check_names_what_the_carry_lacks(rig: dict[str, ModuleType],
     missing = rig["build_carry"].import_check(site)
     assert missing == {"also_missing": ["sglang.srt.helpers"],
                        "missing_pkg": ["sglang.srt.server"]}
+
+
+def test_the_release_carry_brings_flashinfers_jit_headers_and_nothing_else(
+        rig: dict[str, ModuleType], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    build_carry = rig["build_carry"]
+    members = {
+        "flashinfer/__init__.py": "", "flashinfer/sampling.py": "",
+        "flashinfer/data/include/flashinfer/sampling.cuh": "#pragma once",
+        "flashinfer/data/csrc/sampling_utils.h": "#pragma once",
+        "flashinfer/data/csrc/sampling.cu": "__global__ void k() {}",
+        "flashinfer/data/cutlass/include/cute/tensor.hpp": "#pragma once",
+        "flashinfer/data/cutlass/examples/readme.md": "",
+        "flashinfer/data/cccl/cub/cub.cuh": "#pragma once",
+    }
+
+    def download(dest: Path, specs: list[str]) -> None:
+        assert specs == ["flashinfer-python==0.7.2"]
+        dest.mkdir(parents=True)
+        with zipfile.ZipFile(dest / "flashinfer_python-0.7.2-py3-none-any.whl", "w") as wheel:
+            for name, text in members.items():
+                wheel.writestr(name, text)
+
+    monkeypatch.setattr(build_carry, "download", download)
+    stubs = tmp_path / "stubs"
+    build_carry.jit_headers(tmp_path / "headers", stubs, {"flashinfer-python": "0.7.2"})
+    carried = sorted(str(path.relative_to(stubs)) for path in stubs.rglob("*") if path.is_file())
+    assert carried == ["flashinfer/data/csrc/sampling_utils.h",
+                       "flashinfer/data/cutlass/include/cute/tensor.hpp",
+                       "flashinfer/data/include/flashinfer/sampling.cuh"]
+    # sglang's JIT refuses to build unless each folder it puts on the include path exists.
+    for folder in ("include", "csrc", "cutlass/include", "cutlass/tools/util/include",
+                   "spdlog/include"):
+        assert (stubs / "flashinfer" / "data" / folder).is_dir(), folder
+
+
+def test_the_cutlass_stub_lets_the_dual_gemm_module_import_and_refuses_any_use() -> None:
+    """sglang 0.5.23's cutedsl_dual_gemm.py imports these names and decorates its kernels at
+    import; a bf16 Qwen3 MLP imports it on any CUDA GPU and runs it only on SM100."""
+    program = """
+import cutlass
+import cutlass.cute as cute
+from cutlass.cute import experimental as cute_ext
+from cutlass.cute.nvgpu import tcgen05
+from cutlass.cute.runtime import from_dlpack
+from cutlass.utils import blackwell_helpers as sm100_utils
+
+@cute.experimental.jit
+def kernel(x: cute.Tensor) -> None:
+    pass
+
+assert not hasattr(cutlass, "__version__")  # no dunder name resolves: it is no real package
+refused = []
+for use in (lambda: kernel(1), lambda: from_dlpack(1), lambda: cute.ceil_div(3, 2),
+            lambda: cutlass.BFloat16, lambda: tcgen05.OperandMajorMode.K(1)):
+    try:
+        use()
+    except RuntimeError as error:
+        refused.append(str(error))
+print(len(refused))
+print(refused[0])
+"""
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                          timeout=60, check=False, env={"PYTHONPATH": str(RIG / "stubs523")})
+    assert done.returncode == 0, done.stderr
+    count, first = done.stdout.splitlines()
+    # cutlass.BFloat16 is a name, not a use: only the four calls raise.
+    assert count == "4"
+    assert first.startswith("cutlass.cute.experimental.jit(kernel): the CUTLASS DSL is a rig stub")

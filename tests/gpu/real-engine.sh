@@ -88,8 +88,8 @@ if ! unpack "$carry/$site.tar.xz" "$site"; then
     || { echo "no packages: carry $carry/$site.tar.xz or reach PyPI"; exit 2; }
 fi
 # The checkout's stubs win over those packed into the carry when it was built (stubs523 is
-# stubs/ as it was then).
-[ "$site" = site523 ] && cp -r tests/gpu/realengine/stubs/. "$stash/stubs523/"
+# stubs/ and stubs523/ as they were then, with flashinfer's JIT headers).
+[ "$site" = site523 ] && cp -r tests/gpu/realengine/stubs/. tests/gpu/realengine/stubs523/. "$stash/stubs523/"
 [ $need101 = 1 ] && { unpack "$carry/site101.tar.xz" site101 || unpack "$stash/carry/site101.tar.xz" site101; }
 # The rig's own driver imports the checkout's `appliance`, which imports the Docker SDK: the host
 # lacks it, pydeps.tar.xz brings it (build_carry.py).
@@ -131,6 +131,10 @@ print(' '.join(f'{p}=={m.version(p)}' for p in ('torch', 'triton', 'transformers
   # is the one its runs would stop at.
   [ "$site" = site523 ] && SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1 PYTHONPATH="$stash/$site:$stash/$stubs" \
     python3 -c "import sglang, sgl_kernel, sglang.launch_server; print('sglang', sglang.__version__, 'imports')" 2>&1 | tail -5
+  # 0.5.23's DFLASH sampling prewarm JIT-builds a kernel with the host's nvcc (CUDA_HOME, else
+  # nvcc on PATH, else /usr/local/cuda) against the carried flashinfer headers.
+  [ "$site" = site523 ] && { nvcc=$(command -v nvcc || echo "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc")
+    echo "nvcc: $nvcc $("$nvcc" --version 2>&1 | tail -1); flashinfer headers: $(ls "$stash/stubs523/flashinfer/data" 2>&1 | tr '\n' ' ')"; }
   touch "$stash/env-$site.ok"
 fi
 
@@ -176,8 +180,9 @@ case "$phase" in
   # Capture-only, one engine at a time; the first builds the INT4 JIT kernels itself.
   int4-alone) waves="dflash_int4_alone base_int4_alone" ;;
   # The trained pair: all at once (the verify pairs serve first, then each speed run alone).
-  # sglang 0.5.23's answers to the refusal set (DFLASH, tiny Kimi-shaped model and trained pair).
-  refusals523) waves="refusals523_dflash,refusals523_trained" ;;
+  # sglang 0.5.23's answers to the refusal set (DFLASH on the tiny Kimi-shaped model and on the
+  # trained pair, no speculation on the tiny model).
+  refusals523) waves="refusals523_dflash,refusals523_trained,refusals523_base" ;;
   trained) waves="trained_base,trained_dflash,trained_ddtree_b8,trained_ddtree_b16,trained_ddtree_b32,trained_wrong,trained_verify_dflash,trained_verify_ddtree" ;;
   *) waves="$*" ;;
 esac

@@ -99,6 +99,22 @@ RELEASE_SKIPPED = (
     "sglang/srt/rust_extensions/_multimodal.",  # image processors
 )
 RELEASE_SKIPPED_SUFFIXES = (".pyi",)
+# What 0.5.23's runs reach inside functions, which the module-level import check misses (recorded
+# 2026-12-06: tests/fixtures/real-engine/0.5.23/). The DFLASH worker's sampling prewarm JIT-builds
+# tree_speculative_sampling_target_only with nvcc against flashinfer's headers: sglang's
+# kernels/jit/utils/deps.py puts these folders of the installed flashinfer's `data/` on the include
+# path and refuses to build unless each exists. The lock's flashinfer-python wheel (65 MB) brings
+# its headers alone into the stub package (stubs523/flashinfer/data/, 2.8 MB xz'd): csrc/'s .cu
+# sources, the bundled cccl (nvcc brings its own) and the Python package stay out.
+RELEASE_JIT_HEADERS = {"flashinfer-python": (
+    "flashinfer/data/include/", "flashinfer/data/csrc/", "flashinfer/data/cutlass/include/",
+    "flashinfer/data/cutlass/tools/util/include/", "flashinfer/data/spdlog/include/")}
+HEADER_SUFFIXES = (".h", ".cuh", ".hpp", ".hh", ".inc", ".inl", ".ipp")
+# The CUTLASS DSL (nvidia-cutlass-dsl 4.8.0, in the lock) does not travel: its native library
+# (_cutlass_ir.cu13, 193 MB) is 50 MB xz'd, beside a 34 MiB site and a 17 MiB checkout in one
+# device call's 64 MiB. A bf16 Qwen2/Qwen3/Llama MLP imports it (layers/dual_gemm.py) and runs it
+# only on SM100; stubs523/cutlass (below HERE) lets the import pass and raises at any use.
+RELEASE_STUBS = HERE / "stubs523"
 PLATFORMS = ["manylinux_2_34_x86_64",  # sglang 0.5.23's own wheel
              "manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_26_x86_64",
              "manylinux_2_24_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
@@ -188,10 +204,28 @@ def build_release(work: Path, out: Path, release: str, kernel: str) -> Path:
                   GRAMMAR_SKIPPED + RELEASE_SKIPPED, RELEASE_SKIPPED_SUFFIXES)
     unpack_wheels(sorted((work / "rel-kernel").glob("*.whl")), site, SKIPPED_KERNELS)
     shutil.rmtree(site / "bin", ignore_errors=True)
+    stubs = work / "rel-stubs"
+    for folder in (HERE / "stubs", RELEASE_STUBS):
+        shutil.copytree(folder, stubs, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    jit_headers(work / "rel-headers", stubs, pins)
     tag = release.replace(".", "")[-3:]
     name = out / f"site{tag}.tar.xz"
-    pack(name, {f"site{tag}": site, f"stubs{tag}": HERE / "stubs"})
+    pack(name, {f"site{tag}": site, f"stubs{tag}": stubs})
     return site
+
+
+def jit_headers(dest: Path, stubs: Path, pins: dict[str, str]) -> None:
+    """RELEASE_JIT_HEADERS: each package's header folders, into the stub package of its name."""
+    download(dest, wanted(pins, list(RELEASE_JIT_HEADERS)))
+    for wheel in sorted(dest.glob("*.whl")):
+        with zipfile.ZipFile(wheel) as archive:
+            for folders in RELEASE_JIT_HEADERS.values():
+                for member in archive.namelist():
+                    if member.startswith(folders) and member.endswith(HEADER_SUFFIXES):
+                        archive.extract(member, stubs)
+                for folder in folders:  # each must exist, whether or not it holds headers
+                    (stubs / folder).mkdir(parents=True, exist_ok=True)
 
 
 # Import names the GPU host's image has (the device README's package list), for the check.
@@ -269,7 +303,7 @@ def import_check(site: Path, entries: tuple[str, ...] = ENTRIES) -> dict[str, li
     the unpacked site's sources; imports inside functions and guarded by a `try` left aside),
     each with up to three modules that import it, that neither the site, the stubs nor the
     host's image hold."""
-    stubs = {path.name for path in (HERE / "stubs").iterdir()}
+    stubs = {path.name for folder in (HERE / "stubs", RELEASE_STUBS) for path in folder.iterdir()}
     present = {path.name.split(".")[0] for path in site.iterdir()} | stubs | HOST_MODULES
     present |= set(sys.stdlib_module_names) | set(SWITCHED_OFF)
     own = {entry.split(".")[0] for entry in entries}

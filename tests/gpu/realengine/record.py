@@ -499,6 +499,7 @@ def record(run: Run, out: Path, models: str, pythonpath: str, deadline: float) -
     for name, (value, why) in run.env.items():
         plan.env[name] = value
         plan.changes.append(f"env {name}={value}: {why}")
+    plan.changes.extend(run.notes)
     if shared > 1:
         plan.changes.append(f"{shared} runs share the GPU at once (RIG_SHARED_GPU), this one on "
                             f"port {PORT}" + ("; --max-total-tokens caps its KV pool so that "
@@ -562,6 +563,7 @@ def dry_run(names: list[str], stash: Path) -> None:
         for env_name, (value, why) in run.env.items():
             plan.env[env_name] = value
             plan.changes.append(f"env {env_name}={value}: {why}")
+        plan.changes.extend(run.notes)
         pythonpath = ":".join(str(stash / part).format(**run.paths) for part in run.pythonpath)
         print(json.dumps({"run": name, "argv": plan.argv, "env_added": plan.env,
                           "pythonpath": pythonpath, "changes": plan.changes}, indent=1))

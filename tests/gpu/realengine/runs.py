@@ -55,6 +55,9 @@ class Run:
     serve_estimate_s: float | None = None
     # Environment the engine gets beyond the product's: name -> (value, why), in run.json.
     env: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # What the rig gives the engine beyond the product's image (a stub, a carried header), each
+    # with why: appended to run.json's changes.
+    notes: tuple[str, ...] = ()
 
     @property
     def paths(self) -> dict[str, str]:
@@ -253,8 +256,15 @@ R523_ENV = {"SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK": (
     "(built for torch 2.14.1, whose C++ ABI the host lacks); torch 2.11.0 and triton 3.6.0 are "
     "the host's, not the lock's 2.14.1 and 3.8.0")}
 TRAINED_523 = {k: v for k, v in TRAINED.items() if k != "engine.cuda_graph_max_bs"}
+R523_NOTES = (
+    "flashinfer: the rig's stub package with flashinfer-python 0.7.2's JIT headers (data/include, "
+    "csrc's headers, cutlass and spdlog includes) for the DFLASH sampling prewarm's nvcc build of "
+    "tree_speculative_sampling_target_only; nvcc is the host's, not the lock's 13.5",
+    "cutlass: the rig's stub of the CUTLASS DSL (nvidia-cutlass-dsl 4.8.0, 50 MB xz'd, does not "
+    "travel): a bf16 Qwen3 MLP imports it, its dual GEMM runs only on SM100; any use raises",
+)
 R523_REFUSALS = {"source": R523, "self_check": False, "probe": False, "bench_levels": (),
-                 "refusals": True, "grammar": True, "env": R523_ENV}
+                 "refusals": True, "grammar": True, "env": R523_ENV, "notes": R523_NOTES}
 RUNS.update(_runs(
     # Context 32768, not the model's 262144: 433c58ed7's long_fits prefill of 262,044 tokens
     # took 120 s, which one device call with the pair's training has no room for; the answers
@@ -270,7 +280,16 @@ RUNS.update(_runs(
         argv_overrides={**TRAINED_ARGV, "--cuda-graph-max-bs-decode": "32"},
         **R523_REFUSALS),  # type: ignore[arg-type]
 ))
-R523_RUNS = ("refusals523_dflash", "refusals523_trained")
+RUNS.update(_runs(
+    # The baseline (no speculation) beside them: what the release serves without a speculative
+    # mode, so that a refusal is the mode's and not the release's.
+    Run("refusals523_base", "no speculation on sglang 0.5.23, triton, with xgrammar, on the "
+        "tiny Kimi-shaped model (context 32768): the refusal requests", "dflash",
+        argv_overrides=dict(TRITON),
+        spec_overrides={**NO_SPECULATION, "engine.context_length": 32768},
+        **R523_REFUSALS),  # type: ignore[arg-type]
+))
+R523_RUNS = ("refusals523_dflash", "refusals523_trained", "refusals523_base")
 TRAINED_RUNS = ("trained_base", "trained_dflash", "trained_ddtree_b8", "trained_ddtree_b16",
                 "trained_ddtree_b32", "trained_wrong", "trained_verify_dflash",
                 "trained_verify_ddtree")
