@@ -94,6 +94,8 @@ TRANSITIONS: tuple[Move, ...] = (
           "a rolling change stops this replica, drained, for its new run"),
     _move(S.STOPPED, "queued", P.WEB, "Stop before anything ran"),
     _move(S.STOPPED, "stopping", P.AGENT, "the engine container is gone"),
+    _move(S.STOPPED, "stopping", P.BUILDER,
+          "its build was stopped before any engine of the run started (no start token)"),
     _move(S.FAILED, "queued building", P.BUILDER, "a model download or the image build failed"),
     _move(S.FAILED, "starting checking loading capturing ready", P.AGENT,
           "the engine failed to start, or failed or died"),

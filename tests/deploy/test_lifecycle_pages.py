@@ -120,3 +120,22 @@ def test_the_api_restarts_clones_with_the_fix_lists_runs_and_deletes(operator, t
     api.post(f"{base}/stop/")
     assert api.delete(f"{base}/").status_code == 204
     assert not Deployment.objects.filter(pk=failed.pk).exists()
+
+
+def test_a_stop_during_a_build_is_ended_by_the_build_worker_only_before_any_engine() -> None:
+    """Stop on a building deployment: the build worker whose build it cancelled marks it
+    stopped (no agent was handed a start to stop or report); a stopping run whose engine
+    started (a start token) is left to its host's agent."""
+    building = deploying.deployment_create(data=spec(), confirm_warnings=True)
+    services.deployment_mark_building(deployment_id=building.pk)
+    services.deployment_stop(deployment_id=building.pk)
+    assert Deployment.objects.get(pk=building.pk).status == S.STOPPING
+    assert services.deployment_mark_build_stopped(deployment_id=building.pk)
+    row = Deployment.objects.get(pk=building.pk)
+    assert row.status == S.STOPPED and row.ended_at is not None
+    assert row.events.filter(kind="end", payload__status="stopped").exists()
+
+    started = _ready(name="started")
+    services.deployment_stop(deployment_id=started.pk)
+    assert not services.deployment_mark_build_stopped(deployment_id=started.pk)
+    assert Deployment.objects.get(pk=started.pk).status == S.STOPPING

@@ -251,6 +251,25 @@ def test_builds_no_live_worker_holds_are_queued_again_once(
     assert Deployment.objects.get(pk=working.pk).build_owner == "worker@alive"
 
 
+@pytest.mark.django_db
+def test_a_stop_of_a_run_that_never_started_an_engine_is_ended_when_no_worker_builds_it() -> None:
+    """Stopped while building by a worker that died since, or while queued: no agent has it,
+    so the loop ends the stop; a build still held, or a run with an engine, is left alone."""
+    now = timezone.now()
+    rows = {name: deploying.deployment_create(data=spec(name=name, gpus=[i]),
+                                              confirm_warnings=True).pk
+            for i, name in enumerate(("dead-build", "queued", "live-build", "engine"))}
+    lease = {"dead-build": now - timedelta(seconds=1), "live-build": now + timedelta(seconds=20)}
+    for name, pk in rows.items():
+        Deployment.objects.filter(pk=pk).update(
+            status=S.STOPPING, build_lease_until=lease.get(name),
+            start_token="t0ken" if name == "engine" else "")
+    assert builds_requeue_dead(now=now) == []  # nothing queued: each was stopped
+    status = {name: Deployment.objects.get(pk=pk).status for name, pk in rows.items()}
+    assert status == {"dead-build": S.STOPPED, "queued": S.STOPPED, "live-build": S.STOPPING,
+                      "engine": S.STOPPING}
+
+
 OWN_HOST = "panel-gpu"
 
 

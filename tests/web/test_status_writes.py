@@ -113,10 +113,14 @@ def test_the_agent_owns_what_it_moves_from_and_advances_the_engine_phases() -> N
         assert sources_of(phase, by=Process.AGENT) == set(lifecycle.ENGINE_PHASES[:index])
 
 
-def test_only_the_agent_marks_a_stopping_deployment_stopped() -> None:
+def test_the_agent_marks_a_stopping_deployment_stopped_and_the_builder_only_a_build() -> None:
+    """The agent ends a stop once the engine is gone; the build worker ends only the stop
+    of a build whose run never started an engine (deployment_mark_build_stopped matches an
+    empty start token): no agent was ever handed anything to stop or report."""
     assert sources_of(Status.STOPPED, by=Process.AGENT) == {Status.STOPPING}
     assert sources_of(Status.STOPPED, by=Process.WEB) == {Status.QUEUED}
-    assert sources_of(Status.STOPPED, by=Process.BUILDER) == set()
+    assert sources_of(Status.STOPPED, by=Process.BUILDER) == {Status.STOPPING}
+    assert sources_of(Status.STOPPED, by=Process.ROLLER) == set()
 
 
 def test_every_status_is_reached_and_every_active_one_can_end() -> None:

@@ -38,6 +38,7 @@ from web.deployments.models import Deployment, DeploymentStatus, EventKind
 from web.deployments.services.deployments import recipe_load
 from web.deployments.services.events import events_append
 from web.deployments.services.lifecycle import (
+    deployment_mark_build_stopped,
     deployment_mark_building,
     deployment_mark_failed,
     deployment_mark_starting,
@@ -73,6 +74,9 @@ def deployment_run(*, deployment_id: int) -> str:
     try:
         image = ensure_image(deployment)
     except BuildStopped as exc:
+        if exc.outcome == S.STOPPING and deployment_mark_build_stopped(
+                deployment_id=deployment_id):
+            return str(S.STOPPED)
         return exc.outcome
     if image is None:
         return str(Deployment.objects.get(pk=deployment_id).status)
@@ -211,7 +215,8 @@ def _ca_bundle() -> Path | None:
 
 def _build_cancelled(pk: int) -> BuildStopped:
     """The exception that ends a cancelled build, for the caller to raise. The deployment is
-    stopping (or already stopped): the engine agent marks it stopped, as for any stop."""
+    stopping (or already stopped); no engine of the run has started, so the build worker
+    marks it stopped itself (deployment_mark_build_stopped): no agent has anything of it."""
     return BuildStopped(str(Deployment.objects.values_list("status", flat=True).get(pk=pk)))
 
 

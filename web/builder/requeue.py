@@ -4,8 +4,11 @@ every tick).
 A build worker holds its deployment's build under a lease (`build_owner`,
 `build_lease_until`: builds.py renews it while it works). A lease that ran out means its
 worker died; a deployment queued long ago that no worker took had its message lost (with a
-broker's data). Both are queued again. Safe when two callers run at once: each row is taken
-by one conditional UPDATE, whose winner alone sends the job.
+broker's data). Both are queued again. A Stop of a run that never started an engine (no
+start token: stopped while queued by a rolling change, or while building by a worker that
+died since) has no agent to end it: it is ended here, as the build worker ends the stop of
+a build it cancels. Safe when two callers run at once: each row is taken by one conditional
+UPDATE, whose winner alone sends the job or ends the stop.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from django.db.models import Q
 from web import tasks
 from web.deployments.models import Deployment, DeploymentStatus, EventKind
 from web.deployments.services.events import events_append
+from web.deployments.services.lifecycle import deployment_mark_build_stopped
 
 log = logging.getLogger(__name__)
 S = DeploymentStatus
@@ -42,4 +46,8 @@ def builds_requeue_dead(*, now: datetime) -> list[int]:
                 "message": "the build's worker went away; the build was queued again"})])
             tasks.deployment_start_later(pk)
             queued.append(pk)
+    never_started = Q(status=S.STOPPING, start_token="") & expired
+    for pk in Deployment.objects.filter(never_started).values_list("pk", flat=True):
+        if deployment_mark_build_stopped(deployment_id=pk):
+            log.info("deployment %s: stopped before any engine of its run started", pk)
     return queued

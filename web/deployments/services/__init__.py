@@ -28,6 +28,7 @@ from .errors import DeploymentInputError
 from .events import events_append, events_append_batch, events_batches_quiet
 from .lifecycle import (
     ADVANCE,
+    deployment_mark_build_stopped,
     deployment_mark_building,
     deployment_mark_capturing,
     deployment_mark_checking,
@@ -46,6 +47,7 @@ __all__ = [
     "DeploymentInputError",
     "deployment_delete",
     "deployment_hosts",
+    "deployment_mark_build_stopped",
     "deployment_mark_building",
     "deployment_mark_capturing",
     "deployment_mark_checking",

@@ -146,6 +146,16 @@ def deployment_mark_stopped(*, deployment_id: int, by: Process = Process.AGENT) 
     return bool(done)
 
 
+def deployment_mark_build_stopped(*, deployment_id: int) -> bool:
+    """Stopped by the build worker whose build a Stop cancelled, where no engine of the run
+    ever started (no start token): no host's agent has anything to stop or to report."""
+    done = _transition(deployment_id, target=S.STOPPED, by=Process.BUILDER, phase="",
+                       match={"start_token": ""}, ended_at=timezone.now())
+    if done:
+        events_append(deployment_id=deployment_id, events=[(EventKind.END, {"status": S.STOPPED})])
+    return bool(done)
+
+
 def deployment_mark_failed(
     *,
     deployment_id: int,
