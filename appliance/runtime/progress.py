@@ -104,8 +104,11 @@ def progress_fold(progress: dict[str, Any], payload: Mapping[str, Any]) -> bool:
         progress["loading"] = _model_key(event)
         progress[progress["loading"]] = {"done": 0, "total": None, "finished": False}
     elif event["kind"] == WEIGHTS_PROGRESS:
-        progress[progress.get("loading", "weights")] = {
-            "done": event["done"], "total": event["total"], "finished": False}
+        key = progress.get("loading", "weights")
+        # A piece of the bar read after its end line (the pieces come on their own stream,
+        # in no order with the lines) leaves the finished load as it is.
+        if not (progress.get(key) or {}).get("finished"):
+            progress[key] = {"done": event["done"], "total": event["total"], "finished": False}
     elif event["kind"] == WEIGHTS_END:
         _fold_load(progress, event)
     elif event["kind"] == KV_CACHE:

@@ -284,6 +284,12 @@ def test_the_real_engines_load_lines_give_the_rate_it_reached() -> None:
     assert (row["gbps"], row["share"]) == (0.5, 0.5)
     assert load_text(row) == ("read at 0.50 GB/s in 0.26 s: 50 % of the disk's measured "
                               "1.00 GB/s (expected 0.1 s)")
+    # A piece of the load's bar read after its end line (the pieces come on a stream of
+    # their own, in no order with the lines) leaves the finished load as it was.
+    late = next(e for line in rec.lines("ddtree_triton") for e in LogParser().feed(line.text)
+                if e.kind == "weights_progress")
+    progress_fold(progress, late.to_dict() | {"kind": late.kind, "partial": True})
+    assert progress["weights"]["finished"] and progress["weights"]["elapsed_s"] == 0.26
 
 
 def test_the_store_page_shows_each_roots_read_rate_and_measures_one_on_request(

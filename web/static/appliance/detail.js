@@ -129,6 +129,9 @@
         break;
       case "weights_progress": {
         const key = progress.loading || "weights", row = (summaryLoad || {})[key];
+        // A piece of the bar read after its end line (its own stream, in no order with the
+        // lines) leaves the finished load and its rate as they are.
+        if (progress[key] && progress[key].finished) break;
         progress[key] = {done: e.done, total: e.total};
         const secs = (Date.now() - (loadStart[key] || Date.now())) / 1000;
         if (row && row.bytes && e.total && secs > 0) showRate(key, row.bytes * e.done / e.total / 1e9 / secs, null, true);
