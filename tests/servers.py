@@ -10,11 +10,17 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
 import requests
+from django.conf import settings
 from django.db import connection
+
+import docker
+from tests.fleet.simhosts import gateway
+from web.fleet.tokenfiles import own_host_token_keep
 
 ROOT = Path(__file__).resolve().parent.parent
 _SECRET_KEY = secrets.token_urlsafe(48)
@@ -82,6 +88,39 @@ def engine_agent(log_path: Path, **env: str) -> Iterator[subprocess.Popen[bytes]
 
 
 @contextmanager
+def own_host_agent(log_path: Path, panel_url: str, state_dir: Path, **env: str
+                   ) -> Iterator[subprocess.Popen[bytes]]:
+    """The panel's own host's agent as compose runs it: `python3 -m worker.agent` with
+    APPLIANCE_PANEL_URL, the program every joined host runs, with no database, broker or
+    panel secret in its environment. It joins with the own host's token in its file
+    (written here as the panel loop keeps it, so its start waits on no loop) and keeps its
+    credential under `state_dir`; its engines are published on this machine's address on
+    Docker's bridge, where the test process and the panel's workers reach them."""
+    token_file = state_dir / "own-host" / "token"
+
+    def keep() -> None:  # off the test's thread: a browser test's loop makes the ORM refuse
+        try:
+            own_host_token_keep(path=token_file, host_name=str(settings.HOST_NAME))
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(keep).result(timeout=30)
+    client = docker.from_env()
+    try:
+        advertise = gateway(client.networks.get("bridge"))
+    finally:
+        client.close()
+    agent_env = {"APPLIANCE_PANEL_URL": panel_url, "APPLIANCE_HOST_NAME": settings.HOST_NAME,
+                 "APPLIANCE_JOIN_TOKEN_FILE": str(token_file),
+                 "APPLIANCE_HOST_CREDENTIAL_FILE": str(state_dir / "host-credential"),
+                 "APPLIANCE_HOST_ADVERTISE_ADDR": advertise, "APPLIANCE_GPU_COUNT": "8", **env}
+    with _process(["-m", "worker.agent"], log_path, "fleet agent for host", agent_env,
+                  panel_side=False) as proc:
+        yield proc
+
+
+@contextmanager
 def panel_loop(log_path: Path, **env: str) -> Iterator[subprocess.Popen[bytes]]:
     """The panel loop as the compose service runs it: `python3 -m worker.loop` (rolling
     changes' steps, dead builds' re-queue, the Tune sweep, retention: web/loop.py)."""
@@ -90,11 +129,17 @@ def panel_loop(log_path: Path, **env: str) -> Iterator[subprocess.Popen[bytes]]:
 
 
 @contextmanager
-def _process(argv: list[str], log_path: Path, ready_line: str,
-             env: dict[str, str]) -> Iterator[subprocess.Popen[bytes]]:
-    """A Python process of the appliance on the test database, ready once its log says so."""
+def _process(argv: list[str], log_path: Path, ready_line: str, env: dict[str, str],
+             panel_side: bool = True) -> Iterator[subprocess.Popen[bytes]]:
+    """A Python process of the appliance on the test database (a host's agent, not
+    panel-side, on none: no database, broker or secret), ready once its log says so."""
+    environ = process_env(**env)
+    if not panel_side:
+        for name in ("APPLIANCE_DATABASE_URL", "APPLIANCE_REDIS_URL", "APPLIANCE_SECRET_KEY",
+                     "DJANGO_SETTINGS_MODULE"):
+            environ.pop(name, None)
     with log_path.open("w") as log:
-        proc = subprocess.Popen([sys.executable, *argv], cwd=ROOT, env=process_env(**env),
+        proc = subprocess.Popen([sys.executable, *argv], cwd=ROOT, env=environ,
                                 stdout=log, stderr=subprocess.STDOUT)
         try:
             _wait_log(log_path, ready_line, proc)

@@ -32,7 +32,7 @@ from tests.benchmarks.pair import (
     wait_until,
 )
 from tests.conftest_docker import remove_engines
-from tests.servers import celery_worker, engine_agent
+from tests.servers import celery_worker, own_host_agent, panel_server
 from web.benchmarks.models import VerificationRun
 from web.deploy import services as deploying
 from web.deployments.models import Deployment, DeploymentStatus
@@ -47,8 +47,9 @@ def _worker_and_agent(tmp_path: Path, image: str) -> Iterator[None]:
     redis.Redis.from_url(settings.REDIS_URL).flushdb()  # no stale tasks of other tests
     mine = instance_id()
     try:
-        with celery_worker(tmp_path / "worker.log", **env), \
-                engine_agent(tmp_path / "agent.log", **env):
+        with panel_server(tmp_path / "web.log", **env) as url, \
+                celery_worker(tmp_path / "worker.log", **env), \
+                own_host_agent(tmp_path / "agent.log", url, tmp_path, **env):
             yield
     finally:
         remove_engines(mine)

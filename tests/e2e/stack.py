@@ -14,20 +14,21 @@ from django.db import connection
 from playwright.sync_api import Page, expect
 
 from tests.conftest_docker import remove_engines
-from tests.servers import celery_worker, engine_agent, panel_server
+from tests.servers import celery_worker, own_host_agent, panel_server
 from web.deployments.services.installation import instance_id
 
 
 @contextlib.contextmanager
 def appliance_stack(tmp_path: Path, env: dict[str, str]) -> Iterator[str]:
-    """Worker, agent and panel with `env`; yields the panel's URL, then removes every engine
+    """The panel, the worker and the panel's own host's agent (the fleet's agent program,
+    tests/servers.py own_host_agent) with `env`; yields the panel's URL, then removes every engine
     container the test started: this install's alone (its instance id), so the engines of a
     compose run or of another database's tests beside it are left alone."""
     redis.Redis.from_url(settings.REDIS_URL).flushdb()  # no stale tasks from other tests
     mine = instance_id()
-    with celery_worker(tmp_path / "worker.log", **env), \
-            engine_agent(tmp_path / "agent.log", **env), \
-            panel_server(tmp_path / "web.log", **env) as url:
+    with panel_server(tmp_path / "web.log", **env) as url, \
+            celery_worker(tmp_path / "worker.log", **env), \
+            own_host_agent(tmp_path / "agent.log", url, tmp_path, **env):
         yield url
     remove_engines(mine)
 

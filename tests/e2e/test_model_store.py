@@ -18,7 +18,7 @@ from playwright.sync_api import Page, expect
 
 from tests.conftest_docker import remove_engines
 from tests.e2e.stack import login
-from tests.servers import celery_worker, engine_agent, panel_server
+from tests.servers import celery_worker, own_host_agent, panel_server
 from tests.store.hubserver import HubServer, small_repo
 from web.deployments.services.installation import instance_id
 
@@ -121,7 +121,7 @@ def test_a_model_added_in_the_panel_resumes_after_a_worker_kill_and_is_verified(
         assert TOKEN not in page.content()
         # Deployed by store entry: the form offers it with its expected load, the test
         # engine starts on it.
-        stack.enter_context(engine_agent(tmp_path / "agent.log", **env))
+        stack.enter_context(own_host_agent(tmp_path / "agent.log", url, tmp_path, **env))
         stack.callback(remove_engines, _this_install())
         page.goto(f"{url}/deployments/new/?recipe=kimi-k2.6-baseline")
         page.fill("#id_name", "from-the-hub")

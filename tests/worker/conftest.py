@@ -1,13 +1,71 @@
+import contextlib
 import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
 
 import pytest
+from django.conf import settings
+from django.db import connection
 
+import docker
+from appliance.runtime.remote_agent import RemoteAgent, RemoteSettings, join_token_read
 from tests.conftest_docker import docker_client, test_engine_image  # noqa: F401
+from tests.fleet.hosts import remote_agent_running
+from tests.fleet.simhosts import gateway
+from web.fleet.tokenfiles import own_host_token_keep
+
+
+@contextlib.contextmanager
+def own_agent(panel_url: str, state_dir: Path, **changes: Any) -> Iterator[RemoteAgent]:
+    """The panel's own host's agent: the fleet's agent program (appliance.runtime.
+    remote_agent), as compose runs it, ticking on a thread of the test process against the
+    live panel. It joins with the own host's token as the panel loop keeps it in its file,
+    takes this process's engine settings (compose gives the panel's to it) and `changes`,
+    and publishes its engines on this machine's address on Docker's bridge."""
+    own = str(settings.HOST_NAME)
+    token_file = state_dir / "own-host" / "token"
+
+    def keep() -> None:  # off the test's thread, whose ORM an async loop may hold
+        try:
+            own_host_token_keep(path=token_file, host_name=own)
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(keep).result(timeout=30)
+    client = docker.from_env()
+    try:
+        advertise = gateway(client.networks.get("bridge"))
+    finally:
+        client.close()
+    config = RemoteSettings(**{
+        "panel_url": panel_url, "host_name": own, "advertise_addr": advertise,
+        "join_token": join_token_read(token_file, wait_s=5),
+        "credential_path": state_dir / "host-credential",
+        "gpu_requests": bool(settings.ENGINE_GPU_REQUESTS),
+        "gpu_check": bool(settings.ENGINE_GPU_CHECK), "gpu_count": int(settings.GPU_COUNT),
+        "extra_env": dict(settings.ENGINE_EXTRA_ENV),
+        "stop_timeout_s": int(settings.ENGINE_STOP_TIMEOUT_S), "ready_timeout_s": 90,
+        "secrets_dir": str(settings.ENGINE_SECRETS_DIR), "models_dir": str(settings.MODELS_DIR),
+        "tick_s": 0.2, **changes})
+    with remote_agent_running(config) as (agent, _):
+        yield agent
 
 
 @pytest.fixture
-def agent():  # type: ignore[no-untyped-def]
-    """The real engine agent, ticking on a thread of the test process."""
+def agent(live_server, tmp_path: Path) -> Iterator[RemoteAgent]:  # type: ignore[no-untyped-def]
+    """The panel's own host's agent (own_agent) against the live panel."""
+    with own_agent(live_server.url, tmp_path) as running:
+        yield running
+
+
+@pytest.fixture
+def db_agent():  # type: ignore[no-untyped-def]
+    """The database-writing agent (web/agent), ticking on a thread of the test process: for
+    the tests of what only it has (its row lease, its pause, its unjoined host row) until it
+    goes."""
     from appliance.runtime.follower import FollowOptions
     from web.agent.controller import EngineAgent
 

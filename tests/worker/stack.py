@@ -1,6 +1,6 @@
 """The set-up the worker tests on the production road share (test_tune.py, test_rolling.py):
-the Celery worker, the engine agent and the panel loop as processes on the test database
-and Redis, the test engine in Docker at a fast pace, and a bounded wait on a condition."""
+the panel, the Celery worker, the own host's agent and the panel loop as processes on the
+test database and Redis, the test engine in Docker at a fast pace, and a bounded wait on a condition."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 from django.test import override_settings
 
 from tests.conftest_docker import remove_engines
-from tests.servers import celery_worker, engine_agent, panel_loop
+from tests.servers import celery_worker, own_host_agent, panel_loop, panel_server
 from web.deployments.services.installation import instance_id
 
 
@@ -42,14 +42,17 @@ Process = subprocess.Popen[bytes]
 
 @contextlib.contextmanager
 def worker_agent_loop(tmp_path: Path, env: dict[str, str], agent_log: str = "agent.log",
-                      loop_log: str = "loop.log") -> Iterator[tuple[Process, Process, Process]]:
-    """The Celery worker (worker.log), the engine agent (`agent_log`) and the panel loop
-    (`loop_log`, which steps rolling changes and sweeps Tunes) under tmp_path; yields the
-    three processes."""
-    with celery_worker(tmp_path / "worker.log", **env) as worker, \
-            engine_agent(tmp_path / agent_log, **env) as agent, \
-            panel_loop(tmp_path / loop_log, **env) as loop:
-        yield worker, agent, loop
+                      loop_log: str = "loop.log") -> Iterator[tuple[Process, Process, Process, str]]:
+    """The panel (web.log, the host API its host's agent talks to), the Celery worker
+    (worker.log), the panel's own host's agent (`agent_log`: the fleet's agent program,
+    tests/servers.py own_host_agent) and the panel loop (`loop_log`, which steps rolling
+    changes and sweeps Tunes) under tmp_path; yields the worker, agent and loop processes and
+    the panel's URL (a successor agent's)."""
+    with panel_server(tmp_path / "web.log", **env) as url, \
+            panel_loop(tmp_path / loop_log, **env) as loop, \
+            own_host_agent(tmp_path / agent_log, url, tmp_path, **env) as agent, \
+            celery_worker(tmp_path / "worker.log", **env) as worker:
+        yield worker, agent, loop, url
 
 
 def until(check: Callable[[], Any], what: Any, timeout_s: float, poll_s: float) -> Any:

@@ -18,7 +18,7 @@ from django.test import override_settings
 
 import docker
 from tests.conftest_docker import engines_of, remove_engines
-from tests.servers import celery_worker, engine_agent, panel_server
+from tests.servers import celery_worker, own_host_agent, panel_server
 from tests.site_recipes import SLOW_EXTRAS, engine_source_repo, write_recipe
 from tests.specs import spec
 from tests.waiting import wait_for_status
@@ -173,9 +173,9 @@ def test_a_stop_through_the_api_cancels_a_silent_build_step(operator, token_for,
     data["engine"] = {"model_path": "/models/Kimi-K2.6", "tp_size": 1,
                       "trust_remote_code": True, "speculative_algorithm": "NONE"}
     client = docker.from_env()
-    with celery_worker(tmp_path / "worker.log", **env), \
-            engine_agent(tmp_path / "agent.log", **env), \
-            panel_server(tmp_path / "web.log", **env) as url:
+    with panel_server(tmp_path / "web.log", **env) as url, \
+            celery_worker(tmp_path / "worker.log", **env), \
+            own_host_agent(tmp_path / "agent.log", url, tmp_path, **env):
         created = api.post(f"{url}/api/deployments/", json={"spec": data, "confirm_warnings": True})
         assert created.status_code == 201, created.text
         pk = created.json()["id"]
@@ -201,8 +201,8 @@ def test_a_stop_through_the_api_cancels_a_silent_build_step(operator, token_for,
         status = _wait("stopped", lambda: api.get(f"{url}/api/deployments/{pk}/").json()["status"]
                        in ("stopped", "failed") and api.get(f"{url}/api/deployments/{pk}/").json())
         assert status["status"] == "stopped"
-        # The build worker ends its task with the status it saw: stopping, or stopped when
-        # the agent (the one that marks a stop done) was quicker.
+        # The build worker ends its task with the stop done (its build's run never started
+        # an engine: no agent has anything of it), or `stopping` where a Stop came between.
         ended = re.compile(r"worker\.tasks\.deploy\[[^]]*\] succeeded in [^:]*: '(stopping|stopped)'")
         _wait("the deploy task to end",
               lambda: ended.search((tmp_path / "worker.log").read_text()), 30)

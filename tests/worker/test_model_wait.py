@@ -16,7 +16,7 @@ import pytest
 from django.test import override_settings
 
 from tests.conftest_docker import engines_of, remove_engines
-from tests.servers import celery_worker, engine_agent
+from tests.servers import celery_worker, own_host_agent, panel_server
 from tests.specs import spec
 from tests.waiting import wait_for_status
 from web.builder.builds import deployment_run
@@ -41,7 +41,8 @@ def stack(test_engine_image: str, tmp_path: Path) -> Iterator[None]:  # noqa: F8
            "APPLIANCE_ENGINE_READY_TIMEOUT_S": "120"}
     with override_settings(ENGINE_IMAGE=test_engine_image, ENGINE_GPU_REQUESTS=False,
                            ENGINE_EXTRA_ENV=FAST, ENGINE_STOP_TIMEOUT_S=5), \
-            engine_agent(tmp_path / "agent.log", **env), \
+            panel_server(tmp_path / "web.log", **env) as url, \
+            own_host_agent(tmp_path / "agent.log", url, tmp_path, **env), \
             celery_worker(tmp_path / "worker.log", **env):
         yield
     remove_engines(instance_id())

@@ -31,7 +31,7 @@ def engine(test_engine_image: str) -> Iterator[dict[str, str]]:  # noqa: F811
     with override_settings(ENGINE_IMAGE=test_engine_image, ENGINE_GPU_REQUESTS=False,
                            ENGINE_EXTRA_ENV=env, ENGINE_READY_TIMEOUT_S=90,
                            ENGINE_STOP_TIMEOUT_S=5, RESTART_BACKOFF_S=1,
-                           RESTART_BACKOFF_MAX_S=2):
+                           RESTART_BACKOFF_MAX_S=2, ENGINE_TEST_ENV=True):
         yield env
     remove_engines(instance_id())  # this database's engines only, never another run's
 
@@ -75,9 +75,8 @@ def test_an_engine_killed_while_serving_comes_back_once_then_the_deployment_fail
 
 
 def test_an_engine_that_fails_before_ready_is_not_restarted_by_the_policy(engine, agent):  # type: ignore[no-untyped-def]
-    with override_settings(ENGINE_EXTRA_ENV={**engine, "TEST_ENGINE_FAIL": "load-exit"}):
-        pk = _deploy(restart=ON_FAILURE)
-        assert wait_for_status(pk, {S.READY, S.FAILED}, 90) == S.FAILED
+    pk = _deploy(restart=ON_FAILURE, env={"TEST_ENGINE_FAIL": "load-exit"})
+    assert wait_for_status(pk, {S.READY, S.FAILED}, 90) == S.FAILED
     row = Deployment.objects.get(pk=pk)
     assert row.restarts == 0 and row.run == 1
 

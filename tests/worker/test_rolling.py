@@ -16,16 +16,14 @@ import pytest
 from django.db import connection
 
 from tests.conftest_docker import engines_of
-from tests.servers import engine_agent, panel_loop
+from tests.servers import own_host_agent, panel_loop
 from tests.specs import spec
 from tests.waiting import wait_for_status
 from tests.worker.stack import fast_engines, until, worker_agent_loop
-from web import tasks
 from web.deploy import services as deploying
 from web.deployments import services
 from web.deployments.models import Deployment, DeploymentStatus
 from web.deployments.services.installation import instance_id
-from web.fleet.leases import gpu_leases_acquire
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
 S = DeploymentStatus
@@ -39,17 +37,12 @@ def env(test_engine_image: str) -> Iterator[dict[str, str]]:  # noqa: F811
 
 
 def _three_replicas() -> list[int]:
-    """Replica 0 through the create service, two replica rows beside it (as the replicas'
-    create code makes them), each on a GPU of its own and queued for the worker."""
-    primary = deploying.deployment_create(data=spec(), confirm_warnings=True)
-    pks = [primary.pk]
-    for i in (1, 2):
-        row = Deployment.objects.create(
-            name=primary.name, spec={**primary.spec, "gpus": [i]}, recipe=primary.recipe,
-            algorithm=primary.algorithm, gpus=[i], replica_of=primary, replica_index=i)
-        gpu_leases_acquire(deployment=row)
-        tasks.deployment_start_later(row.pk)
-        pks.append(row.pk)
+    """Three replicas through the create service (each row placed on the panel's host, on a
+    GPU of its own, and queued for the worker), replica 0 first."""
+    primary = deploying.deployment_create(data=spec(gpus=[0], replicas=3), confirm_warnings=True)
+    rows = Deployment.objects.filter(pk=primary.pk) | primary.replica_rows.all()
+    pks = list(rows.order_by("replica_index").values_list("pk", flat=True))
+    assert len(pks) == 3 and len({tuple(r.gpus) for r in rows}) == 3
     return pks
 
 
@@ -91,7 +84,7 @@ def _until(check: Any, what: Any, timeout_s: float = 120) -> Any:
 def test_a_rolling_restart_survives_its_agent_and_loop_killed_and_a_failed_redeploy_halts(
         env: dict[str, str], tmp_path: Path) -> None:
     with worker_agent_loop(tmp_path, env, agent_log="agent1.log", loop_log="loop1.log") as (
-            _, first_agent, first_loop), contextlib.ExitStack() as successors:
+            _, first_agent, first_loop, panel_url), contextlib.ExitStack() as successors:
         pks = _three_replicas()
         for pk in pks:
             assert wait_for_status(pk, {S.READY, S.FAILED}, 120) == S.READY
@@ -106,7 +99,8 @@ def test_a_rolling_restart_survives_its_agent_and_loop_killed_and_a_failed_redep
         for killed in (first_agent, first_loop):
             killed.kill()
             killed.wait()
-        successors.enter_context(engine_agent(tmp_path / "agent2.log", **env))
+        successors.enter_context(own_host_agent(tmp_path / "agent2.log", panel_url, tmp_path,
+                                                **env))
         successors.enter_context(panel_loop(tmp_path / "loop2.log", **env))
         _until(lambda: _rolling(pks[0])["state"] != "rolling", lambda: (
             f"the new loop ends the roll: {_rolling(pks[0])}, replicas "
@@ -132,7 +126,7 @@ def test_a_rolling_restart_survives_its_agent_and_loop_killed_and_a_failed_redep
 
         # A redeploy whose new engine fails while loading: halted at replica 1, the others
         # serving their run 2 on the spec they had.
-        broken = spec(env={"TEST_ENGINE_FAIL": "load-exit"})
+        broken = spec(gpus=[0], replicas=3, env={"TEST_ENGINE_FAIL": "load-exit"})
         deploying.deployment_redeploy(deployment_id=pks[0], data=broken, confirm_warnings=True)
         _until(lambda: _rolling(pks[0])["state"] != "rolling", "the redeploy halts")
         roll = _rolling(pks[0])

@@ -25,8 +25,8 @@ from appliance.runtime.containers import Identity
 from tests.conftest_docker import remove_engines
 from tests.servers import (
     celery_worker,
-    engine_agent,
     login_session,
+    own_host_agent,
     panel_server,
     suite_database_url,
 )
@@ -61,13 +61,15 @@ def stack(test_engine_image: str, tmp_path: Path) -> Iterator[dict[str, Any]]:  
                            ENGINE_SECRETS_DIR=env["APPLIANCE_ENGINE_SECRETS_DIR"]), \
             panel_server(tmp_path / "panel.log", **env) as url, \
             celery_worker(tmp_path / "worker.log", **env), \
-            engine_agent(tmp_path / "agent.log", **env):
+            own_host_agent(tmp_path / "agent.log", url, tmp_path, **env):
         yield {"url": url, "logs": tmp_path}
     remove_engines(instance_id())  # this database's engines only, never another run's
 
 
-def _engine_port(container: Any) -> str:
-    return str(container.attrs["NetworkSettings"]["Ports"]["30000/tcp"][0]["HostPort"])
+def _engine_address(container: Any) -> str:
+    """Where the engine's port is published (the host's advertised address, and port)."""
+    bound = container.attrs["NetworkSettings"]["Ports"]["30000/tcp"][0]
+    return f"{bound['HostIp'] or '127.0.0.1'}:{bound['HostPort']}"
 
 
 def _container_checks(pk: int, value: str) -> dict[str, str]:
@@ -76,7 +78,7 @@ def _container_checks(pk: int, value: str) -> dict[str, str]:
     row = Deployment.objects.get(pk=pk)
     name = Identity(str(pk), instance_id(), row.start_token).name
     container = docker.from_env().containers.get(name)
-    info = requests.get(f"http://127.0.0.1:{_engine_port(container)}/server_info", timeout=10)
+    info = requests.get(f"http://{_engine_address(container)}/server_info", timeout=10)
     seen = info.json()["secrets_seen"]
     assert seen == {"HF_TOKEN": hashlib.sha256(value.encode()).hexdigest()}
     left = container.exec_run(["ls", "-A", "/run/appliance/secrets"]).output.decode()

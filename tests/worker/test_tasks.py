@@ -33,7 +33,7 @@ def engine(test_engine_image: str) -> Iterator[dict[str, str]]:  # noqa: F811
     env = {"TEST_ENGINE_PACE_S": "0.01", "TEST_ENGINE_SHARDS": "6"}
     with override_settings(ENGINE_IMAGE=test_engine_image, ENGINE_GPU_REQUESTS=False,
                            ENGINE_EXTRA_ENV=env, ENGINE_READY_TIMEOUT_S=90,
-                           ENGINE_STOP_TIMEOUT_S=5):
+                           ENGINE_STOP_TIMEOUT_S=5, ENGINE_TEST_ENV=True):
         yield env
     remove_engines(instance_id())  # this database's engines only, never another run's
 
@@ -72,8 +72,10 @@ def _events(deployment: Deployment, kind: str) -> list[dict]:  # type: ignore[ty
     return [e.payload for e in deployment.events.filter(kind=kind).order_by("seq")]
 
 
-def _with_failure(engine: dict[str, str], mode: str):  # type: ignore[no-untyped-def]
-    return override_settings(ENGINE_EXTRA_ENV={**engine, "TEST_ENGINE_FAIL": mode})
+def _failing(mode: str, **changes) -> Deployment:  # type: ignore[no-untyped-def]
+    """A deployment whose test engine fails as `mode` says (its spec's env: the test
+    engine's knobs, which the panel takes with APPLIANCE_ENGINE_TEST_ENV)."""
+    return _deployment(env={"TEST_ENGINE_FAIL": mode}, **changes)
 
 
 def test_deploy_goes_from_queued_to_ready_with_phases_and_progress_then_stops(engine, agent):  # type: ignore[no-untyped-def]
@@ -134,9 +136,8 @@ def test_deploy_goes_from_queued_to_ready_with_phases_and_progress_then_stops(en
     ],
 )
 def test_a_failed_self_check_fails_the_deployment_before_the_model_loads(engine, agent, mode, summary):  # type: ignore[no-untyped-def]
-    deployment = _deployment()
-    with _with_failure(engine, mode):
-        assert _run(deployment.pk) == S.FAILED
+    deployment = _failing(mode)
+    assert _run(deployment.pk) == S.FAILED
     deployment.refresh_from_db()
     assert deployment.diagnosis["cause"] == "gpu-selfcheck-failed"
     assert summary in deployment.diagnosis["summary"]
@@ -162,9 +163,8 @@ def test_a_spec_can_skip_the_self_check(engine, agent):  # type: ignore[no-untyp
     [("load-exit", None), ("capture-oom", "cuda-oom-capture"), ("ddtree-width", "ddtree-verify-width")],
 )
 def test_a_failing_engine_fails_the_deployment_with_a_diagnosis(engine, agent, mode, cause):  # type: ignore[no-untyped-def]
-    deployment = _deployment()
-    with _with_failure(engine, mode):
-        assert _run(deployment.pk) == S.FAILED
+    deployment = _failing(mode)
+    assert _run(deployment.pk) == S.FAILED
     deployment.refresh_from_db()
     assert deployment.status == S.FAILED
     assert deployment.diagnosis and deployment.diagnosis["cause"]
@@ -175,9 +175,8 @@ def test_a_failing_engine_fails_the_deployment_with_a_diagnosis(engine, agent, m
 
 
 def test_an_engine_that_exits_at_once_is_diagnosed_from_its_own_output(engine, agent):  # type: ignore[no-untyped-def]
-    deployment = _deployment(self_check=False)
-    with _with_failure(engine, "model-missing"):
-        assert _run(deployment.pk) == S.FAILED
+    deployment = _failing("model-missing", self_check=False)
+    assert _run(deployment.pk) == S.FAILED
     deployment.refresh_from_db()
     assert deployment.diagnosis["cause"] == "model-not-found"
     assert "config.json" in deployment.diagnosis["fix"]
@@ -189,27 +188,26 @@ def test_an_engine_that_exits_at_once_is_diagnosed_from_its_own_output(engine, a
 
 
 def test_the_width_crash_names_block_size_and_budget_plus_one(engine, agent):  # type: ignore[no-untyped-def]
-    deployment = _deployment()
-    with _with_failure(engine, "ddtree-width"):
-        _run(deployment.pk)
+    deployment = _failing("ddtree-width")
+    _run(deployment.pk)
     deployment.refresh_from_db()
     text = f"{deployment.diagnosis['summary']} {deployment.diagnosis['fix']}"
     assert "8" in text and "33" in text
 
 
 def test_a_stop_during_loading_stops_the_engine_and_its_container_within_seconds(engine, agent):  # type: ignore[no-untyped-def]
-    deployment = _deployment()
-    with _with_failure(engine, "hang-load"):
-        tasks.deploy.apply(args=[deployment.pk]).get()
-        assert wait_for_status(deployment.pk, {S.LOADING}, 30) == S.LOADING
-        started = time.monotonic()
-        services.deployment_stop(deployment_id=deployment.pk)
-        assert wait_for_status(deployment.pk, {S.STOPPED, S.FAILED}, 30) == S.STOPPED
-        assert time.monotonic() - started < 10
+    deployment = _failing("hang-load")
+    tasks.deploy.apply(args=[deployment.pk]).get()
+    assert wait_for_status(deployment.pk, {S.LOADING}, 30) == S.LOADING
+    started = time.monotonic()
+    services.deployment_stop(deployment_id=deployment.pk)
+    assert wait_for_status(deployment.pk, {S.STOPPED, S.FAILED}, 30) == S.STOPPED
+    assert time.monotonic() - started < 10
     assert EngineRuntime().find(_identity(deployment)) is None
 
 
-def test_a_restarted_agent_adopts_the_running_container_instead_of_starting_another(engine, agent):  # type: ignore[no-untyped-def]
+def test_a_restarted_agent_adopts_the_running_container_instead_of_starting_another(engine, db_agent):  # type: ignore[no-untyped-def]
+    agent = db_agent
     deployment = _deployment()
     pk = deployment.pk
     agent.paused.set()
@@ -299,7 +297,7 @@ def test_the_agent_ships_decode_stats_and_fails_an_engine_that_dies_while_servin
     assert "signal 9" in deployment.diagnosis["summary"] or "killed" in str(deployment.diagnosis)
 
 
-def test_gpus_on_a_host_whose_docker_has_no_nvidia_runtime_fail_before_anything_starts(engine, agent):  # type: ignore[no-untyped-def]
+def test_gpus_on_a_host_whose_docker_has_no_nvidia_runtime_fail_before_anything_starts(engine, db_agent):  # type: ignore[no-untyped-def]
     # This machine's Docker has no NVIDIA runtime (`docker info` lists runc only).
     deployment = _deployment()
     with override_settings(ENGINE_GPU_REQUESTS=True):
@@ -311,7 +309,7 @@ def test_gpus_on_a_host_whose_docker_has_no_nvidia_runtime_fail_before_anything_
     assert not _engines_of(deployment), "nothing was started"
 
 
-def test_once_the_agent_reported_the_host_pre_flight_refuses_gpus_it_cannot_give(engine, agent):  # type: ignore[no-untyped-def]
+def test_once_the_agent_reported_the_host_pre_flight_refuses_gpus_it_cannot_give(engine, db_agent):  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + 10
     while not FleetHost.objects.filter(heartbeat_at__isnull=False).exists():
         assert time.monotonic() < deadline, "the agent reports its host"

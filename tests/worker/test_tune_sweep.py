@@ -15,7 +15,7 @@ import pytest
 from django.test import override_settings
 
 from tests.conftest_docker import remove_engines
-from tests.servers import celery_worker, engine_agent, panel_loop
+from tests.servers import celery_worker, own_host_agent, panel_loop, panel_server
 from tests.specs import spec
 from tests.waiting import wait_for_status
 from web.benchmarks import tune_services
@@ -69,7 +69,9 @@ def test_a_tune_whose_worker_is_killed_is_restored_through_the_loops_sweep(
     """The worker running a Tune is killed mid-candidate (its message stays unacked in the
     broker): the panel loop's sweep sees no beat, sends the task again, and a new worker's
     copy restores the deployment and ends the Tune, saying why."""
-    with engine_agent(tmp_path / "agent.log", **env), panel_loop(tmp_path / "loop.log", **env):
+    with panel_server(tmp_path / "web.log", **env) as url, \
+            own_host_agent(tmp_path / "agent.log", url, tmp_path, **env), \
+            panel_loop(tmp_path / "loop.log", **env):
         with celery_worker(tmp_path / "worker.log", **env) as worker:
             row = deploying.deployment_create(data=spec(gpus=[0]), confirm_warnings=True)
             assert wait_for_status(row.pk, {S.READY, S.FAILED}, 120) == S.READY
