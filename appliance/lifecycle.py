@@ -16,6 +16,7 @@ makes each move.
     stopping   queued, building, starting, checking, loading, capturing, ready  roller (its turn)
     stopped    queued                                                   web (Stop, nothing ran)
     stopped    stopping                                                 agent (container gone)
+    stopped    stopping                                                 build worker (no engine ran)
     failed     queued, building                                         build worker (model, build)
     failed     starting, checking, loading, capturing, ready            agent (engine failed)
 
