@@ -173,7 +173,8 @@ def test_a_host_builds_its_engines_image_from_the_recipe_and_runs_it(  # type: i
         assert _status(row.pk, {S.STOPPED}, 30) == S.STOPPED
     finally:
         if built:
-            docker_client.images.remove(built, force=True)
+            # noprune: the untagged layers under it are other builds' cache, maybe in use
+            docker_client.images.remove(built, force=True, noprune=True)
 
 
 def test_a_host_whose_recipe_lock_differs_builds_nothing_and_says_so(  # type: ignore[no-untyped-def]

@@ -36,7 +36,8 @@ S = DeploymentStatus
 def _remove_images(tags: set[str]) -> None:
     client = docker.from_env()
     for tag in tags - {""}:
-        client.images.remove(tag, force=True)
+        # noprune: the untagged layers under it are other builds' cache, maybe in use now
+        client.images.remove(tag, force=True, noprune=True)
 
 
 @pytest.fixture

@@ -216,7 +216,8 @@ def test_a_worker_killed_while_building_is_replaced_and_the_build_carries_on(
     for container in _engines(pk):
         container.remove(force=True)
     for image in client.images.list(filters={"label": "appliance.recipe=site-fault"}):
-        client.images.remove(image.id, force=True)
+        # noprune: the untagged layers under it are other builds' cache, maybe in use now
+        client.images.remove(image.id, force=True, noprune=True)
 
 
 def _wait_event(pk: int, build_kind: str, timeout_s: float) -> None:

@@ -90,7 +90,8 @@ def remove_image(client: Any, tag: str) -> None:
     import docker.errors
 
     with contextlib.suppress(docker.errors.ImageNotFound):
-        client.images.remove(tag, force=True)
+        # noprune: the untagged layers under it are other builds' cache, maybe in use now
+        client.images.remove(tag, force=True, noprune=True)
 
 
 @pytest.fixture(scope="module")
