@@ -214,9 +214,8 @@ class EngineRuntime:
         network of that name left open by an older version is made again while nothing is
         on it; with engines on it, it is kept and a warning says how to close it.
         """
-        try:
-            network = self.client.networks.get(name)
-        except docker.errors.NotFound:
+        network = self._one_network(name)
+        if network is None:
             return self._create_network(name)
         if network_is_closed(network.attrs):
             return network
@@ -237,13 +236,35 @@ class EngineRuntime:
         # two networks of one name unless asked to check, and then the loser takes the
         # winner's.
         try:
-            return self.client.networks.create(name, check_duplicate=True,
+            made = self.client.networks.create(name, check_duplicate=True,
                                                labels={LABEL_MANAGED: "1"},
                                                **ENGINE_NETWORK_OPTIONS)
         except docker.errors.APIError as exc:
             if exc.status_code != 409:
                 raise
-            return self.client.networks.get(name)
+            made = None
+        return self._one_network(name) or made
+
+    def _one_network(self, name: str) -> Any:
+        """The network of that name, or None. The daemon's duplicate check is not atomic:
+        two processes making it at once can make two, and then every use of the name is
+        refused as ambiguous. Each caller keeps the same one (the oldest, then the lowest
+        id) and removes the others while nothing is on them."""
+        found = sorted((n for n in self.client.networks.list(names=[name]) if n.name == name),
+                       key=lambda n: (str(n.attrs.get("Created", "")), n.id))
+        if not found:
+            return None
+        for extra in found[1:]:
+            try:
+                extra.remove()
+                log.warning("engine network %s: a second network of that name (%s), made at "
+                            "the same moment by another process, removed", name, extra.short_id)
+            except docker.errors.NotFound:
+                pass  # another process removed it first
+            except docker.errors.APIError as exc:
+                log.warning("engine network %s: a second network of that name (%s) could not "
+                            "be removed: %s", name, extra.short_id, exc.explanation or exc)
+        return self.client.networks.get(found[0].id)
 
     def join_network(self, network: Any, container_ref: str) -> bool:
         """Connect a container (id or name) to the network; False when it is no container."""

@@ -312,6 +312,22 @@ def test_an_open_engine_network_left_by_an_older_version_is_made_again_while_emp
     assert runtime.ensure_network(engine_network).id == network.id  # closed: kept as it is
 
 
+def test_two_engine_networks_of_one_name_made_at_once_become_one(
+        runtime: EngineRuntime, engine_network: str) -> None:
+    """The daemon's duplicate check is not atomic (the worker and the agent make the network
+    as they start): a second network of the name, which makes the name ambiguous for every
+    engine's start, is removed and the oldest kept, whoever asks."""
+    first = runtime.ensure_network(engine_network)
+    second = runtime.client.networks.create(engine_network, check_duplicate=False,
+                                            labels={LABEL_MANAGED: "1"}, internal=True)
+    assert len([n for n in runtime.client.networks.list(names=[engine_network])
+                if n.name == engine_network]) == 2
+    assert runtime.ensure_network(engine_network).id == first.id
+    left = [n.id for n in runtime.client.networks.list(names=[engine_network])
+            if n.name == engine_network]
+    assert left == [first.id] and second.id not in left
+
+
 def test_an_open_engine_network_with_engines_on_it_is_kept_with_a_warning(
         runtime: EngineRuntime, deployment_id: str, test_engine_image: str,  # noqa: F811
         engine_network: str, caplog: pytest.LogCaptureFixture) -> None:
