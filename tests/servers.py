@@ -87,18 +87,12 @@ def engine_agent(log_path: Path, **env: str) -> Iterator[subprocess.Popen[bytes]
         yield proc
 
 
-@contextmanager
-def own_host_agent(log_path: Path, panel_url: str, state_dir: Path, **env: str
-                   ) -> Iterator[subprocess.Popen[bytes]]:
-    """The panel's own host's agent as compose runs it: `python3 -m worker.agent` with
-    APPLIANCE_PANEL_URL, the program every joined host runs, with no database, broker or
-    panel secret in its environment. It joins with the own host's token in its file
-    (written here as the panel loop keeps it, so its start waits on no loop) and keeps its
-    credential under `state_dir`; its engines are published on this machine's address on
-    Docker's bridge, where the test process and the panel's workers reach them."""
+def own_host_token(state_dir: Path) -> Path:
+    """The own host's join token written to its file under `state_dir`, as the panel loop
+    keeps it (off the test's thread: a browser test's loop makes the ORM refuse there)."""
     token_file = state_dir / "own-host" / "token"
 
-    def keep() -> None:  # off the test's thread: a browser test's loop makes the ORM refuse
+    def keep() -> None:
         try:
             own_host_token_keep(path=token_file, host_name=str(settings.HOST_NAME))
         finally:
@@ -106,15 +100,32 @@ def own_host_agent(log_path: Path, panel_url: str, state_dir: Path, **env: str
 
     with ThreadPoolExecutor(1) as pool:
         pool.submit(keep).result(timeout=30)
+    return token_file
+
+
+def bridge_address() -> str:
+    """This machine's address on Docker's bridge, where a host's agent here publishes its
+    engines for the test process and the panel's workers."""
     client = docker.from_env()
     try:
-        advertise = gateway(client.networks.get("bridge"))
+        return gateway(client.networks.get("bridge"))
     finally:
         client.close()
+
+
+@contextmanager
+def own_host_agent(log_path: Path, panel_url: str, state_dir: Path, **env: str
+                   ) -> Iterator[subprocess.Popen[bytes]]:
+    """The panel's own host's agent as compose runs it: `python3 -m worker.agent` with
+    APPLIANCE_PANEL_URL, the program every joined host runs, with no database, broker or
+    panel secret in its environment. It joins with the own host's token in its file
+    (own_host_token: its start waits on no loop), keeps its credential under `state_dir`
+    and publishes its engines on the bridge address."""
     agent_env = {"APPLIANCE_PANEL_URL": panel_url, "APPLIANCE_HOST_NAME": settings.HOST_NAME,
-                 "APPLIANCE_JOIN_TOKEN_FILE": str(token_file),
+                 "APPLIANCE_JOIN_TOKEN_FILE": str(own_host_token(state_dir)),
                  "APPLIANCE_HOST_CREDENTIAL_FILE": str(state_dir / "host-credential"),
-                 "APPLIANCE_HOST_ADVERTISE_ADDR": advertise, "APPLIANCE_GPU_COUNT": "8", **env}
+                 "APPLIANCE_HOST_ADVERTISE_ADDR": bridge_address(), "APPLIANCE_GPU_COUNT": "8",
+                 **env}
     with _process(["-m", "worker.agent"], log_path, "fleet agent for host", agent_env,
                   panel_side=False) as proc:
         yield proc

@@ -1,20 +1,16 @@
 import contextlib
 import threading
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.conf import settings
-from django.db import connection
 
-import docker
 from appliance.runtime.remote_agent import RemoteAgent, RemoteSettings, join_token_read
 from tests.conftest_docker import docker_client, test_engine_image  # noqa: F401
 from tests.fleet.hosts import remote_agent_running
-from tests.fleet.simhosts import gateway
-from web.fleet.tokenfiles import own_host_token_keep
+from tests.servers import bridge_address, own_host_token
 
 
 @contextlib.contextmanager
@@ -24,24 +20,10 @@ def own_agent(panel_url: str, state_dir: Path, **changes: Any) -> Iterator[Remot
     live panel. It joins with the own host's token as the panel loop keeps it in its file,
     takes this process's engine settings (compose gives the panel's to it) and `changes`,
     and publishes its engines on this machine's address on Docker's bridge."""
-    own = str(settings.HOST_NAME)
-    token_file = state_dir / "own-host" / "token"
-
-    def keep() -> None:  # off the test's thread, whose ORM an async loop may hold
-        try:
-            own_host_token_keep(path=token_file, host_name=own)
-        finally:
-            connection.close()
-
-    with ThreadPoolExecutor(1) as pool:
-        pool.submit(keep).result(timeout=30)
-    client = docker.from_env()
-    try:
-        advertise = gateway(client.networks.get("bridge"))
-    finally:
-        client.close()
+    token_file = own_host_token(state_dir)
     config = RemoteSettings(**{
-        "panel_url": panel_url, "host_name": own, "advertise_addr": advertise,
+        "panel_url": panel_url, "host_name": str(settings.HOST_NAME),
+        "advertise_addr": bridge_address(),
         "join_token": join_token_read(token_file, wait_s=5),
         "credential_path": state_dir / "host-credential",
         "gpu_requests": bool(settings.ENGINE_GPU_REQUESTS),

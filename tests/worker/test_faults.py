@@ -142,7 +142,9 @@ def test_a_new_agent_takes_over_an_engine_only_when_the_old_lease_has_expired(
         _wait(pk, {S.READY}, 120)
         row = Deployment.objects.get(pk=pk)
         assert row.agent_id == "agent@b"
-        assert time.monotonic() - killed >= 10, "not before the 15 s lease ran out"
+        # The 15 s lease is renewed once less than two thirds of it (10 s) is left, looked
+        # at each 1 s tick: at the kill it had at least 9 s to run.
+        assert time.monotonic() - killed >= 9, "not before the 15 s lease ran out"
         assert len(_engines(pk)) == 1
         assert_every_line_once(pk)
 
