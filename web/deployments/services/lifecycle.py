@@ -137,9 +137,10 @@ def deployment_mark_stopping(*, deployment_id: int, by: Process = Process.WEB,
     return bool(_transition(deployment_id, target=S.STOPPING, by=by, message=message))
 
 
-def deployment_mark_stopped(*, deployment_id: int, by: Process = Process.AGENT) -> bool:
+def deployment_mark_stopped(*, deployment_id: int, by: Process = Process.AGENT,
+                            match: dict[str, Any] | None = None) -> bool:
     """Stopped: by the agent once the engine is gone, by web for a deployment still queued."""
-    done = _transition(deployment_id, target=S.STOPPED, by=by, phase="",
+    done = _transition(deployment_id, target=S.STOPPED, by=by, phase="", match=match,
                        ended_at=timezone.now())
     if done:
         events_append(deployment_id=deployment_id, events=[(EventKind.END, {"status": S.STOPPED})])
@@ -149,11 +150,8 @@ def deployment_mark_stopped(*, deployment_id: int, by: Process = Process.AGENT) 
 def deployment_mark_build_stopped(*, deployment_id: int) -> bool:
     """Stopped by the build worker whose build a Stop cancelled, where no engine of the run
     ever started (no start token): no host's agent has anything to stop or to report."""
-    done = _transition(deployment_id, target=S.STOPPED, by=Process.BUILDER, phase="",
-                       match={"start_token": ""}, ended_at=timezone.now())
-    if done:
-        events_append(deployment_id=deployment_id, events=[(EventKind.END, {"status": S.STOPPED})])
-    return bool(done)
+    return deployment_mark_stopped(deployment_id=deployment_id, by=Process.BUILDER,
+                                   match={"start_token": ""})
 
 
 def deployment_mark_failed(
