@@ -24,7 +24,7 @@ from appliance.runtime.containers import EngineRuntime, Identity
 from appliance.runtime.remote_agent import RemoteAgent, RemoteSettings, join_token_read
 from tests.conftest_docker import docker_client, remove_engines, test_engine_image  # noqa: F401
 from tests.fleet.hosts import remote_agent_running
-from tests.fleet.simhosts import gateway
+from tests.servers import bridge_address, own_host_token
 from tests.specs import spec
 from tests.waiting import wait_for_status
 from web.deploy import services as deploying
@@ -32,7 +32,6 @@ from web.deployments import services as deployments
 from web.deployments.models import Deployment, DeploymentStatus, Event
 from web.deployments.services.installation import instance_id
 from web.fleet.models import FleetHost, Placement
-from web.fleet.tokenfiles import own_host_token_keep
 from worker import tasks
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
@@ -45,14 +44,13 @@ def own_agent(live_server, tmp_path: Path, docker_client, test_engine_image: str
               ) -> Iterator[dict[str, Any]]:  # type: ignore[no-untyped-def]
     """The own host's agent, started once a deployment is already placed on the host."""
     own = str(settings.HOST_NAME)
-    token_file = tmp_path / "own-host" / "token"
-    own_host_token_keep(path=token_file, host_name=own)
+    token_file = own_host_token(tmp_path)
     running = ExitStack()
 
     def start() -> RemoteAgent:
         config = RemoteSettings(
             panel_url=live_server.url, host_name=own,
-            advertise_addr=gateway(docker_client.networks.get("bridge")),
+            advertise_addr=bridge_address(),
             join_token=join_token_read(token_file, wait_s=5),
             credential_path=tmp_path / "host-credential", gpu_requests=False, gpu_count=8,
             gpu_check=False, extra_env=FAST, stop_timeout_s=5, ready_timeout_s=90, tick_s=0.2)
