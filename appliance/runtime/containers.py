@@ -308,6 +308,7 @@ class EngineRuntime:
         since: float | None = None,
         partials: bool = False,
         timestamps: bool = False,
+        follow: bool = True,
     ) -> Iterator[LogLine]:
         """Follow the container's output until it exits, stdout and stderr kept apart.
 
@@ -317,13 +318,16 @@ class EngineRuntime:
         the running container instead: earlier output comes as whole lines, and what is
         written from now on arrives as written, the unterminated pieces of a line
         yielded as partial LogLines for live progress; whole lines come either way.
+        Without `follow`, it ends at what Docker has stored so far.
         """
         if partials:
             container.reload()  # a container just run still says "created"
-        live = partials and since is None and container.status == "running" and not timestamps
+        live = (follow and partials and since is None and container.status == "running"
+                and not timestamps)
         try:
             frames = (attach_frames(self.client.api, container.id) if live
-                      else log_frames(self.client.api, container.id, since, timestamps))
+                      else log_frames(self.client.api, container.id, since, timestamps,
+                                      follow=follow))
             yield from lines_of(frames, partials, timestamps)
         except docker.errors.APIError as exc:
             raise EngineRuntimeError(f"cannot follow {container.name}: {exc}") from exc

@@ -66,23 +66,26 @@ def lines_of(frames: Iterable[tuple[int, bytes]], partials: bool = False,
 
 
 def log_frames(
-api: Any, container_id: str, since: float | None, timestamps: bool = False
+    api: Any, container_id: str, since: float | None, timestamps: bool = False,
+    follow: bool = True,
 ) -> Iterator[tuple[int, bytes]]:
-    """Raw (stream id, bytes) frames of `docker logs --follow` (a non-tty container).
+    """Raw (stream id, bytes) frames of `docker logs [--follow]` (a non-tty container).
 
     docker-py's public logs() drops the stream id of each frame and attach() cannot
     start at `since`, so this issues the same request and keeps the ids. Like
-    docker-py's logs(), it turns the socket timeout off: a quiet engine (a long
-    weight load) is not an error.
+    docker-py's logs(), a follow turns the socket timeout off: a quiet engine (a long
+    weight load) is not an error. Without `follow` it ends at what Docker has stored,
+    under the client's timeout.
     """
-    params: dict[str, Any] = {"stdout": 1, "stderr": 1, "follow": 1,
+    params: dict[str, Any] = {"stdout": 1, "stderr": 1, "follow": int(follow),
                               "timestamps": int(timestamps)}
     if since is not None:
         params["since"] = f"{since:.6f}"
     response = api._get(api._url("/containers/{0}/logs", container_id),
                         params=params, stream=True)
     api._raise_for_status(response)  # an APIError: the caller says which container
-    api._disable_socket_timeout(api._get_raw_response_socket(response))
+    if follow:
+        api._disable_socket_timeout(api._get_raw_response_socket(response))
     try:
         yield from _read_frames(response.raw)
     finally:

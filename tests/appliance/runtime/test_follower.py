@@ -73,8 +73,11 @@ class RecordingSink:
 
 @pytest.fixture
 def runtime(docker_client: DockerClient) -> Iterator[EngineRuntime]:  # noqa: F811
-    made = EngineRuntime(docker_client)
-    yield made
+    yield EngineRuntime(docker_client)
+    _remove_test_containers(docker_client)
+
+
+def _remove_test_containers(docker_client: DockerClient) -> None:  # noqa: F811
     for container in docker_client.containers.list(ignore_removed=True,
             all=True, filters={"label": f"{LABEL_DEPLOYMENT}"}):
         if (container.labels or {}).get("appliance.instance") == "follower-test":
@@ -105,6 +108,48 @@ def test_every_line_of_a_burst_is_shipped_once_in_order_with_the_last_lines_curs
     assert sink.ships > 2  # in batches, not one by one and not all at once
     assert sink.idles >= 1  # told when it had nothing more to write (its connection can go)
     assert sink.cursors == sorted(sink.cursors, key=lambda c: (c.ts_ns, c.count))
+    assert sink.asked == [("failed:engine-exited", len(sink.shipped))]
+
+
+class ShortFollowRuntime(EngineRuntime):
+    """Docker's follow ending short of the lines stored (an engine's last 684 lines on a
+    loaded machine, CI 2026-12-07): each follow hands out at most `cut` lines."""
+
+    def __init__(self, client: DockerClient, cut: int) -> None:
+        super().__init__(client)
+        self.cut = cut
+        self.follows = 0
+
+    def follow_logs(self, container: Any, since: float | None = None, partials: bool = False,
+                    timestamps: bool = False, follow: bool = True) -> Iterator[Any]:
+        lines = super().follow_logs(container, since, partials, timestamps, follow)
+        if not follow:
+            return lines
+        self.follows += 1
+        return self._cut(lines)
+
+    def _cut(self, lines: Iterator[Any]) -> Iterator[Any]:
+        for n, line in enumerate(lines, start=1):
+            yield line
+            if n == self.cut:
+                break
+        lines.close()  # type: ignore[attr-defined]
+
+
+def test_lines_a_short_follow_left_out_are_read_from_the_stored_log(docker_client):  # type: ignore[no-untyped-def]  # noqa: F811
+    n = 12_000
+    script = ("import sys, time\n"
+              "sys.stdout.write(''.join(f'early {i}\\n' for i in range(6000))); sys.stdout.flush()\n"
+              "time.sleep(1.5)\n"
+              f"sys.stdout.write(''.join(f'late {{i}}\\n' for i in range({n - 6000})))\n")
+    short = ShortFollowRuntime(docker_client, cut=2500)
+    sink = RecordingSink()
+    try:
+        assert _run(short, script, sink) == "failed"  # it exited
+    finally:
+        _remove_test_containers(docker_client)
+    want = [f"early {i}" for i in range(6000)] + [f"late {i}" for i in range(n - 6000)]
+    assert sink.texts() == want  # none lost, none twice, in order
     assert sink.asked == [("failed:engine-exited", len(sink.shipped))]
 
 
