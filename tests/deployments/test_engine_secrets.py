@@ -13,8 +13,8 @@ from django.test import Client, override_settings
 from appliance.logs.appliance_causes import start_failure
 from appliance.runtime.containers import EngineRuntimeError, docker_run_kwargs, secret_values
 from appliance.runtime.secrets import ENV_PREFIX
+from tests.plans import own_host_plan
 from tests.specs import spec
-from web.agent.engines import container_plan
 from web.deployments import services
 from web.deployments.models import Deployment, Event
 
@@ -37,12 +37,13 @@ def test_a_declared_secret_reaches_only_its_own_container(operator, tmp_path: Pa
     with override_settings(ENGINE_SECRETS_DIR=str(tmp_path)):
         declared = _create(client, name="with-secret", secrets=["HF_TOKEN"])
         other = _create(client, name="without", gpus=[1])
-        plan = container_plan(declared, "img")
+        plan = own_host_plan(declared, "img", APPLIANCE_ENGINE_SECRETS_DIR=str(tmp_path))
         assert plan.secrets == ["HF_TOKEN"] and PLANTED not in json.dumps(plan.env)
         assert secret_values(plan) == {"HF_TOKEN": PLANTED}
         # Put into the container as a file, never its configuration (`docker inspect`).
         assert PLANTED not in repr(docker_run_kwargs(plan))
-        assert secret_values(container_plan(other, "img")) == {}
+        assert secret_values(own_host_plan(
+            other, "img", APPLIANCE_ENGINE_SECRETS_DIR=str(tmp_path))) == {}
 
 
 def test_the_store_falls_back_to_the_agents_environment(operator, tmp_path: Path,  # type: ignore[no-untyped-def]
@@ -52,7 +53,8 @@ def test_the_store_falls_back_to_the_agents_environment(operator, tmp_path: Path
     # Pre-flight finds the name in the environment of this process (no agent reported).
     monkeypatch.setenv(f"{ENV_PREFIX}HF_TOKEN", PLANTED)
     with override_settings(ENGINE_SECRETS_DIR=str(tmp_path / "none")):
-        plan = container_plan(_create(client, secrets=["HF_TOKEN"]), "img")
+        plan = own_host_plan(_create(client, secrets=["HF_TOKEN"]), "img",
+                             APPLIANCE_ENGINE_SECRETS_DIR=str(tmp_path / "none"))
     assert secret_values(plan, environ={f"{ENV_PREFIX}HF_TOKEN": PLANTED}) == {
         "HF_TOKEN": PLANTED}
     # The panel's own APPLIANCE_SECRET_KEY is no engine secret.
@@ -65,7 +67,8 @@ def test_a_missing_secret_fails_the_start_naming_it_and_the_fix(operator, tmp_pa
     client.force_login(operator)
     (tmp_path / "HF_TOKEN").write_text(PLANTED)
     with override_settings(ENGINE_SECRETS_DIR=str(tmp_path)):
-        plan = container_plan(_create(client, secrets=["HF_TOKEN"]), "img")
+        plan = own_host_plan(_create(client, secrets=["HF_TOKEN"]), "img",
+                             APPLIANCE_ENGINE_SECRETS_DIR=str(tmp_path))
     # Gone after pre-flight passed (pre-flight refuses a spec whose secret is missing).
     (tmp_path / "HF_TOKEN").unlink()
     with pytest.raises(EngineRuntimeError) as caught:
@@ -81,7 +84,8 @@ def test_a_planted_secret_is_in_no_row_event_answer_or_stream(operator, viewer, 
     client.force_login(operator)
     with override_settings(ENGINE_SECRETS_DIR=str(tmp_path)):
         deployment = _create(client, secrets=["HF_TOKEN"])
-        secret_values(container_plan(deployment, "img"))
+        secret_values(own_host_plan(deployment, "img",
+                                    APPLIANCE_ENGINE_SECRETS_DIR=str(tmp_path)))
     services.deployment_stop(deployment_id=deployment.pk)
     dump = serializers.serialize("json", [*Deployment.objects.all(), *Event.objects.all()])
     assert PLANTED not in dump

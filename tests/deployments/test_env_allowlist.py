@@ -79,7 +79,7 @@ def test_a_refused_key_stores_nothing(client: Client) -> None:
 
 
 def test_the_container_plan_sizes_dev_shm_from_the_spec_else_the_setting(client: Client) -> None:
-    from web.agent.engines import container_plan
+    from tests.plans import own_host_plan
     from web.deployments.models import Deployment
 
     def plan_of(**changes: object) -> str:
@@ -88,11 +88,11 @@ def test_the_container_plan_sizes_dev_shm_from_the_spec_else_the_setting(client:
                                content_type="application/json")
         assert response.status_code == 201, response.json()
         deployment = Deployment.objects.get(pk=response.json()["id"])
-        return str(container_plan(deployment, "img").shm_size)
+        # The agent's setting: its environment's APPLIANCE_ENGINE_SHM_SIZE.
+        return str(own_host_plan(deployment, "img", APPLIANCE_ENGINE_SHM_SIZE="48g").shm_size)
 
-    with override_settings(ENGINE_SHM_SIZE="48g"):
-        assert plan_of(name="sized", shm_size="96g") == "96g"
-        assert plan_of(name="default", gpus=[1]) == "48g"  # GPU 0 is leased to "sized"
+    assert plan_of(name="sized", shm_size="96g") == "96g"
+    assert plan_of(name="default", gpus=[1]) == "48g"  # GPU 0 is leased to "sized"
     refused = client.post("/api/deployments/", {"spec": spec(shm_size="100t")},
                           content_type="application/json")
     assert refused.status_code == 400 and "64m to 2t" in refused.json()["shm_size"][0]

@@ -13,12 +13,14 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
+from appliance.runtime.remote_agent import remote_plan
 from tests.models import write_model
+from tests.plans import own_host_placement, own_host_settings
 from tests.specs import spec
-from web.agent.engines import container_plan
 from web.deploy import services as deploying
 from web.deployments import services
 from web.deployments.models import Deployment, EventKind, RootReadRate
+from web.deployments.services.installation import instance_id
 from web.store.loadtime import (
     deployment_model_wait,
     root_read_rate_measure,
@@ -171,18 +173,22 @@ def test_a_download_that_fails_while_waiting_fails_the_deployment_clearly(root: 
 
 
 def test_an_unverified_model_is_never_mounted_and_the_others_are_mounted_alone(
-        root: Path, settings) -> None:  # type: ignore[no-untyped-def]
-    settings.MODELS_DIR = "/srv/models"
+        root: Path) -> None:
     write_model(root / "half-downloaded")
     deployment = deploying.deployment_create(data=spec(), confirm_warnings=True)
-    plan = container_plan(deployment, "img")
+    # The agent's models directory: its environment's APPLIANCE_MODELS_DIR.
+    placement = own_host_placement(deployment, "img")
+    assert placement["models_refused"] == []
+    plan = remote_plan(placement, own_host_settings(APPLIANCE_MODELS_DIR="/srv/models"),
+                       instance_id())
     assert plan.volumes == {
         "/srv/models/Kimi-K2.6": {"bind": "/models/Kimi-K2.6", "mode": "ro"},
         "/srv/models/Kimi-K2.6-DFlash": {"bind": "/models/Kimi-K2.6-DFlash", "mode": "ro"}}
     ModelEntry.objects.filter(relative_path="Kimi-K2.6").update(state=ModelState.PARTIAL)
-    with pytest.raises(Exception, match=r"not verified in the model store: "
-                                        r"/models/Kimi-K2.6 \(partial\)"):
-        container_plan(deployment, "img")
+    # The host API names what is refused; the agent fails the start with it before any
+    # plan (tests/worker/test_model_wait.py), so nothing is mounted.
+    assert own_host_placement(deployment, "img")["models_refused"] == [
+        "/models/Kimi-K2.6 (partial)"]
 
 
 def test_the_weights_card_shows_the_expected_load_then_the_rate_reached(
