@@ -1,5 +1,4 @@
 import contextlib
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -41,21 +40,3 @@ def agent(live_server, tmp_path: Path) -> Iterator[RemoteAgent]:  # type: ignore
     """The panel's own host's agent (own_agent) against the live panel."""
     with own_agent(live_server.url, tmp_path) as running:
         yield running
-
-
-@pytest.fixture
-def db_agent():  # type: ignore[no-untyped-def]
-    """The database-writing agent (web/agent), ticking on a thread of the test process: for
-    the tests of what only it has (its row lease, its pause, its unjoined host row) until it
-    goes."""
-    from appliance.runtime.follower import FollowOptions
-    from web.agent.controller import EngineAgent
-
-    engine_agent = EngineAgent(agent_id="test-agent",
-                               follow_options=FollowOptions(ready_timeout_s=90))
-    stop = threading.Event()
-    thread = threading.Thread(target=engine_agent.run, args=(stop, 0.2), daemon=True)
-    thread.start()
-    yield engine_agent
-    stop.set()
-    thread.join(timeout=20)

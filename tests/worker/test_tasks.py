@@ -14,9 +14,11 @@ import docker
 from appliance.runtime.client import EngineClient
 from appliance.runtime.containers import EngineRuntime, Identity
 from tests.conftest_docker import engines_of, remove_engines
+from tests.plans import own_host_plan
+from tests.servers import bridge_address
 from tests.specs import spec
 from tests.waiting import wait_for_status
-from web.agent.engines import container_plan
+from tests.worker.conftest import own_agent
 from web.deploy import services as deploying
 from web.deployments import services
 from web.deployments.models import Deployment, DeploymentStatus
@@ -206,18 +208,22 @@ def test_a_stop_during_loading_stops_the_engine_and_its_container_within_seconds
     assert EngineRuntime().find(_identity(deployment)) is None
 
 
-def test_a_restarted_agent_adopts_the_running_container_instead_of_starting_another(engine, db_agent):  # type: ignore[no-untyped-def]
-    agent = db_agent
+def test_a_restarted_agent_adopts_the_running_container_instead_of_starting_another(engine, live_server, tmp_path):  # type: ignore[no-untyped-def]
     deployment = _deployment()
     pk = deployment.pk
-    agent.paused.set()
     services.deployment_mark_starting(deployment_id=pk, image=str(settings.ENGINE_IMAGE),
                                       start_token="first-start")
-    # The first agent started the container and died before it was ready.
-    plan = container_plan(Deployment.objects.get(pk=pk), str(settings.ENGINE_IMAGE))
+    # The first agent started the container, as this host's agent plans it, and died
+    # before it was ready.
+    plan = own_host_plan(Deployment.objects.get(pk=pk), str(settings.ENGINE_IMAGE),
+                         APPLIANCE_ENGINE_NETWORK="",
+                         APPLIANCE_HOST_ADVERTISE_ADDR=bridge_address(),
+                         APPLIANCE_ENGINE_GPU_REQUESTS="false",
+                         APPLIANCE_ENGINE_EXTRA_ENV=",".join(f"{k}={v}" for k, v in
+                                                             engine.items()))
     first = EngineRuntime().ensure_started(plan)
-    agent.paused.clear()
-    assert wait_for_status(pk, {S.READY, S.FAILED}, 60) == S.READY
+    with own_agent(live_server.url, tmp_path):
+        assert wait_for_status(pk, {S.READY, S.FAILED}, 60) == S.READY
     running = [c for c in engines_of(instance_id(), pk) if c.status == "running"]
     assert [c.id for c in running] == [first.id]
 
@@ -297,10 +303,11 @@ def test_the_agent_ships_decode_stats_and_fails_an_engine_that_dies_while_servin
     assert "signal 9" in deployment.diagnosis["summary"] or "killed" in str(deployment.diagnosis)
 
 
-def test_gpus_on_a_host_whose_docker_has_no_nvidia_runtime_fail_before_anything_starts(engine, db_agent):  # type: ignore[no-untyped-def]
+def test_gpus_on_a_host_whose_docker_has_no_nvidia_runtime_fail_before_anything_starts(engine, live_server, tmp_path):  # type: ignore[no-untyped-def]
     # This machine's Docker has no NVIDIA runtime (`docker info` lists runc only).
     deployment = _deployment()
-    with override_settings(ENGINE_GPU_REQUESTS=True):
+    with override_settings(ENGINE_GPU_REQUESTS=True), \
+            own_agent(live_server.url, tmp_path, gpu_requests=True):
         assert _run(deployment.pk) == S.FAILED
     deployment.refresh_from_db()
     assert deployment.diagnosis["cause"] == "no-gpu-runtime"
@@ -309,27 +316,35 @@ def test_gpus_on_a_host_whose_docker_has_no_nvidia_runtime_fail_before_anything_
     assert not _engines_of(deployment), "nothing was started"
 
 
-def test_once_the_agent_reported_the_host_pre_flight_refuses_gpus_it_cannot_give(engine, db_agent):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + 10
-    while not FleetHost.objects.filter(heartbeat_at__isnull=False).exists():
-        assert time.monotonic() < deadline, "the agent reports its host"
-        time.sleep(0.2)
-    host = FleetHost.objects.get()
-    assert host.docker["nvidia"] is False and "runc" in host.docker["runtimes"]
-    # No NVML here: the panel says so rather than showing zeros.
-    assert host.gpu_telemetry["available"] is False and host.gpu_telemetry["gpus"] == []
-    # The panel's own host: a row no credential opens (not joined), its GPUs the count.
-    assert not host.is_joined and host.heartbeat_at is not None
-    assert host.name == host.agent_id.split("@")[-1]  # named after its agent
-    assert (host.gpu_source, len(host.gpus)) == ("count", settings.GPU_COUNT)
-    page = _admin_client().get("/").content.decode()
-    assert "no GPU telemetry on this host" in page and "no NVIDIA runtime" in page
-    with override_settings(ENGINE_GPU_REQUESTS=True), \
-            pytest.raises(services.DeploymentInputError) as refused:
-        _deployment(name="wants-gpus")
+def test_once_the_agent_reported_the_host_pre_flight_refuses_gpus_it_cannot_give(engine, live_server, tmp_path):  # type: ignore[no-untyped-def]
+    with own_agent(live_server.url, tmp_path):  # its engines given no GPUs (the simulator)
+        deadline = time.monotonic() + 10
+        while not FleetHost.objects.filter(heartbeat_at__isnull=False).exists():
+            assert time.monotonic() < deadline, "the agent reports its host"
+            time.sleep(0.2)
+        host = FleetHost.objects.get()
+        assert host.docker["nvidia"] is False and "runc" in host.docker["runtimes"]
+        # No NVML here: the GPUs are a count, and the panel says so rather than showing zeros.
+        assert host.gpu_telemetry["available"] is False
+        assert [set(g) for g in host.gpu_telemetry["gpus"]] == [{"index"}] * settings.GPU_COUNT
+        # The panel's own host, joined as any host is, its GPUs the count.
+        assert host.is_joined and host.heartbeat_at is not None
+        assert host.name == settings.HOST_NAME
+        assert (host.gpu_source, len(host.gpus)) == ("count", settings.GPU_COUNT)
+        page = _admin_client().get("/").content.decode()
+        assert "a GPU count, no NVML" in page and "no NVIDIA runtime" in page
+        assert _deployment(name="test-engine").status == S.QUEUED  # no GPU request: fine
+    # The same host's agent restarted to give its engines GPUs (its
+    # APPLIANCE_ENGINE_GPU_REQUESTS): what it reports is what pre-flight reads.
+    with own_agent(live_server.url, tmp_path, gpu_requests=True):
+        deadline = time.monotonic() + 10
+        while not FleetHost.objects.get().docker.get("gpu_requests"):
+            assert time.monotonic() < deadline, "the restarted agent reports its host"
+            time.sleep(0.2)
+        with pytest.raises(services.DeploymentInputError) as refused:
+            _deployment(name="wants-gpus", gpus=[1])  # GPU 0 is test-engine's
     message = " ".join(refused.value.errors["gpus"])
     assert "this host's Docker has no NVIDIA runtime" in message and "nvidia-ctk" in message
-    assert _deployment(name="test-engine").status == S.QUEUED  # no GPU request: fine
 
 
 def _engines_of(deployment: Deployment) -> list:  # type: ignore[type-arg]
