@@ -19,6 +19,7 @@ from tests.conftest_docker import engines_of, remove_engines
 from tests.servers import celery_worker, own_host_agent, panel_server
 from tests.specs import spec
 from tests.waiting import wait_for_status
+from tests.worker.conftest import own_agent
 from web.builder.builds import deployment_run
 from web.deploy import services as deploying
 from web.deployments.models import Deployment, DeploymentStatus, EventKind, RootReadRate
@@ -107,26 +108,19 @@ def test_a_download_that_fails_while_it_waits_fails_the_deployment_and_starts_no
 
 
 def test_the_agent_never_starts_an_engine_on_a_model_that_is_no_longer_verified(
-        test_engine_image: str) -> None:  # noqa: F811
-    from appliance.runtime.follower import FollowOptions
-    from web.agent.controller import EngineAgent
-
+        test_engine_image: str, live_server: Any, tmp_path: Path) -> None:  # noqa: F811
     # Verified when the deploy task let it through; partial by the time the agent would
     # start it (a file gone from the folder, found by the next scan).
     model_store_scan()
-    engine_agent_ = EngineAgent(agent_id="test-agent", follow_options=FollowOptions(
-        ready_timeout_s=60))
     with override_settings(ENGINE_IMAGE=test_engine_image, ENGINE_GPU_REQUESTS=False,
                            ENGINE_EXTRA_ENV=FAST):
         pk = deploying.deployment_create(data=spec(), confirm_warnings=True).pk
         assert deployment_run(deployment_id=pk) == S.STARTING
         ModelEntry.objects.filter(relative_path="Kimi-K2.6").update(
             state=ModelState.PARTIAL, error="model.safetensors is missing")
-        try:
-            engine_agent_.tick()  # the agent's next look: it would start the engine now
+        # The own host's agent's next look: it would start the engine now.
+        with own_agent(live_server.url, tmp_path, gpu_requests=False):
             assert wait_for_status(pk, {S.READY, S.FAILED}, 30) == S.FAILED
-        finally:
-            engine_agent_.release_all()
     deployment = Deployment.objects.get(pk=pk)
     assert deployment.diagnosis["cause"] == "model-not-ready"
     assert "/models/Kimi-K2.6 (partial)" in deployment.diagnosis["summary"]
