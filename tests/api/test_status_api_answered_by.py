@@ -1,6 +1,7 @@
 """Which path answers the status reads (the /metrics counter appliance_status_reads_total),
-for token reads shaped as API clients and load tools send them, and the engine agent's
-lease, whose renewal every tick made the reads' stored answers stale every second."""
+for token reads shaped as API clients and load tools send them, and a host's agent's
+liveness, which must not make the reads' stored answers stale (a row lease renewed every
+tick once did, every second)."""
 
 from __future__ import annotations
 
@@ -17,10 +18,10 @@ from django.utils import timezone
 
 from tests.servers import panel_server
 from tests.specs import spec
-from web.agent.controller import EngineAgent
 from web.deploy import services as deploying
 from web.deployments.models import Deployment, StatusBody
 from web.deployments.selectors import deployment_list
+from web.fleet.models import FleetHost
 
 pytestmark = pytest.mark.django_db(transaction=True)
 METRICS_TOKEN = "metrics-token-for-the-answered-by-test"
@@ -90,33 +91,34 @@ def _version(pk: int) -> Any:
     return deployment_list(versioned=True).get(pk=pk).row_version
 
 
-def test_the_agent_renews_its_lease_at_a_third_spent_and_stores_the_reads_answers_after(
+def test_a_hosts_agent_alive_and_renewing_its_lease_leaves_the_reads_version_as_it_is(
         settings: Any) -> None:
-    deployment = deploying.deployment_create(data=spec(), confirm_warnings=True)
+    """The reads' ETag and stored answers change with the row's version; the agent's liveness
+    (heartbeats, its host lease renewed once a third is spent) is kept on the host's row,
+    so a ready engine's reads stay current while its agent ticks."""
+    from tests.fleet.hosts import joined, report
+    from web.deployments.services.reads import deployment_status_bodies_store
+    from web.fleet import services as fleet
+
+    gpu_2 = joined("gpu-2").host
+    deployment = deploying.deployment_create(data=spec(host="gpu-2"), confirm_warnings=True)
     Deployment.objects.filter(pk=deployment.pk).update(status="ready")
-    agent = EngineAgent(agent_id="lease-test-agent", lease_s=15.0)
-    now = timezone.now()
-    claimed = agent._claim(now)
-    assert [d.pk for d in claimed] == [deployment.pk]
-    claimed_version = _version(deployment.pk)
-    # The answers were stored at the version the claim left.
-    assert StatusBody.objects.filter(pk=deployment.pk, version=claimed_version).exists()
-    # Ticks within the lease's first third keep the row as it is: the stored answers and
-    # the ETag stay current.
-    for seconds in (1, 2, 4):
-        assert [d.pk for d in agent._claim(now + timedelta(seconds=seconds))] == [deployment.pk]
-        assert _version(deployment.pk) == claimed_version
-    # Past a third, the lease is renewed, and the answers stored again at its version.
-    later = now + timedelta(seconds=6)
-    assert [d.pk for d in agent._claim(later)] == [deployment.pk]
-    renewed = Deployment.objects.get(pk=deployment.pk)
-    assert renewed.lease_until == later + timedelta(seconds=15)
-    assert _version(deployment.pk) != claimed_version
-    assert StatusBody.objects.filter(pk=deployment.pk, version=_version(deployment.pk)).exists()
-    # Another agent cannot take a row whose lease runs: a dead agent's runs 10 s at least.
-    assert EngineAgent(agent_id="other-agent")._claim(later + timedelta(seconds=10)) == []
-    taken = EngineAgent(agent_id="other-agent")._claim(later + timedelta(seconds=16))
-    assert [d.pk for d in taken] == [deployment.pk]
+    assert deployment_status_bodies_store(deployment_id=deployment.pk)
+    version = _version(deployment.pk)
+    assert StatusBody.objects.filter(pk=deployment.pk, version=version).exists()
+    fleet.host_agent_claim(host=gpu_2, session="s1")
+    for _ in range(3):
+        fleet.host_heartbeat(host=gpu_2, facts=fleet.host_facts_from(report()))
+        fleet.host_agent_claim(host=gpu_2, session="s1")
+    # Past a third of the lease: renewed, on the host's row only.
+    FleetHost.objects.filter(pk=gpu_2.pk).update(
+        agent_lease_until=timezone.now() + timedelta(seconds=5))
+    gpu_2.refresh_from_db()
+    fleet.host_agent_claim(host=gpu_2, session="s1")
+    renewed = FleetHost.objects.get(pk=gpu_2.pk).agent_lease_until
+    assert renewed is not None and renewed > timezone.now() + timedelta(seconds=10)
+    assert _version(deployment.pk) == version
+    assert StatusBody.objects.filter(pk=deployment.pk, version=version).exists()
 
 
 @pytest.mark.parametrize("if_none_match", [None, "", '"v1"', 'W/"v1"', '"v0", "v1"', "*",

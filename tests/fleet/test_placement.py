@@ -15,7 +15,7 @@ from web.deployments import services
 from web.deployments.models import Deployment
 from web.fleet import services as fleet
 from web.fleet.models import FleetHost, GpuLease, Placement
-from web.fleet.selectors import joined_host_of
+from web.fleet.selectors import host_placements, joined_host_of
 
 from .hosts import joined
 
@@ -185,17 +185,16 @@ def test_a_silent_panel_host_still_takes_a_spec_when_no_ready_host_can(settings)
     assert second.host == "gpu-2"  # a ready host before a silent one
 
 
-def test_the_panels_agent_claims_only_the_rows_placed_on_its_own_host() -> None:
-    from web.agent.controller import EngineAgent
-
-    joined("gpu-2")
+def test_the_own_hosts_agent_is_given_only_the_rows_placed_on_its_own_host() -> None:
+    gpu_2 = joined("gpu-2").host
     first = queued(gpus=[0], replicas=2)
     replica = Deployment.objects.get(replica_of=first)
     assert (first.host, replica.host) == ("gpu-host", "gpu-2")  # spread
     for pk in (first.pk, replica.pk):
         services.deployment_mark_starting(deployment_id=pk, image="img", start_token=f"t{pk}")
-    claimed = EngineAgent(agent_id="agent@gpu-host")._claim(timezone.now())
-    assert [d.pk for d in claimed] == [first.pk]
+    own = FleetHost.objects.get(name="gpu-host")
+    assert [row["id"] for row in host_placements(host=own)] == [first.pk]
+    assert [row["id"] for row in host_placements(host=gpu_2)] == [replica.pk]
     # gpu-2's agent's from its start (a silent gpu-2 makes it `unknown`), never the panel's.
     assert Deployment.objects.get(pk=replica.pk).agent_id == "agent@gpu-2"
 
