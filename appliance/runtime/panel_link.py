@@ -7,8 +7,10 @@ broker address (docs/fleet.md, "The transport").
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import re
 import secrets
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
@@ -82,8 +84,15 @@ class PanelLink:
     timeout_s: float = 10.0
     session: requests.Session = field(default_factory=requests.Session)
     # This process's id to the panel, which lets one agent process write for a host at a
-    # time (web/fleet/hostapi.py): a new one per PanelLink, never stored.
+    # time (web/fleet/hostapi.py): the host's stored one (agent_session_hold) or a new one.
     agent_session: str = field(default_factory=lambda: secrets.token_hex(16))
+    session_lock: int | None = None  # the stored id's lock (agent_session_hold), or None
+
+    def close(self) -> None:
+        """Let the next agent process of this host take the stored id (the lock goes)."""
+        lock, self.session_lock = self.session_lock, None
+        if lock is not None:
+            os.close(lock)
 
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.credential}",
@@ -161,17 +170,68 @@ def credential_store(path: Path, credential: str) -> None:
     os.chmod(path, 0o600)
 
 
+SESSION_ID = re.compile(r"[0-9a-f]{32}")
+
+
+def agent_session_hold(credential_path: Path) -> tuple[str, int | None]:
+    """This agent process's id to the panel, and the lock that holds it (None: not stored).
+
+    The host's id is stored beside its credential, and a process holds it by an exclusive
+    lock on that file, which the kernel drops when the process ends however it ends (a
+    SIGKILL, an OOM kill). So an agent restarted on the same state takes its engines back
+    at once, its lease being its own, while a second live process of the host (the lock
+    held) gets a new id and waits for the other's lease, as before. Where the file cannot
+    be had, a new id, not stored."""
+    fresh = secrets.token_hex(16)
+    path = credential_path.with_name(credential_path.name + ".session")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError:
+        return fresh, None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        stored = os.read(fd, 64).decode(errors="replace").strip()
+        if SESSION_ID.fullmatch(stored):
+            return stored, fd
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, fresh.encode(), 0)
+        return fresh, fd
+    except OSError:  # held by a live process of this host, or not writable
+        os.close(fd)
+        return fresh, None
+
+
 def panel_link_open(*, panel_url: str, credential_path: Path, token: str, name: str,
                     report: dict[str, Any], timeout_s: float = 10.0) -> PanelLink:
     """The link with the stored credential while the panel takes it (a heartbeat proves
     it); else join with the token and store the new credential. PanelRefused when neither
-    works (the host removed and its tokens revoked, a token expired): its message says why."""
+    works (the host removed and its tokens revoked, a token expired): its message says why.
+    Its agent session is the host's stored one where no other process holds it."""
+    session, lock = agent_session_hold(credential_path)
+    try:
+        return _link_open(panel_url=panel_url, credential_path=credential_path, token=token,
+                          name=name, report=report, timeout_s=timeout_s,
+                          agent_session=session, session_lock=lock)
+    except BaseException:
+        if lock is not None:
+            os.close(lock)
+        raise
+
+
+def _link_open(*, panel_url: str, credential_path: Path, token: str, name: str,
+               report: dict[str, Any], timeout_s: float, agent_session: str,
+               session_lock: int | None) -> PanelLink:
+    def link(credential: str) -> PanelLink:
+        return PanelLink(panel_url, credential, timeout_s, agent_session=agent_session,
+                         session_lock=session_lock)
+
     if credential_path.exists():
         stored = credential_path.read_text().strip()
-        link = PanelLink(panel_url, stored, timeout_s)
+        made = link(stored)
         try:
-            link.heartbeat(report)
-            return link
+            made.heartbeat(report)
+            return made
         except PanelRefused as exc:
             if exc.status != 401 or not token:
                 raise
@@ -182,4 +242,4 @@ def panel_link_open(*, panel_url: str, credential_path: Path, token: str, name: 
     joined = panel_join(panel_url=panel_url, token=token, name=name, report=report,
                         timeout_s=timeout_s)
     credential_store(credential_path, joined["credential"])
-    return PanelLink(panel_url, joined["credential"], timeout_s)
+    return link(joined["credential"])

@@ -785,6 +785,7 @@ class RemoteAgent:
                 self.link.release()
             except (requests.RequestException, PanelRefused) as exc:
                 log.info("the panel took no release of this host (%s)", exc)
+        self.link.close()
 
     def _step(self, placement: dict[str, Any], instance: str) -> None:
         pk = int(placement["id"])

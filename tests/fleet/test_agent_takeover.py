@@ -6,7 +6,9 @@ engine (no second container) and ships its log on from the stored cursor, every 
 
 The killed agent is `python3 -m worker.agent` in a process of its own (killed with SIGKILL:
 no release, its lease runs out); the new one runs as a thread of this process against the
-test's live panel, with the credential the first stored."""
+test's live panel, with a copy of the credential the first stored but a state of its own
+(another machine's, or a second container's): it has not the host's stored agent session,
+which an agent restarted on the same state takes back at once (tests/worker/test_faults.py)."""
 
 from __future__ import annotations
 
@@ -99,8 +101,11 @@ def test_a_new_agent_takes_over_a_hosts_engine_only_when_the_old_lease_has_expir
             held = FleetHost.objects.get(name=HOST)
             assert held.agent_session and held.agent_lease_until is not None
 
+            elsewhere = tmp_path / "second" / "credential"
+            elsewhere.parent.mkdir()
+            elsewhere.write_bytes(credential.read_bytes())
             config = RemoteSettings(panel_url=live_server.url, host_name=HOST,
-                                    advertise_addr=advertise, credential_path=credential,
+                                    advertise_addr=advertise, credential_path=elsewhere,
                                     gpu_requests=False, gpu_check=False, stop_timeout_s=5,
                                     ready_timeout_s=90, tick_s=0.2,
                                     extra_env={"TEST_ENGINE_PACE_S": "0.05",
