@@ -1,5 +1,7 @@
-"""Faults survived with nothing lost: real processes (engine agent, panel loop, Celery
-worker, redis-server, PostgreSQL, dockerd) killed and restarted around real engine containers.
+"""Faults survived with nothing lost: real processes (the own host's agent, the panel, its
+loop, Celery worker, redis-server, PostgreSQL, dockerd) killed and restarted around real
+engine containers. The agent is the fleet's agent program, as compose runs it on the
+panel's own host: it writes through the panel's host API only.
 
 Every case checks the same three things: the deployment carries on (or ends as it
 should), there is one engine container, and every line the container printed is stored
@@ -22,6 +24,7 @@ from typing import Any
 
 import pytest
 import requests
+from django.conf import settings
 from django.db import connection
 from django.test import override_settings
 
@@ -30,9 +33,9 @@ from tests.conftest_docker import engines_of, remove_engines
 from tests.loglines import assert_every_line_once
 from tests.servers import (
     celery_worker,
-    engine_agent,
     free_port,
     login_session,
+    own_host_agent,
     panel_loop,
     panel_server,
     pg_ctl,
@@ -44,6 +47,7 @@ from web.deploy import services as deploying
 from web.deployments import services
 from web.deployments.models import Deployment, DeploymentStatus
 from web.deployments.services.installation import instance_id
+from web.fleet.models import FleetHost
 from worker import tasks
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker,
@@ -92,27 +96,38 @@ def test_an_agent_killed_in_any_phase_is_replaced_and_no_line_is_lost_or_doubled
     deployment = _deployment()
     pk = deployment.pk
     tasks.deploy.apply(args=[pk]).get()
-    with engine_agent(tmp_path / "agent-1.log", **engine_env) as first:
-        if phase == "stopping":
-            _wait(pk, {S.READY}, 90)
-            services.deployment_stop(deployment_id=pk)
-        else:
-            _wait(pk, {phase}, 90)
-        first.send_signal(signal.SIGKILL)
-        first.wait()
-    restarted = time.monotonic()
-    with engine_agent(tmp_path / "agent-2.log", **engine_env):
-        if phase == "stopping":
-            _wait(pk, {S.STOPPED}, 30)
-            assert time.monotonic() - restarted < 10
-            assert not _engines(pk)
-            return
-        after = _next_status(phase)
-        _wait(pk, {after, S.READY}, 10 + 60)
-        assert _seconds_to_progress(pk, restarted) < 10, "it carries on within 10 s"
-        _wait(pk, {S.READY}, 90)
-        assert len(_engines(pk)) == 1, "one engine container, adopted"
-        assert_every_line_once(pk)
+    with panel_server(tmp_path / "web.log", **engine_env) as url:
+        with own_host_agent(tmp_path / "agent-1.log", url, tmp_path, **engine_env) as first:
+            if phase == "stopping":
+                _wait(pk, {S.READY}, 90)
+                services.deployment_stop(deployment_id=pk)
+            else:
+                _wait(pk, {phase}, 90)
+            first.send_signal(signal.SIGKILL)
+            first.wait()
+        restarted = time.monotonic()
+        # The same host's agent restarted on its state: its session is its own again.
+        with own_host_agent(tmp_path / "agent-2.log", url, tmp_path, **engine_env):
+            _carries_on(pk, phase, restarted)
+
+
+def _carries_on(pk: int, phase: str, restarted: float) -> None:
+    if phase == "stopping":
+        _wait(pk, {S.STOPPED}, 30)
+        assert time.monotonic() - restarted < 10
+        assert not _engines(pk)
+        return
+    after = _next_status(phase)
+    _wait(pk, {after, S.READY}, 10 + 60)
+    assert _seconds_to_progress(pk, restarted) < 10, "it carries on within 10 s"
+    _wait(pk, {S.READY}, 90)
+    assert len(_engines(pk)) == 1, "one engine container, adopted"
+    assert_every_line_once(pk, printed_as=_engine_own, stored_as=_engine_own)
+
+
+def _engine_own(lines: list[str]) -> list[str]:
+    """The engine's lines as its host's agent ships them: the agent's own notes out."""
+    return [line for line in lines if not line.startswith("appliance: ")]
 
 
 def _next_status(phase: str) -> str:
@@ -133,20 +148,26 @@ def test_a_new_agent_takes_over_an_engine_only_when_the_old_lease_has_expired(
     deployment = _deployment()
     pk = deployment.pk
     tasks.deploy.apply(args=[pk]).get()
-    with engine_agent(tmp_path / "a.log", APPLIANCE_AGENT_ID="agent@a", **engine_env) as a:
-        _wait(pk, {S.LOADING}, 60)
-        a.send_signal(signal.SIGKILL)
-        a.wait()
-    killed = time.monotonic()
-    with engine_agent(tmp_path / "b.log", APPLIANCE_AGENT_ID="agent@b", **engine_env):
-        _wait(pk, {S.READY}, 120)
-        row = Deployment.objects.get(pk=pk)
-        assert row.agent_id == "agent@b"
-        # The 15 s lease is renewed once less than two thirds of it (10 s) is left, looked
-        # at each 1 s tick: at the kill it had at least 9 s to run.
-        assert time.monotonic() - killed >= 9, "not before the 15 s lease ran out"
-        assert len(_engines(pk)) == 1
-        assert_every_line_once(pk)
+    with panel_server(tmp_path / "web.log", **engine_env) as url:
+        with own_host_agent(tmp_path / "a.log", url, tmp_path / "a", **engine_env) as a:
+            _wait(pk, {S.LOADING}, 60)
+            held = FleetHost.objects.get(name=settings.HOST_NAME).agent_session
+            a.send_signal(signal.SIGKILL)
+            a.wait()
+        killed = time.monotonic()
+        # Another agent process of the host, with a state of its own (the credential copied,
+        # not the stored session): it waits for a's lease.
+        (tmp_path / "b").mkdir()
+        shutil.copy(tmp_path / "a" / "host-credential", tmp_path / "b" / "host-credential")
+        with own_host_agent(tmp_path / "b.log", url, tmp_path / "b", **engine_env):
+            _wait(pk, {S.READY}, 120)
+            taken = FleetHost.objects.get(name=settings.HOST_NAME).agent_session
+            assert taken and held and taken != held
+            # The 15 s lease is renewed once less than two thirds of it (10 s) is left,
+            # looked at each 1 s tick: at the kill it had at least 9 s to run.
+            assert time.monotonic() - killed >= 9, "not before the 15 s lease ran out"
+            assert len(_engines(pk)) == 1
+            assert_every_line_once(pk, printed_as=_engine_own, stored_as=_engine_own)
 
 
 def _shown_status(client: Any, pk: int) -> str:
@@ -170,16 +191,18 @@ def test_a_silent_agent_turns_its_deployment_unknown_and_back_when_it_returns(
     client.force_login(admin)
     pk = _deployment().pk
     tasks.deploy.apply(args=[pk]).get()
-    with override_settings(AGENT_SILENT_S=3), engine_agent(
-            tmp_path / "agent.log", APPLIANCE_AGENT_ID="agent@silent", **engine_env) as agent:
+    env = {**engine_env, "APPLIANCE_FLEET_HEARTBEAT_S": "1"}  # the panel's: every second
+    with override_settings(AGENT_SILENT_S=3), panel_server(tmp_path / "web.log", **env) as url, \
+            own_host_agent(tmp_path / "agent.log", url, tmp_path, **env) as agent:
         _wait(pk, {S.READY}, 90)
         assert _shown_status(client, pk) == "ready"
         agent.send_signal(signal.SIGSTOP)  # alive, but it says nothing: a hung agent
         try:
-            # Its heartbeat comes every tick (1 s): unknown after the 3 s of silence.
+            # Its heartbeat comes every second: unknown after the 3 s of silence.
             assert 1.5 <= _until_shown(client, pk, "unknown", 10) < 10
             polled = client.get(f"/deployments/{pk}/agent/").json()
-            assert polled["status"] == "ready" and polled["silence"]["agent_id"] == "agent@silent"
+            assert polled["status"] == "ready"
+            assert polled["silence"]["agent_id"] == f"agent@{settings.HOST_NAME}"
         finally:
             agent.send_signal(signal.SIGCONT)
         assert _until_shown(client, pk, "ready", 5) < 5
@@ -202,7 +225,9 @@ def test_a_worker_killed_while_building_is_replaced_and_the_build_carries_on(
                       "speculative_algorithm": "NONE"}
     # The panel loop queues the build again once the killed worker's lease runs out.
     with override_settings(RECIPES_DIR=str(recipes)), \
-            engine_agent(tmp_path / "agent.log", **env), panel_loop(tmp_path / "loop.log", **env):
+            panel_server(tmp_path / "web.log", **env) as url, \
+            own_host_agent(tmp_path / "agent.log", url, tmp_path, **env), \
+            panel_loop(tmp_path / "loop.log", **env):
         with celery_worker(tmp_path / "worker-1.log", **env) as first:
             pk = deploying.deployment_create(data=data, confirm_warnings=True,
                                              rebuild_image=True).pk
@@ -213,7 +238,7 @@ def test_a_worker_killed_while_building_is_replaced_and_the_build_carries_on(
         with celery_worker(tmp_path / "worker-2.log", **env):
             _wait(pk, {S.READY}, 180)
         assert len(_engines(pk)) == 1
-        assert_every_line_once(pk)
+        assert_every_line_once(pk, printed_as=_engine_own, stored_as=_engine_own)
     client = docker.from_env()
     for container in _engines(pk):
         container.remove(force=True)
@@ -235,7 +260,9 @@ def test_a_stop_is_carried_out_within_3_s_behind_a_backlog_of_50_queued_deployme
     settings.GPU_COUNT = 64  # a host with a GPU for each queued deployment (GPU leases)
     ready = _deployment(name="serving")
     tasks.deploy.apply(args=[ready.pk]).get()
-    with engine_agent(tmp_path / "agent.log", **engine_env):
+    with panel_server(tmp_path / "web.log", **engine_env) as url, \
+            own_host_agent(tmp_path / "agent.log", url, tmp_path, APPLIANCE_GPU_COUNT="64",
+                           **engine_env):
         _wait(ready.pk, {S.READY}, 90)
         for i in range(50):  # queued for a worker that is busy elsewhere (none runs here)
             _deployment(name=f"backlog-{i}", gpus=[i + 1])
@@ -270,8 +297,8 @@ def test_a_redis_restart_keeps_the_worker_and_agent_up_and_loses_no_queued_task(
                        capture_output=True)
     with redis_server(tmp_path, port), \
             celery_worker(tmp_path / "worker.log", **env) as worker, \
-            engine_agent(tmp_path / "agent.log", **env) as agent, \
-            panel_server(tmp_path / "web.log", **env) as url:
+            panel_server(tmp_path / "web.log", **env) as url, \
+            own_host_agent(tmp_path / "agent.log", url, tmp_path, **env) as agent:
         _wait(waiting.pk, {S.READY}, 120)
         viewer = _SseViewer(url, waiting.pk)  # a browser watching across the restart
         subprocess.run(["redis-cli", "-p", str(port), "shutdown"], check=False,
@@ -286,7 +313,7 @@ def test_a_redis_restart_keeps_the_worker_and_agent_up_and_loses_no_queued_task(
             _wait(after.pk, {S.READY}, 120)
             services.deployment_stop(deployment_id=waiting.pk)
             _wait(waiting.pk, {S.STOPPED}, 30)
-            assert_every_line_once(after.pk)
+            assert_every_line_once(after.pk, printed_as=_engine_own, stored_as=_engine_own)
             viewer.join(timeout=30)
             end = Deployment.objects.get(pk=waiting.pk).events.get(kind="end").seq
             assert viewer.seqs == list(range(1, end + 1)), \
@@ -329,7 +356,8 @@ def test_a_postgresql_restart_is_retried_and_no_event_is_written_twice(
     deployment = _deployment()
     pk = deployment.pk
     tasks.deploy.apply(args=[pk]).get()
-    with engine_agent(tmp_path / "agent.log", **engine_env) as agent:
+    with panel_server(tmp_path / "web.log", **engine_env) as url, \
+            own_host_agent(tmp_path / "agent.log", url, tmp_path, **engine_env) as agent:
         _wait(pk, {S.LOADING}, 60)
         connection.close()
         pg_ctl("restart", "-m", "fast", "-w")
@@ -340,7 +368,7 @@ def test_a_postgresql_restart_is_retried_and_no_event_is_written_twice(
         _wait(pk, {S.READY}, 120)
         assert agent.poll() is None
         assert len(_engines(pk)) == 1
-        assert_every_line_once(pk)
+        assert_every_line_once(pk, printed_as=_engine_own, stored_as=_engine_own)
 
 
 @pytest.mark.skipif(shutil.which("dockerd") is None or os.geteuid() != 0,
@@ -354,13 +382,14 @@ def test_a_dockerd_restart_marks_nothing_failed_and_following_resumes(
     deployment = _deployment()
     pk = deployment.pk
     tasks.deploy.apply(args=[pk]).get()
-    with engine_agent(tmp_path / "agent.log", **engine_env) as agent:
+    with panel_server(tmp_path / "web.log", **engine_env) as url, \
+            own_host_agent(tmp_path / "agent.log", url, tmp_path, **engine_env) as agent:
         _wait(pk, {S.LOADING}, 60)
         _restart_dockerd(tmp_path)
         _wait(pk, {S.READY}, 120)
         assert agent.poll() is None
         assert len(_engines(pk)) == 1
-        assert_every_line_once(pk)
+        assert_every_line_once(pk, printed_as=_engine_own, stored_as=_engine_own)
 
 
 def _restart_dockerd(tmp_path: Path) -> None:
