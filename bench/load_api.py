@@ -291,10 +291,12 @@ def write_state(pk: int, stop: threading.Event) -> None:
 
 
 def hold_lease(stop: threading.Event, every_tick: bool) -> None:
-    """What the engine agent writes to the rows it watches, every tick (AGENT_TICK_S): its
-    lease, by its own claim (web/agent/controller.py), or with `every_tick` renewed at
-    every tick, as the agent did before it kept a lease (each renewal a new row
-    version: the stored answers stale, every read rendered again)."""
+    """What the engine agent writes every tick (AGENT_TICK_S) while the reads run: the own
+    host's agent holds its host (web/fleet/services.py host_agent_claim: the host's row,
+    renewed once a third of the lease is spent) and beats on the host's row; no deployment
+    row. With `every_tick`, each watched row's lease renewed every tick instead, as the
+    first agent did (each renewal a new row version: the stored answers stale, every read
+    rendered again), for the old behaviour side by side."""
     from datetime import timedelta
 
     from django.conf import settings
@@ -302,17 +304,21 @@ def hold_lease(stop: threading.Event, every_tick: bool) -> None:
     from django.utils import timezone
 
     from appliance.lifecycle import AGENT_OWNED
-    from web.agent.controller import EngineAgent
     from web.deployments.models import Deployment
+    from web.fleet.models import FleetHost, unjoined_credential
+    from web.fleet.services import host_agent_claim
 
-    agent = EngineAgent(agent_id="bench-agent")
+    host, _ = FleetHost.objects.get_or_create(
+        name=settings.HOST_NAME,
+        defaults={"credential_made_at": timezone.now(), **unjoined_credential()})
     while True:
         now = timezone.now()
         if every_tick:
             Deployment.objects.filter(status__in=AGENT_OWNED).update(
-                agent_id=agent.agent_id, lease_until=now + timedelta(seconds=agent.lease_s))
+                agent_id=f"agent@{host.name}", lease_until=now + timedelta(seconds=15))
         else:
-            agent._claim(now)  # the agent's own claim: the bench holds no lease logic of its own
+            host_agent_claim(host=host, session="bench-agent")
+            FleetHost.objects.filter(pk=host.pk).update(heartbeat_at=now)
         if stop.wait(settings.AGENT_TICK_S):
             break
     connection.close()

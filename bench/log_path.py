@@ -5,15 +5,16 @@ Log path).
 A container on the local base image prints numbered lines, each carrying the time it was
 printed: SGLang decode lines (`[date time.micros TP0] Decode batch, ..., #token: <n>,
 ...`, each stored as a log event and a metric, as a serving engine's) or plain lines
-(`line seq=<n> t=<ns>`, one event each). The engine agent's real follower
-(appliance.runtime.follower) with the real database sink (web/agent/controller.py: ownership
-check, events_append_batch, cursor and progress in one transaction, live publish after
-commit) follows it into PostgreSQL and Redis, in this process as in the agent's; a panel
-started like the image's (uvicorn) streams the events to an SSE viewer in another
-process; a third process reads the same container with `docker logs -f` in the 1,000
-lines/s phases, and for the sustained and plain phases a twin container (the same
-printer at the same rate) in a phase of its own right after (`--reference alongside`: the
-same container at the same time, where dockerd serves two followers).
+(`line seq=<n> t=<ns>`, one event each). The host agent's real follower
+(appliance.runtime.follower) with its real sink (appliance/runtime/remote_agent.py
+RemoteSink: each batch through the panel's host API, whose ingest checks the host's lease
+and stores the events, cursor and progress in one statement and publishes after commit)
+follows it, in this process as in the agent's; a panel started like the image's (uvicorn)
+takes the batches and streams the events to an SSE viewer in another process; a third
+process reads the same container with `docker logs -f` in the 1,000 lines/s phases, and
+for the sustained and plain phases a twin container (the same printer at the same rate) in
+a phase of its own right after (`--reference alongside`: the same container at the same
+time, where dockerd serves two followers).
 
 Phases: 1,000 decode lines/s before ready (the follower polling /health, as while an
 engine loads) and after ready; the sustained rate of decode lines; plain lines unpaced.
@@ -356,19 +357,16 @@ def follow_run(args: argparse.Namespace, *, shape: str, n: int, rate: float, rea
     10,000 lines/s, CPU the path then does not have (measured)."""
     from appliance.runtime.containers import ContainerPlan, EngineRuntime
     from appliance.runtime.follower import EngineFollower, FollowOptions, follow
-    from web.agent.controller import EngineAgent, _FollowSink
     from web.deployments.models import Deployment
 
-    agent = EngineAgent(agent_id="bench-agent")
-    direct = args.road == "direct"
     status = "ready" if ready else "starting"
-    # A host's placements carry the spec, so the API road's must be one the panel reads.
-    spec = {} if direct else {"name": f"log-bench-{shape}", "recipe": "bench", "gpus": [0],
-                              "engine": {"model_path": "/models/bench"}}
+    # A host's placements carry the spec, so it must be one the panel reads.
+    spec = {"name": f"log-bench-{shape}", "recipe": "bench", "gpus": [0],
+            "engine": {"model_path": "/models/bench"}}
     deployment = Deployment.objects.create(
         name=f"log-bench-{shape}", spec=spec, recipe="bench", algorithm="NONE", gpus=[],
         status=status, image=args.image, start_token=secrets.token_hex(4),
-        agent_id=agent.agent_id)
+        agent_id=f"agent@{API_HOST}")
     plan = ContainerPlan(deployment_id=str(deployment.pk), image=args.image,
                          argv=["python3", "-c", PRINTER, str(n), str(rate), shape],
                          instance_id="bench", start_token=deployment.start_token)
@@ -379,32 +377,17 @@ def follow_run(args: argparse.Namespace, *, shape: str, n: int, rate: float, rea
     runtime = EngineRuntime()
     container = runtime.ensure_started(plan)
     watcher = None if reference_apart else _child("--docker-watcher", container.id, str(n))
-    sink: Any
-    if direct:
-        sink = _FollowSink(deployment, agent, threading.Event())
-        sink.identity = plan.identity
-        agent.remove_engine = lambda identity: None  # type: ignore[method-assign] # keep it
-    else:
-        sink = api_sink(panel_url, deployment, runtime, plan.identity)
+    sink = api_sink(panel_url, deployment, runtime, plan.identity)
     batches: list[int] = []
     ship = sink.ship
     timing = {"wall": 0.0, "cpu": 0.0}
-    backends: dict[int, float] = {}  # the shipper's PostgreSQL sessions: CPU when first seen
     # Time spent runnable but waiting for a CPU during the ships (/proc schedstat): the
-    # shipper's thread and its PostgreSQL session.
-    waits = {"ship_thread": 0.0, "ship_backend": 0.0}
+    # shipper's thread (the panel's sessions store: counted as PostgreSQL).
+    waits = {"ship_thread": 0.0}
 
     def counted(events: Any, cursor: Any) -> None:
-        from django.db import connection
-
         batches.append(len(events))
         stats = {"ship_thread": f"/proc/self/task/{threading.get_native_id()}/schedstat"}
-        if direct:  # through the API, the panel's own sessions store (counted as PostgreSQL)
-            connection.ensure_connection()  # the pooled session this ship will use
-            backend = connection.connection.info.backend_pid
-            if backend not in backends:
-                backends[backend] = _cpu_s(backend)
-            stats["ship_backend"] = f"/proc/{backend}/schedstat"
         before = {who: _runq_wait_s(path) for who, path in stats.items()}
         wall, cpu = time.monotonic(), time.thread_time()
         ship(events, cursor)
@@ -433,14 +416,11 @@ def follow_run(args: argparse.Namespace, *, shape: str, n: int, rate: float, rea
     events_shipped = max(1, sum(batches))
     figures["ship_wall_us_per_event"] = timing["wall"] / events_shipped * 1e6
     figures["ship_cpu_us_per_event"] = timing["cpu"] / events_shipped * 1e6
-    # Sessions are pooled: one the shipper used may have served others too (none in the bench).
-    figures["ship_backend_cpu_us_per_event"] = sum(  # a session gone since is left out
-        max(0.0, _cpu_s(pid) - first) for pid, first in backends.items()) / events_shipped * 1e6
     for who, seconds in waits.items():
         figures[f"{who}_cpu_wait_us_per_event"] = seconds / events_shipped * 1e6
-    if not direct:  # the panel's sessions stored it: in cpu_postgres and cpu_panel, not here
-        figures["ship_backend_cpu_us_per_event"] = float("nan")
-        figures["ship_backend_cpu_wait_us_per_event"] = float("nan")
+    # The panel's sessions stored it: in cpu_postgres and cpu_panel, not the shipper's.
+    figures["ship_backend_cpu_us_per_event"] = float("nan")
+    figures["ship_backend_cpu_wait_us_per_event"] = float("nan")
     figures["events_per_batch"] = statistics.mean(batches) if batches else 0
     figures.update(cpu_shares)
     figures.update(_child_figures(viewer, 120))
@@ -480,8 +460,8 @@ def api_sink(panel_url: str, deployment: Any, runtime: Any, identity: Any) -> An
         joined = panel_join(panel_url=panel_url, token=token, name=API_HOST,
                             report=host_report(runtime, config))
         link = _links[panel_url] = PanelLink(panel_url, str(joined["credential"]))
-    # Its stop is a no-op: the printer's container is read again after it ended (as the
-    # direct road's remove_engine is), where a host's agent stops an engine that ended.
+    # Its stop is a no-op: the printer's container is read again after it ended, where a
+    # host's agent stops an engine that ended.
     keep = type("KeptRuntime", (), {"stop": lambda self, identity, timeout_s=0: None})()
     agent = RemoteAgent(link=link, config=config, runtime=keep)
     fleet.placement_assign(deployment=deployment, host_name=API_HOST, reason="log bench")
@@ -746,21 +726,19 @@ def main() -> None:
     parser.add_argument("--reference-seconds", type=float, default=20.0,
                         help="how long the paced twin prints, at the phase's rate")
     parser.add_argument("--profile", default="", help="py-spy raw profiles into this folder")
-    parser.add_argument("--road", choices=("direct", "api"), default="api",
-                        help="api (the production road: compose's agent is the fleet's, on "
-                             "every host): a host agent's sink, through the started panel's "
-                             "host API (appliance/runtime/remote_agent.py); direct: the "
-                             "database-writing agent's sink (web/agent), for comparison")
+    parser.add_argument("--road", choices=("api",), default="api",
+                        help="api, the one road (compose's agent is the fleet's, on every "
+                             "host): a host agent's sink, through the started panel's host API "
+                             "(appliance/runtime/remote_agent.py). The database-writing agent "
+                             "(web/agent, the `direct` road) is gone; its figures in "
+                             "docs/performance.md were measured before it went")
     parser.add_argument("--compare-with", default="", metavar="CHECKOUT",
                         help="also print the CPU per stage of another checkout's code beside "
                              "this one's (e.g. `git archive d964bb5 | tar -x -C /tmp/old`)")
     args = parser.parse_args()
     _loadkit.setup_django(args)
     print("command:", _loadkit.command_line())
-    print("road:", {"direct": "the panel's own agent's sink (web/agent), writing the database "
-                              "in this process",
-                    "api": "a host agent's sink (RemoteSink) through the started panel's host "
-                           "API"}[args.road])
+    print("road: a host agent's sink (RemoteSink) through the started panel's host API")
     print("uptime:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
     if args.compare_with:
         compare_stages(args)

@@ -7,6 +7,8 @@ from datetime import timedelta
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
+from django.utils.text import slugify
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -403,6 +405,11 @@ if GPU_COUNT < 0:
 # The panel's own GPU host's name: its row in fleet.FleetHost (its agent agent@<name>) and
 # the host its GPU leases are taken on.
 HOST_NAME = env_str("APPLIANCE_HOST_NAME", "gpu-host")
+if not (1 <= len(HOST_NAME) <= 63 and slugify(HOST_NAME) == HOST_NAME):
+    # Its agent joins under this name (the join's own rule, web/fleet/services.py
+    # host_name_checked), and its rows are placed on the host row of that name.
+    raise ValueError(f"APPLIANCE_HOST_NAME={HOST_NAME[:80]!r} is no host name: 1 to 63 "
+                     "lowercase letters, digits and hyphens (e.g. gpu-host)")
 # The file the panel loop keeps a usable join token for that host in (web/fleet/tokenfiles.py,
 # at its start and hourly; `manage.py ownhost` writes the same by hand): its agent joins
 # with it. compose mounts its folder read-write in `loop` alone, read-only in `agent`.

@@ -15,7 +15,8 @@ them all; under several hosts each runs its own):
     models  model downloads and scans, root read rates (they read the same disks)
 
 Stopping an engine is no task: the engine agent, which owns the containers, carries out
-a stop at its next tick (web/agent/controller.py), so a stop never waits behind a job.
+a stop at its next tick (appliance/runtime/remote_agent.py, which reads the row's
+`stopping` in its placements), so a stop never waits behind a job.
 """
 
 from __future__ import annotations

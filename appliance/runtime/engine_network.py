@@ -1,7 +1,7 @@
 """The engine network under compose: made once, this container on it, and the services
-that relay /v1 calls to the engines on it too. Docker only: the panel's agent, the remote
-agent with APPLIANCE_ENGINE_NETWORK and the Celery worker (its benchmarks reach engines by
-container name) call it at start.
+that relay /v1 calls to the engines on it too. Docker only: the host's agent with
+APPLIANCE_ENGINE_NETWORK (the panel's own, under compose) and the Celery worker (its
+benchmarks reach engines by container name) call it at start.
 """
 
 from __future__ import annotations

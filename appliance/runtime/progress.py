@@ -1,8 +1,8 @@
 """The progress an engine's log lines fold into: shard and graph-capture progress, the
 self-check's state and each model's load, for the detail page and the API.
 
-Framework-free: the panel's own agent (web/agent) and a fleet host's remote agent
-(appliance.runtime.remote_agent) fold the same way before they store or ship a batch.
+Framework-free: every host's agent (appliance.runtime.remote_agent) folds its batches
+this way before it ships them.
 """
 
 from __future__ import annotations

@@ -1,10 +1,12 @@
-"""A fleet host's engine agent: it owns the engines the panel placed on this host and talks
-to the panel over HTTPS only, with the host's own credential (docs/fleet.md).
+"""Every host's engine agent, the panel's own included: it owns the engines the panel placed
+on this host and talks to the panel over HTTP(S) only, with the host's own credential
+(docs/fleet.md).
 
-The same level-triggered loop as the panel's own agent (web/agent/controller.py), with the
-panel's API for a transport: every tick it reads its placements (`GET /api/fleet/host/`:
+A level-triggered loop, like a Kubernetes controller, with the panel's host API for a
+transport: every step is idempotent, so a restarted agent runs the loop again and adopts
+what runs. Every tick it reads its placements (`GET /api/fleet/host/`:
 each placed engine's id, spec, image, start token, status), starts or adopts each engine
-with the same follower (appliance.runtime.follower), ships its events through the ingest,
+with the follower (appliance.runtime.follower), ships its events through the ingest,
 and takes its status steps through `POST .../steps/`, which the panel applies through its
 lifecycle table. It holds no database or broker address; Django is never imported.
 
@@ -541,9 +543,8 @@ class RemoteSink:
 
 
 class RemoteMonitorSink:
-    """The engine monitor's sink over the panel's API (the panel's own agent stores through
-    web/agent/monitoring.py): each point and each step's alerts in one call, the series'
-    compaction asked for once a minute.
+    """The engine monitor's sink over the panel's API: each point and each step's alerts in
+    one call, the series' compaction asked for once a minute.
 
     The report is sent from a thread of its own, waited for up to `wait_s` (less than the
     monitor's interval): a panel that does not answer at once (web stopped, its address

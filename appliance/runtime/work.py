@@ -1,5 +1,5 @@
-"""One engine's thread in an agent (the panel's own, web/agent/, or a fleet host's,
-appliance/runtime/remote_agent.py): what it does and how to end it."""
+"""One engine's thread in a host's agent (appliance/runtime/remote_agent.py): what it does
+and how to end it."""
 
 from __future__ import annotations
 

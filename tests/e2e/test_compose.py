@@ -245,7 +245,7 @@ class Stack:
 
     def wait_healthy(self, timeout: float = 240) -> float:
         """Healthy and on the engine network: the agent connects a new web container to it
-        once, which briefly drops web's published port (web/agent/controller.py),
+        once, which briefly drops web's published port (appliance/runtime/engine_network.py),
         so a page opened before that may find nothing listening."""
         started = time.monotonic()
         while time.monotonic() - started < timeout:

@@ -113,32 +113,6 @@ def test_a_host_that_reported_before_joining_keeps_its_row_and_joins() -> None:
     assert selectors.host_for_credential(credential=done.credential) == host
 
 
-def test_the_local_agents_report_makes_its_row_unjoined_and_keeps_it(settings) -> None:  # type: ignore[no-untyped-def]
-    settings.GPU_COUNT = 2
-    strays = [{"name": "stray", "status": "running", "labels": {}}]
-    row = services.host_report_local(
-        name="gpu-host", agent_id="agent@gpu-host", docker={"nvidia": True},
-        gpu_telemetry={"available": False, "reason": "no NVML", "gpus": []},
-        secret_names=["HF_TOKEN"], foreign_containers=strays)
-    assert row is not None and not row.is_joined
-    assert (row.gpus, row.gpu_source) == ([{"index": 0}, {"index": 1}], "count")
-    assert (row.foreign_containers, row.secret_names) == (strays, ["HF_TOKEN"])
-    credential = (row.credential_prefix, row.credential_digest)
-    services.host_report_local(name="gpu-host", agent_id="agent@gpu-host", docker={},
-                               gpu_telemetry=TELEMETRY, secret_names=[], foreign_containers=[])
-    again = FleetHost.objects.get(name="gpu-host")
-    assert (again.pk, again.credential_prefix, again.credential_digest) == (row.pk, *credential)
-    assert again.gpu_source == "nvml" and [g["index"] for g in again.gpus] == [0, 1]
-    assert "utilization_pct" not in again.gpus[0] and again.gpu_telemetry == TELEMETRY
-    FleetHost.objects.filter(pk=row.pk).update(heartbeat_at=timezone.now() - timedelta(hours=1))
-    services.host_heartbeat_local(name="gpu-host")
-    beat = FleetHost.objects.get(pk=row.pk).heartbeat_at
-    assert beat is not None and timezone.now() - beat < timedelta(minutes=1)
-    # A name longer than a host's is no row.
-    assert services.host_report_local(name="x" * 64, agent_id="a", docker={}, gpu_telemetry={},
-                                      secret_names=[], foreign_containers=[]) is None
-
-
 def test_a_joined_hosts_heartbeat_writes_its_report_columns() -> None:
     joined("gpu-2", gpus=None, gpu_count=2, secret_names=["B", "A"])
     host = FleetHost.objects.get(name="gpu-2")

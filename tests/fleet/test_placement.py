@@ -3,7 +3,10 @@ choice among the hosts that take new engines), why, and what a refusal names."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from django.utils import timezone
@@ -18,6 +21,8 @@ from web.fleet.models import FleetHost, GpuLease, Placement
 from web.fleet.selectors import host_placements, joined_host_of
 
 from .hosts import joined
+
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.django_db
 
@@ -62,11 +67,15 @@ def test_a_spec_without_host_on_the_one_host_product_runs_on_the_panels_host() -
     assert joined_host_of(deployment_id=made.pk) == "", "its image is built by the panel"
 
 
-def test_an_own_host_name_no_host_row_can_carry_leaves_the_row_unplaced(settings) -> None:  # type: ignore[no-untyped-def]
-    settings.HOST_NAME = "h" * 70  # longer than a host row's name (63)
-    made = queued(gpus=[0])
-    assert made.host == "h" * 70 and not Placement.objects.exists()
-    assert not FleetHost.objects.exists()
+@pytest.mark.parametrize("name", ["h" * 64, "GPU-Host", "gpu host", "-gpu", ""])
+def test_an_own_host_name_no_host_row_can_carry_stops_the_panel_at_its_start(name: str) -> None:
+    # Its agent could join under no such name, so a row placed there would run nowhere.
+    env = {"PATH": "/usr/bin:/bin", "DJANGO_SETTINGS_MODULE": "web.settings",
+           "APPLIANCE_HOST_NAME": name}
+    done = subprocess.run([sys.executable, "-c", "import django; django.setup()"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode != 0 and "APPLIANCE_HOST_NAME=" in done.stderr
+    assert "1 to 63 lowercase letters, digits and hyphens" in done.stderr
 
 
 def test_the_own_host_joined_and_drained_takes_no_new_row_and_says_so() -> None:

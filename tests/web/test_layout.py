@@ -41,11 +41,9 @@ def test_web_never_imports_the_worker_package() -> None:
     assert _importers("web", "worker") == []
 
 
-def test_the_deployments_app_never_imports_the_agent_or_the_build_worker() -> None:
-    assert _importers("web/deployments", "web.agent") == []
+def test_the_deployments_app_never_imports_the_build_worker_or_the_api() -> None:
     assert _importers("web/deployments", "web.builder") == []
     assert _importers("web/deployments", "web.api") == []
-    assert _importers("web/builder", "web.agent") == []
 
 
 def test_jobs_are_sent_from_the_task_seam_only() -> None:
@@ -65,9 +63,10 @@ def _stops_a_container(path: Path) -> bool:
 
 
 def test_only_the_agent_stops_an_engine_container() -> None:
-    stoppers = [str(p.relative_to(ROOT)) for p in _files("web") + _files("worker")
-                if _stops_a_container(p)]
-    assert stoppers == ["web/agent/controller.py"]
+    # One agent program on every host: no second container stop in the tree.
+    stoppers = [str(p.relative_to(ROOT)) for p in
+                _files("appliance") + _files("web") + _files("worker") if _stops_a_container(p)]
+    assert stoppers == ["appliance/runtime/remote_agent.py"]
 
 
 # ------------------------------------------------------------------ circles and web's floors

@@ -37,7 +37,6 @@ from .heartbeat import host_state
 from .models import FleetHost, GpuLease, Placement, unjoined_credential
 
 MAX_REASON = 300
-MAX_HOST_ROW_NAME = 63  # FleetHost.name
 
 
 class PlacementRefused(ValueError):
@@ -258,13 +257,9 @@ def placement_store(*, deployment: Deployment, choice: Choice) -> None:
     Placement.objects.filter(deployment=deployment).delete()
     if choice.joined:
         host = FleetHost.objects.joined().get(name=choice.host)
-    elif len(choice.host) <= MAX_HOST_ROW_NAME:  # the panel's own host, joined or not
+    else:  # the panel's own host, joined or not (settings refuse a name no row can carry)
         host, _ = FleetHost.objects.get_or_create(
             name=choice.host,
             defaults={"credential_made_at": timezone.now(), **unjoined_credential()})
-    else:
-        # An APPLIANCE_HOST_NAME no host row can carry: the row stays unplaced, which the
-        # panel's own agent takes as its own (as its report, services.host_report_local).
-        return
     Placement.objects.create(deployment=deployment, replica=choice.replica, host=host,
                              reason=choice.reason)

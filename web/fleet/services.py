@@ -55,7 +55,7 @@ from web.deployments.services.metrics import (
     metrics_store_point,
 )
 
-from .models import FleetHost, GpuLease, JoinToken, Placement, unjoined_credential
+from .models import FleetHost, GpuLease, JoinToken, Placement
 
 JOIN_PREFIX = "sdj-"
 CREDENTIAL_PREFIX = "sdh-"
@@ -222,44 +222,6 @@ def _fact_fields(facts: HostFacts, now: Any, name: str) -> dict[str, Any]:
             "gpu_telemetry": _telemetry(facts), "secret_names": facts.secret_names,
             **({} if facts.foreign_containers is None
                else {"foreign_containers": facts.foreign_containers})}
-
-
-# -------------------------------------------------------------------- the panel's own host
-
-MAX_HOST_NAME = 63  # FleetHost.name
-
-
-def host_report_local(*, name: str, agent_id: str, docker: dict[str, Any],
-                      gpu_telemetry: dict[str, Any], secret_names: list[str],
-                      foreign_containers: list[dict[str, Any]]) -> FleetHost | None:
-    """The report of a host whose agent writes the database itself (the panel's own): its
-    row, made on its first report with a credential nothing opens (a join with a token
-    replaces it). Its GPUs are NVML's where NVML listed them, else APPLIANCE_GPU_COUNT.
-    None for a name no host row can carry (longer than a host name)."""
-    if len(name) > MAX_HOST_NAME:
-        return None
-    listed = [g for g in gpu_telemetry.get("gpus") or []
-              if isinstance(g, dict) and isinstance(g.get("index"), int)]
-    if gpu_telemetry.get("available") and listed:
-        gpus, source = _gpus_from(listed, None)
-    else:
-        gpus, source = [{"index": i} for i in range(int(settings.GPU_COUNT))], "count"
-    now = timezone.now()
-    host, _ = FleetHost.objects.update_or_create(
-        name=name,
-        defaults={"agent_id": agent_id, "heartbeat_at": now, "docker": docker, "gpus": gpus,
-                  "gpu_source": source, "gpu_telemetry": gpu_telemetry,
-                  "secret_names": secret_names, "foreign_containers": foreign_containers},
-        create_defaults={"agent_id": agent_id, "heartbeat_at": now, "docker": docker,
-                         "gpus": gpus, "gpu_source": source, "gpu_telemetry": gpu_telemetry,
-                         "secret_names": secret_names, "foreign_containers": foreign_containers,
-                         "credential_made_at": now, **unjoined_credential()})
-    return host
-
-
-def host_heartbeat_local(*, name: str) -> None:
-    """The heartbeat alone of a host whose agent writes the database itself."""
-    FleetHost.objects.filter(name=name).update(heartbeat_at=timezone.now())
 
 
 def host_facts_from(body: Mapping[str, Any]) -> HostFacts:
@@ -814,8 +776,8 @@ def _alert_checked(i: int, alert: Any) -> Alert:
 
 
 def host_metrics_store(*, host: FleetHost, deployment_id: int, batch: MetricsBatch) -> int:
-    """Store a host's monitor report for the current start of an engine placed on it, as the
-    panel's own agent's monitor stores its own (web/agent/monitoring.py); the points stored.
+    """Store a host's monitor report for the current start of an engine placed on it: the
+    points stored.
     NotPlacedHere for any other deployment, StaleStart for another start's report."""
     if not Placement.objects.filter(host=host, deployment_id=deployment_id).exists():
         raise NotPlacedHere(f"deployment {deployment_id} is not placed on host {host.name}")

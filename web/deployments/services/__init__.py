@@ -7,8 +7,8 @@ table applied), events (the event log and its live stream), gpus (the GPU leases
 web/fleet/leases.py owns the leases and registers them there), hosts (what a GPU host can
 do, from its agent's reports: pre-flight's facts of the host placement chose), errors
 (DeploymentInputError).
-The engine agent's code is in web/agent/, the build worker's in web/builder/; both call
-these, never the reverse.
+The host API (web/fleet/) applies the engine agents' steps through these, and the build
+worker (web/builder/) calls them; never the reverse.
 Callers import from here: `from web.deployments import services; services.deployment_stop(...)`.
 Deploying a spec (validate, place, create, redeploy, scale) is web/deploy/services.py's.
 """
