@@ -108,7 +108,8 @@ def test_tune_recommends_applies_and_a_cancelled_one_restores(env: dict[str, str
         second = tune_services.tune_create(deployment_id=row.pk, candidates=[
             "dflash", "ddtree-8"], config={**CONFIG, "levels": [4], "output_len": 2000})
         _until(lambda: ((p := _run(second.pk).progress or {}).get("index"), p.get("phase")) == (
-            2, "benchmark"), lambda: f"the second candidate measured: {_run(second.pk).progress}")
+            2, "benchmark"), lambda: f"the second candidate measured: {_run(second.pk).progress}"
+            f"; its candidates: {_run(second.pk).results.get('candidates')}")
         tune_services.tune_request_cancel(run=_run(second.pk))
         _until(lambda: not _run(second.pk).is_active,
                lambda: f"the cancel ends it: {_run(second.pk).progress}", timeout_s=200)

@@ -17,11 +17,11 @@ import signal
 import sys
 import threading
 import time
-from http.server import ThreadingHTTPServer
 from typing import Any
 
 from sglang.test_engine import batching, engine
 from sglang.test_engine.config import make_config, parse_args
+from sglang.test_engine.httpserver import EngineHTTPServer
 from sglang.test_engine.logits import DivergeError, parse_diverge
 from sglang.test_engine.output import emit, log
 from sglang.test_engine.phases import start_up
@@ -81,8 +81,7 @@ def main(argv: list[str] | None = None) -> None:
                      f"{engine.REFUSALS.says()}\n")
     if FAIL == "model-missing":
         model_missing_exit(engine.CFG)  # before the HTTP server: nothing ever listens
-    server = ThreadingHTTPServer((engine.CFG.args.host, engine.CFG.args.port), Handler)
-    server.daemon_threads = True
+    server = EngineHTTPServer((engine.CFG.args.host, engine.CFG.args.port), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     start_up(engine.CFG)
     while True:

@@ -11,5 +11,6 @@ By theme:
 - tracebacks: the tracebacks the failure modes print
 - phases: the startup sequence (load, KV cache, capture, ready) and its failure modes
 - generation: decode steps and the ddtree-width crash on the first request
-- server: the HTTP endpoints; metrics: the Prometheus /metrics text
+- server: the HTTP endpoints (httpserver: the server, quiet about clients gone as uvicorn
+  is); metrics: the Prometheus /metrics text
 """

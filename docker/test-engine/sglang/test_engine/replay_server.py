@@ -19,9 +19,10 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
+from sglang.test_engine.httpserver import EngineHTTPServer
 from sglang.test_engine.replay import Replay
 
 STREAMS = {"/v1/completions": "sse_completions.txt", "/v1/chat/completions": "sse_chat.txt"}
@@ -88,9 +89,7 @@ def built_answer(replay: Replay, body: dict[str, Any]) -> dict[str, Any]:
         "completion_tokens": 1, "cached_tokens": 0, "e2e_latency": 0.0}}
 
 
-class ReplayServer(ThreadingHTTPServer):
-    daemon_threads = True
-
+class ReplayServer(EngineHTTPServer):
     def __init__(self, address: tuple[str, int], replay: Replay) -> None:
         super().__init__(address, ReplayHandler)
         self.replay = replay
