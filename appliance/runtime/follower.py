@@ -488,22 +488,36 @@ class EngineFollower:
                     yield line
         except Exception as exc:  # noqa: BLE001 - raised below unless the stored log answers
             broken = exc
-        last = Cursor(ts_ns, count)
-        keep = CursorFilter(last)
         try:
-            for line in self.runtime.follow_logs(container, since=last.since(),
-                                                 timestamps=True, follow=False):
-                if keep.new(line):
-                    yield line
+            yield from self._stored_after(container, Cursor(ts_ns, count))
         except Exception:
             if broken is not None:
                 raise broken from None
             raise
 
+    def _stored_after(self, container: Any, cursor: Cursor) -> Iterator[LogLine]:
+        """The lines Docker has stored after `cursor`, up to now."""
+        keep = CursorFilter(cursor)
+        for line in self.runtime.follow_logs(container, since=cursor.since(), timestamps=True,
+                                             follow=False):
+            if keep.new(line):
+                yield line
+
+    def _read_rest(self, container: Any) -> None:
+        """Once the engine has exited, what its stored log holds after the cursor (Docker
+        has stored all it printed by then): a follow and its catch-up that ended while it
+        still printed left the rest."""
+        self.state.ended = False
+        reader = _Reader(self._stored_after(container, self.state.cursor), "engine-log-rest")
+        reader.start()
+        while not self.state.ended:
+            self._drain(reader, None)
+
     def _after_stream_end(self, container: Any, reader: _Reader) -> tuple[Any, Any]:
         """The log stream ended: the engine exited, or Docker went away for a moment."""
         state = self.runtime.exit_state(container)
         if state.get("status") in {"exited", "dead"}:
+            self._read_rest(container)
             self._exited(state)
             return None, None
         if state.get("status") == "missing":
