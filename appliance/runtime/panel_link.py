@@ -41,15 +41,9 @@ def event_json(kind: str, payload: dict[str, Any]) -> str:
 
 def events_body(encoded: list[str], **fields: Any) -> bytes:
     """The ingest's body: events already encoded one by one (event_json), then `fields`
-    (row, start_token, after): each event's text is made once, for its size and the body.
-
-    Framed an event a line (`{"events":[` alone on the first line, the other fields on the
-    last), still one JSON document: the panel takes each payload's text as it came instead
-    of encoding it again (web/fleet/services.py event_batch_framed). No event's text holds
-    a line break: this encoding escapes every control character."""
+    (row, start_token, after): each event's text is made once, for its size and the body."""
     rest = _encode(fields)[1:] if fields else "}"
-    return ('{"events":[\n' + ",\n".join(encoded) + ("\n]," if fields else "\n]")
-            + rest).encode()
+    return ('{"events":[' + ",".join(encoded) + ("]," if fields else "]") + rest).encode()
 
 
 class PanelRefused(RuntimeError):

@@ -356,7 +356,7 @@ class Batch:
 def batches(events: Events, limit: int = MAX_BATCH_BYTES) -> list[Batch]:
     """The events in order, in batches whose JSON stays under `limit` bytes."""
     encoded = [event_json(kind, payload) for kind, payload in events]
-    sizes = [len(text) + 2 for text in encoded]  # and its comma and line break
+    sizes = [len(text) + 1 for text in encoded]  # and its comma
     if sum(sizes) <= limit:
         return [Batch(events, encoded)]
     out: list[Batch] = []

@@ -249,15 +249,12 @@ def events_ingest(*, authorization: str, session: str, deployment_id: int,
         return refusal(401, UNKNOWN_CREDENTIAL)
     host, placed = found
     services.host_credential_used(host=host)
-    # An agent's body, an event a line: each payload's text as it came. Any other body (an
-    # older agent's, a hand-made one) is read whole, as the refusals below expect.
-    framed = services.event_batch_framed(raw)
-    body = _parsed(raw) if framed is None else {}
+    body = _parsed(raw)
     if isinstance(body, tuple):
         return body
     try:
         services.host_agent_check(host=host, session=session)
-        batch = framed or services.event_batch_from(body)
+        batch = services.event_batch_from(body)
         try:
             return 200, {"last_seq": services.host_events_append(
                 host=host, deployment_id=deployment_id, batch=batch, placed=placed),

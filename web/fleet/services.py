@@ -447,9 +447,6 @@ class EventBatch:
     # None: not sent (an agent older than these checks): stored as before, unconditionally.
     start_token: str | None = None
     after: str | None = None  # the row's log cursor this batch follows
-    # Each payload's JSON as it came (event_batch_framed), stored as it is; None: encoded
-    # again from `events`.
-    encoded: list[str] | None = None
 
 
 class CursorMoved(Exception):  # noqa: N818 - an answer, not an error
@@ -469,78 +466,6 @@ def event_batch_from(body: Mapping[str, Any]) -> EventBatch:
         raise FleetError("events", f"send 1 to {MAX_BATCH_EVENTS} events as [kind, payload] "
                          "pairs")
     checked = [_event_checked(i, e) for i, e in enumerate(events)]
-    return _batch_with(checked, body)
-
-
-FRAMED_HEAD = '{"events":['
-_KIND_PREFIXES = {str(kind): f'["{kind}",' for kind in HOST_EVENT_KINDS}
-
-
-def _no_constant(name: str) -> None:
-    raise ValueError(f"{name} is not JSON a database stores")
-
-
-def event_batch_framed(raw: bytes) -> EventBatch | None:
-    """A host's batch as its agent frames it (appliance/runtime/panel_link.py events_body:
-    an event a line, the other fields on the last), checked as event_batch_from checks it,
-    with each payload's JSON kept as it came, to be stored and published without a second
-    encoding. None for any body not so framed, or with any event that is not plainly valid
-    (a kind, a text, a payload that is no object, a raw control character, NaN): the
-    whole-body reading (event_batch_from) then answers it as it always has.
-
-    A payload's text is taken only where it is ASCII with no control character: the live
-    stream sends it in a line of its own, and PostgreSQL's text input splits on those."""
-    try:
-        text = raw.decode("ascii")
-    except UnicodeDecodeError:
-        return None
-    lines = text.split("\n")
-    if len(lines) < 3 or lines[0] != FRAMED_HEAD or not 0 < len(lines) - 2 <= MAX_BATCH_EVENTS:
-        return None
-    tail = lines[-1]
-    fields: Any = {}
-    if tail != "]}":
-        if not tail.startswith("],"):
-            return None
-        try:
-            fields = json.loads("{" + tail[2:], parse_constant=_no_constant)
-        except (ValueError, RecursionError):
-            return None
-        if not isinstance(fields, dict) or "events" in fields:
-            return None
-    events: list[tuple[str, dict[str, Any]]] = []
-    encoded: list[str] = []
-    last = len(lines) - 2
-    for i, line in enumerate(lines[1:-1], start=1):
-        if i < last:
-            if not line.endswith(","):
-                return None
-            line = line[:-1]
-        end = line.find('",', 2)
-        kind = line[2:end] if end > 0 else ""
-        prefix = _KIND_PREFIXES.get(kind)
-        if prefix is None or not line.startswith(prefix) or not line.endswith("]"):
-            return None
-        payload_text = line[len(prefix):-1]
-        if not payload_text.isprintable():
-            return None
-        try:
-            payload = json.loads(payload_text, parse_constant=_no_constant)
-        except (ValueError, RecursionError):
-            return None
-        if type(payload) is not dict:
-            return None
-        said = payload.get("text")
-        if said is not None and not (isinstance(said, str) and len(said) <= MAX_TEXT):
-            return None
-        events.append((kind, payload))
-        encoded.append(payload_text)
-    return dataclasses.replace(_batch_with(events, fields), encoded=encoded)
-
-
-def _batch_with(checked: list[tuple[str, dict[str, Any]]],
-                body: Mapping[str, Any]) -> EventBatch:
-    """The batch of `checked` events with the body's other fields, checked."""
     row = body.get("row") or {}
     if not isinstance(row, dict) or not set(row) <= HOST_ROW_FIELDS:
         raise FleetError("row", f"row may set only {', '.join(sorted(HOST_ROW_FIELDS))}")
@@ -595,7 +520,7 @@ def host_events_append(*, host: FleetHost, deployment_id: int, batch: EventBatch
     try:
         with guard:
             return events_append_batch(deployment_id=deployment_id, events=batch.events,
-                                       row=batch.row, expect=expect, encoded=batch.encoded)
+                                       row=batch.row, expect=expect)
     except DataError as exc:  # JSON that PostgreSQL's jsonb refuses; nothing was stored
         raise FleetError("events", "a payload holds what the database cannot store (a "
                          "\\u0000, a lone surrogate, NaN or Infinity): "

@@ -55,8 +55,7 @@ def events_append(
 
 def events_append_batch(*, deployment_id: int, events: Items, owner: str | None = None,
                         row: dict[str, Any] | None = None,
-                        expect: dict[str, str] | None = None,
-                        encoded: list[str] | None = None) -> int:
+                        expect: dict[str, str] | None = None) -> int:
     """events_append for the engine agent's batches: the same rows and live entries, with
     no model instances made for the caller; returns the last seq (0 for no events).
 
@@ -65,9 +64,7 @@ def events_append_batch(*, deployment_id: int, events: Items, owner: str | None 
     stored); with `expect` (EXPECT_FIELDS: the start token, the log cursor the batch
     follows), only while the row's fields hold those values, alike. `row` holds deployment
     fields (ROW_FIELDS: the log cursor, progress, the last decode stats) set with the seqs'
-    claim, so a batch and its cursor commit together. `encoded`: each payload's JSON as
-    it came (ASCII, no control character: web/fleet/services.py event_batch_framed), stored
-    and published as it is instead of encoded again. On
+    claim, so a batch and its cursor commit together. On
     PostgreSQL all of it is one statement (docs/performance.md, Log path: the lease check,
     the claim, the COPY, the cursor update and the commit were five round trips and about
     1.3 ms of the agent's CPU per batch); outside a transaction it commits on its own."""
@@ -76,7 +73,7 @@ def events_append_batch(*, deployment_id: int, events: Items, owner: str | None 
     held = {**(expect or {}), **({"agent_id": owner} if owner is not None else {})}
     assert set(held) <= EXPECT_FIELDS, held
     if connection.vendor == "postgresql":
-        last = _append_in_one_statement(deployment_id, events, held, row or {}, encoded)
+        last = _append_in_one_statement(deployment_id, events, held, row or {})
         _bodies_after_batch(deployment_id)
         return last
     with transaction.atomic():
@@ -158,7 +155,7 @@ def _append_sql(fields: tuple[str, ...], held: tuple[str, ...]) -> str:
 
 
 def _append_in_one_statement(deployment_id: int, events: Items, held: dict[str, str],
-                             row: dict[str, Any], encoded: list[str] | None = None) -> int:
+                             row: dict[str, Any]) -> int:
     """One statement per CHUNK_EVENTS; several go pipelined in one transaction, each sent
     as soon as it is encoded, so PostgreSQL stores one while the next is encoded (a busy
     engine's batch of 16,000 events as one statement waited for both in turn: 1.7x the
@@ -170,22 +167,20 @@ def _append_in_one_statement(deployment_id: int, events: Items, held: dict[str, 
         # parsing and planning this statement was 230 us of PostgreSQL's 370 for a batch of
         # ten rows. A threshold no query reaches keeps every other statement as it was.
         raw.prepare_threshold = _PREPARE_ONLY_WHEN_ASKED
-    starts = range(0, len(events), CHUNK_EVENTS)
-    chunks = [events[start:start + CHUNK_EVENTS] for start in starts]
-    texts = [encoded[start:start + CHUNK_EVENTS] if encoded is not None else None
-             for start in starts]
+    chunks = [events[start:start + CHUNK_EVENTS]
+              for start in range(0, len(events), CHUNK_EVENTS)]
     sent: list[tuple[psycopg.Cursor[Any], Items, list[str]]] = []
     # psycopg's own cursor binds on the server (Django's quotes each value into the SQL
     # text: a copy of megabytes per busy batch); Django's wrapper still maps its errors.
     with connection.wrap_database_errors:
         if len(chunks) == 1:  # outside a transaction: committed on its own, one round trip
-            sent.append(_send_chunk(raw, deployment_id, chunks[0], held, row, texts[0]))
+            sent.append(_send_chunk(raw, deployment_id, chunks[0], held, row))
         else:
             with transaction.atomic(savepoint=False), raw.pipeline():
                 for i, chunk in enumerate(chunks):
                     last = i == len(chunks) - 1
                     sent.append(_send_chunk(raw, deployment_id, chunk, held,
-                                            row if last else {}, texts[i]))
+                                            row if last else {}))
         claims = [cursor.fetchone() for cursor, _, _ in sent]
     for cursor, _, _ in sent:
         cursor.close()
@@ -202,10 +197,9 @@ CHUNK_EVENTS = 2000
 
 
 def _send_chunk(raw: Any, deployment_id: int, events: Items, held: dict[str, str],
-                row: dict[str, Any], texts: list[str] | None = None
-                ) -> tuple[psycopg.Cursor[Any], Items, list[str]]:
+                row: dict[str, Any]) -> tuple[psycopg.Cursor[Any], Items, list[str]]:
     fields = tuple(sorted(name for name in row if name in ROW_FIELDS))
-    encoded = texts if texts is not None else [_encode_payload(p) for _, p in events]
+    encoded = [_encode_payload(payload) for _, payload in events]
     params: dict[str, Any] = {
         "n": len(events), "pk": deployment_id,
         **{f"held_{name}": value for name, value in held.items()},
