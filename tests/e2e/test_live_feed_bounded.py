@@ -67,3 +67,25 @@ def test_a_stream_the_panel_never_opens_is_asked_for_again(
     assert len(streams) == 2, streams
     assert streams[1] == streams[0], "asked again from the same seq (nothing came meanwhile)"
     _alert_shows_live(page, loading)
+
+
+def test_a_stream_answered_with_an_error_is_asked_for_again(
+        shared_panel: str, loading: int, page: Page) -> None:
+    """An error status (a loaded panel's 500 or 503) ends an EventSource for good: the page,
+    not the browser, asks again, and goes live (a CI run's page stayed `connecting…`)."""
+    streams: list[str] = []
+
+    def first_refused(route: Route) -> None:
+        streams.append(route.request.url)
+        if len(streams) == 1:
+            route.fulfill(status=503, content_type="text/plain", body="busy")
+        else:
+            route.continue_()
+
+    login(page, shared_panel)
+    page.route(lambda url: "/events/stream/" in url, first_refused)
+    page.goto(f"{shared_panel}/deployments/{loading}/")
+    expect(page.locator("#conn")).to_have_text("live", timeout=STREAM_OPEN_S * 1000)
+    assert len(streams) == 2, streams
+    assert streams[1] == streams[0], "asked again from the same seq (nothing came meanwhile)"
+    _alert_shows_live(page, loading)

@@ -9,6 +9,9 @@
   const AGENT_ASK_MS = 5000;  // how often the page asks whether the agent still reports
   const CARDS_WAIT_MS = 10000;  // the build and self-check cards' one request, at most
   const STREAM_OPEN_MS = 15000;  // a live stream not open by then is asked for again
+  // A stream answered with an error status (a loaded panel's 500 or 503) is one the browser
+  // gives up for good; the page asks again after this long.
+  const STREAM_RETRY_MS = 3000;
 
   let furthest = -1;  // the last phase reached: a failure is shown where it happened
   function setStatus(status) {
@@ -393,7 +396,15 @@
       if (source === opening && !opened && opening.readyState === 0) follow();
     }, STREAM_OPEN_MS);
     source.onopen = function () { opened = true; conn.textContent = silent ? silentText(silent) : "live"; };
-    source.onerror = function () { if (source.readyState !== 2) conn.textContent = "reconnecting…"; };
+    source.onerror = function () {
+      if (source !== opening) return;
+      conn.textContent = "reconnecting…";
+      // CLOSED here is the browser's verdict on an answer that was no stream: it will not
+      // ask again by itself (a network error leaves it CONNECTING, and it retries).
+      if (opening.readyState === 2) {
+        setTimeout(function () { if (source === opening) follow(); }, STREAM_RETRY_MS);
+      }
+    };
     source.onmessage = function (msg) {
       if (msg.lastEventId) lastSeen = Math.max(lastSeen, Number(msg.lastEventId) || 0);
       const event = JSON.parse(msg.data);
