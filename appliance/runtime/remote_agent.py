@@ -522,9 +522,13 @@ class RemoteSink:
         self.agent.runtime.stop(self.identity, timeout_s=self.agent.config.stop_timeout_s)
         found = diagnosis.to_dict()
         found["evidence"] = json.loads(json.dumps(found["evidence"], default=str))
-        self._step("failed", diagnosis=found, message=message[:2000],
-                   last_lines=[line.replace(self.key, MASK) if self.key else line
-                               for line in last_lines[-60:]])
+        taken = self._step("failed", diagnosis=found, message=message[:2000],
+                           last_lines=[line.replace(self.key, MASK) if self.key else line
+                                       for line in last_lines[-60:]])
+        if taken:
+            # This start is over. A placements read from before the panel took the step
+            # still says `starting`, and must not start the engine again.
+            self.agent.failed_starts.add((self.pk, self.start_token))
 
     def keep_following(self) -> bool:
         return not self.stop.is_set()
@@ -691,6 +695,9 @@ class RemoteAgent:
     refused: PanelRefused | None = None
     heartbeat_s: float = 10.0
     monitor_settings: dict[str, Any] = field(default_factory=dict)  # the panel's, each tick
+    # (deployment, start token) of the starts whose failure the panel has taken: never
+    # followed again (a restart comes with a new token).
+    failed_starts: set[tuple[int, str]] = field(default_factory=set)
     _beat_at: float = 0.0
     _held: bool = False  # another agent process holds this host (said once)
     # The install's id and the (deployment, start token) of each engine placed here, as the
@@ -753,6 +760,7 @@ class RemoteAgent:
             self._step(placement, str(answer.get("instance_id", "")))
         for pk in [pk for pk in self.work if pk not in placements]:
             self.work.pop(pk).stop.set()
+        self.failed_starts &= {(pk, str(p["start_token"])) for pk, p in placements.items()}
         self._beat()
 
     def _beat(self) -> None:
@@ -800,7 +808,8 @@ class RemoteAgent:
                 current.thread.join(timeout=2)
             else:
                 return
-        if kind == "follow" and _waiting_to_restart(placement):
+        if kind == "follow" and (_waiting_to_restart(placement)
+                                 or (pk, str(placement["start_token"])) in self.failed_starts):
             return
         stop = threading.Event()
         target = self._stop_engine if kind == "stop" else self._follow

@@ -189,6 +189,36 @@ def test_an_engine_that_exits_at_once_is_diagnosed_from_its_own_output(engine, a
     assert EngineRuntime().find(_identity(deployment)) is None
 
 
+def test_a_placements_read_from_before_a_failure_starts_no_engine_again(engine, agent):  # type: ignore[no-untyped-def]
+    """A tick may act on a placements answer read before the panel took a failure step
+    (still `starting`): the failed start's engine is not started again from it (a CI run
+    found its container back after the failure). An agent of the same host that does not
+    tick, so that nothing but the test acts."""
+    import threading
+
+    from appliance.logs.appliance_causes import start_failure
+    from appliance.runtime.remote_agent import RemoteAgent, RemoteSink
+
+    deployment = _deployment()
+    services.deployment_mark_starting(deployment_id=deployment.pk, image=str(
+        settings.ENGINE_IMAGE), start_token="first-start")
+    deployment.refresh_from_db()
+    placement = {"id": deployment.pk, "status": "starting", "start_token": "first-start",
+                 "spec": deployment.spec, "image": deployment.image,
+                 "gpus": list(deployment.gpus), "log_cursor": "", "progress": {},
+                 "engine_url": ""}
+    still = RemoteAgent(link=agent.link, config=agent.config, runtime=EngineRuntime())
+    RemoteSink(placement, still, threading.Event(), _identity(deployment)).failed(
+        start_failure("the test's failure"), "the test's failure", [])
+    assert wait_for_status(deployment.pk, {S.FAILED}, 10) == S.FAILED
+    still._step(placement, instance_id())  # the stale answer: `starting`, the same start
+    assert deployment.pk not in still.work
+    time.sleep(1)
+    assert EngineRuntime().find(_identity(deployment)) is None
+    # A restart is a new start, with a new token: followed.
+    assert still.failed_starts == {(deployment.pk, "first-start")}
+
+
 def test_the_width_crash_names_block_size_and_budget_plus_one(engine, agent):  # type: ignore[no-untyped-def]
     deployment = _failing("ddtree-width")
     _run(deployment.pk)
