@@ -64,7 +64,9 @@ async def _lifespan(receive: Receive, send: Send) -> None:
             # last changes may still be on their way to Redis: a rolling change's drain
             # reads them (docs/fleet.md), so they are waited for, bounded.
             if _served["any"]:
-                pending = {t for t in routing().background if not t.done()}
+                router = routing()
+                router.flush_now()  # a change still waiting on its timer goes now
+                pending = {t for t in router.background if not t.done()}
                 if pending:
                     with contextlib.suppress(Exception):
                         await asyncio.wait(pending, timeout=COUNTERS_WAIT_S)

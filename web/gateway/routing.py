@@ -349,6 +349,13 @@ class Routing:
             self.inflight_flush = asyncio.get_running_loop().call_later(
                 INFLIGHT_FLUSH_S, self._flush)
 
+    def flush_now(self) -> None:
+        """Send the counters' pending changes at once, not after INFLIGHT_FLUSH_S (the
+        process is ending: a timer not yet run would never send them)."""
+        if self.inflight_flush is not None:
+            self.inflight_flush.cancel()
+            self._flush()
+
     def _flush(self) -> None:
         self.inflight_flush = None
         changes = {row: by for row, by in self.inflight_pending.items() if by}
