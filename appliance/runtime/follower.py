@@ -467,33 +467,12 @@ class EngineFollower:
         return reader, partials
 
     def _lines_after(self, container: Any, cursor: Cursor) -> Iterator[LogLine]:
-        """Every line after `cursor` until the follow ends, then what Docker has stored that
-        the follow did not hand out.
-
-        Docker 20.10's follow can end at an engine's exit short of its last lines (684 of
-        10,001 lost on a loaded machine, CI 2026-12-07), the lines a diagnosis reads first:
-        the stored log is read once more from the last line the follow gave."""
+        """Every line after `cursor` until the follow ends. Docker 20.10's follow can end at
+        an engine's exit short of its last lines (684 of 10,001 lost on a loaded machine, CI
+        2026-12-07): once the engine has exited, _read_rest reads the stored log for them."""
         keep = CursorFilter(cursor)
-        ts_ns, count = cursor.ts_ns, cursor.count
-        broken: Exception | None = None
-        try:
-            for line in self.runtime.follow_logs(container, since=cursor.since(),
-                                                 timestamps=True):
-                if keep.new(line):
-                    ts = line.ts_ns or 0
-                    if ts == ts_ns:
-                        count += 1
-                    else:
-                        ts_ns, count = ts, 1
-                    yield line
-        except Exception as exc:  # noqa: BLE001 - raised below unless the stored log answers
-            broken = exc
-        try:
-            yield from self._stored_after(container, Cursor(ts_ns, count))
-        except Exception:
-            if broken is not None:
-                raise broken from None
-            raise
+        lines = self.runtime.follow_logs(container, since=cursor.since(), timestamps=True)
+        return (line for line in lines if keep.new(line))
 
     def _stored_after(self, container: Any, cursor: Cursor) -> Iterator[LogLine]:
         """The lines Docker has stored after `cursor`, up to now."""
@@ -505,8 +484,7 @@ class EngineFollower:
 
     def _read_rest(self, container: Any) -> None:
         """Once the engine has exited, what its stored log holds after the cursor (Docker
-        has stored all it printed by then): a follow and its catch-up that ended while it
-        still printed left the rest."""
+        has stored all it printed by then): a follow that ended short of it left the rest."""
         self.state.ended = False
         reader = _Reader(self._stored_after(container, self.state.cursor), "engine-log-rest")
         reader.start()

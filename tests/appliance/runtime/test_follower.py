@@ -113,25 +113,19 @@ def test_every_line_of_a_burst_is_shipped_once_in_order_with_the_last_lines_curs
 
 class ShortFollowRuntime(EngineRuntime):
     """Docker's follow ending short of the lines stored (an engine's last 684 lines on a
-    loaded machine, CI 2026-12-07): each follow hands out at most `cut` lines, and so does
-    the read of the stored log right after it, as one made while the engine still printed
-    holds only what was stored then (3,062 lines short in another CI run, the engine
-    exiting before the follower looked)."""
+    loaded machine, CI 2026-12-07): each follow hands out at most `cut` lines."""
 
     def __init__(self, client: DockerClient, cut: int) -> None:
         super().__init__(client)
         self.cut = cut
         self.follows = 0
-        self.after_a_follow = False
 
     def follow_logs(self, container: Any, since: float | None = None, partials: bool = False,
                     timestamps: bool = False, follow: bool = True) -> Iterator[Any]:
         lines = super().follow_logs(container, since, partials, timestamps, follow)
         if not follow:
-            after_a_follow, self.after_a_follow = self.after_a_follow, False
-            return self._cut(lines) if after_a_follow else lines
+            return lines
         self.follows += 1
-        self.after_a_follow = True
         return self._cut(lines)
 
     def _cut(self, lines: Iterator[Any]) -> Iterator[Any]:
