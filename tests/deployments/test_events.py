@@ -210,3 +210,40 @@ def test_a_batch_of_several_chunks_under_another_lease_stores_no_chunk(live_chan
                                      owner="agent@me", row={"log_cursor": "99:3"})
     assert Event.objects.filter(deployment_id=pk).count() == before
     assert Deployment.objects.values_list("log_cursor", flat=True).get(pk=pk) == ""
+
+
+def test_a_batch_whose_row_changed_between_its_chunks_stores_nothing(live_channel, monkeypatch):  # type: ignore[no-untyped-def]
+    """Each chunk's statement checks the row anew, so the row's cursor moving between two
+    of them (another writer's batch committed in between) can refuse one chunk and take a
+    later one. The batch is then rolled back whole: a part stored would lose the refused
+    chunk's lines for good (the row's cursor would say they were stored). The first
+    chunk's check is made to fail here, as it does when it ran before that commit."""
+    from web.deployments.models import Deployment
+    from web.deployments.services import events as module
+
+    pk = _deployment()
+    Deployment.objects.filter(pk=pk).update(log_cursor="10:1")
+    before = Deployment.objects.values_list("last_seq", "log_cursor").get(pk=pk)
+    stored = Event.objects.filter(deployment_id=pk).count()
+    real = module._send_chunk
+    calls = []
+
+    def first_one_sees_another_cursor(raw, deployment_id, events, held, row):  # type: ignore[no-untyped-def]
+        calls.append(len(events))
+        if len(calls) == 1:
+            held = {**held, "log_cursor": "9:9"}  # the row as it was before that commit
+        return real(raw, deployment_id, events, held, row)
+
+    monkeypatch.setattr(module, "_send_chunk", first_one_sees_another_cursor)
+    with pytest.raises(Deployment.DoesNotExist):
+        services.events_append_batch(deployment_id=pk, events=_log(3 * module.CHUNK_EVENTS),
+                                     expect={"log_cursor": "10:1"}, row={"log_cursor": "20:1"})
+    assert calls == [module.CHUNK_EVENTS] * 3
+    assert Event.objects.filter(deployment_id=pk).count() == stored
+    assert Deployment.objects.values_list("last_seq", "log_cursor").get(pk=pk) == before
+    # The same batch sent again once the row holds its cursor is stored whole.
+    monkeypatch.setattr(module, "_send_chunk", real)
+    last = services.events_append_batch(deployment_id=pk, events=_log(3 * module.CHUNK_EVENTS),
+                                        expect={"log_cursor": "10:1"}, row={"log_cursor": "20:1"})
+    assert Event.objects.filter(deployment_id=pk).count() == stored + 3 * module.CHUNK_EVENTS
+    assert last == before[0] + 3 * module.CHUNK_EVENTS

@@ -172,19 +172,29 @@ def _append_in_one_statement(deployment_id: int, events: Items, held: dict[str, 
     sent: list[tuple[psycopg.Cursor[Any], Items, list[str]]] = []
     # psycopg's own cursor binds on the server (Django's quotes each value into the SQL
     # text: a copy of megabytes per busy batch); Django's wrapper still maps its errors.
-    with connection.wrap_database_errors:
-        if len(chunks) == 1:  # outside a transaction: committed on its own, one round trip
-            sent.append(_send_chunk(raw, deployment_id, chunks[0], held, row))
-        else:
-            with transaction.atomic(savepoint=False), raw.pipeline():
-                for i, chunk in enumerate(chunks):
-                    last = i == len(chunks) - 1
-                    sent.append(_send_chunk(raw, deployment_id, chunk, held,
-                                            row if last else {}))
-        claims = [cursor.fetchone() for cursor, _, _ in sent]
-    for cursor, _, _ in sent:
-        cursor.close()
-    if any(claimed is None for claimed in claims):
+    try:
+        with connection.wrap_database_errors:
+            if len(chunks) == 1:  # outside a transaction: committed on its own, one round trip
+                sent.append(_send_chunk(raw, deployment_id, chunks[0], held, row))
+                claims = [sent[0][0].fetchone()]
+            else:
+                with transaction.atomic(savepoint=False):
+                    with raw.pipeline():
+                        for i, chunk in enumerate(chunks):
+                            last = i == len(chunks) - 1
+                            sent.append(_send_chunk(raw, deployment_id, chunk, held,
+                                                    row if last else {}))
+                    # Each statement checks the row anew: where the row changed between
+                    # them (a chunk refused, a later one taken), the whole batch is rolled
+                    # back, never stored in part.
+                    claims = [cursor.fetchone() for cursor, _, _ in sent]
+                    if any(claimed is None for claimed in claims):
+                        raise Deployment.DoesNotExist(
+                            f"no deployment {deployment_id} holding {held}")
+    finally:
+        for cursor, _, _ in sent:
+            cursor.close()
+    if claims[0] is None:
         raise Deployment.DoesNotExist(f"no deployment {deployment_id} holding {held}")
     entries = [entry for (_, chunk, encoded), claimed in zip(sent, claims, strict=True)
                for entry in _entries(chunk, encoded, claimed)]
