@@ -84,7 +84,7 @@ def _old_road(events: list[tuple[str, dict[str, Any]]], key: str,
               row: dict[str, Any]) -> tuple[float, float]:
     """The sink's road before each event was encoded once (reproduced for comparison): each
     payload's json.dumps to size the batch, then the body's json.dumps. CPU s of each."""
-    from appliance.runtime.remote_agent import MAX_BATCH_BYTES, host_kinds, masked
+    from appliance.runtime.host_sink import MAX_BATCH_BYTES, host_kinds, masked
 
     began = time.process_time()
     parts: list[list[tuple[str, dict[str, Any]]]] = [[]]
@@ -105,8 +105,8 @@ def _old_road(events: list[tuple[str, dict[str, Any]]], key: str,
 def _this_road(events: list[tuple[str, dict[str, Any]]], key: str,
                row: dict[str, Any]) -> tuple[float, float]:
     """RemoteSink.ship's road: batches of events encoded once, each body joined from them."""
+    from appliance.runtime.host_sink import batches, host_kinds, masked
     from appliance.runtime.panel_link import events_body
-    from appliance.runtime.remote_agent import batches, host_kinds, masked
 
     began = time.process_time()
     parts = batches(masked(host_kinds(events), key))

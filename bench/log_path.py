@@ -6,7 +6,7 @@ A container on the local base image prints numbered lines, each carrying the tim
 printed: SGLang decode lines (`[date time.micros TP0] Decode batch, ..., #token: <n>,
 ...`, each stored as a log event and a metric, as a serving engine's) or plain lines
 (`line seq=<n> t=<ns>`, one event each). The host agent's real follower
-(appliance.runtime.follower) with its real sink (appliance/runtime/remote_agent.py
+(appliance.runtime.follower) with its real sink (appliance/runtime/host_sink.py
 RemoteSink: each batch through the panel's host API, whose ingest checks the host's lease
 and stores the events, cursor and progress in one statement and publishes after commit)
 follows it, in this process as in the agent's; a panel started like the image's (uvicorn)
@@ -441,12 +441,14 @@ _links: dict[str, Any] = {}
 
 
 def api_sink(panel_url: str, deployment: Any, runtime: Any, identity: Any) -> Any:
-    """The follower's sink of a host's agent (appliance.runtime.remote_agent.RemoteSink):
+    """The follower's sink of a host's agent (appliance.runtime.host_sink.RemoteSink):
     each batch goes through the panel's host API (HTTP to the started panel, its ingest
     storing it), as the one agent of the panel's own host will send it. The host joins
     once per run, with a join token made here; the deployment is placed on it."""
+    from appliance.runtime.agent_settings import RemoteSettings
+    from appliance.runtime.host_sink import RemoteSink
     from appliance.runtime.panel_link import PanelLink, panel_join
-    from appliance.runtime.remote_agent import RemoteAgent, RemoteSettings, RemoteSink, host_report
+    from appliance.runtime.remote_agent import RemoteAgent, host_report
     from web.fleet import services as fleet
     from web.fleet.models import Placement
 

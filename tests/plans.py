@@ -12,8 +12,9 @@ from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.utils import timezone
 
+from appliance.runtime.agent_settings import RemoteSettings
 from appliance.runtime.containers import ContainerPlan
-from appliance.runtime.remote_agent import RemoteSettings, remote_plan
+from appliance.runtime.remote_agent import remote_plan
 from web.deployments.models import Deployment, DeploymentStatus
 from web.deployments.services.installation import instance_id
 from web.fleet import selectors

@@ -13,7 +13,8 @@ lifecycle table. It holds no database or broker address; Django is never importe
 - A remote engine is published on the host's panel-facing address only
   (APPLIANCE_HOST_ADVERTISE_ADDR), so it is started with SGLang's --api-key: a key for
   that start that the panel derives and its gateway sends. The engine prints its
-  server_args (the key among them) at start: the key is masked in every shipped text.
+  server_args (the key among them) at start: the key is masked in every shipped text
+  (appliance/runtime/host_sink.py: the engine's events and its last lines).
   With APPLIANCE_ENGINE_NETWORK (the panel's own host under compose) engines sit on that
   closed network instead, reached by container name, nothing published.
 - The image must carry the recipe lock the panel sends (appliance.images.lock's label);
@@ -26,193 +27,44 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
-from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import requests
 
 from appliance.engine.launch import launch_args
-from appliance.engine.recipes import RecipeError, load_site_recipe
 from appliance.engine.spec import spec_from_dict
 from appliance.engine.widths import needed_graph_widths
-from appliance.images.build import BuildCancelled, BuildEvent, BuildFailed, build_image, image_id
-from appliance.images.lock import LOCK_LABEL, lock_digest
-from appliance.images.plan import BuildError, plan_build, recipe_lock_path
+from appliance.images.build import BuildCancelled, BuildFailed
 from appliance.lifecycle import AGENT_OWNED, Status
 from appliance.logs.appliance_causes import IMAGE_BUILD_FAILED, MODEL_NOT_READY, start_failure
-from appliance.logs.causes import Diagnosis
 from appliance.logs.facts import spec_facts
 from appliance.preflight import gpu_check_args
 from appliance.runtime import gpu_telemetry
-from appliance.runtime.alerts import Alert
+from appliance.runtime.agent_settings import RemoteSettings
 from appliance.runtime.client import EngineClient
-from appliance.runtime.containers import (
-    ContainerPlan,
-    EngineRuntime,
-    EngineRuntimeError,
-    Identity,
-)
+from appliance.runtime.containers import ContainerPlan, EngineRuntime, EngineRuntimeError, Identity
 from appliance.runtime.engine_network import join_engine_network
-from appliance.runtime.follower import Cursor, EngineFollower, Events, FollowOptions, follow
+from appliance.runtime.follower import Cursor, EngineFollower, FollowOptions, follow
+from appliance.runtime.host_image import HostBuildRefused, host_image, image_lock_refusal
+from appliance.runtime.host_sink import RemoteSink, remote_monitor
 from appliance.runtime.hostfacts import docker_facts
-from appliance.runtime.monitor import EngineMonitor, monitor_options
 from appliance.runtime.mounts import engine_model_mounts
-from appliance.runtime.panel_link import (
-    PanelLink,
-    PanelRefused,
-    event_json,
-    events_body,
-    panel_link_open,
-)
-from appliance.runtime.progress import progress_fold
+from appliance.runtime.panel_link import PanelLink, PanelRefused, panel_link_open
 from appliance.runtime.secrets import secret_names_available
-from appliance.runtime.series import MetricPoint
 from appliance.runtime.strays import StraysSaid, strays_found
 from appliance.runtime.work import EngineWork
 
 log = logging.getLogger(__name__)
 AGENT_VERSION = "0.9.0"
-MAX_BATCH_BYTES = 512 * 1024  # the panel's body limit is 1 MiB (APPLIANCE_MAX_BODY_BYTES)
-SHIP_TRIES = 5  # a batch the panel refused with another 5xx is sent again, then the follower
-# starts over. A panel that is away (no connection, a timeout, the proxy's 502/503/504 while
-# web restarts) is waited for instead, up to PANEL_AWAY_S: the follower, and with it the
-# engine's monitor and the points it keeps, outlives a panel restart or upgrade.
-PANEL_AWAY_S = 600.0
-PANEL_AWAY_STATUSES = frozenset({502, 503, 504})
-MASK = "***"
-CREDENTIAL_PATH = "/var/lib/appliance/host-credential/credential"  # a volume (compose.host.yaml)
-# Kept while the panel does not answer: PANEL_AWAY_S of points at the default 2 s interval,
-# sent in reports of MONITOR_SEND_POINTS (the most one report may carry: web/fleet/services.py's
-# MAX_POINTS), and the latest alert changes (MAX_ALERTS).
-MONITOR_KEEP_POINTS = 300
-MONITOR_SEND_POINTS = 30
-MONITOR_KEEP_ALERTS = 20
-COMPACT_EVERY_S = 60.0  # the panel merges the series' old points this often (monitoring.py's)
 
 
 class CredentialRefused(RuntimeError):
     """The panel no longer takes this host's credential: nothing more is written."""
-
-
-def _env_int(environ: Mapping[str, str], name: str, default: int) -> int:
-    raw = environ.get(name, "")
-    try:
-        return int(raw) if raw else default
-    except ValueError:
-        raise SystemExit(f"{name} is a whole number, not {raw!r}") from None
-
-
-def _env_bool(environ: Mapping[str, str], name: str, default: bool) -> bool:
-    raw = environ.get(name, "").strip().lower()
-    if not raw:
-        return default
-    if raw not in {"1", "0", "true", "false", "yes", "no"}:
-        raise SystemExit(f"{name} is true or false, not {raw!r}")
-    return raw in {"1", "true", "yes"}
-
-
-@dataclass(frozen=True)
-class RemoteSettings:
-    """The remote agent's configuration: environment variables, the panel's names.
-
-    With `engine_network` (a compose install's own host) engines sit on that Docker network,
-    reached by container name, and nothing is published: `advertise_addr` is then unused."""
-
-    panel_url: str
-    host_name: str
-    advertise_addr: str
-    join_token: str = field(default="", repr=False)
-    credential_path: Path = Path(CREDENTIAL_PATH)
-    engine_network: str = ""
-    models_dir: str = ""
-    secrets_dir: str = "/run/secrets/engine"
-    gpu_requests: bool = True
-    gpu_check: bool = True
-    gpu_count: int = 0  # the GPUs to report where NVML is missing
-    shm_size: str = "32g"
-    pids_limit: int = 8192
-    memory_limit: str = ""
-    extra_env: dict[str, str] = field(default_factory=dict)
-    stop_timeout_s: int = 30
-    ready_timeout_s: int = 3600
-    tick_s: float = 1.0
-    recipes_dir: str = ""  # the site's recipes, as the panel's APPLIANCE_RECIPES_DIR
-    build_ca_bundle: str = ""  # a proxy's CA for the image builds' download steps
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> RemoteSettings:
-        env = os.environ if environ is None else environ
-        network = env.get("APPLIANCE_ENGINE_NETWORK", "")
-        needed = ["APPLIANCE_PANEL_URL", "APPLIANCE_HOST_NAME"]
-        if not network:  # published engines: the panel needs their address
-            needed.append("APPLIANCE_HOST_ADVERTISE_ADDR")
-        missing = [n for n in needed if not env.get(n)]
-        if missing:
-            raise SystemExit(f"set {', '.join(missing)}: a fleet host's agent needs the "
-                             "panel's address, its own name and the address the panel "
-                             "reaches its engines at, unless they sit on an engine network "
-                             "(APPLIANCE_ENGINE_NETWORK) (docs/fleet.md)")
-        extra = [item.split("=", 1) for item in env.get("APPLIANCE_ENGINE_EXTRA_ENV", "")
-                 .split(",") if "=" in item]
-        credential_path = Path(env.get("APPLIANCE_HOST_CREDENTIAL_FILE", CREDENTIAL_PATH))
-        token = env.get("APPLIANCE_JOIN_TOKEN", "")
-        token_file = env.get("APPLIANCE_JOIN_TOKEN_FILE", "")
-        if not token and token_file:
-            # With a stored credential the token is only a fallback: read, never waited for.
-            stored = credential_path.is_file() and credential_path.stat().st_size > 0
-            wait_s = 0 if stored else _env_int(env, "APPLIANCE_JOIN_TOKEN_WAIT_S",
-                                                  JOIN_TOKEN_WAIT_S)
-            token = join_token_read(Path(token_file), wait_s=wait_s)
-            if not token and not stored:
-                raise SystemExit(f"no join token in {token_file} after {wait_s} s and no "
-                                 f"stored credential in {credential_path}: the panel writes "
-                                 "one there (manage.py ownhost, or jointokens --out)")
-        return cls(
-            panel_url=env["APPLIANCE_PANEL_URL"], host_name=env["APPLIANCE_HOST_NAME"],
-            advertise_addr=env.get("APPLIANCE_HOST_ADVERTISE_ADDR", ""),
-            join_token=token, credential_path=credential_path, engine_network=network,
-            models_dir=env.get("APPLIANCE_MODELS_DIR", ""),
-            secrets_dir=env.get("APPLIANCE_ENGINE_SECRETS_DIR", "/run/secrets/engine"),
-            gpu_requests=_env_bool(env, "APPLIANCE_ENGINE_GPU_REQUESTS", True),
-            gpu_check=_env_bool(env, "APPLIANCE_ENGINE_GPU_CHECK", True),
-            gpu_count=_env_int(env, "APPLIANCE_GPU_COUNT", 0),
-            shm_size=env.get("APPLIANCE_ENGINE_SHM_SIZE", "32g"),
-            pids_limit=_env_int(env, "APPLIANCE_ENGINE_PIDS_LIMIT", 8192),
-            memory_limit=env.get("APPLIANCE_ENGINE_MEMORY_LIMIT", ""),
-            extra_env={k.strip(): v for k, v in extra},
-            stop_timeout_s=_env_int(env, "APPLIANCE_ENGINE_STOP_TIMEOUT_S", 30),
-            ready_timeout_s=_env_int(env, "APPLIANCE_ENGINE_READY_TIMEOUT_S", 3600),
-            tick_s=float(_env_int(env, "APPLIANCE_AGENT_TICK_MS", 1000)) / 1000,
-            recipes_dir=env.get("APPLIANCE_RECIPES_DIR", ""),
-            build_ca_bundle=env.get("APPLIANCE_BUILD_CA_BUNDLE", ""))
-
-
-JOIN_TOKEN_WAIT_S = 120  # how long the agent waits for its join token file by default
-JOIN_TOKEN_POLL_S = 0.2
-
-
-def join_token_read(path: Path, *, wait_s: float) -> str:
-    """The join token in `path` once it is there and not empty, looked for up to `wait_s`
-    (the panel's side writes it whole, then renames it in place); '' when none came. The
-    token itself is never logged or put in the environment."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            token = path.read_text().strip()
-        except FileNotFoundError:
-            token = ""
-        except OSError as exc:
-            raise SystemExit(f"cannot read the join token file {path}: {exc.strerror}") from None
-        if token or time.monotonic() >= deadline:
-            return token
-        time.sleep(min(JOIN_TOKEN_POLL_S, max(deadline - time.monotonic(), 0.0)))
 
 
 def host_report(runtime: EngineRuntime, config: RemoteSettings) -> dict[str, Any]:
@@ -269,404 +121,6 @@ def remote_plan(placement: Mapping[str, Any], config: RemoteSettings,
         # Only this deployment's declared names; their values are read at container start.
         secrets=list(launch.secrets),
         secrets_dir=config.secrets_dir, api_key=str(placement.get("engine_key") or ""))
-
-
-class HostBuildRefused(RuntimeError):
-    """This host cannot build the placement's image as the panel has it (no such recipe
-    here, or one with another lock): the message says what to fix."""
-
-
-BUILD_SHIP_EVENTS = 200  # a build's output goes to the panel in batches of this many ...
-BUILD_SHIP_S = 0.5  # ... or after this long, whichever comes first
-
-
-def host_image(placement: Mapping[str, Any], config: RemoteSettings, runtime: EngineRuntime,
-               ship: Any, cancel: threading.Event) -> str:
-    """The placement's engine image, built on this host's Docker from the recipe its spec
-    names (the panel builds none for a joined host: web/builder/builds.py), or found built
-    already; its build events shipped in batches through `ship`. The recipe is this host's
-    (a site recipe in `recipes_dir` wins over a shipped one, as on the panel); its lock must
-    be the panel's (`lock_digest`), else HostBuildRefused before anything is built.
-    BuildFailed and BuildCancelled as build_image raises them."""
-    name = str((placement.get("spec") or {}).get("recipe") or "")
-    try:
-        recipe = load_site_recipe(name, config.recipes_dir)
-        lock = recipe_lock_path(recipe)
-    except (RecipeError, BuildError) as exc:
-        raise HostBuildRefused(f"this host has no recipe {name!r} to build the engine image "
-                               f"from ({exc}): give it the panel's recipe file in "
-                               "APPLIANCE_RECIPES_DIR") from None
-    found = lock_digest(lock.read_bytes()) if lock is not None else ""
-    wanted = placement.get("lock_digest")
-    if wanted is not None and found != wanted:
-        raise HostBuildRefused(
-            f"this host's recipe {name!r} has the lock {found or 'none'}, the panel's "
-            f"{wanted or 'none'}: give the host the panel's recipe and lock files "
-            "(APPLIANCE_RECIPES_DIR), or run the panel's image version here")
-    bundle = Path(config.build_ca_bundle) if config.build_ca_bundle else None
-    if bundle is not None and not (bundle.is_file() and bundle.stat().st_size):
-        bundle = None  # compose mounts /dev/null there when no CA is set
-    plan = plan_build(recipe, ca_bundle=bundle,
-                      base_id=image_id(runtime.client, recipe.base_image))
-    pending: Events = []
-    shipped_at = time.monotonic()
-
-    def on_event(event: BuildEvent) -> None:
-        nonlocal shipped_at
-        pending.append(("build", event.to_dict()))
-        if len(pending) >= BUILD_SHIP_EVENTS or time.monotonic() - shipped_at > BUILD_SHIP_S:
-            ship(pending[:])
-            pending.clear()
-            shipped_at = time.monotonic()
-
-    try:
-        return build_image(plan, client=runtime.client,
-                           no_cache=bool(placement.get("rebuild_image")), cancel=cancel,
-                           on_event=on_event).tag
-    finally:
-        if pending:
-            ship(pending[:])
-
-
-def image_lock_refusal(runtime: EngineRuntime, image: str, wanted: str | None) -> str:
-    """Why this image must not run here ('' when it may): its recipe lock label differs from
-    the lock the panel sends. None from the panel: a configured image, no lock to match."""
-    if wanted is None:
-        return ""
-    try:
-        labels = runtime.client.images.get(image).labels or {}
-    except Exception:  # noqa: BLE001 - missing image: the start says so in its own words
-        return ""
-    found = labels.get(LOCK_LABEL, "")
-    if found == wanted:
-        return ""
-    return (f"image {image} was built from another recipe lock ({found or 'none'}) than the "
-            f"panel's ({wanted or 'none'}): rebuild it from the panel's recipe on this host")
-
-
-@dataclass
-class Batch:
-    """Events in order and each one's JSON (panel_link.event_json), made once: its length
-    sizes the batch and the text goes into the body (events_body)."""
-
-    events: Events = field(default_factory=list)
-    encoded: list[str] = field(default_factory=list)
-
-
-def batches(events: Events, limit: int = MAX_BATCH_BYTES) -> list[Batch]:
-    """The events in order, in batches whose JSON stays under `limit` bytes."""
-    encoded = [event_json(kind, payload) for kind, payload in events]
-    sizes = [len(text) + 1 for text in encoded]  # and its comma
-    if sum(sizes) <= limit:
-        return [Batch(events, encoded)]
-    out: list[Batch] = []
-    first = size = 0
-    for i, cost in enumerate(sizes):
-        if i > first and size + cost > limit:
-            out.append(Batch(events[first:i], encoded[first:i]))
-            first, size = i, 0
-        size += cost
-    out.append(Batch(events[first:], encoded[first:]))
-    return out
-
-
-def cursor_marked(cursor: str) -> str:
-    """The log cursor a batch that moves no line on sets: the row's cursor with a count of
-    such batches after it (`<cursor>#<n>`), so each batch moves the row's cursor and one
-    sent again is known (Cursor.decode reads the line position only)."""
-    base, _, count = cursor.partition("#")
-    return f"{base}#{int(count) + 1 if count.isdigit() else 1}"
-
-
-class CursorMoved(PanelRefused):
-    """The panel's log cursor for the engine is one this sink did not set (another process
-    of this host wrote meanwhile): following stops, and the next follower resumes from the
-    panel's cursor, skipping what it covers."""
-
-    def __init__(self, stored: str) -> None:
-        super().__init__(409, f"the panel's log cursor is {stored!r}, not this follower's: "
-                         "it resumes from there")
-
-
-def host_kinds(events: Events) -> Events:
-    """The follower's own notes (kind `status`) as the log lines the entrypoint also prints
-    ("appliance: ..."): status events are the panel's alone (the ingest refuses them)."""
-    return [("log", {"stream": "stdout", "text": f"appliance: {payload.get('message', '')}"})
-            if kind == "status" else (kind, payload) for kind, payload in events]
-
-
-def masked(events: Events, secret: str) -> Events:
-    """The events with `secret` masked in every text (the engine logs its server_args)."""
-    if not secret:
-        return events
-    return [(kind, {**payload, "text": payload["text"].replace(secret, MASK)})
-            if isinstance(payload.get("text"), str) and secret in payload["text"]
-            else (kind, payload) for kind, payload in events]
-
-
-class RemoteSink:
-    """A follower's sink over the panel's API: ship through the ingest, steps through
-    the steps endpoint, for one placed engine's current start."""
-
-    def __init__(self, placement: Mapping[str, Any], agent: RemoteAgent,
-                 stop: threading.Event, identity: Identity) -> None:
-        self.pk = int(placement["id"])
-        self.start_token = str(placement["start_token"])
-        self.key = str(placement.get("engine_key") or "")
-        self.progress: dict[str, Any] = dict(placement.get("progress") or {})
-        # The follower's view, read by the engine's monitor (RemoteMonitorSink).
-        self.status = str(placement["status"])
-        self.engine_url = str(placement.get("engine_url") or "")
-        self.agent, self.stop, self.identity = agent, stop, identity
-        self.monitor: EngineMonitor | None = None
-        self.clock = time.monotonic
-        # The row's log cursor as the panel holds it: each batch names it (`after`), and the
-        # panel stores the batch only while it is still the row's.
-        self.stored_cursor = str(placement.get("log_cursor") or "")
-        self.shipped = False  # a batch since the last quiet call
-
-    def _call(self, send: Any) -> Any:
-        """send() until the panel answers: a refusal (4xx) raised at once, another 5xx after
-        SHIP_TRIES, a panel away (PANEL_AWAY_STATUSES, no connection) after PANEL_AWAY_S of
-        it, or at once when this engine's work is stopped."""
-        away_since: float | None = None
-        failures = 0
-        error: Exception
-        while True:
-            try:
-                return send()
-            except PanelRefused as exc:
-                if exc.status == 401:
-                    self.agent.credential_refused(exc)
-                if exc.status in (401, 404, 409):
-                    self.stop.set()  # not ours any more (or never again): stop writing
-                    raise
-                if exc.status < 500:
-                    raise
-                away, error = exc.status in PANEL_AWAY_STATUSES, exc
-            except requests.RequestException as exc:
-                away, error = True, exc
-            failures += 1
-            now = self.clock()
-            if away:
-                away_since = now if away_since is None else away_since
-                if now - away_since >= PANEL_AWAY_S:
-                    raise error
-                if failures == 1:
-                    log.warning("deployment %s: the panel is away (%s); waiting for it up to "
-                                "%.0f s", self.pk, error, PANEL_AWAY_S)
-            elif failures >= SHIP_TRIES:
-                raise error
-            if self.stop.wait(min(0.5 * 2 ** (failures - 1), 5.0)):
-                raise error
-
-    def ship(self, events: Events, cursor: Cursor | None) -> None:
-        changed = False
-        for kind, payload in events:
-            if kind in ("progress", "selfcheck"):
-                changed = progress_fold(self.progress, payload) or changed
-        decode = next((p for k, p in reversed(events)
-                       if k == "metric" and p.get("kind") == "decode_stats"), None)
-        parts = batches(masked(host_kinds(events), self.key))
-        for i, part in enumerate(parts):
-            # Every batch moves the row's cursor: the one that ends at the follower's cursor
-            # to it, any other (a part of a large batch, one with no line) to a marked one.
-            moved = cursor.encode() if cursor is not None and i == len(parts) - 1 else ""
-            if not moved or moved == self.stored_cursor:
-                moved = cursor_marked(self.stored_cursor)
-            row: dict[str, Any] = {"log_cursor": moved}
-            if i == len(parts) - 1:
-                if changed:
-                    row["progress"] = self.progress
-                if decode is not None:
-                    row["decode_stats"] = decode
-            body = events_body(part.encoded, row=row, start_token=self.start_token,
-                               after=self.stored_cursor)
-            answer = self._call(lambda b=body: self.agent.link.ship_body(self.pk, b))
-            if answer.get("stored") is False and answer.get("log_cursor") != moved:
-                self.stop.set()
-                raise CursorMoved(str(answer.get("log_cursor")))
-            # Stored now, or by a try whose answer was lost (the row's cursor is this
-            # batch's): either way it is the panel's.
-            self.stored_cursor = moved
-            self.shipped = True
-        if self.monitor is not None:
-            try:
-                self.monitor.observe(events)
-            except Exception:  # noqa: BLE001 - an alert must never stop the log from shipping
-                log.exception("deployment %s: engine monitor: alert from the log failed",
-                              self.pk)
-
-    def _step(self, step: str, **fields: Any) -> bool:
-        try:
-            answer = self._call(lambda: self.agent.link.step(self.pk, step, self.start_token,
-                                                             **fields))
-        except PanelRefused as exc:
-            log.warning("deployment %s: the panel refused the step %s: %s", self.pk, step,
-                        exc.detail)
-            return False
-        return bool(answer and answer.get("moved"))
-
-    def advance(self, status: str) -> bool:
-        moved = self._step(status)
-        if moved:
-            self.status = status
-        return moved
-
-    def ready(self, engine_url: str) -> bool:
-        self.status, self.engine_url = Status.READY, engine_url
-        return self._step("ready", engine_url=engine_url)
-
-    def failed(self, diagnosis: Diagnosis, message: str, last_lines: list[str]) -> None:
-        log.warning("deployment %s: %s (%s)", self.pk, message, diagnosis.cause)
-        self.agent.runtime.stop(self.identity, timeout_s=self.agent.config.stop_timeout_s)
-        found = diagnosis.to_dict()
-        found["evidence"] = json.loads(json.dumps(found["evidence"], default=str))
-        taken = self._step("failed", diagnosis=found, message=message[:2000],
-                           last_lines=[line.replace(self.key, MASK) if self.key else line
-                                       for line in last_lines[-60:]])
-        if taken:
-            # This start is over. A placements read from before the panel took the step
-            # still says `starting`, and must not start the engine again.
-            self.agent.failed_starts.add((self.pk, self.start_token))
-
-    def keep_following(self) -> bool:
-        return not self.stop.is_set()
-
-    def idle(self) -> None:
-        """A second without batches after some: the panel stores the status reads'
-        answers as the last batch left the row (one call; a panel that does not take it
-        loses only that: the next batch stores them)."""
-        if not self.shipped:
-            return
-        self.shipped = False
-        try:
-            self.agent.link.quiet(self.pk)
-        except (requests.RequestException, PanelRefused) as exc:
-            log.info("deployment %s: the panel took no quiet call (%s)", self.pk, exc)
-
-
-class RemoteMonitorSink:
-    """The engine monitor's sink over the panel's API: each point and each step's alerts in
-    one call, the series' compaction asked for once a minute.
-
-    The report is sent from a thread of its own, waited for up to `wait_s` (less than the
-    monitor's interval): a panel that does not answer at once (web stopped, its address
-    answering nothing until the link's timeout; the proxy holding the call while web
-    restarts) never holds the monitor past its next scrape, so the series keeps its points.
-    Points and alert changes that come while a report is under way go with it or the next.
-
-    A report the panel did not take (down, restarting, a 5xx) keeps what it carried for the
-    next one: the last MONITOR_KEEP_POINTS points, so a panel away for up to PANEL_AWAY_S
-    leaves no gap (the follower waits that long for it too, so this sink lives on), and every
-    alert change (up to MONITOR_KEEP_ALERTS), so no raise or clear is lost. A call
-    that timed out after the panel stored it is sent again: its alert events then show twice
-    rather than never. A refusal (4xx: a bad field, not placed here, another start) drops
-    what is kept, which would never be taken, and is the monitor's failed step, logged
-    (raised by the call that waited for it, or else by the next)."""
-
-    def __init__(self, followed: RemoteSink, wait_s: float = 5.0) -> None:
-        self.followed = followed
-        self.wait_s = wait_s
-        self.compacted_at = time.monotonic()
-        self.points: deque[dict[str, Any]] = deque(maxlen=MONITOR_KEEP_POINTS)
-        self.pending_alerts: list[dict[str, Any]] = []
-        self.lock = threading.Lock()
-        self.sending: threading.Thread | None = None
-        self.refusal: PanelRefused | None = None
-
-    def status(self) -> str:
-        return self.followed.status
-
-    def engine_url(self) -> str:
-        return self.followed.engine_url
-
-    def store(self, point: MetricPoint) -> None:
-        with self.lock:
-            self.points.append(point.to_dict())
-        self._send()
-
-    def alerts(self, alerts: list[Alert]) -> None:
-        for alert in alerts:
-            log.info("deployment %s: alert %s %s: %s", self.followed.pk, alert.id,
-                     alert.state, alert.summary)
-        with self.lock:
-            self.pending_alerts.extend(a.to_dict() for a in alerts)
-            del self.pending_alerts[:-MONITOR_KEEP_ALERTS]
-        self._send()
-
-    def _send(self) -> None:
-        """A report under way takes what was added meanwhile (not waited for); else one is
-        started and waited for up to wait_s. A refusal is raised here once."""
-        with self.lock:
-            sending = self.sending
-            if sending is None or not sending.is_alive():
-                sending = self.sending = threading.Thread(
-                    target=self._send_all, daemon=True,
-                    name=f"fleet-engine-metrics-{self.followed.pk}")
-                sending.start()
-            else:
-                sending = None
-        if sending is not None:
-            sending.join(self.wait_s)
-        with self.lock:
-            refusal, self.refusal = self.refusal, None
-        if refusal is not None:
-            raise refusal
-
-    def _send_all(self) -> None:
-        """Everything kept, oldest first, in reports of MONITOR_SEND_POINTS points (the
-        alert changes with the first), until the panel takes no more."""
-        sink = self.followed
-        while not sink.stop.is_set():
-            with self.lock:
-                compact = time.monotonic() - self.compacted_at > COMPACT_EVERY_S
-                points = list(self.points)[:MONITOR_SEND_POINTS]
-                alerts = self.pending_alerts[:]
-            try:
-                sink.agent.link.metrics(sink.pk, sink.start_token, points=points,
-                                        alerts=alerts, compact=compact)
-            except (requests.RequestException, PanelRefused) as exc:
-                with self.lock:
-                    if isinstance(exc, PanelRefused) and exc.status < 500:
-                        self.points.clear()
-                        self.pending_alerts.clear()
-                        self.refusal = exc
-                        return
-                    kept, changes = len(self.points), len(self.pending_alerts)
-                log.warning("deployment %s: the panel took no monitor report (%s); %d points "
-                            "and %d alert changes go with the next", sink.pk, exc, kept,
-                            changes)
-                return
-            with self.lock:
-                # By identity: points and changes added (or the oldest let go) meanwhile.
-                sent = {id(item) for item in (*points, *alerts)}
-                self.points = deque((p for p in self.points if id(p) not in sent),
-                                    maxlen=MONITOR_KEEP_POINTS)
-                self.pending_alerts = [a for a in self.pending_alerts if id(a) not in sent]
-                if compact:
-                    self.compacted_at = time.monotonic()
-                if not (self.points or self.pending_alerts):
-                    return
-
-
-def remote_monitor(placement: Mapping[str, Any], sink: RemoteSink, config: RemoteSettings,
-                   settings: Mapping[str, Any]) -> EngineMonitor:
-    """The engine's monitor as the panel's agent makes its own (monitoring.monitor_start),
-    with the panel's interval and stall limit (`settings`, from its placements answer)."""
-    spec = spec_from_dict(placement["spec"])
-    options = monitor_options(interval_s=float(settings.get("interval_s") or 2.0),
-                              stall_s=float(settings.get("stall_s") or 300),
-                              disable_cuda_graph=spec.engine.disable_cuda_graph,
-                              drafter=(spec.engine.speculative_draft_model_path or "")
-                              if spec.engine.speculative_algorithm not in (None, "NONE")
-                              else "")
-    gpus = [int(g) for g in placement.get("gpus") or [] if str(g).isdigit()]
-    # A report is waited for at most 3/4 of the interval: the next scrape stays on time.
-    monitor_sink = RemoteMonitorSink(sink, wait_s=0.75 * options.interval_s)
-    return EngineMonitor(monitor_sink, gpus=gpus if config.gpu_requests else [],
-                         options=options,
-                         active_alerts=list((placement.get("alerts") or {}).keys()))
 
 
 # Heartbeats per lost threshold at least: a beat every threshold exactly (the panel's 10 s
@@ -902,8 +356,13 @@ class RemoteAgent:
     def _stop_engine(self, placement: dict[str, Any], instance: str,
                      stop: threading.Event) -> None:
         identity = Identity(str(placement["id"]), instance, str(placement["start_token"]))
+        self.engine_stop(identity)
+        RemoteSink(placement, self, stop, identity).stopped()
+
+    def engine_stop(self, identity: Identity) -> None:
+        """Stop an engine container of this host (its sink's after a failure too): the one
+        place an engine container is stopped."""
         self.runtime.stop(identity, timeout_s=self.config.stop_timeout_s)
-        RemoteSink(placement, self, stop, identity)._step("stopped")
 
 
 def _waiting_to_restart(placement: Mapping[str, Any]) -> bool:

@@ -8,9 +8,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from appliance.runtime.agent_settings import RemoteSettings
 from appliance.runtime.containers import EngineRuntime
 from appliance.runtime.panel_link import panel_link_open
-from appliance.runtime.remote_agent import RemoteAgent, RemoteSettings, host_report
+from appliance.runtime.remote_agent import RemoteAgent, host_report
 from web.fleet import services
 
 NVML_GPUS = [{"index": i, "name": "NVIDIA H200", "memory_total_gb": 140.4, "uuid": f"GPU-{i}"}

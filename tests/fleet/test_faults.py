@@ -24,9 +24,11 @@ from django.db import connection
 from django.test import override_settings
 from django.utils import timezone
 
+from appliance.runtime.agent_settings import RemoteSettings
 from appliance.runtime.containers import EngineRuntime, Identity
+from appliance.runtime.host_sink import MASK
 from appliance.runtime.panel_link import panel_link_open
-from appliance.runtime.remote_agent import MASK, RemoteAgent, RemoteSettings, host_report
+from appliance.runtime.remote_agent import RemoteAgent, host_report
 from tests.conftest_docker import (  # noqa: F401
     docker_client,
     remove_engines,

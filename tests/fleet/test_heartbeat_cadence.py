@@ -13,7 +13,7 @@ import pytest
 from django.test import override_settings
 from django.utils import timezone
 
-from appliance.runtime.remote_agent import RemoteSettings
+from appliance.runtime.agent_settings import RemoteSettings
 from tests.fleet.hosts import remote_agent_running
 from web.fleet import services
 from web.fleet.models import FleetHost

@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 from django.test import Client, override_settings
 
+from appliance.runtime.agent_settings import RemoteSettings
 from appliance.runtime.containers import EngineRuntime
-from appliance.runtime.remote_agent import RemoteAgent, RemoteSettings
+from appliance.runtime.remote_agent import RemoteAgent
 from appliance.runtime.strays import MAX_STRAYS, strays_found
 from tests.conftest_docker import (  # noqa: F401
     TEST_LABEL,

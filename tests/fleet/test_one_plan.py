@@ -15,8 +15,9 @@ from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.utils import timezone
 
+from appliance.runtime.agent_settings import RemoteSettings
 from appliance.runtime.containers import docker_run_kwargs
-from appliance.runtime.remote_agent import SIMULATED_BUILD_ENV, RemoteSettings, remote_plan
+from appliance.runtime.remote_agent import SIMULATED_BUILD_ENV, remote_plan
 from tests.fleet.hosts import joined
 from tests.hostrows import host_reported
 from tests.specs import spec

@@ -23,7 +23,7 @@ from django.core.management import CommandError, call_command
 from django.test import override_settings
 from django.utils import timezone
 
-from appliance.runtime.remote_agent import RemoteSettings
+from appliance.runtime.agent_settings import RemoteSettings
 from tests.conftest_docker import wait_for
 from web.fleet import services
 from web.fleet.models import FleetHost, JoinToken

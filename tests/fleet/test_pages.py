@@ -186,8 +186,9 @@ def test_a_simulated_host_is_described_as_simulated_and_a_real_one_without_runti
 
 
 def test_a_hosts_report_says_whether_its_agent_gives_engines_gpus() -> None:
+    from appliance.runtime.agent_settings import RemoteSettings
     from appliance.runtime.containers import EngineRuntime
-    from appliance.runtime.remote_agent import RemoteSettings, host_report
+    from appliance.runtime.remote_agent import host_report
 
     env = {"APPLIANCE_PANEL_URL": "http://panel:8000", "APPLIANCE_HOST_NAME": "sim-a",
            "APPLIANCE_HOST_ADVERTISE_ADDR": "10.0.0.9", "APPLIANCE_GPU_COUNT": "4"}

@@ -12,8 +12,8 @@ import requests
 
 from appliance.runtime.containers import Identity
 from appliance.runtime.follower import Cursor
+from appliance.runtime.host_sink import RemoteSink
 from appliance.runtime.panel_link import PanelLink, PanelRefused, panel_link_open
-from appliance.runtime.remote_agent import RemoteSink
 from tests.rows import ready
 from web.deployments.models import Event, StatusBody
 from web.deployments.selectors import deployment_list

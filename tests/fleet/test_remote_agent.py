@@ -25,17 +25,13 @@ from django.test import Client, override_settings
 
 import docker
 from appliance.images.lock import LOCK_LABEL, lock_digest
+from appliance.runtime.agent_settings import RemoteSettings
 from appliance.runtime.alerts import Alert
 from appliance.runtime.containers import EngineRuntime, Identity
+from appliance.runtime.host_image import image_lock_refusal
+from appliance.runtime.host_sink import RemoteMonitorSink, RemoteSink
 from appliance.runtime.panel_link import PanelRefused, panel_link_open
-from appliance.runtime.remote_agent import (
-    RemoteAgent,
-    RemoteMonitorSink,
-    RemoteSettings,
-    RemoteSink,
-    host_report,
-    image_lock_refusal,
-)
+from appliance.runtime.remote_agent import RemoteAgent, host_report
 from appliance.runtime.series import MetricPoint as Point
 from tests.conftest_docker import docker_client, remove_engines, test_engine_image, wait_for  # noqa: F401
 from tests.fleet.hosts import remote_agent_running

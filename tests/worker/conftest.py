@@ -6,7 +6,8 @@ from typing import Any
 import pytest
 from django.conf import settings
 
-from appliance.runtime.remote_agent import RemoteAgent, RemoteSettings, join_token_read
+from appliance.runtime.agent_settings import RemoteSettings, join_token_read
+from appliance.runtime.remote_agent import RemoteAgent
 from tests.conftest_docker import docker_client, test_engine_image  # noqa: F401
 from tests.fleet.hosts import remote_agent_running
 from tests.servers import bridge_address, own_host_token

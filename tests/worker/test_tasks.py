@@ -197,7 +197,8 @@ def test_a_placements_read_from_before_a_failure_starts_no_engine_again(engine, 
     import threading
 
     from appliance.logs.appliance_causes import start_failure
-    from appliance.runtime.remote_agent import RemoteAgent, RemoteSink
+    from appliance.runtime.host_sink import RemoteSink
+    from appliance.runtime.remote_agent import RemoteAgent
 
     deployment = _deployment()
     services.deployment_mark_starting(deployment_id=deployment.pk, image=str(

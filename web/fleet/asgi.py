@@ -2,7 +2,7 @@
 path through the host API").
 
 A busy host posts a batch of its engines' events every 50 ms or so per engine
-(appliance/runtime/remote_agent.py `RemoteSink`): the panel's hottest write. Through Django
+(appliance/runtime/host_sink.py `RemoteSink`): the panel's hottest write. Through Django
 it crossed the WSGI bridge's thread hop and the whole middleware list (sessions, CSRF,
 auth, messages, WhiteNoise, axes), none of which a host's credential uses. Here the same
 request runs the same function as the Django view (hostapi.events_ingest: the credential,

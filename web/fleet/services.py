@@ -66,7 +66,8 @@ MAX_AGENT_VERSION = 64
 MAX_GPUS = 64
 # What a host may append to a deployment's log: what its follower makes of engine output
 # (appliance.runtime.follower). Status, phase, build, alert and end events are the panel's.
-# A host builds its engines' images itself (remote_agent.host_image): their build events too.
+# A host builds its engines' images itself (appliance/runtime/host_image.py): their build
+# events too.
 HOST_EVENT_KINDS = frozenset({EventKind.LOG, EventKind.METRIC, EventKind.PROGRESS,
                               EventKind.SELFCHECK, EventKind.DIAGNOSIS, EventKind.BUILD})
 MAX_BATCH_EVENTS = 20_000

@@ -7,14 +7,8 @@ import json
 import pytest
 
 from appliance.runtime.follower import Cursor
+from appliance.runtime.host_sink import MAX_BATCH_BYTES, batches, cursor_marked, host_kinds, masked
 from appliance.runtime.panel_link import event_json, events_body
-from appliance.runtime.remote_agent import (
-    MAX_BATCH_BYTES,
-    batches,
-    cursor_marked,
-    host_kinds,
-    masked,
-)
 
 
 def test_a_large_batch_is_split_under_512_kib_in_order() -> None:

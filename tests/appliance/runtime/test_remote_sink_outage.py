@@ -19,14 +19,14 @@ from typing import Any
 import pytest
 
 from appliance.runtime.containers import Identity
-from appliance.runtime.panel_link import PanelLink, PanelRefused
-from appliance.runtime.remote_agent import (
+from appliance.runtime.host_sink import (
     MONITOR_SEND_POINTS,
     PANEL_AWAY_S,
     SHIP_TRIES,
     RemoteMonitorSink,
     RemoteSink,
 )
+from appliance.runtime.panel_link import PanelLink, PanelRefused
 from appliance.runtime.series import MetricPoint
 
 OUTAGE_S = 31.0  # the restart of web, worker and agent seen on the trial
