@@ -378,8 +378,8 @@ class RemoteMonitorSink:
 
 def remote_monitor(placement: Mapping[str, Any], sink: RemoteSink, config: RemoteSettings,
                    settings: Mapping[str, Any]) -> EngineMonitor:
-    """The engine's monitor as the panel's agent makes its own (monitoring.monitor_start),
-    with the panel's interval and stall limit (`settings`, from its placements answer)."""
+    """The engine's monitor, with the panel's interval and stall limit (`settings`, from
+    its placements answer)."""
     spec = spec_from_dict(placement["spec"])
     options = monitor_options(interval_s=float(settings.get("interval_s") or 2.0),
                               stall_s=float(settings.get("stall_s") or 300),

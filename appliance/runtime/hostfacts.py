@@ -1,6 +1,5 @@
 """What a GPU host's Docker engine can do: its runtimes, CDI devices, whether NVIDIA's runtime
-is there. Framework-free: the panel's own agent writes it to its host row, a fleet host's
-remote agent sends it with its heartbeat."""
+is there. Framework-free: every host's agent sends it with its join and its heartbeats."""
 
 from __future__ import annotations
 

@@ -45,7 +45,7 @@ class MonitorOptions:
 
 def monitor_options(*, interval_s: float, stall_s: float,
                     disable_cuda_graph: bool = False, drafter: str = "") -> MonitorOptions:
-    """A deployment's monitor settings, the panel's agent's and a joined host's alike: a
+    """A deployment's monitor settings, on every host's agent alike: a
     scrape never waits past the interval (nor 5 s), and an engine deployed with CUDA graphs
     disabled decodes eagerly on purpose (the eager-by-spec note, never the silent-eager
     alert); `drafter`, the spec's, is what the acceptance alert names."""

@@ -1,5 +1,5 @@
 """The model folders an engine container mounts: exactly the /models paths its arguments
-name, read-only. Framework-free: the panel's agent and a fleet host's agent mount alike."""
+name, read-only. Framework-free: every host's agent mounts alike."""
 
 from __future__ import annotations
 

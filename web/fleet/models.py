@@ -45,8 +45,8 @@ class JoinToken(models.Model):
 
 # A credential digest or prefix that starts with this opens nothing: SHA-256 hex digests
 # and the hex prefixes of made credentials never contain it. A host row that has not joined
-# (the panel's own host, whose local agent writes its report directly) holds one, random
-# after the mark so that each row's stays unique; a join with a token replaces it.
+# (the panel's own host before its agent joins) holds one, random after the mark so that
+# each row's stays unique; a join with a token replaces it.
 UNJOINED_MARK = "-"
 
 
@@ -69,11 +69,12 @@ class FleetHostQuerySet(models.QuerySet["FleetHost"]):
 class FleetHost(models.Model):
     """A GPU host and its agent's report: Docker, GPUs, secret names, strays, heartbeat.
 
-    A joined host came with a token and holds the credential its agent and worker use; the
-    panel's own host (APPLIANCE_HOST_NAME) has a row its local agent writes, with a
-    credential no secret opens (`unjoined_credential`): its rows' Placements open no host
-    API write. Its name is the one its GPU leases carry (GpuLease.host). Removing a joined host
-    deletes this row, so its credential is refused from then on.
+    A joined host came with a token and holds the credential its agent uses; the panel's
+    own host (APPLIANCE_HOST_NAME) has a row before its agent joins (with the token the
+    panel loop keeps for it), with a credential no secret opens (`unjoined_credential`):
+    until then its rows' Placements open no host API write. Its name is the one its GPU
+    leases carry (GpuLease.host). Removing a joined host deletes this row, so its
+    credential is refused from then on.
     """
 
     name = models.SlugField(max_length=63, unique=True)

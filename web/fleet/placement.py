@@ -3,11 +3,11 @@
 A spec's `host:` names the host for every replica (refused, naming why, when it is
 unknown, lost, draining or lacks the GPUs); without it the panel chooses among the hosts
 that take new engines: the joined hosts whose heartbeat is fresh and that are not drained,
-and the panel's own host (APPLIANCE_HOST_NAME, its local agent). Every replica row gets
-a Placement on the host it runs on, the own host's too; the own host's row has no
-credential that opens anything (its agent writes the database directly), so its
-Placements scope no host API write. It is never refused for its agent's silence, as
-before the fleet (the page says the agent is silent); it ranks after the ready hosts then.
+and the panel's own host (APPLIANCE_HOST_NAME). Every replica row gets a Placement on the
+host it runs on, the own host's too. Until its agent joins (with the token the panel loop
+keeps for it), the own host's row has no credential that opens anything, so its
+Placements scope no host API write. It is never refused for its agent's silence (the page
+says the agent is silent); it ranks after the ready hosts then.
 
 Replica 0 keeps the spec's GPU ids (the spec as written); each other replica takes as many
 GPUs, preferring a host this deployment does not use yet (spread), then other GPUs of a

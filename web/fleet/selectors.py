@@ -86,7 +86,7 @@ class HostRow:
     """One host as the fleet page and the API show it."""
 
     name: str
-    joined: bool  # False: the panel's own host (its agent writes the database directly)
+    joined: bool  # False: the panel's own host before its agent has joined
     state: str
     draining: bool
     agent_version: str

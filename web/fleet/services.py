@@ -212,7 +212,7 @@ def _check_join(join: JoinToken | None, host_name: str, now: Any) -> None:
 
 
 def _telemetry(facts: HostFacts) -> dict[str, Any]:
-    """A heartbeat's GPUs as the local agent's NVML snapshot reads (gpu_telemetry)."""
+    """A report's GPUs in the shape of an NVML snapshot (gpu_telemetry), as the reads take it."""
     return {"available": facts.gpu_source == "nvml", "gpus": facts.gpus,
             "reason": "" if facts.gpu_source == "nvml" else "a GPU count, no NVML"}
 
@@ -503,8 +503,8 @@ def _event_checked(i: int, event: Any) -> tuple[str, dict[str, Any]]:
 
 def host_events_append(*, host: FleetHost, deployment_id: int, batch: EventBatch,
                        placed: bool | None = None) -> int:
-    """Store a host's batch for a deployment placed on it (with the row's fields, as the
-    panel's own agent does); the last seq. In the same statement, as the row holds them:
+    """Store a host's batch for a deployment placed on it, with the row's fields; the last
+    seq. In the same statement, as the row holds them:
     the start the batch names (StaleStart for another) and the cursor it follows
     (CursorMoved with the row's cursor for another: a batch sent again after its answer was
     lost is then stored once). NotPlacedHere for any other deployment. `placed`: whether
