@@ -305,8 +305,8 @@ def hold_lease(stop: threading.Event, every_tick: bool) -> None:
 
     from appliance.lifecycle import AGENT_OWNED
     from web.deployments.models import Deployment
+    from web.fleet.agentlease import host_agent_claim
     from web.fleet.models import FleetHost, unjoined_credential
-    from web.fleet.services import host_agent_claim
 
     host, _ = FleetHost.objects.get_or_create(
         name=settings.HOST_NAME,

@@ -98,23 +98,23 @@ def test_a_hosts_agent_alive_and_renewing_its_lease_leaves_the_reads_version_as_
     so a ready engine's reads stay current while its agent ticks."""
     from tests.fleet.hosts import joined, report
     from web.deployments.services.reads import deployment_status_bodies_store
+    from web.fleet import agentlease
     from web.fleet import services as fleet
-
     gpu_2 = joined("gpu-2").host
     deployment = deploying.deployment_create(data=spec(host="gpu-2"), confirm_warnings=True)
     Deployment.objects.filter(pk=deployment.pk).update(status="ready")
     assert deployment_status_bodies_store(deployment_id=deployment.pk)
     version = _version(deployment.pk)
     assert StatusBody.objects.filter(pk=deployment.pk, version=version).exists()
-    fleet.host_agent_claim(host=gpu_2, session="s1")
+    agentlease.host_agent_claim(host=gpu_2, session="s1")
     for _ in range(3):
         fleet.host_heartbeat(host=gpu_2, facts=fleet.host_facts_from(report()))
-        fleet.host_agent_claim(host=gpu_2, session="s1")
+        agentlease.host_agent_claim(host=gpu_2, session="s1")
     # Past a third of the lease: renewed, on the host's row only.
     FleetHost.objects.filter(pk=gpu_2.pk).update(
         agent_lease_until=timezone.now() + timedelta(seconds=5))
     gpu_2.refresh_from_db()
-    fleet.host_agent_claim(host=gpu_2, session="s1")
+    agentlease.host_agent_claim(host=gpu_2, session="s1")
     renewed = FleetHost.objects.get(pk=gpu_2.pk).agent_lease_until
     assert renewed is not None and renewed > timezone.now() + timedelta(seconds=10)
     assert _version(deployment.pk) == version

@@ -17,7 +17,7 @@ from tests.rows import queued
 from web.deployments import services
 from web.deployments.models import Deployment, DeploymentStatus
 from web.deployments.services import lifecycle
-from web.fleet import services as fleet
+from web.fleet import hostwrites
 from web.fleet.models import FleetHost
 
 from .hosts import joined
@@ -34,7 +34,7 @@ def _ready_on_host(name: str) -> Deployment:
     assert made.placements.get().host.name == name
     services.deployment_mark_starting(deployment_id=made.pk, image="img", start_token="t1")
     host = FleetHost.objects.get(name=name)
-    fleet.host_step(host=host, deployment_id=made.pk, step=fleet.host_step_from(
+    hostwrites.host_step(host=host, deployment_id=made.pk, step=hostwrites.host_step_from(
         {"step": "ready", "start_token": "t1", "engine_url": "http://10.0.0.2:30000"}))
     row = Deployment.objects.get(pk=made.pk)
     assert (row.status, row.agent_id) == (DeploymentStatus.READY, f"agent@{name}")

@@ -11,7 +11,7 @@ from appliance.logs.catalogue import CATALOGUE
 from tests.rows import queued, ready
 from web.deployments.models import Deployment, Event
 from web.deployments.services import deployment_mark_failed
-from web.fleet import heartbeat, selectors, services
+from web.fleet import heartbeat, hostwrites, selectors, services
 from web.fleet.models import FleetHost, JoinToken
 
 from .hosts import joined, report
@@ -183,11 +183,11 @@ def test_a_host_stores_events_for_a_deployment_placed_on_it() -> None:
     host = joined("gpu-2").host
     mine = ready()
     services.placement_assign(deployment=mine, host_name="gpu-2")
-    batch = services.event_batch_from({
+    batch = hostwrites.event_batch_from({
         "events": [["log", {"stream": "stdout", "text": "Decode batch"}],
                    ["metric", {"kind": "decode_stats", "tokens": 3}]],
         "row": {"log_cursor": "1767225600.5", "decode_stats": {"tokens": 3}}})
-    last = services.host_events_append(host=host, deployment_id=mine.pk, batch=batch)
+    last = hostwrites.host_events_append(host=host, deployment_id=mine.pk, batch=batch)
     assert [(e.seq, e.kind) for e in Event.objects.filter(deployment=mine).order_by("seq")
             if e.seq > last - 2] == [(last - 1, "log"), (last, "metric")]
     mine.refresh_from_db()
@@ -200,27 +200,27 @@ def test_a_host_cannot_write_another_hosts_deployment() -> None:
     theirs = ready()
     services.placement_assign(deployment=theirs, host_name="gpu-3")
     before = Event.objects.filter(deployment=theirs).count()
-    batch = services.event_batch_from({"events": [["log", {"stream": "stdout", "text": "x"}]]})
-    with pytest.raises(services.NotPlacedHere):
-        services.host_events_append(host=mine, deployment_id=theirs.pk, batch=batch)
-    with pytest.raises(services.NotPlacedHere):
-        services.host_events_append(host=mine, deployment_id=theirs.pk + 1000, batch=batch)
+    batch = hostwrites.event_batch_from({"events": [["log", {"stream": "stdout", "text": "x"}]]})
+    with pytest.raises(hostwrites.NotPlacedHere):
+        hostwrites.host_events_append(host=mine, deployment_id=theirs.pk, batch=batch)
+    with pytest.raises(hostwrites.NotPlacedHere):
+        hostwrites.host_events_append(host=mine, deployment_id=theirs.pk + 1000, batch=batch)
     assert Event.objects.filter(deployment=theirs).count() == before
 
 
 @pytest.mark.parametrize("kind", ["status", "end", "phase", "alert", "nonsense"])
 def test_a_host_may_not_append_the_panels_own_kinds(kind: str) -> None:
     with pytest.raises(services.FleetError, match="a host may append"):
-        services.event_batch_from({"events": [[kind, {}]]})
+        hostwrites.event_batch_from({"events": [[kind, {}]]})
 
 
 def test_a_host_appends_the_build_events_of_the_images_it_builds() -> None:
-    batch = services.event_batch_from({"events": [["build", {"kind": "build_step",
+    batch = hostwrites.event_batch_from({"events": [["build", {"kind": "build_step",
                                                              "text": "RUN x", "step": 1}]]})
     assert batch.events == [("build", {"kind": "build_step", "text": "RUN x", "step": 1})]
 
 
 def test_a_host_may_set_only_its_engines_row_fields() -> None:
     with pytest.raises(services.FleetError, match="row may set only"):
-        services.event_batch_from({"events": [["log", {"text": "x"}]],
+        hostwrites.event_batch_from({"events": [["log", {"text": "x"}]],
                                    "row": {"status": "ready"}})

@@ -28,7 +28,7 @@ from django.views.decorators.http import require_POST, require_safe
 
 from web.deployments.services.installation import instance_id
 
-from . import heartbeat, selectors, services
+from . import agentlease, heartbeat, hostmetrics, hostwrites, selectors, services
 from .models import FleetHost
 
 SESSION_HEADER = "HTTP_X_AGENT_SESSION"  # X-Agent-Session: the agent process's id
@@ -48,14 +48,14 @@ def refusal(status: int, detail: str, field: str | None = None) -> Answer:
 
 # What a host's write to one deployment is refused for: a bad field (400, named), a
 # deployment not placed on this host (404), another start or another agent process (409).
-WRITE_REFUSED = (services.FleetError, services.NotPlacedHere, services.StaleStart,
-                 services.AgentLeaseHeld)
+WRITE_REFUSED = (services.FleetError, hostwrites.NotPlacedHere, hostwrites.StaleStart,
+                 agentlease.AgentLeaseHeld)
 
 
 def _write_refusal(exc: Exception) -> Answer:
     if isinstance(exc, services.FleetError):
         return refusal(400, str(exc), exc.field)
-    if isinstance(exc, services.NotPlacedHere):
+    if isinstance(exc, hostwrites.NotPlacedHere):
         return refusal(404, f"{exc}: a host writes only the deployments placed on it.")
     return refusal(409, str(exc))
 
@@ -134,7 +134,7 @@ def _placed_write(request: HttpRequest,
     if isinstance(found, JsonResponse):
         return found
     try:
-        services.host_agent_check(host=found[0], session=_session(request))
+        agentlease.host_agent_check(host=found[0], session=_session(request))
         return JsonResponse(write(*found))
     except WRITE_REFUSED as exc:
         return _response(_write_refusal(exc))
@@ -194,10 +194,10 @@ def host_me(request: HttpRequest) -> JsonResponse:
     if isinstance(host, JsonResponse):
         return host
     try:
-        services.host_agent_claim(host=host, session=_session(request))
+        agentlease.host_agent_claim(host=host, session=_session(request))
     except services.FleetError as exc:
         return _error(400, str(exc), exc.field)
-    except services.AgentLeaseHeld as exc:
+    except agentlease.AgentLeaseHeld as exc:
         return _error(409, str(exc))
     # The install's id: the host's engines carry it, so a restarted agent adopts them.
     return JsonResponse({**_host_answer(host), "instance_id": instance_id(),
@@ -212,8 +212,8 @@ def host_step(request: HttpRequest, deployment_id: int) -> JsonResponse:
     """{step, start_token, engine_url | diagnosis, message, last_lines} for the current
     start of a deployment placed on this host -> {moved, status}; 404 for any other."""
     return _placed_write(request, lambda host, body: {
-        "moved": services.host_step(host=host, deployment_id=deployment_id,
-                                    step=services.host_step_from(body)),
+        "moved": hostwrites.host_step(host=host, deployment_id=deployment_id,
+                                    step=hostwrites.host_step_from(body)),
         "status": selectors.deployment_status(deployment_id=deployment_id)})
 
 
@@ -253,13 +253,13 @@ def events_ingest(*, authorization: str, session: str, deployment_id: int,
     if isinstance(body, tuple):
         return body
     try:
-        services.host_agent_check(host=host, session=session)
-        batch = services.event_batch_from(body)
+        agentlease.host_agent_check(host=host, session=session)
+        batch = hostwrites.event_batch_from(body)
         try:
-            return 200, {"last_seq": services.host_events_append(
+            return 200, {"last_seq": hostwrites.host_events_append(
                 host=host, deployment_id=deployment_id, batch=batch, placed=placed),
                 "stored": True}
-        except services.CursorMoved as moved:
+        except hostwrites.CursorMoved as moved:
             return 200, {"last_seq": moved.last_seq, "stored": False,
                          "log_cursor": moved.stored}
     except WRITE_REFUSED as exc:
@@ -272,7 +272,7 @@ def host_quiet(request: HttpRequest, deployment_id: int) -> JsonResponse:
     """{} once the agent's batches for a deployment placed on it have stopped for a second:
     the status reads' answers are stored as the last batch left the row -> {quiet: true}."""
     def write(host: FleetHost, body: dict[str, Any]) -> dict[str, Any]:
-        services.host_batches_quiet(host=host, deployment_id=deployment_id)
+        hostwrites.host_batches_quiet(host=host, deployment_id=deployment_id)
         return {"quiet": True}
 
     return _placed_write(request, write)
@@ -286,7 +286,7 @@ def host_release(request: HttpRequest) -> JsonResponse:
     found = _host_and_body(request)
     if isinstance(found, JsonResponse):
         return found
-    return JsonResponse({"released": services.host_agent_release(
+    return JsonResponse({"released": agentlease.host_agent_release(
         host=found[0], session=_session(request))})
 
 
@@ -296,5 +296,5 @@ def host_metrics(request: HttpRequest, deployment_id: int) -> JsonResponse:
     """{start_token, points, alerts, compact} from the engine monitor of the current start
     of a deployment placed on this host -> {stored}; 404 for any other deployment, 409 for
     another start."""
-    return _placed_write(request, lambda host, body: {"stored": services.host_metrics_store(
-        host=host, deployment_id=deployment_id, batch=services.metrics_batch_from(body))})
+    return _placed_write(request, lambda host, body: {"stored": hostmetrics.host_metrics_store(
+        host=host, deployment_id=deployment_id, batch=hostmetrics.metrics_batch_from(body))})

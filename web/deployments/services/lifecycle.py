@@ -84,7 +84,7 @@ def deployment_mark_building(*, deployment_id: int) -> bool:
 
 def _placed_agent(deployment_id: int) -> dict[str, Any]:
     """The row's agent from a run's start where the row is placed on a joined host: that
-    host's (`agent@<host>`, as its steps write it, web/fleet/services.host_step), so a host
+    host's (`agent@<host>`, as its steps write it, web/fleet/hostwrites.host_step), so a host
     lost before its first step of the run leaves the row `unknown` in every read, not the
     `starting` it was left in. Nothing for a row of the panel's own host (its agent claims
     it)."""
