@@ -68,8 +68,8 @@ class CredentialRefused(RuntimeError):
 
 
 def host_report(runtime: EngineRuntime, config: RemoteSettings) -> dict[str, Any]:
-    """The join's and the heartbeat's body: NVML's GPUs (or a count), Docker's facts, the
-    secret store's names (never a value)."""
+    """The join's and the heartbeat's body: NVML's GPUs and driver version (or a GPU count),
+    Docker's facts, the secret store's names (never a value)."""
     telemetry = gpu_telemetry.collect()
     report: dict[str, Any] = {
         # gpu_requests: whether engines are given GPUs at all (the simulator's hosts: no).
@@ -79,6 +79,8 @@ def host_report(runtime: EngineRuntime, config: RemoteSettings) -> dict[str, Any
     if telemetry.available:
         report["gpus"] = [{"index": g.index, "name": g.name, "uuid": g.uuid,
                            "memory_total_gb": g.memory_total_gb} for g in telemetry.gpus]
+        if telemetry.driver_version:
+            report["driver_version"] = telemetry.driver_version
     else:
         report["gpu_count"] = config.gpu_count
     return report

@@ -100,6 +100,24 @@ def test_a_removed_hosts_credential_is_refused() -> None:
     assert status == 401 and "join again" in body["detail"]
 
 
+def test_a_hosts_driver_version_is_kept_with_its_gpus_and_a_bad_one_is_refused() -> None:
+    from web.fleet.models import FleetHost
+
+    done = joined("gpu-2")
+    status, _ = _post("/api/fleet/host/heartbeat/", report(driver_version="580.65.06"),
+                      done.credential)
+    assert status == 200
+    telemetry = FleetHost.objects.get(name="gpu-2").gpu_telemetry
+    assert telemetry["driver_version"] == "580.65.06" and telemetry["available"] is True
+    for bad in ("580; rm -rf /", 580, "", "1.2.3.4.5", "x" * 40):
+        status, body = _post("/api/fleet/host/heartbeat/", report(driver_version=bad),
+                             done.credential)
+        assert status == 400 and "driver_version" in body, (bad, status, body)
+        assert "digits and dots" in body["driver_version"][0]
+    # Refused whole: the row keeps what the last good report said.
+    assert FleetHost.objects.get(name="gpu-2").gpu_telemetry["driver_version"] == "580.65.06"
+
+
 def test_a_join_token_is_not_a_credential() -> None:
     made = services.jointoken_create(host_name="gpu-2")
     services.host_join(token=made.secret, name="gpu-2",

@@ -198,3 +198,29 @@ def test_a_hosts_report_says_whether_its_agent_gives_engines_gpus() -> None:
         facts = services.host_facts_from(host_report(runtime, config))
         assert facts.docker["gpu_requests"] is said
         assert "runtimes" in facts.docker  # Docker's own facts beside it
+
+
+def test_a_hosts_report_carries_nvmls_driver_version_to_the_panel(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from appliance.runtime import gpu_telemetry
+    from appliance.runtime.agent_settings import RemoteSettings
+    from appliance.runtime.containers import EngineRuntime
+    from appliance.runtime.remote_agent import host_report
+
+    config = RemoteSettings.from_env({
+        "APPLIANCE_PANEL_URL": "http://panel:8000", "APPLIANCE_HOST_NAME": "gpu-9",
+        "APPLIANCE_HOST_ADVERTISE_ADDR": "10.0.0.9", "APPLIANCE_GPU_COUNT": "2"})
+    runtime = EngineRuntime()  # this machine's real Docker
+    h200 = gpu_telemetry.GpuReading(index=0, name="NVIDIA H200", uuid="GPU-0a",
+                                    memory_total_gb=150.1)
+    monkeypatch.setattr(gpu_telemetry, "collect", lambda: gpu_telemetry.Telemetry(
+        True, driver_version="580.65.06", gpus=[h200]))
+    report = host_report(runtime, config)
+    assert report["driver_version"] == "580.65.06"
+    facts = services.host_facts_from(report)
+    assert facts.driver_version == "580.65.06" and facts.gpu_source == "nvml"
+    # Without NVML there is no driver to report: the GPU count goes instead.
+    monkeypatch.setattr(gpu_telemetry, "collect",
+                        lambda: gpu_telemetry.Telemetry(False, "no NVML here"))
+    report = host_report(runtime, config)
+    assert "driver_version" not in report and report["gpu_count"] == 2
+    assert services.host_facts_from(report).driver_version is None

@@ -145,3 +145,41 @@ def test_a_scale_checks_the_host_each_new_replica_goes_to() -> None:
     replica = Deployment.objects.get(replica_of=first)
     assert replica.host == "gpu-3"
     assert "secret-missing" not in {f["rule"] for f in replica.preflight}
+
+
+def test_a_driver_older_than_the_images_cuda_is_refused_only_on_that_host() -> None:
+    """The recipe's image is CUDA 13 (nvidia/cuda:13.0.1-...), whose user space needs an
+    R580 driver: pre-flight refuses it on the host whose agent reports an older one, before
+    an image is built or started there (the image's self-check would refuse it only then)."""
+    joined("gpu-2", driver_version="570.133.20")
+    joined("gpu-3", driver_version="580.65.06")
+    refused = _refusal(gpus=[0], host="gpu-2")
+    assert refused.host == "gpu-2"
+    [message] = refused.errors["gpus"]
+    assert "host gpu-2's NVIDIA driver is 570.133.20" in message, message
+    assert "CUDA 13, which needs driver 580 or newer" in message
+    assert "[host-driver-too-old]" in message
+    assert list(Deployment.objects.values_list("name", flat=True)) == []
+    made = queued(gpus=[0], host="gpu-3")
+    assert "host-driver-too-old" not in {f["rule"] for f in made.preflight}
+    # Without host:, placement chooses gpu-2 first (by name) and pre-flight checks it there.
+    assert _refusal(name="second", gpus=[1]).host == "gpu-2"
+
+
+def test_the_driver_rule_needs_a_known_driver_and_cuda_version() -> None:
+    from web.deployments.services.hosts import host_driver_findings
+    from web.fleet.hostfacts import host_facts
+
+    joined("gpu-2", driver_version="535.183.01")
+    joined("gpu-3")  # an agent that sends no driver version (no NVML, or an older agent)
+    old, unknown = host_facts(name="gpu-2"), host_facts(name="gpu-3")
+    assert old.driver_version == "535.183.01" and unknown.driver_version is None
+    cuda13 = "nvidia/cuda:13.0.1-cudnn-devel-ubuntu24.04"
+    assert [f.rule for f in host_driver_findings(gpus=[0], host=old, base_image=cuda13)] == \
+        ["host-driver-too-old"]
+    # CUDA 12's user space runs on R525 and newer.
+    assert host_driver_findings(gpus=[0], host=old,
+                                base_image="docker.io/nvidia/cuda:12.9.1-devel-ubuntu22.04") == []
+    assert host_driver_findings(gpus=[0], host=unknown, base_image=cuda13) == []
+    assert host_driver_findings(gpus=[0], host=old, base_image="appliance-base:bookworm") == []
+    assert host_driver_findings(gpus=[], host=old, base_image=cuda13) == []  # no GPUs asked

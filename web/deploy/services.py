@@ -44,7 +44,11 @@ from web.deployments.services.deployments import (
 )
 from web.deployments.services.errors import DeploymentInputError
 from web.deployments.services.events import events_append
-from web.deployments.services.hosts import host_gpu_findings, host_gpu_inventory_findings
+from web.deployments.services.hosts import (
+    host_driver_findings,
+    host_gpu_findings,
+    host_gpu_inventory_findings,
+)
 from web.deployments.services.lifecycle import (
     User,
     deployment_mark_requeued,
@@ -142,6 +146,8 @@ def _rules(spec: DeploymentSpec, recipe: Recipe | None, data: dict[str, Any],
     if facts is not None:
         findings += host_gpu_findings(gpus=list(spec.gpus), host=facts)
         findings += host_gpu_inventory_findings(gpus=list(spec.gpus), host=facts)
+        findings += host_driver_findings(gpus=list(spec.gpus), host=facts,
+                                         base_image=recipe.base_image if recipe else None)
     return _as_written(findings, data)
 
 

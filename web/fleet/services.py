@@ -11,6 +11,7 @@ What a host's credential may do is what these functions let it: it names one Fle
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ TOKEN_TTL_DEFAULT_H = 24
 TOKEN_TTL_MAX_H = 24 * 30
 MAX_AGENT_VERSION = 64
 MAX_GPUS = 64
+DRIVER_VERSION = re.compile(r"\d{1,4}(\.\d{1,4}){0,3}")
 
 
 class FleetError(ValueError):
@@ -116,6 +118,7 @@ class HostFacts:
     # The host's strays (appliance.runtime.strays); None when the agent sent none (an older
     # agent, or one another process of its host holds): the row keeps what it has.
     foreign_containers: list[dict[str, Any]] | None = None
+    driver_version: str | None = None  # NVML's, as "580.65.06"; None: no NVML, or not sent
 
 
 @dataclass(frozen=True)
@@ -175,7 +178,8 @@ def _check_join(join: JoinToken | None, host_name: str, now: Any) -> None:
 def _telemetry(facts: HostFacts) -> dict[str, Any]:
     """A report's GPUs in the shape of an NVML snapshot (gpu_telemetry), as the reads take it."""
     return {"available": facts.gpu_source == "nvml", "gpus": facts.gpus,
-            "reason": "" if facts.gpu_source == "nvml" else "a GPU count, no NVML"}
+            "reason": "" if facts.gpu_source == "nvml" else "a GPU count, no NVML",
+            **({"driver_version": facts.driver_version} if facts.driver_version else {})}
 
 
 def _fact_fields(facts: HostFacts, now: Any, name: str) -> dict[str, Any]:
@@ -202,9 +206,14 @@ def host_facts_from(body: Mapping[str, Any]) -> HostFacts:
             and all(isinstance(n, str) and 0 < len(n) <= 128 for n in names)):
         raise FleetError("secret_names", "send the secret store's names (never values) as "
                          "a list of up to 256 strings")
+    driver = body.get("driver_version")
+    if driver is not None and not (isinstance(driver, str) and DRIVER_VERSION.fullmatch(driver)):
+        raise FleetError("driver_version", "send NVML's driver version as digits and dots "
+                         "(580.65.06), or leave it out where NVML gives none")
     return HostFacts(agent_version=version, gpus=gpus, gpu_source=source, docker=docker,
                      secret_names=sorted(set(names)),
-                     foreign_containers=_strays_from(body.get("foreign_containers")))
+                     foreign_containers=_strays_from(body.get("foreign_containers")),
+                     driver_version=driver)
 
 
 def _strays_from(sent: Any) -> list[dict[str, Any]] | None:

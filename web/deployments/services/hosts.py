@@ -1,8 +1,8 @@
 """What one GPU host can do, as pre-flight checks a spec against it: Docker's GPU support,
-its GPUs, its secret store's names.
+its GPUs and NVIDIA driver, its secret store's names.
 
-Each host's agent reports these in its host row (services/hostreports.py: the panel's own
-agent directly; a joined host's through its heartbeat, web/fleet/services.py). Placement
+Each host's agent reports these with its join and its heartbeats (web/fleet/services.py);
+services/hostreports.py reads them from the host rows. Placement
 chooses the host first; web/fleet/hostfacts.py picks that host's rows and `preflight_host`
 reads them, so a spec is refused for what the host it will run on lacks (no NVIDIA
 runtime, a GPU id it does not have, a secret its store lacks), never for another host's
@@ -11,6 +11,7 @@ report.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +21,7 @@ from django.conf import settings
 from appliance.logs.appliance_causes import NO_NVIDIA_FIX
 from appliance.preflight import Finding
 from appliance.runtime.secrets import secret_names_available
+from appliance.selfcheck.inventory import check_driver
 
 from .hostreports import HostReport
 
@@ -39,6 +41,7 @@ class PreflightHost:
     gpu_count: int | None  # how many GPUs it has, and who says so (gpu_source)
     gpu_source: str
     secret_names: frozenset[str] | None
+    driver_version: str | None = None  # NVML's NVIDIA driver version
 
 
 def preflight_host(*, name: str, reports: Sequence[HostReport], own: bool) -> PreflightHost:
@@ -78,7 +81,8 @@ def preflight_host(*, name: str, reports: Sequence[HostReport], own: bool) -> Pr
         nvidia=any(bool(d.get("nvidia")) for d in docker) if rows else None,
         runtimes=tuple(docker[0].get("runtimes") or []) if rows else (),
         gpu_requests=requests, gpus=gpus, gpu_count=count, gpu_source=source,
-        secret_names=secrets)
+        secret_names=secrets,
+        driver_version=nvml[0].gpu_telemetry.get("driver_version") if nvml else None)
 
 
 def host_gpu_findings(*, gpus: list[int], host: PreflightHost) -> list[Finding]:
@@ -91,6 +95,34 @@ def host_gpu_findings(*, gpus: list[int], host: PreflightHost) -> list[Finding]:
                 f"runtimes {', '.join(host.runtimes) or 'none'}), so the engine cannot be "
                 "given GPUs.",
         fix=NO_NVIDIA_FIX)]
+
+
+# The oldest Linux driver each CUDA major version's user space runs on (NVIDIA's CUDA
+# compatibility table: minor-version compatibility within a major).
+MIN_DRIVER_FOR_CUDA = {13: 580, 12: 525, 11: 450}
+_CUDA_IN_IMAGE = re.compile(r"(?:^|/)cuda:(\d+)\.\d+")
+
+
+def host_driver_findings(*, gpus: list[int], host: PreflightHost,
+                         base_image: str | None) -> list[Finding]:
+    """Pre-flight: the host's NVIDIA driver is older than the engine image's CUDA needs (the
+    image's self-check would refuse it after the image is built and started). Quiet where
+    the driver is unknown (no NVML report) or the base image names no CUDA version."""
+    found = _CUDA_IN_IMAGE.search(base_image or "")
+    minimum = MIN_DRIVER_FOR_CUDA.get(int(found.group(1))) if found else None
+    if not (gpus and host.gpu_requests and host.driver_version and minimum and found):
+        return []
+    check = check_driver(host.driver_version, minimum)
+    if check.ok:
+        return []
+    return [Finding(
+        rule="host-driver-too-old", severity="error", field="gpus",
+        message=f"host {host.name}'s NVIDIA driver is {host.driver_version}; the engine image "
+                f"({base_image}) is CUDA {found.group(1)}, which needs driver {minimum} or "
+                "newer: its CUDA calls would fail at the engine's start.",
+        fix=f"upgrade the driver on {host.name} to {minimum} or newer, run the deployment on "
+            "another host (host:), or build the recipe on a base image of an older CUDA "
+            "(APPLIANCE_ENGINE_BASE_IMAGE)")]
 
 
 def host_gpu_inventory_findings(*, gpus: list[int], host: PreflightHost) -> list[Finding]:
