@@ -183,3 +183,27 @@ def test_the_driver_rule_needs_a_known_driver_and_cuda_version() -> None:
     assert host_driver_findings(gpus=[0], host=unknown, base_image=cuda13) == []
     assert host_driver_findings(gpus=[0], host=old, base_image="appliance-base:bookworm") == []
     assert host_driver_findings(gpus=[], host=old, base_image=cuda13) == []  # no GPUs asked
+
+
+def test_the_driver_the_real_engines_host_reported_passes_the_rule() -> None:
+    """The H200 the real engine ran on (tests/fixtures/real-engine, the image's self-check
+    output: NVML's driver and the CUDA 13.0 it supports) passes where the recipe's CUDA 13
+    image is checked."""
+    import dataclasses
+
+    from appliance.engine.recipes import load_recipe
+    from web.deployments.services.hosts import host_driver_findings
+    from web.fleet.hostfacts import host_facts
+
+    stream = (Path(__file__).parents[1] / "fixtures/real-engine/433c58ed7/ddtree_probe/"
+              "selfcheck.stream").read_text()
+    said = next(json.loads(line.split(": ", 1)[1]) for line in stream.splitlines()
+                if '"event":"gpus"' in line)
+    assert said["cuda_driver_version"] == "13.0"
+    joined("gpu-2", driver_version=said["driver_version"])
+    facts = host_facts(name="gpu-2")
+    image = load_recipe("kimi-k2.6-ddtree").base_image
+    assert host_driver_findings(gpus=[0], host=facts, base_image=image) == []
+    older = dataclasses.replace(facts, driver_version="575.57.08")
+    assert [f.rule for f in host_driver_findings(gpus=[0], host=older, base_image=image)] == \
+        ["host-driver-too-old"]
