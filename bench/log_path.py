@@ -397,8 +397,10 @@ def follow_run(args: argparse.Namespace, *, shape: str, n: int, rate: float, rea
             waits[who] += _runq_wait_s(path) - before[who]
 
     sink.ship = counted  # type: ignore[method-assign]
+    # As the agent follows a fresh start: the bar's attach stream is read until the engine is
+    # ready, not after (appliance/runtime/follower.py).
     follower = EngineFollower(runtime, plan, sink, status=status, may_start=False,
-                              options=FollowOptions(partials=False, ready_timeout_s=3600))
+                              options=FollowOptions(partials=not ready, ready_timeout_s=3600))
     spy = _profile(profile)
     container.reload()
     shares = CpuShares({"viewer": viewer.pid, **({"watcher": watcher.pid} if watcher else {})})

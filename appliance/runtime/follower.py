@@ -191,17 +191,31 @@ class _Reader(threading.Thread):
     `arrived` before it takes lines, and the reader sets it after each append, so a line is
     never left waiting unseen."""
 
-    def __init__(self, lines: Iterator[LogLine], name: str) -> None:
+    def __init__(self, lines: Iterator[LogLine], name: str,
+                 keep: Callable[[LogLine], bool] | None = None) -> None:
         super().__init__(daemon=True, name=name)
         self.lines = lines
+        self.keep = keep  # which lines go into the buffer (None: all)
         self.buffer: deque[LogLine | None] = deque()
         self.arrived = threading.Event()
         self.error: Exception | None = None
+        self.ending = threading.Event()
+
+    def end(self) -> None:
+        """Stop reading at the next line and close the stream (its connection to Docker)."""
+        self.ending.set()
 
     def run(self) -> None:
-        buffer, arrived = self.buffer, self.arrived
+        buffer, arrived, ending, keep = self.buffer, self.arrived, self.ending, self.keep
         try:
             for line in self.lines:
+                if ending.is_set():
+                    close = getattr(self.lines, "close", None)
+                    if close is not None:
+                        close()
+                    break
+                if keep is not None and not keep(line):
+                    continue
                 buffer.append(line)
                 if not arrived.is_set():
                     arrived.set()
@@ -438,6 +452,11 @@ class EngineFollower:
                     health.start()
                 if health.healthy.is_set() and health.client is not None:
                     self._confirm_ready(container, reader, health.client)
+                    if partials is not None:
+                        # No bar is drawn once the engine serves, and that stream would be
+                        # read, line by line, for as long as it does.
+                        partials.end()
+                        partials = None
                 elif time.monotonic() > deadline:
                     return self._fail(None, ENGINE_TIMEOUT, "the engine was not ready within "
                                       f"{self.options.ready_timeout_s:.0f} s")
@@ -461,8 +480,8 @@ class EngineFollower:
         if self.options.partials and self.state.status != "ready" and not cursor.ts_ns:
             # Docker hands out a line only once its "\n" arrives; an attach shows a tqdm
             # bar's pieces as they are drawn, for live progress only (never stored as lines).
-            piece_lines = self.runtime.follow_logs(container, partials=True)
-            partials = _Reader((p for p in piece_lines if p.partial), "engine-progress-reader")
+            partials = _Reader(self.runtime.follow_logs(container, partials=True),
+                               "engine-progress-reader", keep=lambda line: line.partial)
             partials.start()
         return reader, partials
 

@@ -197,6 +197,56 @@ def test_a_bars_piece_shows_progress_but_only_lines_move_the_phase(runtime):  # 
     assert moves == ["advance:loading", "advance:capturing"]
 
 
+def test_the_bars_stream_ends_once_the_engine_is_ready(runtime):  # type: ignore[no-untyped-def]
+    # A bar's pieces come on an attach stream read on a thread of its own. Once the engine
+    # serves, no bar is drawn, and that stream cost a read of every line it printed for as
+    # long as it served (docs/performance.md, "The bar's stream after ready"). It ends at
+    # ready; the lines go on.
+    import threading
+    import time
+
+    bar = "Loading safetensors checkpoint shards:  50% Completed | 1/2 [00:01<00:01, 1.2s/it]"
+    script = ("import sys, time\n"
+              "time.sleep(1.5)\n"  # the attach is made after the start
+              f"sys.stderr.write({bar!r}); sys.stderr.flush()\n"
+              "time.sleep(4)\n"  # ready meanwhile (at 3 s)
+              "for i in range(200): print(f'served {i}', flush=True); time.sleep(0.005)\n"
+              "time.sleep(1)\n")
+    started = time.monotonic()
+    readers_alive: list[bool] = []
+
+    class Engine:
+        base_url = "http://engine"
+
+        def health(self) -> int:
+            return 200 if time.monotonic() - started > 3 else 503
+
+        def generate_one_token(self) -> None:
+            return None
+
+    class WatchingSink(RecordingSink):
+        def ship(self, events: list[tuple[str, dict[str, Any]]], cursor: Cursor | None) -> None:
+            super().ship(events, cursor)
+            if any(p.get("text") == "served 199" for kind, p in events if kind == "log"):
+                readers_alive.append(any(t.name == "engine-progress-reader" and t.is_alive()
+                                         for t in threading.enumerate()))
+
+    plan = ContainerPlan(deployment_id=unique_id("fol"), image=BASE_IMAGE,
+                         argv=["python3", "-c", script], labels=dict(TEST_LABELS),
+                         instance_id="follower-test", start_token="t1")
+    sink = WatchingSink()
+    follower = EngineFollower(runtime, plan, sink, status="starting", may_start=True,
+                              client_factory=lambda url: Engine(),  # type: ignore[arg-type,return-value]
+                              options=FollowOptions(partials=True, health_poll_s=0.2))
+    assert follow(follower) == "failed"  # it exited while serving
+    pieces = [p for kind, p in sink.shipped if kind == "progress" and p.get("partial")]
+    assert pieces, sink.shipped[:5]  # the bar before ready, live
+    assert [call for call, _ in sink.asked if call == "ready"] == ["ready"]
+    assert [t for t in sink.texts() if t.startswith("served ")] == \
+        [f"served {i}" for i in range(200)]
+    assert readers_alive == [False]  # the bar's stream had ended while the engine served
+
+
 def test_a_line_docker_cut_into_pieces_comes_back_whole_without_their_stamps(runtime):  # type: ignore[no-untyped-def]
     # Docker stores a line over 16 KiB as several messages, each with its own timestamp.
     script = ("print(''.join(str(i % 10) for i in range(100_000)), flush=True)\n"

@@ -8,13 +8,15 @@ job works on is the job's: the scan leaves it alone.
 from __future__ import annotations
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from appliance.store.scan import ScannedModel, scan_root
 
 from ..models import ACTIVE_STATES, ModelEntry, ModelSource
 from ..models import ModelState as S
+
+SCAN_LOCK_CLASS = 0x53434E  # the advisory lock space of root scans ("SCN")
 
 
 def _state(found: ScannedModel, entry: ModelEntry | None) -> tuple[str, str]:
@@ -76,9 +78,20 @@ def _scan_one_root(root: str) -> list[ModelEntry]:
 
 
 def model_store_scan() -> list[ModelEntry]:
-    """Every root looked through once; the entries found, by root then folder."""
+    """Every root looked through once; the entries found, by root then folder. Scans of a
+    root run one at a time (the worker's at its start, a person's, another process's): two
+    at once each found a new folder with no row yet and both made it (a unique violation)."""
     entries: list[ModelEntry] = []
     for root in settings.MODEL_ROOTS:
         with transaction.atomic():
+            _root_held(root)
             entries += _scan_one_root(root)
     return entries
+
+
+def _root_held(root: str) -> None:
+    """This transaction holds the root's scan lock (released at its end)."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))",
+                           [SCAN_LOCK_CLASS, root])
