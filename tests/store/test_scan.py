@@ -117,3 +117,54 @@ def test_a_scan_leaves_an_entry_a_download_works_on_alone(tmp_path: Path, settin
     services.model_store_scan()
     entry.refresh_from_db()
     assert entry.state == ModelState.DOWNLOADING and entry.source == "hub"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_scans_of_a_root_run_one_at_a_time(tmp_path: Path, settings, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The worker scans at its start, a person asks for a scan, another process does too:
+    two scans at once each found a new folder with no row yet and both made it (a unique
+    violation, CI 2026-12-07). The second waits for the first, then finds its rows."""
+    import threading
+
+    from django.db import connection
+
+    from web.store.services import scan as scan_module
+
+    for name in ("Kimi-K2.6", "Kimi-K2.6-DFlash", "small"):
+        write_model(tmp_path / name)
+    settings.MODEL_ROOTS = [str(tmp_path)]
+    inside, go_on = threading.Event(), threading.Event()
+    real_scan_root = scan_module.scan_root
+    calls = []
+
+    def held_first(root: str):  # type: ignore[no-untyped-def]
+        calls.append(root)
+        if len(calls) == 1:
+            inside.set()
+            assert go_on.wait(30)
+        return real_scan_root(root)
+
+    monkeypatch.setattr(scan_module, "scan_root", held_first)
+    results: dict[str, object] = {}
+
+    def scan(name: str) -> None:
+        try:
+            results[name] = [e.relative_path for e in services.model_store_scan()]
+        except Exception as exc:  # noqa: BLE001 - reported by the assertions below
+            results[name] = exc
+        finally:
+            connection.close()
+
+    first = threading.Thread(target=scan, args=("first",))
+    first.start()
+    assert inside.wait(30)
+    second = threading.Thread(target=scan, args=("second",))
+    second.start()
+    second.join(1.5)
+    assert second.is_alive(), "the second scan ran while the first held the root"
+    go_on.set()
+    first.join(30)
+    second.join(30)
+    assert results["first"] == results["second"] == ["Kimi-K2.6", "Kimi-K2.6-DFlash", "small"]
+    assert sorted(ModelEntry.objects.values_list("relative_path", flat=True)) == \
+        ["Kimi-K2.6", "Kimi-K2.6-DFlash", "small"]
