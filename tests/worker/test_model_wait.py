@@ -45,8 +45,17 @@ def stack(test_engine_image: str, tmp_path: Path) -> Iterator[None]:  # noqa: F8
             panel_server(tmp_path / "web.log", **env) as url, \
             own_host_agent(tmp_path / "agent.log", url, tmp_path, **env), \
             celery_worker(tmp_path / "worker.log", **env):
+        # The worker scans the roots at its start: the tests set entries' states after it.
+        _until(lambda: "model_store_scan" in _succeeded(tmp_path / "worker.log"),
+               "the worker's first scan of the model roots")
         yield
     remove_engines(instance_id())
+
+
+def _succeeded(log: Path) -> str:
+    """The worker log's lines of tasks that succeeded."""
+    text = log.read_text() if log.exists() else ""
+    return "\n".join(line for line in text.splitlines() if "succeeded in" in line)
 
 
 def _downloading(name: str, done: int) -> None:

@@ -47,7 +47,8 @@ def _upsert(root: str, found: ScannedModel, entry: ModelEntry | None) -> ModelEn
             **values)
     if entry.source == ModelSource.HUB:
         values.pop("repo_id"), values.pop("revision"), values.pop("commit")
-    ModelEntry.objects.filter(pk=entry.pk).update(**values)
+    # A download job that took the entry since it was read keeps it (the job's, not ours).
+    ModelEntry.objects.filter(pk=entry.pk).exclude(state__in=ACTIVE_STATES).update(**values)
     entry.refresh_from_db()
     return entry
 
