@@ -72,7 +72,7 @@ class Batch:
     sizes the batch and the text goes into the body (events_body)."""
 
     events: Events = field(default_factory=list)
-    encoded: list[str] = field(default_factory=list)
+    encoded: list[bytes] = field(default_factory=list)
 
 
 def batches(events: Events, limit: int = MAX_BATCH_BYTES) -> list[Batch]:

@@ -13,37 +13,30 @@ import os
 import re
 import secrets
 from dataclasses import dataclass, field
-from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from pathlib import Path
 from typing import Any
 
 import requests
 
+from appliance import jsontext
+
 Events = list[tuple[str, dict[str, Any]]]
 SESSION_HEADER = "X-Agent-Session"  # this agent process's id: the panel's lease on the host
-# One compact encoder for every payload (json.dumps with separators makes one per call); the
-# default ensure_ascii keeps each text's length its size in bytes.
+# One compact encoder for the other bodies (json.dumps with separators makes one per call).
 _encode = json.JSONEncoder(separators=(",", ":")).encode
-_LOG_KEYS = ["stream", "text"]  # a log line's payload (appliance.events.LogLine), in order
 
 
-def event_json(kind: str, payload: dict[str, Any]) -> str:
-    """One event as the ingest's body holds it, `[kind, payload]` in compact JSON (ASCII:
-    its length is its size in bytes). A log line's payload is put together from its two
-    strings' JSON: a third of the encoder's time, the same text byte for byte."""
-    if type(kind) is str and len(payload) == 2 and list(payload) == _LOG_KEYS:
-        stream, text = payload["stream"], payload["text"]
-        if type(stream) is str and type(text) is str:
-            return (f'[{encode_basestring_ascii(kind)},{{"stream":'
-                    f'{encode_basestring_ascii(stream)},"text":{encode_basestring_ascii(text)}}}]')
-    return _encode([kind, payload])
+def event_json(kind: str, payload: dict[str, Any]) -> bytes:
+    """One event as the ingest's body holds it, `[kind, payload]` in compact UTF-8 JSON
+    (appliance.jsontext): its length is its size in the body."""
+    return jsontext.dumps((kind, payload))
 
 
-def events_body(encoded: list[str], **fields: Any) -> bytes:
+def events_body(encoded: list[bytes], **fields: Any) -> bytes:
     """The ingest's body: events already encoded one by one (event_json), then `fields`
-    (row, start_token, after): each event's text is made once, for its size and the body."""
-    rest = _encode(fields)[1:] if fields else "}"
-    return ('{"events":[' + ",".join(encoded) + ("]," if fields else "]") + rest).encode()
+    (row, start_token, after): each event's JSON is made once, for its size and the body."""
+    rest = jsontext.dumps(fields)[1:] if fields else b"}"
+    return b'{"events":[' + b",".join(encoded) + (b"]," if fields else b"]") + rest
 
 
 class PanelRefused(RuntimeError):

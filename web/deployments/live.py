@@ -11,7 +11,6 @@ is the event's kind, so a reader frames an entry without decoding it.
 
 from __future__ import annotations
 
-import json
 import logging
 import queue
 import threading
@@ -22,6 +21,8 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 from django.conf import settings
+
+from appliance import jsontext
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ def _client(url: str) -> redis.Redis:
 
 
 def wire_json(event: dict[str, Any]) -> str:
-    return json.dumps(event, separators=(",", ":"))
+    return jsontext.dumps_text(event)
 
 
 def publish(deployment_id: int, wire_events: Iterable[dict[str, Any]]) -> None:

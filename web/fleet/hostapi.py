@@ -17,7 +17,6 @@ before while no session holds the host.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -26,6 +25,7 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST, require_safe
 
+from appliance import jsontext
 from web.deployments.services.installation import instance_id
 
 from . import agentlease, heartbeat, hostmetrics, hostwrites, selectors, services
@@ -74,7 +74,7 @@ def _response(answer: Answer) -> JsonResponse:
 
 def _parsed(raw: bytes) -> dict[str, Any] | Answer:
     try:
-        data = json.loads(raw)
+        data = jsontext.loads(raw)
     except (ValueError, RecursionError):
         return refusal(400, "The body is not JSON (or nests too deep).")
     if not isinstance(data, dict):

@@ -35,11 +35,26 @@ def test_a_small_batch_stays_whole() -> None:
     ("metric", {"kind": "decode_stats", "accept_len": 3.21, "cuda_graph": True, "tp": None}),
     ("build", {"kind": "build_step", "text": "ünïcode"}),
 ])
-def test_each_event_is_encoded_as_json_dumps_encodes_it(event) -> None:  # type: ignore[no-untyped-def]
+def test_each_event_is_encoded_as_compact_utf8_json(event) -> None:  # type: ignore[no-untyped-def]
     kind, payload = event
     text = event_json(kind, payload)
-    assert text == json.dumps([kind, payload], separators=(",", ":"))
-    assert len(text.encode()) == len(text)  # ASCII: its length is its size in the body
+    # json.dumps's compact UTF-8 form, byte for byte: its length is its size in the body.
+    assert text == json.dumps([kind, payload], separators=(",", ":"),
+                              ensure_ascii=False).encode()
+    assert json.loads(text) == [kind, payload]
+
+
+@pytest.mark.parametrize("event", [
+    ("log", {"stream": "stdout", "text": "a lone surrogate \ud800 has no UTF-8"}),
+    ("metric", {"kind": "decode_stats", "ranks": {0: 1.5, 1: 2.5}}),
+    ("metric", {"kind": "decode_stats", "tokens": 2 ** 70}),
+])
+def test_an_event_the_fast_encoder_refuses_is_encoded_by_the_standard_library(event) -> None:  # type: ignore[no-untyped-def]
+    kind, payload = event
+    text = event_json(kind, payload)
+    assert text == json.dumps([kind, payload], separators=(",", ":")).encode()
+    body = events_body([text, event_json("log", {"text": "é"})], row={})
+    assert json.loads(body)["events"][1] == ["log", {"text": "é"}]
 
 
 def test_a_batch_that_moves_no_line_marks_the_cursor_and_the_follower_reads_past_it() -> None:
