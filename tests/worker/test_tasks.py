@@ -272,12 +272,15 @@ def test_a_container_with_our_labels_but_not_our_identity_is_never_adopted_or_st
         assert mine.id != impostor.id
         impostor.reload()
         assert impostor.status == "running"
-        # The agent reports it, and the panel shows it for what it is.
-        deadline = time.monotonic() + 10
-        while not any(c["name"] == impostor.name for h in FleetHost.objects.all()
-                      for c in h.foreign_containers):
-            assert time.monotonic() < deadline, "the stray container is reported"
-            time.sleep(0.2)
+        # The agent reports it with its next heartbeat, and the panel shows it for what it
+        # is. The panel tells the agent its interval on every tick: one a second here, so
+        # the wait is not the default 10 s interval itself.
+        with override_settings(FLEET_HEARTBEAT_S=1):
+            deadline = time.monotonic() + 10
+            while not any(c["name"] == impostor.name for h in FleetHost.objects.all()
+                          for c in h.foreign_containers):
+                assert time.monotonic() < deadline, "the stray container is reported"
+                time.sleep(0.2)
         page = _admin_client().get("/").content.decode()
         assert impostor.name in page and "never adopted or stopped" in page
         services.deployment_stop(deployment_id=pk)
