@@ -15,7 +15,7 @@ import pytest
 from tests.specs import spec
 from tests.waiting import wait_for_status
 from tests.worker.stack import fast_engines, until, worker_agent_loop
-from web.benchmarks import tune_services
+from web.benchmarks import tune_applying, tune_services, tune_task
 from web.benchmarks.tune_models import TuneRun
 from web.deploy import services as deploying
 from web.deployments.models import Deployment, DeploymentStatus, Event
@@ -60,8 +60,8 @@ def test_tune_recommends_applies_and_a_cancelled_one_restores(env: dict[str, str
         run = tune_services.tune_create(deployment_id=row.pk, config=dict(CONFIG),
                                         candidates=["dflash", "ddtree-8"])
         # While it runs the deployment is out of service, and says until when.
-        _until(lambda: tune_services.tune_hold(deployment_id=row.pk), "the Tune holds it")
-        hold = tune_services.tune_hold(deployment_id=row.pk)
+        _until(lambda: tune_task.tune_hold(deployment_id=row.pk), "the Tune holds it")
+        hold = tune_task.tune_hold(deployment_id=row.pk)
         assert hold is not None and "out of service for Tune" in hold["text"]
         _until(lambda: not _run(run.pk).is_active, lambda: (
             f"the Tune ends: {_run(run.pk).progress}; the worker's log: "
@@ -81,15 +81,15 @@ def test_tune_recommends_applies_and_a_cancelled_one_restores(env: dict[str, str
         assert all(e["candidate"] in states for e in rec["per_level"])
         assert run.results["restore"]["ok"] is True
         _as_was(Deployment.objects.get(pk=row.pk), before)
-        assert tune_services.tune_hold(deployment_id=row.pk) is None
+        assert tune_task.tune_hold(deployment_id=row.pk) is None
         said = [e.payload["message"] for e in Event.objects.filter(
             deployment_id=row.pk, kind="status", payload__message__startswith=f"Tune #{run.pk}")]
         assert len(said) == 2 and "out of service" in said[0] and "ended (done)" in said[1]
 
         # Apply: the winner's spec on the deployment, started again.
-        winner = tune_services.recommended(run)
+        winner = tune_applying.recommended(run)
         assert winner is not None
-        tune_services.tune_apply(run=run)
+        tune_applying.tune_apply(run=run)
         _until(lambda: _run(run.pk).applied.get("state") in ("done", "failed"),
                lambda: f"the apply ends: {_run(run.pk).applied}")
         assert _run(run.pk).applied["state"] == "done", _run(run.pk).applied
@@ -104,9 +104,21 @@ def test_tune_recommends_applies_and_a_cancelled_one_restores(env: dict[str, str
         # A Tune cancelled while its second candidate runs: the deployment as it was then.
         before = {"spec": applied.spec, "gpus": applied.gpus, "algorithm": applied.algorithm,
                   "name": applied.name}
-        # (long answers: a level lasts seconds, many times the cancel's poll)
-        second = tune_services.tune_create(deployment_id=row.pk, candidates=[
-            "dflash", "ddtree-8"], config={**CONFIG, "levels": [4], "output_len": 2000})
+        # (long answers: a level lasts seconds, many times the cancel's poll). Its two
+        # speculative candidates name the drafter themselves: where the baseline won and was
+        # applied, the deployment's spec no longer has one (the baseline clears it), and
+        # the default candidates, made from that spec, would be skipped.
+        engine = spec()["engine"]
+        drafter = {key: engine[key] for key in ("speculative_draft_model_path",
+                                                "speculative_num_draft_tokens")}
+        second = tune_services.tune_create(
+            deployment_id=row.pk, candidates=["dflash-again", "ddtree-again"],
+            extra_candidates=[
+                {"name": "dflash-again", "engine": drafter},
+                {"name": "ddtree-again", "engine": {
+                    **drafter, "speculative_algorithm": "DDTREE",
+                    "speculative_ddtree_budget": 8}}],
+            config={**CONFIG, "levels": [4], "output_len": 2000})
         _until(lambda: ((p := _run(second.pk).progress or {}).get("index"), p.get("phase")) == (
             2, "benchmark"), lambda: f"the second candidate measured: {_run(second.pk).progress}"
             f"; its candidates: {_run(second.pk).results.get('candidates')}")
@@ -150,8 +162,8 @@ def test_a_deployment_with_replicas_is_tuned_on_replica_0_and_applied_rolling(
         # (answers long enough that the candidate is seen measuring, many polls)
         run = tune_services.tune_create(deployment_id=first.pk, candidates=["dflash"],
                                         config={**CONFIG, "levels": [1], "output_len": 300})
-        _until(lambda: tune_services.tune_hold(deployment_id=first.pk), "the Tune holds it")
-        hold = tune_services.tune_hold(deployment_id=first.pk)
+        _until(lambda: tune_task.tune_hold(deployment_id=first.pk), "the Tune holds it")
+        hold = tune_task.tune_hold(deployment_id=first.pk)
         assert hold is not None and hold["tune"] == run.pk and hold["serving"] == 1
         assert hold["text"].startswith("replica 0 (GPUs 0) is out of service for Tune")
         assert "replicas 1 to 1 keep serving" in hold["text"]
@@ -173,12 +185,12 @@ def test_a_deployment_with_replicas_is_tuned_on_replica_0_and_applied_rolling(
         assert [_kept(r) for r in after] == before
         assert after[1].run == other_run  # never stopped
         assert not any(r.draining for r in after)
-        assert tune_services.tune_hold(deployment_id=first.pk) is None
+        assert tune_task.tune_hold(deployment_id=first.pk) is None
 
         # Apply: a rolling redeploy, one replica at a time, followed to its end.
-        winner = tune_services.recommended(run)
+        winner = tune_applying.recommended(run)
         assert winner is not None
-        tune_services.tune_apply(run=run)
+        tune_applying.tune_apply(run=run)
         _until(lambda: _run(run.pk).applied.get("state") in ("done", "failed"),
                lambda: f"the apply ends: {_run(run.pk).applied}", timeout_s=300)
         applied = _run(run.pk).applied
@@ -207,7 +219,7 @@ def test_a_deployment_with_replicas_is_tuned_on_replica_0_and_applied_rolling(
         after = _rows(first.pk)
         assert [_kept(r) for r in after] == before and after[1].run == rolled[1].run
         assert not any(r.draining for r in after)
-        assert tune_services.tune_hold(deployment_id=first.pk) is None
+        assert tune_task.tune_hold(deployment_id=first.pk) is None
 
 
 def test_side_by_side_runs_beside_on_free_gpus_and_leaves_the_deployment_serving(
@@ -224,7 +236,7 @@ def test_side_by_side_runs_beside_on_free_gpus_and_leaves_the_deployment_serving
             deployment_id=row.pk, candidates=["dflash"],
             config={**CONFIG, "levels": [1], "output_len": 300, "placement": "side_by_side"})
         assert run.config["side"]["gpus"] == [1]
-        side = tune_services.side_name(run)
+        side = tune_task.side_name(run)
         _until(lambda: ((p := _run(run.pk).progress or {}).get("index"), p.get("phase")) == (
             2, "benchmark"), lambda: f"the candidate measured: {_run(run.pk).progress}")
         beside = Deployment.objects.get(name=side)
@@ -232,7 +244,7 @@ def test_side_by_side_runs_beside_on_free_gpus_and_leaves_the_deployment_serving
         assert beside.engine_options["served_model_name"] == side
         now = Deployment.objects.get(pk=row.pk)
         assert _kept(now) == before and now.run == served_run and not now.draining
-        assert tune_services.tune_hold(deployment_id=row.pk) is None
+        assert tune_task.tune_hold(deployment_id=row.pk) is None
         _until(lambda: not _run(run.pk).is_active, lambda: (
             f"the Tune ends: {_run(run.pk).progress}; the worker's log: "
             f"{(tmp_path / 'worker.log').read_text()[-3000:]}"), timeout_s=400)
