@@ -704,8 +704,9 @@ def profile_top(path: Path, n: int = 12) -> list[tuple[float, str]]:
                      + ")" for f in stack.split(";") if " (" in f}:
             inclusive[name] = inclusive.get(name, 0) + samples
     mine = [(100 * c / max(1, busy), name) for name, c in inclusive.items()
-            if any(k in name for k in ("sse.py", "frames.py", "live.py", "selectors.py",
-                                       "h11", "httptools", "asgi.py", "json", "write"))]
+            if any(k in name for k in ("sse.py", "feed.py", "streams.py", "frames.py", "live.py",
+                                       "selectors.py", "h11", "httptools", "asgi.py", "json",
+                                       "write"))]
     return [(float(busy / PROFILE_RATE), "seconds of busy samples in all"),
             *sorted(mine, reverse=True)[:n]]
 
@@ -849,9 +850,12 @@ def panel_processes() -> int:
 
 
 def sse_setting(name: str) -> int:
-    from web.deployments import sse
+    """A setting of the event streams (sse.py), their feed (feed.py) or their places
+    (streams.py)."""
+    from web.deployments import feed, sse, streams
 
-    return int(getattr(sse, name))
+    module = next(m for m in (sse, feed, streams) if hasattr(m, name))
+    return int(getattr(module, name))
 
 
 def stalled_ceiling() -> int:

@@ -5,7 +5,7 @@ process of its own (`python3 -m worker.loop`, compose `loop`).
   (web/deployments/services/rolling.py `rolling_tick`, which reads the gateway's in-flight
   counters in Redis) and the re-queue of builds no live worker holds
   (web/builder/requeue.py);
-- every SWEEP_EVERY_S: the Tune sweep (web/benchmarks/tune_services.py `tune_sweep`);
+- every SWEEP_EVERY_S: the Tune sweep (web/benchmarks/tune_task.py `tune_sweep`);
 - every PRUNE_EVERY_S: the metric series' compaction and retention and the event log's
   retention (on a thread of its own);
 - at its start and every OWN_HOST_EVERY_S (hourly): `manage.py ownhost`'s work
@@ -46,7 +46,7 @@ from django.db import connection as db_connection
 from django.db import connections
 from django.utils import timezone
 
-from web.benchmarks.tune_services import tune_sweep
+from web.benchmarks.tune_task import tune_sweep
 from web.builder.requeue import builds_requeue_dead
 from web.deployments.services.metrics import metrics_prune
 from web.deployments.services.retention import events_prune_in_background

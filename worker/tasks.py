@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from web import tasks as names
 from web.benchmarks import services as bench_services
-from web.benchmarks import tune_services, verification_services
+from web.benchmarks import tune_applying, tune_task, verification_services
 from web.builder.builds import deployment_run
 from web.store import loadtime
 
@@ -34,13 +34,13 @@ def verification(run_id: int) -> str:
 # restores it whatever ends it.
 @app.task(name=names.TUNE_RUN, acks_late=True)
 def tune(run_id: int) -> str:
-    return tune_services.tune_run(run_id=run_id)
+    return tune_task.tune_run(run_id=run_id)
 
 
 # Apply a Tune's winner: stop and start again on its spec, or a rolling redeploy.
 @app.task(name=names.TUNE_APPLY, acks_late=True)
 def tune_apply(run_id: int) -> str:
-    return tune_services.tune_apply_run(run_id=run_id)
+    return tune_applying.tune_apply_run(run_id=run_id)
 
 
 # A model root's read rate: on the store's queue, beside the downloads, since it reads the

@@ -6,20 +6,18 @@ parses every line, and hands the events to a sink in batches together with the c
 the last line in the batch; the sink stores both in one transaction, so a follower that
 dies and a new one that resumes from the stored cursor ship every line exactly once.
 Readiness is `/health` turning 200 (the container watched for an early exit, with a
-deadline), then a one-token generation;
-the follower keeps following after ready, with no gap. Framework-free: the sink holds
-the database side.
+deadline), then a one-token generation; the follower keeps following after ready, with no
+gap. Framework-free: the sink holds the database side.
 """
 
 from __future__ import annotations
 
 import re
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from appliance.events import (
     BAR_KINDS,
@@ -55,6 +53,17 @@ from appliance.logs.diagnosis import diagnose
 from appliance.logs.parser import LogEvent, LogParser
 from appliance.runtime.client import EngineClient
 from appliance.runtime.containers import ContainerPlan, EngineRuntime, LogLine
+from appliance.runtime.cursor import Cursor, CursorFilter
+from appliance.runtime.follow_threads import (
+    LINGER_EVENTS,
+    LINGER_S,
+    Events,
+    FollowOptions,
+    FollowSink,
+    HealthPoller,
+    LineReader,
+    Shipper,
+)
 
 # Parser kinds that move the deployment forward, and the engine phase each means.
 PHASE_OF_KIND = {
@@ -67,113 +76,10 @@ PHASE_OF_KIND = {
 }
 PHASE_ORDER: tuple[str, ...] = ENGINE_PHASES  # the agent's moves, appliance.lifecycle
 LAST_LINES = 60
-READ_AHEAD_LINES = 50_000  # lines read from Docker and not yet parsed, at most
-MAX_PENDING_EVENTS = 20_000  # parsed and waiting for the database, at most (about 1 s)
-RESUME_OVERLAP_S = 1.0  # re-read this much before the cursor; the cursor drops repeats
-# A trickle of lines is shipped at most this often, a line after a quiet spell at once: each
-# batch costs a statement, a live publish and a wake-up of every viewer, and 1,000 lines/s
-# shipped as they came made 500 batches a second (0.4 of a core in the agent:
-# docs/performance.md, Log path).
-LINGER_S = 0.005
-LINGER_EVENTS = 1000  # a batch this large goes without lingering
-# After two batches in a row of BUSY_EVENTS or more (some 15,000 events/s and up), the next
-# gathers for up to BUSY_LINGER_S: at 10,000 decode lines/s, batches of 160 events every
-# 8 ms cost more than their rows (each is a statement, a Redis call and a wake-up of the
-# live feed: docs/performance.md, Log path). A trickle (1,000 lines/s:
-# batches of 10) keeps LINGER_S, and so does the batch after a single large one (a stall,
-# not a busy engine).
-BUSY_EVENTS = 100
-BUSY_LINGER_S = 0.02
-# The shipper gives its database connection back after this long with nothing to write:
-# on each catch-up, 1,000 lines/s took a pooled connection (and its check, a round trip)
-# for nearly every batch, 0.37 ms of the agent's CPU each (docs/performance.md).
-KEEP_CONNECTION_S = 1.0
 
-# (stored kind, payload) pairs: appliance.events says what each kind carries.
-Events = list[tuple[str, dict[str, Any]]]
 # uvicorn's access line for a /metrics scrape (the agent's own, every 2 s, and any
 # Prometheus'): not stored, or it would be most of a quiet engine's log.
 SCRAPE_ACCESS = re.compile(r'^INFO:\s+\S+ - "GET /metrics HTTP/1\.[01]" 200\b')
-
-
-@dataclass(frozen=True)
-class Cursor:
-    """The last shipped line: its Docker timestamp and how many lines at that instant."""
-
-    ts_ns: int = 0
-    count: int = 0
-
-    def encode(self) -> str:
-        return f"{self.ts_ns}:{self.count}" if self.ts_ns else ""
-
-    @classmethod
-    def decode(cls, text: str) -> Cursor:
-        # A fleet host's batches that move no line mark the cursor ("<cursor>#<n>"):
-        # the line position is the part before the mark.
-        stamp, _, count = (text or "").partition("#")[0].partition(":")
-        if not stamp.isdigit():
-            return cls()
-        return cls(int(stamp), int(count or 0))
-
-    def since(self) -> float | None:
-        return self.ts_ns / 1e9 - RESUME_OVERLAP_S if self.ts_ns else None
-
-    def advance(self, ts_ns: int) -> Cursor:
-        return Cursor(ts_ns, self.count + 1 if ts_ns == self.ts_ns else 1)
-
-    def advance_all(self, lines: list[LogLine]) -> Cursor:
-        """advance() for each line in turn, with one Cursor made at the end."""
-        ts_ns, count = self.ts_ns, self.count
-        for line in lines:
-            ts = line.ts_ns or 0
-            if ts == ts_ns:
-                count += 1
-            else:
-                ts_ns, count = ts, 1
-        return Cursor(ts_ns, count)
-
-
-class CursorFilter:
-    """Drops lines at or before a cursor (the overlap of a resumed read)."""
-
-    def __init__(self, cursor: Cursor) -> None:
-        self.cursor = cursor
-        self._seen_at_cursor = 0
-
-    def new(self, line: LogLine) -> bool:
-        ts = line.ts_ns or 0
-        if ts < self.cursor.ts_ns:
-            return False
-        if ts == self.cursor.ts_ns and self._seen_at_cursor < self.cursor.count:
-            self._seen_at_cursor += 1
-            return False
-        return True
-
-
-class FollowSink(Protocol):
-    def ship(self, events: Events, cursor: Cursor | None) -> None: ...
-
-    def advance(self, status: str) -> bool: ...
-
-    def ready(self, engine_url: str) -> bool: ...
-
-    def failed(self, diagnosis: Diagnosis, message: str, last_lines: list[str]) -> None: ...
-
-    def keep_following(self) -> bool: ...
-
-    def idle(self) -> None:
-        """The shipper has written everything handed to it and had nothing more for
-        KEEP_CONNECTION_S (called on its thread)."""
-
-
-@dataclass
-class FollowOptions:
-    ready_timeout_s: float = 3600.0
-    health_poll_s: float = 1.0
-    batch_s: float = 0.05
-    batch_lines: int = 2000
-    health_timeout_s: float = 5.0
-    partials: bool = True  # live pieces of "\r" progress bars before ready
 
 
 @dataclass
@@ -181,188 +87,6 @@ class _State:
     status: str = "starting"
     cursor: Cursor = field(default_factory=Cursor)
     ended: bool = False
-
-
-class _Reader(threading.Thread):
-    """Reads container output on its own thread so health polling never waits on it.
-
-    Lines go into a deque the follower empties a batch at a time: a queue.Queue's lock and
-    condition per line cost more than parsing a line (measured). The follower clears
-    `arrived` before it takes lines, and the reader sets it after each append, so a line is
-    never left waiting unseen."""
-
-    def __init__(self, lines: Iterator[LogLine], name: str,
-                 keep: Callable[[LogLine], bool] | None = None) -> None:
-        super().__init__(daemon=True, name=name)
-        self.lines = lines
-        self.keep = keep  # which lines go into the buffer (None: all)
-        self.buffer: deque[LogLine | None] = deque()
-        self.arrived = threading.Event()
-        self.error: Exception | None = None
-        self.ending = threading.Event()
-
-    def end(self) -> None:
-        """Stop reading at the next line and close the stream (its connection to Docker)."""
-        self.ending.set()
-
-    def run(self) -> None:
-        buffer, arrived, ending, keep = self.buffer, self.arrived, self.ending, self.keep
-        try:
-            for line in self.lines:
-                if ending.is_set():
-                    close = getattr(self.lines, "close", None)
-                    if close is not None:
-                        close()
-                    break
-                if keep is not None and not keep(line):
-                    continue
-                buffer.append(line)
-                if not arrived.is_set():
-                    arrived.set()
-                while len(buffer) > READ_AHEAD_LINES:
-                    time.sleep(0.005)  # back-pressure: Docker waits, memory stays bounded
-        except Exception as exc:  # noqa: BLE001 - a broken stream is resumed by the caller
-            self.error = exc
-        finally:
-            buffer.append(None)
-            arrived.set()
-
-    def take(self, limit: int, wait_s: float | None) -> list[LogLine | None]:
-        """Up to `limit` lines (None: the stream ended); wait up to wait_s for a first one."""
-        if not self.buffer:
-            if not wait_s:
-                return []
-            self.arrived.wait(wait_s)
-        self.arrived.clear()
-        buffer = self.buffer
-        return [buffer.popleft() for _ in range(min(limit, len(buffer)))]
-
-
-class _Shipper(threading.Thread):
-    """Ships to the sink on its own thread, so the next lines are read and parsed while the
-    database writes (the write was 40 % of the follower's time, profiled). What the follower
-    hands over while a write runs is shipped together by the next one (group commit): a
-    busy engine's batches grow with the write's cost, a quiet one's line goes at once.
-    Any other sink call waits for what is handed over first (flush), so the sink sees
-    everything in the order it did before. A failed ship (the lease lost) is raised to the
-    follower at its next ship or flush; nothing after it is shipped."""
-
-    def __init__(self, sink: FollowSink) -> None:
-        super().__init__(daemon=True, name="engine-log-shipper")
-        self.sink = sink
-        self.changed = threading.Condition()
-        self.events: Events = []
-        self.cursor: Cursor | None = None
-        self.pending = self.busy = self.closed = self.flushing = False
-        self.error: BaseException | None = None
-        self.last_ship = 0.0
-        self.busy_batches = 0  # batches of BUSY_EVENTS or more in a row
-
-    def run(self) -> None:
-        try:
-            self._ship_all()
-        finally:
-            self._idle()
-
-    def _idle(self) -> None:
-        try:
-            self.sink.idle()
-        except BaseException as exc:  # noqa: BLE001 - raised in the follower's thread
-            self.error = self.error or exc
-
-    def _ship_all(self) -> None:
-        holding = True  # the sink may hold a connection (given back on idle)
-        while True:
-            with self.changed:
-                if not self.pending and not self.closed and holding:
-                    self.changed.wait(KEEP_CONNECTION_S)
-                quiet = not self.pending
-            if quiet and holding:
-                self._idle()  # nothing more to write for a while
-                holding = False
-            with self.changed:
-                while not self.pending and not self.closed:
-                    self.changed.wait()
-                if not self.pending:
-                    return
-                self._linger()
-                self.last_ship = time.monotonic()
-                events, cursor = self.events, self.cursor
-                self.busy_batches = self.busy_batches + 1 if len(events) >= BUSY_EVENTS else 0
-                self.events, self.cursor, self.pending, self.busy = [], None, False, True
-                self.changed.notify_all()
-            holding = True
-            try:
-                if self.error is None:
-                    self.sink.ship(events, cursor)
-            except BaseException as exc:  # noqa: BLE001 - raised in the follower's thread
-                self.error = exc
-            finally:
-                with self.changed:
-                    self.busy = False
-                    self.changed.notify_all()
-
-    def _linger(self) -> None:
-        """Wait (holding `changed`) until LINGER_S after the last ship began, gathering what
-        comes meanwhile (BUSY_LINGER_S while busy); a large batch, a flush or the close cuts
-        it short."""
-        due = self.last_ship + (BUSY_LINGER_S if self.busy_batches >= 2 else LINGER_S)
-        while (not self.closed and not self.flushing and len(self.events) < LINGER_EVENTS
-               and (left := due - time.monotonic()) > 0):
-            self.changed.wait(left)
-
-    def ship(self, events: Events, cursor: Cursor | None) -> None:
-        self._raise()
-        with self.changed:
-            # Back-pressure: a database far behind slows the follower, and the lines wait
-            # in the reader's bounded buffer rather than here.
-            while len(self.events) >= MAX_PENDING_EVENTS:
-                self.changed.wait()
-            self.events.extend(events)
-            self.cursor = cursor or self.cursor  # cursors only move forward
-            self.pending = True
-            self.changed.notify_all()
-
-    def flush(self) -> None:
-        with self.changed:
-            self.flushing = True
-            self.changed.notify_all()
-            while self.pending or self.busy:
-                self.changed.wait()
-            self.flushing = False
-        self._raise()
-
-    def close(self) -> None:
-        with self.changed:
-            self.closed = True
-            self.changed.notify_all()
-        self.join(timeout=60)
-
-    def _raise(self) -> None:
-        if self.error is not None:
-            raise self.error
-
-
-class _HealthPoller(threading.Thread):
-    """Polls /health on its own thread until it answers 200. On the follower's thread a
-    slow answer (an engine loading may take the client's whole timeout) held every line
-    behind it for that long."""
-
-    def __init__(self, connect: Callable[[], EngineClient | None], every_s: float) -> None:
-        super().__init__(daemon=True, name="engine-health")
-        self.connect = connect
-        self.every_s = every_s
-        self.client: EngineClient | None = None
-        self.healthy = threading.Event()
-        self.stopped = threading.Event()
-
-    def run(self) -> None:
-        while not self.stopped.is_set():
-            self.client = self.client or self.connect()
-            if self.client is not None and self.client.health() == 200:
-                self.healthy.set()
-                return
-            self.stopped.wait(self.every_s)
 
 
 class EngineFollower:
@@ -397,7 +121,7 @@ class EngineFollower:
         self.tail: deque[str] = deque(maxlen=LAST_LINES)
         self.all_lines: deque[str] = deque(maxlen=2000)
         self.outcome = ""
-        self.shipper: _Shipper | None = None
+        self.shipper: Shipper | None = None
         self.last_drain = 0.0
 
     def _ship(self, events: Events, cursor: Cursor | None) -> None:
@@ -406,16 +130,18 @@ class EngineFollower:
         else:
             self.shipper.ship(events, cursor)
 
-    def _flush(self) -> None:
-        """Everything handed to the shipper is stored before the sink is asked anything else."""
+    def _flush(self) -> bool:
+        """Everything handed to the shipper is stored before the sink is asked anything else
+        (True: a condition flushes before it asks)."""
         if self.shipper is not None:
             self.shipper.flush()
+        return True
 
     # ------------------------------------------------------------------ the loop
 
     def run(self) -> str:
         """Follow until the engine exits (failed), following must stop, or the stream ends."""
-        self.shipper = _Shipper(self.sink)
+        self.shipper = Shipper(self.sink)
         self.shipper.start()
         try:
             outcome = self._follow()
@@ -429,13 +155,13 @@ class EngineFollower:
         container = self._container()
         if container is None:
             return self.outcome
-        health = _HealthPoller(lambda: self._client(container), self.options.health_poll_s)
+        health = HealthPoller(lambda: self._client(container), self.options.health_poll_s)
         try:
             return self._follow_output(container, health)
         finally:
             health.stopped.set()
 
-    def _follow_output(self, container: Any, health: _HealthPoller) -> str:
+    def _follow_output(self, container: Any, health: HealthPoller) -> str:
         deadline = time.monotonic() + self.options.ready_timeout_s
         reader, partials = self._readers(container)
         while True:
@@ -472,15 +198,15 @@ class EngineFollower:
             self._fail(None, ENGINE_VANISHED, "the engine container is gone")
         return container
 
-    def _readers(self, container: Any) -> tuple[_Reader, _Reader | None]:
+    def _readers(self, container: Any) -> tuple[LineReader, LineReader | None]:
         cursor = self.state.cursor
-        reader = _Reader(self._lines_after(container, cursor), "engine-log-reader")
+        reader = LineReader(self._lines_after(container, cursor), "engine-log-reader")
         reader.start()
         partials = None
         if self.options.partials and self.state.status != "ready" and not cursor.ts_ns:
             # Docker hands out a line only once its "\n" arrives; an attach shows a tqdm
             # bar's pieces as they are drawn, for live progress only (never stored as lines).
-            partials = _Reader(self.runtime.follow_logs(container, partials=True),
+            partials = LineReader(self.runtime.follow_logs(container, partials=True),
                                "engine-progress-reader", keep=lambda line: line.partial)
             partials.start()
         return reader, partials
@@ -505,12 +231,12 @@ class EngineFollower:
         """Once the engine has exited, what its stored log holds after the cursor (Docker
         has stored all it printed by then): a follow that ended short of it left the rest."""
         self.state.ended = False
-        reader = _Reader(self._stored_after(container, self.state.cursor), "engine-log-rest")
+        reader = LineReader(self._stored_after(container, self.state.cursor), "engine-log-rest")
         reader.start()
         while not self.state.ended:
             self._drain(reader, None)
 
-    def _after_stream_end(self, container: Any, reader: _Reader) -> tuple[Any, Any]:
+    def _after_stream_end(self, container: Any, reader: LineReader) -> tuple[Any, Any]:
         """The log stream ended: the engine exited, or Docker went away for a moment."""
         state = self.runtime.exit_state(container)
         if state.get("status") in {"exited", "dead"}:
@@ -532,7 +258,7 @@ class EngineFollower:
 
     # ------------------------------------------------------------------ output
 
-    def _drain(self, reader: _Reader, partials: _Reader | None) -> None:
+    def _drain(self, reader: LineReader, partials: LineReader | None) -> None:
         """Take what arrived in one batch window and ship it with its cursor."""
         # Wait up to batch_s for a first line, then take what is already there: a quiet
         # engine's line ships at once, and a busy one's batches grow while a write runs.
@@ -560,7 +286,7 @@ class EngineFollower:
         if events:
             self._ship(events, self.state.cursor if batch else None)
 
-    def _pieces(self, partials: _Reader) -> Events:
+    def _pieces(self, partials: LineReader) -> Events:
         events: Events = []
         for item in partials.take(1_000_000, None):
             if item is not None and self.state.status != "ready":
@@ -610,16 +336,12 @@ class EngineFollower:
         wanted = PHASE_OF_KIND.get(kind)
         if (wanted and self.state.status in PHASE_ORDER
                 and PHASE_ORDER.index(wanted) > PHASE_ORDER.index(self.state.status)
-                and self._flushed() and self.sink.advance(wanted)):
+                and self._flush() and self.sink.advance(wanted)):
             self.state.status = wanted
 
     # ------------------------------------------------------------------ readiness and ends
 
-    def _flushed(self) -> bool:
-        self._flush()
-        return True
-
-    def _confirm_ready(self, container: Any, reader: _Reader, client: EngineClient) -> None:
+    def _confirm_ready(self, container: Any, reader: LineReader, client: EngineClient) -> None:
         try:
             client.generate_one_token()
         except Exception as exc:  # noqa: BLE001 - any failure of the probe fails the deployment
@@ -632,7 +354,7 @@ class EngineFollower:
         self.sink.ready(client.base_url)
         self.state.status = "ready"
 
-    def _wait_exit(self, container: Any, reader: _Reader, limit_s: float) -> None:
+    def _wait_exit(self, container: Any, reader: LineReader, limit_s: float) -> None:
         deadline = time.monotonic() + limit_s
         while time.monotonic() < deadline and not self.state.ended:
             self._drain(reader, None)

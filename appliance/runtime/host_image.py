@@ -18,7 +18,7 @@ from appliance.runtime.agent_settings import RemoteSettings
 from appliance.runtime.containers import (
     EngineRuntime,
 )
-from appliance.runtime.follower import Events
+from appliance.runtime.follow_threads import Events
 
 log = logging.getLogger(__name__)
 

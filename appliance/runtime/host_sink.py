@@ -24,7 +24,8 @@ from appliance.runtime.alerts import Alert
 from appliance.runtime.containers import (
     Identity,
 )
-from appliance.runtime.follower import Cursor, Events
+from appliance.runtime.cursor import Cursor
+from appliance.runtime.follow_threads import Events
 from appliance.runtime.monitor import EngineMonitor, monitor_options
 from appliance.runtime.panel_link import (
     PanelLink,

@@ -48,8 +48,10 @@ from appliance.runtime import gpu_telemetry
 from appliance.runtime.agent_settings import RemoteSettings
 from appliance.runtime.client import EngineClient
 from appliance.runtime.containers import ContainerPlan, EngineRuntime, EngineRuntimeError, Identity
+from appliance.runtime.cursor import Cursor
 from appliance.runtime.engine_network import join_engine_network
-from appliance.runtime.follower import Cursor, EngineFollower, FollowOptions, follow
+from appliance.runtime.follow_threads import FollowOptions
+from appliance.runtime.follower import EngineFollower, follow
 from appliance.runtime.host_image import HostBuildRefused, host_image, image_lock_refusal
 from appliance.runtime.host_sink import RemoteSink, remote_monitor
 from appliance.runtime.hostfacts import docker_facts

@@ -24,7 +24,7 @@ from appliance.tune import BASELINE, TuneOptions, default_candidates, run_tune
 from appliance.tune.paced import Pace, PacedDeployer
 from tests.specs import spec
 from web import tasks
-from web.benchmarks import tune_services
+from web.benchmarks import tune_applying, tune_task
 from web.benchmarks.tune_models import TuneRun
 from web.deployments.models import Deployment, DeploymentStatus
 from web.fleet.leases import gpu_leases_acquire
@@ -161,7 +161,7 @@ def test_the_export_has_a_row_per_candidate_and_level(operator) -> None:  # type
     assert all(float(r["output_throughput"]) > 0 and float(r["tpot_ms_p99"]) > 0 for r in rows)
     exported = _api(operator).get(f"/api/tunes/{run.pk}/export.json/")
     assert exported["Content-Disposition"] == f'attachment; filename="tune-{run.pk}.json"'
-    assert exported.json()["recommended"] == tune_services.recommended(run)
+    assert exported.json()["recommended"] == tune_applying.recommended(run)
 
 
 def test_apply_takes_a_finished_tune_and_a_candidate_it_recommends(operator) -> None:  # type: ignore[no-untyped-def]
@@ -174,7 +174,7 @@ def test_apply_takes_a_finished_tune_and_a_candidate_it_recommends(operator) -> 
     with mock.patch.object(tasks, "tune_apply_later") as enqueue:
         ok = _api(operator).post(f"/api/tunes/{run.pk}/apply/", {}, format="json")
     assert ok.status_code == 202, ok.content
-    assert ok.json()["applied"]["candidate"] == tune_services.recommended(run)
+    assert ok.json()["applied"]["candidate"] == tune_applying.recommended(run)
     assert ok.json()["applied"]["state"] == "queued" and len(enqueue.call_args_list) == 1
     TuneRun.objects.filter(pk=run.pk).update(status="cancelled", applied={})
     late = _api(operator).post(f"/api/tunes/{run.pk}/apply/", {}, format="json")
@@ -224,15 +224,15 @@ def test_a_tune_delivered_again_after_its_worker_died_ends_and_restores() -> Non
                                            "gpus": [0], "served_model": "kimi"},
                                  config={"deploy_timeout_s": 30})
     Deployment.objects.filter(pk=row.pk).update(tune_hold={"tune": run.pk, "text": "held"})
-    assert tune_services.tune_hold(deployment_id=row.pk) == {"tune": run.pk, "text": "held"}
-    assert tune_services.tune_run(run_id=run.pk) == "failed"
+    assert tune_task.tune_hold(deployment_id=row.pk) == {"tune": run.pk, "text": "held"}
+    assert tune_task.tune_run(run_id=run.pk) == "failed"
     run.refresh_from_db()
     assert run.status == "failed" and run.error.startswith(
         "the worker running this Tune stopped mid-run; the Tune ended")
     assert run.results["restore"] == {"ok": True, "message": "kimi#1 still serves its own "
                                       "spec; nothing to restore"}
-    assert tune_services.tune_hold(deployment_id=row.pk) is None
-    assert tune_services.tune_run(run_id=run.pk) == "not queued"
+    assert tune_task.tune_hold(deployment_id=row.pk) is None
+    assert tune_task.tune_run(run_id=run.pk) == "not queued"
 
 
 def _held(row: Deployment, **fields: Any) -> TuneRun:
@@ -261,14 +261,14 @@ def test_the_sweep_ends_a_queued_tune_no_worker_took(operator) -> None:  # type:
     r = _create(operator, deployment=row.pk, candidates=["dflash"])
     run = TuneRun.objects.get(pk=r.json()["id"])
     born = run.created_at.timestamp()
-    assert tune_services.tune_sweep(now=born + 5) == []  # within its bound: waiting
+    assert tune_task.tune_sweep(now=born + 5) == []  # within its bound: waiting
     with mock.patch.object(tasks, "tune_run_later") as resend:
-        said = tune_services.tune_sweep(now=born + tune_services.QUEUED_LOST_S + 1)
+        said = tune_task.tune_sweep(now=born + tune_task.QUEUED_LOST_S + 1)
         assert [c.args for c in resend.call_args_list] == [(run.pk,)]
         assert "no worker took it" in said[0] and "sent to the workers again" in said[0]
         # Sent once: not again before its bound, then ended.
-        assert tune_services.tune_sweep(now=born + tune_services.QUEUED_LOST_S + 5) == []
-        said = tune_services.tune_sweep(now=born + 2 * tune_services.QUEUED_LOST_S + 2)
+        assert tune_task.tune_sweep(now=born + tune_task.QUEUED_LOST_S + 5) == []
+        said = tune_task.tune_sweep(now=born + 2 * tune_task.QUEUED_LOST_S + 2)
         assert len(resend.call_args_list) == 1
     run.refresh_from_db()
     assert run.status == "failed" and "no worker took this Tune" in run.error, run.error
@@ -277,7 +277,7 @@ def test_the_sweep_ends_a_queued_tune_no_worker_took(operator) -> None:  # type:
     after = Deployment.objects.get(pk=row.pk)
     assert after.spec == row.spec and after.status == "ready" and after.tune_hold == {}
     # The late message, should it come, finds nothing to do.
-    assert tune_services.tune_run(run_id=run.pk) == "not queued"
+    assert tune_task.tune_run(run_id=run.pk) == "not queued"
 
 
 def test_the_sweep_has_a_running_tune_whose_worker_died_restored_and_ended() -> None:
@@ -285,35 +285,35 @@ def test_the_sweep_has_a_running_tune_whose_worker_died_restored_and_ended() -> 
     now = time.time()
     alive = _held(row, status="running", progress={"beat": now - 5})
     # Its worker beats: the sweep leaves it, and a duplicate delivery leaves it too.
-    assert tune_services.tune_sweep(now=now) == []
-    assert tune_services.tune_run(run_id=alive.pk) == "running elsewhere"
-    TuneRun.objects.filter(pk=alive.pk).update(progress={"beat": now - tune_services.lost_s()})
+    assert tune_task.tune_sweep(now=now) == []
+    assert tune_task.tune_run(run_id=alive.pk) == "running elsewhere"
+    TuneRun.objects.filter(pk=alive.pk).update(progress={"beat": now - tune_task.lost_s()})
     with mock.patch.object(tasks, "tune_run_later") as resend:
-        said = tune_services.tune_sweep(now=now + 1)
+        said = tune_task.tune_sweep(now=now + 1)
     assert [c.args for c in resend.call_args_list] == [(alive.pk,)]
     assert "its worker stopped (no beat)" in said[0]
     # The message sent again: its task restores the deployment and ends the Tune.
-    assert tune_services.tune_run(run_id=alive.pk) == "failed"
+    assert tune_task.tune_run(run_id=alive.pk) == "failed"
     alive.refresh_from_db()
     assert alive.status == "failed" and alive.results["restore"]["ok"] is True
     assert "stopped mid-run" in alive.error and alive.progress["phase"] == "restoring"
-    assert tune_services.tune_hold(deployment_id=row.pk) is None
+    assert tune_task.tune_hold(deployment_id=row.pk) is None
 
 
 def test_the_sweep_ends_a_running_tune_no_worker_takes_up_again() -> None:
     row = _deployment()
     now = time.time()
-    run = _held(row, status="cancelling", progress={"beat": now - tune_services.lost_s() - 1})
+    run = _held(row, status="cancelling", progress={"beat": now - tune_task.lost_s() - 1})
     with mock.patch.object(tasks, "tune_run_later") as resend:
-        tune_services.tune_sweep(now=now)
-        assert tune_services.tune_sweep(now=now + tune_services.QUEUED_LOST_S - 1) == []
-        said = tune_services.tune_sweep(now=now + tune_services.QUEUED_LOST_S)
+        tune_task.tune_sweep(now=now)
+        assert tune_task.tune_sweep(now=now + tune_task.QUEUED_LOST_S - 1) == []
+        said = tune_task.tune_sweep(now=now + tune_task.QUEUED_LOST_S)
     assert len(resend.call_args_list) == 1
     run.refresh_from_db()
     assert run.status == "failed" and said == [f"Tune #{run.pk}: {run.error}"]
     assert "no worker took it up again" in run.error and "left on its own spec" in run.error
     assert run.results["restore"]["ok"] is False
-    assert tune_services.tune_hold(deployment_id=row.pk) is None
+    assert tune_task.tune_hold(deployment_id=row.pk) is None
 
 
 def test_side_by_side_takes_free_gpus_of_the_kind_and_never_held_ones(operator) -> None:  # type: ignore[no-untyped-def]

@@ -17,7 +17,7 @@ from django.urls import reverse
 from tests.eventfill import PHASE_EVERY, WARN_EVERY, fill_events
 from tests.specs import spec
 from web.deploy import services as deploying
-from web.deployments import selectors
+from web.deployments import logpane, selectors
 from web.deployments.history_views import DOWNLOAD_PAGE
 from web.deployments.models import LINE_KINDS, Event
 
@@ -56,7 +56,7 @@ def test_the_page_carries_the_last_lines_only_and_the_seq_to_go_on_from(viewer_c
     html = response.content.decode()
     tail = _tail(html)
     last = selectors.deployment_get(deployment_id=busy).last_seq
-    assert len(tail) == selectors.TAIL_LINES
+    assert len(tail) == logpane.TAIL_LINES
     assert tail[-1]["seq"] == last - 1  # the newest line (the last event is its metric)
     assert [e["seq"] for e in tail] == sorted(e["seq"] for e in tail)
     assert {e["kind"] for e in tail} <= {"log", "phase"}
@@ -109,8 +109,8 @@ def test_a_search_reads_a_bounded_window_and_says_where_to_go_on(viewer_client, 
     seqs = [e["seq"] for e in page["events"]]
     assert seqs and all(s % WARN_EVERY == 0 for s in seqs)
     last = selectors.deployment_get(deployment_id=busy).last_seq
-    assert page["next_before"] == last + 1 - selectors.SEARCH_WINDOW
-    assert len(seqs) == selectors.SEARCH_WINDOW // WARN_EVERY
+    assert page["next_before"] == last + 1 - logpane.SEARCH_WINDOW
+    assert len(seqs) == logpane.SEARCH_WINDOW // WARN_EVERY
     older = _history(viewer_client, busy, q="kv cache usage", before=page["next_before"])
     assert max(e["seq"] for e in older["events"]) < min(seqs)
     # A text that is nowhere: each request still answers, window by window, to the start.
@@ -125,7 +125,7 @@ def test_a_search_reads_a_bounded_window_and_says_where_to_go_on(viewer_client, 
         before = nothing["next_before"]
         if before is None:
             break
-    assert requests == -(-(last + 1) // selectors.SEARCH_WINDOW)
+    assert requests == -(-(last + 1) // logpane.SEARCH_WINDOW)
 
 
 @pytest.mark.parametrize(("params", "field", "says"), [

@@ -240,7 +240,7 @@ def _read_body_until(sock: socket.socket, last: int, limit_s: float = 60) -> byt
 
 
 def test_a_client_that_stops_reading_holds_little_of_the_stream_then_catches_up_told_so(server, operator):  # type: ignore[no-untyped-def]
-    from web.deployments import sse
+    from web.deployments import feed
 
     deployment = deploying.deployment_create(data=spec(), confirm_warnings=True)
     pk = deployment.pk
@@ -249,7 +249,7 @@ def test_a_client_that_stops_reading_holds_little_of_the_stream_then_catches_up_
     cookie = "; ".join(f"{k}={v}" for k, v in session.cookies.items())
     path = f"/deployments/{pk}/events/stream/"
     stalled = [_open_stalled(server, path, cookie, start) for _ in range(10)]
-    n = sse.RING_FRAMES + 5000
+    n = feed.RING_FRAMES + 5000
     last = start + n  # a deployment's seqs have no gaps
     fast: list[int] = []
 
@@ -269,7 +269,7 @@ def test_a_client_that_stops_reading_holds_little_of_the_stream_then_catches_up_
     # client stopped reading catches up from the record when it reads again, told so;
     # 15,000 x ~330 bytes is more than the kernel's autotuned send buffer (4 MiB) a
     # stalled socket took before its unsent bytes were bound.
-    assert n < sse.SKIP_LAG
+    assert n < feed.SKIP_LAG
     for _ in range(0, n, 1000):
         services.events_append(deployment_id=pk, events=[("log", {"text": "x" * 200})] * 1000)
     connection.close()

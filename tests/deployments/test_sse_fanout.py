@@ -16,7 +16,8 @@ from django.db.backends.signals import connection_created
 
 from tests.specs import spec
 from web.deploy import services as deploying
-from web.deployments import services, sse
+from web.deployments import feed as live_feed
+from web.deployments import services, sse, streams
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -54,8 +55,8 @@ async def _append_async(pk: int, n: int) -> int:
     return await sync_to_async(_append, thread_sensitive=False)(pk, n)
 
 
-def _feed(pk: int) -> sse._Feed:
-    return sse._feeds[asyncio.get_running_loop()][pk]
+def _feed(pk: int) -> live_feed.Feed:
+    return live_feed.loop_feeds[asyncio.get_running_loop()][pk]
 
 
 @pytest.fixture
@@ -81,7 +82,7 @@ def event_reads() -> Iterator[list[str]]:
 def test_streams_behind_the_ring_share_one_catch_up_read_per_page(live_channel, event_reads):  # type: ignore[no-untyped-def]
     pk = deploying.deployment_create(data=spec(), confirm_warnings=True).pk
     last = _append(pk, 1200)  # in the record before any feed: behind its ring
-    pages = -(-last // sse.REPLAY_PAGE)
+    pages = -(-last // streams.REPLAY_PAGE)
 
     async def scenario() -> list[list[int]]:
         streams = [sse._events(pk, 0) for _ in range(20)]
@@ -121,7 +122,7 @@ def test_a_stream_that_stops_reading_is_told_where_it_skipped_to_and_costs_the_o
     pk = deploying.deployment_create(data=spec(), confirm_warnings=True).pk
     start = _append(pk, 1)
 
-    async def scenario() -> tuple[list[bytes], list[bytes], int, sse._Feed]:
+    async def scenario() -> tuple[list[bytes], list[bytes], int, live_feed.Feed]:
         fast, stalled = sse._events(pk, start), sse._events(pk, start)
         await anext(fast)
         await anext(stalled)
@@ -129,7 +130,7 @@ def test_a_stream_that_stops_reading_is_told_where_it_skipped_to_and_costs_the_o
         await asyncio.sleep(0.5)
         fast_chunks: list[bytes] = []
         last = start
-        for _ in range(sse.SKIP_LAG // 2000 + 2):  # past SKIP_LAG, as a busy engine's
+        for _ in range(live_feed.SKIP_LAG // 2000 + 2):  # past SKIP_LAG, as a busy engine's
             last = await _append_async(pk, 2000)
             fast_chunks += await _read_until(fast, last)
         feed = _feed(pk)
@@ -137,7 +138,7 @@ def test_a_stream_that_stops_reading_is_told_where_it_skipped_to_and_costs_the_o
         stalled_chunks = [await pending, *await _read_until(stalled, last)]
         await fast.aclose()
         await stalled.aclose()
-        assert ring[0] <= sse.RING_FRAMES and ring[1] <= sse.RING_BYTES and ring[2] == 2
+        assert ring[0] <= live_feed.RING_FRAMES and ring[1] <= live_feed.RING_BYTES and ring[2] == 2
         return fast_chunks, stalled_chunks, last, feed
 
     fast, stalled, last, feed = asyncio.run(scenario())
@@ -170,10 +171,10 @@ def test_a_stream_that_fell_behind_the_ring_is_told_so_and_gets_every_event_from
         fast_chunks: list[bytes] = []
         last = start
         # Past the ring (RING_FRAMES), within SKIP_LAG: as a client too slow for a while.
-        for _ in range(sse.RING_FRAMES // 2000 + 2):
+        for _ in range(live_feed.RING_FRAMES // 2000 + 2):
             last = await _append_async(pk, 2000)
             fast_chunks += await _read_until(fast, last)
-        assert _feed(pk).floor > start + 1 and last - start < sse.SKIP_LAG
+        assert _feed(pk).floor > start + 1 and last - start < live_feed.SKIP_LAG
         slow_chunks = [await pending, *await _read_until(slow, last)]
         for stream in (fast, slow):
             await stream.aclose()
@@ -196,7 +197,7 @@ def test_a_stream_that_fell_behind_the_ring_is_told_so_and_gets_every_event_from
 
 def test_a_new_stream_from_the_start_of_a_long_record_gets_the_tail_not_the_whole(live_channel):  # type: ignore[no-untyped-def]
     pk = deploying.deployment_create(data=spec(), confirm_warnings=True).pk
-    last = _append(pk, sse.SKIP_LAG + 5000)
+    last = _append(pk, live_feed.SKIP_LAG + 5000)
 
     async def scenario() -> list[bytes]:
         stream = sse._events(pk, 0)  # no Last-Event-ID
@@ -207,9 +208,9 @@ def test_a_new_stream_from_the_start_of_a_long_record_gets_the_tail_not_the_whol
     chunks = asyncio.run(scenario())
     bodies = _bodies(chunks)
     assert bodies[0]["kind"] == "skip"
-    assert bodies[0]["payload"] == {"from": 1, "to": last - sse.SKIP_TAIL,
-                                    "skipped": last - sse.SKIP_TAIL}
-    assert _seqs(chunks) == list(range(last - sse.SKIP_TAIL + 1, last + 1))
+    assert bodies[0]["payload"] == {"from": 1, "to": last - live_feed.SKIP_TAIL,
+                                    "skipped": last - live_feed.SKIP_TAIL}
+    assert _seqs(chunks) == list(range(last - live_feed.SKIP_TAIL + 1, last + 1))
     assert sum(len(c) for c in chunks) < 200_000  # the tail's bytes, not the record's
 
 
@@ -234,9 +235,9 @@ def test_a_resumption_by_last_event_id_gets_exactly_the_seqs_after_it(live_chann
 
 
 def test_a_feed_pauses_after_a_fan_out_only_when_many_streams_follow_it() -> None:
-    assert sse.fanout_pause(1) == sse.fanout_pause(9) == 0  # an operator's tab: no delay
-    assert 0 < sse.fanout_pause(20) < sse.fanout_pause(60) < sse.FANOUT_MAX_S
-    assert sse.fanout_pause(100) == sse.fanout_pause(5000) == sse.FANOUT_MAX_S
+    assert streams.fanout_pause(1) == streams.fanout_pause(9) == 0  # an operator's tab: no delay
+    assert 0 < streams.fanout_pause(20) < streams.fanout_pause(60) < streams.FANOUT_MAX_S
+    assert streams.fanout_pause(100) == streams.fanout_pause(5000) == streams.FANOUT_MAX_S
 
 
 def test_many_streams_of_a_pausing_feed_get_every_event_once_in_order(live_channel):  # type: ignore[no-untyped-def]
@@ -244,7 +245,7 @@ def test_many_streams_of_a_pausing_feed_get_every_event_once_in_order(live_chann
     start = _append(pk, 1)
     streams_n, appends, size = 120, 30, 7
     last = start + appends * size  # a deployment's seqs have no gaps
-    assert sse.fanout_pause(streams_n) == sse.FANOUT_MAX_S  # the feed pauses between reads
+    assert streams.fanout_pause(streams_n) == streams.FANOUT_MAX_S  # the feed pauses between reads
 
     async def scenario() -> list[list[int]]:
         streams = [sse._events(pk, start) for _ in range(streams_n)]

@@ -240,7 +240,7 @@ def queued(operator, server: str) -> int:  # type: ignore[no-untyped-def]
 
 def test_a_stream_too_far_behind_shows_where_it_skipped_to_and_reloads_history(  # type: ignore[no-untyped-def]
         queued, server, page):
-    from web.deployments import sse
+    from web.deployments import feed
 
     pk = queued
     login(page, server)
@@ -248,7 +248,7 @@ def test_a_stream_too_far_behind_shows_where_it_skipped_to_and_reloads_history( 
     expect(page.locator("#conn")).to_have_text("live", timeout=15_000)
     # More than the stream may lag comes in at once, then a live line: the stream is told
     # which seqs it skipped and goes on near the head.
-    _fill_later(pk, sse.SKIP_LAG + 1000)
+    _fill_later(pk, feed.SKIP_LAG + 1000)
     _append_live(pk, "after the skip")
     skip = page.locator("#log .line.skip")
     expect(skip).to_contain_text("skipped ", timeout=30_000)

@@ -11,7 +11,7 @@ import pytest
 import requests
 
 from appliance.runtime.containers import Identity
-from appliance.runtime.follower import Cursor
+from appliance.runtime.cursor import Cursor
 from appliance.runtime.host_sink import RemoteSink
 from appliance.runtime.panel_link import PanelLink, PanelRefused, panel_link_open
 from tests.rows import ready

@@ -18,7 +18,7 @@ from tests.conftest_docker import remove_engines
 from tests.servers import celery_worker, own_host_agent, panel_loop, panel_server
 from tests.specs import spec
 from tests.waiting import wait_for_status
-from web.benchmarks import tune_services
+from web.benchmarks import tune_services, tune_task
 from web.benchmarks.tune_models import TuneRun
 from web.deploy import services as deploying
 from web.deployments.models import Deployment, DeploymentStatus
@@ -97,4 +97,4 @@ def test_a_tune_whose_worker_is_killed_is_restored_through_the_loops_sweep(
         tmp_path / "loop.log").read_text()
     after = Deployment.objects.get(pk=row.pk)
     assert _kept(after) == before and not after.draining
-    assert tune_services.tune_hold(deployment_id=row.pk) is None
+    assert tune_task.tune_hold(deployment_id=row.pk) is None

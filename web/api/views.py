@@ -23,6 +23,7 @@ from rest_framework.response import Response
 from appliance.logs.cause import spec_patched
 from appliance.runtime import series
 from web.deploy import services as deploying
+from web.deployments import rows as deployment_rows
 from web.deployments import selectors, services
 from web.deployments.bodies import (
     READ_FIELDS,
@@ -146,9 +147,9 @@ class DeploymentViewSet(
     def replicas(self, request: Request, pk: str | None = None) -> Response:
         """The deployment's engines (replica 0 and its replica rows): index, host, GPUs,
         status, run, why it was placed there and its throughput, and their sum."""
-        rows = selectors.deployment_replicas(deployment=self.get_object(), now=timezone.now())
+        rows = deployment_rows.deployment_replicas(deployment=self.get_object(), now=timezone.now())
         return Response({"results": [r.to_dict() for r in rows],
-                         "throughput": selectors.replicas_throughput(replicas=rows)})
+                         "throughput": deployment_rows.replicas_throughput(replicas=rows)})
 
     @extend_schema(**{**CREATE_SCHEMA, "responses": {202: DeploymentSerializer},
                       "description": "Redeploy: the body as for create (the new spec). The "

@@ -18,6 +18,7 @@ from rest_framework.response import Response
 from appliance.bench.lossless import NEAR_TIE_GAP
 from web.deployments.permissions import can_deploy
 
+from . import tune_applying, tune_task
 from . import tune_selectors as selectors
 from . import tune_services as services
 from .services import BenchmarkInputError
@@ -36,13 +37,13 @@ class TuneRunSerializer(serializers.ModelSerializer[TuneRun]):
         read_only_fields = fields
 
     def get_recommended(self, run: TuneRun) -> str | None:
-        return services.recommended(run)
+        return tune_applying.recommended(run)
 
     def get_hold(self, run: TuneRun) -> dict[str, Any] | None:
         """While it runs: the deployment is out of service, and until when at the latest."""
         if not run.is_active or run.deployment_id is None:
             return None
-        hold = services.tune_hold(deployment_id=run.deployment_id)
+        hold = tune_task.tune_hold(deployment_id=run.deployment_id)
         return hold if hold and hold.get("tune") == run.pk else None
 
 
@@ -148,7 +149,7 @@ class TuneViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin,
         body = ApplySerializer(data=request.data)
         body.is_valid(raise_exception=True)
         try:
-            run = services.tune_apply(run=self.get_object(),
+            run = tune_applying.tune_apply(run=self.get_object(),
                                       candidate=body.validated_data["candidate"] or None,
                                       user=request.user)
         except BenchmarkInputError as exc:

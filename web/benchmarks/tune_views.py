@@ -15,6 +15,7 @@ from appliance.tune import default_candidates
 from web.deployments.models import Deployment, DeploymentStatus
 from web.deployments.permissions import can_deploy
 
+from . import tune_applying
 from . import tune_selectors as selectors
 from . import tune_services as services
 from .services import BenchmarkInputError
@@ -102,7 +103,7 @@ def tune_apply(request: HttpRequest, pk: int) -> HttpResponse:
     _operator(request)
     run = get_object_or_404(TuneRun, pk=pk)
     try:
-        services.tune_apply(run=run, candidate=request.POST.get("candidate") or None,
+        tune_applying.tune_apply(run=run, candidate=request.POST.get("candidate") or None,
                             user=request.user)
     except BenchmarkInputError as exc:
         return render(request, "benchmarks/tune_detail.html", {

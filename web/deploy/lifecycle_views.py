@@ -20,7 +20,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods, require_POST, require_safe
 
 from appliance.engine.recipes import RecipeError
-from web.deployments import selectors, services
+from web.deployments import logpane, selectors, services
 from web.deployments.models import TERMINAL_STATUSES, Deployment, DeploymentStatus
 from web.deployments.permissions import can_delete, can_deploy, can_stop, can_view
 from web.deployments.services.rolling import deployment_has_replicas
@@ -194,9 +194,9 @@ def deployment_run_log(request: HttpRequest, pk: int, number: int) -> StreamingH
 def _run_lines(pk: int, first: int, last: int) -> Iterator[bytes]:
     after = first - 1
     while after < last:
-        page = [e for e in selectors.event_log_page(deployment_id=pk, after=after,
+        page = [e for e in logpane.event_log_page(deployment_id=pk, after=after,
                                                     limit=RUN_LOG_PAGE) if e.seq <= last]
         if not page:
             return
-        yield "".join(selectors.event_log_line(e) for e in page).encode()
+        yield "".join(logpane.event_log_line(e) for e in page).encode()
         after = page[-1].seq

@@ -14,7 +14,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_safe
 
-from web.deployments import selectors, services
+from web.deployments import logpane, rows, selectors, services
 from web.deployments.engine_limits import engine_limits
 from web.deployments.listing import row_texts
 from web.deployments.models import TERMINAL_STATUSES, Deployment
@@ -67,7 +67,7 @@ def _list_rows(request: HttpRequest) -> list[dict[str, Any]]:
     # The Endpoint of a serving deployment is the gateway's, with the model clients name.
     base = gateway_base_url(request=request)
     return [row_texts(row, gateway=base)
-            for row in selectors.deployment_list_rows(now=timezone.now())]
+            for row in rows.deployment_list_rows(now=timezone.now())]
 
 
 @login_required
@@ -149,17 +149,17 @@ def deployment_agent(request: HttpRequest, pk: int) -> HttpResponse:
     # Its engines as the Replicas table shows them (each replica's `unknown` included): a
     # replica's moves go down its own stream and a lost host sends none, so the page asks.
     replicas = ([] if deployment.replica_of_id else
-                selectors.deployment_replicas(deployment=deployment, now=timezone.now()))
+                rows.deployment_replicas(deployment=deployment, now=timezone.now()))
     return JsonResponse({
         "status": deployment.status, "silence": silence.to_dict() if silence else None,
         "replicas": [{**r.to_dict(), "url": reverse("deployments:detail", args=[r.id])}
                      for r in replicas] if len(replicas) > 1 else [],
         "replicas_heading": _replicas_heading(deployment, replicas),
-        "replicas_throughput": selectors.replicas_throughput(replicas=replicas),
+        "replicas_throughput": rows.replicas_throughput(replicas=replicas),
         "rolling": rolling_shown(rolling=deployment.rolling or {})})
 
 
-def _replicas_heading(deployment: Deployment, replicas: list[selectors.ReplicaRow]) -> str:
+def _replicas_heading(deployment: Deployment, replicas: list[rows.ReplicaRow]) -> str:
     """The Replicas card's count: the spec's (what Scale last set, as its message says),
     and the rows beyond it that are still stopping; stopped rows are listed, not counted."""
     wanted = int((deployment.spec or {}).get("replicas") or 1)
@@ -177,7 +177,7 @@ def deployment_detail(request: HttpRequest, pk: int) -> HttpResponse:
     _require_view(request)
     deployment = get_object_or_404(Deployment, pk=pk)
     silence = deployment_silence(deployment=deployment)
-    replicas = selectors.deployment_replicas(deployment=deployment, now=timezone.now())
+    replicas = rows.deployment_replicas(deployment=deployment, now=timezone.now())
     deployment.rolling = rolling_shown(rolling=deployment.rolling or {})  # shown, not saved
     return render(
         request,
@@ -190,7 +190,7 @@ def deployment_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "summary": selectors.deployment_summary(deployment=deployment),
             # The page opens at the tail (the row read above says up to where) and its
             # stream goes on from there; older lines come from deployment_events on demand.
-            "tail": [e.to_wire() for e in selectors.event_tail(
+            "tail": [e.to_wire() for e in logpane.event_tail(
                 deployment_id=deployment.pk, last_seq=deployment.last_seq)],
             "can_stop": can_stop(request.user),
             "can_deploy": can_deploy(request.user),
@@ -209,6 +209,6 @@ def deployment_detail(request: HttpRequest, pk: int) -> HttpResponse:
             # Its engines (replica 0 and its replica rows) and their summed throughput.
             "replicas": replicas if len(replicas) > 1 else [],
             "replicas_heading": _replicas_heading(deployment, replicas),
-            "replicas_throughput": selectors.replicas_throughput(replicas=replicas),
+            "replicas_throughput": rows.replicas_throughput(replicas=replicas),
         },
     )

@@ -1,6 +1,6 @@
 """The detail page's log beyond its tail: a page of history as JSON (older or newer lines,
 a kind filter, a text search) and the whole log as a streamed text download. The reads are
-selectors (selectors.event_history, event_log_page); these views parse and answer."""
+logpane's (event_history, event_log_page); these views parse and answer."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from django.db import connection
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.http import require_safe
 
-from . import selectors
+from . import logpane
 from .forms import EventHistoryForm
 from .models import Deployment
 from .permissions import can_view
@@ -35,7 +35,7 @@ def deployment_events(request: HttpRequest, pk: int) -> HttpResponse:
     if not Deployment.objects.filter(pk=pk).exists():
         raise Http404("No such deployment.")
     q = form.cleaned_data
-    page = selectors.event_history(
+    page = logpane.event_history(
         deployment_id=pk, limit=q["limit"] or 200, kinds=q["kind"], text=q["q"] or "",
         before=q["before"], after=q["after"])
     return JsonResponse({"events": page.events, "next_before": page.next_before,
@@ -70,8 +70,8 @@ async def _log_text(pk: int) -> AsyncIterator[bytes]:
 
 def _log_chunk(pk: int, after: int) -> tuple[bytes, int]:
     try:
-        page = selectors.event_log_page(deployment_id=pk, after=after, limit=DOWNLOAD_PAGE)
+        page = logpane.event_log_page(deployment_id=pk, after=after, limit=DOWNLOAD_PAGE)
     finally:
         connection.close()  # back to the pool between pages
-    text = "".join(selectors.event_log_line(e) for e in page)
+    text = "".join(logpane.event_log_line(e) for e in page)
     return text.encode(), (page[-1].seq if page else after)

@@ -1,4 +1,4 @@
-"""What the list page shows of a deployment row (selectors.DeploymentRow), as text.
+"""What the list page shows of a deployment row (rows.DeploymentRow), as text.
 
 The page's first paint (the template) and its refresh (list.js, from the JSON view) both
 show these strings, so the two cannot disagree on a format.
@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from .selectors import DeploymentRow
+from .rows import DeploymentRow
 
 DASH = "–"
 

@@ -124,7 +124,7 @@ class Deployment(models.Model):
     rolling = models.JSONField(default=dict, blank=True)
     # Replica 0's alone: the Tune that holds the deployment now (its id, what it holds, since
     # and until when), written when the Tune takes it and emptied when it gives it back
-    # (web/benchmarks/tune_services.py); the page and the detail API show it with the row.
+    # (web/benchmarks/tune_task.py); the page and the detail API show it with the row.
     tune_hold = models.JSONField(default=dict, blank=True)
 
     class Meta:

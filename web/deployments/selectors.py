@@ -1,18 +1,15 @@
-"""Reads: lists, one deployment, its events, its summary."""
+"""Reads: lists, one deployment, its summary, findings, alerts and series (the log pane's reads
+are logpane.py's, the list page's and replicas' rows rows.py's)."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from django.db import connection
-from django.db.models import CharField, Count, OuterRef, Q, QuerySet, Subquery, Value
+from django.db.models import CharField, OuterRef, QuerySet, Subquery, Value
 from django.db.models.expressions import RawSQL
-from django.db.models.fields.json import KeyTextTransform
-from django.db.models.functions import Coalesce
 
 from appliance.engine.spec import SpecError, spec_from_dict
 from appliance.engine.widths import needed_graph_widths
@@ -20,17 +17,13 @@ from appliance.runtime import series
 from appliance.store.loadtime import load_report, load_text
 
 from .models import (
-    LINE_KINDS,
-    NOTABLE_KINDS,
     Deployment,
-    DeploymentStatus,
     Event,
     EventKind,
     MetricPoint,
     Run,
 )
 from .services.hostreports import host_reports
-from .silence import UNKNOWN, Silence, agents_last_seen, deployment_silence
 from .simulator import image_is_simulator, simulator_images_recent
 
 MAX_SERIES_ROWS = 20_000  # a week of retention is about 12,000 rows
@@ -76,108 +69,6 @@ def events_after(*, deployment_id: int, after_seq: int = 0, limit: int = 500) ->
     return list(
         Event.objects.filter(deployment_id=deployment_id, seq__gt=after_seq).order_by("seq")[:limit]
     )
-
-
-# ------------------------------------------------------------------ the log pane
-#
-# The detail page never replays the record: it opens at the tail and pages on demand, each
-# page one keyset query on (deployment, seq) (the event_seq_unique index; rare kinds have
-# the partial index event_notable). A text search over the dense kinds reads at most
-# SEARCH_WINDOW seqs per request and says where it stopped, so no request scans a whole
-# long log; the browser asks again from there.
-
-TAIL_LINES = 500  # what the detail page opens with
-SEARCH_WINDOW = 20_000  # seqs one text-search request reads at most
-_DENSE_KINDS = frozenset(LINE_KINDS) - NOTABLE_KINDS  # log: most rows of a busy deployment
-
-
-@dataclass(frozen=True)
-class EventPage:
-    events: list[dict[str, Any]]  # wire events, oldest first
-    next_before: int | None  # the `before` of the page older than this one; None at the start
-    next_after: int | None  # the `after` of the next newer page; None when asked backwards
-
-
-def _line_text() -> Coalesce:
-    """What a search matches: a line's text, or a marker's summary, message or status."""
-    return Coalesce(KeyTextTransform("text", "payload"), KeyTextTransform("summary", "payload"),
-                    KeyTextTransform("message", "payload"), KeyTextTransform("status", "payload"))
-
-
-def _lines(deployment_id: int, kinds: frozenset[str], text: str) -> QuerySet[Event]:
-    rows = Event.objects.filter(deployment_id=deployment_id, kind__in=sorted(kinds))
-    if text:
-        rows = rows.alias(line_text=_line_text()).filter(line_text__icontains=text)
-    return rows
-
-
-def event_tail(*, deployment_id: int, last_seq: int, limit: int = TAIL_LINES) -> list[Event]:
-    """The last `limit` lines of the log up to last_seq, oldest first."""
-    rows = _lines(deployment_id, frozenset(LINE_KINDS), "").filter(seq__lte=last_seq)
-    return list(reversed(rows.order_by("-seq")[:limit]))
-
-
-def event_history(*, deployment_id: int, limit: int, kinds: frozenset[str] = frozenset(),
-                  text: str = "", before: int | None = None,
-                  after: int | None = None) -> EventPage:
-    """A page of lines before `before` (newest first from the end when neither is given) or
-    after `after`, of `kinds` (all line kinds when empty) whose text contains `text`."""
-    kinds = kinds or frozenset(LINE_KINDS)
-    rows = _lines(deployment_id, kinds, text)
-    if after is not None:
-        page = list(rows.filter(seq__gt=after).order_by("seq")[:limit])
-        return EventPage([e.to_wire() for e in page], None,
-                         page[-1].seq if len(page) == limit else None)
-    floor = 0
-    if text and kinds & _DENSE_KINDS:
-        top = before if before is not None else _last_seq(deployment_id) + 1
-        floor = max(0, top - SEARCH_WINDOW)
-        rows = rows.filter(seq__gte=floor)
-    if before is not None:
-        rows = rows.filter(seq__lt=before)
-    page = list(rows.order_by("-seq")[:limit])
-    page.reverse()
-    if len(page) == limit:
-        next_before: int | None = page[0].seq
-    else:
-        next_before = floor if floor > 1 else None
-    return EventPage([e.to_wire() for e in page], next_before, None)
-
-
-def _last_seq(deployment_id: int) -> int:
-    return Deployment.objects.values_list("last_seq", flat=True).get(pk=deployment_id)
-
-
-def event_last_seq(*, deployment_id: int) -> int:
-    """The seq of the deployment's newest event (0 before any; every seq up to it is
-    committed): where a live feed starts."""
-    return _last_seq(deployment_id)
-
-
-def event_log_page(*, deployment_id: int, after: int, limit: int) -> list[Event]:
-    """The next `limit` lines after seq `after`, for the whole-log download."""
-    rows = Event.objects.filter(deployment_id=deployment_id, seq__gt=after,
-                                kind__in=sorted(LINE_KINDS))
-    return list(rows.order_by("seq")[:limit])
-
-
-def event_log_line(event: Event) -> str:
-    """One line of the downloaded log: UTC time, seq, and the line as the page shows it."""
-    p = event.payload or {}
-    if event.kind == "log":
-        body = str(p.get("text", ""))
-        if p.get("stream") == "stderr":
-            body = "[stderr] " + body
-    elif event.kind == "build":
-        body = "[build] " + str(p.get("text") or p.get("kind") or "")
-    elif event.kind == "diagnosis":
-        body = f"[diagnosis] {p.get('cause', '')}: {p.get('summary', '')} Fix: {p.get('fix', '')}"
-    elif event.kind == "alert":
-        body = f"[alert] {p.get('id', '')} {p.get('state', '')}: {p.get('summary', '')}"
-    else:  # phase, status
-        body = f"[{event.kind}] " + " ".join(
-            str(p[k]) for k in ("status", "message") if p.get(k))
-    return f"{event.ts.strftime('%Y-%m-%dT%H:%M:%S.%f')[:-3]}Z #{event.seq} {body}\n"
 
 
 def deployment_summary(*, deployment: Deployment) -> dict[str, Any]:
@@ -328,113 +219,6 @@ def metric_series(*, deployment_id: int, start: datetime, end: datetime,
     return series.downsample(points, step) if step else points
 
 
-# ------------------------------------------------------------------ the list page
-#
-# One query for the whole list, however long: the latest metric point of each row comes
-# from two correlated subqueries on the (deployment, ts) index, not a query per row.
-
-LIST_ROWS = 200
-THROUGHPUT_FRESH = timedelta(seconds=60)  # an older point is not "current" throughput
-_LIST_FIELDS = ("id", "name", "status", "algorithm", "recipe", "gpus", "created_at",
-                "ready_at", "engine_url", "agent_id", "lease_until")
-
-
-@dataclass(frozen=True)
-class DeploymentRow:
-    id: int
-    name: str
-    status: str
-    algorithm: str
-    recipe: str
-    gpus: list[int]
-    created_at: datetime
-    ready_at: datetime | None  # while ready: when it became ready
-    uptime_s: float | None  # while ready: seconds since ready_at
-    throughput: float | None  # while ready: output tok/s of a point under a minute old
-    throughput_at: datetime | None  # that point's time
-    endpoint: str  # while ready: the engine's address on the engines' network
-    # Its agent is silent (silence.py): the status shown is `unknown`, this says why.
-    silent: str = ""
-    replicas: str = ""  # "3 replicas (2 ready)"; empty for one engine
-    model: str = ""  # the `model` clients name: the spec's served_model_name, else the name
-
-
-def deployment_list_rows(*, now: datetime, limit: int = LIST_ROWS) -> list[DeploymentRow]:
-    """The newest `limit` deployments with what the list shows of each, in one query (and
-    one more for the agents' reports, one for the replica rows where there are any)."""
-    latest = MetricPoint.objects.filter(deployment=OuterRef("pk")).order_by("-ts")
-    # Replica rows are shown by their replica 0 ("3 replicas (2 ready)"), not as rows.
-    ready = Q(replica_rows__status=DeploymentStatus.READY)
-    rows = list(Deployment.objects.filter(replica_of__isnull=True).only(*_LIST_FIELDS)
-                .annotate(point_throughput=Subquery(latest.values("throughput")[:1]),
-                          point_ts=Subquery(latest.values("ts")[:1]),
-                          served_name=KeyTextTransform("served_model_name",
-                                                       KeyTextTransform("engine", "spec")),
-                          replica_count=Count("replica_rows"),
-                          replicas_ready=Count("replica_rows", filter=ready))[:limit])
-    seen = agents_last_seen()
-    silences = {d.pk: deployment_silence(deployment=d, seen=seen, now=now) for d in rows}
-    silent = _silent_replicas([d.pk for d in rows if getattr(d, "replica_count", 0)],
-                              seen, now)
-    return [dataclasses.replace(_list_row(d, now, silences[d.pk]), replicas=_replicas_text(
-                d, root_silent=silences[d.pk] is not None, silent=silent.get(d.pk, (0, 0))),
-                model=str(getattr(d, "served_name", None) or d.name))
-            for d in rows]
-
-
-def _silent_replicas(roots: list[int], seen: dict[str, datetime],
-                     now: datetime) -> dict[int, tuple[int, int]]:
-    """Per replica 0 of `roots`: how many of its replica rows' agents are silent (their
-    status reads `unknown`), and how many of those are stored ready (so not counted ready).
-    One query, none without roots."""
-    found: dict[int, tuple[int, int]] = {}
-    if not roots:
-        return found
-    for d in Deployment.objects.filter(replica_of_id__in=roots).only(
-            "replica_of_id", "status", "agent_id", "lease_until"):
-        if d.replica_of_id is not None and deployment_silence(
-                deployment=d, seen=seen, now=now) is not None:
-            silent, ready = found.get(d.replica_of_id, (0, 0))
-            found[d.replica_of_id] = (silent + 1,
-                                      ready + (d.status == DeploymentStatus.READY))
-    return found
-
-
-def _replicas_text(d: Deployment, *, root_silent: bool = False,
-                   silent: tuple[int, int] = (0, 0)) -> str:
-    """"3 replicas (2 ready)", with "1 unknown" where agents are silent: a row whose agent
-    is silent never counts as ready, whatever it last reported."""
-    extra = getattr(d, "replica_count", 0)
-    if not extra:
-        return ""
-    ready = (getattr(d, "replicas_ready", 0) - silent[1]
-             + (d.status == DeploymentStatus.READY and not root_silent))
-    unknown = silent[0] + root_silent
-    return (f"{extra + 1} replicas ({ready} ready"
-            f"{f', {unknown} unknown' if unknown else ''})")
-
-
-def _list_row(d: Deployment, now: datetime, silence: Silence | None = None) -> DeploymentRow:
-    if silence is not None:  # nothing on the row is current: no uptime or throughput either
-        return DeploymentRow(
-            id=d.pk, name=d.name, status=UNKNOWN, algorithm=d.algorithm, recipe=d.recipe,
-            gpus=list(d.gpus or []), created_at=d.created_at, ready_at=None, uptime_s=None,
-            throughput=None, throughput_at=None, endpoint="",
-            silent=f"last known {d.status}. {silence.summary}")
-    ready = d.status == DeploymentStatus.READY and d.ready_at is not None
-    point_ts: datetime | None = getattr(d, "point_ts", None)
-    fresh = ready and point_ts is not None and now - point_ts <= THROUGHPUT_FRESH
-    return DeploymentRow(
-        id=d.pk, name=d.name, status=d.status, algorithm=d.algorithm, recipe=d.recipe,
-        gpus=list(d.gpus or []), created_at=d.created_at,
-        ready_at=d.ready_at if ready else None,
-        uptime_s=max(0.0, (now - d.ready_at).total_seconds()) if ready and d.ready_at else None,
-        throughput=getattr(d, "point_throughput", None) if fresh else None,
-        throughput_at=point_ts if fresh else None,
-        endpoint=d.engine_url if ready else "",
-    )
-
-
 # ------------------------------------------------------------------ lifecycle
 
 
@@ -468,58 +252,3 @@ def deployment_runs(*, deployment: Deployment) -> list[dict[str, Any]]:
             "current": current,
             "diagnosis": deployment.diagnosis if current else run.diagnosis})
     return rows
-
-
-# ------------------------------------------------------------------ replicas
-
-
-@dataclass(frozen=True)
-class ReplicaRow:
-    """One engine of a deployment as its page and the API's replicas list show it."""
-
-    id: int
-    index: int
-    host: str
-    gpus: list[int]
-    status: str
-    run: int
-    placement_reason: str
-    throughput: float | None  # decode tok/s of its latest metric point, while ready and fresh
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "index": self.index, "host": self.host, "gpus": self.gpus,
-                "status": self.status, "run": self.run,
-                "placement_reason": self.placement_reason, "throughput": self.throughput}
-
-
-def deployment_replicas(*, deployment: Deployment, now: datetime) -> list[ReplicaRow]:
-    """Replica 0 (the deployment the row belongs to) and its replica rows, by index, each
-    with its latest throughput (Deployment.latest_metrics: no series read)."""
-    root = deployment.replica_of_id or deployment.pk
-    rows = (Deployment.objects.filter(pk=root) | Deployment.objects.filter(replica_of_id=root))
-    fields = ("id", "replica_index", "host", "gpus", "status", "run", "placement_reason",
-              "latest_metrics", "agent_id", "lease_until")
-    seen = agents_last_seen()
-    return [_replica_row(d, now, deployment_silence(deployment=d, seen=seen, now=now))
-            for d in rows.only(*fields).order_by("replica_index")]
-
-
-def _replica_row(d: Deployment, now: datetime, silence: Silence | None = None) -> ReplicaRow:
-    if silence is not None:  # its host's agent is silent (a lost host): nothing is current
-        return ReplicaRow(id=d.pk, index=d.replica_index, host=d.host, gpus=list(d.gpus or []),
-                          status=UNKNOWN, run=d.run, placement_reason=d.placement_reason,
-                          throughput=None)
-    point = d.latest_metrics or {}
-    at = point.get("t")
-    fresh = (d.status == DeploymentStatus.READY and isinstance(at, int | float)
-             and now.timestamp() - at <= THROUGHPUT_FRESH.total_seconds())
-    value = point.get("throughput") if fresh else None
-    return ReplicaRow(id=d.pk, index=d.replica_index, host=d.host, gpus=list(d.gpus or []),
-                      status=d.status, run=d.run, placement_reason=d.placement_reason,
-                      throughput=float(value) if isinstance(value, int | float) else None)
-
-
-def replicas_throughput(*, replicas: list[ReplicaRow]) -> float | None:
-    """The deployment's decode tok/s: its ready replicas' sum; None when none has a point."""
-    values = [r.throughput for r in replicas if r.throughput is not None]
-    return sum(values) if values else None

@@ -4,33 +4,12 @@ A stream sends the events after `Last-Event-ID` (or ?after=), then the live ones
 seq once and in order; a keep-alive comment after SSE_KEEPALIVE_S of quiet; it ends after
 the deployment's terminal event.
 
-The live feed is one Redis reader per deployment and process (an asyncio task), shared by
-all its streams. It frames each event once and keeps what it read in a ring of batches
-(RING_FRAMES, RING_BYTES); a stream is only a place in that ring, and a stream that is
-caught up sends each batch as the very bytes object every other stream sends. So a slow
-client holds no backlog of its own: while the server waits on its socket it holds at most
-one send (SEND_BYTES, or one frame longer than that). Its socket holds at most
-STREAM_UNSENT_BYTES unsent in the kernel (with_stream_sockets): without that bound, a
-loopback or LAN socket of a client that stopped reading takes up to 4 MiB (the kernel's
-send buffer, autotuned) before its sends wait, 5 s of a busy engine written to every
-background tab at the full rate (docs/performance.md, Live viewers). A feed that many
-streams follow pauses a little after each fan-out (fanout_pause), so a busy engine's
-batches reach each of them joined, in fewer sends; the feed also wakes its streams for
-their keep-alives, so a waiting stream holds no timer.
-
-A stream behind the ring (it joined behind, or fell behind) catches up from the record in
-pages that the feed reads once for all such streams, one read at a time (the feed keeps
-the pages of the last SKIP_LAG events, so each is read once however many streams are
-behind); a stream more than SKIP_LAG behind the head (a background tab, or a resumption
-from long ago) is sent a `skip` frame naming the seqs it will not get and goes on
-SKIP_TAIL events before the head. A stream behind the ring but within SKIP_LAG is first
-sent a `behind` frame (the page says it is catching up), then every event from the
-record, however slowly its client reads: a client starved of CPU loses nothing.
-No path replays a long record: the page opens at the tail and pages back through the
-history view.
-
-Metric points ride along (frames.py): the feed reads the deployment's points stream in
-the same XREAD and passes them on without an id; they are never replayed.
+The live feed (feed.py) is one Redis reader per deployment and process, shared by all its
+streams; a stream is only a place in what it read (streams.py). Each stream's socket holds
+at most STREAM_UNSENT_BYTES unsent in the kernel (with_stream_sockets): without that
+bound, a loopback or LAN socket of a client that stopped reading takes up to 4 MiB (the
+kernel's send buffer, autotuned) before its sends wait, 5 s of a busy engine written to
+every background tab at the full rate (docs/performance.md, Live viewers).
 
 No stream holds a database connection while it waits: each read is one short call on a
 worker thread that hands its connection back (to the pool) before returning.
@@ -39,66 +18,28 @@ worker thread that hands its connection back (to the pool) before returning.
 from __future__ import annotations
 
 import asyncio
-import bisect
-import contextvars
 import logging
 import re
 import socket
-import weakref
-from collections import OrderedDict
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
-from typing import Any, NamedTuple
+from typing import Any
 
-import redis
-import redis.asyncio as aioredis
 from asgiref.sync import sync_to_async
-from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.views.decorators.http import require_safe
 
-from . import live, selectors
-from .frames import (
-    POINT,
-    Frame,
-    behind_frame,
-    entry_frame,
-    event_frame,
-    point_frame,
-    skip_frame,
-)
-from .frames import text as _text
+from .feed import REDIS_RETRY_S, feed_for
 from .models import Deployment
 from .permissions import can_view
 from .prom import SSE_CLIENTS
+from .streams import MAX_SEQ, Stream
 
 log = logging.getLogger(__name__)
 
-REPLAY_PAGE = 500  # events per read of the record (a catch-up page)
-FEED_COUNT = 2000  # entries per XREAD: a feed behind the live stream catches up in few reads
-RING_FRAMES = 10_000  # what a feed keeps for its streams (5 s of a busy engine's 2,000/s)...
-RING_BYTES = 8 * 2**20  # ... and at most this much of it
-SKIP_LAG = 20_000  # a stream further behind the head than this skips ahead...
-SKIP_TAIL = 500  # ... to this many events before the head (the page's tail is as long)
-# The catch-up pages a feed keeps: all those of the last SKIP_LAG events, so that streams
-# behind the ring at many places read each page once between them (16 pages made 1,000
-# viewers reading on from where each stalled read the same pages again and again).
-CATCHUP_PAGES = SKIP_LAG // REPLAY_PAGE + 2
-SEND_BYTES = 2**16  # what a stream hands the server at once, at most (or one frame)
-BATCH_BYTES = 2**16  # a batch of the ring, at most (or one frame): a read is cut into such
 STREAM_UNSENT_BYTES = 2**16  # what an event stream's socket holds unsent in the kernel
-REDIS_RETRY_S = 1.0  # while Redis fails, a feed polls the database this often
-# After a fan-out a feed pauses this long per stream (fanout_pause), at most FANOUT_MAX_S
-# (100 streams and more on one process: a send each 50 ms), and not at all below
-# FANOUT_MIN_S (fewer than 10 streams).
-FANOUT_S_PER_STREAM = 0.000_5
-FANOUT_MIN_S = 0.005
-FANOUT_MAX_S = 0.05
 KEEPALIVE = b": keep-alive\n\n"
-
-
-MAX_SEQ = 2**63 - 1  # an event seq is a PostgreSQL bigint; Redis ids stop there too
 
 
 def _start_seq(request: HttpRequest) -> int:
@@ -184,71 +125,10 @@ def _release_connection() -> None:
     connection.close()
 
 
-def _db_frames(pk: int, after: int, upto: int) -> list[Frame]:
-    """The record's events in (after, upto], at most a page of them, framed; on a worker
-    thread, its connection back in the pool before it returns."""
-    try:
-        events = selectors.events_after(deployment_id=pk, after_seq=after, limit=REPLAY_PAGE)
-    finally:
-        connection.close()
-    return [event_frame(e.to_wire()) for e in events if e.seq <= upto]
-
-
-async def _from_db(pk: int, after: int, upto: int) -> list[Frame]:
-    # Off the request's thread: the default executor's few threads also cap how many
-    # feeds read the database at once.
-    return await sync_to_async(_db_frames, thread_sensitive=False)(pk, after, upto)
-
-
-def _db_head(pk: int) -> int:
-    try:
-        return selectors.event_last_seq(deployment_id=pk)
-    finally:
-        connection.close()
-
-
-async def _head(pk: int) -> int:
-    """The deployment's last seq in the record: everything up to it is committed."""
-    return await sync_to_async(_db_head, thread_sensitive=False)(pk)
-
-
-# ---------------------------------------------------------------- one stream
-
-
-class _Stream:
-    """One client's position: it sends each seq once, in order, up to the end."""
-
-    def __init__(self, pk: int, last: int) -> None:
-        self.pk = pk
-        self.last = last
-        self.ended = False
-
-    def take(self, frames: Iterable[Frame], upto: int,
-             limit: int = MAX_SEQ) -> list[bytes]:
-        """The frames after `last`, up to the end; then `last` is upto (the caller knows
-        nothing else lies in between: seqs the retention removed). Once `limit` bytes
-        are taken the rest is left for the next call: `last` is then the last frame's."""
-        out: list[bytes] = []
-        size = 0
-        for frame in frames:
-            if frame.seq <= self.last:
-                continue
-            if size >= limit:
-                return out
-            out.append(frame.data)
-            size += len(frame.data)
-            self.last = frame.seq
-            if frame.end:
-                self.ended = True
-                return out
-        self.last = max(self.last, upto)
-        return out
-
-
 async def _events(pk: int, last: int) -> AsyncIterator[bytes]:
     await sync_to_async(_release_connection)()
     yield b"retry: 2000\n\n"
-    stream = _Stream(pk, last)
+    stream = Stream(pk, last)
     SSE_CLIENTS.inc()
     try:
         while not stream.ended:
@@ -266,10 +146,10 @@ async def _events(pk: int, last: int) -> AsyncIterator[bytes]:
         SSE_CLIENTS.dec()
 
 
-async def _follow(stream: _Stream) -> AsyncGenerator[bytes, None]:
+async def _follow(stream: Stream) -> AsyncGenerator[bytes, None]:
     """What the feed has for this stream, as it comes, until the end (or the feed's); a
     keep-alive when the feed says its deployment was quiet for SSE_KEEPALIVE_S."""
-    feed = _feed_for(stream.pk)
+    feed = feed_for(stream.pk)
     viewer = feed.attach()
     try:
         await asyncio.shield(feed.ready)
@@ -282,378 +162,3 @@ async def _follow(stream: _Stream) -> AsyncGenerator[bytes, None]:
         feed.detach(viewer)
 
 
-# ------------------------------------------------------------- the live feed
-
-
-def fanout_pause(streams: int) -> float:
-    """How long a feed waits after a fan-out before it reads on, for this many streams.
-
-    Each fan-out costs one send per stream, and a busy engine's batches come 50 times a
-    second and more: with many streams the feed joins what comes meanwhile into one
-    batch, so each stream gets fewer, larger sends (measured: the panel's
-    CPU per delivered event went down 2.4x under 200 viewers, see docs/performance.md).
-    A feed with few streams (an operator's tab, a log being watched) reads on at once,
-    and a quiet one is not slowed at all: its next event finds the read waiting."""
-    pause = min(FANOUT_MAX_S, FANOUT_S_PER_STREAM * streams)
-    return pause if pause >= FANOUT_MIN_S else 0.0
-
-
-class _Viewer:
-    """A stream's place in its feed's ring (the next batch to look at) and a way to wake
-    it; nothing else per stream: the frames live once, in the feed.
-
-    A waiting stream has no timer of its own: the feed, which reads the deployment for all
-    of its streams, wakes them for a keep-alive when it was quiet (a timer per wait was a
-    tenth of the panel's samples under 200 viewers)."""
-
-    def __init__(self) -> None:
-        self.next_batch = 0
-        self.at = -1  # the stream's seq when next_batch was set: else it is looked up
-        self.waiter: asyncio.Future[bool] | None = None
-        self.live = False  # it has sent from the ring (a replay at its start is not)
-        self.behind = False  # it fell behind the ring, and was told so
-
-    def wake(self, *, keepalive: bool = False) -> None:
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_result(keepalive)
-
-    async def wait(self) -> bool:
-        """Until the feed has more (False) or says it was quiet (True: a keep-alive)."""
-        self.waiter = asyncio.get_running_loop().create_future()
-        try:
-            return await self.waiter
-        finally:
-            self.waiter = None
-
-
-class _Batch(NamedTuple):
-    """What one read of the live channel brought, framed and joined once for every stream:
-    the events after seq `after` up to `last` (contiguous with the batch before)."""
-
-    after: int
-    last: int
-    frames: tuple[Frame, ...]
-    data: bytes
-    end: bool
-
-
-class _Page(NamedTuple):
-    """A catch-up read: the record's events in (k * REPLAY_PAGE, upto], framed once."""
-
-    upto: int
-    frames: tuple[Frame, ...]
-
-
-def _cut(frames: list[Frame], size: int) -> Iterable[list[Frame]]:
-    """Frames in runs of at most `size` bytes (or one frame): a feed behind Redis reads
-    2,000 entries at once and fills a gap with up to RING_FRAMES, and a stream hands
-    the server a batch whole."""
-    part: list[Frame] = []
-    held = 0
-    for frame in frames:
-        if part and held + len(frame.data) > size:
-            yield part
-            part, held = [], 0
-        part.append(frame)
-        held += len(frame.data)
-    if part:
-        yield part
-
-
-# The feeds of the running event loop (uvicorn runs one per process), by deployment.
-_feeds: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, _Feed]] = (
-    weakref.WeakKeyDictionary())
-
-
-def _feed_for(pk: int) -> _Feed:
-    feeds = _feeds.setdefault(asyncio.get_running_loop(), {})
-    feed = feeds.get(pk)
-    if feed is None:
-        feed = feeds[pk] = _Feed(pk, feeds)
-    return feed
-
-
-class _Feed:
-    """Reads one deployment's Redis stream for every stream of it in this process, and
-    keeps what it read in a ring that all of them send from.
-
-    A stream behind the ring catches up from the record in pages that the feed reads once
-    for all of them (one read at a time); a stream more than SKIP_LAG behind the head is
-    told which seqs it skipped and goes on near the head."""
-
-    def __init__(self, pk: int, feeds: dict[int, _Feed]) -> None:
-        self.pk = pk
-        self.feeds = feeds
-        self.viewers: set[_Viewer] = set()
-        self.ring: list[_Batch] = []
-        self.first_batch = 0  # the number of ring[0]; batches are numbered as they come
-        self.ring_frames = self.ring_bytes = 0
-        self.floor = 0  # the ring holds the events after this seq
-        self.head = 0  # ... up to this one
-        self.batch_after = 0  # where the batch being read begins
-        self.pages: OrderedDict[int, asyncio.Task[_Page]] = OrderedDict()
-        self.reading = asyncio.Lock()  # one catch-up read at a time
-        self.closed = False
-        self.point_id = "$"  # the last metric point read; set from the stream at start
-        self.checked_at = asyncio.get_running_loop().time()  # the record, while points flow
-        self.sent_at = self.checked_at  # the last fan-out or keep-alive
-        self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        # A context of its own: the feed outlives the request that started it.
-        self.task = asyncio.create_task(self._run(), context=contextvars.Context())
-
-    # ------------------------------------------------------------ streams' side
-
-    def attach(self) -> _Viewer:
-        viewer = _Viewer()
-        self.viewers.add(viewer)
-        return viewer
-
-    def detach(self, viewer: _Viewer) -> None:
-        self.viewers.discard(viewer)
-        if not self.viewers:
-            self._close()
-
-    async def chunk_for(self, stream: _Stream, viewer: _Viewer) -> bytes:
-        """The next bytes for a stream (b"" when it has all there is): a skip frame, a
-        catch-up from the record, or the ring's batches after its place."""
-        if self.head - stream.last > SKIP_LAG:
-            viewer.behind = False
-            return self._skip(stream, self.head - SKIP_TAIL)
-        if stream.last < self.floor:
-            # Behind the ring, however slowly its client reads (a starved client, a tab
-            # that stopped reading): every event from the record, in order, and a stream
-            # that was live told once that it fell behind; only SKIP_LAG behind skips.
-            told = b""
-            if viewer.live and not viewer.behind:
-                viewer.behind = True
-                told = behind_frame(stream.last, self.head).data
-            return told + await self._catch_up(stream)
-        viewer.behind = False
-        viewer.live = True
-        return self._from_ring(stream, viewer)
-
-    def _skip(self, stream: _Stream, target: int) -> bytes:
-        frame = skip_frame(stream.last + 1, target)
-        log.info("event stream of deployment %s skipped seqs %d-%d (too far behind)",
-                 self.pk, stream.last + 1, target)
-        stream.last = target
-        return frame.data
-
-    async def _catch_up(self, stream: _Stream) -> bytes:
-        """Pages of the record up to the ring, a send's worth."""
-        parts: list[bytes] = []
-        size = 0
-        while stream.last < self.floor and size < SEND_BYTES and not stream.ended:
-            page = await self.page(stream.last // REPLAY_PAGE, after=stream.last)
-            # On into the page's end, not to the floor only: the page holds every event up
-            # to its upto, and the ring's floor may lie inside it (the stream then joins
-            # the ring mid-batch); taking it to the floor sent the events between the
-            # floor and the page's end twice. A send's worth: the rest comes next time.
-            taken = stream.take(page.frames, upto=page.upto, limit=SEND_BYTES - size)
-            parts.extend(taken)
-            size += sum(len(p) for p in taken)
-        return b"".join(parts)
-
-    async def page(self, k: int, *, after: int) -> _Page:
-        """Page k of the record, read once for every stream that needs it; again only when
-        the copy held ends at or before `after` (it was read while the head was there)."""
-        while True:
-            task = self.pages.get(k)
-            if task is None or (task.done() and (task.cancelled() or task.exception()
-                                                 or task.result().upto <= after)):
-                task = self.pages[k] = asyncio.create_task(self._read_page(k))
-                while len(self.pages) > CATCHUP_PAGES:
-                    self.pages.popitem(last=False)
-            self.pages.move_to_end(k)
-            page = await asyncio.shield(task)
-            if page.upto > after:
-                return page
-
-    async def _read_page(self, k: int) -> _Page:
-        async with self.reading:
-            upto = min((k + 1) * REPLAY_PAGE, self.head)
-            frames = await _from_db(self.pk, k * REPLAY_PAGE, upto)
-        return _Page(upto, tuple(frames))
-
-    def _from_ring(self, stream: _Stream, viewer: _Viewer) -> bytes:
-        """The ring's batches after the viewer's place, a send's worth; a batch the stream
-        wants whole goes out as the very bytes object every other stream sends."""
-        parts: list[bytes] = []
-        size = 0
-        i = viewer.next_batch - self.first_batch
-        if viewer.at != stream.last or not 0 <= i <= len(self.ring):
-            i = bisect.bisect_right(self.ring, stream.last, key=lambda b: b.last)
-        while i < len(self.ring) and not stream.ended:
-            batch = self.ring[i]
-            if parts and size + len(batch.data) > SEND_BYTES:
-                break
-            i += 1
-            if batch.after == stream.last and not batch.end:
-                parts.append(batch.data)
-                stream.last = batch.last
-            else:  # joined mid-batch, or the end is in it: frame by frame
-                parts.append(b"".join(stream.take(batch.frames, upto=batch.last)))
-            size += len(parts[-1])
-        viewer.next_batch, viewer.at = self.first_batch + i, stream.last
-        return parts[0] if len(parts) == 1 else b"".join(parts)
-
-    def _close(self) -> None:
-        if self.feeds.get(self.pk) is self:
-            del self.feeds[self.pk]
-        self.closed = True
-        self.task.cancel()
-        for task in self.pages.values():
-            task.cancel()
-
-    # ------------------------------------------------------------- the reader
-
-    async def _run(self) -> None:
-        client = live.blocking_reader(settings.SSE_KEEPALIVE_S)
-        try:
-            # The ring starts at the record's head: a stream behind it catches up from
-            # the record (or skips), never the feed itself.
-            self.head = self.floor = await _head(self.pk)
-            self.ready.set_result(None)
-            await self._start_points(client)
-            # Closed is checked, not only the task's cancellation: redis-py can swallow a
-            # cancel that lands as its read's own timeout fires, and retry the read.
-            while not self.closed:
-                self.batch_after = self.head
-                frames = await self._next(client)
-                if frames:
-                    self._fan_out(frames)
-                    await self._pace()
-                else:
-                    self._keep_alive()
-        except Exception as exc:
-            log.exception("live feed of deployment %s failed", self.pk)
-            if not self.ready.done():
-                self.ready.set_exception(exc)
-        finally:
-            self._retire()
-            await client.aclose()
-
-    def _retire(self) -> None:
-        """After a failure: streams still attached leave it, and go on with a new feed."""
-        if self.feeds.get(self.pk) is self:
-            del self.feeds[self.pk]
-        self.closed = True
-        for viewer in list(self.viewers):
-            viewer.wake()
-
-    async def _start_points(self, client: aioredis.Redis) -> None:
-        """Points from now on (the page loads earlier ones from the REST API)."""
-        try:
-            latest: Any = await client.xrevrange(live.points_key(self.pk), count=1)
-        except redis.RedisError:
-            return
-        self.point_id = _text(latest[0][0]) if latest else "0-0"
-
-    async def _next(self, client: aioredis.Redis) -> list[Frame]:
-        """The next frames in seq order: from the live stream, else from the record; metric
-        points (a stream of their own, read in the same call) go along as they come."""
-        try:
-            reply: Any = await client.xread(
-                {live.stream_key(self.pk): f"0-{self.head}",
-                 live.points_key(self.pk): self.point_id},
-                block=max(1, settings.SSE_KEEPALIVE_S) * 1000, count=FEED_COUNT)
-        except redis.RedisError as exc:
-            log.warning("live feed of deployment %s: %s; reading the database", self.pk, exc)
-            await asyncio.sleep(REDIS_RETRY_S)
-            return await self._record()
-        events = [entries for key, entries in reply or [] if _text(key).endswith(":events")]
-        points = [entries for key, entries in reply or [] if _text(key).endswith(":points")]
-        frames = self._points(points[0]) if points else []
-        if not events:
-            if frames and not self._record_due():
-                return frames
-            # Quiet (or only points for a while): anything that missed the live channel.
-            return frames + await self._record()
-        for entry_id, fields in events[0]:
-            seq = live.seq_of(entry_id)
-            if seq > self.head + 1:  # the stream was trimmed or an entry lost a race
-                start = self.batch_after
-                filled = await self._record(upto=seq - 1)
-                if self.batch_after != start:  # the ring started again after this batch's
-                    frames = [f for f in frames if f.seq == POINT]  # events: they are behind it
-                frames.extend(filled)
-            if seq > self.head:
-                frames.append(entry_frame(seq, fields))
-                self.head = seq
-        return frames
-
-    def _record_due(self) -> bool:
-        now = asyncio.get_running_loop().time()
-        if now - self.checked_at < max(1, settings.SSE_KEEPALIVE_S):
-            return False
-        self.checked_at = now
-        return True
-
-    def _points(self, entries: list[tuple[Any, dict[bytes, bytes]]]) -> list[Frame]:
-        self.point_id = _text(entries[-1][0])
-        return [point_frame(fields) for _, fields in entries]
-
-    async def _record(self, upto: int | None = None) -> list[Frame]:
-        """The record after the head (up to `upto`, else its own head): the events the
-        live channel missed. Of a gap longer than the ring, only its last RING_FRAMES:
-        the ring starts again there, and streams before it catch up or skip."""
-        if upto is None:
-            upto = await _head(self.pk)
-        if upto - self.head > RING_FRAMES:
-            self._restart_ring(upto - RING_FRAMES)
-        frames: list[Frame] = []
-        while self.head < upto:
-            page = await _from_db(self.pk, self.head, upto)
-            frames.extend(page)
-            # Past seqs the record no longer has (retention), or a page short of upto.
-            self.head = page[-1].seq if len(page) == REPLAY_PAGE else upto
-        return frames
-
-    def _restart_ring(self, at: int) -> None:
-        self.first_batch += len(self.ring)
-        self.ring.clear()
-        self.ring_frames = self.ring_bytes = 0
-        self.floor = self.head = self.batch_after = at
-
-    async def _pace(self) -> None:
-        pause = fanout_pause(len(self.viewers))
-        if pause:
-            await asyncio.sleep(pause)
-
-    def _keep_alive(self) -> None:
-        """After SSE_KEEPALIVE_S with nothing for the streams, wake them to send one."""
-        now = asyncio.get_running_loop().time()
-        if now - self.sent_at >= max(1, settings.SSE_KEEPALIVE_S):
-            self.sent_at = now
-            for viewer in self.viewers:
-                viewer.wake(keepalive=True)
-
-    def _fan_out(self, frames: list[Frame]) -> None:
-        self.sent_at = asyncio.get_running_loop().time()
-        after = self.batch_after
-        parts = list(_cut(frames, BATCH_BYTES))
-        for n, part in enumerate(parts, 1):
-            data = b"".join(f.data for f in part)
-            # The last part ends at the head (past seqs the record no longer has); a
-            # point's seq is below any event's.
-            last = self.head if n == len(parts) else max(after, *(f.seq for f in part))
-            self.ring.append(_Batch(after, last, tuple(part), data, any(f.end for f in part)))
-            after = last
-            self.ring_frames += len(part)
-            self.ring_bytes += len(data)
-        self._trim()
-        for viewer in self.viewers:
-            viewer.wake()
-
-    def _trim(self) -> None:
-        drop = 0
-        while len(self.ring) - drop > 1 and (self.ring_frames > RING_FRAMES
-                                             or self.ring_bytes > RING_BYTES):
-            batch = self.ring[drop]
-            self.ring_frames -= len(batch.frames)
-            self.ring_bytes -= len(batch.data)
-            self.floor = batch.last
-            drop += 1
-        if drop:
-            del self.ring[:drop]
-            self.first_batch += drop

@@ -13,7 +13,9 @@ from docker.client import DockerClient
 
 from appliance.logs.causes import Diagnosis
 from appliance.runtime.containers import LABEL_DEPLOYMENT, ContainerPlan, EngineRuntime
-from appliance.runtime.follower import Cursor, EngineFollower, FollowOptions, follow
+from appliance.runtime.cursor import Cursor
+from appliance.runtime.follow_threads import FollowOptions
+from appliance.runtime.follower import EngineFollower, follow
 from tests.conftest_docker import (  # noqa: F401 (fixtures)
     BASE_IMAGE,
     TEST_LABELS,

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from appliance.runtime.follower import Cursor
+from appliance.runtime.cursor import Cursor
 from appliance.runtime.host_sink import MAX_BATCH_BYTES, batches, cursor_marked, host_kinds, masked
 from appliance.runtime.panel_link import event_json, events_body
 
