@@ -9,18 +9,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
-import threading
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any, TextIO
-
-from docker.client import from_env
 
 from appliance import selfcheck
 from appliance.bench.cli import add_parser as add_bench
-from appliance.bench.verify import add_parser as add_verify
+from appliance.bench.verify_cli import add_parser as add_verify
+from appliance.cli_output import EXIT_FINDINGS, EXIT_OK, bad_input, emit
 from appliance.engine.launch import launch_args
 from appliance.engine.recipes import Recipe, RecipeError, load_recipe
 from appliance.engine.spec import (
@@ -30,9 +26,7 @@ from appliance.engine.spec import (
     read_spec_file,
     spec_from_dict,
 )
-from appliance.images.build import BuildCancelled, BuildFailed, build_image, image_exists, image_id
-from appliance.images.lock import LockError, lock_text, reports_from_image
-from appliance.images.plan import BuildError, plan_build
+from appliance.images.cli import add_parser as add_build
 from appliance.logs.catalogue import catalogue_rows
 from appliance.logs.diagnosis import diagnose
 from appliance.logs.facts import spec_facts
@@ -43,21 +37,6 @@ from appliance.preflight import folders as local_folders
 from appliance.preflight.files import MODEL_FIELDS
 from appliance.store.loadtime import add_parser as add_store
 from appliance.tune.cli import add_parser as add_tune
-
-EXIT_OK, EXIT_FINDINGS, EXIT_BAD_INPUT = 0, 1, 2
-
-
-def _emit(data: Any) -> None:
-    print(json.dumps(data, indent=2))
-
-
-def _bad_input(errors: list[FieldError], text: bool) -> int:
-    if text:
-        for e in errors:
-            print(f"error  {e.field or '<spec>'}: {e.message}\n       fix: {e.fix}")
-    else:
-        _emit({"errors": [e.to_dict() for e in errors]})
-    return EXIT_BAD_INPUT
 
 
 def resolve_spec(path: str) -> tuple[DeploymentSpec, Recipe | None, list[FieldError]]:
@@ -80,14 +59,14 @@ def resolve_spec(path: str) -> tuple[DeploymentSpec, Recipe | None, list[FieldEr
 def cmd_launch_args(args: argparse.Namespace) -> int:
     spec, _, recipe_errors = resolve_spec(args.spec)
     if recipe_errors:
-        return _bad_input([FieldError("recipe", e.message, e.fix) for e in recipe_errors],
+        return bad_input([FieldError("recipe", e.message, e.fix) for e in recipe_errors],
                           args.text)
     plan = launch_args(spec)
     if args.text:
         env = " ".join(f"{k}={v}" for k, v in sorted(plan.env.items()))
         print((env + " " if env else "") + " ".join(plan.argv))
     else:
-        _emit(plan.to_dict())
+        emit(plan.to_dict())
     return EXIT_OK
 
 
@@ -110,7 +89,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
         warnings = sum(f.severity == "warning" for f in findings)
         print(f"{errors} error(s), {warnings} warning(s)")
     else:
-        _emit({"findings": [f.to_dict() for f in findings]})
+        emit({"findings": [f.to_dict() for f in findings]})
     return EXIT_FINDINGS if has_errors(findings) else EXIT_OK
 
 
@@ -176,7 +155,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         else:
             print(f"cause:   {result.cause}\nsummary: {result.summary}\nfix:     {result.fix}")
     else:
-        _emit({"diagnosis": result.to_dict() if result else None})
+        emit({"diagnosis": result.to_dict() if result else None})
     return EXIT_OK
 
 
@@ -187,129 +166,7 @@ def cmd_causes(args: argparse.Namespace) -> int:
             print(f"{row['id']} ({row['part']}, priority {row['priority']})\n"
                   f"  summary: {row['summary']}\n  fix:     {row['fix']}")
     else:
-        _emit({"causes": rows})
-    return EXIT_OK
-
-
-EXIT_CANCELLED = 130
-
-
-def _build_line(kind: str, data: dict[str, Any], text: bool) -> None:
-    if not text:
-        print(json.dumps({"kind": kind, **data}), flush=True)
-    elif kind == "build_step":
-        print(f"step {data['step']}/{data['total']}: {data['text']}", flush=True)
-    elif kind != "build_progress":  # download bars: JSON only
-        print(f"  {data.get('text', '')}" if kind == "build_log" else data.get("text", ""),
-              flush=True)
-
-
-def cmd_build(args: argparse.Namespace) -> int:
-    """Build (or find) a recipe's engine image, streaming each step; Ctrl-C cancels."""
-
-    client = from_env()
-    try:
-        recipe = load_recipe(args.recipe)
-        plan = plan_build(recipe, ca_bundle=args.ca_bundle,
-                          base_id=image_id(client, recipe.base_image))
-    except RecipeError as exc:
-        return _bad_input(exc.errors, args.text)
-    except BuildError as exc:
-        return _bad_input([FieldError("recipe", str(exc), "fix the recipe's source, lock or "
-                                      "patch entry")], args.text)
-    if args.plan:
-        return _print_plan(client, recipe, plan, args.text)
-    return _build_outcome(_run_build(client, plan, args), args.text)
-
-
-def _print_plan(client: Any, recipe: Any, plan: Any, text: bool) -> int:
-    """What the build would use: the values, not just their names (the CA bundle aside)."""
-
-    exists = image_exists(client, plan.tag)
-    args = {k: v for k, v in sorted(plan.buildargs.items()) if not k.startswith("APPLIANCE_CA")}
-    src = recipe.sglang
-    source = {"pip": src.pip, "git": src.git, "archive": src.archive, "ref": src.ref,
-              "key": recipe.source_key, "flags": recipe.flag_list_name}
-    data = {"tag": plan.tag, "exists": exists, "base_image": recipe.base_image,
-            "base_image_id": plan.labels.get("appliance.base-image-id"),
-            "source": {k: v for k, v in source.items() if v},
-            "patches": list(recipe.patches),
-            "lock": str(recipe.lock_path) if recipe.lock_path else None, "buildargs": args}
-    if not text:
-        _emit(data)
-        return EXIT_OK
-    print(f"{plan.tag} ({'built' if exists else 'not built'})")
-    for key in ("base_image", "base_image_id", "source", "patches", "lock", "buildargs"):
-        print(f"  {key}: {data[key]}")
-    return EXIT_OK
-
-
-def cmd_lock(args: argparse.Namespace) -> int:
-    """Write a recipe's lock from the pip reports of an image built without one."""
-
-    recipe = load_recipe(args.recipe)
-    out = args.out or (recipe.lock_path or Path(f"{recipe.name}.lock.txt"))
-    try:
-        text = lock_text(reports_from_image(from_env(), args.image),
-                         header=f"{recipe.name}: made by `appliance lock` from {args.image}\n"
-                                f"SGLang source {recipe.source_key}; install with "
-                                "pip install --require-hashes --no-deps -r",
-                         index_url=None if args.no_index_hashes else args.index_url)
-    except LockError as exc:
-        return _bad_input([FieldError("image", str(exc), "build the recipe without a lock, "
-                                      "then run appliance lock on that image")], args.text)
-    Path(out).write_text(text)
-    count = len(re.findall(r"^\S+==", text, re.M))
-    print(f"{count} packages -> {out}") if args.text else _emit({"lock": str(out),
-                                                                  "packages": count})
-    return EXIT_OK
-
-
-def _run_build(client: Any, plan: Any, args: argparse.Namespace) -> dict[str, Any]:
-    """Runs the build on a thread so Ctrl-C (in the main thread) can cancel it."""
-
-    cancel, finished = threading.Event(), threading.Event()
-    outcome: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            outcome["result"] = build_image(
-                plan, client=client, no_cache=args.no_cache, cancel=cancel,
-                on_event=lambda e: _build_line(e.kind, e.to_dict(), args.text))
-        except BaseException as exc:  # handed to the main thread below
-            outcome["error"] = exc
-        finally:
-            finished.set()
-
-    # An Event, not Thread.join, is waited on: an interrupted join can report a live
-    # thread as gone.
-    threading.Thread(target=run, name="appliance-build", daemon=True).start()
-    try:
-        while not finished.wait(0.2):
-            pass
-    except KeyboardInterrupt:
-        cancel.set()  # build_image kills the running step's container, then raises
-        finished.wait(60)
-    return outcome
-
-
-def _build_outcome(outcome: dict[str, Any], text: bool) -> int:
-    error = outcome.get("error")
-    if isinstance(error, BuildCancelled):
-        _build_line("cancelled", {"text": "build cancelled"}, text)
-        return EXIT_CANCELLED
-    if isinstance(error, BuildFailed):
-        _build_line("failed", {"text": f"build failed: {error.message}", **error.to_dict()},
-                    text)
-        if text:
-            for line in error.last_output_lines[-15:]:
-                print(f"  | {line}")
-        return EXIT_FINDINGS
-    if error is not None:
-        raise error
-    if "result" not in outcome:
-        print("the build did not end within 60 s of the cancel", file=sys.stderr)
-        return EXIT_FINDINGS
+        emit({"causes": rows})
     return EXIT_OK
 
 
@@ -344,24 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmd.add_argument("--spec", help="the deployment's spec YAML: its paths, GPUs and tp_size "
                      "tell the causes whose value is wrong")
     cmd.set_defaults(func=cmd_parse_log)
-    cmd = add("build", "build a recipe's engine image (skipped when built); Ctrl-C cancels")
-    cmd.add_argument("recipe", help="recipe name or YAML file")
-    cmd.add_argument("--no-cache", action="store_true", help="rebuild even when built")
-    cmd.add_argument("--ca-bundle", type=Path, default=None,
-                     help="PEM bundle of a TLS-intercepting proxy, for the download steps")
-    cmd.add_argument("--plan", action="store_true",
-                     help="print the tag, whether it exists, and the values it builds with")
-    cmd.set_defaults(func=cmd_build)
-    cmd = add("lock", "write a recipe's lock from an image built without one")
-    cmd.add_argument("recipe", help="recipe name or YAML file")
-    cmd.add_argument("--image", required=True, help="the resolved build's image tag")
-    cmd.add_argument("--out", type=Path, default=None, help="where to write (default: the "
-                     "recipe's lock path)")
-    cmd.add_argument("--index-url", default="https://pypi.org/simple",
-                     help="PEP 691 index whose file hashes are added for every pinned version")
-    cmd.add_argument("--no-index-hashes", action="store_true",
-                     help="only the hashes of the files the build installed")
-    cmd.set_defaults(func=cmd_lock)
+    add_build(sub, add)
     cmd = add("diagnose", "print the most likely failure cause of an engine log")
     cmd.add_argument("file", help="log file, or - for stdin")
     cmd.add_argument("--spec", help="the deployment's spec YAML: its paths, GPUs and tp_size "
@@ -392,9 +232,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except SpecError as exc:
-        return _bad_input(exc.errors, getattr(args, "text", False))
+        return bad_input(exc.errors, getattr(args, "text", False))
     except FileNotFoundError as exc:
-        return _bad_input([FieldError("", f"no such file: {exc.filename}", "check the path")],
+        return bad_input([FieldError("", f"no such file: {exc.filename}", "check the path")],
                           getattr(args, "text", False))
     except BrokenPipeError:
         # `appliance parse-log big.log | head` closes the pipe early; that is not a failure.

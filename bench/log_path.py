@@ -355,7 +355,8 @@ def follow_run(args: argparse.Namespace, *, shape: str, n: int, rate: float, rea
     (the same printer at the same rate) in a phase of its own right after: alongside, dockerd
     serves two followers and the CLI and its reader take about a quarter of a core at
     10,000 lines/s, CPU the path then does not have (measured)."""
-    from appliance.runtime.containers import ContainerPlan, EngineRuntime
+    from appliance.runtime.container_plan import ContainerPlan
+    from appliance.runtime.containers import EngineRuntime
     from appliance.runtime.follow_threads import FollowOptions
     from appliance.runtime.follower import EngineFollower, follow
     from web.deployments.models import Deployment
@@ -485,7 +486,7 @@ def reference_run(args: argparse.Namespace, runtime: Any, plan: Any, *, shape: s
     """`docker logs -f` alone on a twin of the phase's container (the same image, printer,
     shape and rate; at most --reference-seconds of a paced printer, whose rate it only
     confirms): the reference, in its own phase of the same run."""
-    from appliance.runtime.containers import ContainerPlan
+    from appliance.runtime.container_plan import ContainerPlan
 
     count = n if rate <= 0 else min(n, int(rate * args.reference_seconds))
     twin = ContainerPlan(deployment_id=f"{plan.deployment_id}-reference", image=plan.image,
@@ -799,7 +800,7 @@ def _printers_removed() -> Iterator[None]:
         yield
     finally:
         import docker
-        from appliance.runtime.containers import LABEL_INSTANCE
+        from appliance.runtime.container_plan import LABEL_INSTANCE
 
         client = docker.from_env()  # type: ignore[attr-defined]
         for container in client.containers.list(

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 
 import docker
-from appliance.runtime.containers import Identity
+from appliance.runtime.container_plan import Identity
 from appliance.runtime.follower import SCRAPE_ACCESS
 from web.deployments.models import Deployment
 from web.deployments.services.installation import instance_id

@@ -13,7 +13,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.utils import timezone
 
 from appliance.runtime.agent_settings import RemoteSettings
-from appliance.runtime.containers import ContainerPlan
+from appliance.runtime.container_plan import ContainerPlan
 from appliance.runtime.remote_agent import remote_plan
 from web.deployments.models import Deployment, DeploymentStatus
 from web.deployments.services.installation import instance_id

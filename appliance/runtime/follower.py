@@ -52,7 +52,8 @@ from appliance.logs.causes import Diagnosis
 from appliance.logs.diagnosis import diagnose
 from appliance.logs.parser import LogEvent, LogParser
 from appliance.runtime.client import EngineClient
-from appliance.runtime.containers import ContainerPlan, EngineRuntime, LogLine
+from appliance.runtime.container_plan import ContainerPlan
+from appliance.runtime.containers import EngineRuntime, LogLine
 from appliance.runtime.cursor import Cursor, CursorFilter
 from appliance.runtime.follow_threads import (
     LINGER_EVENTS,

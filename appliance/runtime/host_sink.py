@@ -21,9 +21,7 @@ from appliance.lifecycle import Status
 from appliance.logs.causes import Diagnosis
 from appliance.runtime.agent_settings import RemoteSettings
 from appliance.runtime.alerts import Alert
-from appliance.runtime.containers import (
-    Identity,
-)
+from appliance.runtime.container_plan import Identity
 from appliance.runtime.cursor import Cursor
 from appliance.runtime.follow_threads import Events
 from appliance.runtime.monitor import EngineMonitor, monitor_options

@@ -47,7 +47,8 @@ from appliance.preflight import gpu_check_args
 from appliance.runtime import gpu_telemetry
 from appliance.runtime.agent_settings import RemoteSettings
 from appliance.runtime.client import EngineClient
-from appliance.runtime.containers import ContainerPlan, EngineRuntime, EngineRuntimeError, Identity
+from appliance.runtime.container_plan import ContainerPlan, Identity
+from appliance.runtime.containers import EngineRuntime, EngineRuntimeError
 from appliance.runtime.cursor import Cursor
 from appliance.runtime.engine_network import join_engine_network
 from appliance.runtime.follow_threads import FollowOptions

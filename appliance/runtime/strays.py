@@ -18,12 +18,8 @@ from typing import Any
 
 from docker.models.containers import Container
 
-from appliance.runtime.containers import (
-    LABEL_DEPLOYMENT,
-    LABEL_INSTANCE,
-    LABEL_START,
-    EngineRuntime,
-)
+from appliance.runtime.container_plan import LABEL_DEPLOYMENT, LABEL_INSTANCE, LABEL_START
+from appliance.runtime.containers import EngineRuntime
 
 log = logging.getLogger(__name__)
 

@@ -13,6 +13,7 @@ from django.test import Client
 from django.urls import reverse
 
 from tests.specs import spec
+from web.deploy import checks
 from web.deploy import services as deploying
 from web.deploy.forms import DeploymentForm
 from web.deployments import services
@@ -111,7 +112,7 @@ def test_the_form_as_rendered_for_each_recipe_deploys_without_errors(operator_cl
     form = DeploymentForm(_typed_in(values))
     assert form.is_valid(), form.errors
     try:
-        _, findings = deploying.deployment_validate(data=form.to_spec())
+        _, findings = checks.deployment_validate(data=form.to_spec())
     except services.DeploymentInputError as exc:
         pytest.fail(f"{values['recipe']} as rendered does not deploy: {exc}")
     assert not [f for f in findings if f.severity == "error"]

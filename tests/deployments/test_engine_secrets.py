@@ -11,7 +11,8 @@ from django.core import serializers
 from django.test import Client, override_settings
 
 from appliance.logs.appliance_causes import start_failure
-from appliance.runtime.containers import EngineRuntimeError, docker_run_kwargs, secret_values
+from appliance.runtime.container_plan import docker_run_kwargs
+from appliance.runtime.containers import EngineRuntimeError, secret_values
 from appliance.runtime.secrets import ENV_PREFIX
 from tests.plans import own_host_plan
 from tests.specs import spec

@@ -6,7 +6,7 @@ import pytest
 
 from appliance.engine.flags import closest_flag, load_flags
 from tests.specs import spec
-from web.deploy import services as deploying
+from web.deploy import checks
 from web.deployments import services
 
 pytestmark = pytest.mark.django_db
@@ -14,7 +14,7 @@ pytestmark = pytest.mark.django_db
 
 def _unknown_flag_errors(**changes):  # type: ignore[no-untyped-def]
     with pytest.raises(services.DeploymentInputError) as caught:
-        deploying.deployment_validate(data=spec(**changes))
+        checks.deployment_validate(data=spec(**changes))
     return {field: " ".join(messages) for field, messages in caught.value.errors.items()
             if "[unknown-flag]" in " ".join(messages)}
 

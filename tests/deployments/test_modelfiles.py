@@ -12,7 +12,7 @@ from django.utils import timezone
 from tests.hostrows import host_reported
 from tests.models import write_model
 from tests.specs import spec
-from web.deploy import services as deploying
+from web.deploy import checks
 from web.deployments import services
 from web.deployments.models import Deployment
 from web.deployments.services.modelfiles import model_folder
@@ -28,13 +28,13 @@ def root(tmp_path: Path, settings):  # type: ignore[no-untyped-def]
 
 
 def _preflight(data: dict) -> list[dict[str, str]]:  # type: ignore[type-arg]
-    _, findings = deploying.deployment_validate(data=data)
+    _, findings = checks.deployment_validate(data=data)
     return [f.to_dict() for f in findings]
 
 
 def _errors(data: dict) -> dict[str, list[str]]:  # type: ignore[type-arg]
     with pytest.raises(services.DeploymentInputError) as caught:
-        deploying.deployment_validate(data=data)
+        checks.deployment_validate(data=data)
     return caught.value.errors
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from appliance.engine.recipes import list_recipes
 from appliance.engine.spec import read_spec_file
-from web.deploy import services as deploying
+from web.deploy import checks
 from web.deploy.forms import DeploymentForm
 from web.deployments import services
 
@@ -23,7 +23,7 @@ EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 def _warnings(data: dict[str, Any]) -> list[str]:
     """Warnings, and notes asking to change a key the spec or its recipe itself sets (the
     form once set disable_overlap_schedule and pre-flight asked to remove it each time)."""
-    _, findings = deploying.deployment_validate(data=data)
+    _, findings = checks.deployment_validate(data=data)
     own = {f"engine.{k}" for k in {**services.recipe_load(data["recipe"]).engine_defaults,
                                    **data.get("engine", {})}}
     return [f"[{f.rule}] {f.field}: {f.message} Fix: {f.fix}" for f in findings

@@ -25,7 +25,8 @@ from django.test import override_settings
 from django.utils import timezone
 
 from appliance.runtime.agent_settings import RemoteSettings
-from appliance.runtime.containers import EngineRuntime, Identity
+from appliance.runtime.container_plan import Identity
+from appliance.runtime.containers import EngineRuntime
 from appliance.runtime.host_sink import MASK
 from appliance.runtime.panel_link import panel_link_open
 from appliance.runtime.remote_agent import RemoteAgent, host_report

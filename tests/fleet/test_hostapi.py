@@ -277,7 +277,7 @@ def test_a_bad_step_names_its_field_and_moves_nothing(body, field) -> None:  # t
 def test_the_own_hosts_engine_is_ready_at_its_container_name_and_at_no_other_name() -> None:
     """The panel's own host, joined, runs its engines on the engine network: its ready step
     names the engine container of that start (reached by name), never another name."""
-    from appliance.runtime.containers import container_name
+    from appliance.runtime.container_plan import container_name
     from web.deployments.services.installation import instance_id
 
     first, other = queued(name="first", gpus=[0]), queued(name="other", gpus=[1])

@@ -16,7 +16,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.utils import timezone
 
 from appliance.runtime.agent_settings import RemoteSettings
-from appliance.runtime.containers import docker_run_kwargs
+from appliance.runtime.container_plan import docker_run_kwargs
 from appliance.runtime.remote_agent import SIMULATED_BUILD_ENV, remote_plan
 from tests.fleet.hosts import joined
 from tests.hostrows import host_reported

@@ -20,7 +20,8 @@ from django.conf import settings
 from django.test import override_settings
 
 from appliance.runtime.agent_settings import RemoteSettings, join_token_read
-from appliance.runtime.containers import EngineRuntime, Identity
+from appliance.runtime.container_plan import Identity
+from appliance.runtime.containers import EngineRuntime
 from appliance.runtime.remote_agent import RemoteAgent
 from tests.conftest_docker import docker_client, remove_engines, test_engine_image  # noqa: F401
 from tests.fleet.hosts import remote_agent_running

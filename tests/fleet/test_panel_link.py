@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from appliance.runtime.containers import Identity
+from appliance.runtime.container_plan import Identity
 from appliance.runtime.cursor import Cursor
 from appliance.runtime.host_sink import RemoteSink
 from appliance.runtime.panel_link import PanelLink, PanelRefused, panel_link_open

@@ -13,6 +13,7 @@ from django.test import Client
 
 from tests.rows import queued
 from tests.specs import spec
+from web.deploy import checks
 from web.deploy import services as deploying
 from web.deployments import services
 from web.deployments.models import Deployment
@@ -43,7 +44,7 @@ def test_a_secret_only_one_host_holds_passes_there_and_is_refused_where_placemen
         ) -> None:
     joined("gpu-2", secret_names=["HF_TOKEN"])
     joined("gpu-3", secret_names=[])
-    checked = deploying.deployment_check(data=spec(secrets=["HF_TOKEN"], gpus=[0]))
+    checked = checks.deployment_check(data=spec(secrets=["HF_TOKEN"], gpus=[0]))
     assert checked.host == "gpu-2"  # both free: the first by name
     assert "secret-missing" not in {f.rule for f in checked.findings}
     holder = queued(name="holder", gpus=[0])  # takes gpu-2's GPU 0: the next goes to gpu-3

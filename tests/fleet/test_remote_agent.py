@@ -27,7 +27,8 @@ import docker
 from appliance.images.lock import LOCK_LABEL, lock_digest
 from appliance.runtime.agent_settings import RemoteSettings
 from appliance.runtime.alerts import Alert
-from appliance.runtime.containers import EngineRuntime, Identity
+from appliance.runtime.container_plan import Identity
+from appliance.runtime.containers import EngineRuntime
 from appliance.runtime.host_image import image_lock_refusal
 from appliance.runtime.host_sink import RemoteMonitorSink, RemoteSink
 from appliance.runtime.panel_link import PanelRefused, panel_link_open

@@ -36,7 +36,7 @@ from tests.servers import panel_server
 from tests.specs import spec
 from web.deployments.models import Deployment, DeploymentStatus
 from web.fleet import services as fleet
-from web.gateway.upstream import PROBE_TIMEOUT_S
+from web.gateway.bounds import PROBE_TIMEOUT_S
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
 

@@ -8,7 +8,8 @@ import contextlib
 import pytest
 
 import docker
-from appliance.runtime.containers import COMPOSE_PROJECT, COMPOSE_SERVICE, EngineRuntime
+from appliance.runtime.container_plan import COMPOSE_PROJECT, COMPOSE_SERVICE
+from appliance.runtime.containers import EngineRuntime
 from tests.conftest_docker import TEST_LABELS, docker_client, test_engine_image, unique_id  # noqa: F401
 
 pytestmark = pytest.mark.docker

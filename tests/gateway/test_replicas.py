@@ -39,8 +39,8 @@ from tests.specs import spec
 from web.deployments.inflight import inflight_key, replica_inflight
 from web.deployments.models import Deployment, DeploymentStatus
 from web.fleet.models import FleetHost, Placement
+from web.gateway.bounds import DEAD_PEER_S
 from web.gateway.models import ApiKeyUsage
-from web.gateway.upstream import DEAD_PEER_S
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -14,17 +14,16 @@ import redis
 from django.conf import settings
 from django.db import connection
 
-from web.gateway.routing import (
+from web.gateway.routing import LEASE_SHARE, Routing
+from web.gateway.services import KEYS_EPOCH, apikey_create, apikey_revoke, rate_limit_key
+from web.gateway.watches import (
     EPOCH_WATCH_STALE_S,
-    LEASE_SHARE,
     ROUTES_WATCH_NAME,
     ROUTES_WATCH_STALE_S,
     WATCH_NAME,
     EpochWatch,
     RoutesWatch,
-    Routing,
 )
-from web.gateway.services import KEYS_EPOCH, apikey_create, apikey_revoke, rate_limit_key
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

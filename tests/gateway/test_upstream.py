@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from web.gateway.upstream import HIGH_WATER, Bounds, Pool, UpstreamError, UpstreamTimeout
+from web.gateway.bounds import Bounds, UpstreamError, UpstreamTimeout
+from web.gateway.upstream import HIGH_WATER, Pool
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[bool]]
 

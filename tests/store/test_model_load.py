@@ -17,6 +17,7 @@ from appliance.runtime.remote_agent import remote_plan
 from tests.models import write_model
 from tests.plans import own_host_placement, own_host_settings
 from tests.specs import spec
+from web.deploy import checks
 from web.deploy import services as deploying
 from web.deployments import services
 from web.deployments.models import Deployment, EventKind, RootReadRate
@@ -102,7 +103,7 @@ def test_a_partial_model_is_refused_naming_the_field(root: Path) -> None:
     model_store_scan()
     assert _entry("Kimi-K2.6-DFlash").state == ModelState.PARTIAL
     with pytest.raises(services.DeploymentInputError) as caught:
-        deploying.deployment_validate(data=spec())
+        checks.deployment_validate(data=spec())
     [message] = caught.value.errors["engine.speculative_draft_model_path"]
     assert "is partial in the model store" in message and "[model-not-ready]" in message
 
@@ -111,14 +112,14 @@ def test_a_failed_download_is_refused_with_its_error(root: Path) -> None:
     ModelEntry.objects.filter(relative_path="Kimi-K2.6").update(
         state=ModelState.FAILED, error="sha256 of model-00001-of-00001.safetensors differs")
     with pytest.raises(services.DeploymentInputError) as caught:
-        deploying.deployment_validate(data=spec())
+        checks.deployment_validate(data=spec())
     [message] = caught.value.errors["engine.model_path"]
     assert "failed in the model store: sha256 of model-00001-of-00001.safetensors" in message
 
 
 def test_a_folder_in_a_root_the_store_has_not_listed_is_reported_unverified(root: Path) -> None:
     write_model(root / "fresh")
-    _, findings = deploying.deployment_validate(data=spec(engine__model_path="/models/fresh"))
+    _, findings = checks.deployment_validate(data=spec(engine__model_path="/models/fresh"))
     [info] = [f for f in findings if f.rule == "model-unverified"]
     assert info.field == "engine.model_path" and info.severity == "info"
 
@@ -224,7 +225,7 @@ def test_a_deployment_names_its_models_by_store_entry(root: Path) -> None:
 def test_an_entry_the_store_does_not_have_is_refused_naming_the_field(root: Path) -> None:
     for bad in (999999, "x", True):
         with pytest.raises(services.DeploymentInputError) as caught:
-            deploying.deployment_validate(data={**spec(), "model_entry": bad})
+            checks.deployment_validate(data={**spec(), "model_entry": bad})
         [message] = caught.value.errors["model_entry"]
         assert "No model store entry" in message and "give the path instead" in message
     assert Deployment.objects.count() == 0
@@ -330,7 +331,7 @@ def test_mid_download_the_gpu_memory_check_counts_the_whole_model(root: Path) ->
     from web.deployments.services.modelfiles import local_model_facts
     from web.store.loadtime import store_facts
 
-    spec_ = deploying.deployment_validate(data=spec())[0]
+    spec_ = checks.deployment_validate(data=spec())[0]
     facts = store_facts(spec_, local_model_facts(spec_))
     shard = root / "Kimi-K2.6" / "model-00001-of-00001.safetensors"
     assert local_model_facts(spec_)["weights_bytes"] == shard.stat().st_size

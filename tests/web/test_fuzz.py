@@ -21,6 +21,7 @@ from appliance.engine.launch import launch_args
 from appliance.engine.spec import SpecError, engine_field_names, flag_for, spec_from_dict
 from appliance.preflight import run_preflight
 from tests.specs import spec
+from web.deploy import checks
 from web.deploy import services as deploying
 from web.deployments.services import DeploymentInputError
 
@@ -89,7 +90,7 @@ def test_the_spec_parser_and_preflight_answer_every_input_with_findings_or_field
 def test_the_web_validation_answers_every_input_with_a_field_error_or_a_spec(
         data: dict[str, Any]) -> None:
     try:
-        deploying.deployment_validate(data=data)
+        checks.deployment_validate(data=data)
     except DeploymentInputError as exc:
         assert exc.errors
 

@@ -10,7 +10,7 @@ import pytest
 from django.test import override_settings
 
 import docker
-from appliance.runtime.containers import Identity
+from appliance.runtime.container_plan import Identity
 from tests.conftest_docker import remove_engines, wait_for
 from tests.specs import spec
 from tests.waiting import wait_for_status

@@ -21,7 +21,7 @@ from django.conf import settings
 from django.test import override_settings
 
 import docker
-from appliance.runtime.containers import Identity
+from appliance.runtime.container_plan import Identity
 from tests.conftest_docker import remove_engines
 from tests.servers import (
     celery_worker,

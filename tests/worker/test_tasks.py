@@ -12,7 +12,8 @@ from django.test import override_settings
 
 import docker
 from appliance.runtime.client import EngineClient
-from appliance.runtime.containers import EngineRuntime, Identity
+from appliance.runtime.container_plan import Identity
+from appliance.runtime.containers import EngineRuntime
 from tests.conftest_docker import engines_of, remove_engines
 from tests.plans import own_host_plan
 from tests.servers import bridge_address

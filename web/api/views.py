@@ -22,6 +22,7 @@ from rest_framework.response import Response
 
 from appliance.logs.cause import spec_patched
 from appliance.runtime import series
+from web.deploy import checks
 from web.deploy import services as deploying
 from web.deployments import rows as deployment_rows
 from web.deployments import selectors, services
@@ -334,7 +335,7 @@ def preflight(request: Request) -> Response:
     each replica would run and why (a read: another request may take those GPUs first)."""
     body = PreflightSerializer(data=spec_body(request.data, {}))
     body.is_valid(raise_exception=True)
-    checked = deploying.deployment_check(data=body.validated_data["spec"])
+    checked = checks.deployment_check(data=body.validated_data["spec"])
     return Response({"findings": [f.to_dict() for f in checked.findings], "ok": True,
                      "host": checked.host,
                      "placement": [{"replica": c.replica, "host": c.host, "gpus": c.gpus,

@@ -12,6 +12,7 @@ from django.conf import settings
 
 from appliance.lifecycle import Process
 from appliance.tune import Candidate, DeployFailed, candidate_spec
+from web.deploy import checks
 from web.deploy import services as deploying
 from web.deployments import services as deployments
 from web.deployments.models import TERMINAL_STATUSES, Deployment, DeploymentStatus
@@ -51,7 +52,7 @@ class PanelDeployer:
         try:
             # Checked on replica 0's host, where a candidate runs (or, side by side, beside it).
             hosts = deployments.deployment_hosts(deployment_id=self.pk, alone=True)
-            deploying.deployment_validate(data=self._spec(candidate), hosts=hosts)
+            checks.deployment_validate(data=self._spec(candidate), hosts=hosts)
         except deployments.DeploymentInputError as exc:
             return [f"{field}: {' '.join(msgs)}" for field, msgs in exc.errors.items()]
         return []

@@ -20,7 +20,7 @@ from django.conf import settings
 from django.db import DataError, connection, transaction
 
 from appliance.logs.cause import Diagnosis
-from appliance.runtime.containers import container_name
+from appliance.runtime.container_plan import container_name
 from web.deployments.models import (
     Deployment,
     DeploymentStatus,

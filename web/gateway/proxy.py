@@ -10,11 +10,8 @@ docs/gateway.md says why this and not sglang-router, with the measured overhead.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import logging
-import zlib
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -33,16 +30,9 @@ from web.gateway.admission import (
     session_caller,
     target_for,
 )
+from web.gateway.relay import refuse, relay_watching, send_json
 from web.gateway.routing import routing
 from web.gateway.selectors import Target
-from web.gateway.upstream import (
-    CONNECT_TIMEOUT_S,
-    Bounds,
-    Response,
-    UpstreamError,
-    UpstreamTimeout,
-    pool,
-)
 from web.gateway.usage import UsageTap, asked_usage, usage_writer, with_usage_option
 
 log = logging.getLogger(__name__)
@@ -60,25 +50,6 @@ def with_gateway(django_app: ASGIApp) -> ASGIApp:
         else:
             await django_app(scope, receive, send)
     return app
-
-
-# ------------------------------------------------------------------ responses
-
-async def _send_json(send: Send, status: int, body: Any,
-                     extra: list[tuple[bytes, bytes]] | None = None) -> None:
-    data = json.dumps(body).encode()
-    headers = [(b"content-type", b"application/json"),
-               (b"content-length", str(len(data)).encode()), *(extra or [])]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": data})
-
-
-async def _refuse(send: Send, refusal: Refusal) -> None:
-    extra = ([(b"retry-after", str(refusal.retry_after).encode())]
-             if refusal.retry_after is not None else [])
-    if refusal.status == 401:
-        extra.append((b"www-authenticate", b'Bearer realm="sd-appliance"'))
-    await _send_json(send, refusal.status, refusal.body(), extra)
 
 
 def _bad_request(message: str, param: str | None = None) -> Refusal:
@@ -166,33 +137,33 @@ def _token_refusal(data: dict[str, Any], target: Target) -> Refusal | None:
 async def handle(scope: Scope, receive: Receive, send: Send) -> None:
     path, method = scope["path"], scope["method"]
     if path not in ROUTES:
-        await _refuse(send, Refusal(404, f"Unknown URL {path}: the gateway serves only "
+        await refuse(send, Refusal(404, f"Unknown URL {path}: the gateway serves only "
                                     f"{', '.join(sorted(ROUTES))}.", "invalid_request_error",
                                     "unknown_url"))
         return
     if method != ROUTES[path]:
-        await _refuse(send, Refusal(405, f"{path} takes {ROUTES[path]}, not {method}.",
+        await refuse(send, Refusal(405, f"{path} takes {ROUTES[path]}, not {method}.",
                                     "invalid_request_error", "method_not_allowed"))
         return
     secret, cookie = _credentials(scope)
     if secret is None and not cookie:
-        await _refuse(send, NO_CREDENTIALS)  # no database work for an anonymous call
+        await refuse(send, NO_CREDENTIALS)  # no database work for an anonymous call
         return
     # The key first: a caller the gateway refuses has none of its body read or parsed.
     caller = await _caller(scope, secret)
     if isinstance(caller, Refusal):
-        await _refuse(send, caller)
+        await refuse(send, caller)
         return
     if path == "/v1/models":
         refusal = await _rate_limited(caller)
         if refusal is not None:
-            await _refuse(send, refusal)
+            await refuse(send, refusal)
             return
         await _list_models(send, caller)
         return
     body = await _read_body(receive)
     if body is None:
-        await _refuse(send, Refusal(413, "The request body is over the gateway's limit "
+        await refuse(send, Refusal(413, "The request body is over the gateway's limit "
                                     f"({settings.GATEWAY_MAX_BODY_BYTES} bytes, "
                                     "APPLIANCE_GATEWAY_MAX_BODY_BYTES).",
                                     "invalid_request_error", "body_too_large"))
@@ -236,7 +207,7 @@ def _redis_down() -> Refusal:
 
 async def _list_models(send: Send, caller: Caller) -> None:
     targets = models_for(caller=caller, targets=await routing().targets())
-    await _send_json(send, 200, {"object": "list", "data": [
+    await send_json(send, 200, {"object": "list", "data": [
         {"id": t.model, "object": "model", "created": t.created, "owned_by": "sd-appliance"}
         for t in targets]})
 
@@ -267,7 +238,7 @@ async def _generate(receive: Receive, send: Send, path: str, caller: Caller,
         if isinstance(target, Target):
             target = await _rate_limited(caller) or target
     if isinstance(target, Refusal):
-        await _refuse(send, target)
+        await refuse(send, target)
         return
     assert isinstance(data, dict) and isinstance(named, Target)
     handed = target.group_id != named.group_id
@@ -282,7 +253,7 @@ async def _generate(receive: Receive, send: Send, path: str, caller: Caller,
         tap.headers = [(SERVED_BY, target.name.encode())]
     if target.simulator:  # the simulator answered, not SGLang: as the panel's banner says
         tap.headers.append(SIMULATOR)
-    await _relay_watching(receive, send, target, path, body, stream, tap, data)
+    await relay_watching(receive, send, target, path, body, stream, tap, data)
     if not tap.started:
         return  # the engine never answered (a 503 went out): nothing to count
     # Usage is the key's, on the deployment that served it (replica 0's row for any of its
@@ -295,9 +266,7 @@ async def _generate(receive: Receive, send: Send, path: str, caller: Caller,
 
 
 SERVED_BY = b"x-appliance-served-by"
-REPLICA = b"x-appliance-replica"  # the replica (its index) that answered, or began a stream
 SIMULATOR = (b"x-appliance-simulator", b"true")  # its engine is the test engine
-RETRIED = (b"x-appliance-retried", b"1")  # another replica failed it before answering
 
 
 def _handed_on(data: dict[str, Any], target: Target, path: str) -> Target | Refusal:
@@ -323,226 +292,3 @@ def _handed_on(data: dict[str, Any], target: Target, path: str) -> Target | Refu
                        f"{target.companion!r}, is not ready: deploy it, or wait until it is "
                        "ready.", "service_unavailable", "companion_not_ready")
     return companion
-
-
-# ------------------------------------------------------------------ relaying
-
-async def _relay_watching(receive: Receive, send: Send, target: Target, path: str,
-                          body: bytes, stream: bool, tap: UsageTap,
-                          data: dict[str, Any]) -> None:
-    """Relay, and stop the engine's work as soon as the client goes away.
-
-    The relay runs in the request's own task; a watcher of the client's disconnect cancels
-    it. (A task of its own for the relay and `asyncio.wait` on the two cost a task, a
-    waiter and four callbacks per request, on the path whose added p99 docs/gateway.md bounds.)"""
-    relaying = asyncio.current_task()
-    assert relaying is not None
-    watching = True  # the watcher cancels the relay only while it runs
-    stopped = False  # ... and says so: any other cancel is the server's, and goes on up
-
-    def client_gone(watcher: asyncio.Future[None]) -> None:
-        nonlocal stopped
-        if watching and not watcher.cancelled() and watcher.exception() is None:
-            stopped = True
-            relaying.cancel()
-
-    gone = asyncio.ensure_future(_disconnected(receive))
-    gone.add_done_callback(client_gone)
-    try:
-        await _relay(send, target, path, body, stream, tap, data)
-    except asyncio.CancelledError:
-        if not stopped:
-            raise  # cancelled from outside (the server shutting down), not by the watcher
-        relaying.uncancel()  # the client went away: the relay was stopped, nothing more
-    finally:
-        watching = False
-        if not gone.done():
-            gone.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await gone
-
-
-async def _disconnected(receive: Receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
-
-
-async def _relay(send: Send, target: Target, path: str, body: bytes, stream: bool,
-                 tap: UsageTap, data: dict[str, Any]) -> None:
-    """To one replica of the deployment; once more to another when the first failed before
-    answering (refused, reset, a 502/503, a stream broken before its first event, nothing
-    within the first-byte timeout: web/gateway/upstream.py's Bounds)."""
-    table = routing()
-    rows = table.rotation(target)
-    if not rows:
-        await _refuse(send, Refusal(503, f"Every replica of {target.model!r} is draining (a "
-                                    "rolling change is under way); try again shortly.",
-                                    "service_unavailable", "deployment_draining"))
-        return
-    affinity = _affinity(data) if len(rows) > 1 else None
-    tried: tuple[int, ...] = ()
-    while rows:
-        row = table.pick(rows, affinity=affinity)
-        tried += (row.deployment_id,)
-        # The one retry is owed whenever another row serves, not only when the rotation
-        # offered one: a row left out of it (its host's heartbeat late, a failure of its own
-        # not yet cleared by /health) is still a better answer than a 503.
-        retry = len(tried) == 1 and any(t.deployment_id != row.deployment_id
-                                        for t in table.serving(target))
-        tap.replica = row.replica_index
-        table.begin(row)
-        try:
-            answered = await _relay_to(send, row, path, body, stream, tap, retry)
-        finally:
-            table.end(row)
-        if answered:
-            if tap.failure is not None:  # its stream broke off midway: out until it is back
-                table.eject(row, generate=isinstance(tap.failure, UpstreamTimeout))
-            return
-        # A replica that timed out may be one whose HTTP server answers while its engine
-        # does not: it comes back only once it makes a token again.
-        table.eject(row, generate=isinstance(tap.failure, UpstreamTimeout))
-        if not retry:
-            break
-        rows = table.rotation(target, exclude=tried, away_from=row.host_key)
-        if not tap.started:  # said on the answer: it came from a second replica
-            tap.headers.append(RETRIED)
-    timed_out = isinstance(tap.failure, UpstreamTimeout)
-    if tap.started:  # a stream's head went out, no event: it ends as a broken one
-        tap.broken(_stream_timed_out(tap.failure) if timed_out else STREAM_BROKEN)
-    elif timed_out:
-        await _refuse(send, Refusal(504, f"The deployment's engine did not answer: "
-                                    f"{tap.failure}. Try again shortly.", "engine_error",
-                                    "engine_timeout"))
-    else:
-        await _refuse(send, Refusal(503, "The deployment's engine did not answer; it may be "
-                                    "restarting. Try again shortly.", "service_unavailable",
-                                    "engine_unreachable"))
-
-
-# A replica that gives one of these before any byte of an answer is tried no more for this
-# request: it is going away (SGLang answers 503 while it shuts down or its scheduler is gone).
-RETRIED_STATUSES = frozenset({502, 503})
-FAILOVER_CONNECT_S = 2.0  # connecting, when another replica could take the request instead
-AFFINITY_BLOCK = 256  # characters: the first block of a prompt, about 64 tokens
-
-
-def _affinity(data: dict[str, Any]) -> int | None:
-    """A hash of the prompt's first block (the completion's prompt, the chat's first
-    message), the same in every panel process; None when there is no text to hash."""
-    text = data.get("prompt")
-    if not isinstance(text, str):
-        messages = data.get("messages")
-        first = messages[0] if isinstance(messages, list) and messages else None
-        text = first.get("content") if isinstance(first, dict) else None
-        if not isinstance(text, str):
-            return None
-    return zlib.crc32(text[:AFFINITY_BLOCK].encode("utf-8", "surrogatepass"))
-
-
-async def _relay_to(send: Send, row: Target, path: str, body: bytes, stream: bool,
-                    tap: UsageTap, retry: bool) -> bool:
-    """Relay from one row's engine; False when it failed before answering (nothing of it
-    reached the client) and `retry` says another replica may take the request."""
-    url = row.engine_url.rstrip("/") + path
-    timeout_s = FAILOVER_CONNECT_S if retry else CONNECT_TIMEOUT_S
-    tap.failure = None
-    try:
-        auth = f"Bearer {row.engine_key}" if row.engine_key else ""
-        async with pool().post(url, body, authorization=auth, connect_timeout_s=timeout_s,
-                               bounds=_bounds(row, stream)) as upstream:
-            if retry and upstream.status in RETRIED_STATUSES:
-                log.warning("engine %s answered %s before any byte: another replica takes it",
-                            row.engine_url, upstream.status)
-                return False
-            kind = upstream.headers.get("content-type", "application/json").encode()
-            if stream and upstream.status == 200:
-                return await _relay_stream(send, upstream, kind, tap, retry)
-            if tap.started:  # a retry after a stream's head went out: no second status
-                await upstream.read()
-                tap.broken(STREAM_BROKEN)
-                return True
-            await _relay_whole(send, upstream, kind, tap)
-            return True
-    except UpstreamError as exc:
-        log.warning("engine %s unreachable: %s", row.engine_url, exc)
-        tap.failure = exc
-        return False
-
-
-def _bounds(row: Target, stream: bool) -> Bounds:
-    """The wait allowed on the engine (settings, docs/gateway.md "Bounded waits"): a
-    stream's first event within the first-byte timeout, then silences within the idle one;
-    a whole answer past the first-byte timeout only while the engine's /health answers, to
-    the whole-answer timeout."""
-    first, idle = settings.GATEWAY_FIRST_BYTE_TIMEOUT_S, settings.GATEWAY_IDLE_STREAM_TIMEOUT_S
-    if stream:
-        return Bounds(first_byte_s=first, idle_s=idle)
-    return Bounds(first_byte_s=first, idle_s=idle,
-                  health_url=row.engine_url.rstrip("/") + "/health",
-                  whole_s=max(first, settings.GATEWAY_WHOLE_ANSWER_TIMEOUT_S))
-
-
-async def _relay_stream(send: Send, upstream: Response, kind: bytes,
-                        tap: UsageTap, retry: bool = False) -> bool:
-    if not tap.started:
-        await send({"type": "http.response.start", "status": 200, "headers": [
-            (b"content-type", kind), (b"cache-control", b"no-cache"),
-            (b"x-accel-buffering", b"no"), *tap.headers,
-            (REPLICA, str(tap.replica).encode())]})
-        tap.started = True
-    try:
-        async for data in upstream.chunks():
-            out = tap.feed(data)
-            if out:
-                tap.sent_body = True
-                await send({"type": "http.response.body", "body": out, "more_body": True})
-    except UpstreamError as exc:
-        if not tap.sent_body:  # nothing of it reached the client: another may take it
-            log.warning("engine stream broken off before its first event: %s", exc)
-            tap.restart()
-            tap.failure = exc
-            if retry:
-                return False
-            tap.broken(_stream_timed_out(exc) if isinstance(exc, UpstreamTimeout)
-                       else STREAM_BROKEN)
-            return True
-        log.warning("engine stream broken off: %s", exc)
-        tap.failure = exc
-        tap.broken(_stream_timed_out(exc) if isinstance(exc, UpstreamTimeout)
-                   else STREAM_BROKEN)
-        return True
-    if not tap.done:  # ended cleanly, but short of its [DONE]: the engine stopped early
-        if retry and not tap.sent_body:
-            tap.restart()
-            return False
-        log.warning("engine stream ended without [DONE]")
-        tap.broken(STREAM_BROKEN)
-    # the end (any unterminated tail) goes out in tap.finish, after usage is recorded
-    return True
-
-
-STREAM_BROKEN = Refusal(502, "The deployment's engine stopped in the middle of this answer "
-                        "(it may have crashed or be restarting): the text above is "
-                        "incomplete. Try again shortly.", "engine_error", "engine_stream_broken")
-
-
-def _stream_timed_out(error: UpstreamError | None) -> Refusal:
-    """A stream's end when its engine went silent past the gateway's bound (the error event
-    names which), so the client raises instead of waiting without end."""
-    return Refusal(504, f"The deployment's engine stopped answering: {error}. The text "
-                   "above (if any) is incomplete. Try again shortly.", "engine_error",
-                   "engine_timeout")
-
-
-async def _relay_whole(send: Send, upstream: Response, kind: bytes,
-                       tap: UsageTap) -> None:
-    data = await upstream.read()
-    if upstream.status == 200:
-        with contextlib.suppress(ValueError, AttributeError):
-            tap.take_usage(json.loads(data).get("usage"))
-    await send({"type": "http.response.start", "status": upstream.status, "headers": [
-        (b"content-type", kind), (b"content-length", str(len(data)).encode()),
-        *tap.headers, (REPLICA, str(tap.replica).encode())]})
-    tap.started = True
-    tap.hold(data)  # sent by tap.finish, once usage is recorded

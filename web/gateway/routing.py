@@ -3,22 +3,19 @@ process, so a request with a known key costs one Redis round trip before the eng
 
 - Keys: a grant is cached by the key's digest together with the key epoch it was read at.
   services.apikey_revoke bumps the epoch and publishes it, so a revoked key stops at once,
-  in every panel process. Each process holds a subscription (EpochWatch) and knows the
-  epoch without a round trip; while that subscription is not known good (not yet made,
-  Redis restarting, silent for over EPOCH_WATCH_STALE_S) every request reads the epoch from
-  Redis instead. A key with a rate limit takes a round trip per lease of its minute's
-  requests (LEASE_SHARE), not per request. A grant is read again in the background once
-  GRANT_TTL_S old (an owner's role change); the request that finds it old is answered from it.
+  in every panel process: each process knows the epoch from its subscription (EpochWatch,
+  web/gateway/watches.py) without a round trip while that is known good, else reads it
+  from Redis per request. A key with a rate limit takes a round trip per lease of its
+  minute's requests (LEASE_SHARE), not per request. A grant is read again in the
+  background once GRANT_TTL_S old (an owner's role change); the request that finds it old
+  is answered from it.
 - Deployments: the routing table (every active deployment's model name, status and engine
-  URL) is read again when PostgreSQL says a row of it changed: a trigger on the deployments
-  table (migration gateway 0002) notifies ROUTES_CHANNEL, and each process LISTENs on a
-  connection of its own (RoutesWatch). The request that comes after a change waits for the
-  new table. While that connection is not known good, the table is read again once it is
-  ROUTES_TTL_S old, in the background, as before the watch: the request that finds it stale
-  is answered from it. That once-a-second read, started by a request, ran beside that very
-  request: it was in the tail of the gateway's time to first byte (bench/gateway_overhead.py).
-  Known good, the table is still read again every ROUTES_SAFETY_S. A model missing from it is
-  looked up afresh before the answer is 404. Concurrent reads share one database query.
+  URL) is read again when PostgreSQL says a row of it changed (RoutesWatch, beside
+  EpochWatch): the request that comes after a change waits for the new table. While that
+  watch is not known good, the table is read again in the background once ROUTES_TTL_S
+  old, and the request that finds it stale is answered from it; known good, it is still
+  read again every ROUTES_SAFETY_S. A model missing from it is looked up afresh before the
+  answer is 404. Concurrent reads share one database query.
 - Replicas: a served name maps to the rows of one deployment (replica 0 and the rows with
   replica_of = it); `rotation` gives those in rotation now (ready, not draining, not on a
   lost host, not ejected after a failure) and `pick` chooses one: the fewest requests this
@@ -29,31 +26,30 @@ process, so a request with a known key costs one Redis round trip before the eng
   request before answering is ejected: no client request goes there until its /health
   answers again (probed each PROBE_S); the agent's status change (through the trigger)
   takes a dead engine out of the table for good. `begin`/`end` keep the per-row in-flight
-  counter in Redis (web/deployments/inflight.py) off the request's path: the changes of
-  INFLIGHT_FLUSH_S go out in one pipeline in the background, each send after the last.
+  counter in Redis (web/deployments/inflight.py) off the request's path
+  (web/gateway/inflight_counter.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import psycopg
 import redis.asyncio as aioredis
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import connections
 
-from web.deployments.inflight import INFLIGHT_TTL_S, inflight_key
 from web.gateway import admission
 from web.gateway.admission import Caller, Refusal
-from web.gateway.selectors import HEARTBEATS_SQL, Target, secret_digest
-from web.gateway.services import KEYS_EPOCH, keys_channel, rate_limit_key
-from web.gateway.upstream import PROBE_TIMEOUT_S, healthy
+from web.gateway.bounds import PROBE_TIMEOUT_S, healthy
+from web.gateway.inflight_counter import InflightCounter
+from web.gateway.selectors import Target, secret_digest
+from web.gateway.services import KEYS_EPOCH, rate_limit_key
+from web.gateway.watches import ROUTES_TTL_S, EpochWatch, RoutesWatch
 
 # A lease of up to ARGV[2] requests from a key's one-minute window of ARGV[1]: never more
 # than the window has left, so all processes together never pass the limit (the window's
@@ -70,15 +66,7 @@ return grant
 # gets none leave others short by at most this many each (a limit of 2 leases one at a time).
 LEASE_SHARE = 100
 GRANT_TTL_S = 60.0
-EPOCH_WATCH_POLL_S = 1.0
-EPOCH_WATCH_STALE_S = 3.0
-ROUTES_TTL_S = 1.0
 ROUTES_SAFETY_S = 30.0
-ROUTES_WATCH_POLL_S = 1.0
-ROUTES_WATCH_STALE_S = 3.0
-# The channel migration gateway 0002's trigger notifies (tests/gateway/test_routing.py
-# checks that a change reaches a watch, so the two cannot drift apart unnoticed).
-ROUTES_CHANNEL = "appliance_gateway_routes"
 MAX_GRANTS = 10_000
 # A replica that failed a request before answering (refused, reset, 502/503) gets no client
 # request until its /health answers 200 again, asked this often in the background (the
@@ -87,9 +75,6 @@ PROBE_S = 0.5
 # Prefix affinity gives way to the least loaded replica when its own load is more than this
 # many requests above it (a shared-prefix burst must not pile onto one replica).
 AFFINITY_SLACK = 2
-# The in-flight counters are changed this long after the relay's start and end, together:
-# a rolling change waits for the routing notification and this before it trusts a 0.
-INFLIGHT_FLUSH_S = 0.01
 
 log = logging.getLogger(__name__)
 
@@ -97,125 +82,6 @@ log = logging.getLogger(__name__)
 def _thread(fn):  # type: ignore[no-untyped-def]
     # Not thread_sensitive: these calls are independent and each hands its connection back.
     return sync_to_async(fn, thread_sensitive=False)
-
-
-@dataclass
-class EpochWatch:
-    """The key epoch as the subscription last told it, and whether that can be trusted now:
-    the watching task marks each pass (at least every EPOCH_WATCH_POLL_S)."""
-
-    epoch: Any = None
-    good: bool = False
-    seen_at: float = float("-inf")
-    task: asyncio.Task[None] | None = None
-
-    def current(self) -> tuple[bool, Any]:
-        """(True, epoch) when the subscription vouches for it, else (False, None)."""
-        if self.good and time.monotonic() - self.seen_at < EPOCH_WATCH_STALE_S:
-            return True, self.epoch
-        return False, None
-
-    def start(self, url: str) -> None:
-        if self.task is None or self.task.done():
-            self.task = asyncio.ensure_future(self._watch(url))
-
-    async def _watch(self, url: str) -> None:
-        while True:
-            # Its own connection, without the pool's socket timeout (it sits idle between
-            # revocations). Its own PING each EPOCH_WATCH_POLL_S: the answer coming back is
-            # what proves the subscription carries messages (a hung connection sends none).
-            client = aioredis.Redis.from_url(url, socket_connect_timeout=5,
-                                             socket_keepalive=True, client_name=WATCH_NAME)
-            try:
-                async with client.pubsub(ignore_subscribe_messages=True) as pubsub:
-                    await pubsub.subscribe(keys_channel(client))
-                    # Read after subscribing: a revocation in between is in one or the other.
-                    self.epoch = await client.get(KEYS_EPOCH)
-                    self.seen_at, self.good, ping_at = time.monotonic(), True, 0.0
-                    while True:
-                        if time.monotonic() >= ping_at:
-                            await pubsub.ping(_PING)
-                            ping_at = time.monotonic() + EPOCH_WATCH_POLL_S
-                        message = await pubsub.get_message(timeout=EPOCH_WATCH_POLL_S / 2)
-                        if message is None:
-                            continue
-                        if message["type"] == "message":
-                            self.epoch = message["data"]
-                        elif message["type"] == "pong" and message["data"] == _PING:
-                            self.seen_at = time.monotonic()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - any failure: per-request reads, retry
-                log.warning("the gateway's key-epoch subscription failed (%s); reading the "
-                            "epoch per request until it is back", exc)
-            finally:
-                self.good = False
-                with contextlib.suppress(Exception):
-                    await client.aclose()
-            await asyncio.sleep(EPOCH_WATCH_POLL_S)
-
-
-_PING = b"epoch-watch"
-WATCH_NAME = "appliance-gateway-epoch-watch"  # as Redis's CLIENT LIST names the connection
-
-
-@dataclass
-class RoutesWatch:
-    """How many times PostgreSQL said the routing table changed (`changes`), and whether the
-    LISTEN connection can be trusted now: it runs a trivial query each ROUTES_WATCH_POLL_S,
-    and an answer is what proves the connection would carry a notification."""
-
-    changes: int = 0
-    good: bool = False
-    seen_at: float = float("-inf")
-    task: asyncio.Task[None] | None = None
-    # Each host's last heartbeat (Unix time, by Target.host_key) and when it was read: the
-    # watch's own liveness query reads them, each ROUTES_WATCH_POLL_S.
-    heartbeats: dict[str, float] = field(default_factory=dict)
-    heartbeats_at: float = float("-inf")
-
-    def current(self) -> tuple[bool, int]:
-        """(True, changes) when the connection vouches for them, else (False, changes)."""
-        trusted = self.good and time.monotonic() - self.seen_at < ROUTES_WATCH_STALE_S
-        return trusted, self.changes
-
-    def start(self) -> None:
-        if self.task is None or self.task.done():
-            self.task = asyncio.ensure_future(self._watch())
-
-    async def _watch(self) -> None:
-        params = dict(connections.create_connection("default").get_connection_params())
-        params.pop("cursor_factory", None)  # Django's sync cursor class
-        params["application_name"] = ROUTES_WATCH_NAME  # as pg_stat_activity names it
-        while True:
-            try:
-                conn = await psycopg.AsyncConnection.connect(**params, autocommit=True,
-                                                             connect_timeout=5)
-                async with conn:
-                    await conn.execute(f"LISTEN {ROUTES_CHANNEL}")
-                    # A change before the LISTEN was told to no one: count one.
-                    self.changes += 1
-                    self.seen_at, self.good = time.monotonic(), True
-                    while True:
-                        async for _ in conn.notifies(timeout=ROUTES_WATCH_POLL_S):
-                            self.changes += 1
-                        cursor = await asyncio.wait_for(conn.execute(HEARTBEATS_SQL),
-                                                        ROUTES_WATCH_STALE_S)
-                        read_at = time.time()
-                        self.heartbeats = {key: at for key, at in await cursor.fetchall()}
-                        self.heartbeats_at = read_at
-                        self.seen_at = time.monotonic()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - any failure: poll, retry
-                log.warning("the gateway's routing-table watch failed (%s); reading the table "
-                            "every %s s until it is back", exc, ROUTES_TTL_S)
-            finally:
-                self.good = False
-            await asyncio.sleep(ROUTES_WATCH_POLL_S)
-
-
-ROUTES_WATCH_NAME = "appliance-gateway-routes-watch"
 
 
 @dataclass
@@ -236,15 +102,12 @@ class Routing:
     outstanding: dict[int, int] = field(default_factory=dict)  # row -> relayed by us now
     ejected: set[int] = field(default_factory=set)  # rows out until their /health answers
     turn: int = 0  # ties between equally loaded replicas go round
-    # In-flight changes not yet sent to Redis, by row; the timer that sends them; the send
-    # under way (the next one waits for it).
-    inflight_pending: dict[int, int] = field(default_factory=dict)
-    inflight_flush: asyncio.TimerHandle | None = None
-    inflight_sending: asyncio.Future[Any] | None = None
     background: set[asyncio.Future[Any]] = field(default_factory=set)
+    counter: InflightCounter = field(init=False)
 
     def __post_init__(self) -> None:
         self.lease_script = self.redis.register_script(_LEASE)
+        self.counter = InflightCounter(redis=self.redis, spawn=self._spawn)
 
     # -- replicas
 
@@ -329,7 +192,7 @@ class Routing:
         and in the background, in its Redis in-flight counter."""
         row = target.deployment_id
         self.outstanding[row] = self.outstanding.get(row, 0) + 1
-        self._count(row, 1)
+        self.counter.count(row, 1)
 
     def end(self, target: Target) -> None:
         row = target.deployment_id
@@ -338,46 +201,11 @@ class Routing:
             self.outstanding[row] = left
         else:
             self.outstanding.pop(row, None)
-        self._count(row, -1)
-
-    def _count(self, row: int, by: int) -> None:
-        # Changes within INFLIGHT_FLUSH_S go out together, in one pipeline, and a request
-        # that begins and ends within it costs Redis nothing: a script per change cost
-        # the panel about a millisecond of CPU a request (bench/gateway_overhead.py).
-        self.inflight_pending[row] = self.inflight_pending.get(row, 0) + by
-        if self.inflight_flush is None:
-            self.inflight_flush = asyncio.get_running_loop().call_later(
-                INFLIGHT_FLUSH_S, self._flush)
+        self.counter.count(row, -1)
 
     def flush_now(self) -> None:
-        """Send the counters' pending changes at once, not after INFLIGHT_FLUSH_S (the
-        process is ending: a timer not yet run would never send them)."""
-        if self.inflight_flush is not None:
-            self.inflight_flush.cancel()
-            self._flush()
-
-    def _flush(self) -> None:
-        self.inflight_flush = None
-        changes = {row: by for row, by in self.inflight_pending.items() if by}
-        self.inflight_pending = {}
-        if changes:
-            self.inflight_sending = self._spawn(self._send(changes, self.inflight_sending))
-
-    async def _send(self, changes: dict[int, int], after: asyncio.Future[Any] | None) -> None:
-        if after is not None and not after.done():  # in order: a -1 never lands before its +1
-            with contextlib.suppress(Exception):
-                await after
-        try:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                for row, by in changes.items():
-                    key = inflight_key(deployment_id=row)
-                    pipe.incrby(key, by)
-                    pipe.expire(key, INFLIGHT_TTL_S)
-                await pipe.execute()
-        except Exception:
-            for row, by in changes.items():  # sent with the next flush instead
-                self.inflight_pending[row] = self.inflight_pending.get(row, 0) + by
-            raise
+        """The in-flight counters' pending changes, sent at once (the process is ending)."""
+        self.counter.flush_now()
 
     def _spawn(self, work: Any) -> asyncio.Future[Any]:
         task = asyncio.ensure_future(work)

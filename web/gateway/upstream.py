@@ -1,35 +1,22 @@
 """The gateway's client to the engines: HTTP/1.1 over pooled keep-alive connections, parsed by
 httptools (llhttp, the C parser uvicorn itself serves the panel with).
 
-Why not aiohttp's client, which the gateway used before this one: the gateway needs a
-small part of a client (one POST to a known engine, a status, one header, the body as it
-arrives), and on the path whose added time to first byte docs/gateway.md bounds, its generality
-cost. Against it in the same hour (`bench/gateway_overhead.py --streams 0 --requests 1000`),
-this client took the added TTFB from 1.02 to 0.70 ms at p50 and from 2.28 to 1.20 ms at p99,
-and the panel's CPU for a 32-token stream from 9.8 to 8.7 ms (docs/gateway.md).
+Why not aiohttp's client (the gateway's before this one): its generality cost. Against it in
+the same hour (`bench/gateway_overhead.py --streams 0 --requests 1000`), this client took
+the added time to first byte from 1.02 to 0.70 ms at p50 and from 2.28 to 1.20 ms at p99,
+and the panel's CPU for a 32-token stream from 9.8 to 8.7 ms.
 
 What it does: keep-alive reuse; one retry on a fresh connection when a pooled one fails
 before any byte of the answer came (the engine's idle timeout struck as the request went
-out); back-pressure (the engine's socket stops being read while a slow client has not taken
-what is buffered); and the connection closed, so the engine stops generating, when the
-caller leaves early or is cancelled. Each call's wait is bounded (Bounds, set by the
-gateway from its settings): the first byte of the answer's body within `first_byte_s` of the
-request going out (a stream's first event comes after the engine's queue and prefill), then
-no silence longer than `idle_s`; a whole answer (its first byte is its last token's) may wait
-on to `whole_s` while the engine's /health answers each `first_byte_s`. An engine frozen while
-its kernel still answers (a paused container or host, a hung scheduler) ends in
-UpstreamTimeout instead of a wait without end. One timer per call watches it, not one per
-chunk; time the engine's socket is paused for a slow client never counts. A peer that
-vanished (its host killed or cut off: no reset ever comes) is found sooner by TCP itself:
-keep-alive probes after DEAD_PEER_IDLE_S of silence, and the connection given up once
-DEAD_PEER_S pass with a probe or a request unanswered by the peer's kernel, so a request
-relayed to a host that died fails over in seconds.
+out); back-pressure (the engine's socket unread while a slow client has not taken what is
+buffered); the connection closed, so the engine stops generating, when the caller leaves
+early or is cancelled; each call's wait bounded (web/gateway/bounds.py) by one timer, not
+one per chunk, never counting time the socket is paused for a slow client.
 """
 
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -39,39 +26,18 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from web.gateway.bounds import (
+    NO_BOUNDS,
+    Bounds,
+    UpstreamError,
+    UpstreamTimeout,
+    healthy,
+    watch_peer,
+)
+
 CONNECT_TIMEOUT_S = 10.0
 HIGH_WATER = 256 * 1024  # bytes held for a slow client before the engine's socket is paused
 LOW_WATER = 64 * 1024
-DEAD_PEER_IDLE_S = 2  # silence before the first keep-alive probe
-DEAD_PEER_S = 6  # unanswered this long (probes or the request's bytes): the peer is gone
-
-
-class UpstreamError(Exception):
-    """The engine could not be reached, or broke off (or spoke something other than HTTP)."""
-
-
-class UpstreamTimeout(UpstreamError):
-    """The engine sent nothing for longer than the call's Bounds allow."""
-
-
-@dataclass(frozen=True)
-class Bounds:
-    """How long a call waits on the engine (None: no bound).
-
-    first_byte_s: from the request written to the first byte of the answer's body;
-    idle_s: the longest silence after that byte (time the client is slow to take what came
-    does not count); health_url and whole_s: an answer not begun by first_byte_s waits on,
-    to whole_s in all, while a GET of health_url answers 200 (asked again each first_byte_s):
-    a whole answer's first byte is its last token's, so a live engine's long generation is
-    not cut, while a frozen one (no answer to /health either) is given up at once."""
-
-    first_byte_s: float | None = None
-    idle_s: float | None = None
-    health_url: str = ""
-    whole_s: float | None = None
-
-
-NO_BOUNDS = Bounds()
 
 
 class _Exchange(asyncio.Protocol):
@@ -338,7 +304,7 @@ class Pool:
         except (OSError, TimeoutError) as exc:
             raise UpstreamError(f"cannot connect to {key[0]}:{key[1]}: "
                                 f"{exc or 'timed out'}") from exc
-        _watch_peer(transport.get_extra_info("socket"))
+        watch_peer(transport.get_extra_info("socket"))
         return exchange
 
     def _take_idle(self, key: tuple[str, int]) -> _Exchange | None:
@@ -415,41 +381,6 @@ class _Call:
                         tb: TracebackType | None) -> None:
         if self._exchange is not None:
             self.pool._release(self.key, self._exchange)
-
-
-def _watch_peer(sock: Any) -> None:
-    """Keep-alive probes and a user timeout (Linux's TCP options), where the platform has
-    them: a dead peer's connection ends in DEAD_PEER_S, a live one is never cut."""
-    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
-        return
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    for name, value in (("TCP_KEEPIDLE", DEAD_PEER_IDLE_S), ("TCP_KEEPINTVL", 1),
-                        ("TCP_KEEPCNT", DEAD_PEER_S - DEAD_PEER_IDLE_S),
-                        ("TCP_USER_TIMEOUT", DEAD_PEER_S * 1000)):
-        option = getattr(socket, name, None)
-        if option is not None:
-            sock.setsockopt(socket.IPPROTO_TCP, option, value)
-
-
-PROBE_TIMEOUT_S = 2.0
-
-
-async def healthy(url: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
-    """Whether a GET of `url` (an engine's /health, or /health_generate, which makes one
-    token) answers 200 within `timeout_s` (SGLang's /health: 503 while it cannot serve)."""
-    parts = urlsplit(url)
-    try:
-        async with asyncio.timeout(timeout_s):
-            reader, writer = await asyncio.open_connection(parts.hostname, parts.port or 80)
-            try:
-                writer.write(f"GET {parts.path or '/'} HTTP/1.1\r\nHost: {parts.netloc}\r\n"
-                             "Connection: close\r\n\r\n".encode("latin-1"))
-                line = await reader.readline()
-            finally:
-                writer.close()
-    except (OSError, TimeoutError, ValueError):
-        return False
-    return line.split()[1:2] == [b"200"]
 
 
 def _retrieved(task: asyncio.Future[Any]) -> None:

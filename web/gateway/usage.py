@@ -17,7 +17,7 @@ from django.db import connection
 from web.asgitypes import Send
 from web.gateway import services
 from web.gateway.admission import Refusal
-from web.gateway.upstream import UpstreamError
+from web.gateway.bounds import UpstreamError
 
 DONE = b"data: [DONE]\n\n"
 

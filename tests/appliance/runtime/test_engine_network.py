@@ -11,12 +11,8 @@ import pytest
 
 import docker
 from appliance.runtime import engine_network
-from appliance.runtime.containers import (
-    COMPOSE_PROJECT,
-    COMPOSE_SERVICE,
-    EngineRuntime,
-    network_is_closed,
-)
+from appliance.runtime.container_plan import COMPOSE_PROJECT, COMPOSE_SERVICE
+from appliance.runtime.containers import EngineRuntime, network_is_closed
 from tests.conftest_docker import TEST_LABELS, docker_client, test_engine_image, unique_id  # noqa: F401
 
 pytestmark = pytest.mark.docker

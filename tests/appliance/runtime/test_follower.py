@@ -12,7 +12,8 @@ import pytest
 from docker.client import DockerClient
 
 from appliance.logs.causes import Diagnosis
-from appliance.runtime.containers import LABEL_DEPLOYMENT, ContainerPlan, EngineRuntime
+from appliance.runtime.container_plan import LABEL_DEPLOYMENT, ContainerPlan
+from appliance.runtime.containers import EngineRuntime
 from appliance.runtime.cursor import Cursor
 from appliance.runtime.follow_threads import FollowOptions
 from appliance.runtime.follower import EngineFollower, follow

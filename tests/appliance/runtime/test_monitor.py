@@ -105,7 +105,8 @@ def test_run_steps_every_interval_until_stopped() -> None:
 
 
 def test_the_follower_keeps_scrape_access_lines_out_of_the_log() -> None:
-    from appliance.runtime.containers import ContainerPlan, EngineRuntime
+    from appliance.runtime.container_plan import ContainerPlan
+    from appliance.runtime.containers import EngineRuntime
     from appliance.runtime.follower import EngineFollower
     from appliance.runtime.logstream import LogLine
 

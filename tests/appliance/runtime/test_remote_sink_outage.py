@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from appliance.runtime.containers import Identity
+from appliance.runtime.container_plan import Identity
 from appliance.runtime.host_sink import (
     MONITOR_SEND_POINTS,
     PANEL_AWAY_S,

@@ -14,15 +14,17 @@ import pytest
 from docker.client import DockerClient
 
 from appliance.runtime.client import EngineClient
-from appliance.runtime.containers import (
+from appliance.runtime.container_plan import (
     LABEL_DEPLOYMENT,
     LABEL_MANAGED,
     ContainerPlan,
+    container_name,
+    docker_run_kwargs,
+)
+from appliance.runtime.containers import (
     EngineRuntime,
     ImageMissingError,
     LogLine,
-    container_name,
-    docker_run_kwargs,
     network_is_closed,
 )
 from tests.conftest_docker import (  # noqa: F401 (fixtures)

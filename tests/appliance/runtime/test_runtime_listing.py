@@ -16,7 +16,8 @@ import pytest
 from docker.client import DockerClient
 from docker.models.containers import Container, ContainerCollection
 
-from appliance.runtime.containers import EngineRuntime, Identity
+from appliance.runtime.container_plan import Identity
+from appliance.runtime.containers import EngineRuntime
 from tests.conftest_docker import (  # noqa: F401 (fixtures)
     BASE_IMAGE,
     TEST_LABELS,

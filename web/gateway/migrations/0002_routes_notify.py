@@ -7,7 +7,7 @@
 # columns (the status summary, kept current by its writers) notify nothing.
 from django.db import migrations
 
-_CHANNEL = "appliance_gateway_routes"  # routing.ROUTES_CHANNEL; a test checks they agree
+_CHANNEL = "appliance_gateway_routes"  # watches.ROUTES_CHANNEL; a test checks they agree
 
 # One statement each: the panel's connections bind parameters server-side, and that
 # protocol takes one statement at a time.

@@ -6,7 +6,7 @@
 # placement made, moved or removed notifies the same channel.
 from django.db import migrations
 
-_CHANNEL = "appliance_gateway_routes"  # routing.ROUTES_CHANNEL; a test checks they agree
+_CHANNEL = "appliance_gateway_routes"  # watches.ROUTES_CHANNEL; a test checks they agree
 
 _UPDATE = """
 CREATE TRIGGER appliance_gateway_routes_update

@@ -18,7 +18,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group, Permission
 from django.core.management.base import BaseCommand
 
-from web.settings import env_str
+from web.envsettings import env_str
 
 ROLES = {
     "operator": ["add_deployment", "change_deployment", "delete_deployment", "view_deployment"],
