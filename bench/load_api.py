@@ -297,7 +297,6 @@ def hold_lease(stop: threading.Event, every_tick: bool) -> None:
     row. With `every_tick`, each watched row's lease renewed every tick instead, as the
     first agent did (each renewal a new row version: the stored answers stale, every read
     rendered again), for the old behaviour side by side."""
-    from datetime import timedelta
 
     from django.conf import settings
     from django.db import connection
@@ -315,7 +314,7 @@ def hold_lease(stop: threading.Event, every_tick: bool) -> None:
         now = timezone.now()
         if every_tick:
             Deployment.objects.filter(status__in=AGENT_OWNED).update(
-                agent_id=f"agent@{host.name}", lease_until=now + timedelta(seconds=15))
+                agent_id=f"agent@{host.name}")
         else:
             host_agent_claim(host=host, session="bench-agent")
             FleetHost.objects.filter(pk=host.pk).update(heartbeat_at=now)

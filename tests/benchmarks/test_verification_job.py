@@ -12,7 +12,6 @@ import csv
 import io
 import json
 from collections.abc import Iterator
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,6 @@ import pytest
 import redis
 from django.conf import settings
 from django.test import Client
-from django.utils import timezone
 from rest_framework.test import APIClient
 
 from tests.benchmarks.pair import (
@@ -145,13 +143,13 @@ def test_a_lower_threshold_makes_the_near_tie_a_failure_and_an_upload_chooses_pr
 
 def test_a_check_whose_baseline_does_not_answer_fails_naming_it(operator, pair) -> None:  # type: ignore[no-untyped-def]
     spec_pk, _ = pair
-    # A row that says ready at an address nobody answers at (an engine gone since). Its
-    # lease is another agent's, so this test's agent never claims it: claimed, it finds no
-    # engine and marks the row failed, which may come before the POST on a slow machine.
+    # A row that says ready at an address nobody answers at (an engine gone since), placed
+    # on no host this test runs an agent for: an agent that took it would find no engine
+    # and mark the row failed, which may come before the POST on a slow machine.
     gone = Deployment.objects.create(
         name="gone", spec=baseline_spec(), recipe="kimi-k2.6-baseline", algorithm="NONE",
         status=DeploymentStatus.READY, engine_url="http://127.0.0.1:9", image="img:1",
-        agent_id="an-agent-elsewhere", lease_until=timezone.now() + timedelta(hours=1))
+        agent_id="an-agent-elsewhere")
     r = _api(operator).post("/api/verifications/", {"candidate": spec_pk, "baseline": gone.pk},
                             format="json")
     assert r.status_code == 201, r.content

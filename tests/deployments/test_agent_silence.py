@@ -20,11 +20,10 @@ AGENT = "agent@gpu-host"
 
 
 def _watched(silent_s: float) -> Deployment:
-    """A ready deployment its agent leased, the agent's last report silent_s ago."""
+    """A ready deployment its agent stepped, the agent's last report silent_s ago."""
     deployment = ready()
     at = timezone.now() - timedelta(seconds=silent_s)
-    Deployment.objects.filter(pk=deployment.pk).update(agent_id=AGENT,
-                                                       lease_until=at + timedelta(seconds=15))
+    Deployment.objects.filter(pk=deployment.pk).update(agent_id=AGENT)
     host_reported(name="gpu-host", agent_id=AGENT, heartbeat_at=at, docker={"nvidia": True})
     return Deployment.objects.get(pk=deployment.pk)
 

@@ -71,9 +71,9 @@ class _Statement:
 
 _STATEMENTS: dict[tuple[tuple[str, ...], str | None], _Statement] = {}
 _HEAD = 6  # digest, expiry, is_active, is_superuser, may_view, role; then xmin
-# After xmin: what the silence check reads (status, agent_id, lease_until, and the agent's
-# last host report), whatever the read's fields.
-_WATCH = 4
+# After xmin: what the silence check reads (status, agent_id and the agent's last host
+# report), whatever the read's fields.
+_WATCH = 3
 
 
 def deployment_status_read(*, token_key: str, deployment_id: int, permission: str,
@@ -140,11 +140,11 @@ def _wrapped(cursor: psycopg.Cursor[Any]) -> Any:
 
 def _row(statement: _Statement, row: Sequence[Any], wrapper: Any) -> StatusRow:
     version, *values = row[_HEAD:]
-    status, agent_id, lease_until, seen = values[:_WATCH]
+    status, agent_id, seen = values[:_WATCH]
     del values[:_WATCH]
     silence = None if version is None else row_silence(
         status=str(status or ""), agent_id=str(agent_id or ""), last_seen=seen,
-        lease_until=lease_until, now=timezone.now())
+        now=timezone.now())
     body = values.pop(0) if statement.stored else None
     deployment = None
     if version is not None and body is None:
@@ -186,9 +186,9 @@ def _make(fields: tuple[str, ...], stored: str | None) -> _Statement:
         columns = ", ".join(f"CASE WHEN b.{q('deployment_id')} IS NULL THEN "
                             f"{alias}.{q(f.column or f.attname)} END" for f in shown)
     table = {f.name: q(f.column or f.attname) for f in Deployment._meta.concrete_fields
-             if f.name in ("status", "agent_id", "lease_until")}
+             if f.name in ("status", "agent_id")}
     watch = (f"{alias}.{table['status']}, {alias}.{table['agent_id']}, "
-             f"{alias}.{table['lease_until']}, (SELECT h.{q('heartbeat_at')} FROM "
+             f"(SELECT h.{q('heartbeat_at')} FROM "
              f"{q(FleetHost._meta.db_table)} h "
              f"WHERE h.{q('agent_id')} = {alias}.{table['agent_id']} "
              f"ORDER BY h.{q('heartbeat_at')} DESC LIMIT 1), ")

@@ -143,7 +143,7 @@ def deployment_agent(request: HttpRequest, pk: int) -> HttpResponse:
     silent agent sends nothing down the page's live stream, so the page asks."""
     _require_view(request)
     deployment = get_object_or_404(
-        Deployment.objects.only("status", "agent_id", "lease_until", "replica_of", "rolling",
+        Deployment.objects.only("status", "agent_id", "replica_of", "rolling",
                                 "spec"), pk=pk)
     silence = deployment_silence(deployment=deployment)
     # Its engines as the Replicas table shows them (each replica's `unknown` included): a

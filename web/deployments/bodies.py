@@ -26,7 +26,7 @@ READ_FIELDS = {
                 "load_estimate", "image"),
 }
 # What the silence check reads besides (status_silence): the viewset loads them too.
-WATCH_FIELDS = ("status", "agent_id", "lease_until")
+WATCH_FIELDS = ("status", "agent_id")
 # Both reads' columns: what a writer loads to render both bodies from one version.
 BOTH_FIELDS = tuple(dict.fromkeys(READ_FIELDS["retrieve"] + READ_FIELDS["summary"]))
 
@@ -64,8 +64,7 @@ def status_silence(*, deployment: Deployment) -> Silence | None:
     if hasattr(deployment, "shown_silence"):
         return deployment.shown_silence  # type: ignore[no-any-return]
     return row_silence(status=deployment.status, agent_id=deployment.agent_id,
-                       last_seen=getattr(deployment, "agent_seen", None),
-                       lease_until=deployment.lease_until, now=timezone.now())
+                       last_seen=getattr(deployment, "agent_seen", None), now=timezone.now())
 
 
 def status_body(*, deployment: Deployment, url_name: str,

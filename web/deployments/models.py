@@ -71,11 +71,12 @@ class Deployment(models.Model):
     # Retention (services/retention.py): log lines up to this seq were sorted into kept and
     # dropped by age already; the next pass starts here.
     log_pruned_seq = models.PositiveBigIntegerField(default=0)
-    # Engine identity and ownership (the engine agent): a token per start, and the lease
-    # of the one agent that follows the engine; another takes over only an expired lease.
+    # Engine identity: a token per start, and the agent (agent@<host>) that stepped this
+    # run, set by the host API's first step of it (web/fleet/hostwrites.py) and cleared when
+    # a new run starts: what the silence check judges the row by (that agent's last host
+    # report), empty while no agent has taken the run. The host's lease is on its FleetHost.
     start_token = models.CharField(max_length=32, blank=True, default="")
     agent_id = models.CharField(max_length=100, blank=True, default="")
-    lease_until = models.DateTimeField(null=True, blank=True)
     # The worker building the image (empty: queued for any worker) and its heartbeat.
     build_owner = models.CharField(max_length=100, blank=True, default="")
     build_lease_until = models.DateTimeField(null=True, blank=True)

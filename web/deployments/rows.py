@@ -23,7 +23,7 @@ from .silence import UNKNOWN, Silence, agents_last_seen, deployment_silence
 LIST_ROWS = 200
 THROUGHPUT_FRESH = timedelta(seconds=60)  # an older point is not "current" throughput
 _LIST_FIELDS = ("id", "name", "status", "algorithm", "recipe", "gpus", "created_at",
-                "ready_at", "engine_url", "agent_id", "lease_until")
+                "ready_at", "engine_url", "agent_id")
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ def _silent_replicas(roots: list[int], seen: dict[str, datetime],
     if not roots:
         return found
     for d in Deployment.objects.filter(replica_of_id__in=roots).only(
-            "replica_of_id", "status", "agent_id", "lease_until"):
+            "replica_of_id", "status", "agent_id"):
         if d.replica_of_id is not None and deployment_silence(
                 deployment=d, seen=seen, now=now) is not None:
             silent, ready = found.get(d.replica_of_id, (0, 0))
@@ -150,7 +150,7 @@ def deployment_replicas(*, deployment: Deployment, now: datetime) -> list[Replic
     root = deployment.replica_of_id or deployment.pk
     rows = (Deployment.objects.filter(pk=root) | Deployment.objects.filter(replica_of_id=root))
     fields = ("id", "replica_index", "host", "gpus", "status", "run", "placement_reason",
-              "latest_metrics", "agent_id", "lease_until")
+              "latest_metrics", "agent_id")
     seen = agents_last_seen()
     return [_replica_row(d, now, deployment_silence(deployment=d, seen=seen, now=now))
             for d in rows.only(*fields).order_by("replica_index")]

@@ -1,6 +1,6 @@
 """Reads: an engine agent that stopped reporting, and what its deployments show meanwhile.
 
-A deployment's engine is watched by its host's agent alone (the lease on the row). When
+A deployment's engine is watched by its host's agent alone (the row's `agent_id`). When
 that agent is silent (its heartbeat on the host row, renewed every tick, is older than
 APPLIANCE_AGENT_SILENT_S), nothing on the row is current any more: the status, the metrics
 and the alerts are as of its last report. The pages and the API then show the deployment
@@ -89,12 +89,12 @@ def agents_last_seen() -> dict[str, datetime]:
 
 
 def row_silence(*, status: str, agent_id: str, last_seen: datetime | None,
-                lease_until: datetime | None, now: datetime) -> Silence | None:
+                now: datetime) -> Silence | None:
     """deployment_silence from a row's columns and its agent's last report (`last_seen`,
-    None where the agent has no host report yet: then its lease on the row says)."""
+    None where the agent has no host report: nothing to judge it by)."""
     if status not in WATCHED_STATUSES or not agent_id:
         return None
-    return _silence(agent_id, last_seen or lease_until, now)
+    return _silence(agent_id, last_seen, now)
 
 
 def shown_body(data: dict[str, Any], silence: Silence | None) -> dict[str, Any]:
@@ -108,7 +108,7 @@ def shown_body(data: dict[str, Any], silence: Silence | None) -> dict[str, Any]:
 
 
 def _silence(agent_id: str, last_seen: datetime | None, now: datetime) -> Silence | None:
-    if last_seen is None:  # claimed rows always carry a lease: a row made by hand
+    if last_seen is None:  # nothing heard from the agent yet: nothing to judge it by
         return None
     seconds = (now - last_seen).total_seconds()
     if seconds < settings.AGENT_SILENT_S:
@@ -126,14 +126,12 @@ def deployment_silence(*, deployment: Deployment, seen: Mapping[str, datetime] |
     """The agent watching the deployment, when it is silent; None when it reports or no
     agent watches it (queued, building, stopped, failed).
 
-    The agent's host report says when it was last heard; an agent with no report yet is
-    judged by its lease on the row, which it renews once a third of it is spent."""
+    The agent's host report says when it was last heard (FleetHost.heartbeat_at)."""
     if deployment.status not in WATCHED_STATUSES or not deployment.agent_id:
         return None
     seen = agents_last_seen() if seen is None else seen
     return row_silence(status=deployment.status, agent_id=deployment.agent_id,
-                       last_seen=seen.get(deployment.agent_id),
-                       lease_until=deployment.lease_until, now=now or timezone.now())
+                       last_seen=seen.get(deployment.agent_id), now=now or timezone.now())
 
 
 def deployments_silence(*, deployments: Iterable[Deployment],

@@ -41,7 +41,7 @@ User = AbstractBaseUser | AnonymousUser | None
 # What a new run starts without: the last run's engine, figures and verdict.
 _FRESH_RUN: dict[str, Any] = {
     "progress": {}, "decode_stats": {}, "alerts": {}, "engine_url": "", "log_cursor": "",
-    "ready_at": None, "agent_id": "", "lease_until": None,
+    "ready_at": None, "agent_id": "",
 }
 
 
