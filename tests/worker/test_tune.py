@@ -15,7 +15,7 @@ import pytest
 from tests.specs import spec
 from tests.waiting import wait_for_status
 from tests.worker.stack import fast_engines, until, worker_agent_loop
-from web.benchmarks import tune_applying, tune_services, tune_task
+from web.benchmarks import tune_applying, tune_deployers, tune_services, tune_task
 from web.benchmarks.tune_models import TuneRun
 from web.deploy import services as deploying
 from web.deployments.models import Deployment, DeploymentStatus, Event
@@ -236,7 +236,7 @@ def test_side_by_side_runs_beside_on_free_gpus_and_leaves_the_deployment_serving
             deployment_id=row.pk, candidates=["dflash"],
             config={**CONFIG, "levels": [1], "output_len": 300, "placement": "side_by_side"})
         assert run.config["side"]["gpus"] == [1]
-        side = tune_task.side_name(run)
+        side = tune_deployers.side_name(run)
         _until(lambda: ((p := _run(run.pk).progress or {}).get("index"), p.get("phase")) == (
             2, "benchmark"), lambda: f"the candidate measured: {_run(run.pk).progress}")
         beside = Deployment.objects.get(name=side)
