@@ -31,12 +31,24 @@ def event_frame(event: dict[str, Any]) -> Frame:
     return Frame(event["seq"], sse_frame(event).encode(), event.get("kind") == "end")
 
 
-def entry_frame(seq: int, fields: dict[bytes, bytes]) -> Frame:
-    """A live entry as a frame; entries from before `kind` was published are decoded."""
-    kind = fields.get(b"kind")
+def entry_frame(seq: int, fields: list[bytes]) -> Frame:
+    """A live entry as a frame, from its fields as Redis answers them (name, value, name,
+    value: the publisher writes `data` then `kind`); entries from before `kind` was
+    published are decoded."""
+    kind: bytes | None
+    if len(fields) == 4 and fields[0] == b"data" and fields[2] == b"kind":
+        data, kind = fields[1], fields[3]
+    else:
+        named = entry_fields(fields)
+        data, kind = named[b"data"], named.get(b"kind")
     if kind is None:
-        return event_frame(json.loads(fields[b"data"]))
-    return Frame(seq, b"id: %d\ndata: %s\n\n" % (seq, fields[b"data"]), kind == b"end")
+        return event_frame(json.loads(data))
+    return Frame(seq, b"id: %d\ndata: %s\n\n" % (seq, data), kind == b"end")
+
+
+def entry_fields(fields: list[bytes]) -> dict[bytes, bytes]:
+    """An entry's fields (name, value, name, value) by name."""
+    return dict(zip(fields[::2], fields[1::2], strict=True))
 
 
 def skip_frame(first: int, last: int) -> Frame:
@@ -58,8 +70,8 @@ def behind_frame(last: int, head: int) -> Frame:
     return Frame(last, b"data: %s\n\n" % live.wire_json(body).encode(), False)
 
 
-def point_frame(fields: dict[bytes, bytes]) -> Frame:
-    return Frame(POINT, b"data: %s\n\n" % fields[b"data"], False)
+def point_frame(fields: list[bytes]) -> Frame:
+    return Frame(POINT, b"data: %s\n\n" % entry_fields(fields)[b"data"], False)
 
 
 def text(value: bytes | str) -> str:
