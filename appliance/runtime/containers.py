@@ -253,7 +253,7 @@ class EngineRuntime:
         try:
             frames = (attach_frames(self.client.api, container.id) if live
                       else log_frames(self.client.api, container.id, since, timestamps,
-                                      follow=follow))
+                                      follow=follow, runs=True))
             yield from lines_of(frames, partials, timestamps)
         except docker.errors.APIError as exc:
             raise EngineRuntimeError(f"cannot follow {container.name}: {exc}") from exc
