@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import codecs
 import itertools
+import re
 import struct
 import time
 from collections.abc import Iterable, Iterator
@@ -247,6 +248,12 @@ class _LineSplitter:
             self._pending[stream] = ""
 
 
+# The stamp as Docker writes it, and the space after it; any other form (an offset, more
+# than nine fraction digits) takes split_docker_stamp's general reading.
+_DOCKER_STAMP = re.compile(
+    r"([0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2})(?:\.([0-9]{1,9}))?Z ")
+
+
 class _Stamps:
     """Splits Docker's `<RFC 3339 time> ` prefix off lines read with timestamps. The whole
     seconds of a stamp repeat for thousands of lines: they are converted once each."""
@@ -255,6 +262,20 @@ class _Stamps:
         self._seconds: dict[str, int] = {}
 
     def line(self, stream: StreamName, text: str, partial: bool) -> LogLine:
+        found = _DOCKER_STAMP.match(text)
+        if found is not None:  # Docker's own form (UTC, RFC 3339 nano): one match a line
+            whole, frac = found.groups()
+            seconds = self._seconds.get(whole)
+            if seconds is None:
+                try:
+                    seconds = parse_docker_ts(whole + "Z")
+                except ValueError:  # the shape of a time, not a time (a month 13)
+                    return LogLine(stream, text, partial)
+                if len(self._seconds) > 1000:
+                    self._seconds.clear()
+                self._seconds[whole] = seconds
+            nanos = int((frac + "000000000")[:9]) if frac else 0
+            return LogLine(stream, text[found.end():], partial, seconds + nanos)
         stamp, rest = split_docker_stamp(text)
         if stamp is None:
             return LogLine(stream, text, partial)

@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from appliance.logs.parser import parse_lines
 from appliance.logs.stamps import parse_docker_ts, split_docker_stamp, without_docker_stamps
@@ -123,3 +125,38 @@ def test_the_agent_splits_stamps_with_the_same_reader() -> None:
     assert [line.text for line in agent] == [split_docker_stamp(r.rstrip("\n"))[1] for r in raw]
     assert [line.ts_ns for line in agent] == [
         parse_docker_ts(split_docker_stamp(r)[0] or "") for r in raw]
+
+
+_DIGIT = st.sampled_from("0123456789")
+
+
+@st.composite
+def _stamped(draw: st.DrawFn) -> str:
+    """A line as Docker stamps it, or nearly: any digits (a month 13, an hour 25), 0 to 10
+    fraction digits, `Z` or an offset, a space or not, a stamp-like start of the text."""
+    def digits(n: int) -> str:
+        return "".join(draw(st.lists(_DIGIT, min_size=n, max_size=n)))
+    stamp = f"{digits(4)}-{digits(2)}-{digits(2)}T{digits(2)}:{digits(2)}:{digits(2)}"
+    frac = digits(draw(st.integers(0, 10)))
+    stamp += f".{frac}" if frac or draw(st.booleans()) else ""
+    stamp += draw(st.sampled_from(["Z", "Z", "+02:00", "-05:30", ""]))
+    # (No NUL, which the reader replaces, no newline, which ends a line, no lone surrogate.)
+    rest = st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\x00\n"),
+                   max_size=20)
+    return stamp + draw(st.sampled_from([" ", " ", ""])) + draw(rest)
+
+
+@given(st.lists(_stamped(), min_size=1, max_size=20))
+def test_the_agents_reading_of_a_stamp_is_the_general_one(lines: list[str]) -> None:
+    # The agent reads Docker's own form with one match a line; any other line takes the
+    # general reading. Both must give the same line and time for every input.
+    frames = [(1, (line + "\n").encode()) for line in lines]
+    agent = [(line.text, line.ts_ns) for line in lines_of(frames, timestamps=True)]
+    expected = []
+    for text in lines:
+        stamp, rest = split_docker_stamp(text)
+        try:
+            expected.append((rest, parse_docker_ts(stamp)) if stamp else (text, None))
+        except ValueError:
+            expected.append((text, None))
+    assert agent == expected
