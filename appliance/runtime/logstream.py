@@ -276,21 +276,10 @@ class _Stamps:
                 self._seconds[whole] = seconds
             nanos = int((frac + "000000000")[:9]) if frac else 0
             return LogLine(stream, text[found.end():], partial, seconds + nanos)
-        stamp, rest = split_docker_stamp(text)
+        stamp, rest = split_docker_stamp(text)  # another form: rare, read in full
         if stamp is None:
             return LogLine(stream, text, partial)
         try:
-            return LogLine(stream, rest, partial, self._ns(stamp))
+            return LogLine(stream, rest, partial, parse_docker_ts(stamp))
         except ValueError:
             return LogLine(stream, text, partial)
-
-    def _ns(self, stamp: str) -> int:
-        whole, frac = stamp[:19], stamp[19:]
-        if frac[:1] != "." or frac[-1:] != "Z" or not frac[1:-1].isdigit():
-            return parse_docker_ts(stamp)
-        seconds = self._seconds.get(whole)
-        if seconds is None:
-            if len(self._seconds) > 1000:
-                self._seconds.clear()
-            seconds = self._seconds[whole] = parse_docker_ts(whole + "Z")
-        return seconds + int((frac[1:-1] + "000000000")[:9])
