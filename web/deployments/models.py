@@ -72,7 +72,7 @@ class Deployment(models.Model):
     # dropped by age already; the next pass starts here.
     log_pruned_seq = models.PositiveBigIntegerField(default=0)
     # Engine identity: a token per start, and the agent (agent@<host>) that stepped this
-    # run, set by the host API's first step of it (web/fleet/hostwrites.py) and cleared when
+    # run, set by each host API step of it (web/fleet/hostwrites.py) and cleared when
     # a new run starts: what the silence check judges the row by (that agent's last host
     # report), empty while no agent has taken the run. The host's lease is on its FleetHost.
     start_token = models.CharField(max_length=32, blank=True, default="")
