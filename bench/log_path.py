@@ -385,24 +385,24 @@ def follow_run(args: argparse.Namespace, *, shape: str, n: int, rate: float, rea
     container = runtime.ensure_started(plan)
     watcher = None if reference_apart else _child("--docker-watcher", container.id, str(n))
     batches: list[int] = []
-    ship = sink.ship
+    ship = sink.ship_encoded  # the shipper's write; the follower encodes (sink.encode)
     timing = {"wall": 0.0, "cpu": 0.0}
     # Time spent runnable but waiting for a CPU during the ships (/proc schedstat): the
     # shipper's thread (the panel's sessions store: counted as PostgreSQL).
     waits = {"ship_thread": 0.0}
 
-    def counted(events: Any, cursor: Any) -> None:
-        batches.append(len(events))
+    def counted(shipments: Any, cursor: Any) -> None:
+        batches.append(sum(len(shipment.followed) for shipment in shipments))
         stats = {"ship_thread": f"/proc/self/task/{threading.get_native_id()}/schedstat"}
         before = {who: _runq_wait_s(path) for who, path in stats.items()}
         wall, cpu = time.monotonic(), time.thread_time()
-        ship(events, cursor)
+        ship(shipments, cursor)
         timing["wall"] += time.monotonic() - wall
         timing["cpu"] += time.thread_time() - cpu
         for who, path in stats.items():
             waits[who] += _runq_wait_s(path) - before[who]
 
-    sink.ship = counted  # type: ignore[method-assign]
+    sink.ship_encoded = counted  # type: ignore[method-assign]
     # As the agent follows a fresh start: the bar's attach stream is read until the engine is
     # ready, not after (appliance/runtime/follower.py).
     follower = EngineFollower(runtime, plan, sink, status=status, may_start=False,
@@ -761,6 +761,11 @@ def main() -> None:
     if args.compare_with:
         compare_stages(args)
     _loadkit.bench_user()
+    # This process is the phases' agent: its collector as worker/agent.py settles the agent's
+    # (the Django it also loads, which the agent does not, frozen with the rest).
+    from appliance import collector
+
+    collector.settle()
     phases = [phase for phase in args.phases.split(",") if phase]
     steady_n = int(args.steady_rate * args.steady_seconds)
     plan = {

@@ -1,4 +1,3 @@
-import gc
 import os
 
 import django
@@ -37,6 +36,9 @@ from web.accesslog import quiet_access_log  # noqa: E402 - uvicorn's logging is 
 # The hosts' own successful API calls stay out of the access log (web/accesslog.py).
 quiet_access_log()
 
+from appliance import collector  # noqa: E402 - settled once all of the above is made
+
 # What the imports made (Django's apps, URL patterns, templates) lives as long as the process:
-# kept out of the collector's full passes, which otherwise walk it all, mid-request.
-gc.freeze()
+# kept out of the collector's full passes, which otherwise walk it all, mid-request; and the
+# young passes spaced out for the log path's batches (appliance/collector.py).
+collector.settle()

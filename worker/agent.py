@@ -16,6 +16,7 @@ import signal
 import sys
 import threading
 
+from appliance import collector
 from appliance.runtime.remote_agent import remote_agent_run_forever
 
 
@@ -29,6 +30,7 @@ def main() -> None:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
+    collector.settle()  # the log path's batches (appliance/collector.py)
     sys.exit(remote_agent_run_forever(stop))
 
 

@@ -73,22 +73,35 @@ class Batch:
     events: Events = field(default_factory=list)
     encoded: list[bytes] = field(default_factory=list)
 
+    def split(self, limit: int = MAX_BATCH_BYTES) -> list[Batch]:
+        """The events in order, in batches whose JSON stays under `limit` bytes."""
+        sizes = [len(text) + 1 for text in self.encoded]  # and its comma
+        if sum(sizes) <= limit:
+            return [self]
+        out: list[Batch] = []
+        first = size = 0
+        for i, cost in enumerate(sizes):
+            if i > first and size + cost > limit:
+                out.append(Batch(self.events[first:i], self.encoded[first:i]))
+                first, size = i, 0
+            size += cost
+        out.append(Batch(self.events[first:], self.encoded[first:]))
+        return out
+
 
 def batches(events: Events, limit: int = MAX_BATCH_BYTES) -> list[Batch]:
     """The events in order, in batches whose JSON stays under `limit` bytes."""
-    encoded = [event_json(kind, payload) for kind, payload in events]
-    sizes = [len(text) + 1 for text in encoded]  # and its comma
-    if sum(sizes) <= limit:
-        return [Batch(events, encoded)]
-    out: list[Batch] = []
-    first = size = 0
-    for i, cost in enumerate(sizes):
-        if i > first and size + cost > limit:
-            out.append(Batch(events[first:i], encoded[first:i]))
-            first, size = i, 0
-        size += cost
-    out.append(Batch(events[first:], encoded[first:]))
-    return out
+    return Batch(events, [event_json(kind, payload) for kind, payload in events]).split(limit)
+
+
+@dataclass
+class Shipment:
+    """Events made ready for the ingest (RemoteSink.encode), on the follower's thread."""
+
+    followed: Events  # as the follower handed them: the engine's monitor reads these
+    batch: Batch  # as the ingest takes them: host kinds, the engine key masked, encoded
+    progress: dict[str, Any] | None  # the row's progress after them, where they moved it
+    decode: dict[str, Any] | None  # the last decode stats among them
 
 
 def cursor_marked(cursor: str) -> str:
@@ -181,14 +194,32 @@ class RemoteSink:
             if self.stop.wait(min(0.5 * 2 ** (failures - 1), 5.0)):
                 raise error
 
-    def ship(self, events: Events, cursor: Cursor | None) -> None:
+    def encode(self, events: Events) -> Shipment:
+        """The events as the ingest takes them; called in order, on the follower's thread,
+        so the next batch is made while the shipper's write of the last one runs."""
         changed = False
         for kind, payload in events:
             if kind in ("progress", "selfcheck"):
                 changed = progress_fold(self.progress, payload) or changed
         decode = next((p for k, p in reversed(events)
                        if k == "metric" and p.get("kind") == "decode_stats"), None)
-        parts = batches(masked(host_kinds(events), self.key))
+        ready = masked(host_kinds(events), self.key)
+        encoded = [event_json(kind, payload) for kind, payload in ready]
+        return Shipment(events, Batch(ready, encoded),
+                        dict(self.progress) if changed else None, decode)
+
+    def ship(self, events: Events, cursor: Cursor | None) -> None:
+        self.ship_encoded([self.encode(events)], cursor)
+
+    def ship_encoded(self, shipments: list[Shipment], cursor: Cursor | None) -> None:
+        """Ship what encode() made of the batches handed over, in order, as one."""
+        progress = next((s.progress for s in reversed(shipments) if s.progress is not None),
+                        None)
+        decode = next((s.decode for s in reversed(shipments) if s.decode is not None), None)
+        whole = shipments[0].batch if len(shipments) == 1 else Batch(
+            [event for s in shipments for event in s.batch.events],
+            [text for s in shipments for text in s.batch.encoded])
+        parts = whole.split()
         for i, part in enumerate(parts):
             # Every batch moves the row's cursor: the one that ends at the follower's cursor
             # to it, any other (a part of a large batch, one with no line) to a marked one.
@@ -197,8 +228,8 @@ class RemoteSink:
                 moved = cursor_marked(self.stored_cursor)
             row: dict[str, Any] = {"log_cursor": moved}
             if i == len(parts) - 1:
-                if changed:
-                    row["progress"] = self.progress
+                if progress is not None:
+                    row["progress"] = progress
                 if decode is not None:
                     row["decode_stats"] = decode
             body = events_body(part.encoded, row=row, start_token=self.start_token,
@@ -212,6 +243,8 @@ class RemoteSink:
             self.stored_cursor = moved
             self.shipped = True
         if self.monitor is not None:
+            events = shipments[0].followed if len(shipments) == 1 else [
+                event for s in shipments for event in s.followed]
             try:
                 self.monitor.observe(events)
             except Exception:  # noqa: BLE001 - an alert must never stop the log from shipping
