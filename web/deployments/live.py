@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from functools import cache
 from typing import Any
 
@@ -84,6 +84,7 @@ return 0
 _ENTRIES_PER_CALL = 5000  # keeps one call's size and Redis's pause for it small
 
 Entry = tuple[int, str, str]  # seq, kind, data (the event's JSON as an SSE frame carries it)
+Entries = list[Entry] | Callable[[], list[Entry]]
 
 
 @cache
@@ -131,12 +132,12 @@ class _Publisher(threading.Thread):
     def __init__(self) -> None:
         super().__init__(daemon=True, name="live-publisher")
         # Bounded: if Redis falls behind, writers wait (back-pressure) instead of memory growing.
-        self.queue: queue.Queue[tuple[int, list[Entry]]] = queue.Queue(maxsize=1000)
+        self.queue: queue.Queue[tuple[int, Entries]] = queue.Queue(maxsize=1000)
 
     def run(self) -> None:
         while True:
             deployment_id, entries = self.queue.get()
-            publish_entries(deployment_id, entries)
+            publish_entries(deployment_id, entries if isinstance(entries, list) else entries())
 
 
 _publisher: _Publisher | None = None
@@ -149,8 +150,9 @@ def publish_later(deployment_id: int, wire_events: list[dict[str, Any]]) -> None
                           [(e["seq"], e["kind"], wire_json(e)) for e in wire_events])
 
 
-def publish_entries_later(deployment_id: int, entries: list[Entry]) -> None:
-    """publish_entries() on the process's publisher thread (started on first use)."""
+def publish_entries_later(deployment_id: int, entries: Entries) -> None:
+    """publish_entries() on the process's publisher thread (started on first use); entries
+    given as a function are made there."""
     global _publisher
     with _publisher_lock:
         if _publisher is None or not _publisher.is_alive():

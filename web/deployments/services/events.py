@@ -195,11 +195,20 @@ def _append_in_one_statement(deployment_id: int, events: Items, held: dict[str, 
             cursor.close()
     if claims[0] is None:
         raise Deployment.DoesNotExist(f"no deployment {deployment_id} holding {held}")
-    entries = [entry for (_, chunk, encoded), claimed in zip(sent, claims, strict=True)
-               for entry in _entries(chunk, encoded, claimed)]
-    # Outside a transaction the statements have committed and this runs at once.
+    made = [(chunk, encoded, claimed)
+            for (_, chunk, encoded), claimed in zip(sent, claims, strict=True)]
+
+    def entries() -> list[live.Entry]:
+        return [entry for chunk, encoded, claimed in made
+                for entry in _entries(chunk, encoded, claimed)]
+
+    # Outside a transaction the statements have committed and this runs at once. The live
+    # entries are made on the publisher's thread: the agent's next batch waits for this
+    # answer, and not for them.
     transaction.on_commit(lambda: live.publish_entries_later(deployment_id, entries))
-    return entries[-1][0]
+    final = claims[-1]
+    assert final is not None  # a batch with a chunk unclaimed was refused above
+    return int(final[0]) + len(sent[-1][1])
 
 
 CHUNK_EVENTS = 2000
