@@ -7,12 +7,20 @@ import json
 import pytest
 
 from appliance.runtime.cursor import Cursor
-from appliance.runtime.host_sink import MAX_BATCH_BYTES, batches, cursor_marked, host_kinds, masked
+from appliance.runtime.host_sink import (
+    MAX_BATCH_BYTES,
+    MAX_BATCH_EVENTS,
+    batches,
+    cursor_marked,
+    host_kinds,
+    masked,
+)
 from appliance.runtime.panel_link import event_json, events_body
+from web.fleet.hostwrites import MAX_BATCH_EVENTS as PANEL_MAX_BATCH_EVENTS
 
 
-def test_a_large_batch_is_split_under_512_kib_in_order() -> None:
-    events = [("log", {"stream": "stdout", "text": f"{i:06d} " + "x" * 900}) for i in range(2000)]
+def test_a_large_batch_is_split_under_the_byte_limit_in_order() -> None:
+    events = [("log", {"stream": "stdout", "text": f"{i:06d} " + "x" * 900}) for i in range(4000)]
     parts = batches(events)
     assert len(parts) > 1 and [e for p in parts for e in p.events] == events
     for part in parts:
@@ -21,6 +29,16 @@ def test_a_large_batch_is_split_under_512_kib_in_order() -> None:
         # The body is what json.dumps makes of the same batch, byte for byte.
         assert json.loads(body) == {"events": [[k, p] for k, p in part.events], "row": {},
                                     "start_token": "t" * 32, "after": ""}
+
+
+def test_many_small_events_are_split_under_the_ingests_event_limit_in_order() -> None:
+    """Small events reach the ingest's count (web/fleet/hostwrites.py) before its bytes."""
+    assert MAX_BATCH_EVENTS <= PANEL_MAX_BATCH_EVENTS
+    events = [("log", {"text": ""}) for _ in range(2 * MAX_BATCH_EVENTS + 1)]
+    parts = batches(events)
+    assert [len(part.events) for part in parts] == [MAX_BATCH_EVENTS, MAX_BATCH_EVENTS, 1]
+    assert all(len(events_body(p.encoded, row={})) < MAX_BATCH_BYTES for p in parts)
+    assert [e for p in parts for e in p.events] == events
 
 
 def test_a_small_batch_stays_whole() -> None:
