@@ -78,6 +78,11 @@ class Batch:
     events: Events = field(default_factory=list)
     encoded: list[bytes] = field(default_factory=list)
 
+    @classmethod
+    def of(cls, events: Events) -> Batch:
+        """The events with each one's JSON, made here, once."""
+        return cls(events, [event_json(kind, payload) for kind, payload in events])
+
     def split(self, limit: int = MAX_BATCH_BYTES,
               most: int = MAX_BATCH_EVENTS) -> list[Batch]:
         """The events in order, in batches whose JSON stays under `limit` bytes, of `most`
@@ -100,8 +105,7 @@ def batches(events: Events, limit: int = MAX_BATCH_BYTES,
             most: int = MAX_BATCH_EVENTS) -> list[Batch]:
     """The events in order, in batches whose JSON stays under `limit` bytes, of `most`
     events at most."""
-    return Batch(events, [event_json(kind, payload)
-                          for kind, payload in events]).split(limit, most)
+    return Batch.of(events).split(limit, most)
 
 
 @dataclass
@@ -213,9 +217,7 @@ class RemoteSink:
                 changed = progress_fold(self.progress, payload) or changed
         decode = next((p for k, p in reversed(events)
                        if k == "metric" and p.get("kind") == "decode_stats"), None)
-        ready = masked(host_kinds(events), self.key)
-        encoded = [event_json(kind, payload) for kind, payload in ready]
-        return Shipment(events, Batch(ready, encoded),
+        return Shipment(events, Batch.of(masked(host_kinds(events), self.key)),
                         dict(self.progress) if changed else None, decode)
 
     def ship(self, events: Events, cursor: Cursor | None) -> None:
