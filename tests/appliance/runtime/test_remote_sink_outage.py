@@ -13,7 +13,6 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -28,6 +27,7 @@ from appliance.runtime.host_sink import (
 )
 from appliance.runtime.panel_link import PanelLink, PanelRefused
 from appliance.runtime.series import MetricPoint
+from tests.appliance.runtime.panel_stub import panel_server
 
 OUTAGE_S = 31.0  # the restart of web, worker and agent seen on the trial
 
@@ -67,33 +67,16 @@ class Panel:
 def panel() -> Iterator[tuple[Panel, str]]:
     state = Panel(Clock())
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - http.server's name
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            if state.clock.now < state.down_until:
-                state.refused += 1
-                answer, code = b"<html>503 Service Unavailable</html>", state.status
-            else:
-                state.taken.append((self.path, body))
-                answer = json.dumps({"last_seq": len(state.taken),
-                                     "stored": len(body.get("points") or [])}).encode()
-                code = 200
-            self.send_response(code)
-            self.send_header("Content-Length", str(len(answer)))
-            self.end_headers()
-            self.wfile.write(answer)
+    def answer(path: str, body: dict[str, Any]) -> tuple[int, bytes]:
+        if state.clock.now < state.down_until:
+            state.refused += 1
+            return state.status, b"<html>503 Service Unavailable</html>"
+        state.taken.append((path, body))
+        return 200, json.dumps({"last_seq": len(state.taken),
+                                "stored": len(body.get("points") or [])}).encode()
 
-        def log_message(self, *args: Any) -> None:
-            return None
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield state, f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with panel_server(answer) as url:
+        yield state, url
 
 
 class Agent:

@@ -13,7 +13,6 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ from appliance.runtime.cursor import Cursor
 from appliance.runtime.follow_threads import Events, Shipper
 from appliance.runtime.host_sink import RemoteSink, Shipment
 from appliance.runtime.panel_link import PanelLink
+from tests.appliance.runtime.panel_stub import panel_server
 
 ROOT = Path(__file__).resolve().parents[3]
 KEY = "engine-key-0123456789"
@@ -43,34 +43,21 @@ class Panel:
 def panel() -> Iterator[tuple[Panel, str]]:
     state = Panel()
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - http.server's name
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            if not self.path.endswith("/events/"):
-                state.others.append(self.path)
-            else:
-                state.bodies.append(body)
-            if len(state.bodies) == 1 and not state.first_taken.is_set():
-                state.first_taken.set()
-                state.answer_first.wait(10)
-            answer = json.dumps({"last_seq": len(state.bodies), "stored": True}).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(answer)))
-            self.end_headers()
-            self.wfile.write(answer)
+    def answer(path: str, body: dict[str, Any]) -> tuple[int, bytes]:
+        if not path.endswith("/events/"):
+            state.others.append(path)
+        else:
+            state.bodies.append(body)
+        if len(state.bodies) == 1 and not state.first_taken.is_set():
+            state.first_taken.set()
+            state.answer_first.wait(10)
+        return 200, json.dumps({"last_seq": len(state.bodies), "stored": True}).encode()
 
-        def log_message(self, *args: Any) -> None:
-            return None
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield state, f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        state.answer_first.set()
-        server.shutdown()
-        server.server_close()
+    with panel_server(answer) as url:
+        try:
+            yield state, url
+        finally:
+            state.answer_first.set()  # a held answer never holds the server's shutdown
 
 
 class Agent:
